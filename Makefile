@@ -1,0 +1,31 @@
+# gShare: `make demo` runs the whole system on embedded defaults, `make test` runs the test suite.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint venv clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or run make PYTHON=/path/to/python3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) manage.py demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf $(VENV) .gshare staticfiles

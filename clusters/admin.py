@@ -1,0 +1,140 @@
+"""Console pages for clusters, nodes and GPUs. The kubeconfig is never shown."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import Count
+from django.utils import timezone
+
+from clusters import services
+from clusters.models import Cluster, GpuDevice, Node
+from gshare.exceptions import ApplicationError
+
+
+def _age(value) -> str:
+    if value is None:
+        return "never"
+    seconds = int((timezone.now() - value).total_seconds())
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago"
+
+
+@admin.register(Cluster)
+class ClusterAdmin(admin.ModelAdmin):
+    """Clusters: status, heartbeat age, counts; actions call the cluster services."""
+
+    list_display = ["name", "public_id", "status", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain"]
+    list_filter = ["status"]
+    search_fields = ["name", "public_id"]
+    fields = [
+        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
+        "volume_storage_class", "last_heartbeat_at", "last_connection_test", "last_connection_test_at",
+        "registered_at", "deregistered_at",
+    ]
+    readonly_fields = [
+        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at",
+        "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at",
+    ]
+    actions = ["connection_test", "deregister"]
+
+    def get_queryset(self, request):  # noqa: D102
+        return super().get_queryset(request).annotate(
+            _node_count=Count("nodes", distinct=True), _gpu_count=Count("devices", distinct=True)
+        )
+
+    def has_add_permission(self, request) -> bool:
+        """Clusters are added through the API or ``manage.py attach_cluster`` (the probe needs the kubeconfig)."""
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """Rows are kept for history; use the *Deregister* action."""
+        return False
+
+    def save_model(self, request, obj, form, change):
+        """Save edits through ``cluster_update`` so the console and the API share one validation."""
+        changed = {name: form.cleaned_data[name] for name in form.changed_data if name in services.EDITABLE_FIELDS}
+        services.cluster_update(cluster=obj, **changed)
+
+    @admin.display(description="heartbeat", ordering="last_heartbeat_at")
+    def heartbeat_age(self, obj: Cluster) -> str:
+        """How long ago the operator last reported."""
+        return _age(obj.last_heartbeat_at)
+
+    @admin.display(description="nodes", ordering="_node_count")
+    def node_count(self, obj: Cluster) -> int:
+        """GPU nodes in the latest inventory."""
+        return obj._node_count
+
+    @admin.display(description="GPUs", ordering="_gpu_count")
+    def gpu_count(self, obj: Cluster) -> int:
+        """GPUs in the latest inventory."""
+        return obj._gpu_count
+
+    @admin.action(description="Run the connection test")
+    def connection_test(self, request, queryset):
+        """Probe each selected cluster now and report its status."""
+        for cluster in queryset:
+            try:
+                report = services.cluster_connection_test(cluster=cluster)
+            except ApplicationError as exc:
+                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+                continue
+            failed = [name for name, ok in report["checks"].items() if not ok]
+            level = messages.SUCCESS if not failed else messages.WARNING
+            self.message_user(request, f"{cluster.name}: {report['status']}" + (f" (failed: {', '.join(failed)})" if failed else ""), level)
+
+    @admin.action(description="Deregister")
+    def deregister(self, request, queryset):
+        """Deregister each selected cluster (refused while anything runs on it)."""
+        for cluster in queryset:
+            try:
+                services.cluster_deregister(cluster=cluster)
+                self.message_user(request, f"{cluster.name}: deregistered", messages.SUCCESS)
+            except ApplicationError as exc:
+                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    """GPU nodes (read-only: the operator's inventory owns them)."""
+
+    list_display = ["name", "cluster", "gpu_mode", "ready", "gpus", "seen"]
+    list_filter = ["cluster", "ready", "gpu_mode"]
+    list_select_related = ["cluster"]
+    search_fields = ["name"]
+    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "last_seen_at"]
+    fields = readonly_fields
+
+    def get_queryset(self, request):  # noqa: D102
+        return super().get_queryset(request).annotate(_gpus=Count("devices"))
+
+    def has_add_permission(self, request) -> bool:  # noqa: D102
+        return False
+
+    @admin.display(description="GPUs", ordering="_gpus")
+    def gpus(self, obj: Node) -> int:
+        """GPUs on this node."""
+        return obj._gpus
+
+    @admin.display(description="last seen", ordering="last_seen_at")
+    def seen(self, obj: Node) -> str:
+        """How long ago the node was last reported."""
+        return _age(obj.last_seen_at)
+
+
+@admin.register(GpuDevice)
+class GpuDeviceAdmin(admin.ModelAdmin):
+    """GPUs (read-only: the operator's inventory owns them)."""
+
+    list_display = ["uuid", "model", "cluster", "node", "index", "memory_mib", "split_count", "cores", "health", "mode"]
+    list_filter = ["cluster", "model", "health"]
+    list_select_related = ["cluster", "node"]
+    search_fields = ["uuid", "model"]
+    readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request) -> bool:  # noqa: D102
+        return False

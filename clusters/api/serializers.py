@@ -1,0 +1,80 @@
+"""Serializers of the clusters API. Input and output serializers differ; the kubeconfig is input only."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from clusters.models import Cluster, GpuDevice, Node
+
+HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
+
+
+class ClusterCreateSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/clusters``."""
+
+    name = serializers.RegexField(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", max_length=63, error_messages={
+        "invalid": "must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. lab-c1)",
+    })
+    kubeconfig = serializers.CharField(trim_whitespace=False, write_only=True, max_length=256 * 1024)
+    session_domain = serializers.CharField(required=False, allow_blank=True, default="", max_length=253, help_text=HOSTNAME_HELP)
+    ingress_node = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
+    volume_storage_class = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
+
+
+class ClusterUpdateSerializer(serializers.Serializer):
+    """Input of ``PATCH /api/v1/clusters/{id}``: only these three fields can change."""
+
+    session_domain = serializers.CharField(required=False, allow_blank=True, max_length=253, help_text=HOSTNAME_HELP)
+    ingress_node = serializers.CharField(required=False, allow_blank=True, max_length=253)
+    volume_storage_class = serializers.CharField(required=False, allow_blank=True, max_length=253)
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    """Output of the clusters API. Never includes the kubeconfig."""
+
+    id = serializers.CharField(source="public_id", read_only=True)
+    node_count = serializers.IntegerField(read_only=True, default=0)
+    gpu_count = serializers.IntegerField(read_only=True, default=0)
+    heartbeat_age_seconds = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id", "name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "status",
+            "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test",
+            "last_connection_test_at", "registered_at", "deregistered_at", "node_count", "gpu_count",
+        ]
+        read_only_fields = fields
+
+    def get_heartbeat_age_seconds(self, obj: Cluster) -> int | None:
+        """Seconds since the operator's last report, or null if it never reported."""
+        if obj.last_heartbeat_at is None:
+            return None
+        return int((timezone.now() - obj.last_heartbeat_at).total_seconds())
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """Output of ``GET /api/v1/nodes``."""
+
+    cluster = serializers.CharField(source="cluster.public_id", read_only=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    gpu_count = serializers.IntegerField(read_only=True, default=0)
+
+    class Meta:
+        model = Node
+        fields = ["name", "cluster", "cluster_name", "labels", "gpu_mode", "ready", "last_seen_at", "gpu_count"]
+        read_only_fields = fields
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    """Output of ``GET /api/v1/gpus``: one physical GPU (memory in MiB, cores in percent of one GPU)."""
+
+    cluster = serializers.CharField(source="cluster.public_id", read_only=True)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = GpuDevice
+        fields = ["uuid", "cluster", "cluster_name", "node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"]
+        read_only_fields = fields

@@ -1,0 +1,104 @@
+"""Public API views for clusters, nodes and GPUs. They parse input and call services/selectors."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from clusters import selectors, services
+from clusters.api.serializers import (
+    ClusterCreateSerializer,
+    ClusterSerializer,
+    ClusterUpdateSerializer,
+    GpuSerializer,
+    NodeSerializer,
+)
+
+CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
+
+
+class IsStaffOrReadOnly(permissions.BasePermission):
+    """Anyone authenticated may read; only staff may change the fleet."""
+
+    message = "Only staff users may change clusters: ask an operator of this control plane."
+
+    def has_permission(self, request, view) -> bool:  # noqa: D102
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return bool(request.user and request.user.is_staff)
+
+
+class ClusterViewSet(viewsets.GenericViewSet):
+    """``/api/v1/clusters``: register, list, show, change, deregister, connection test."""
+
+    serializer_class = ClusterSerializer
+    permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
+    lookup_field = "public_id"
+    lookup_value_regex = "[^/]+"
+
+    @extend_schema(responses=ClusterSerializer(many=True))
+    def list(self, request):
+        """List clusters (``?status=`` filters)."""
+        qs = selectors.cluster_list()
+        if request.query_params.get("status"):
+            qs = qs.filter(status=request.query_params["status"])
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(ClusterSerializer(page, many=True).data)
+
+    @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterSerializer})
+    def create(self, request):
+        """Register a cluster after probing it (see docs/errors.md for every refusal)."""
+        data = ClusterCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cluster = services.cluster_register(**data.validated_data)
+        return Response(ClusterSerializer(selectors.cluster_get(public_id=cluster.public_id)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=ClusterSerializer)
+    def retrieve(self, request, public_id: str):
+        """Show one cluster."""
+        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+
+    @extend_schema(request=ClusterUpdateSerializer, responses=ClusterSerializer)
+    def partial_update(self, request, public_id: str):
+        """Change ``session_domain``, ``ingress_node`` or ``volume_storage_class``."""
+        cluster = selectors.cluster_get(public_id=public_id)
+        extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
+        data = ClusterUpdateSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        services.cluster_update(cluster=cluster, **data.validated_data, **{k: request.data[k] for k in extra})
+        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+
+    @extend_schema(responses=ClusterSerializer)
+    def destroy(self, request, public_id: str):
+        """Deregister (refused with 409 ``cluster_busy`` while anything runs on it)."""
+        cluster = selectors.cluster_get(public_id=public_id)
+        services.cluster_deregister(cluster=cluster)
+        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+
+    @action(detail=True, methods=["post"], url_path="connection-test")
+    def connection_test(self, request, public_id: str):
+        """Probe the cluster now: ``{"status", "checks": {...}, "detail": {...}}``."""
+        cluster = selectors.cluster_get(public_id=public_id)
+        return Response(services.cluster_connection_test(cluster=cluster))
+
+
+@extend_schema(parameters=[CLUSTER_FILTER])
+class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /api/v1/nodes[?cluster=]``: GPU nodes from the latest inventories."""
+
+    serializer_class = NodeSerializer
+
+    def get_queryset(self):  # noqa: D102
+        return selectors.node_list(cluster=self.request.query_params.get("cluster"))
+
+
+@extend_schema(parameters=[CLUSTER_FILTER])
+class GpuViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /api/v1/gpus[?cluster=]``: GPU devices from the latest inventories."""
+
+    serializer_class = GpuSerializer
+
+    def get_queryset(self):  # noqa: D102
+        return selectors.gpu_list(cluster=self.request.query_params.get("cluster"))

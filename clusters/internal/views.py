@@ -1,0 +1,49 @@
+"""Operator-facing views under ``/internal/v1/`` (authenticated by operator JWTs)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from clusters import services
+from clusters.internal.schemas import inventory_errors
+from gshare.auth.authentication import OperatorTokenAuthentication
+from gshare.exceptions import ApplicationError
+
+
+class OperatorAPIView(APIView):
+    """Base of every ``/internal/v1`` view: operator token only, JSON in and out."""
+
+    authentication_classes = [OperatorTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+    parser_classes = [JSONParser]
+
+    @property
+    def cluster(self):
+        """The cluster named in the caller's token."""
+        return self.request.user.cluster
+
+
+class InventoryView(OperatorAPIView):
+    """``PUT /internal/v1/inventory``: a full snapshot of the cluster's GPU nodes and devices."""
+
+    def put(self, request):
+        """Apply the snapshot; answer counts, server time and when to report next."""
+        problems = inventory_errors(request.data)
+        if problems:
+            raise ApplicationError(
+                "The inventory snapshot is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
+                code="invalid_inventory",
+            )
+        result = services.inventory_apply(cluster=self.cluster, nodes=request.data["nodes"])
+        return Response({
+            "cluster": self.cluster.public_id,
+            "nodes": result.nodes,
+            "gpus": result.gpus,
+            "nodes_removed": result.nodes_removed,
+            "gpus_removed": result.gpus_removed,
+            "server_time": timezone.now().isoformat(),
+        })

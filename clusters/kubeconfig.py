@@ -1,0 +1,199 @@
+"""Validation of a kubeconfig submitted for registration, before anything is dialled.
+
+Rules (each a refusal with a stable code, see ``docs/errors.md``):
+
+* ``kubeconfig_invalid``: not YAML, not a mapping, no ``current-context``, the context names a
+  cluster or user that is not defined, no ``server``, or data left as ``DATA+OMITTED`` /
+  ``REDACTED`` by ``kubectl config view``.
+* ``kubeconfig_exec_forbidden``: the user has ``exec`` or ``auth-provider``: running it would
+  execute a command on the control plane.
+* ``kubeconfig_local_file``: the cluster or user points at a file (``certificate-authority``,
+  ``client-certificate``, ``client-key``, ``tokenFile``): the control plane never opens a path
+  named in a kubeconfig.
+* ``kubeconfig_localhost``: the server is on loopback or the unspecified address (127.0.0.0/8,
+  ::1, ``localhost``, 0.0.0.0, ::): from the control plane that is the control plane itself.
+  Exact ``host:port`` pairs in ``GSHARE_LOOPBACK_ALLOWLIST`` are let through (the demo fleet).
+
+Only the context named by ``current-context`` is used; the others are dropped before storing.
+Format: kubeconfig v1 (``clientcmd/api/v1`` in Kubernetes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import yaml
+
+from gshare.exceptions import ApplicationError
+
+SERVICE_ACCOUNT_FIX = (
+    "Register a kubeconfig that authenticates with a ServiceAccount token "
+    "(`token:`) and inline `certificate-authority-data` (see docs/attach-a-cluster.md)."
+)
+_PLACEHOLDERS = ("DATA+OMITTED", "REDACTED")
+_FILE_KEYS_CLUSTER = ("certificate-authority",)
+_FILE_KEYS_USER = ("client-certificate", "client-key", "tokenFile")
+_DATA_KEYS_CLUSTER = ("certificate-authority-data",)
+_DATA_KEYS_USER = ("client-certificate-data", "client-key-data")
+
+
+class KubeconfigError(ApplicationError):
+    """400: the kubeconfig cannot be used; ``code`` says why."""
+
+    status = 400
+    code = "kubeconfig_invalid"
+
+
+@dataclass(frozen=True)
+class ValidKubeconfig:
+    """A kubeconfig reduced to its current context.
+
+    Attributes:
+        config: kubeconfig dict with exactly one cluster, user and context (the current one).
+        server: the apiserver URL (``https://host:port``).
+        context: the context name.
+    """
+
+    config: dict
+    server: str
+    context: str
+
+    def as_yaml(self) -> str:
+        """Return the reduced kubeconfig as YAML text (what is stored, encrypted)."""
+        return yaml.safe_dump(self.config, sort_keys=False)
+
+
+def _named(entries, key: str, name: str) -> dict | None:
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(key), dict):
+            return entry[key]
+    return None
+
+
+def _check_data(section: dict, keys: tuple[str, ...], what: str) -> None:
+    for key in keys:
+        if key not in section:
+            continue
+        value = section[key]
+        if not isinstance(value, str) or any(p in value for p in _PLACEHOLDERS):
+            raise KubeconfigError(
+                f"The {what}'s `{key}` is a placeholder (as printed by `kubectl config view`): "
+                "export the kubeconfig with `kubectl config view --raw --minify`."
+            )
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise KubeconfigError(f"The {what}'s `{key}` is not valid base64: paste the value from `kubectl config view --raw --minify`.") from None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Return True for a host that means "this machine": 127.0.0.0/8, ::1, 0.0.0.0, ::, localhost."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
+
+
+def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str, ...] = ()) -> ValidKubeconfig:
+    """Parse and check a kubeconfig without opening any file or network connection.
+
+    Args:
+        text: the kubeconfig as YAML (or JSON) text.
+        loopback_allowlist: ``host:port`` strings that may be on loopback anyway.
+
+    Returns:
+        The kubeconfig reduced to its current context.
+
+    Raises:
+        KubeconfigError: with code ``kubeconfig_invalid``, ``kubeconfig_exec_forbidden``,
+            ``kubeconfig_local_file`` or ``kubeconfig_localhost``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise KubeconfigError("The kubeconfig is empty: paste the output of `kubectl config view --raw --minify`.")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise KubeconfigError(f"The kubeconfig is not valid YAML{where}: paste the output of `kubectl config view --raw --minify`.") from None
+    if not isinstance(data, dict):
+        raise KubeconfigError("The kubeconfig is not a YAML mapping: paste the output of `kubectl config view --raw --minify`.")
+
+    context_name = data.get("current-context")
+    if not context_name or not isinstance(context_name, str):
+        raise KubeconfigError("The kubeconfig has no `current-context`: set one with `kubectl config use-context <name>` and export again.")
+    context = _named(data.get("contexts"), "context", context_name)
+    if context is None:
+        raise KubeconfigError(f"The current context {context_name!r} is not defined under `contexts`: export with `kubectl config view --raw --minify`.")
+    cluster_name, user_name = context.get("cluster"), context.get("user")
+    cluster = _named(data.get("clusters"), "cluster", cluster_name) if cluster_name else None
+    if cluster is None:
+        raise KubeconfigError(f"Context {context_name!r} names cluster {cluster_name!r}, which is not defined under `clusters`.")
+    user = _named(data.get("users"), "user", user_name) if user_name else None
+    if user is None:
+        raise KubeconfigError(f"Context {context_name!r} names user {user_name!r}, which is not defined under `users`.")
+
+    if "exec" in user or "auth-provider" in user:
+        kind = "exec" if "exec" in user else "auth-provider"
+        raise KubeconfigError(
+            f"User {user_name!r} authenticates with `{kind}`, which would run a command on the control plane. {SERVICE_ACCOUNT_FIX}",
+            code="kubeconfig_exec_forbidden",
+        )
+    for section, keys, what in ((cluster, _FILE_KEYS_CLUSTER, "cluster"), (user, _FILE_KEYS_USER, "user")):
+        for key in keys:
+            if section.get(key):
+                raise KubeconfigError(
+                    f"The {what}'s `{key}` points at a file; the control plane never opens a path named in a kubeconfig. "
+                    f"Inline it as `{key}-data` (`kubectl config view --raw --minify --flatten`), or use a `token:`. {SERVICE_ACCOUNT_FIX}"
+                    if key != "tokenFile"
+                    else f"The user's `tokenFile` points at a file; the control plane never opens a path named in a kubeconfig. "
+                    f"Put the token itself in `token:`. {SERVICE_ACCOUNT_FIX}",
+                    code="kubeconfig_local_file",
+                )
+    _check_data(cluster, _DATA_KEYS_CLUSTER, "cluster")
+    _check_data(user, _DATA_KEYS_USER, "user")
+    token = user.get("token")
+    if token is not None and (not isinstance(token, str) or any(p in token for p in _PLACEHOLDERS)):
+        raise KubeconfigError("The user's `token` is a placeholder: export the kubeconfig with `kubectl config view --raw --minify`.")
+    if not (token or ("client-certificate-data" in user and "client-key-data" in user) or ("username" in user and "password" in user)):
+        raise KubeconfigError(f"User {user_name!r} has no credentials: {SERVICE_ACCOUNT_FIX}")
+
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server:
+        raise KubeconfigError(f"Cluster {cluster_name!r} has no `server`: it must be the apiserver URL, e.g. https://k8s.example.com:6443.")
+    parts = urlsplit(server)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise KubeconfigError(f"The server {server!r} is not an http(s) URL: use the apiserver URL, e.g. https://k8s.example.com:6443.")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname
+    if is_loopback_host(host):
+        host_port = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if host_port not in set(loopback_allowlist):
+            raise KubeconfigError(
+                f"The server {server!r} is a loopback address: from the control plane that is the control plane itself. "
+                "Use an address of the cluster's apiserver that the control plane can reach (for k3s, replace 127.0.0.1 "
+                "in /etc/rancher/k3s/k3s.yaml with the node's address).",
+                code="kubeconfig_localhost",
+            )
+
+    reduced = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": cluster}],
+        "users": [{"name": user_name, "user": user}],
+        "contexts": [{"name": context_name, "context": {k: v for k, v in context.items()}}],
+        "current-context": context_name,
+    }
+    return ValidKubeconfig(config=reduced, server=server, context=context_name)

@@ -1,0 +1,148 @@
+"""Probing a cluster's apiserver from the control plane: reachable, RuntimeClass, HAMi, GPU nodes.
+
+Used by registration (which refuses a cluster that fails a required check) and by the connection
+test (which reports every check). All calls share one time budget (``GSHARE_PROBE_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from clusters.kube import Deadline, api_client_for_kubeconfig
+from gshare.exceptions import ApplicationError
+from operator_agent.contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
+
+logger = logging.getLogger(__name__)
+
+#: Labels by which the HAMi chart marks its NVIDIA device-plugin DaemonSet
+#: (charts/hami/templates/device-plugin/daemonsetnvidia.yaml, HAMi 2.x).
+HAMI_DEVICE_PLUGIN_COMPONENT = "hami-device-plugin"
+
+
+class ClusterUnreachable(ApplicationError):
+    """504: the apiserver did not answer within the probe's time budget."""
+
+    code = "cluster_unreachable"
+    status = 504
+
+
+class ClusterAuthFailed(ApplicationError):
+    """400: the apiserver refused the kubeconfig's credentials (401) or lacks a permission (403)."""
+
+    code = "cluster_auth_failed"
+    status = 400
+
+
+@dataclass
+class ProbeResult:
+    """What the probe saw.
+
+    Attributes:
+        checks: check name -> passed (``apiserver_reachable``, ``runtime_class_nvidia``,
+            ``hami_device_plugin``, ``gpu_nodes``).
+        details: check name -> sentence naming the fix, for each failed check.
+        kubernetes_version: ``gitVersion`` from ``/version`` (e.g. ``v1.32.3``), or "".
+        gpu_node_count: nodes labelled ``gpu=on``.
+    """
+
+    checks: dict[str, bool] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+    kubernetes_version: str = ""
+    gpu_node_count: int = 0
+
+    def fail(self, name: str, detail: str) -> None:
+        """Record a failed check with the sentence that names its fix."""
+        self.checks[name] = False
+        self.details[name] = detail
+
+
+def _unreachable_detail(server: str, seconds: float, exc: Exception) -> str:
+    return (
+        f"The apiserver at {server} did not answer within {seconds:g} s ({type(exc).__name__}): check that the "
+        "control plane can reach it (firewall, VPN, the address in the kubeconfig) and that the cluster is up."
+    )
+
+
+def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
+    """Run every check against the apiserver named in ``config``.
+
+    Args:
+        config: validated kubeconfig dict (see ``clusters.kubeconfig.validate_kubeconfig``).
+        server: its apiserver URL (for messages).
+        timeout: the whole budget for all calls, seconds.
+
+    Returns:
+        A ``ProbeResult``; ``apiserver_reachable`` is False (and the other checks absent) when
+        the apiserver did not answer in time.
+
+    Raises:
+        ClusterAuthFailed: the apiserver answered 401 to ``/version``-authenticated calls.
+        KubeconfigError: the client library cannot use the kubeconfig.
+    """
+    result = ProbeResult()
+    deadline = Deadline(timeout)
+    with api_client_for_kubeconfig(config) as api:
+        try:
+            version = kubernetes.client.VersionApi(api).get_code(_request_timeout=deadline.request_timeout())
+            result.kubernetes_version = version.git_version or ""
+            result.checks["apiserver_reachable"] = True
+
+            try:
+                kubernetes.client.NodeV1Api(api).read_runtime_class("nvidia", _request_timeout=deadline.request_timeout())
+                result.checks["runtime_class_nvidia"] = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                result.fail(
+                    "runtime_class_nvidia",
+                    "The cluster has no RuntimeClass `nvidia`: install the NVIDIA container toolkit on the GPU nodes and "
+                    "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md), or run `manage.py attach_cluster`.",
+                )
+
+            daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces(
+                _request_timeout=deadline.request_timeout()
+            )
+            hami = [ds for ds in daemonsets.items if _is_hami_device_plugin(ds)]
+            if hami:
+                result.checks["hami_device_plugin"] = True
+            else:
+                result.fail(
+                    "hami_device_plugin",
+                    "No HAMi device-plugin DaemonSet was found: install HAMi (`helm install hami hami-charts/hami -n kube-system`, "
+                    "see docs/attach-a-cluster.md) so GPUs can be shared and reported.",
+                )
+
+            nodes = kubernetes.client.CoreV1Api(api).list_node(
+                label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}", _request_timeout=deadline.request_timeout()
+            )
+            result.gpu_node_count = len(nodes.items)
+            if nodes.items:
+                result.checks["gpu_nodes"] = True
+            else:
+                result.fail(
+                    "gpu_nodes",
+                    f"No node is labelled `{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}`: label each GPU node "
+                    f"(`kubectl label node <node> {GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}`).",
+                )
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                raise ClusterAuthFailed(
+                    f"The apiserver at {server} answered {exc.status} ({exc.reason}): the kubeconfig's credentials are "
+                    "refused or lack permissions; give its ServiceAccount read access to nodes, daemonsets and runtimeclasses "
+                    "(the ClusterRole in docs/attach-a-cluster.md)."
+                ) from None
+            result.fail("apiserver_reachable", f"The apiserver at {server} answered {exc.status} ({exc.reason}); check that the URL is the apiserver's.")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            result.fail("apiserver_reachable", _unreachable_detail(server, timeout, exc))
+    return result
+
+
+def _is_hami_device_plugin(daemonset) -> bool:
+    labels = daemonset.metadata.labels or {}
+    name = daemonset.metadata.name or ""
+    return labels.get("app.kubernetes.io/component") == HAMI_DEVICE_PLUGIN_COMPONENT or "hami-device-plugin" in name

@@ -1,0 +1,52 @@
+"""Read queries for clusters, nodes and GPUs (querysets with their joins already applied)."""
+
+from __future__ import annotations
+
+from django.db.models import Count, QuerySet
+
+from clusters.models import Cluster, GpuDevice, Node
+from gshare.exceptions import NotFound
+
+
+def cluster_list(*, include_deregistered: bool = True) -> QuerySet[Cluster]:
+    """Clusters with ``node_count`` and ``gpu_count`` annotations, ordered by name."""
+    qs = Cluster.objects.annotate(
+        node_count=Count("nodes", distinct=True), gpu_count=Count("devices", distinct=True)
+    ).order_by("name", "id")
+    if not include_deregistered:
+        qs = qs.exclude(status=Cluster.Status.DEREGISTERED)
+    return qs
+
+
+def cluster_get(*, public_id: str) -> Cluster:
+    """Return one cluster (annotated as in :func:`cluster_list`).
+
+    Raises:
+        NotFound: ``cluster_not_found`` (404).
+    """
+    cluster = cluster_list().filter(public_id=public_id).first()
+    if cluster is None:
+        raise NotFound(f"No cluster has the id {public_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+    return cluster
+
+
+def node_list(*, cluster: str | None = None) -> QuerySet[Node]:
+    """GPU nodes with their cluster and ``gpu_count``; ``cluster`` filters by public id or name."""
+    qs = Node.objects.select_related("cluster").annotate(gpu_count=Count("devices")).order_by("cluster__name", "name")
+    if cluster:
+        qs = qs.filter(cluster__in=_cluster_filter(cluster))
+    return qs
+
+
+def gpu_list(*, cluster: str | None = None) -> QuerySet[GpuDevice]:
+    """GPU devices with node and cluster; ``cluster`` filters by public id or name."""
+    qs = GpuDevice.objects.select_related("node", "cluster").order_by("cluster__name", "node__name", "index")
+    if cluster:
+        qs = qs.filter(cluster__in=_cluster_filter(cluster))
+    return qs
+
+
+def _cluster_filter(value: str) -> QuerySet[Cluster]:
+    if value.startswith("clu_"):
+        return Cluster.objects.filter(public_id=value)
+    return Cluster.objects.filter(name=value).exclude(status=Cluster.Status.DEREGISTERED)

@@ -1,0 +1,5 @@
+"""gShare control plane project package."""
+
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]

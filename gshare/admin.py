@@ -1,0 +1,30 @@
+"""Console pages for API tokens and signing keys (secrets are never shown)."""
+
+from django.contrib import admin
+
+from gshare.models import ApiToken, SigningKey
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """API tokens: who, when; the token itself is never stored, its hash never shown."""
+
+    list_display = ["user", "name", "key_id", "created_at", "last_used_at", "revoked_at"]
+    list_select_related = ["user"]
+    fields = ["user", "name", "key_id", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request) -> bool:  # noqa: D102
+        return False
+
+
+@admin.register(SigningKey)
+class SigningKeyAdmin(admin.ModelAdmin):
+    """Internal JWT signing keys: kid, status and public half only."""
+
+    list_display = ["kid", "status", "created_at", "retired_at"]
+    fields = ["kid", "status", "public_key_pem", "created_at", "retired_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request) -> bool:  # noqa: D102
+        return False

@@ -1,0 +1,64 @@
+"""The DRF exception handler: every error body is ``{"code": "...", "detail": "..."}``."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from gshare.exceptions import ApplicationError
+
+_DRF_CODES = {
+    exceptions.NotAuthenticated: ("not_authenticated", "Send `Authorization: Bearer <api token>`; create a token with `manage.py create_api_token <username>`."),
+    exceptions.AuthenticationFailed: ("authentication_failed", None),
+    exceptions.PermissionDenied: ("permission_denied", None),
+    exceptions.NotFound: ("not_found", None),
+    exceptions.MethodNotAllowed: ("method_not_allowed", None),
+    exceptions.ParseError: ("invalid_json", None),
+    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Send the body as JSON with `Content-Type: application/json`."),
+    exceptions.Throttled: ("throttled", None),
+}
+
+
+def _flatten(errors, prefix: str = "") -> list[str]:
+    if isinstance(errors, dict):
+        out = []
+        for key, value in errors.items():
+            name = key if key != "non_field_errors" else ""
+            out.extend(_flatten(value, f"{prefix}{name}" if not prefix else f"{prefix}.{name}"))
+        return out
+    if isinstance(errors, list):
+        out = []
+        for value in errors:
+            out.extend(_flatten(value, prefix))
+        return out
+    return [f"{prefix}: {errors}" if prefix else str(errors)]
+
+
+def exception_handler(exc, context):
+    """Render ApplicationError and DRF errors as ``{"code", "detail"}`` with the right status."""
+    if isinstance(exc, ApplicationError):
+        response = Response(exc.as_body(), status=exc.status)
+        if exc.status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="gshare"'
+        return response
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    if isinstance(exc, exceptions.ValidationError):
+        messages = _flatten(exc.detail)
+        return Response(
+            {"code": "invalid_request", "detail": "; ".join(messages), "errors": exc.detail},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    code, detail = "error", None
+    for cls, (c, d) in _DRF_CODES.items():
+        if isinstance(exc, cls):
+            code, detail = c, d
+            break
+    body_detail = detail or (str(exc.detail) if hasattr(exc, "detail") else str(exc))
+    response.data = {"code": code, "detail": body_detail}
+    return response

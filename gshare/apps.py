@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class GshareConfig(AppConfig):
+    """Project-wide models: API tokens and the internal JWT signing keys."""
+
+    name = "gshare"
+    verbose_name = "gShare"
+    default_auto_field = "django.db.models.BigAutoField"

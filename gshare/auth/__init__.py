@@ -1,0 +1,1 @@
+"""Authentication: internal JWTs (RS256) and the DRF authentication classes."""

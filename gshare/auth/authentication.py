@@ -1,0 +1,77 @@
+"""DRF authentication classes: user API tokens (public API) and operator JWTs (``/internal``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rest_framework import authentication
+
+from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, verify_internal_jwt
+from gshare.auth.tokens import api_token_authenticate
+
+
+def _bearer(request) -> str | None:
+    header = authentication.get_authorization_header(request).decode("latin-1")
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return ""
+    return value.strip()
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer gsh_...`` -> ``(user, ApiToken)``."""
+
+    def authenticate(self, request):  # noqa: D102
+        token = _bearer(request)
+        if token is None:
+            return None
+        row = api_token_authenticate(token=token)
+        return row.user, row
+
+    def authenticate_header(self, request) -> str:  # noqa: D102
+        return 'Bearer realm="gshare"'
+
+
+@dataclass(frozen=True)
+class OperatorPrincipal:
+    """The authenticated caller of an ``/internal`` route: the operator of one cluster.
+
+    Attributes:
+        cluster: the ``clusters.Cluster`` named in the token's ``sub`` (never deregistered).
+        claims: the verified JWT claims.
+    """
+
+    cluster: object
+    claims: dict
+    is_authenticated: bool = True
+
+
+class OperatorTokenAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <operator JWT>`` with ``sub = operator:<cluster_id>``.
+
+    Refuses (401) any token that :func:`verify_internal_jwt` refuses, a subject that is not an
+    operator, and the token of an unknown or deregistered cluster.
+    """
+
+    def authenticate(self, request):  # noqa: D102
+        from clusters.models import Cluster
+
+        token = _bearer(request)
+        if not token:
+            raise InvalidInternalToken("Send the operator token as `Authorization: Bearer <token>`.", code="token_missing")
+        claims = verify_internal_jwt(token, OPERATOR_AUDIENCE)
+        subject = claims.get("sub", "")
+        if not subject.startswith("operator:"):
+            raise InvalidInternalToken("This token is not an operator token: mint one with `manage.py mint_operator_token <cluster_id>`.")
+        cluster = Cluster.objects.filter(public_id=subject.removeprefix("operator:")).first()
+        if cluster is None or cluster.status == Cluster.Status.DEREGISTERED:
+            raise InvalidInternalToken(
+                "The cluster of this operator token is deregistered or unknown: register the cluster again and mint a new token.",
+                code="cluster_deregistered",
+            )
+        return OperatorPrincipal(cluster=cluster, claims=claims), claims
+
+    def authenticate_header(self, request) -> str:  # noqa: D102
+        return 'Bearer realm="gshare-internal"'

@@ -1,0 +1,124 @@
+"""Internal JWTs: RS256 tokens the control plane signs for operators and for connect links.
+
+Claims: ``iss`` (``GSHARE_JWT_ISSUER``), ``sub``, ``aud``, ``iat``, ``nbf``, ``exp``, ``jti``;
+header ``alg: RS256`` and ``kid``. Keys live in ``gshare.SigningKey``; every key that is not
+retired is published at ``/.well-known/gshare-internal-jwks.json``, so keys rotate without
+downtime. Verification accepts RS256 only (``alg: none`` and HS256 are refused before any key is
+touched).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import jwt
+from django.conf import settings
+
+from gshare.auth.keys import signing_key_ensure
+from gshare.exceptions import ApplicationError
+from gshare.models import SigningKey
+
+#: Audience of operator tokens (data plane -> ``/internal/v1/``).
+OPERATOR_AUDIENCE = "gshare-internal"
+#: Audience of connect tokens (ingress-nginx ``auth-url`` -> ``/internal/connect/verify``).
+CONNECT_AUDIENCE = "gshare-connect"
+ALGORITHM = "RS256"
+
+
+class InvalidInternalToken(ApplicationError):
+    """401: the token is missing, malformed, expired, tampered with, or for another audience."""
+
+    code = "token_invalid"
+    status = 401
+
+
+def sign_internal_jwt(subject: str, ttl: int = 604800, *, audience: str = OPERATOR_AUDIENCE, claims: dict | None = None) -> str:
+    """Sign an RS256 JWT with the active signing key.
+
+    Args:
+        subject: ``sub`` claim, e.g. ``operator:clu_ab12...``.
+        ttl: lifetime in seconds (default 604800 = 7 days).
+        audience: ``aud`` claim (``gshare-internal`` for operators, ``gshare-connect`` for connect links).
+        claims: extra claims to add (they cannot override the registered ones).
+
+    Returns:
+        The compact JWS string.
+    """
+    if ttl <= 0:
+        raise ValueError("ttl must be a positive number of seconds")
+    key = signing_key_ensure()
+    now = int(time.time())
+    payload = dict(claims or {})
+    payload.update(
+        iss=settings.GSHARE_JWT_ISSUER,
+        sub=subject,
+        aud=audience,
+        iat=now,
+        nbf=now,
+        exp=now + int(ttl),
+        jti=uuid.uuid4().hex,
+    )
+    return jwt.encode(payload, key.private_key_pem, algorithm=ALGORITHM, headers={"kid": key.kid})
+
+
+def verify_internal_jwt(token: str, audience: str) -> dict:
+    """Verify an internal JWT and return its claims.
+
+    Args:
+        token: the compact JWS.
+        audience: the audience this endpoint accepts.
+
+    Returns:
+        The claims dict (``sub``, ``aud``, ``exp``, ...).
+
+    Raises:
+        InvalidInternalToken: unparsable token, ``alg`` other than RS256, unknown or retired
+            ``kid``, bad signature, expired / not yet valid, wrong ``iss`` or ``aud``, missing claims.
+    """
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise InvalidInternalToken("The token is not a JWT: send the operator token from its Secret as `Authorization: Bearer <token>`.") from None
+    if header.get("alg") != ALGORITHM:
+        raise InvalidInternalToken("Only RS256 tokens signed by this control plane are accepted: mint a new token with `manage.py mint_operator_token`.")
+    kid = header.get("kid")
+    if not isinstance(kid, str) or not kid:
+        raise InvalidInternalToken("The token has no `kid` header: mint a new token with `manage.py mint_operator_token`.")
+    key = SigningKey.objects.filter(kid=kid).exclude(status=SigningKey.Status.RETIRED).only("public_key_pem").first()
+    if key is None:
+        raise InvalidInternalToken("The token was signed by a key this control plane does not publish: mint a new token with `manage.py mint_operator_token`.")
+    try:
+        return jwt.decode(
+            token,
+            key.public_key_pem,
+            algorithms=[ALGORITHM],
+            audience=audience,
+            issuer=settings.GSHARE_JWT_ISSUER,
+            leeway=settings.GSHARE_JWT_LEEWAY,
+            options={"require": ["iss", "sub", "aud", "iat", "nbf", "exp", "jti"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise InvalidInternalToken("The token has expired: rotate it (`manage.py mint_operator_token <cluster_id>`).") from None
+    except jwt.InvalidAudienceError:
+        raise InvalidInternalToken(f"The token is not meant for this endpoint (audience must be `{audience}`).") from None
+    except jwt.PyJWTError as exc:
+        raise InvalidInternalToken(f"The token was refused ({type(exc).__name__}): mint a new one with `manage.py mint_operator_token`.") from None
+
+
+def public_jwks() -> dict:
+    """Return the JWKS of every published (not retired) key: ``{"keys": [{kty, kid, use, alg, n, e}]}``."""
+    keys = []
+    signing_key_ensure()
+    for key in SigningKey.objects.exclude(status=SigningKey.Status.RETIRED).order_by("-created_at"):
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(_load_public(key.public_key_pem)))
+        jwk.update(kid=key.kid, use="sig", alg=ALGORITHM)
+        keys.append(jwk)
+    return {"keys": keys}
+
+
+def _load_public(pem: str):
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    return load_pem_public_key(pem.encode())

@@ -1,0 +1,67 @@
+"""Services for users' API tokens (stored hashed in ``gshare.ApiToken``)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from gshare.exceptions import ApplicationError, NotFound
+from gshare.models import ApiToken
+
+TOKEN_PREFIX = "gsh"
+
+
+class InvalidApiToken(ApplicationError):
+    """401: the bearer token is unknown, malformed or revoked."""
+
+    code = "api_token_invalid"
+    status = 401
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@transaction.atomic
+def api_token_create(*, username: str, name: str = "default") -> tuple[ApiToken, str]:
+    """Create an API token for ``username``.
+
+    Returns:
+        ``(row, token_text)``; the text (``gsh_<key_id>_<secret>``, 256 bits of secret) is shown
+        once and never stored.
+
+    Raises:
+        NotFound: no user has that username.
+    """
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"No user named {username!r}: create it first with `manage.py createsuperuser`.", code="user_not_found")
+    key_id = secrets.token_hex(4)
+    text = f"{TOKEN_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+    row = ApiToken(user=user, name=name, key_id=key_id, token_hash=_digest(text))
+    row.full_clean()
+    row.save()
+    return row, text
+
+
+def api_token_authenticate(*, token: str) -> ApiToken:
+    """Return the live token row matching ``token`` (with its user), updating ``last_used_at``.
+
+    Raises:
+        InvalidApiToken: malformed, unknown, revoked, or the user is inactive.
+    """
+    parts = token.split("_", 2)
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        raise InvalidApiToken("That is not a gShare API token: create one with `manage.py create_api_token <username>`.")
+    row = ApiToken.objects.select_related("user").filter(key_id=parts[1], revoked_at__isnull=True).first()
+    if row is None or not hmac.compare_digest(row.token_hash, _digest(token)) or not row.user.is_active:
+        raise InvalidApiToken("Unknown or revoked API token: create a new one with `manage.py create_api_token <username>`.")
+    now = timezone.now()
+    if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
+    return row

@@ -1,0 +1,1 @@
+"""The operator console: the Django admin site, titled for gShare."""

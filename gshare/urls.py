@@ -1,0 +1,24 @@
+"""URL map: the console (admin), the public API, the operator API, the JWKS."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from gshare import views
+
+api_v1 = [
+    path("", include("clusters.api.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+]
+
+internal_v1 = [
+    path("", include("clusters.internal.urls")),
+]
+
+urlpatterns = [
+    path("", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("internal/v1/", include(internal_v1)),
+    path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
+    path("healthz", views.healthz, name="healthz"),
+]

@@ -1,0 +1,25 @@
+"""Project-level views: the public JWKS and a health check."""
+
+from __future__ import annotations
+
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.http import require_GET
+
+from gshare.auth.internal_jwt import public_jwks
+
+
+@require_GET
+def jwks(request):
+    """``GET /.well-known/gshare-internal-jwks.json``: public keys of every published signing key."""
+    response = JsonResponse(public_jwks())
+    response["Cache-Control"] = "public, max-age=300"
+    return response
+
+
+@require_GET
+def healthz(request):
+    """``GET /healthz``: 200 ``{"status": "ok"}`` when the database answers."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})

@@ -1,0 +1,144 @@
+"""Operator configuration, read from the process environment.
+
+The operator cannot use django-environ (it imports Django when installed), so its settings
+are a small frozen dataclass built from ``os.environ``:
+
+* ``GSHARE_CLUSTER_ID`` (required): id of this cluster on the control plane.
+* ``GSHARE_CONTROL_PLANE_URL`` (required): base URL of the control plane (``http``/``https``).
+* ``GSHARE_TOKEN_FILE``: path of the mounted operator token; default ``/var/run/secrets/gshare/internal-jwt``.
+* ``GSHARE_INVENTORY_INTERVAL``: seconds between inventory reports; default ``30``.
+* ``GSHARE_HTTP_TIMEOUT``: seconds per HTTP request (connect and read, each); default ``10``.
+* ``GSHARE_BACKOFF_MAX``: cap of the retry backoff, in seconds; default ``60``.
+* ``GSHARE_LOG_LEVEL``: Python logging level name; default ``INFO``.
+
+Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
+``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
+named by ``KUBECONFIG`` (``~/.kube/config`` when unset), as ``kubectl`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import kubernetes.client
+import kubernetes.config
+
+from operator_agent.contract import DEFAULT_TOKEN_FILE
+
+__all__ = ["ConfigError", "OperatorConfig", "kubernetes_api_client"]
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """A required environment variable is missing or a value is malformed; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of one operator process.
+
+    Attributes:
+        cluster_id: id of this cluster on the control plane (informational: the control plane
+            takes the cluster from the token's ``sub``, ``operator:<cluster_id>``).
+        control_plane_url: base URL of the control plane, without a trailing ``/``.
+        token_file: path of the operator token file; re-read before every request.
+        inventory_interval: seconds between inventory reports (> 0).
+        http_timeout: seconds allowed per HTTP request, for connect and for read (> 0).
+        backoff_max: cap, in seconds, of the exponential retry backoff (> 0).
+        log_level: logging level name (``DEBUG`` … ``CRITICAL``).
+    """
+
+    cluster_id: str
+    control_plane_url: str
+    token_file: str = DEFAULT_TOKEN_FILE
+    inventory_interval: float = 30.0
+    http_timeout: float = 10.0
+    backoff_max: float = 60.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
+        """Build the config from ``environ`` (``os.environ`` by default).
+
+        Raises:
+            ConfigError: a required variable is missing/empty or a value is malformed.
+        """
+        cluster_id = _required(environ, "GSHARE_CLUSTER_ID")
+        url = _required(environ, "GSHARE_CONTROL_PLANE_URL").rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(
+                f"GSHARE_CONTROL_PLANE_URL must be an http(s) URL such as https://gshare.example.com, got {url!r}"
+            )
+        token_file = (environ.get("GSHARE_TOKEN_FILE") or "").strip() or DEFAULT_TOKEN_FILE
+        log_level = (environ.get("GSHARE_LOG_LEVEL") or "INFO").strip().upper()
+        if log_level not in _LOG_LEVELS:
+            raise ConfigError(f"GSHARE_LOG_LEVEL must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
+        return cls(
+            cluster_id=cluster_id,
+            control_plane_url=url,
+            token_file=token_file,
+            inventory_interval=_seconds(environ, "GSHARE_INVENTORY_INTERVAL", 30.0),
+            http_timeout=_seconds(environ, "GSHARE_HTTP_TIMEOUT", 10.0),
+            backoff_max=_seconds(environ, "GSHARE_BACKOFF_MAX", 60.0),
+            log_level=log_level,
+        )
+
+    @property
+    def log_level_number(self) -> int:
+        """``log_level`` as a ``logging`` level number."""
+        return logging.getLevelName(self.log_level)
+
+
+def kubernetes_api_client(environ: Mapping[str, str] = os.environ) -> kubernetes.client.ApiClient:
+    """Return a Kubernetes ``ApiClient`` for the cluster this operator runs in.
+
+    In-cluster config (service-account token and CA) when ``KUBERNETES_SERVICE_HOST`` is set,
+    else ``kubernetes.config.load_kube_config`` with ``KUBECONFIG`` (which may list several
+    files separated by ``os.pathsep``; ``~/.kube/config`` when unset). The global default
+    configuration of the ``kubernetes`` package is left untouched.
+
+    Raises:
+        ConfigError: no usable Kubernetes configuration was found.
+    """
+    configuration = kubernetes.client.Configuration()
+    try:
+        if environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        else:
+            kubernetes.config.load_kube_config(
+                config_file=environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        where = "in-cluster service account" if environ.get("KUBERNETES_SERVICE_HOST") else "KUBECONFIG"
+        raise ConfigError(f"cannot load Kubernetes configuration ({where}): {exc}") from exc
+    return kubernetes.client.ApiClient(configuration)
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    """Return the stripped value of ``name`` or raise ``ConfigError`` when missing or empty."""
+    value = (environ.get(name) or "").strip()
+    if not value:
+        raise ConfigError(f"{name} is required but not set: set it in the operator's environment (chart values)")
+    return value
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """Parse ``name`` as a positive number of seconds, ``default`` when unset or empty."""
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value

@@ -1,0 +1,82 @@
+"""Values the operator and the control plane share.
+
+The control plane imports this module; this module imports nothing from the control
+plane (nor anything but the standard library), so both sides can depend on it.
+Change a value here and both sides change together.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- HTTP routes
+INTERNAL_API_PREFIX = "/internal/v1"
+"""Prefix of every operator-facing route on the control plane (JSON, ``Authorization: Bearer``)."""
+
+INVENTORY_PATH = "/internal/v1/inventory"
+"""``PUT``: full snapshot of the cluster's GPU nodes and devices (see ``operator_agent.inventory``).
+
+Body: ``{"nodes": [{"name", "labels", "ready", "devices": [...], "hami_error"?}]}``.
+The control plane upserts what is listed and removes what is gone, for the cluster named
+in the token.
+"""
+
+# --------------------------------------------------------------------------- node labels
+GPU_NODE_LABEL_KEY = "gpu"
+"""Label key that marks a node as a gShare GPU node (value ``GPU_NODE_LABEL_VALUE``)."""
+
+GPU_NODE_LABEL_VALUE = "on"
+"""Label value of ``GPU_NODE_LABEL_KEY`` on GPU nodes: nodes carry ``gpu=on``."""
+
+GPU_NODE_LABEL_SELECTOR = f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}"
+"""Kubernetes label selector (``gpu=on``) used to list GPU nodes."""
+
+GPU_MODE_LABEL = "gshare.io/gpu-mode"
+"""Node label naming the GPU sharing mode gShare uses on that node.
+
+The operator reports it unchanged inside the node's ``labels``; the control plane
+interprets the value.
+"""
+
+# --------------------------------------------------------------------------- HAMi annotations
+HAMI_NODE_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+"""Node annotation written by ``hami-device-plugin`` listing the node's NVIDIA GPUs.
+
+Format: see ``operator_agent.hami`` (legacy 7/9-field strings up to HAMi v2.7.x, a JSON
+array from v2.8.0). Key in use since HAMi commit 7c670f49 (2024-02-27, hami-2.3 and later).
+"""
+
+HAMI_LEGACY_NODE_REGISTER_ANNOTATION = "4pd.io/node-nvidia-register"
+"""Pre-HAMi key of the same annotation (``4pd.io/k8s-vgpu-scheduler`` v2.2.9 … HAMi master 2024-02).
+
+Format: legacy 5-, 6- or 7-field strings (see ``operator_agent.hami``).
+"""
+
+HAMI_NODE_REGISTER_ANNOTATIONS = (HAMI_NODE_REGISTER_ANNOTATION, HAMI_LEGACY_NODE_REGISTER_ANNOTATION)
+"""Annotation keys in the order they are looked up: current key first, then the legacy one."""
+
+# --------------------------------------------------------------------------- operator token
+OPERATOR_TOKEN_SUBJECT_PREFIX = "operator:"
+"""Operator tokens carry ``sub = "operator:<cluster_id>"`` (RS256 internal JWT, 7-day TTL)."""
+
+OPERATOR_TOKEN_SECRET_NAMESPACE = "gshare-system"
+"""Namespace of the data-plane Secret holding the operator token."""
+
+OPERATOR_TOKEN_SECRET_NAME = "gshare-operator-internal-jwt"
+"""Name of the data-plane Secret holding the operator token."""
+
+OPERATOR_TOKEN_SECRET_KEY = "internal-jwt"
+"""Key inside that Secret; mounted as a file and re-read on every request (rotation without restart)."""
+
+DEFAULT_TOKEN_FILE = "/var/run/secrets/gshare/internal-jwt"
+"""Default path where the operator chart mounts ``OPERATOR_TOKEN_SECRET_KEY``."""
+
+# --------------------------------------------------------------------------- error codes
+# Every control-plane error body is ``{"code": "<one of these or another snake_case code>", "detail": "..."}``.
+
+FORBIDDEN_CLUSTER_SCOPE = "forbidden_cluster_scope"
+"""403: the request touches a session, node or device of a cluster other than the token's; nothing changed."""
+
+TOKEN_INVALID = "token_invalid"
+"""401: the operator token is missing, malformed, expired, or signed by an unknown key."""
+
+CLUSTER_DEREGISTERED = "cluster_deregistered"
+"""401: the token's cluster has been deregistered; its tokens are no longer accepted."""

@@ -1,0 +1,273 @@
+"""HTTP client for the control plane's operator routes (``/internal/v1/…``).
+
+Every request carries ``Authorization: Bearer <operator token>``. The token is read from
+``OperatorConfig.token_file`` before *every* attempt, retries included, so a rotated
+Secret is picked up without a restart. The token is never logged.
+
+Failure handling:
+
+* connection errors, timeouts, 5xx and 429: retried with capped exponential backoff and
+  jitter (base 1 s, doubling, cap ``OperatorConfig.backoff_max``; a ``Retry-After`` in
+  seconds is honoured up to the cap), at most ``max_attempts`` attempts, then
+  ``ControlPlaneUnavailable``. The caller's next tick sends a fresh request anyway.
+* 401: the token is expired, revoked or belongs to a deregistered cluster. Logged as
+  ``operator token expired or revoked: rotate it …`` with the body's ``detail``; not retried
+  (``ControlPlaneAuthError``).
+* 403 and other 4xx: logged with the body's ``code`` and ``detail``; not retried
+  (``ControlPlaneRejected``).
+
+Error bodies are ``{"code": "...", "detail": "..."}`` (codes in ``operator_agent.contract``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from operator_agent import __version__
+from operator_agent.config import OperatorConfig
+from operator_agent.contract import INVENTORY_PATH
+
+__all__ = [
+    "ControlPlaneAuthError",
+    "ControlPlaneClient",
+    "ControlPlaneError",
+    "ControlPlaneRejected",
+    "ControlPlaneUnavailable",
+    "TokenUnavailable",
+    "backoff_delay",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_BASE = 1.0
+"""First retry delay, in seconds, before jitter."""
+
+DEFAULT_MAX_ATTEMPTS = 5
+"""Attempts per call (1 + 4 retries: about 1+2+4+8 = 15 s of backoff before jitter)."""
+
+USER_AGENT = f"gshare-operator/{__version__}"
+_MAX_BODY_IN_LOG = 300
+
+
+class ControlPlaneError(Exception):
+    """A call to the control plane failed. ``status`` is the HTTP status (``None`` if none was received)."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, detail: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+class ControlPlaneUnavailable(ControlPlaneError):
+    """Connection errors, timeouts or 5xx/429 on every attempt (or the caller asked to stop)."""
+
+
+class ControlPlaneAuthError(ControlPlaneError):
+    """401: the operator token is expired, revoked or of a deregistered cluster; rotate it."""
+
+
+class ControlPlaneRejected(ControlPlaneError):
+    """403 or another 4xx: the control plane refused the request; retrying the same body will not help."""
+
+
+class TokenUnavailable(ControlPlaneError):
+    """The operator token file is missing, unreadable or empty."""
+
+
+@dataclass(frozen=True)
+class _ErrorBody:
+    code: str | None
+    detail: str
+
+
+def backoff_delay(
+    attempt: int, *, cap: float, base: float = BACKOFF_BASE, rng: Callable[[], float] = random.random
+) -> float:
+    """Delay before retry number ``attempt`` (0-based): ``min(cap, base * 2**attempt)`` with "equal jitter".
+
+    The result lies in ``[d/2, d]`` for ``d = min(cap, base * 2**attempt)``: never zero (no
+    retry storm), never above ``cap``, and spread so many operators do not retry in step.
+    """
+    ceiling = min(cap, base * (2 ** min(attempt, 62)))
+    return ceiling / 2 + ceiling / 2 * rng()
+
+
+class ControlPlaneClient:
+    """Client of the control plane's ``/internal/v1`` routes for one operator.
+
+    Args:
+        config: the operator config (URL, token file, timeouts, backoff cap).
+        session: a ``requests.Session`` to use (one is created when omitted).
+        sleep: called with the backoff delay in seconds between attempts (``time.sleep`` by
+            default; the main loop passes ``threading.Event.wait`` so SIGTERM cuts it short).
+        stopped: returns ``True`` when the process is shutting down; checked before every
+            attempt, after which no further attempt is made.
+        rng: returns a float in ``[0, 1)`` for the backoff jitter.
+        max_attempts: attempts per call, including the first.
+    """
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        *,
+        session: requests.Session | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+        stopped: Callable[[], bool] = lambda: False,
+        rng: Callable[[], float] = random.random,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ):
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.config = config
+        self.session = session or requests.Session()
+        self._sleep = sleep
+        self._stopped = stopped
+        self._rng = rng
+        self.max_attempts = max_attempts
+
+    def put_inventory(self, snapshot: dict) -> dict:
+        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``; return the response body.
+
+        Raises:
+            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
+        """
+        return self.request("PUT", INVENTORY_PATH, json_body=snapshot)
+
+    def request(self, method: str, path: str, *, json_body: Any = None) -> dict:
+        """Send ``method path`` with retries (see the module docstring) and return the decoded JSON body.
+
+        A 2xx with an empty or non-object body returns ``{}``.
+        """
+        url = self.config.control_plane_url + path
+        what = f"{method} {path}"
+        last_problem = "no attempt made"
+        for attempt in range(self.max_attempts):
+            if self._stopped():
+                raise ControlPlaneUnavailable(f"{what}: stopped before completion ({last_problem})")
+            token = self._read_token()
+            try:
+                response = self.session.request(
+                    method,
+                    url,
+                    json=json_body,
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Accept": "application/json",
+                        "User-Agent": USER_AGENT,
+                    },
+                    timeout=self.config.http_timeout,
+                    allow_redirects=False,
+                )
+            except requests.RequestException as exc:
+                # The exception text names the URL and the OS error, never the headers.
+                last_problem = f"{type(exc).__name__}: {exc}"
+                retry_after = None
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return _json_object(response)
+                body = _error_body(response)
+                if status == 401:
+                    logger.error(
+                        "operator token expired or revoked: rotate it (control plane answered 401 %s to %s): %s",
+                        body.code or "unauthorized",
+                        what,
+                        body.detail,
+                    )
+                    raise ControlPlaneAuthError(
+                        f"{what}: 401 {body.code}: {body.detail}", status=status, code=body.code, detail=body.detail
+                    )
+                if status != 429 and status < 500:
+                    logger.error(
+                        "control plane refused %s with %d %s: %s", what, status, body.code or "error", body.detail
+                    )
+                    raise ControlPlaneRejected(
+                        f"{what}: {status} {body.code}: {body.detail}",
+                        status=status,
+                        code=body.code,
+                        detail=body.detail,
+                    )
+                last_problem = " ".join(filter(None, [f"HTTP {status}", body.code])) + f": {body.detail}"
+                retry_after = _retry_after(response)
+            if attempt + 1 >= self.max_attempts:
+                break
+            delay = backoff_delay(attempt, cap=self.config.backoff_max, rng=self._rng)
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, self.config.backoff_max))
+            logger.warning(
+                "%s failed (attempt %d/%d: %s); retrying in %.1fs",
+                what,
+                attempt + 1,
+                self.max_attempts,
+                last_problem,
+                delay,
+            )
+            self._sleep(delay)
+        raise ControlPlaneUnavailable(f"{what}: giving up after {self.max_attempts} attempts ({last_problem})")
+
+    def _read_token(self) -> str:
+        """Read the operator token file afresh (rotation without restart)."""
+        path = self.config.token_file
+        try:
+            with open(path, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as exc:
+            message = f"cannot read operator token file {path}: {exc.strerror or exc}"
+            logger.error("%s", message)
+            raise TokenUnavailable(message) from None
+        if not token:
+            message = f"operator token file {path} is empty"
+            logger.error("%s", message)
+            raise TokenUnavailable(message)
+        return token
+
+
+def _json_object(response: requests.Response) -> dict:
+    """Decode a 2xx body; ``{}`` when it is empty or not a JSON object."""
+    if not response.content:
+        return {}
+    try:
+        data = response.json()
+    except ValueError:
+        logger.warning("control plane answered %d with a non-JSON body", response.status_code)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _error_body(response: requests.Response) -> _ErrorBody:
+    """Parse ``{"code", "detail"}``; fall back to a shortened text body."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        code = data.get("code")
+        detail = data.get("detail")
+        return _ErrorBody(
+            code=str(code) if code is not None else None,
+            detail=str(detail) if detail is not None else "",
+        )
+    text = (response.text or "").strip()
+    if len(text) > _MAX_BODY_IN_LOG:
+        text = text[:_MAX_BODY_IN_LOG] + "…"
+    return _ErrorBody(code=None, detail=text or response.reason or "")
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """``Retry-After`` in seconds (the HTTP-date form is ignored)."""
+    raw = response.headers.get("Retry-After")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
