@@ -16,9 +16,10 @@ internal_v1 = [
 ]
 
 urlpatterns = [
-    path("", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("internal/v1/", include(internal_v1)),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
+    # Last: the console's catch-all would shadow the routes above.
+    path("", admin.site.urls),
 ]

@@ -149,10 +149,9 @@ def decode_node_register(value: str) -> list[HamiDevice]:
 
     A value starting with ``[`` (or ``{``, to report a non-array clearly) is decoded as JSON
     (HAMi ``pkg/device/devices.go`` MarshalNodeDevices/UnMarshalNodeDevices @ v2.8.0 … v2.10.0);
-    anything else as the legacy
-    ``:``-terminated record string (HAMi ``pkg/util/util.go`` EncodeNodeDevices @ 70f4d461,
-    f7039ec7, v2.4.1, v2.5.0, and ``pkg/device/devices.go`` @ v2.7.0). Surrounding whitespace
-    is ignored; an empty value means no GPU is registered and yields ``[]``.
+    anything else as the legacy ``:``-terminated record string (HAMi ``pkg/util/util.go``
+    EncodeNodeDevices @ 70f4d461, f7039ec7, v2.4.1, v2.5.0, and ``pkg/device/devices.go`` @ v2.7.0).
+    Surrounding whitespace is ignored; an empty value means no GPU is registered and yields ``[]``.
 
     Raises:
         HamiDecodeError: the value is malformed; the message names the offending record.

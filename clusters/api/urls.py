@@ -4,7 +4,8 @@ from rest_framework.routers import SimpleRouter
 
 from clusters.api.views import ClusterViewSet, GpuViewSet, NodeViewSet
 
-router = SimpleRouter(trailing_slash="/?")
+router = SimpleRouter()
+router.trailing_slash = "/?"  # accept /api/v1/clusters and /api/v1/clusters/ alike (no redirect)
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")

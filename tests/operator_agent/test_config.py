@@ -1,0 +1,124 @@
+"""OperatorConfig.from_environ and the Kubernetes client factory."""
+
+from __future__ import annotations
+
+import pytest
+
+from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
+from operator_agent.contract import DEFAULT_TOKEN_FILE
+
+REQUIRED = {"GSHARE_CLUSTER_ID": "c-7f3a", "GSHARE_CONTROL_PLANE_URL": "https://gshare.example.com/"}
+
+
+def test_defaults():
+    config = OperatorConfig.from_environ(REQUIRED)
+    assert config == OperatorConfig(
+        cluster_id="c-7f3a",
+        control_plane_url="https://gshare.example.com",  # trailing slash removed
+        token_file=DEFAULT_TOKEN_FILE,
+        inventory_interval=30.0,
+        http_timeout=10.0,
+        backoff_max=60.0,
+        log_level="INFO",
+    )
+    assert DEFAULT_TOKEN_FILE == "/var/run/secrets/gshare/internal-jwt"
+
+
+def test_all_values():
+    environ = {
+        **REQUIRED,
+        "GSHARE_TOKEN_FILE": "/tmp/token",
+        "GSHARE_INVENTORY_INTERVAL": "5",
+        "GSHARE_HTTP_TIMEOUT": "2.5",
+        "GSHARE_BACKOFF_MAX": "120",
+        "GSHARE_LOG_LEVEL": "debug",
+    }
+    config = OperatorConfig.from_environ(environ)
+    assert (config.token_file, config.inventory_interval, config.http_timeout, config.backoff_max) == (
+        "/tmp/token",
+        5.0,
+        2.5,
+        120.0,
+    )
+    assert config.log_level == "DEBUG"
+    assert config.log_level_number == 10
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED))
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_missing_required_value(missing, value):
+    environ = dict(REQUIRED)
+    if value is None:
+        del environ[missing]
+    else:
+        environ[missing] = value
+    with pytest.raises(ConfigError, match=f"{missing} is required"):
+        OperatorConfig.from_environ(environ)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GSHARE_INVENTORY_INTERVAL", "thirty"),
+        ("GSHARE_INVENTORY_INTERVAL", "0"),
+        ("GSHARE_HTTP_TIMEOUT", "-1"),
+        ("GSHARE_BACKOFF_MAX", "nan"),
+        ("GSHARE_BACKOFF_MAX", "inf"),
+        ("GSHARE_CONTROL_PLANE_URL", "gshare.example.com"),
+        ("GSHARE_CONTROL_PLANE_URL", "ftp://gshare.example.com"),
+        ("GSHARE_LOG_LEVEL", "loud"),
+    ],
+)
+def test_malformed_value_names_the_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        OperatorConfig.from_environ({**REQUIRED, name: value})
+
+
+def test_config_is_frozen():
+    config = OperatorConfig.from_environ(REQUIRED)
+    with pytest.raises(AttributeError):
+        config.cluster_id = "other"  # type: ignore[misc]
+
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: emulated
+  cluster:
+    server: http://127.0.0.1:6443
+contexts:
+- name: emulated
+  context:
+    cluster: emulated
+    user: operator
+current-context: emulated
+users:
+- name: operator
+  user:
+    token: REDACTED
+"""
+
+
+def test_kubernetes_client_from_kubeconfig(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    client = kubernetes_api_client({"KUBECONFIG": str(path)})
+    try:
+        assert client.configuration.host == "http://127.0.0.1:6443"
+    finally:
+        client.close()
+
+
+def test_kubernetes_client_missing_kubeconfig(tmp_path):
+    with pytest.raises(ConfigError, match="KUBECONFIG"):
+        kubernetes_api_client({"KUBECONFIG": str(tmp_path / "absent")})
+
+
+def test_in_cluster_is_chosen_when_service_host_is_set(tmp_path):
+    # Outside a pod the service-account files are missing: the in-cluster loader is what fails.
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    environ = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "KUBECONFIG": str(path)}
+    with pytest.raises(ConfigError, match="in-cluster"):
+        kubernetes_api_client(environ)
