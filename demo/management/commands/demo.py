@@ -1,0 +1,46 @@
+"""``manage.py demo [--port N] [--state-file PATH] [--smoke]``: run the whole system locally."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from demo.runner import DemoError, DemoOptions, run_demo
+from gshare.embedded import gshare_home
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    """Start the control plane and two emulated GPU clusters; see README.md."""
+
+    help = "Run gShare with two emulated GPU clusters (Ctrl-C stops everything)."
+
+    def add_arguments(self, parser):  # noqa: D102
+        parser.add_argument("--port", type=int, default=8000, help="Web server port on 127.0.0.1 (0 picks a free one; default 8000)")
+        parser.add_argument("--state-file", type=Path, default=None, help="Where to write the JSON state (default .gshare/demo/state.json)")
+        parser.add_argument("--smoke", action="store_true", help="Wait for every inventory, print the state as JSON, stop, exit")
+        parser.add_argument("--inventory-interval", type=int, default=10, help="Operators' inventory interval in seconds (default 10)")
+
+    def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int, **options):  # noqa: D102
+        signal.signal(signal.SIGTERM, _terminate)
+        options_ = DemoOptions(
+            port=port,
+            state_file=(state_file or gshare_home() / "demo" / "state.json").resolve(),
+            smoke=smoke,
+            inventory_interval=inventory_interval,
+        )
+        try:
+            state = run_demo(options_)
+        except KeyboardInterrupt:
+            print("[demo] stopped", file=sys.stderr)
+            return
+        except DemoError as exc:
+            raise CommandError(f"demo failed: {exc}") from None
+        self.stdout.write(json.dumps(state, indent=2))

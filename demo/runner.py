@@ -1,0 +1,313 @@
+"""``manage.py demo``: the whole system on embedded defaults, with two emulated GPU clusters.
+
+Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (embedded by default),
+migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
+with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
+``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included), the web
+server (gunicorn), a Celery worker and beat, and one real operator process per cluster with a
+token minted for it. It then waits until every cluster's inventory has arrived through its
+operator and writes the state file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import requests
+import yaml
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connections
+
+from demo import fleet
+from demo.processes import ProcessGroup, python_argv
+from gshare.embedded import gshare_home
+
+DEMO_DATABASE = "gshare_demo"
+READY_TIMEOUT = 90.0
+
+
+class DemoError(RuntimeError):
+    """The demo could not start; the message says which step failed and why."""
+
+
+@dataclass
+class DemoOptions:
+    """Options of ``manage.py demo``.
+
+    Attributes:
+        port: web server port on 127.0.0.1 (0 picks a free one).
+        state_file: where the JSON state is written.
+        smoke: wait for the inventories, print the state, stop everything, exit.
+        inventory_interval: operators' inventory interval, seconds.
+    """
+
+    port: int
+    state_file: Path
+    smoke: bool
+    inventory_interval: int = 10
+
+
+def _say(message: str) -> None:
+    print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _database_url_with_name(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _fresh_database() -> str:
+    """Drop and re-create the demo database; point this process at it; return its URL."""
+    base_url = os.environ["DATABASE_URL"]
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [DEMO_DATABASE],
+        )
+        conn.execute(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}"')
+        conn.execute(f'CREATE DATABASE "{DEMO_DATABASE}"')
+    connections.close_all()
+    for alias in ("default",):
+        connections[alias].settings_dict["NAME"] = DEMO_DATABASE
+        settings.DATABASES[alias]["NAME"] = DEMO_DATABASE
+    return _database_url_with_name(base_url, DEMO_DATABASE)
+
+
+def _wait_for_file(path: Path, what: str, group: ProcessGroup, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size:
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                pass
+        _check_children(group)
+        time.sleep(0.1)
+    raise DemoError(f"{what} did not become ready within {timeout:g} s")
+
+
+def _check_children(group: ProcessGroup) -> None:
+    dead = group.dead()
+    if dead:
+        child = dead[0]
+        raise DemoError(f"{child.name} exited with code {child.process.returncode}; last lines of {child.log_path}:\n{child.log_tail()}")
+
+
+def _wait_for_http(url: str, group: ProcessGroup, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        _check_children(group)
+        time.sleep(0.2)
+    raise DemoError(f"the web server did not answer {url} within {timeout:g} s")
+
+
+def run_demo(options: DemoOptions) -> dict:
+    """Start the demo; return the state dict once every inventory has arrived.
+
+    With ``options.smoke`` everything is stopped before returning; otherwise this blocks until
+    Ctrl-C (or SIGTERM) and then stops everything.
+
+    Returns:
+        ``{"url", "admin_user", "admin_password", "api_token", "clusters": [{"id", "name",
+        "session_domain", "kubeconfig_path", "nodes", "gpus"}]}``.
+
+    Raises:
+        DemoError: a step failed; every process started so far has been stopped.
+    """
+    from clusters import services as cluster_services
+    from clusters.models import Cluster
+    from clusters.operator_tokens import operator_token_mint
+    from gshare.auth.tokens import api_token_create
+
+    workdir = gshare_home() / "demo"
+    group = ProcessGroup(log_dir=workdir / "logs")
+    try:
+        _say("creating a fresh database and applying migrations")
+        database_url = _fresh_database()
+        call_command("migrate", interactive=False, verbosity=0)
+
+        from django.contrib.auth import get_user_model
+
+        password = secrets.token_urlsafe(12)
+        get_user_model().objects.create_superuser("admin", "admin@gshare.localhost", password)
+        _, api_token = api_token_create(username="admin", name="demo")
+
+        _say("starting the emulated clusters")
+        emulators = {}
+        for spec in fleet.FLEET:
+            folder = workdir / spec.name
+            folder.mkdir(parents=True, exist_ok=True)
+            seed, ready = folder / "seed.json", folder / "emulator-ready.json"
+            ready.unlink(missing_ok=True)
+            fleet.write_seed(spec.name, seed)
+            emulator_token = secrets.token_urlsafe(24)
+            token_file = folder / "emulator-token"
+            token_file.write_text(emulator_token)
+            token_file.chmod(0o600)
+            group.start(
+                f"emulator-{spec.name}",
+                python_argv("-m", "demo.emulator", "--seed", str(seed), "--port", "0", "--ready-file", str(ready), "--token-file", str(token_file)),
+                env=dict(os.environ),
+                cwd=settings.BASE_DIR,
+            )
+            emulators[spec.name] = (folder, ready, emulator_token)
+        allowlist = list(settings.GSHARE_LOOPBACK_ALLOWLIST)
+        urls = {}
+        for name, (folder, ready, _) in emulators.items():
+            urls[name] = _wait_for_file(ready, f"the emulator of {name}", group)["url"]
+            allowlist.append(urls[name].split("://", 1)[1])
+        settings.GSHARE_LOOPBACK_ALLOWLIST = allowlist
+
+        _say("registering the clusters (probe included)")
+        clusters = []
+        for spec in fleet.FLEET:
+            folder, _, emulator_token = emulators[spec.name]
+            kubeconfig = _kubeconfig(spec.name, urls[spec.name], emulator_token)
+            kubeconfig_path = folder / "kubeconfig.yaml"
+            kubeconfig_path.write_text(kubeconfig)
+            kubeconfig_path.chmod(0o600)
+            cluster = cluster_services.cluster_register(
+                name=spec.name,
+                kubeconfig=kubeconfig,
+                session_domain=f"{spec.name}.gshare.localhost",
+                ingress_node=spec.ingress_node,
+                volume_storage_class="gshare-nfs",
+            )
+            token_path = folder / "internal-jwt"
+            token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
+            token_path.chmod(0o600)
+            clusters.append((spec, cluster, kubeconfig_path, token_path))
+
+        port = options.port or _free_port()
+        url = f"http://127.0.0.1:{port}"
+        child_env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": settings.REDIS_URL,
+            "GSHARE_LOOPBACK_ALLOWLIST": ",".join(allowlist),
+            "DJANGO_SETTINGS_MODULE": "gshare.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+        _say(f"starting the web server on {url}, a Celery worker and beat")
+        group.start(
+            "web",
+            python_argv("-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4",
+                        "--timeout", "60", "--access-logfile", "-"),
+            env=child_env, cwd=settings.BASE_DIR,
+        )
+        group.start("worker", python_argv("-m", "celery", "-A", "gshare", "worker", "--loglevel", "INFO", "--concurrency", "2"),
+                    env=child_env, cwd=settings.BASE_DIR)
+        group.start("beat", python_argv("-m", "celery", "-A", "gshare", "beat", "--loglevel", "INFO",
+                                        "--schedule", str(workdir / "celerybeat-schedule")),
+                    env=child_env, cwd=settings.BASE_DIR)
+        _wait_for_http(f"{url}/healthz", group)
+
+        _say("starting one operator per cluster")
+        for spec, cluster, kubeconfig_path, token_path in clusters:
+            operator_env = {
+                key: value for key, value in os.environ.items()
+                if not key.startswith(("DATABASE_", "REDIS_", "DJANGO_", "GSHARE_"))
+            }
+            operator_env.update({
+                "GSHARE_CLUSTER_ID": cluster.public_id,
+                "GSHARE_CONTROL_PLANE_URL": url,
+                "GSHARE_TOKEN_FILE": str(token_path),
+                "GSHARE_INVENTORY_INTERVAL": str(options.inventory_interval),
+                "KUBECONFIG": str(kubeconfig_path),
+                "PYTHONUNBUFFERED": "1",
+            })
+            group.start(f"operator-{spec.name}", python_argv("-m", "operator_agent"), env=operator_env, cwd=settings.BASE_DIR)
+
+        _say("waiting for every cluster's inventory to arrive through its operator")
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            connections.close_all()
+            rows = {c.public_id: c for c in Cluster.objects.all()}
+            counts = {
+                cluster.public_id: (rows[cluster.public_id].nodes.count(), rows[cluster.public_id].devices.count())
+                for _, cluster, _, _ in clusters
+            }
+            waiting = [
+                spec.name for spec, cluster, _, _ in clusters
+                if rows[cluster.public_id].last_heartbeat_at is None
+                or counts[cluster.public_id] != _expected(spec.name)
+            ]
+            if not waiting:
+                break
+            _check_children(group)
+            if time.monotonic() > deadline:
+                raise DemoError(f"no complete inventory from {', '.join(waiting)} within {READY_TIMEOUT:g} s; see the operator logs in {group.log_dir}")
+            time.sleep(0.5)
+
+        state = {
+            "url": url,
+            "admin_user": "admin",
+            "admin_password": password,
+            "api_token": api_token,
+            "clusters": [
+                {
+                    "id": cluster.public_id,
+                    "name": spec.name,
+                    "session_domain": f"{spec.name}.gshare.localhost",
+                    "kubeconfig_path": str(kubeconfig_path),
+                    "nodes": counts[cluster.public_id][0],
+                    "gpus": counts[cluster.public_id][1],
+                }
+                for spec, cluster, kubeconfig_path, _ in clusters
+            ],
+        }
+        options.state_file.parent.mkdir(parents=True, exist_ok=True)
+        options.state_file.write_text(json.dumps(state, indent=2) + "\n")
+        options.state_file.chmod(0o600)
+        summary = ", ".join(f"{c['name']}: {c['nodes']} nodes, {c['gpus']} GPUs" for c in state["clusters"])
+        _say(f"ready: {summary}")
+        _say(f"console: {url}/  (user admin, password {password})")
+        _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
+        _say(f"state:   {options.state_file}; logs: {group.log_dir}")
+        if options.smoke:
+            return state
+        _say("press Ctrl-C to stop everything")
+        while True:
+            _check_children(group)
+            time.sleep(1)
+    finally:
+        _say("stopping every process the demo started")
+        group.stop()
+        connections.close_all()
+
+
+def _expected(name: str) -> tuple[int, int]:
+    expected = fleet.expected_inventory(name)
+    return expected["nodes"], expected["gpus"]
+
+
+def _kubeconfig(name: str, url: str, token: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": url}}],
+        "users": [{"name": f"{name}-admin", "user": {"token": token}}],
+        "contexts": [{"name": f"{name}-admin@{name}", "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "current-context": f"{name}-admin@{name}",
+    }, sort_keys=False)
