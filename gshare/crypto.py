@@ -82,3 +82,34 @@ class EncryptedTextField(models.TextField):
 
 
 __all__ = ["EncryptedTextField", "InvalidToken", "decrypt_text", "encrypt_text", "local_encryption_key", "rotate_text"]
+
+
+def encryption_rotate_all() -> dict[str, int]:
+    """Re-encrypt every ``EncryptedTextField`` value of every model with the first key.
+
+    Runs in one transaction, row by row with ``SELECT ... FOR UPDATE``; plaintext never leaves memory.
+
+    Returns:
+        ``{"<app_label>.<Model>.<field>": rows re-encrypted}``.
+
+    Raises:
+        cryptography.fernet.InvalidToken: a value no configured key decrypts (nothing is changed).
+    """
+    from django.apps import apps
+    from django.db import connection, transaction
+
+    counts: dict[str, int] = {}
+    with transaction.atomic():
+        for model in apps.get_models():
+            for field in model._meta.concrete_fields:
+                if not isinstance(field, EncryptedTextField):
+                    continue
+                table, column, pk = model._meta.db_table, field.column, model._meta.pk.column
+                with connection.cursor() as cursor:
+                    cursor.execute(f'SELECT "{pk}", "{column}" FROM "{table}" ORDER BY "{pk}" FOR UPDATE')
+                    rows = cursor.fetchall()
+                    for key, value in rows:
+                        if value:
+                            cursor.execute(f'UPDATE "{table}" SET "{column}" = %s WHERE "{pk}" = %s', [rotate_text(value), key])
+                counts[f"{model._meta.label}.{field.name}"] = sum(1 for _, value in rows if value)
+    return counts
