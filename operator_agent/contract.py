@@ -69,6 +69,31 @@ OPERATOR_TOKEN_SECRET_KEY = "internal-jwt"
 DEFAULT_TOKEN_FILE = "/var/run/secrets/gshare/internal-jwt"
 """Default path where the operator chart mounts ``OPERATOR_TOKEN_SECRET_KEY``."""
 
+# --------------------------------------------------------------------------- sessions
+GSHARE_API_GROUP = "gshare.io"
+"""API group of the ``GShareSession`` custom resource the control plane applies to a cluster."""
+
+GSHARE_SESSION_KIND = "GShareSession"
+"""Kind of the custom resource the operator reconciles into Pod, Service, Ingress and PVC objects."""
+
+PHASE_PENDING = "Pending"
+"""Session accepted by the operator, pod not running yet."""
+
+PHASE_RUNNING = "Running"
+"""Session pod running."""
+
+PHASE_SUCCEEDED = "Succeeded"
+"""Session pod ended with success."""
+
+PHASE_FAILED = "Failed"
+"""Session pod ended with failure or could not be started."""
+
+PHASE_TERMINATED = "Terminated"
+"""Session stopped on request (user, quota or credit)."""
+
+SESSION_PHASES = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED, PHASE_FAILED, PHASE_TERMINATED)
+"""Phases reported by ``POST /internal/v1/status``, in lifecycle order."""
+
 # --------------------------------------------------------------------------- error codes
 # Every control-plane error body is ``{"code": "<one of these or another snake_case code>", "detail": "..."}``.
 

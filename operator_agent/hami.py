@@ -38,6 +38,10 @@ Units (identical in every encoding): ``devmem`` is MiB (NVML total / 1024 / 1024
 one GPU (100 = the whole GPU, > 100 when over-subscribed); ``count`` is the split count
 (maximum number of pods sharing the GPU).
 
+Validation beyond the grammar: every number must fit a Go ``int32`` (as HAMi's own parser
+requires), the split count must be at least 1 and the model must not be empty -- a record
+failing these could not be scheduled by HAMi and would be refused by the control plane.
+
 Records are not in index order (the device plugin iterates a Go map): key devices by
 ``uuid`` (or ``index`` where the encoding carries it), never by position. Devices are
 returned in annotation order.
@@ -74,6 +78,7 @@ _INT_RE = re.compile(r"[+-]?[0-9]+\Z")
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _MAX_SNIPPET = 80
+_INT32_MAX = 2**31 - 1  # HAMi parses every number as a Go int32 (strconv.ParseInt(s, 10, 32))
 
 
 class HamiDecodeError(ValueError):
@@ -192,15 +197,15 @@ def _decode_json_element(position: int, element: object) -> HamiDevice:
         raise HamiDecodeError(f"record {position}: missing or empty \"id\" (GPU UUID)")
     where = f"record {position} ({uuid})"
 
-    def integer(key: str, *, minimum: int | None = 0) -> int:
+    def integer(key: str, *, minimum: int = 0) -> int:
         raw = element.get(key, 0)
         if raw is None:
             raw = 0
         # bool is an int subclass in Python; JSON true/false is not a number in Go.
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise HamiDecodeError(f"{where}: \"{key}\" must be an integer, got {raw!r}")
-        if minimum is not None and raw < minimum:
-            raise HamiDecodeError(f"{where}: \"{key}\" must be >= {minimum}, got {raw}")
+        if not minimum <= raw <= _INT32_MAX:
+            raise HamiDecodeError(f"{where}: \"{key}\" must be between {minimum} and {_INT32_MAX}, got {raw}")
         return raw
 
     hami_type = element.get("type", "")
@@ -215,14 +220,17 @@ def _decode_json_element(position: int, element: object) -> HamiDevice:
     if mode is not None and not isinstance(mode, str):
         raise HamiDecodeError(f"{where}: \"mode\" must be a string, got {mode!r}")
 
+    model = strip_model_prefix(hami_type)
+    if not model:
+        raise HamiDecodeError(f"{where}: missing or empty \"type\" (GPU model)")
     return HamiDevice(
         uuid=uuid,
         index=integer("index"),
-        model=strip_model_prefix(hami_type),
+        model=model,
         memory_mib=integer("devmem"),
-        split_count=integer("count"),
+        split_count=integer("count", minimum=1),
         cores=integer("devcore"),
-        numa=integer("numa", minimum=None),
+        numa=integer("numa", minimum=-_INT32_MAX - 1),
         health=health,
         mode=mode or None,
         encoding="json",
@@ -264,12 +272,12 @@ def _decode_legacy_record(position: int, ordinal: int, record: str) -> HamiDevic
     if not uuid:
         raise HamiDecodeError(f"{where}: empty GPU UUID")
 
-    def integer(value: str, name: str, *, minimum: int | None = 0) -> int:
+    def integer(value: str, name: str, *, minimum: int = 0) -> int:
         if not _INT_RE.match(value):
             raise HamiDecodeError(f"{where}: {name} {value!r} is not an integer")
         number = int(value)
-        if minimum is not None and number < minimum:
-            raise HamiDecodeError(f"{where}: {name} must be >= {minimum}, got {number}")
+        if not minimum <= number <= _INT32_MAX:
+            raise HamiDecodeError(f"{where}: {name} must be between {minimum} and {_INT32_MAX}, got {number}")
         return number
 
     def boolean(value: str) -> bool:
@@ -279,7 +287,7 @@ def _decode_legacy_record(position: int, ordinal: int, record: str) -> HamiDevic
             return False
         raise HamiDecodeError(f"{where}: health {value!r} is not a boolean")
 
-    split_count = integer(fields[1], "count")
+    split_count = integer(fields[1], "count", minimum=1)
     memory_mib = integer(fields[2], "devmem")
     numa = 0
     mode: str | None = None
@@ -293,15 +301,18 @@ def _decode_legacy_record(position: int, ordinal: int, record: str) -> HamiDevic
     else:  # legacy7 / legacy9: id,count,devmem,devcore,type,numa,health[,index,mode]
         cores = integer(fields[3], "devcore")
         hami_type = fields[4]
-        numa = integer(fields[5], "numa", minimum=None)
+        numa = integer(fields[5], "numa", minimum=-_INT32_MAX - 1)
         health = boolean(fields[6])
         if encoding == "legacy9":
             index = integer(fields[7], "index")
             mode = fields[8] or None
+    model = strip_model_prefix(hami_type)
+    if not model:
+        raise HamiDecodeError(f"{where}: empty type (GPU model)")
     return HamiDevice(
         uuid=uuid,
         index=index,
-        model=strip_model_prefix(hami_type),
+        model=model,
         memory_mib=memory_mib,
         split_count=split_count,
         cores=cores,

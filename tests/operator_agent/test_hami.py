@@ -193,14 +193,14 @@ def test_legacy5_v2_2_9():
 
 
 def test_json_omitempty_defaults():
-    value = '[{"id":"GPU-0","type":"NVIDIA-Tesla T4","devicepairscore":{},"custominfo":{"x":1}}]'
+    value = '[{"id":"GPU-0","count":1,"type":"NVIDIA-Tesla T4","devicepairscore":{},"custominfo":{"x":1}}]'
     (device,) = decode_node_register(value)
     assert device == HamiDevice(
         uuid="GPU-0",
         index=0,
         model="Tesla T4",
         memory_mib=0,
-        split_count=0,
+        split_count=1,
         cores=0,
         numa=0,
         health=False,  # "health" absent = unhealthy
@@ -232,6 +232,7 @@ def test_empty_legacy_records_are_skipped():
 # --------------------------------------------------------------------------- malformed input
 
 T4 = "GPU-9a3603f4-f66e-d48b-11ea-13e327064cca,10,15360,100,NVIDIA-Tesla T4,0,true"
+GPU0 = '{"id":"GPU-0","count":1,"type":"T"}'
 
 
 @pytest.mark.parametrize(
@@ -245,21 +246,29 @@ T4 = "GPU-9a3603f4-f66e-d48b-11ea-13e327064cca,10,15360,100,NVIDIA-Tesla T4,0,tr
         (f"{T4}:GPU-b,10,1,100", ["record 1", "not terminated"]),
         ("GPU-a,ten,15360,100,NVIDIA-Tesla T4,0,true:", ["record 0", "GPU-a", "count", "'ten'"]),
         ("GPU-a,10,15360,100,NVIDIA-Tesla T4,0,maybe:", ["GPU-a", "health", "'maybe'"]),
-        ("GPU-a,10,15360,100,NVIDIA-Tesla T4,0,true,-1,hami-core:", ["GPU-a", "index", ">= 0"]),
+        ("GPU-a,10,15360,100,NVIDIA-Tesla T4,0,true,-1,hami-core:", ["GPU-a", "index", "between 0"]),
+        ("GPU-a,0,15360,100,NVIDIA-Tesla T4,0,true:", ["GPU-a", "count", "between 1"]),
+        ("GPU-a,10,2147483648,100,NVIDIA-Tesla T4,0,true:", ["GPU-a", "devmem", "2147483647"]),
+        ("GPU-a,10,15360,100,,0,true:", ["GPU-a", "empty type"]),
+        ("GPU-a,10,15360,100,NVIDIA-,0,true:", ["GPU-a", "empty type"]),
         (",10,15360,100,NVIDIA-Tesla T4,0,true:", ["record 0", "empty GPU UUID"]),
         (f"{T4}:{T4}:", ["device 1", "GPU-9a3603f4", "more than once"]),
+        ("GPU-a,10,1,100,T,0,true:GPU-b,10,1,100,T,0,true:GPU-a,10,1,100,T,0,true:", ["device 2", "GPU-a"]),
         ("[{", ["not valid JSON"]),
         ('{"id":"GPU-0"}', ["must be an array", "dict"]),
         ('["GPU-0"]', ["record 0", "expected a JSON object"]),
-        ('[{"id":"GPU-0"},{"count":10}]', ["record 1", '"id"']),
-        ('[{"id":"GPU-0","index":"1"}]', ["record 0 (GPU-0)", '"index"', "integer"]),
-        ('[{"id":"GPU-0","devmem":1.5}]', ["GPU-0", '"devmem"']),
-        ('[{"id":"GPU-0","count":true}]', ["GPU-0", '"count"']),
-        ('[{"id":"GPU-0","index":-2}]', ["GPU-0", '"index"', ">= 0"]),
-        ('[{"id":"GPU-0","health":"true"}]', ["GPU-0", '"health"', "boolean"]),
-        ('[{"id":"GPU-0","type":7}]', ["GPU-0", '"type"']),
-        ('[{"id":"GPU-0","mode":1}]', ["GPU-0", '"mode"']),
-        ('[{"id":"GPU-0"},{"id":"GPU-0"}]', ["device 1", "GPU-0", "more than once"]),
+        ('[{"id":"GPU-0","count":1,"type":"T"},{"count":10}]', ["record 1", '"id"']),
+        ('[{"id":"GPU-0","count":1,"type":"T","index":"1"}]', ["record 0 (GPU-0)", '"index"', "integer"]),
+        ('[{"id":"GPU-0","count":1,"type":"T","devmem":1.5}]', ["GPU-0", '"devmem"']),
+        ('[{"id":"GPU-0","count":true,"type":"T"}]', ["GPU-0", '"count"']),
+        ('[{"id":"GPU-0","type":"T"}]', ["GPU-0", '"count"', "between 1"]),  # omitted count = 0
+        ('[{"id":"GPU-0","count":1,"type":"T","index":-2}]', ["GPU-0", '"index"', "between 0"]),
+        ('[{"id":"GPU-0","count":1,"type":"T","devcore":4294967296}]', ["GPU-0", '"devcore"', "2147483647"]),
+        ('[{"id":"GPU-0","count":1,"type":"T","health":"true"}]', ["GPU-0", '"health"', "boolean"]),
+        ('[{"id":"GPU-0","count":1,"type":7}]', ["GPU-0", '"type"']),
+        ('[{"id":"GPU-0","count":1}]', ["GPU-0", '"type"', "empty"]),
+        ('[{"id":"GPU-0","count":1,"type":"T","mode":1}]', ["GPU-0", '"mode"']),
+        (f"[{GPU0},{GPU0}]", ["device 1", "GPU-0", "more than once"]),
     ],
 )
 def test_malformed_values_name_the_record(value, fragments):
