@@ -314,7 +314,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             mode=device.get("mode") or "",
             last_seen_at=now,
         )
-        for row, node in zip(node_rows, nodes)
+        for row, node in zip(node_rows, nodes, strict=True)
         for device in node["devices"]
     ]
     if device_rows:

@@ -174,7 +174,7 @@ def run_demo(options: DemoOptions) -> dict:
             emulators[spec.name] = (folder, ready, emulator_token)
         allowlist = list(settings.GSHARE_LOOPBACK_ALLOWLIST)
         urls = {}
-        for name, (folder, ready, _) in emulators.items():
+        for name, (_folder, ready, _) in emulators.items():
             urls[name] = _wait_for_file(ready, f"the emulator of {name}", group)["url"]
             allowlist.append(urls[name].split("://", 1)[1])
         settings.GSHARE_LOOPBACK_ALLOWLIST = allowlist

@@ -10,7 +10,10 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from gshare.exceptions import ApplicationError
 
 _DRF_CODES = {
-    exceptions.NotAuthenticated: ("not_authenticated", "Send `Authorization: Bearer <api token>`; create a token with `manage.py create_api_token <username>`."),
+    exceptions.NotAuthenticated: (
+        "not_authenticated",
+        "Send `Authorization: Bearer <api token>`; create a token with `manage.py create_api_token <username>`.",
+    ),
     exceptions.AuthenticationFailed: ("authentication_failed", None),
     exceptions.PermissionDenied: ("permission_denied", None),
     exceptions.NotFound: ("not_found", None),
