@@ -1,0 +1,1805 @@
+"""A Kubernetes API emulator for the demo fleet and the tests, built on kmock's ``KubernetesEmulator``.
+
+The official ``kubernetes`` Python client (and kubectl-style clients) talk to it over plain HTTP on
+loopback as if it were an apiserver. Objects live in kmock's object store (``emulator.objects``, a
+``kmock.ObjectsArray`` keyed by ``(kmock.resource, namespace, name)``, each value keeping its history of
+versions); watch events travel on kmock's per-resource buses. What this module adds on top of kmock 0.8
+(which stores raw dicts and serves them back as they were sent):
+
+* ``/version`` from a configurable dict (kmock hard-codes a k3s v1.26.4 answer);
+* discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``) from
+  declared resources with their real ``kind``, ``namespaced`` flag, verbs, short names and subresources
+  (``BUILTIN_RESOURCES``), plus the resources of every CustomResourceDefinition created or seeded;
+* apiserver-like object metadata: ``apiVersion``/``kind``, ``metadata.uid``, ``resourceVersion`` (one
+  cluster-wide counter), ``creationTimestamp``, ``generation``; ``generateName``;
+* lists with ``kind: <Kind>List``, ``apiVersion``, ``metadata.resourceVersion``, ``limit``/``continue``;
+  items sorted by namespace/name and, for built-in kinds, without ``apiVersion``/``kind`` (as the
+  apiserver sends them; custom resources keep them);
+* ``labelSelector`` (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x,y)``,
+  ``a>1``, ``a<1``) and ``fieldSelector`` (``=``, ``==``, ``!=`` on ``metadata.name``,
+  ``metadata.namespace`` and the per-resource fields of ``FIELD_SELECTORS``, e.g. pods'
+  ``spec.nodeName`` and ``status.phase``) on list, watch and deletecollection;
+* watch with ``resourceVersion`` (replay from an event log, ``410 Expired`` when compacted),
+  ``timeoutSeconds`` (default 1800 s), selector transitions (an object leaving a selector is sent as
+  ``DELETED``);
+* create (``201``; ``409 AlreadyExists``; ``404`` when the namespace does not exist), replace (``PUT``,
+  ``409 Conflict`` on a stale ``metadata.resourceVersion``), patch: JSON patch
+  (``application/json-patch+json``), JSON merge patch (``application/merge-patch+json``, RFC 7386),
+  strategic merge patch (``application/strategic-merge-patch+json``; **treated as a merge patch**: lists
+  are replaced whole and ``$patch``/``$setElementOrder``/``$retainKeys``/``$deleteFromPrimitiveList``
+  directives are dropped), server-side apply (``application/apply-patch+yaml`` with the required
+  ``fieldManager`` query parameter; **create-or-merge**: the applied configuration is merged like a merge
+  patch, fields owned by the manager but left out of the configuration are not removed, conflicts are
+  never reported, one ``managedFields`` entry per manager is kept);
+* the ``status`` subresource: writes to ``.../status`` change only ``status``; writes to the main
+  resource leave ``status`` alone for kinds that have that subresource; create drops ``status`` of
+  custom resources whose CRD enables the subresource and sets a Pod's to ``Pending``;
+* delete: ``Status`` ``Success`` (Pods and custom resources: the deleted object), finalizers make it a
+  ``deletionTimestamp`` update and the object goes once they are removed; deleting a Namespace deletes its
+  objects, deleting an owner deletes its dependents (``ownerReferences``), deleting a CRD deletes its
+  resource and objects; ``404 NotFound`` as a proper ``Status``;
+* errors as ``Status`` objects with the apiserver's ``reason`` (``NotFound``, ``AlreadyExists``,
+  ``Conflict``, ``Invalid``, ``BadRequest``, ``MethodNotAllowed``, ``UnsupportedMediaType``,
+  ``Unauthorized``, ``Expired``, ``InternalError``);
+* an optional bearer token: with ``token`` set, any request without ``Authorization: Bearer <token>``
+  (health endpoints included) gets ``401 Unauthorized``;
+* ``dryRun=All`` on create/patch/replace/delete;
+* Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one.
+
+Not emulated: authorization (RBAC objects are stored, never enforced), admission, field validation
+against schemas, a scheduler, a kubelet or controllers (Pods stay ``Pending`` unless the opt-in
+``pod_startup_seconds`` stand-in is enabled; Deployments and DaemonSets keep the status they were
+given), ``pods/log``/``exec``/``portforward``/``proxy``/``scale`` and other non-``status`` subresources
+(``404``), protobuf/CBOR, aggregated discovery (clients fall back to the legacy documents served here),
+OpenAPI documents.
+
+Entry points:
+
+* ``EmulatedCluster`` – a thread-backed server for tests and scripts (``start()``/``stop()``, context
+  manager);
+* ``serve()`` – the same as an async context manager for code that already runs an event loop;
+* ``python -m demo.emulator --seed PATH --port N`` – a process serving a seed file until SIGTERM/SIGINT.
+
+This module must not import Django (the demo starts one emulator process per cluster and they must
+start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML and kmock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import contextlib
+import copy
+import datetime
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import pathlib
+import re
+import secrets
+import signal
+import string
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+import yaml
+from kmock._internal.rendering import StreamingError  # not re-exported by kmock 0.8
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- resources
+
+_STANDARD_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """One resource the emulator serves, as listed in discovery.
+
+    Attributes:
+        group: API group, ``""`` for the core group.
+        version: API version, e.g. ``v1``.
+        plural: resource name in URLs, e.g. ``daemonsets``.
+        kind: object kind, e.g. ``DaemonSet``.
+        namespaced: whether objects live in a namespace.
+        short_names: ``kubectl`` short names.
+        subresources: subresource names (only ``status`` is served; the others are listed for fidelity).
+        categories: discovery categories (``all``).
+        verbs: verbs listed in discovery.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = _STANDARD_VERBS
+
+    @property
+    def api_version(self) -> str:
+        """``apiVersion`` of the objects: ``v1`` for core, else ``<group>/<version>``."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def _rs(group: str, version: str, plural: str, kind: str, namespaced: bool, **kwargs: Any) -> ResourceSpec:
+    return ResourceSpec(group, version, plural, kind, namespaced, **kwargs)
+
+
+def _res(group: str | None, version: str | None, plural: str | None) -> kmock.resource:
+    """A ``kmock.resource`` from its parts (keywords: kmock parses a lone positional ``"apps"`` as a plural)."""
+    return kmock.resource(group=group, version=version, plural=plural)
+
+
+#: Resources served without a CRD. Kinds, scopes, short names and subresources as a kubeadm v1.32 apiserver
+#: lists them in ``kubectl api-resources`` (Kubernetes API reference).
+BUILTIN_RESOURCES: tuple[ResourceSpec, ...] = (
+    _rs("", "v1", "configmaps", "ConfigMap", True, short_names=("cm",)),
+    _rs("", "v1", "endpoints", "Endpoints", True, short_names=("ep",)),
+    _rs("", "v1", "events", "Event", True, short_names=("ev",)),
+    _rs("", "v1", "namespaces", "Namespace", False, short_names=("ns",), subresources=("finalize", "status"),
+        verbs=("create", "delete", "get", "list", "patch", "update", "watch")),
+    _rs("", "v1", "nodes", "Node", False, short_names=("no",), subresources=("proxy", "status")),
+    _rs("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, short_names=("pvc",),
+        subresources=("status",)),
+    _rs("", "v1", "persistentvolumes", "PersistentVolume", False, short_names=("pv",), subresources=("status",)),
+    _rs("", "v1", "pods", "Pod", True, short_names=("po",), categories=("all",),
+        subresources=("attach", "binding", "ephemeralcontainers", "eviction", "exec", "log", "portforward", "proxy",
+                      "resize", "status")),
+    _rs("", "v1", "secrets", "Secret", True),
+    _rs("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",), subresources=("token",)),
+    _rs("", "v1", "services", "Service", True, short_names=("svc",), categories=("all",),
+        subresources=("proxy", "status")),
+    _rs("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+        short_names=("crd", "crds"), categories=("api-extensions",), subresources=("status",)),
+    _rs("apps", "v1", "daemonsets", "DaemonSet", True, short_names=("ds",), categories=("all",),
+        subresources=("status",)),
+    _rs("apps", "v1", "deployments", "Deployment", True, short_names=("deploy",), categories=("all",),
+        subresources=("scale", "status")),
+    _rs("apps", "v1", "replicasets", "ReplicaSet", True, short_names=("rs",), categories=("all",),
+        subresources=("scale", "status")),
+    _rs("apps", "v1", "statefulsets", "StatefulSet", True, short_names=("sts",), categories=("all",),
+        subresources=("scale", "status")),
+    _rs("batch", "v1", "cronjobs", "CronJob", True, short_names=("cj",), categories=("all",), subresources=("status",)),
+    _rs("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",)),
+    _rs("coordination.k8s.io", "v1", "leases", "Lease", True),
+    _rs("networking.k8s.io", "v1", "ingressclasses", "IngressClass", False),
+    _rs("networking.k8s.io", "v1", "ingresses", "Ingress", True, short_names=("ing",), subresources=("status",)),
+    _rs("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=("netpol",)),
+    _rs("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
+    _rs("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    _rs("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    _rs("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    _rs("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+    _rs("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False),
+    _rs("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", True),
+    _rs("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, short_names=("sc",)),
+)
+
+#: Order of groups in ``/apis`` (the apiserver lists built-in groups in a fixed order, then CRD groups).
+_GROUP_ORDER = ("apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
+                "apiextensions.k8s.io", "coordination.k8s.io", "node.k8s.io")
+
+#: Field selectors the apiserver accepts beyond ``metadata.name``/``metadata.namespace``, per (group, plural)
+#: (``pkg/registry/*/strategy.go`` ``*ToSelectableFields`` and the conversion funcs of each group).
+FIELD_SELECTORS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "pods"): ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+                   "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"),
+    ("", "nodes"): ("spec.unschedulable",),
+    ("", "namespaces"): ("status.phase",),
+    ("", "secrets"): ("type",),
+    ("", "events"): ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                     "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+                     "reason", "reportingComponent", "source", "type"),
+    ("batch", "jobs"): ("status.successful",),
+    ("apps", "replicasets"): ("status.replicas",),
+}
+
+_UNSERVED_SUBRESOURCE_KINDS = {"log", "exec", "attach", "portforward", "proxy", "binding", "eviction",
+                               "ephemeralcontainers", "resize", "scale", "token", "finalize"}
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@attrs.frozen
+class ApiError(kmock.KubernetesError):
+    """An error answered as a Kubernetes ``Status`` object.
+
+    Attributes:
+        status: HTTP status code (also the Status ``code``).
+        reason: the Status ``reason`` (``NotFound``, ``AlreadyExists``, ``Conflict`` ...).
+        message: the Status ``message``.
+        details: the Status ``details`` (``name``, ``group``, ``kind``, ``causes``), or None.
+    """
+
+
+def _not_found(spec: ResourceSpec, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{_qualified(spec)} "{name}" not found', _details(spec, name))
+
+
+def _qualified(spec: ResourceSpec) -> str:
+    return f"{spec.plural}.{spec.group}" if spec.group else spec.plural
+
+
+def _details(spec: ResourceSpec, name: str, **extra: Any) -> dict[str, Any]:
+    details: dict[str, Any] = {"name": name, "kind": spec.plural}
+    if spec.group:
+        details["group"] = spec.group
+    details.update(extra)
+    return details
+
+
+def _no_resource() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource", None)
+
+
+def _status(code: int, reason: str, message: str, details: Mapping[str, Any] | None) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        status["details"] = dict(details)
+    return status
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+@dataclass(frozen=True)
+class LabelRequirement:
+    """One requirement of a label selector.
+
+    Attributes:
+        key: label key.
+        op: one of ``=``, ``!=``, ``in``, ``notin``, ``exists``, ``!``, ``>``, ``<``.
+        values: compared values (one for ``=``/``!=``/``>``/``<``, none for ``exists``/``!``).
+    """
+
+    key: str
+    op: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a label dict satisfies this requirement (apimachinery ``labels.Requirement.Matches``)."""
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.op == "=":
+            return present and value == self.values[0]
+        if self.op == "!=":
+            return not present or value != self.values[0]
+        if self.op == "in":
+            return present and value in self.values
+        if self.op == "notin":
+            return not present or value not in self.values
+        if self.op == "exists":
+            return present
+        if self.op == "!":
+            return not present
+        if not present:
+            return False
+        try:
+            number = int(value or "")
+        except ValueError:
+            return False
+        return number > int(self.values[0]) if self.op == ">" else number < int(self.values[0])
+
+
+_LABEL_KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
+_LABEL_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SET_TERM = re.compile(rf"\s*(?P<key>{_LABEL_KEY})\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)\s*")
+_CMP_TERM = re.compile(rf"\s*(?P<key>{_LABEL_KEY})\s*(?P<op>==|!=|=|>|<)\s*(?P<value>{_LABEL_VALUE})\s*")
+_EXISTS_TERM = re.compile(rf"\s*(?P<neg>!)?\s*(?P<key>{_LABEL_KEY})\s*")
+
+
+def _split_top_level(text: str) -> list[str]:
+    terms: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            terms.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    terms.append("".join(current))
+    return terms
+
+
+def parse_label_selector(text: str) -> list[LabelRequirement]:
+    """Parse a Kubernetes label selector string.
+
+    Args:
+        text: e.g. ``gpu=on,tier in (a,b),!legacy`` (``=``/``==``, ``!=``, ``in``, ``notin``, existence
+            ``key``, non-existence ``!key``, integer ``>``/``<``); empty means "everything".
+
+    Returns:
+        The requirements, all of which must match (AND).
+
+    Raises:
+        ApiError: ``400 BadRequest`` naming the term that does not parse.
+    """
+    requirements: list[LabelRequirement] = []
+    if not text.strip():
+        return requirements
+    for term in _split_top_level(text):
+        if match := _SET_TERM.fullmatch(term):
+            values = tuple(v.strip() for v in match["values"].split(",") if v.strip())
+            if not values:
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {term.strip()!r}: values are required")
+            requirements.append(LabelRequirement(match["key"], match["op"], values))
+        elif match := _CMP_TERM.fullmatch(term):
+            op = "=" if match["op"] == "==" else match["op"]
+            if op in (">", "<") and not re.fullmatch(r"-?\d+", match["value"]):
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {term.strip()!r}: not an integer")
+            requirements.append(LabelRequirement(match["key"], op, (match["value"],)))
+        elif match := _EXISTS_TERM.fullmatch(term):
+            requirements.append(LabelRequirement(match["key"], "!" if match["neg"] else "exists"))
+        else:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: found {term.strip()!r}")
+    return requirements
+
+
+@dataclass(frozen=True)
+class FieldRequirement:
+    """One requirement of a field selector.
+
+    Attributes:
+        field: dotted field path, e.g. ``spec.nodeName``.
+        negate: True for ``!=``.
+        value: compared value (missing fields compare as ``""``; booleans as ``true``/``false``).
+    """
+
+    field: str
+    negate: bool
+    value: str
+
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        """Whether an object satisfies this requirement."""
+        current: Any = obj
+        for part in self.field.split("."):
+            current = current.get(part) if isinstance(current, Mapping) else None
+        if isinstance(current, bool):
+            actual = "true" if current else "false"
+        elif current is None:
+            actual = "false" if self.field == "spec.unschedulable" else ""
+        else:
+            actual = str(current)
+        return (actual != self.value) if self.negate else (actual == self.value)
+
+
+def parse_field_selector(text: str, allowed: Iterable[str] = ("metadata.name", "metadata.namespace")) -> list[
+        FieldRequirement]:
+    """Parse a Kubernetes field selector string.
+
+    Args:
+        text: e.g. ``spec.nodeName=gpu-h100-01,status.phase!=Succeeded`` (``=``, ``==``, ``!=``).
+        allowed: the field paths this resource supports.
+
+    Returns:
+        The requirements, all of which must match (AND).
+
+    Raises:
+        ApiError: ``400 BadRequest`` for an unparseable term or an unsupported field
+            (``field label not supported: <field>``, as the apiserver answers).
+    """
+    allowed = set(allowed)
+    requirements: list[FieldRequirement] = []
+    if not text.strip():
+        return requirements
+    for term in text.split(","):
+        match = re.fullmatch(r"\s*([^=!\s]+)\s*(==|!=|=)\s*(.*?)\s*", term)
+        if not match:
+            raise ApiError(400, "BadRequest", f"invalid selector: {text!r}; can't understand {term!r}")
+        name, op, value = match.groups()
+        if name not in allowed:
+            raise ApiError(400, "BadRequest", f'field label not supported: {name}')
+        requirements.append(FieldRequirement(name, op == "!=", value))
+    return requirements
+
+
+@dataclass(frozen=True)
+class _Selection:
+    namespace: str | None = None
+    name: str | None = None
+    labels: tuple[LabelRequirement, ...] = ()
+    fields: tuple[FieldRequirement, ...] = ()
+
+    def matches(self, obj: Mapping[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        if self.name is not None and meta.get("name") != self.name:
+            return False
+        labels = meta.get("labels") or {}
+        return all(r.matches(labels) for r in self.labels) and all(r.matches(obj) for r in self.fields)
+
+
+# --------------------------------------------------------------------------- patches
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """Apply an RFC 7386 JSON merge patch (``null`` deletes a key, objects merge, anything else replaces).
+
+    Args:
+        target: the current document (not modified).
+        patch: the merge patch.
+
+    Returns:
+        A new document.
+    """
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(dict(target)) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _strip_directives(value: Any) -> Any:
+    """Drop strategic-merge-patch directives (``$patch``, ``$setElementOrder/...``, ``$retainKeys`` ...)."""
+    if isinstance(value, Mapping):
+        return {k: _strip_directives(v) for k, v in value.items() if not str(k).startswith("$")}
+    if isinstance(value, list):
+        return [_strip_directives(v) for v in value if not (isinstance(v, Mapping) and "$patch" in v)]
+    return value
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    lowered = name.lower()
+    for key, value in headers.items():
+        if key.lower() == lowered:
+            return value
+    return ""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("true", "1", "yes")
+
+
+_VERSION_RANK = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
+
+
+def _version_key(version: str) -> tuple[int, int, int]:
+    """Kubernetes version priority: GA > beta > alpha, then by number (higher first)."""
+    match = _VERSION_RANK.fullmatch(version)
+    if not match:
+        return (3, 0, 0)
+    stage = {"alpha": 2, "beta": 1, None: 0}[match[2]]
+    return (stage, -int(match[1]), -int(match[3] or 0))
+
+
+@dataclass
+class _Outcome:
+    """What a mutation produced; the fallback serving the request renders it."""
+
+    status: int
+    body: Any
+
+
+class _WatchClosed(Exception):
+    """Put on the buses when the emulator shuts down: every open watch ends its stream."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- the emulator
+
+
+@attrs.define(kw_only=True)
+class KubeApiEmulator(kmock.KubernetesEmulator):
+    """kmock's ``KubernetesEmulator`` made to behave like an apiserver for the official clients.
+
+    The object store is kmock's (``self.objects``); resource metadata is kmock's (``self.resources``,
+    filled from ``BUILTIN_RESOURCES`` and from CRDs); watch events go through kmock's buses; request
+    dispatch and user reactions (``emulator['get /x'] << ...``) work as in kmock. See the module
+    docstring for the behaviour.
+
+    Args (keyword-only):
+        server_version: the ``/version`` document (keys ``major``, ``minor``, ``gitVersion`` ... as strings); keys
+            it lacks are taken from kmock's default (k3s v1.26.4), None serves that default.
+        token: bearer token every request must carry; None disables authentication.
+        keep_requests: how many past requests to keep for inspection (``list(emulator)``); bounded so a
+            long-running demo does not grow.
+        history_limit: versions kept per object in ``emulator.objects[...].history`` (None: all).
+        event_log_size: watch events kept for ``resourceVersion`` replays; older ones answer ``410 Expired``.
+        pod_startup_seconds: None (default) leaves Pods created through the API ``Pending`` as there is no
+            kubelet; a number makes the emulator play scheduler and kubelet: that many seconds after a Pod is
+            created it is bound to its ``spec.nodeName`` (or the first Ready node, by name, matching its
+            ``nodeSelector``) and set ``Running`` with Ready conditions, a pod IP and running container
+            statuses; with no such node it stays ``Pending`` with ``PodScheduled=False`` (``Unschedulable``).
+
+    Must be created and used inside the event loop that serves it (see ``serve``/``EmulatedCluster``).
+    """
+
+    server_version: dict[str, str] | None = None
+    token: str | None = None
+    keep_requests: int = 1000
+    history_limit: int | None = 50
+    event_log_size: int = 1000
+    pod_startup_seconds: float | None = None
+
+    _rv: int = attrs.field(default=0, init=False)
+    _compacted_rv: int = attrs.field(default=0, init=False)
+    _events: collections.deque = attrs.field(factory=collections.deque, init=False)
+    _outcomes: dict[int, _Outcome] = attrs.field(factory=dict, init=False)
+    _specs: dict[kmock.resource, ResourceSpec] = attrs.field(factory=dict, init=False)
+    _next_cluster_ip: int = attrs.field(default=10, init=False)
+    _next_pod_ip: int = attrs.field(default=10, init=False)
+    _kubelet_tasks: set = attrs.field(factory=set, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for spec in BUILTIN_RESOURCES:
+            self.register(spec)
+        for path in ("/healthz", "/livez", "/readyz"):
+            self.fallback["get", path] << b"ok"
+
+    # ----------------------------------------------------------------- resources
+
+    def register(self, spec: ResourceSpec) -> None:
+        """Serve a resource (listed in discovery, accepted in URLs and seeds)."""
+        key = _res(spec.group, spec.version, spec.plural)
+        self._specs[key] = spec
+        self.resources[key] = kmock.ResourceInfo(
+            namespaced=spec.namespaced, kind=spec.kind, singular=spec.kind.lower(), verbs=set(spec.verbs),
+            shortnames=set(spec.short_names), categories=set(spec.categories), subresources=set(spec.subresources),
+        )
+
+    def unregister(self, group: str, version: str, plural: str) -> None:
+        """Stop serving a resource (its objects are deleted by the caller)."""
+        key = _res(group, version, plural)
+        self._specs.pop(key, None)
+        if key in self.resources:
+            del self.resources[key]
+
+    def spec_for(self, api_version: str, kind: str) -> ResourceSpec:
+        """Return the served resource of an ``apiVersion``/``kind`` pair.
+
+        Raises:
+            ValueError: no served resource has that kind.
+        """
+        for spec in self._specs.values():
+            if spec.api_version == api_version and spec.kind == kind:
+                return spec
+        raise ValueError(f"no resource serves apiVersion={api_version!r} kind={kind!r}: create its CRD first")
+
+    def _spec(self, resource: kmock.resource | None) -> ResourceSpec:
+        spec = self._specs.get(resource) if resource is not None else None
+        if spec is None:
+            raise _no_resource()
+        return spec
+
+    def _get_resources(self) -> list[kmock.resource]:
+        return list(self._specs)
+
+    # ----------------------------------------------------------------- store primitives
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _key(self, spec: ResourceSpec, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
+        return (_res(spec.group, spec.version, spec.plural), namespace if spec.namespaced else None, name)
+
+    def _current(self, spec: ResourceSpec, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = self._key(spec, namespace, name)
+        if key not in self.objects:
+            return None
+        obj = self.objects[key]
+        return None if obj.deleted else obj.raw
+
+    def _live(self, spec: ResourceSpec, namespace: str | None = None) -> list[dict[str, Any]]:
+        wanted = _res(spec.group, spec.version, spec.plural)
+        found = [
+            (ns or "", name, obj.raw)
+            for (res, ns, name), obj in self.objects.items()
+            if res == wanted and not obj.deleted and (namespace is None or ns == namespace)
+        ]
+        return [raw for _, _, raw in sorted(found, key=lambda item: (item[0], item[1]))]
+
+    def _store(self, spec: ResourceSpec, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = self._key(spec, meta.get("namespace"), meta["name"])
+        if key in self.objects:
+            self.objects[key].history.append(obj)
+            if self.history_limit is not None and len(self.objects[key].history) > self.history_limit:
+                del self.objects[key].history[: -self.history_limit]
+        else:
+            self.objects[key] = obj
+
+    async def _emit(self, spec: ResourceSpec, event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        event = {"rv": rv, "type": event_type, "object": obj, "old": old}
+        resource = _res(spec.group, spec.version, spec.plural)
+        self._events.append((resource, event))
+        while len(self._events) > self.event_log_size:
+            _, dropped = self._events.popleft()
+            self._compacted_rv = dropped["rv"]
+        await self._buses[resource].put(event)
+
+    async def close_watches(self) -> None:
+        """End every open watch stream and pending Pod start-up (called before the server stops)."""
+        for task in list(self._kubelet_tasks):
+            task.cancel()
+        for bus in list(self._buses.values()):
+            await bus.put(_WatchClosed())
+
+    # ----------------------------------------------------------------- object normalisation
+
+    def _new_object(self, spec: ResourceSpec, body: Mapping[str, Any], namespace: str | None, *,
+                    keep_status: bool) -> dict[str, Any]:
+        """Build a stored object from a create/apply/seed body; the caller assigns ``resourceVersion``."""
+        obj = copy.deepcopy(dict(body))
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise ApiError(400, "BadRequest", "metadata must be an object", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, "Invalid", f'{spec.kind} "" is invalid: metadata.name: Required value: name or '
+                               "generateName is required", {"kind": spec.kind, "causes": [
+                                   {"reason": "FieldValueRequired", "field": "metadata.name",
+                                    "message": "Required value: name or generateName is required"}]})
+            suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+            meta["name"] = f"{meta['generateName']}{suffix}"
+        if spec.namespaced:
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        meta.pop("resourceVersion", None)
+        if keep_status:  # a seed: keep the identity it was given
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+            meta.setdefault("generation", 1)
+        else:  # an API create: the server decides these, whatever the client sent
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now()
+            meta["generation"] = 1
+            meta.pop("deletionTimestamp", None)
+            meta.pop("deletionGracePeriodSeconds", None)
+            if spec.kind == "Pod":
+                obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+            elif spec.group not in _BUILTIN_GROUPS and "status" in spec.subresources:
+                obj.pop("status", None)
+        if spec.kind == "Service":
+            self._default_service(obj)
+        if spec.kind == "CustomResourceDefinition":
+            self._crd_defaults(obj)
+        # Key order as the apiserver writes it: apiVersion, kind, metadata, then the rest.
+        rest = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+        return {"apiVersion": spec.api_version, "kind": spec.kind, "metadata": meta, **rest}
+
+    def _default_service(self, obj: dict[str, Any]) -> None:
+        svc = obj.setdefault("spec", {})
+        svc.setdefault("type", "ClusterIP")
+        if svc.get("clusterIP") in (None, "") and svc["type"] != "ExternalName":
+            self._next_cluster_ip += 1
+            ip = str(ipaddress.IPv4Address("10.96.0.0") + self._next_cluster_ip)
+            svc["clusterIP"] = ip
+            svc["clusterIPs"] = [ip]
+
+    @staticmethod
+    def _crd_defaults(obj: dict[str, Any]) -> None:
+        spec = obj.get("spec") or {}
+        names = spec.get("names") or {}
+        now = _now()
+        obj["status"] = {
+            "acceptedNames": names,
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "lastTransitionTime": now, "reason": "NoConflicts",
+                 "message": "no conflicts found"},
+                {"type": "Established", "status": "True", "lastTransitionTime": now, "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted"},
+            ],
+            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
+        }
+
+    def _crd_specs(self, crd: Mapping[str, Any]) -> list[ResourceSpec]:
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        if not spec.get("group") or not names.get("plural") or not names.get("kind"):
+            raise ApiError(422, "Invalid", "CustomResourceDefinition is invalid: spec.group, spec.names.plural and "
+                           "spec.names.kind are required")
+        specs = []
+        for version in spec.get("versions") or []:
+            if not version.get("served", True):
+                continue
+            subresources = tuple(sorted((version.get("subresources") or {}).keys()))
+            specs.append(ResourceSpec(
+                group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                short_names=tuple(names.get("shortNames") or ()), subresources=subresources,
+                categories=tuple(names.get("categories") or ()),
+            ))
+        return specs
+
+    # ----------------------------------------------------------------- loading
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Store objects directly (no API semantics, no events): for seeds, before serving.
+
+        Each object needs ``apiVersion``, ``kind`` and ``metadata.name`` (and ``metadata.namespace`` when
+        namespaced); ``status`` is kept; ``uid``/``creationTimestamp`` are kept when given; the
+        ``resourceVersion`` is always assigned by the emulator. CRDs register their resources, so custom
+        objects may follow their CRD in the same list.
+
+        Returns:
+            The stored objects.
+
+        Raises:
+            ValueError: an object has no served resource or no name.
+        """
+        return [self._load_one(obj)[0] for obj in objects]
+
+    def _load_one(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, ResourceSpec]:
+        spec = self.spec_for(str(body.get("apiVersion", "")), str(body.get("kind", "")))
+        meta = body.get("metadata") or {}
+        if not meta.get("name"):
+            raise ValueError(f"{spec.kind} without metadata.name: {body!r:.200}")
+        if spec.namespaced and not meta.get("namespace"):
+            raise ValueError(f"{spec.kind} {meta['name']!r} is namespaced but has no metadata.namespace")
+        old = self._current(spec, meta.get("namespace"), meta["name"])
+        obj = self._new_object(spec, body, meta.get("namespace"), keep_status=True)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        if old is not None:
+            obj["metadata"]["uid"] = old["metadata"]["uid"]
+            obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        self._store(spec, obj)
+        if spec.kind == "CustomResourceDefinition":
+            for crd_spec in self._crd_specs(obj):
+                self.register(crd_spec)
+        return obj, old, spec
+
+    async def put_object(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or replace an object outside the API (like ``load``) and notify watchers.
+
+        Returns:
+            The stored object (with the emulator's metadata).
+        """
+        async with self._lock:
+            obj, old, spec = self._load_one(body)
+            await self._emit(spec, "MODIFIED" if old is not None else "ADDED", obj, old)
+            return copy.deepcopy(obj)
+
+    # ----------------------------------------------------------------- HTTP entry
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """aiohttp entry point: kmock's ``RawHandler.__call__`` with this module's request parsing.
+
+        kmock 0.8's parser fails on ``/api/v1/namespaces`` (the Namespace collection) and cannot tell a
+        Namespace object from a namespaced collection, and its request/error lists grow without bound.
+        """
+        await raw_request.read()
+        raw_response: aiohttp.web.StreamResponse | None = None
+        try:
+            request = await self._parse_request(raw_request)
+            self._requests.append(request)
+            if len(self._requests) > self.keep_requests:
+                del self._requests[: -self.keep_requests]
+            try:
+                return await self._handle(request)
+            except StreamingError as exc:
+                raw_response = exc.args[0]
+                raise exc.__cause__ or exc from None
+        except Exception as exc:
+            if not self._errors:
+                raise
+            self._errors[-1].append(exc)
+            del self._errors[-1][: -self.keep_requests]
+            if raw_response is None or not raw_response.prepared:
+                return await self._render_error(exc)
+            await self._stream_error(exc, raw_response)
+            await raw_response.write_eof()
+            return raw_response
+
+    async def _parse_request(self, raw: aiohttp.web.BaseRequest) -> kmock.Request:
+        body = await raw.read()
+        text = body.decode("utf-8", errors="replace")
+        data: Any = None
+        if body:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                if "yaml" in raw.headers.get("Content-Type", ""):
+                    try:
+                        data = yaml.safe_load(text)
+                    except yaml.YAMLError:
+                        data = None
+        parsed = _parse_path(raw.path)
+        query = dict(raw.query)
+        method = raw.method.upper()
+        action: kmock.action | None = None
+        resource = None
+        if parsed is not None:
+            resource = _res(parsed.group, parsed.version, parsed.plural)
+            if parsed.plural is not None:
+                if method == "GET" and _truthy(query.get("watch")):
+                    action = kmock.action.WATCH
+                elif method == "GET":
+                    action = kmock.action.FETCH if parsed.name else kmock.action.LIST
+                elif method == "POST" and not parsed.name:
+                    action = kmock.action.CREATE
+                elif method in ("PATCH", "PUT") and parsed.name:
+                    action = kmock.action.UPDATE
+                elif method == "DELETE":
+                    action = kmock.action.DELETE
+        # The official client asks for "/version/", "/api/", "/apis/": the apiserver ignores a trailing slash.
+        url = raw.url.with_path(raw.path.rstrip("/") or "/", keep_query=True) if raw.path != "/" else raw.url
+        return kmock.Request(
+            id=len(self._requests), raw_request=raw, url=url, method=raw.method, params=query,
+            headers=dict(raw.headers), cookies=dict(raw.cookies), data=data, body=body, text=text,
+            action=action, resource=resource,
+            namespace=parsed.namespace if parsed else None,
+            name=parsed.name if parsed else None,
+            subresource=parsed.subresource if parsed else None,
+        )
+
+    def _authenticate(self, request: kmock.Request) -> None:
+        if self.token is None:
+            return
+        header = _header(request.headers, "Authorization")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
+            raise ApiError(401, "Unauthorized", "Unauthorized", None)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        self._authenticate(request)
+        if request.resource is not None and request.resource.plural is not None:
+            spec = self._spec(request.resource)
+            self._check_scope(spec, request)
+            async with self._lock:
+                outcome = await self._mutate(spec, request)
+            if outcome is not None:
+                self._outcomes[id(request)] = outcome
+        try:
+            # Skip KubernetesEmulator._handle (its raw-dict bookkeeping is replaced by _mutate above) and
+            # dispatch like kmock does: user reactions first, then the fallbacks, which call _serve_* below.
+            return await super(kmock.KubernetesEmulator, self)._handle(request)
+        finally:
+            self._outcomes.pop(id(request), None)
+
+    def _check_scope(self, spec: ResourceSpec, request: kmock.Request) -> None:
+        if not spec.namespaced and request.namespace is not None:
+            raise _no_resource()
+        if spec.namespaced and request.namespace is None and request.name is not None:
+            raise _no_resource()
+        if request.subresource is not None:
+            if request.subresource != "status" or "status" not in spec.subresources or request.name is None:
+                raise _no_resource()
+        if request.action is None or (request.action == kmock.action.CREATE and spec.namespaced
+                                      and request.namespace is None):
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
+                           None)
+
+    # ----------------------------------------------------------------- mutations
+
+    async def _mutate(self, spec: ResourceSpec, request: kmock.Request) -> _Outcome | None:
+        dry_run = request.params.get("dryRun") == "All"
+        if request.action == kmock.action.CREATE:
+            return await self._create(spec, request, self._body(request, spec), dry_run=dry_run)
+        if request.action == kmock.action.UPDATE and request.method == kmock.method.PUT:
+            return await self._replace(spec, request, dry_run=dry_run)
+        if request.action == kmock.action.UPDATE:
+            return await self._patch(spec, request, dry_run=dry_run)
+        if request.action == kmock.action.DELETE and request.name is not None:
+            return await self._delete_named(spec, request.namespace, request.name, dry_run=dry_run)
+        if request.action == kmock.action.DELETE:
+            selection = self._selection(spec, request)
+            deleted = []
+            for obj in self._live(spec, request.namespace):
+                if selection.matches(obj):
+                    meta = obj["metadata"]
+                    outcome = await self._delete_named(spec, meta.get("namespace"), meta["name"], dry_run=dry_run)
+                    deleted.append(self._list_item(spec, outcome.body if outcome.body.get("kind") != "Status" else obj))
+            return _Outcome(200, {"kind": f"{spec.kind}List", "apiVersion": spec.api_version,
+                                  "metadata": {"resourceVersion": str(self._rv)}, "items": deleted})
+        return None
+
+    @staticmethod
+    def _body(request: kmock.Request, spec: ResourceSpec) -> dict[str, Any]:
+        if not isinstance(request.data, dict):
+            raise ApiError(400, "BadRequest", f"the body of the request was not a {spec.kind} object", None)
+        return request.data
+
+    async def _create(self, spec: ResourceSpec, request: kmock.Request, body: dict[str, Any], *,
+                      dry_run: bool) -> _Outcome:
+        namespace = request.namespace
+        body_ns = (body.get("metadata") or {}).get("namespace")
+        if spec.namespaced and body_ns and body_ns != namespace:
+            raise ApiError(400, "BadRequest",
+                           "the namespace of the provided object does not match the namespace sent on the request",
+                           None)
+        self._require_namespace(spec, namespace)
+        obj = self._new_object(spec, body, namespace, keep_status=False)
+        name = obj["metadata"]["name"]
+        if self._current(spec, namespace, name) is not None:
+            raise ApiError(409, "AlreadyExists", f'{_qualified(spec)} "{name}" already exists', _details(spec, name))
+        crd_specs = self._crd_specs(obj) if spec.kind == "CustomResourceDefinition" else []
+        if dry_run:
+            return _Outcome(201, obj)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(spec, obj)
+        for crd_spec in crd_specs:
+            self.register(crd_spec)
+        await self._emit(spec, "ADDED", obj, None)
+        if spec.kind == "Pod" and self.pod_startup_seconds is not None:
+            task = asyncio.create_task(self._start_pod(spec, obj["metadata"]["namespace"], obj["metadata"]["name"],
+                                                       obj["metadata"]["uid"]))
+            self._kubelet_tasks.add(task)
+            task.add_done_callback(self._kubelet_tasks.discard)
+        return _Outcome(201, obj)
+
+    async def _start_pod(self, spec: ResourceSpec, namespace: str, name: str, uid: str) -> None:
+        """Scheduler + kubelet stand-in for ``pod_startup_seconds`` (see the class docstring)."""
+        await asyncio.sleep(self.pod_startup_seconds or 0)
+        async with self._lock:
+            current = self._current(spec, namespace, name)
+            if current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp"):
+                return
+            if (current.get("status") or {}).get("phase") != "Pending":
+                return
+            pod = copy.deepcopy(current)
+            now = _now()
+            node = self._pick_node(pod.get("spec") or {})
+            if node is None:
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                "message": "0 nodes are available: no Ready node matches the "
+                                                           "Pod's nodeName/nodeSelector.",
+                                                "lastTransitionTime": now}]
+            else:
+                pod.setdefault("spec", {})["nodeName"] = node["metadata"]["name"]
+                self._next_pod_ip += 1
+                pod_ip = str(ipaddress.IPv4Address("10.244.0.0") + self._next_pod_ip)
+                host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or []
+                                if a.get("type") == "InternalIP"), "10.0.0.1")
+                containers = (pod.get("spec") or {}).get("containers") or []
+                pod["status"] = {
+                    "phase": "Running",
+                    "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                                   for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+                    "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+                    "startTime": now, "qosClass": pod["status"].get("qosClass", "BestEffort"),
+                    "containerStatuses": [{
+                        "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
+                        "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
+                    } for c in containers],
+                }
+            pod["metadata"]["resourceVersion"] = self._next_rv()
+            self._store(spec, pod)
+            await self._emit(spec, "MODIFIED", pod, current)
+
+    def _pick_node(self, pod_spec: Mapping[str, Any]) -> dict[str, Any] | None:
+        node_spec = self._specs[_res("", "v1", "nodes")]
+        selector = pod_spec.get("nodeSelector") or {}
+        for node in self._live(node_spec):
+            if pod_spec.get("nodeName") and node["metadata"]["name"] != pod_spec["nodeName"]:
+                continue
+            labels = node["metadata"].get("labels") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (node.get("status") or {}).get("conditions") or [])
+            if ready and all(labels.get(k) == v for k, v in selector.items()):
+                return node
+        return None
+
+    def _require_namespace(self, spec: ResourceSpec, namespace: str | None) -> None:
+        if spec.namespaced and namespace is not None:
+            ns_spec = self._specs[_res("", "v1", "namespaces")]
+            if self._current(ns_spec, None, namespace) is None:
+                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
+                               {"name": namespace, "kind": "namespaces"})
+
+    def _precondition(self, spec: ResourceSpec, current: Mapping[str, Any], body: Any) -> None:
+        wanted = ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, Mapping) else None
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            name = current["metadata"]["name"]
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(spec)} "{name}": the object '
+                           "has been modified; please apply your changes to the latest version and try again",
+                           _details(spec, name))
+
+    async def _replace(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> _Outcome:
+        body = self._body(request, spec)
+        name = request.name or ""
+        if (body.get("metadata") or {}).get("name") not in (None, name):
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL", None)
+        current = self._current(spec, request.namespace, name)
+        if current is None:
+            raise _not_found(spec, name)
+        self._precondition(spec, current, body)
+        return await self._update(spec, current, copy.deepcopy(body), request.subresource, dry_run=dry_run)
+
+    async def _patch(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> _Outcome:
+        content_type = _header(request.headers, "Content-Type").split(";")[0].strip().lower()
+        name = request.name or ""
+        current = self._current(spec, request.namespace, name)
+        patch = request.data
+        if content_type == "application/apply-patch+yaml":
+            manager = request.params.get("fieldManager")
+            if not manager:
+                raise ApiError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                               "is required for apply patch", None)
+            if not isinstance(patch, dict):
+                raise ApiError(400, "BadRequest", "the apply configuration is not a YAML/JSON object", None)
+            if (patch.get("apiVersion"), patch.get("kind")) != (spec.api_version, spec.kind):
+                raise ApiError(400, "BadRequest", f"the apply configuration must have apiVersion {spec.api_version!r} "
+                               f"and kind {spec.kind!r}", None)
+            if (patch.get("metadata") or {}).get("name") not in (None, name):
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL", None)
+            applied = copy.deepcopy(patch)
+            applied.setdefault("metadata", {})["name"] = name
+            _record_manager(applied, current, manager, spec.api_version, "Apply", request.subresource)
+            if current is None:
+                if request.subresource:
+                    raise _not_found(spec, name)
+                return await self._create(spec, request, applied, dry_run=dry_run)
+            self._precondition(spec, current, patch)
+            return await self._update(spec, current, merge_patch(current, applied), request.subresource,
+                                      dry_run=dry_run)
+        if current is None:
+            raise _not_found(spec, name)
+        if content_type == "application/json-patch+json":
+            if not isinstance(patch, list):
+                raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations", None)
+            try:
+                new = jsonpatch.apply_patch(copy.deepcopy(current), patch, in_place=False)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, TypeError) as exc:
+                raise ApiError(422, "Invalid", f"the JSON patch could not be applied: {exc}", None) from None
+        elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if not isinstance(patch, dict):
+                raise ApiError(400, "BadRequest", "a merge patch must be a JSON object", None)
+            self._precondition(spec, current, patch)
+            if content_type == "application/strategic-merge-patch+json":
+                patch = _strip_directives(patch)
+            new = merge_patch(current, patch)
+        else:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted "
+                           "media types include: application/json-patch+json, application/merge-patch+json, "
+                           "application/apply-patch+yaml", None)
+        return await self._update(spec, current, new, request.subresource, dry_run=dry_run)
+
+    async def _update(self, spec: ResourceSpec, current: dict[str, Any], new: Any, subresource: str | None, *,
+                      dry_run: bool) -> _Outcome:
+        if not isinstance(new, dict):
+            raise ApiError(422, "Invalid", f"the result of the update is not a {spec.kind} object", None)
+        if subresource == "status":
+            result = copy.deepcopy(current)
+            if "status" in new:
+                result["status"] = new["status"]
+            else:
+                result.pop("status", None)
+            managed = (new.get("metadata") or {}).get("managedFields")
+            if managed is not None:
+                result["metadata"]["managedFields"] = managed
+        else:
+            result = copy.deepcopy(new)
+            if "status" in spec.subresources:
+                if "status" in current:
+                    result["status"] = copy.deepcopy(current["status"])
+                else:
+                    result.pop("status", None)
+        meta = result.setdefault("metadata", {})
+        old_meta = current["metadata"]
+        for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                      "deletionGracePeriodSeconds", "generation"):
+            if fixed in old_meta:
+                meta[fixed] = old_meta[fixed]
+            else:
+                meta.pop(fixed, None)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        result = {"apiVersion": spec.api_version, "kind": spec.kind, "metadata": result.pop("metadata"),
+                  **{k: v for k, v in result.items() if k not in ("apiVersion", "kind")}}
+        if spec.kind == "Service":
+            old_ip = (current.get("spec") or {}).get("clusterIP")
+            if old_ip and isinstance(result.get("spec"), dict) and not result["spec"].get("clusterIP"):
+                result["spec"]["clusterIP"] = old_ip
+                result["spec"]["clusterIPs"] = (current.get("spec") or {}).get("clusterIPs", [old_ip])
+            self._default_service(result)
+        if result == current:
+            return _Outcome(200, result)  # a no-op write keeps the revision and sends no event
+        if _spec_part(result) != _spec_part(current):
+            meta["generation"] = int(old_meta.get("generation", 1)) + 1
+        crd_specs = self._crd_specs(result) if spec.kind == "CustomResourceDefinition" else []
+        if dry_run:
+            return _Outcome(200, result)
+        meta["resourceVersion"] = self._next_rv()
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            await self._remove(spec, result)
+            return _Outcome(200, result)
+        self._store(spec, result)
+        if spec.kind == "CustomResourceDefinition":
+            for old_spec in self._crd_specs(current):
+                self.unregister(old_spec.group, old_spec.version, old_spec.plural)
+        for crd_spec in crd_specs:
+            self.register(crd_spec)
+        await self._emit(spec, "MODIFIED", result, current)
+        return _Outcome(200, result)
+
+    async def _delete_named(self, spec: ResourceSpec, namespace: str | None, name: str, *, dry_run: bool) -> _Outcome:
+        current = self._current(spec, namespace, name)
+        if current is None:
+            raise _not_found(spec, name)
+        meta = current["metadata"]
+        if dry_run:
+            return _Outcome(200, current)
+        if meta.get("finalizers"):
+            if meta.get("deletionTimestamp"):
+                return _Outcome(200, current)
+            pending = copy.deepcopy(current)
+            pending["metadata"]["deletionTimestamp"] = _now()
+            pending["metadata"]["deletionGracePeriodSeconds"] = 0
+            pending["metadata"]["resourceVersion"] = self._next_rv()
+            self._store(spec, pending)
+            await self._emit(spec, "MODIFIED", pending, current)
+            return _Outcome(200, pending)
+        final = copy.deepcopy(current)
+        final["metadata"]["resourceVersion"] = self._next_rv()
+        await self._remove(spec, final)
+        if spec.kind == "Pod" or spec.group not in _BUILTIN_GROUPS:
+            return _Outcome(200, final)
+        return _Outcome(200, {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": _details(spec, name, uid=meta.get("uid")),
+        })
+
+    async def _remove(self, spec: ResourceSpec, final: dict[str, Any]) -> None:
+        """Delete an object for good, then what depended on it (namespace content, owned objects, CRD objects)."""
+        meta = final["metadata"]
+        key = self._key(spec, meta.get("namespace"), meta["name"])
+        self.objects[key].delete()
+        await self._emit(spec, "DELETED", final, None)
+        if spec.kind == "Namespace":
+            for other in list(self._specs.values()):
+                if other.namespaced:
+                    for obj in self._live(other, meta["name"]):
+                        await self._cascade(other, obj)
+        elif spec.kind == "CustomResourceDefinition":
+            for crd_spec in self._crd_specs(final):
+                for obj in self._live(crd_spec):
+                    await self._cascade(crd_spec, obj)
+                self.unregister(crd_spec.group, crd_spec.version, crd_spec.plural)
+        uid = meta.get("uid")
+        for other in list(self._specs.values()):
+            for obj in self._live(other):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if any(owner.get("uid") == uid for owner in owners):
+                    await self._cascade(other, obj)
+
+    async def _cascade(self, spec: ResourceSpec, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        if self._current(spec, meta.get("namespace"), meta["name"]) is not None:
+            await self._delete_named(spec, meta.get("namespace"), meta["name"], dry_run=False)
+
+    # ----------------------------------------------------------------- reads
+
+    def _selection(self, spec: ResourceSpec, request: kmock.Request) -> _Selection:
+        allowed = ("metadata.name", "metadata.namespace") + FIELD_SELECTORS.get((spec.group, spec.plural), ())
+        return _Selection(
+            namespace=request.namespace,
+            name=request.name,
+            labels=tuple(parse_label_selector(request.params.get("labelSelector", ""))),
+            fields=tuple(parse_field_selector(request.params.get("fieldSelector", ""), allowed)),
+        )
+
+    @staticmethod
+    def _list_item(spec: ResourceSpec, obj: Mapping[str, Any]) -> dict[str, Any]:
+        if spec.group in _BUILTIN_GROUPS:
+            return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        return dict(obj)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        spec = self._spec(request.resource)
+        selection = self._selection(spec, request)
+        async with self._lock:
+            items = [obj for obj in self._live(spec, request.namespace) if selection.matches(obj)]
+            revision = str(self._rv)
+        metadata: dict[str, Any] = {"resourceVersion": revision}
+        start = 0
+        if token := request.params.get("continue"):
+            try:
+                cont = json.loads(base64.urlsafe_b64decode(token.encode()))
+                after = tuple(cont["after"])
+                start = next((i for i, obj in enumerate(items)
+                              if (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) > after), len(items))
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(400, "BadRequest", "the provided continue parameter is not valid", None) from None
+        items = items[start:]
+        limit = int(request.params.get("limit") or 0)
+        if limit > 0 and len(items) > limit:
+            last = items[limit - 1]["metadata"]
+            after = [last.get("namespace", ""), last["name"]]
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"after": after}).encode()).decode()
+            metadata["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        return {
+            "kind": f"{spec.kind}List",
+            "apiVersion": spec.api_version,
+            "metadata": metadata,
+            "items": [self._list_item(spec, obj) for obj in items],
+        }
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        spec = self._spec(request.resource)
+        obj = self._current(spec, request.namespace, request.name or "")
+        if obj is None:
+            raise _not_found(spec, request.name or "")
+        return obj
+
+    async def _serve_create(self, request: kmock.Request) -> Any:
+        return self._render_outcome(request)
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        return self._render_outcome(request)
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        return self._render_outcome(request)
+
+    def _render_outcome(self, request: kmock.Request) -> Any:
+        outcome = self._outcomes.get(id(request))
+        if outcome is None:  # pragma: no cover - every mutating request stores one in _handle
+            raise ApiError(500, "InternalError", "no outcome recorded for this request", None)
+        return kmock.Response(status=outcome.status, payload=outcome.body)
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        spec = self._spec(request.resource)
+        selection = self._selection(spec, request)
+        timeout = float(request.params.get("timeoutSeconds") or 1800)
+        since = request.params.get("resourceVersion") or ""
+        resource = _res(spec.group, spec.version, spec.plural)
+        bus = self._buses[resource]
+        yield b""  # send the headers now, as kmock does, so clients see the stream open
+        async with self._lock:
+            marker = await bus.mark()
+            if since in ("", "0"):
+                backlog = [{"type": "ADDED", "object": obj} for obj in self._live(spec, request.namespace)
+                           if selection.matches(obj)]
+            elif not since.isdigit():
+                backlog = [_watch_error(400, "BadRequest", f"invalid resource version: {since!r}")]
+            elif int(since) < self._compacted_rv:
+                backlog = [_watch_error(410, "Expired", f"too old resource version: {since} ({self._compacted_rv})")]
+            else:
+                backlog = [wire for res, event in self._events
+                           if res == resource and event["rv"] > int(since)
+                           for wire in [_translate(event, selection)] if wire is not None]
+        try:
+            for wire in backlog:
+                yield wire
+                if wire["type"] == "ERROR":
+                    return
+            async with asyncio.timeout(timeout):
+                async for event in bus.stream(since=marker):
+                    wire = _translate(event, selection)
+                    if wire is not None:
+                        yield wire
+        except (TimeoutError, _WatchClosed):
+            return
+        finally:
+            with contextlib.suppress(ValueError, RuntimeError):
+                await bus.unmark(marker)
+
+    # ----------------------------------------------------------------- discovery
+
+    async def _serve_server_version(self, request: kmock.Request) -> Any:
+        # Keys missing from server_version come from kmock's default document: the official client
+        # (v33+, pydantic models) refuses a /version answer without gitCommit, buildDate, platform ...
+        default = await super()._serve_server_version(request)
+        return {**default, **(self.server_version or {})}
+
+    async def _serve_api(self, request: kmock.Request) -> Any:
+        address = f"{request.url.host}:{request.url.port}"
+        return {"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}]}
+
+    def _groups(self) -> dict[str, list[str]]:
+        groups: dict[str, set[str]] = collections.defaultdict(set)
+        for spec in self._specs.values():
+            if spec.group:
+                groups[spec.group].add(spec.version)
+        order = {g: i for i, g in enumerate(_GROUP_ORDER)}
+        return {g: sorted(groups[g], key=_version_key)
+                for g in sorted(groups, key=lambda g: (order.get(g, len(order)), g))}
+
+    @staticmethod
+    def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
+        return {
+            "name": group,
+            "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+            "preferredVersion": {"groupVersion": f"{group}/{versions[0]}", "version": versions[0]},
+        }
+
+    async def _serve_apis(self, request: kmock.Request) -> Any:
+        return {"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [self._group_doc(g, vs) for g, vs in self._groups().items()]}
+
+    async def _serve_group(self, request: kmock.Request) -> Any:
+        group = request.resource.group if request.resource is not None else None
+        versions = self._groups().get(group or "")
+        if not versions:
+            raise _no_resource()
+        return {"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(group or "", versions)}
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        group = request.resource.group if request.resource is not None else None
+        version = request.resource.version if request.resource is not None else None
+        specs = sorted((s for s in self._specs.values() if s.group == group and s.version == version),
+                       key=lambda s: s.plural)
+        if not specs:
+            raise _no_resource()
+        resources: list[dict[str, Any]] = []
+        for spec in specs:
+            entry: dict[str, Any] = {"name": spec.plural, "singularName": spec.kind.lower(),
+                                     "namespaced": spec.namespaced, "kind": spec.kind, "verbs": list(spec.verbs)}
+            if spec.short_names:
+                entry["shortNames"] = list(spec.short_names)
+            if spec.categories:
+                entry["categories"] = list(spec.categories)
+            resources.append(entry)
+            for sub in spec.subresources:
+                resources.append({"name": f"{spec.plural}/{sub}", "singularName": "", "namespaced": spec.namespaced,
+                                  "kind": spec.kind, "verbs": ["get", "patch", "update"] if sub == "status" else
+                                  ["create"] if sub in ("binding", "eviction", "token") else ["get"]})
+        return {"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else (version or ""), "resources": resources}
+
+    async def _serve_root(self, request: kmock.Request) -> Any:
+        paths = {"/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"}
+        for group, versions in self._groups().items():
+            paths.add(f"/apis/{group}")
+            paths.update(f"/apis/{group}/{v}" for v in versions)
+        return {"paths": sorted(paths)}
+
+    # ----------------------------------------------------------------- errors
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, ApiError):
+            return aiohttp.web.json_response(_status(exc.status, exc.reason or "", exc.message or "", exc.details),
+                                             status=exc.status)
+        if isinstance(exc, kmock.KubernetesNotFoundError):
+            return await self._render_error(_no_resource())
+        if isinstance(exc, kmock.KubernetesError):
+            return aiohttp.web.json_response(_status(exc.status, exc.reason or "", exc.message or "", None),
+                                             status=exc.status)
+        logger.error("emulator error", exc_info=exc)
+        return aiohttp.web.json_response(_status(500, "InternalError", f"{type(exc).__name__}: {exc}", None),
+                                         status=500)
+
+    async def _stream_error(self, exc: Exception, raw_response: aiohttp.web.StreamResponse) -> None:
+        if isinstance(exc, ApiError):
+            error = _watch_error(exc.status, exc.reason or "", exc.message or "")
+        else:
+            logger.error("emulator watch error", exc_info=exc)
+            error = _watch_error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+        await raw_response.write(json.dumps(error).encode() + b"\n")
+
+
+_BUILTIN_GROUPS = frozenset(spec.group for spec in BUILTIN_RESOURCES)
+
+
+def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+
+
+def _record_manager(applied: dict[str, Any], current: Mapping[str, Any] | None, manager: str, api_version: str,
+                    operation: str, subresource: str | None) -> None:
+    entries = [dict(e) for e in ((current or {}).get("metadata") or {}).get("managedFields") or []
+               if not (e.get("manager") == manager and e.get("operation") == operation
+                       and e.get("subresource") == subresource)]
+    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": _now(),
+                             "fieldsType": "FieldsV1", "fieldsV1": {}}
+    if subresource:
+        entry["subresource"] = subresource
+    entries.append(entry)
+    applied.setdefault("metadata", {})["managedFields"] = entries
+
+
+def _watch_error(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"type": "ERROR", "object": _status(code, reason, message, None)}
+
+
+def _translate(event: Mapping[str, Any], selection: _Selection) -> dict[str, Any] | None:
+    """Turn a stored event into what one watcher sees, given its selection (transitions become ADDED/DELETED)."""
+    obj = event["object"]
+    new_in = selection.matches(obj)
+    if event["type"] == "MODIFIED":
+        old_in = selection.matches(event.get("old"))
+        if new_in and old_in:
+            return {"type": "MODIFIED", "object": obj}
+        if new_in:
+            return {"type": "ADDED", "object": obj}
+        if old_in:
+            return {"type": "DELETED", "object": obj}
+        return None
+    return {"type": event["type"], "object": obj} if new_in else None
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@dataclass(frozen=True)
+class _Path:
+    group: str | None
+    version: str | None
+    plural: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+
+def _parse_path(path: str) -> _Path | None:
+    """Split an apiserver URL path; None for non-resource paths (``/version``, ``/api``, ``/apis``, ``/``)."""
+    parts = [p for p in path.strip("/").split("/") if p]  # aiohttp's request.path is already percent-decoded
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 2 and parts[0] == "apis":
+        if len(parts) == 2:
+            return _Path(parts[1], None)
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    if not rest:
+        return _Path(group, version)
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        namespace, rest = rest[1], rest[2:]
+    plural = rest[0]
+    name = rest[1] if len(rest) > 1 else None
+    subresource = "/".join(rest[2:]) or None
+    return _Path(group, version, plural, namespace, name, subresource)
+
+
+# --------------------------------------------------------------------------- serving
+
+
+class _LoopbackServer(kmock.Server):
+    """kmock's ``Server`` without its in-process aiohttp client and DNS interceptor.
+
+    Those exist for tests that call the mock through aiohttp in the same loop; the interceptor patches
+    aiohttp's resolver process-wide and must be exited in LIFO order, which breaks with several
+    emulators in several threads. Here only the listening server (aiohttp ``RawTestServer``) is started.
+    """
+
+    async def __aenter__(self) -> _LoopbackServer:
+        if self._managed_server is not None:
+            raise RuntimeError("The server can be started/entered only once.")
+        self._managed_server = self._server_cls(self.handler, host=self._host, port=self._port)
+        await self._managed_server.__aenter__()
+        self.handler.servers.append(self)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.handler.servers.remove(self)
+        assert self._managed_server is not None
+        await self._managed_server.__aexit__(exc_type, exc_value, traceback)
+        self._managed_server = None
+
+
+@contextlib.asynccontextmanager
+async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str, str] | None = None,
+                token: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                **emulator_options: Any) -> AsyncIterator[tuple[KubeApiEmulator, str]]:
+    """Serve an emulated apiserver in the running event loop.
+
+    Args:
+        objects: seed objects (see ``KubeApiEmulator.load``).
+        version: the ``/version`` document (e.g. ``demo/data/k8s-objects/version.kubeadm-v1.32.3-arm64.json``).
+        token: bearer token to require, or None.
+        host: a loopback address (``127.0.0.1``, ``::1``, ``localhost``); anything else is refused.
+        port: TCP port, 0 for a free one.
+        **emulator_options: more ``KubeApiEmulator`` options (``history_limit``, ``keep_requests`` ...).
+
+    Yields:
+        ``(emulator, url)`` with ``url`` like ``http://127.0.0.1:41234`` (no trailing slash).
+
+    Raises:
+        ValueError: a non-loopback host, or a seed object the emulator cannot serve.
+    """
+    if not _is_loopback(host):
+        raise ValueError(f"the emulator serves plain HTTP without TLS and listens on loopback only, not {host!r}")
+    emulator = KubeApiEmulator(server_version=version, token=token, **emulator_options)
+    emulator.load(objects)
+    async with emulator, _LoopbackServer(emulator, host=host, port=port) as server:
+        url = str(server.url).rstrip("/")
+        try:
+            yield emulator, url
+        finally:
+            await emulator.close_watches()
+
+
+class EmulatedCluster:
+    """An emulated apiserver running in a background thread with its own event loop.
+
+    Usable from plain threads and pytest (no asyncio needed by the caller)::
+
+        with EmulatedCluster(objects, version=version, token="t") as cluster:
+            api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab"))
+
+    Args:
+        objects: seed objects (dicts with ``apiVersion``, ``kind``, ``metadata``; see ``KubeApiEmulator.load``).
+        version: the ``/version`` document (``major``, ``minor``, ``gitVersion`` ... as strings), or None for
+            kmock's default.
+        token: bearer token clients must send, or None to accept anonymous requests.
+        host: loopback address to listen on.
+        port: TCP port, 0 for a free one (see ``url``).
+        pod_startup_seconds: see ``KubeApiEmulator`` (None: Pods stay ``Pending``).
+    """
+
+    def __init__(self, objects: list[dict], version: dict | None = None, token: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, *, pod_startup_seconds: float | None = None) -> None:
+        self._pod_startup_seconds = pod_startup_seconds
+        self._objects = [copy.deepcopy(o) for o in objects]
+        self._version = version
+        self._token = token
+        self._host = host
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._emulator: KubeApiEmulator | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server, e.g. ``http://127.0.0.1:41234`` (no trailing slash)."""
+        if self._url is None:
+            raise RuntimeError("the emulated cluster is not started")
+        return self._url
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token clients must send (None: no authentication)."""
+        return self._token
+
+    @property
+    def emulator(self) -> KubeApiEmulator:
+        """The underlying kmock emulator; touch it only from its loop (see ``call``)."""
+        if self._emulator is None:
+            raise RuntimeError("the emulated cluster is not started")
+        return self._emulator
+
+    def start(self, timeout: float = 10.0) -> EmulatedCluster:
+        """Start serving in a daemon thread; return once the port listens.
+
+        Raises:
+            RuntimeError: already started, or the server did not come up within ``timeout`` seconds.
+            ValueError: a bad host or seed object (re-raised from the server thread).
+        """
+        if self._thread is not None:
+            raise RuntimeError("the emulated cluster is already started")
+        self._thread = threading.Thread(target=self._run, name=f"kube-emulator-{self._port or 'auto'}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"the emulated cluster did not start within {timeout} s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            self._thread = None
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
+            self._error = exc
+            self._ready.set()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with serve(self._objects, version=self._version, token=self._token, host=self._host,
+                         port=self._port, pod_startup_seconds=self._pod_startup_seconds) as (emulator, url):
+            self._emulator, self._url = emulator, url
+            self._ready.set()
+            await self._stop.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and join the thread (idempotent)."""
+        if self._thread is None:
+            return
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        self._thread = None
+        self._url = None
+
+    def __enter__(self) -> EmulatedCluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def call(self, coro_fn: Any, *args: Any, timeout: float = 10.0) -> Any:
+        """Run ``coro_fn(*args)`` (a coroutine function) in the server's loop and return its result."""
+        if self._loop is None or self._thread is None:
+            raise RuntimeError("the emulated cluster is not started")
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self._loop).result(timeout)
+
+    def kubeconfig(self, name: str) -> dict:
+        """A kubeconfig dict for this server.
+
+        Args:
+            name: used as the cluster, user and context name; the context is ``current-context``.
+
+        Returns:
+            ``{"apiVersion": "v1", "kind": "Config", "current-context": name, "clusters": [...], "users": [...],
+            "contexts": [...]}`` with ``server`` = ``url`` and the user's ``token`` (when one is set).
+        """
+        user: dict[str, Any] = {"token": self._token} if self._token is not None else {}
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
+            "current-context": name,
+            "clusters": [{"name": name, "cluster": {"server": self.url}}],
+            "users": [{"name": name, "user": user}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        }
+
+    def objects_of(self, plural: str, group: str = "", version: str = "v1") -> list[dict]:
+        """Current objects of a resource (deep copies, sorted by namespace/name), for assertions.
+
+        Args:
+            plural: resource name, e.g. ``nodes``.
+            group: API group, ``""`` for core.
+            version: API version.
+        """
+        async def snapshot() -> list[dict]:
+            emulator = self.emulator
+            spec = emulator._specs.get(_res(group, version, plural))
+            if spec is None:
+                return []
+            async with emulator._lock:
+                return copy.deepcopy(emulator._live(spec))
+
+        return self.call(snapshot)
+
+    def requests_seen(self) -> list[dict]:
+        """Requests the server has received so far, oldest first (the last 1000 are kept).
+
+        Returns:
+            ``[{"method": "GET", "path": "/api/v1/nodes", "query": {"labelSelector": "gpu=on"}}, ...]``;
+            ``[]`` before ``start()``.
+        """
+        if self._thread is None:
+            return []
+
+        async def snapshot() -> list[dict]:
+            return [{"method": str(r.method.value), "path": r.url.path, "query": dict(r.params)}
+                    for r in list(self.emulator)]
+
+        return self.call(snapshot)
+
+    def add(self, obj: dict) -> dict:
+        """Create or replace an object from any thread (watchers get ADDED/MODIFIED).
+
+        Before ``start()`` the object is added to the seed. ``status`` is kept as given.
+
+        Returns:
+            The stored object with the emulator's metadata (before start: a copy of ``obj``).
+        """
+        if self._thread is None:
+            self._objects.append(copy.deepcopy(obj))
+            return copy.deepcopy(obj)
+        return self.call(self.emulator.put_object, obj)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict]]:
+    seed = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(seed, dict) or not isinstance(seed.get("objects", []), list):
+        raise ValueError(f"{path}: a seed is a JSON object {{\"version\": {{...}}, \"objects\": [...]}}")
+    return seed.get("version"), seed.get("objects", [])
+
+
+async def _serve_until_signalled(args: argparse.Namespace) -> None:
+    version, objects = _read_seed(pathlib.Path(args.seed))
+    token = pathlib.Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with serve(objects, version=version, token=token, host=args.host, port=args.port,
+                     pod_startup_seconds=args.pod_startup_seconds) as (_, url):
+        if args.ready_file:
+            ready = pathlib.Path(args.ready_file)
+            tmp = ready.with_name(ready.name + ".tmp")
+            tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}), encoding="utf-8")
+            tmp.replace(ready)
+        logger.info("emulated apiserver for %s listening on %s", args.seed, url)
+        await stop.wait()
+        logger.info("stopping %s", url)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: serve a seed file until SIGTERM/SIGINT.
+
+    ``python -m demo.emulator --seed PATH --port N [--host 127.0.0.1] [--ready-file PATH] [--token-file PATH]
+    [--pod-startup-seconds S] [--log-level LEVEL]``
+
+    The seed is JSON ``{"version": {...}, "objects": [...]}`` (``demo.fleet.write_seed`` writes one). Once
+    listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically).
+    The token file holds the bearer token clients must send (surrounding whitespace ignored).
+
+    Returns:
+        The process exit code: 0 after a signal, 2 for bad arguments or an unreadable seed.
+    """
+    parser = argparse.ArgumentParser(prog="python -m demo.emulator", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--seed", required=True, help="seed JSON file: {\"version\": {...}, \"objects\": [...]}")
+    parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, see --ready-file)")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
+    parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} here once listening")
+    parser.add_argument("--token-file", help="file holding the bearer token to require")
+    parser.add_argument("--pod-startup-seconds", type=float, default=None,
+                        help="bind and run created Pods after this many seconds (default: they stay Pending)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve_until_signalled(args))
+    except (OSError, ValueError) as exc:
+        print(f"demo.emulator: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def iter_resources() -> Iterator[ResourceSpec]:
+    """The built-in resources, for documentation and tests."""
+    return iter(BUILTIN_RESOURCES)
+
+
+__all__ = [
+    "ApiError", "BUILTIN_RESOURCES", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "KubeApiEmulator",
+    "LabelRequirement", "ResourceSpec", "main", "merge_patch", "parse_field_selector", "parse_label_selector", "serve",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

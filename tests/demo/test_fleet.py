@@ -1,0 +1,219 @@
+"""The demo fleet (``demo.fleet``): real fixture data, consistent objects, seeds that serve.
+
+No Django here: run with ``pytest -p no:django tests/demo``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes
+import kubernetes_validate
+import pytest
+
+from demo import fleet
+from demo.emulator import EmulatedCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = [spec.name for spec in fleet.FLEET]
+
+
+def gpu_nodes(name: str) -> list[dict]:
+    return [o for o in fleet.cluster_objects(name)
+            if o["kind"] == "Node" and o["metadata"]["labels"].get("gpu") == "on"]
+
+
+def test_fleet_has_two_clusters():
+    assert NAMES == ["lab-c1", "lab-c2"]
+
+
+def test_gpu_uuids_are_unique_fleet_wide():
+    uuids = fleet.fleet_gpu_uuids()
+    assert len(uuids) == 19
+    assert len(set(uuids)) == len(uuids)
+    annotations = [node["metadata"]["annotations"]["hami.io/node-nvidia-register"]
+                   for name in NAMES for node in gpu_nodes(name)]
+    from_objects = [d["uuid"] for value in annotations for d in fleet.decode_hami_register(value)]
+    assert sorted(from_objects) == sorted(uuids)
+
+
+def test_models_hami_versions_and_kubernetes_differ_between_clusters():
+    c1, c2 = (fleet.expected_inventory(name) for name in NAMES)
+    assert c1["models"] == ["NVIDIA H100 80GB HBM3", "Tesla V100-PCIE-32GB"]
+    assert c2["models"] == ["NVIDIA H20-3e", "Tesla T4"]
+    assert not set(c1["models"]) & set(c2["models"])
+    assert (c1["hami_chart_version"], c2["hami_chart_version"]) == ("2.10.0", "2.7.1")
+    assert (c1["kubernetes_version"], c2["kubernetes_version"]) == ("v1.32.3", "v1.34.1+k3s1")
+    formats = {name: {node["metadata"]["annotations"]["hami.io/node-nvidia-register"][0] for node in gpu_nodes(name)}
+               for name in NAMES}
+    assert formats == {"lab-c1": {"["}, "lab-c2": {"G"}}  # JSON (v2.8+) vs legacy strings (<= v2.7)
+
+
+def test_expected_inventory_counts():
+    assert {k: fleet.expected_inventory("lab-c1")[k] for k in ("nodes", "gpus", "vgpus")} == {
+        "nodes": 2, "gpus": 10, "vgpus": 100}
+    assert {k: fleet.expected_inventory("lab-c2")[k] for k in ("nodes", "gpus", "vgpus")} == {
+        "nodes": 2, "gpus": 9, "vgpus": 90}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_nodes_carry_labels_annotations_and_capacity(name):
+    spec = fleet.cluster_spec(name)
+    nodes = {n["metadata"]["name"]: n for n in gpu_nodes(name)}
+    assert sorted(nodes) == sorted(n.name for n in spec.gpu_nodes)
+    for node_spec in spec.gpu_nodes:
+        node = nodes[node_spec.name]
+        labels, annotations = node["metadata"]["labels"], node["metadata"]["annotations"]
+        assert labels["gpu"] == "on"
+        assert labels["kubernetes.io/hostname"] == node_spec.name
+        assert labels["gshare.io/gpu-mode"] == node_spec.gpu_mode and node_spec.gpu_mode in ("hami-core", "mig")
+        register = annotations["hami.io/node-nvidia-register"]
+        assert register == (fleet.DATA_DIR / node_spec.hami_file).read_text()  # byte for byte from the fixture
+        devices = fleet.decode_hami_register(register)
+        assert labels["nvidia.com/gpu.count"] == str(len(devices))
+        assert labels["nvidia.com/gpu.present"] == "true"
+        assert labels["nvidia.com/gpu.product"] == devices[0]["model"].replace(" ", "-")
+        assert node["status"]["capacity"]["nvidia.com/gpu"] == str(sum(d["split_count"] for d in devices))
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == node["status"]["capacity"]["nvidia.com/gpu"]
+        assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+        assert annotations["hami.io/node-handshake"]
+    control_plane = [o for o in fleet.cluster_objects(name)
+                     if o["kind"] == "Node" and "gpu" not in o["metadata"]["labels"]]
+    assert [n["metadata"]["name"] for n in control_plane] == [spec.ingress_node]
+
+
+def test_mig_node_and_mode_labels():
+    modes = {n["metadata"]["name"]: n["metadata"]["labels"]["gshare.io/gpu-mode"]
+             for name in NAMES for n in gpu_nodes(name)}
+    assert modes == {"gpu-h100-01": "hami-core", "gpu-v100-01": "hami-core", "gpu-t4-01": "hami-core",
+                     "gpu-h20-01": "mig"}
+    h20 = next(d for d in fleet.expected_inventory("lab-c2")["snapshot"]["nodes"] if d["name"] == "gpu-h20-01")
+    assert {d["mode"] for d in h20["devices"]} == {"mig"}
+    assert {d["memory_mib"] for d in h20["devices"]} == {258787}  # registered (x1.8 scaled) memory
+
+
+def test_gfd_labels_come_from_the_nvidia_smi_captures():
+    t4 = fleet.read_nvidia_smi_xml(fleet.DATA_DIR / "nvidia-smi/tesla-t4.q-x.xml")
+    assert (t4.product_name, t4.memory_mib, t4.driver_version, t4.cuda_version, t4.architecture, t4.mig_capable) == (
+        "Tesla T4", 15360, "515.105.01", "11.7", "Turing", False)
+    h100 = fleet.read_nvidia_smi_csv(fleet.DATA_DIR / "nvidia-smi/h100-80gb-hbm3-mig.query-gpu.load.csv")
+    assert (h100.product_name, h100.memory_mib, h100.driver_version, h100.compute_capability, h100.mig_capable) == (
+        "NVIDIA H100 80GB HBM3", 81559, "590.48.01", "9.0", True)
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for name in NAMES for n in gpu_nodes(name)}
+    assert labels["gpu-t4-01"]["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["gpu-t4-01"]["nvidia.com/gpu.memory"] == "15360"
+    assert labels["gpu-t4-01"]["nvidia.com/cuda.driver-version.full"] == "515.105.01"
+    assert labels["gpu-t4-01"]["nvidia.com/gpu.family"] == "turing"
+    assert labels["gpu-h100-01"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["gpu-h100-01"]["nvidia.com/gpu.memory"] == "81559"
+    assert (labels["gpu-h100-01"]["nvidia.com/gpu.compute.major"], labels["gpu-h100-01"]["nvidia.com/gpu.family"]) == (
+        "9", "hopper")
+    # No capture for these models: product and memory only, from the HAMi annotation (H20: physical memory).
+    assert labels["gpu-v100-01"]["nvidia.com/gpu.product"] == "Tesla-V100-PCIE-32GB"
+    assert labels["gpu-h20-01"]["nvidia.com/gpu.memory"] == "143771"
+    assert "nvidia.com/cuda.driver-version.full" not in labels["gpu-h20-01"]
+
+
+def test_hami_daemonset_runtime_class_namespaces_and_version():
+    for spec in fleet.FLEET:
+        objects = fleet.cluster_objects(spec.name)
+        kinds = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+        assert ("RuntimeClass", None, "nvidia") in kinds
+        assert {("Namespace", None, ns) for ns in ("default", "kube-system", "gshare-system")} <= set(kinds)
+        daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+        assert (daemonset["metadata"]["namespace"], daemonset["metadata"]["name"]) == (
+            "kube-system", "hami-device-plugin")
+        labels = daemonset["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == "hami-device-plugin"
+        assert labels["app.kubernetes.io/name"] == "hami"
+        assert labels["helm.sh/chart"] == f"hami-{spec.hami_chart_version}"
+        assert daemonset["status"]["desiredNumberScheduled"] == len(spec.gpu_nodes)
+        version = fleet.cluster_version(spec.name)
+        assert version == json.loads((fleet.DATA_DIR / spec.version_file).read_text())
+    assert fleet.cluster_version("lab-c2")["emulationMinor"] == "34"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_objects_validate_against_the_kubernetes_schema(name):
+    minor = fleet.cluster_version(name)["minor"]
+    for obj in fleet.cluster_objects(name):
+        kubernetes_validate.validate(obj, f"1.{minor}", strict=True)
+
+
+def test_expected_snapshot_matches_the_operator_decoder():
+    inventory = pytest.importorskip("operator_agent.inventory")
+    for name in NAMES:
+        snapshot = sorted((inventory.node_to_snapshot(node) for node in gpu_nodes(name)), key=lambda n: n["name"])
+        assert snapshot == fleet.expected_inventory(name)["snapshot"]["nodes"]
+
+
+def test_every_data_file_has_provenance_in_the_readme():
+    readme = (fleet.DATA_DIR / "README.md").read_text()
+    files = [p for p in fleet.DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"]
+    assert len(files) == 11
+    for path in files:
+        assert f"`{path.name}`" in readme, path.name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_emulated_cluster_serves_the_fleet_to_the_official_client(name):
+    with EmulatedCluster(fleet.cluster_objects(name), version=fleet.cluster_version(name), token="t") as cluster:
+        api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig(name))
+        core = kubernetes.client.CoreV1Api(api)
+        nodes = core.list_node(label_selector="gpu=on").items
+        assert sorted(n.metadata.name for n in nodes) == sorted(n.name for n in fleet.cluster_spec(name).gpu_nodes)
+        assert kubernetes.client.NodeV1Api(api).read_runtime_class("nvidia").handler == "nvidia"
+        daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces().items
+        assert [d.metadata.name for d in daemonsets] == ["hami-device-plugin"]
+        namespaces = sorted(n.metadata.name for n in core.list_namespace().items)
+        assert namespaces == ["default", "gshare-system", "kube-system"]
+        assert kubernetes.client.VersionApi(api).get_code().git_version == fleet.cluster_version(name)["gitVersion"]
+        api.close()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_seed_round_trips_through_the_cli(tmp_path, name):
+    seed = fleet.write_seed(name, tmp_path / "seed.json")
+    written = json.loads(seed.read_text())
+    assert written["version"] == fleet.cluster_version(name) and written["objects"] == fleet.cluster_objects(name)
+    (tmp_path / "token").write_text("seed-token")
+    ready = tmp_path / "ready.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "demo.emulator", "--seed", str(seed), "--port", "0", "--ready-file", str(ready),
+         "--token-file", str(tmp_path / "token"), "--log-level", "WARNING"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), process.stdout.read().decode() if process.poll() is not None and process.stdout else ""
+        url = json.loads(ready.read_text())["url"]
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
+                  "clusters": [{"name": name, "cluster": {"server": url}}],
+                  "users": [{"name": name, "user": {"token": "seed-token"}}],
+                  "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]}
+        api = kubernetes.config.new_client_from_config_dict(config)
+        served = api.sanitize_for_serialization(kubernetes.client.CoreV1Api(api).list_node().items)
+        seeded = {o["metadata"]["name"]: o for o in written["objects"] if o["kind"] == "Node"}
+        assert sorted(n["metadata"]["name"] for n in served) == sorted(seeded)
+        for node in served:
+            original = seeded[node["metadata"]["name"]]
+            assert node["metadata"]["labels"] == original["metadata"]["labels"]
+            assert node["metadata"]["annotations"] == original["metadata"]["annotations"]
+            assert node["metadata"]["uid"] == original["metadata"]["uid"]
+            assert node["status"]["capacity"] == original["status"]["capacity"]
+        assert kubernetes.client.VersionApi(api).get_code().git_version == written["version"]["gitVersion"]
+        api.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
