@@ -61,3 +61,14 @@ def test_console_edit_goes_through_the_service(console):
     assert response.status_code == 302
     cluster.refresh_from_db()
     assert cluster.session_domain == "edited.example.com"
+
+
+def test_dashboard_lists_the_fleet_in_constant_queries(console):
+    counts = []
+    for _ in range(2):
+        cluster = _grow()
+        with CaptureQueriesContext(connection) as queries:
+            html = console.get("/").content.decode()
+        counts.append(len(queries))
+        assert cluster.name in html and cluster.public_id in html
+    assert counts[0] == counts[1], counts
