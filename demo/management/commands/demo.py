@@ -30,6 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int, **options):  # noqa: D102
         signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)  # also when started from a shell that ignores SIGINT
         options_ = DemoOptions(
             port=port,
             state_file=(state_file or gshare_home() / "demo" / "state.json").resolve(),
