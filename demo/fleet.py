@@ -42,6 +42,9 @@ from typing import Any
 
 import yaml
 
+from operator_agent.hami import decode_node_register
+from operator_agent.inventory import device_to_snapshot
+
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 """Directory of the copied fixtures (``hami/``, ``nvidia-smi/``, ``k8s-objects/``)."""
 
@@ -147,58 +150,19 @@ def _under_data(path: str | pathlib.Path) -> bool:
 
 
 def decode_hami_register(value: str) -> list[dict[str, Any]]:
-    """Decode a ``hami.io/node-nvidia-register`` value (JSON from v2.8, legacy 7/9-field strings before).
+    """Decode a HAMi node-register annotation with the operator's own decoder (``operator_agent.hami``).
 
     Args:
-        value: the raw annotation value.
+        value: the raw annotation value (JSON from HAMi v2.8, legacy 5/6/7/9-field strings before).
 
     Returns:
-        One dict per GPU, sorted by ``(index, uuid)``, with the keys of the operator's inventory snapshot
-        (``operator_agent.inventory.device_to_snapshot``): ``uuid``, ``index`` (NVML index; for the 7-field
-        v2.4 format, which carries none, the record's position), ``model`` (HAMi's ``type`` without its
-        ``NVIDIA-`` prefix), ``memory_mib`` (registered device memory, MiB, after ``deviceMemoryScaling``),
-        ``split_count``, ``cores`` (percent of one GPU, 100 = whole GPU), ``health`` (bool), ``mode``
-        (``hami-core``/``mig``/``mps``, None when not encoded), ``numa``.
+        One snapshot dict per GPU (``operator_agent.inventory.device_to_snapshot``), sorted by ``(index, uuid)``.
 
     Raises:
-        ValueError: a legacy record with a field count other than 7 or 9 (the fixtures used here have none).
+        operator_agent.hami.HamiDecodeError: the value is malformed.
     """
-    devices: list[dict[str, Any]] = []
-    text = value.strip()
-    if text.startswith("["):
-        for item in json.loads(text):
-            # Go encoding/json omitempty: a missing index/numa is 0, a missing health is false.
-            devices.append(_device(item["id"], item.get("index", 0), item.get("count", 0), item.get("devmem", 0),
-                                   item.get("devcore", 0), item.get("type", ""), item.get("numa", 0),
-                                   bool(item.get("health", False)), item.get("mode") or None))
-    else:
-        for record in text.split(":"):
-            if not record:
-                continue
-            fields = record.split(",")
-            if len(fields) == 7:
-                uid, count, mem, core, type_, numa, health = fields
-                index, mode = len(devices), None
-            elif len(fields) == 9:
-                uid, count, mem, core, type_, numa, health, index_text, mode = fields
-                index = int(index_text)
-            else:
-                raise ValueError(f"unsupported HAMi register record with {len(fields)} fields: {record!r}")
-            devices.append(_device(uid, index, int(count), int(mem), int(core), type_, int(numa), health == "true",
-                                   mode or None))
+    devices = [device_to_snapshot(device) for device in decode_node_register(value)]
     return sorted(devices, key=lambda d: (d["index"], d["uuid"]))
-
-
-def _device(uid: str, index: int, count: int, mem: int, core: int, type_: str, numa: int, health: bool,
-            mode: str | None) -> dict[str, Any]:
-    return {"uuid": uid, "index": index, "model": hami_model_name(type_), "memory_mib": mem, "split_count": count,
-            "cores": core, "health": health, "mode": mode, "numa": numa}
-
-
-def hami_model_name(type_: str) -> str:
-    """NVML model name from HAMi's ``type`` (``NVIDIA-NVIDIA H20-3e`` -> ``NVIDIA H20-3e``,
-    ``NVIDIA-Tesla T4`` -> ``Tesla T4``, ``NVIDIA H100 80GB HBM3`` unchanged)."""
-    return type_[len("NVIDIA-"):] if type_.startswith("NVIDIA-") else type_
 
 
 def _handshake_value(found_in: str) -> str:
@@ -655,5 +619,5 @@ def fleet_gpu_uuids() -> list[str]:
 __all__ = [
     "DATA_DIR", "FLEET", "ClusterSpec", "GpuFacts", "NodeSpec", "cluster_objects", "cluster_spec", "cluster_version",
     "decode_hami_register", "expected_inventory", "fleet_gpu_uuids", "gfd_labels", "hami_device_plugin_daemonset",
-    "hami_model_name", "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "write_seed",
+    "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "write_seed",
 ]

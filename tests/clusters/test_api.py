@@ -15,6 +15,17 @@ from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def silent_kubeconfig(host_port: str) -> dict:
+    """A token kubeconfig whose server accepts connections and never answers."""
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://{host_port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
 def register(http, cluster, name="lab", **extra):
     body = {"name": name, "kubeconfig": kubeconfig_text(cluster), "session_domain": f"{name}.gpu.example.com",
             "ingress_node": "gpu-node-01", "volume_storage_class": "nfs", **extra}
@@ -100,13 +111,7 @@ def test_missing_hami_is_422(http, fleet_cluster):
 
 def test_unreachable_is_504_within_the_budget(http, silent_listener, settings):
     settings.GSHARE_PROBE_TIMEOUT = 1.5
-    config = {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://{silent_listener}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
+    config = silent_kubeconfig(silent_listener)
     started = time.monotonic()
     response = http.post("/api/v1/clusters", json={"name": "lab", "kubeconfig": yaml.safe_dump(config)})
     elapsed = time.monotonic() - started
@@ -212,13 +217,7 @@ def test_connection_test_reports_every_check(http, fleet_cluster):
 
 def test_connection_test_unreachable(http, silent_listener, settings):
     settings.GSHARE_PROBE_TIMEOUT = 1.0
-    config = {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://{silent_listener}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
+    config = silent_kubeconfig(silent_listener)
     cluster = ClusterFactory(kubeconfig=yaml.safe_dump(config), apiserver_url=f"http://{silent_listener}")
     report = http.post(f"/api/v1/clusters/{cluster.public_id}/connection-test").json()
     assert report["status"] == "unreachable"

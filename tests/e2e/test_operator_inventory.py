@@ -62,14 +62,20 @@ def operator_process(tmp_path, live_server):
             handle.close()
 
 
-@pytest.mark.parametrize("fleet_name", [spec.name for spec in fleet.FLEET])
-def test_operator_reports_real_hami_inventory(fleet_cluster, operator_process, tmp_path, fleet_name):
-    emulated = fleet_cluster(fleet_name)
-    cluster = services.cluster_register(name=fleet_name, kubeconfig=kubeconfig_text(emulated), session_domain=f"{fleet_name}.example.com")
+def registered(fleet_cluster, tmp_path, name: str, token: bool = True):
+    """Register the emulated fleet cluster ``name``; return ``(cluster, emulated, kubeconfig_path, token_path)``."""
+    emulated = fleet_cluster(name)
+    cluster = services.cluster_register(name=name, kubeconfig=kubeconfig_text(emulated), session_domain=f"{name}.example.com")
     kubeconfig_path = tmp_path / "kubeconfig.yaml"
     kubeconfig_path.write_text(kubeconfig_text(emulated))
     token_path = tmp_path / "internal-jwt"
-    token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
+    token_path.write_text(operator_token_mint(cluster_id=cluster.public_id) if token else "not-a-valid-token")
+    return cluster, emulated, kubeconfig_path, token_path
+
+
+@pytest.mark.parametrize("fleet_name", [spec.name for spec in fleet.FLEET])
+def test_operator_reports_real_hami_inventory(fleet_cluster, operator_process, tmp_path, fleet_name):
+    cluster, _, kubeconfig_path, token_path = registered(fleet_cluster, tmp_path, fleet_name)
     process, log = operator_process(cluster, kubeconfig_path, token_path)
 
     expected = fleet.expected_inventory(fleet_name)
@@ -84,12 +90,7 @@ def test_operator_reports_real_hami_inventory(fleet_cluster, operator_process, t
 
 
 def test_token_rotation_without_restart_and_401_after_deregistration(fleet_cluster, operator_process, tmp_path):
-    emulated = fleet_cluster("lab-c2")
-    cluster = services.cluster_register(name="lab-c2", kubeconfig=kubeconfig_text(emulated))
-    kubeconfig_path = tmp_path / "kubeconfig.yaml"
-    kubeconfig_path.write_text(kubeconfig_text(emulated))
-    token_path = tmp_path / "internal-jwt"
-    token_path.write_text("not-a-valid-token")
+    cluster, _, kubeconfig_path, token_path = registered(fleet_cluster, tmp_path, "lab-c2", token=False)
     process, log = operator_process(cluster, kubeconfig_path, token_path)
 
     wait_for(lambda: "operator token expired or revoked: rotate it" in log.read_text(), what="the 401 log line")
@@ -108,12 +109,7 @@ def test_token_rotation_without_restart_and_401_after_deregistration(fleet_clust
 
 def test_inventory_follows_the_cluster(fleet_cluster, operator_process, tmp_path):
     """A GPU node that disappears from the apiserver disappears from the control plane."""
-    emulated = fleet_cluster("lab-c1")
-    cluster = services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated))
-    kubeconfig_path = tmp_path / "kubeconfig.yaml"
-    kubeconfig_path.write_text(kubeconfig_text(emulated))
-    token_path = tmp_path / "internal-jwt"
-    token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
+    cluster, emulated, kubeconfig_path, token_path = registered(fleet_cluster, tmp_path, "lab-c1")
     operator_process(cluster, kubeconfig_path, token_path)
     expected = fleet.expected_inventory("lab-c1")
     wait_for(lambda: Node.objects.filter(cluster=cluster).count() == expected["nodes"], what="all nodes")
