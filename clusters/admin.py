@@ -101,11 +101,11 @@ class ClusterAdmin(admin.ModelAdmin):
 class NodeAdmin(admin.ModelAdmin):
     """GPU nodes (read-only: the operator's inventory owns them)."""
 
-    list_display = ["name", "cluster", "gpu_mode", "ready", "gpus", "seen"]
+    list_display = ["name", "cluster", "gpu_mode", "ready", "gpus", "seen", "inventory_error"]
     list_filter = ["cluster", "ready", "gpu_mode"]
     list_select_related = ["cluster"]
     search_fields = ["name"]
-    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "last_seen_at"]
+    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"]
     fields = readonly_fields
 
     def get_queryset(self, request):  # noqa: D102

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import kubernetes
 import yaml
 from kubernetes.config.config_exception import ConfigException
 
 from clusters.kubeconfig import KubeconfigError
+from gshare.embedded import gshare_home
+
+
+def _cert_dir() -> Path:
+    """A 0700 folder for the PEM files the Kubernetes client writes from inline ``*-data`` (0600 each,
+    removed at exit by the client)."""
+    folder = gshare_home() / "run" / "kube"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
 
 
 def api_client_for_kubeconfig(config: dict) -> kubernetes.client.ApiClient:
@@ -31,7 +41,9 @@ def api_client_for_kubeconfig(config: dict) -> kubernetes.client.ApiClient:
     """
     configuration = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_kube_config_from_dict(config, client_configuration=configuration, persist_config=False)
+        kubernetes.config.load_kube_config_from_dict(
+            config, client_configuration=configuration, persist_config=False, temp_file_path=str(_cert_dir())
+        )
         configuration.retries = 0
         return kubernetes.client.ApiClient(configuration)
     except (ConfigException, ValueError, OSError) as exc:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
 from gshare.crypto import EncryptedTextField
 from gshare.ids import new_cluster_id
+
+#: RFC 1123 DNS name (what Kubernetes calls a DNS subdomain): lowercase labels of letters, digits and '-'.
+dns_name_validator = RegexValidator(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$",
+    message="must be a lowercase DNS name (RFC 1123), e.g. gpu-a.example.com",
+    code="invalid_dns_name",
+)
 
 
 class Cluster(models.Model):
@@ -29,9 +37,9 @@ class Cluster(models.Model):
     name = models.CharField(max_length=63)
     apiserver_url = models.CharField(max_length=512)
     kubeconfig = EncryptedTextField()
-    session_domain = models.CharField(max_length=253, blank=True, default="")
-    ingress_node = models.CharField(max_length=253, blank=True, default="")
-    volume_storage_class = models.CharField(max_length=253, blank=True, default="")
+    session_domain = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
+    ingress_node = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
+    volume_storage_class = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     kubernetes_version = models.CharField(max_length=64, blank=True, default="")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -60,6 +68,9 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     gpu_mode = models.CharField(max_length=32, blank=True, default="", help_text="Label gshare.io/gpu-mode")
     ready = models.BooleanField(default=False)
+    inventory_error = models.CharField(
+        max_length=500, blank=True, default="", help_text="Why the operator could not decode this node's HAMi annotation"
+    )
     last_seen_at = models.DateTimeField()
 
     class Meta:

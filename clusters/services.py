@@ -69,19 +69,12 @@ def cluster_register(
         Conflict: ``name_taken`` (409).
         ClusterUnreachable: ``cluster_unreachable`` (504).
         ClusterAuthFailed: ``cluster_auth_failed`` (400).
+        django.core.exceptions.ValidationError: a field is malformed (rendered as 400 ``invalid_request``).
         ClusterPrerequisiteMissing: ``runtime_class_missing`` or ``hami_missing`` (422).
     """
     valid = validate_kubeconfig(kubeconfig, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
     if Cluster.objects.filter(name=name).exclude(status=Cluster.Status.DEREGISTERED).exists():
         raise _name_taken(name)
-
-    result = probe_cluster(valid.config, server=valid.server, timeout=settings.GSHARE_PROBE_TIMEOUT)
-    if not result.checks.get("apiserver_reachable"):
-        raise ClusterUnreachable(result.details["apiserver_reachable"])
-    if not result.checks.get("runtime_class_nvidia"):
-        raise ClusterPrerequisiteMissing(result.details["runtime_class_nvidia"], code="runtime_class_missing")
-    if not result.checks.get("hami_device_plugin"):
-        raise ClusterPrerequisiteMissing(result.details["hami_device_plugin"], code="hami_missing")
 
     cluster = Cluster(
         name=name,
@@ -90,10 +83,18 @@ def cluster_register(
         session_domain=session_domain,
         ingress_node=ingress_node,
         volume_storage_class=volume_storage_class,
-        kubernetes_version=result.kubernetes_version,
         status=Cluster.Status.PENDING,
     )
-    cluster.full_clean(validate_constraints=False)
+    cluster.full_clean(validate_constraints=False)  # before dialling anything
+
+    result = probe_cluster(valid.config, server=valid.server, timeout=settings.GSHARE_PROBE_TIMEOUT)
+    if not result.checks.get("apiserver_reachable"):
+        raise ClusterUnreachable(result.details["apiserver_reachable"])
+    if not result.checks.get("runtime_class_nvidia"):
+        raise ClusterPrerequisiteMissing(result.details["runtime_class_nvidia"], code="runtime_class_missing")
+    if not result.checks.get("hami_device_plugin"):
+        raise ClusterPrerequisiteMissing(result.details["hami_device_plugin"], code="hami_missing")
+    cluster.kubernetes_version = result.kubernetes_version
     try:
         with transaction.atomic():
             cluster.save()
@@ -285,6 +286,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             labels=node.get("labels") or {},
             gpu_mode=(node.get("labels") or {}).get(GPU_MODE_LABEL, ""),
             ready=bool(node.get("ready")),
+            inventory_error=(node.get("hami_error") or "")[:500],
             last_seen_at=now,
         )
         for node in nodes
@@ -298,7 +300,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             node_rows,
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=["labels", "gpu_mode", "ready", "last_seen_at"],
+            update_fields=["labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"],
         )
     device_rows = [
         GpuDevice(

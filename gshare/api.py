@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -46,6 +47,9 @@ def exception_handler(exc, context):
         if exc.status == 401:
             response["WWW-Authenticate"] = 'Bearer realm="gshare"'
         return response
+    if isinstance(exc, DjangoValidationError):
+        # full_clean() in a service: the same validation for the API and the console.
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     if isinstance(exc, exceptions.ValidationError):

@@ -63,7 +63,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["name", "cluster", "cluster_name", "labels", "gpu_mode", "ready", "last_seen_at", "gpu_count"]
+        fields = ["name", "cluster", "cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "gpu_count"]
         read_only_fields = fields
 
 

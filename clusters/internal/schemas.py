@@ -37,6 +37,7 @@ INVENTORY_SCHEMA = {
                     "name": {"type": "string", "minLength": 1, "maxLength": 253},
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                     "ready": {"type": "boolean"},
+                    "hami_error": {"type": "string"},
                     "devices": {"type": "array", "maxItems": 64, "items": _DEVICE},
                 },
             },

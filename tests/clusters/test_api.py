@@ -256,3 +256,17 @@ def test_list_query_count_does_not_grow(client, staff_token, path):
             assert client.get(path, **headers).status_code == 200
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("field", ["session_domain", "ingress_node", "volume_storage_class"])
+def test_malformed_names_are_refused_before_dialling(http, fleet_cluster, field):
+    emulated = fleet_cluster("lab-c1")
+    before = len(emulated.requests_seen())
+    response = register(http, emulated, **{field: "Not a DNS name!"})
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_request"
+    assert field in response.json()["detail"] and "DNS name" in response.json()["detail"]
+    assert len(emulated.requests_seen()) == before
+    cluster = ClusterFactory()
+    patched = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={field: "UPPER_case"})
+    assert patched.status_code == 400 and field in patched.json()["detail"]

@@ -165,3 +165,12 @@ def test_deregistered_cluster_token_gets_401(operator, cluster):
 def test_api_token_is_not_an_operator_token(live_server, staff_token):
     response = Http(live_server.url, staff_token).put("/internal/v1/inventory", json=snapshot(1))
     assert response.status_code == 401
+
+
+def test_undecodable_node_is_kept_with_its_error(operator):
+    body = snapshot(1)
+    body["nodes"].append({"name": "gpu-broken", "labels": {"gpu": "on"}, "ready": True, "devices": [],
+                          "hami_error": "record 1 has 8 fields; HAMi wrote 8 fields only in an unreleased build"})
+    assert operator.put("/internal/v1/inventory", json=body).status_code == 200
+    assert "8 fields" in Node.objects.get(name="gpu-broken").inventory_error
+    assert Node.objects.get(name="gpu-node-0000").inventory_error == ""
