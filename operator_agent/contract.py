@@ -105,3 +105,40 @@ TOKEN_INVALID = "token_invalid"
 
 CLUSTER_DEREGISTERED = "cluster_deregistered"
 """401: the token's cluster has been deregistered; its tokens are no longer accepted."""
+
+# --------------------------------------------------------------------------- GShareSession contract
+GSHARE_API_VERSION = "v1alpha1"
+"""Version of the ``GShareSession`` custom resource (``gshare.io/v1alpha1``)."""
+
+GSHARE_SESSION_PLURAL = "gsharesessions"
+"""Plural (URL) name of the ``GShareSession`` resource."""
+
+SESSION_NAMESPACE_DEFAULT = "gshare-sessions"
+"""Namespace where the control plane applies ``GShareSession`` objects (configurable on both sides)."""
+
+SESSION_ID_LABEL = "gshare.io/session-id"
+"""Label carrying the public session id (``ses_...``) on the GShareSession and every object made for it."""
+
+CLUSTER_ID_LABEL = "gshare.io/cluster-id"
+"""Label carrying the cluster's public id (``clu_...``) on the GShareSession."""
+
+SESSION_PORT_DEFAULT = 8888
+"""Container port of the session's interactive server (Jupyter's default)."""
+
+STATUS_PATH = "/internal/v1/status"
+"""``POST``: session phase reports, body ``{"reports": [StatusReport, ...]}`` (at most 500 per call).
+
+A StatusReport is ``{"session": "ses_...", "phase": one of SESSION_PHASES, "node": str | null,
+"devices": [GPU UUID, ...], "message": str, "observed_at": RFC 3339 UTC}``. Reports are idempotent and
+may arrive out of order: the control plane ignores a report older than the last one it applied, and a
+session in a terminal phase (Succeeded, Failed, Terminated) never goes back. A report naming a session
+of another cluster refuses the whole call with 403 ``forbidden_cluster_scope``.
+"""
+
+CONNECT_VERIFY_PATH = "/internal/connect/verify"
+"""The ingress-nginx ``auth-url`` of every session Ingress (answers 2xx or 401/403 only)."""
+
+
+def session_object_name(session_id: str) -> str:
+    """Kubernetes object name for a session id: ``ses_ab12`` -> ``ses-ab12`` (DNS-1123: no ``_``)."""
+    return session_id.replace("_", "-")
