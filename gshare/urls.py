@@ -5,19 +5,23 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from gshare import views
+from sessions.internal.views import connect_verify
 
 api_v1 = [
     path("", include("clusters.api.urls")),
+    path("", include("sessions.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
 internal_v1 = [
     path("", include("clusters.internal.urls")),
+    path("", include("sessions.internal.urls")),
 ]
 
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("internal/v1/", include(internal_v1)),
+    path("internal/connect/verify", connect_verify, name="connect-verify"),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
     # Last: the console's catch-all would shadow the routes above.

@@ -129,6 +129,17 @@ def kubeconfig_text(cluster, name: str = "lab") -> str:
     return yaml.safe_dump(cluster.kubeconfig(name))
 
 
+def silent_kubeconfig(host_port: str) -> dict:
+    """A token kubeconfig whose server accepts connections and never answers."""
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://{host_port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
 @pytest.fixture
 def silent_listener(settings):
     """A loopback TCP listener that accepts connections and never answers (an unreachable apiserver).

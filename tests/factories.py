@@ -9,7 +9,7 @@ from clusters.models import Cluster, GpuDevice, Node
 KUBECONFIG = yaml.safe_dump({
     "apiVersion": "v1",
     "kind": "Config",
-    "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.40:6443", "certificate-authority-data": "UkVEQUNURUQ="}}],
+    "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],  # loopback, closed: never another host
     "users": [{"name": "u", "user": {"token": "factory-token"}}],
     "contexts": [{"name": "u@c", "context": {"cluster": "c", "user": "u"}}],
     "current-context": "u@c",
@@ -23,7 +23,7 @@ class ClusterFactory(factory.django.DjangoModelFactory):
         model = Cluster
 
     name = factory.Sequence(lambda n: f"cluster-{n}")
-    apiserver_url = "https://10.0.0.40:6443"
+    apiserver_url = "http://127.0.0.1:9"
     kubeconfig = KUBECONFIG
     session_domain = factory.LazyAttribute(lambda o: f"{o.name}.gpu.example.com")
     status = Cluster.Status.CONNECTED

@@ -127,6 +127,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "gshare"},
+}
+
 # --- clusters ---------------------------------------------------------------------------------
 #: Seconds the registration probe and the connection test may take in all (each apiserver call is
 #: bounded by what is left of it).
@@ -135,3 +139,21 @@ GSHARE_PROBE_TIMEOUT = env.float("GSHARE_PROBE_TIMEOUT", default=10.0)
 GSHARE_LOOPBACK_ALLOWLIST = env.list("GSHARE_LOOPBACK_ALLOWLIST", default=[])
 #: A cluster whose operator has not reported for this many seconds counts as not reporting.
 GSHARE_HEARTBEAT_STALE_SECONDS = env.int("GSHARE_HEARTBEAT_STALE_SECONDS", default=120)
+
+# --- sessions ---------------------------------------------------------------------------------
+#: ``binpack`` (fill the busiest node first) or ``spread`` (the idlest first).
+GSHARE_PLACEMENT_POLICY = env.str("GSHARE_PLACEMENT_POLICY", default="binpack")
+if GSHARE_PLACEMENT_POLICY not in ("binpack", "spread"):
+    raise ImproperlyConfigured("GSHARE_PLACEMENT_POLICY must be binpack or spread.")
+#: Namespace of GShareSession objects on every cluster (must match the operator's).
+GSHARE_SESSION_NAMESPACE = env.str("GSHARE_SESSION_NAMESPACE", default="gshare-sessions")
+#: The control plane's URL as the clusters' ingress controllers reach it (for the connect auth-url).
+GSHARE_CONTROL_PLANE_URL = env.str("GSHARE_CONTROL_PLANE_URL", default="http://127.0.0.1:8000")
+#: Scheme of session URLs (``https://<session_domain>/s/<id>/``).
+GSHARE_SESSION_SCHEME = env.str("GSHARE_SESSION_SCHEME", default="https")
+#: Lifetime of a connect link's token, seconds.
+GSHARE_CONNECT_TOKEN_TTL = env.int("GSHARE_CONNECT_TOKEN_TTL", default=300)
+#: Lifetime of the connect cookie set on the first visit, seconds.
+GSHARE_CONNECT_COOKIE_TTL = env.int("GSHARE_CONNECT_COOKIE_TTL", default=43200)
+#: How long connect verification may cache a session's facts, seconds (changes invalidate at once).
+GSHARE_CONNECT_CACHE_SECONDS = env.int("GSHARE_CONNECT_CACHE_SECONDS", default=30)

@@ -9,21 +9,10 @@ from django.test.utils import CaptureQueriesContext
 
 from clusters.models import Cluster, GpuDevice, Node
 from demo import fleet
-from tests.conftest import kubeconfig_text, load_kubeconfig_fixture
+from tests.conftest import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def silent_kubeconfig(host_port: str) -> dict:
-    """A token kubeconfig whose server accepts connections and never answers."""
-    return {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://{host_port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
 
 
 def register(http, cluster, name="lab", **extra):

@@ -1,0 +1,55 @@
+"""Public API views for sessions."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from sessions import selectors, services
+from sessions.api.serializers import SessionCreateSerializer, SessionSerializer
+
+
+@extend_schema(parameters=[OpenApiParameter("cluster", str), OpenApiParameter("phase", str)])
+class SessionViewSet(viewsets.GenericViewSet):
+    """``/api/v1/sessions``: start, list, show, stop, connect. Users see their own; staff see all."""
+
+    serializer_class = SessionSerializer
+    lookup_field = "public_id"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):  # noqa: D102
+        return selectors.session_list(
+            user=self.request.user, cluster=self.request.query_params.get("cluster"), phase=self.request.query_params.get("phase")
+        )
+
+    def list(self, request):
+        """List sessions (``?cluster=``, ``?phase=``)."""
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(SessionSerializer(page, many=True).data)
+
+    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
+    def create(self, request):
+        """Start a session: placed now, applied to its cluster in the background."""
+        data = SessionCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        session = services.session_create(owner=request.user, **data.validated_data)
+        session = selectors.session_get(user=request.user, public_id=session.public_id)
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+    def retrieve(self, request, public_id: str):
+        """Show one session (node and devices once the operator reported them)."""
+        return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
+
+    def destroy(self, request, public_id: str):
+        """Stop a session (202; idempotent)."""
+        session = services.session_stop(session=selectors.session_get(user=request.user, public_id=public_id))
+        session = selectors.session_get(user=request.user, public_id=session.public_id)
+        return Response(SessionSerializer(session).data, status=status.HTTP_202_ACCEPTED)
+
+    @action(detail=True, methods=["post"])
+    def connect(self, request, public_id: str):
+        """A connect link: ``{"url": "https://<domain>/s/<id>/?token=..."}`` (owner or staff)."""
+        session = selectors.session_get(user=request.user, public_id=public_id)
+        return Response({"url": services.session_connect(session=session, user=request.user)})

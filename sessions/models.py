@@ -1,0 +1,99 @@
+"""GPU sessions and the GPU shares the control plane reserved for them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from gshare.ids import new_session_id
+
+
+class Session(models.Model):
+    """An interactive GPU session: a pod on one cluster, reached at that cluster's ``session_domain``.
+
+    ``gpu_memory_mib`` (MiB per GPU, HAMi ``nvidia.com/gpumem``) and ``gpu_cores`` (percent of one
+    GPU, HAMi ``nvidia.com/gpucores``) are both null for whole-GPU sessions. Rows are kept after the
+    session ends (and after its cluster is deregistered) so history stays readable.
+    """
+
+    class Phase(models.TextChoices):
+        PENDING = "Pending"
+        SCHEDULED = "Scheduled"
+        STARTING = "Starting"
+        RUNNING = "Running"
+        STOPPING = "Stopping"
+        TERMINATED = "Terminated"
+        FAILED = "Failed"
+
+    TERMINAL_PHASES = (Phase.TERMINATED, Phase.FAILED)
+
+    public_id = models.CharField(max_length=24, unique=True, default=new_session_id, editable=False)
+    name = models.CharField(max_length=63, blank=True, default="")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_sessions")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="sessions", null=True, blank=True)
+    requested_cluster = models.ForeignKey(
+        "clusters.Cluster", on_delete=models.PROTECT, related_name="pinned_sessions", null=True, blank=True
+    )
+    image = models.CharField(max_length=512)
+    gpus = models.PositiveSmallIntegerField()
+    gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.PENDING)
+    node = models.CharField(max_length=253, blank=True, default="")
+    devices = models.JSONField(default=list, blank=True, help_text="GPU UUIDs allocated by HAMi, as reported by the operator")
+    message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_status_at = models.DateTimeField(null=True, blank=True, help_text="observed_at of the last status report applied")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "phase"]), models.Index(fields=["owner", "phase"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="session_gpus_positive"),
+            models.CheckConstraint(
+                condition=Q(gpu_cores__isnull=True) | (Q(gpu_cores__gte=1) & Q(gpu_cores__lte=100)),
+                name="session_gpu_cores_percent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_live(self) -> bool:
+        """True until the session is Terminated or Failed."""
+        return self.phase not in self.TERMINAL_PHASES
+
+    @property
+    def whole_gpus(self) -> bool:
+        """True when neither memory nor cores were asked: each GPU is the session's alone."""
+        return self.gpu_memory_mib is None and self.gpu_cores is None
+
+    @classmethod
+    def live_on_cluster(cls, cluster) -> int:
+        """How many live sessions are on ``cluster`` (hook read by ``clusters.services.cluster_deregister``)."""
+        return cls.objects.filter(cluster=cluster).exclude(phase__in=cls.TERMINAL_PHASES).count()
+
+
+class Allocation(models.Model):
+    """A share of one GPU reserved for a live session by placement (released when the session ends).
+
+    ``memory_mib`` (MiB) and ``cores`` (percent of one GPU) are what is subtracted from the device's
+    HAMi capacity; ``exclusive`` marks a whole-GPU reservation (nothing else may share the device).
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="allocations")
+    device = models.ForeignKey("clusters.GpuDevice", on_delete=models.CASCADE, related_name="allocations")
+    memory_mib = models.PositiveIntegerField()
+    cores = models.PositiveIntegerField()
+    exclusive = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "device"], name="allocation_once_per_device")]
+        indexes = [models.Index(fields=["device"])]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} on {self.device_id}"

@@ -1,0 +1,389 @@
+"""Session services: create (with placement), apply to the cluster, stop, status reports, connect.
+
+These are the only functions that change sessions and their GPU reservations; the API, the console,
+the Celery tasks and the operator-facing views call them.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import kubernetes
+import urllib3
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+from kubernetes.client.exceptions import ApiException
+
+from clusters.kube import api_client_for_cluster
+from clusters.models import Cluster
+from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
+from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
+from operator_agent import contract
+from sessions import placement
+from sessions.manifests import gshare_session_manifest, session_url
+from sessions.models import Allocation, Session
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "gshare-control-plane"
+MAX_GPUS = 16
+
+#: Operator phases (``operator_agent.contract``) -> control-plane phases.
+_REPORTED = {
+    contract.PHASE_PENDING: Session.Phase.STARTING,
+    contract.PHASE_RUNNING: Session.Phase.RUNNING,
+    contract.PHASE_SUCCEEDED: Session.Phase.TERMINATED,
+    contract.PHASE_TERMINATED: Session.Phase.TERMINATED,
+    contract.PHASE_FAILED: Session.Phase.FAILED,
+}
+
+
+class InvalidSessionRequest(ApplicationError):
+    """400: the request's numbers or image are out of range."""
+
+    code = "invalid_request"
+    status = 400
+
+
+def connect_cache_key(session_id: str) -> str:
+    """Cache key of the connect-verify facts of a session (see ``sessions.connect``)."""
+    return f"gshare:connect:{session_id}"
+
+
+def _forget(session: Session) -> None:
+    transaction.on_commit(lambda: cache.delete(connect_cache_key(session.public_id)))
+
+
+def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None) -> None:
+    problems = []
+    if not isinstance(image, str) or not image.strip():
+        problems.append("image must be a container image reference, e.g. quay.io/jupyter/base-notebook")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS:
+        problems.append(f"gpus must be a whole number from 1 to {MAX_GPUS}")
+    if gpu_memory_mib is not None and (not isinstance(gpu_memory_mib, int) or isinstance(gpu_memory_mib, bool) or gpu_memory_mib < 1):
+        problems.append("gpu_memory_mib must be a positive number of MiB per GPU (omit it for whole GPUs)")
+    if gpu_cores is not None and (not isinstance(gpu_cores, int) or isinstance(gpu_cores, bool) or not 1 <= gpu_cores <= 100):
+        problems.append("gpu_cores must be a percentage of one GPU from 1 to 100 (omit it for whole GPUs)")
+    if problems:
+        raise InvalidSessionRequest("; ".join(problems) + ".")
+
+
+def _pinned_cluster(cluster_ref: str) -> Cluster:
+    qs = Cluster.objects.all()
+    cluster = (qs.filter(public_id=cluster_ref) if cluster_ref.startswith("clu_") else
+               qs.filter(name=cluster_ref).exclude(status=Cluster.Status.DEREGISTERED)).first()
+    if cluster is None:
+        raise NotFound(f"No cluster is named or has the id {cluster_ref!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+    if cluster.status in (Cluster.Status.DEREGISTERED, Cluster.Status.UNREACHABLE, Cluster.Status.PENDING) or not cluster.session_domain:
+        why = "has no session_domain" if not cluster.session_domain else f"is {cluster.status}"
+        raise Conflict(
+            f"Cluster {cluster.name} {why} and cannot take sessions now: pick another cluster or leave `cluster` out.",
+            code="cluster_unavailable",
+        )
+    return cluster
+
+
+def session_create(
+    *,
+    owner,
+    image: str,
+    gpus: int,
+    gpu_memory_mib: int | None = None,
+    gpu_cores: int | None = None,
+    cluster: str | None = None,
+    name: str = "",
+) -> Session:
+    """Place a session on the fleet, reserve its GPUs, and schedule its GShareSession apply.
+
+    The candidate clusters' rows are locked (``SELECT ... FOR UPDATE`` in primary-key order) for the
+    placement and the reservation, so two concurrent requests never both take the last capacity.
+
+    Args:
+        owner: the requesting user.
+        image: container image.
+        gpus: GPUs (1-16).
+        gpu_memory_mib: MiB per GPU (HAMi ``nvidia.com/gpumem``), or None.
+        gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``, 1-100), or None.
+        cluster: pin to this cluster (id ``clu_...`` or name), or None for any.
+        name: free label.
+
+    Returns:
+        The session, phase ``Scheduled``, with cluster, node and allocations.
+
+    Raises:
+        InvalidSessionRequest: 400 ``invalid_request``.
+        NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster.
+        Conflict: 409 ``cluster_unavailable`` (pinned cluster deregistered, unreachable, pending,
+            or without session_domain); 409 ``no_capacity`` (detail says what is short).
+    """
+    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores)
+    pinned = _pinned_cluster(cluster) if cluster else None
+    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
+    with transaction.atomic():
+        candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
+        if pinned is not None:
+            candidates = candidates.filter(pk=pinned.pk)
+        # Saleor-style lock_objects: lock in primary-key order so concurrent placements never deadlock.
+        locked = list(candidates.order_by("pk").select_for_update().values_list("pk", flat=True))
+        choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
+        if choice is None:
+            scope = f"cluster {pinned.name}" if pinned else "the fleet"
+            ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
+            raise Conflict(
+                f"Nothing in {scope} can host {ask} now ({placement.shortfall(request=request, cluster_ids=locked)}): "
+                "ask for fewer GPUs or smaller shares, or try again when sessions end.",
+                code="no_capacity",
+            )
+        session = Session(
+            owner=owner,
+            name=name,
+            image=image.strip(),
+            gpus=gpus,
+            gpu_memory_mib=gpu_memory_mib,
+            gpu_cores=gpu_cores,
+            requested_cluster=pinned,
+            cluster_id=choice.cluster_id,
+            node=choice.node_name,
+            phase=Session.Phase.SCHEDULED,
+        )
+        # Field checks only: ranges were validated above, and the database enforces the constraints.
+        session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
+        session.save()
+        Allocation.objects.bulk_create([
+            Allocation(session=session, device_id=device_id, memory_mib=memory, cores=cores, exclusive=request.whole)
+            for device_id, memory, cores in choice.devices
+        ])
+        transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
+    logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
+    return session
+
+
+def _enqueue(task_name: str, session_pk: int) -> None:
+    from sessions import tasks  # tasks import this module
+
+    {"sessions.apply": tasks.session_apply_task, "sessions.delete": tasks.session_delete_task}[task_name].delay(session_pk)
+
+
+def _release(session: Session) -> None:
+    Allocation.objects.filter(session=session).delete()
+
+
+@transaction.atomic
+def session_fail(*, session: Session, message: str) -> Session:
+    """Mark a session Failed (unless it already ended), release its GPUs, record why."""
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    if not session.is_live:
+        return session
+    session.phase = Session.Phase.FAILED
+    session.message = message[:2000]
+    session.ended_at = timezone.now()
+    session.save(update_fields=["phase", "message", "ended_at"])
+    _release(session)
+    _forget(session)
+    return session
+
+
+def _custom_objects(cluster: Cluster, timeout: float):
+    api = api_client_for_cluster(cluster)
+    return api, kubernetes.client.CustomObjectsApi(api), (timeout, timeout)
+
+
+def session_apply(*, session: Session) -> Session:
+    """Apply the session's GShareSession to its cluster (server-side apply) and mark it Starting.
+
+    Transient failures (apiserver unreachable, 5xx, 429) raise ``TransientApplyError`` so the Celery
+    task retries with backoff; anything else fails the session with a message naming the cause.
+    Does nothing for a session that is no longer Scheduled.
+    """
+    session = Session.objects.select_related("cluster", "owner").get(pk=session.pk)
+    if session.phase != Session.Phase.SCHEDULED:
+        return session
+    manifest = gshare_session_manifest(session)
+    api, custom, timeout = _custom_objects(session.cluster, settings.GSHARE_PROBE_TIMEOUT)
+    try:
+        with api:
+            custom.patch_namespaced_custom_object(
+                group=contract.GSHARE_API_GROUP,
+                version=contract.GSHARE_API_VERSION,
+                namespace=manifest["metadata"]["namespace"],
+                plural=contract.GSHARE_SESSION_PLURAL,
+                name=manifest["metadata"]["name"],
+                body=manifest,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+                _request_timeout=timeout,
+            )
+    except ApiException as exc:
+        if exc.status in (429, 500, 502, 503, 504):
+            raise TransientApplyError(f"the apiserver of {session.cluster.name} answered {exc.status} ({exc.reason})") from None
+        hint = {
+            404: f"the GShareSession CRD or the namespace {manifest['metadata']['namespace']} is missing: install charts/gshare-operator",
+            403: "the control plane's ServiceAccount may not apply GShareSessions: grant it the ClusterRole in docs/attach-a-cluster.md",
+            401: "the cluster refused the control plane's credentials: register a fresh kubeconfig",
+        }.get(exc.status, f"the apiserver refused the GShareSession ({exc.status} {exc.reason})")
+        return session_fail(session=session, message=f"Could not apply the session to {session.cluster.name}: {hint}.")
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise TransientApplyError(f"the apiserver of {session.cluster.name} did not answer ({type(exc).__name__})") from None
+    updated = Session.objects.filter(pk=session.pk, phase=Session.Phase.SCHEDULED).update(phase=Session.Phase.STARTING)
+    if updated:
+        session.phase = Session.Phase.STARTING
+    return session
+
+
+class TransientApplyError(Exception):
+    """The cluster's apiserver could not be reached or was overloaded; the task retries."""
+
+
+def session_apply_gave_up(*, session: Session, reason: str) -> Session:
+    """Fail a session whose apply kept failing after the bounded retries."""
+    return session_fail(session=session, message=f"Could not apply the session to its cluster after several attempts: {reason}.")
+
+
+@transaction.atomic
+def session_stop(*, session: Session) -> Session:
+    """Stop a session: Stopping now, its GShareSession is deleted by a task, then Terminated. Idempotent.
+
+    Returns:
+        The session (unchanged when it already ended or is stopping).
+    """
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    if not session.is_live or session.phase == Session.Phase.STOPPING:
+        return session
+    session.phase = Session.Phase.STOPPING
+    session.save(update_fields=["phase"])
+    _forget(session)
+    transaction.on_commit(lambda: _enqueue("sessions.delete", session.pk))
+    return session
+
+
+def session_delete_remote(*, session: Session) -> Session:
+    """Delete the session's GShareSession from its cluster (404 counts as done) and mark it Terminated.
+
+    Raises:
+        TransientApplyError: the apiserver did not answer; the task retries.
+    """
+    session = Session.objects.select_related("cluster").get(pk=session.pk)
+    if session.cluster is not None and session.cluster.status != Cluster.Status.DEREGISTERED:
+        api, custom, timeout = _custom_objects(session.cluster, settings.GSHARE_PROBE_TIMEOUT)
+        try:
+            with api:
+                custom.delete_namespaced_custom_object(
+                    group=contract.GSHARE_API_GROUP,
+                    version=contract.GSHARE_API_VERSION,
+                    namespace=settings.GSHARE_SESSION_NAMESPACE,
+                    plural=contract.GSHARE_SESSION_PLURAL,
+                    name=contract.session_object_name(session.public_id),
+                    propagation_policy="Foreground",
+                    _request_timeout=timeout,
+                )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise TransientApplyError(f"deleting the GShareSession answered {exc.status} ({exc.reason})") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
+    return _terminate(session=session, message="Stopped on request.")
+
+
+@transaction.atomic
+def _terminate(*, session: Session, message: str) -> Session:
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    if not session.is_live:
+        return session
+    session.phase = Session.Phase.TERMINATED
+    session.ended_at = timezone.now()
+    session.message = session.message or message
+    session.save(update_fields=["phase", "ended_at", "message"])
+    _release(session)
+    _forget(session)
+    return session
+
+
+@transaction.atomic
+def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
+    """Apply a batch of the operator's phase reports for sessions of ``cluster``.
+
+    Idempotent and order-tolerant: a report whose ``observed_at`` is not newer than the last one
+    applied is ignored, and a session that ended (Terminated, Failed) never goes back.
+
+    Args:
+        cluster: the cluster named in the operator token.
+        reports: validated reports ``{"session", "phase", "node", "devices", "message", "observed_at": datetime}``.
+
+    Returns:
+        ``{"applied": n, "ignored": m}``.
+
+    Raises:
+        Forbidden: 403 ``forbidden_cluster_scope`` when a report names a session that is not on
+            ``cluster`` (unknown sessions count as foreign); nothing is applied.
+    """
+    ids = sorted({report["session"] for report in reports})
+    sessions = {s.public_id: s for s in Session.objects.select_for_update().filter(public_id__in=ids).order_by("pk")}
+    foreign = [sid for sid in ids if sid not in sessions or sessions[sid].cluster_id != cluster.pk]
+    if foreign:
+        raise Forbidden(
+            f"Session(s) {', '.join(foreign[:5])} are not sessions of this cluster; an operator may only report its own "
+            "cluster's sessions. Nothing was applied.",
+            code=contract.FORBIDDEN_CLUSTER_SCOPE,
+        )
+    applied, ignored, changed, ended = 0, 0, {}, []
+    for report in sorted(reports, key=lambda r: r["observed_at"]):
+        session = sessions[report["session"]]
+        observed: datetime = report["observed_at"]
+        if not session.is_live or (session.last_status_at is not None and observed <= session.last_status_at):
+            ignored += 1
+            continue
+        phase = _REPORTED[report["phase"]]
+        if session.phase == Session.Phase.STOPPING and phase in (Session.Phase.STARTING, Session.Phase.RUNNING):
+            phase = Session.Phase.STOPPING  # a late Running never revives a session being stopped
+        session.phase = phase
+        session.last_status_at = observed
+        if report.get("node"):
+            session.node = report["node"]
+        if report.get("devices"):
+            session.devices = list(report["devices"])
+        if report.get("message") is not None:
+            session.message = report["message"][:2000]
+        if phase == Session.Phase.RUNNING and session.started_at is None:
+            session.started_at = observed
+        if phase in Session.TERMINAL_PHASES:
+            session.ended_at = observed
+            ended.append(session.pk)
+        changed[session.pk] = session
+        applied += 1
+    if changed:
+        Session.objects.bulk_update(
+            list(changed.values()), ["phase", "last_status_at", "node", "devices", "message", "started_at", "ended_at"]
+        )
+        for session in changed.values():
+            _forget(session)
+    if ended:
+        Allocation.objects.filter(session_id__in=ended).delete()
+    return {"applied": applied, "ignored": ignored}
+
+
+def session_connect(*, session: Session, user) -> str:
+    """Mint a connect link for ``session``: its URL with a short-lived connect token.
+
+    The token (RS256, audience ``gshare-connect``, ``GSHARE_CONNECT_TOKEN_TTL`` seconds) names the
+    session (``sid``), the user (``sub`` = ``user:<pk>``, ``name``) and the host it is valid on.
+
+    Raises:
+        Forbidden: 403 ``forbidden`` when ``user`` is neither the owner nor staff.
+        Conflict: 409 ``session_not_running`` when the session has ended or has no URL yet.
+    """
+    if session.owner_id != user.pk and not user.is_staff:
+        raise Forbidden("Only the session's owner (or staff) may connect to it.", code="forbidden")
+    url = session_url(session)
+    if not session.is_live or url is None:
+        raise Conflict(f"Session {session.public_id} is {session.phase}: start a new session.", code="session_not_running")
+    token = sign_internal_jwt(
+        f"user:{user.pk}",
+        settings.GSHARE_CONNECT_TOKEN_TTL,
+        audience=CONNECT_AUDIENCE,
+        claims={"sid": session.public_id, "name": user.get_username(), "host": session.cluster.session_domain},
+    )
+    return f"{url}?token={token}"
