@@ -56,7 +56,7 @@ class ClusterAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         """Save edits through ``cluster_update`` so the console and the API share one validation."""
         changed = {name: form.cleaned_data[name] for name in form.changed_data if name in services.EDITABLE_FIELDS}
-        services.cluster_update(cluster=obj, **changed)
+        services.cluster_update(cluster=obj, changes=changed)
 
     @admin.display(description="heartbeat", ordering="last_heartbeat_at")
     def heartbeat_age(self, obj: Cluster) -> str:

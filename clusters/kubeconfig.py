@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -39,6 +40,9 @@ _FILE_KEYS_CLUSTER = ("certificate-authority",)
 _FILE_KEYS_USER = ("client-certificate", "client-key", "tokenFile")
 _DATA_KEYS_CLUSTER = ("certificate-authority-data",)
 _DATA_KEYS_USER = ("client-certificate-data", "client-key-data")
+# Only these keys are kept (anything else, e.g. extensions or YAML alias bombs, is dropped before storing).
+_CLUSTER_KEYS = ("server", "certificate-authority-data", "insecure-skip-tls-verify", "tls-server-name")
+_USER_KEYS = ("token", "client-certificate-data", "client-key-data", "username", "password")
 
 
 class KubeconfigError(ApplicationError):
@@ -106,6 +110,28 @@ def is_loopback_host(host: str) -> bool:
     return address.is_loopback or address.is_unspecified
 
 
+def _is_local_target(host: str, port: int) -> bool:
+    """True when ``host`` is, or resolves to, an address of this machine or a link-local one.
+
+    Every address ``getaddrinfo`` returns is checked (numeric forms such as ``2130706433``, ``0x7f000001``
+    or ``127.1`` resolve without DNS). A name that does not resolve is left to the probe, which then
+    reports the cluster unreachable.
+    """
+    if is_loopback_host(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OSError):
+        return False
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if address.is_loopback or address.is_unspecified or address.is_link_local:
+            return True
+    return False
+
+
 def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str, ...] = ()) -> ValidKubeconfig:
     """Parse and check a kubeconfig without opening any file or network connection.
 
@@ -124,6 +150,8 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
         raise KubeconfigError("The kubeconfig is empty: paste the output of `kubectl config view --raw --minify`.")
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise KubeconfigError("The kubeconfig nests too deeply to be a kubeconfig: paste the output of `kubectl config view --raw --minify`.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -162,11 +190,19 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
                     f"Put the token itself in `token:`. {SERVICE_ACCOUNT_FIX}",
                     code="kubeconfig_local_file",
                 )
+    if cluster.get("proxy-url"):
+        raise KubeconfigError(
+            "The cluster's `proxy-url` is not supported: the control plane dials the apiserver directly. Remove it.",
+        )
     _check_data(cluster, _DATA_KEYS_CLUSTER, "cluster")
     _check_data(user, _DATA_KEYS_USER, "user")
     token = user.get("token")
     if token is not None and (not isinstance(token, str) or any(p in token for p in _PLACEHOLDERS)):
         raise KubeconfigError("The user's `token` is a placeholder: export the kubeconfig with `kubectl config view --raw --minify`.")
+    for key in ("token", "username", "password"):
+        value = user.get(key)
+        if value is not None and (not isinstance(value, str) or any(ch in value for ch in "\r\n\x00")):
+            raise KubeconfigError(f"The user's `{key}` must be a single-line string: paste it again without line breaks.")
     if not (token or ("client-certificate-data" in user and "client-key-data" in user) or ("username" in user and "password" in user)):
         raise KubeconfigError(f"User {user_name!r} has no credentials: {SERVICE_ACCOUNT_FIX}")
 
@@ -174,26 +210,42 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
     if not isinstance(server, str) or not server:
         raise KubeconfigError(f"Cluster {cluster_name!r} has no `server`: it must be the apiserver URL, e.g. https://k8s.example.com:6443.")
     parts = urlsplit(server)
+    try:
+        port = parts.port
+    except ValueError:
+        raise KubeconfigError(f"The server {server!r} has an invalid port: use the apiserver URL, e.g. https://k8s.example.com:6443.") from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise KubeconfigError(f"The server {server!r} is not an http(s) URL: use the apiserver URL, e.g. https://k8s.example.com:6443.")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname
-    if is_loopback_host(host):
-        host_port = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if host_port not in set(loopback_allowlist):
+    if parts.username or parts.password:
+        raise KubeconfigError("The server URL carries credentials: remove `user:password@` from it and put credentials under `users`.")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise KubeconfigError(f"The server {server!r} has a path or query: use only scheme, host and port, e.g. https://k8s.example.com:6443.")
+    port = port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname.rstrip(".")
+    host_port = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    allowed = host_port in set(loopback_allowlist)
+    if not allowed:
+        if _is_local_target(host, port):
             raise KubeconfigError(
-                f"The server {server!r} is a loopback address: from the control plane that is the control plane itself. "
-                "Use an address of the cluster's apiserver that the control plane can reach (for k3s, replace 127.0.0.1 "
-                "in /etc/rancher/k3s/k3s.yaml with the node's address).",
+                f"The server {server!r} is (or resolves to) a loopback, unspecified or link-local address: from the control plane "
+                "that is the control plane itself or its host. Use an address of the cluster's apiserver that the control plane can "
+                "reach (for k3s, replace 127.0.0.1 in /etc/rancher/k3s/k3s.yaml with the node's address).",
                 code="kubeconfig_localhost",
+            )
+        if parts.scheme != "https":
+            raise KubeconfigError(
+                f"The server {server!r} is plain http: the ServiceAccount token would cross the network in clear. Use the apiserver's https URL."
             )
 
     reduced = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": cluster}],
-        "users": [{"name": user_name, "user": user}],
-        "contexts": [{"name": context_name, "context": {k: v for k, v in context.items()}}],
+        "clusters": [{"name": str(cluster_name), "cluster": {k: cluster[k] for k in _CLUSTER_KEYS if k in cluster}}],
+        "users": [{"name": str(user_name), "user": {k: user[k] for k in _USER_KEYS if k in user}}],
+        "contexts": [{"name": context_name, "context": {"cluster": str(cluster_name), "user": str(user_name)}}],
         "current-context": context_name,
     }
+    namespace = context.get("namespace")
+    if isinstance(namespace, str) and namespace:
+        reduced["contexts"][0]["context"]["namespace"] = namespace
     return ValidKubeconfig(config=reduced, server=server, context=context_name)

@@ -139,6 +139,11 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             result.fail("apiserver_reachable", f"The apiserver at {server} answered {exc.status} ({exc.reason}); check that the URL is the apiserver's.")
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             result.fail("apiserver_reachable", _unreachable_detail(server, timeout, exc))
+        except (ValueError, TypeError, KeyError) as exc:  # e.g. a /version body that is not Kubernetes'
+            result.fail(
+                "apiserver_reachable",
+                f"{server} answered, but not as a Kubernetes apiserver ({type(exc).__name__}): check that the URL is the apiserver's.",
+            )
     return result
 
 

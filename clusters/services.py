@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from clusters.kubeconfig import validate_kubeconfig
@@ -23,6 +23,7 @@ from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
 logger = logging.getLogger(__name__)
 
 EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
+_INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
 
 
 class ClusterPrerequisiteMissing(ApplicationError):
@@ -106,12 +107,12 @@ def cluster_register(
 
 
 @transaction.atomic
-def cluster_update(*, cluster: Cluster, **changes: str) -> Cluster:
+def cluster_update(*, cluster: Cluster, changes: dict) -> Cluster:
     """Change a cluster's editable settings.
 
     Args:
         cluster: the cluster (not deregistered).
-        changes: any of ``session_domain``, ``ingress_node``, ``volume_storage_class``.
+        changes: field -> new value; only ``session_domain``, ``ingress_node``, ``volume_storage_class``.
 
     Raises:
         Conflict: ``cluster_deregistered`` (409) for a deregistered cluster.
@@ -264,6 +265,10 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             another cluster; nothing is changed.
         Conflict: ``cluster_deregistered`` (409) if the cluster was deregistered meanwhile.
     """
+    with connection.cursor() as cursor:
+        # One fleet-wide lock: a GPU UUID's owner is checked and upserted atomically, so two operators
+        # reporting the same UUID at once cannot both succeed (HAMi UUIDs are fleet-unique).
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_INVENTORY_LOCK_ID])
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.status == Cluster.Status.DEREGISTERED:
         raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -69,3 +70,62 @@ def exception_handler(exc, context):
     body_detail = detail or (str(exc.detail) if hasattr(exc, "detail") else str(exc))
     response.data = {"code": code, "detail": body_detail}
     return response
+
+
+def describe_schema_error(error) -> str:
+    """A short sentence for a ``jsonschema`` error that never echoes a large payload back.
+
+    Args:
+        error: a ``jsonschema.ValidationError``.
+
+    Returns:
+        At most about 200 characters, e.g. ``has more than 5000 items``.
+    """
+    limits = {
+        "maxItems": "has more than {} items", "minItems": "has fewer than {} items",
+        "maxLength": "is longer than {} characters", "minLength": "is shorter than {} characters",
+        "maximum": "is larger than {}", "minimum": "is smaller than {}",
+    }
+    if error.validator in limits:
+        return limits[error.validator].format(error.validator_value)
+    if error.validator == "required":
+        return error.message[:200]
+    if error.validator == "type":
+        return f"must be of type {error.validator_value}"
+    return error.message if len(error.message) <= 200 else error.message[:197] + "..."
+
+
+def unstorable_text_path(value, path: str = "") -> str | None:
+    """Return the JSON path of the first string (key or value) PostgreSQL cannot store, or None.
+
+    PostgreSQL text refuses NUL characters, and UTF-8 cannot encode unpaired surrogates.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path or "body"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = unstorable_text_path(key, f"{path}.{key!r}") or unstorable_text_path(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = unstorable_text_path(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+class SafeJSONParser(JSONParser):
+    """DRF's JSON parser, turning absurdly nested documents into a 400 instead of a crash."""
+
+    def parse(self, stream, media_type=None, parser_context=None):  # noqa: D102
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError("JSON nested too deeply.") from None

@@ -1,7 +1,7 @@
 """URL map: the console (admin), the public API, the operator API, the JWKS."""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from gshare import views
@@ -24,6 +24,7 @@ urlpatterns = [
     path("internal/connect/verify", connect_verify, name="connect-verify"),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
+    re_path(r"^(api|internal)/", views.json_not_found),
     # Last: the console's catch-all would shadow the routes above.
     path("", admin.site.urls),
 ]

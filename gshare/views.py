@@ -23,3 +23,10 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+def json_not_found(request, *args):
+    """Any unknown path under ``/api/`` or ``/internal/``: 404 ``not_found`` in JSON (not the console's login page)."""
+    return JsonResponse(
+        {"code": "not_found", "detail": f"No such route: {request.path[:200]}. The API is described at /api/v1/schema/."}, status=404
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -67,7 +68,7 @@ class ClusterViewSet(viewsets.GenericViewSet):
         extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.cluster_update(cluster=cluster, **data.validated_data, **{k: request.data[k] for k in extra})
+        services.cluster_update(cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}})
         return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(responses=ClusterSerializer)
@@ -77,6 +78,7 @@ class ClusterViewSet(viewsets.GenericViewSet):
         services.cluster_deregister(cluster=cluster)
         return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
 
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path="connection-test")
     def connection_test(self, request, public_id: str):
         """Probe the cluster now: ``{"status", "checks": {...}, "detail": {...}}``."""

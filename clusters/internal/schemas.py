@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from jsonschema import Draft202012Validator
 
+from gshare.api import describe_schema_error, unstorable_text_path
+
 _DEVICE = {
     "type": "object",
     "required": ["uuid", "index", "model", "memory_mib", "split_count", "cores", "health"],
     "properties": {
         "uuid": {"type": "string", "minLength": 1, "maxLength": 128},
-        "index": {"type": "integer", "minimum": 0},
+        "index": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
         "model": {"type": "string", "minLength": 1, "maxLength": 128},
         "memory_mib": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
         "split_count": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
@@ -57,9 +59,12 @@ def inventory_errors(body) -> list[str]:
     problems = []
     for error in sorted(inventory_validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:10]:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
-        problems.append(f"{path}: {error.message}")
+        problems.append(f"{path}: {describe_schema_error(error)}")
     if problems:
         return problems
+    bad_text = unstorable_text_path(body)
+    if bad_text:
+        return [f"{bad_text}: contains a NUL character or an unpaired surrogate, which cannot be stored"]
     names, uuids = set(), set()
     for i, node in enumerate(body["nodes"]):
         if node["name"] in names:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from django.utils import timezone
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters import services
 from clusters.internal.schemas import inventory_errors
+from gshare.api import SafeJSONParser
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.exceptions import ApplicationError
 
@@ -19,7 +19,7 @@ class OperatorAPIView(APIView):
 
     authentication_classes = [OperatorTokenAuthentication]
     permission_classes = [IsAuthenticated]
-    parser_classes = [JSONParser]
+    parser_classes = [SafeJSONParser]
 
     @property
     def cluster(self):

@@ -66,7 +66,11 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
         if not subject.startswith("operator:"):
             raise InvalidInternalToken("This token is not an operator token: mint one with `manage.py mint_operator_token <cluster_id>`.")
         cluster = Cluster.objects.filter(public_id=subject.removeprefix("operator:")).first()
-        if cluster is None or cluster.status == Cluster.Status.DEREGISTERED:
+        if cluster is None:
+            raise InvalidInternalToken(
+                "This operator token names a cluster this control plane does not know: mint one with `manage.py mint_operator_token <cluster_id>`."
+            )
+        if cluster.status == Cluster.Status.DEREGISTERED:
             raise InvalidInternalToken(
                 "The cluster of this operator token is deregistered or unknown: register the cluster again and mint a new token.",
                 code="cluster_deregistered",

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gshare.middleware.ApiErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -94,6 +95,9 @@ if not GSHARE_ENCRYPTION_KEYS:
 
     GSHARE_ENCRYPTION_KEYS = [local_encryption_key(embedded.gshare_home())]
 
+#: Largest request body, bytes (a 5,000-node inventory snapshot is about 12 MiB).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("GSHARE_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -114,7 +118,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["gshare.auth.authentication.ApiTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["gshare.api.SafeJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "gshare.api.exception_handler",

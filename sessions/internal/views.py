@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 from rest_framework.response import Response
 
 from clusters.internal.views import OperatorAPIView
+from gshare.api import describe_schema_error
 from gshare.exceptions import ApplicationError
 from operator_agent import contract
 from sessions import connect, services
@@ -64,7 +65,7 @@ class StatusView(OperatorAPIView):
         errors = sorted(_status_validator.iter_errors(request.data), key=lambda e: list(e.absolute_path))[:5]
         if errors:
             problems = "; ".join(
-                "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") + f": {e.message}" for e in errors
+                "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") + f": {describe_schema_error(e)}" for e in errors
             )
             raise ApplicationError(f"The status report is malformed: {problems}. Upgrade the operator to match this control plane.", code="invalid_status")
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]

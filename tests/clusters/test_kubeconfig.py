@@ -112,3 +112,55 @@ def test_is_loopback_host_keeps_real_names():
     assert not is_loopback_host("k8s.example.com")
     assert not is_loopback_host("10.0.0.1")
     assert is_loopback_host("LOCALHOST")
+
+
+def _with(server=None, user=None, cluster_extra=None):
+    data = yaml.safe_load(load_kubeconfig_fixture("kubeadm-admin.conf"))
+    if server is not None:
+        data["clusters"][0]["cluster"]["server"] = server
+    if user is not None:
+        data["users"][0]["user"] = user
+    if cluster_extra:
+        data["clusters"][0]["cluster"].update(cluster_extra)
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize(
+    "server",
+    ["https://2130706433:6443", "https://0x7f000001:6443", "https://127.1:6443", "https://0177.0.0.1:6443",
+     "https://0:6443", "https://localhost.:6443", "https://127.0.0.1.:6443", "https://169.254.169.254",
+     "https://[fe80::1]:6443"],
+)
+def test_other_spellings_of_local_addresses_are_refused(server):
+    with pytest.raises(KubeconfigError) as info:
+        validate_kubeconfig(_with(server=server))
+    assert info.value.code == "kubeconfig_localhost"
+
+
+@pytest.mark.parametrize(
+    ("server", "fragment"),
+    [("https://admin:pw@10.0.0.10:6443", "credentials"), ("https://10.0.0.10:99999", "port"),
+     ("https://10.0.0.10:abc", "port"), ("http://10.0.0.10:6443", "plain http"), ("https://10.0.0.10:6443/x?token=y", "path")],
+)
+def test_malformed_or_unsafe_servers_are_refused(server, fragment):
+    with pytest.raises(KubeconfigError, match=fragment) as info:
+        validate_kubeconfig(_with(server=server))
+    assert info.value.code == "kubeconfig_invalid"
+
+
+def test_proxy_url_and_header_injection_are_refused():
+    with pytest.raises(KubeconfigError, match="proxy-url"):
+        validate_kubeconfig(_with(cluster_extra={"proxy-url": "http://127.0.0.1:3128"}))
+    with pytest.raises(KubeconfigError, match="single-line"):
+        validate_kubeconfig(_with(user={"token": "abc\r\nX-Injected: 1"}))
+
+
+def test_unknown_keys_and_alias_bombs_are_not_stored():
+    text = _with() + "\n"
+    data = yaml.safe_load(text)
+    data["clusters"][0]["cluster"]["extensions"] = [{"name": "x", "extension": {"a": 1}}]
+    data["users"][0]["user"]["bomb"] = [["lol"] * 9] * 9
+    valid = validate_kubeconfig(yaml.safe_dump(data))
+    assert "extensions" not in valid.as_yaml() and "bomb" not in valid.as_yaml()
+    with pytest.raises(KubeconfigError):
+        validate_kubeconfig("[" * 20000)
