@@ -46,7 +46,7 @@ class ClusterAdmin(admin.ModelAdmin):
         )
 
     def has_add_permission(self, request) -> bool:
-        """Clusters are added through the API or ``manage.py attach_cluster`` (the probe needs the kubeconfig)."""
+        """Clusters are added through ``POST /api/v1/clusters`` (the probe needs the kubeconfig)."""
         return False
 
     def has_delete_permission(self, request, obj=None) -> bool:

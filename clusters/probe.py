@@ -101,7 +101,7 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                 result.fail(
                     "runtime_class_nvidia",
                     "The cluster has no RuntimeClass `nvidia`: install the NVIDIA container toolkit on the GPU nodes and "
-                    "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md), or run `manage.py attach_cluster`.",
+                    "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md).",
                 )
 
             daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces(

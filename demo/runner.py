@@ -142,6 +142,7 @@ def run_demo(options: DemoOptions) -> dict:
 
     workdir = gshare_home() / "demo"
     group = ProcessGroup(log_dir=workdir / "logs")
+    options.state_file.unlink(missing_ok=True)  # never leave a previous run's URL and credentials around
     try:
         _say("creating a fresh database and applying migrations")
         database_url = _fresh_database()
@@ -295,6 +296,8 @@ def run_demo(options: DemoOptions) -> dict:
         _say("stopping every process the demo started")
         group.stop()
         connections.close_all()
+        if not options.smoke:
+            options.state_file.unlink(missing_ok=True)
 
 
 def _expected(name: str) -> tuple[int, int]:

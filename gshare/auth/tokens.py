@@ -65,3 +65,11 @@ def api_token_authenticate(*, token: str) -> ApiToken:
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
     return row
+
+
+def api_token_revoke(*, token: ApiToken) -> ApiToken:
+    """Revoke an API token (idempotent): from now on it is refused with 401 ``api_token_invalid``."""
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token

@@ -48,3 +48,12 @@ def test_revoked_token_is_refused(http, staff_user):
 
     ApiToken.objects.filter(user=staff_user).update(revoked_at=timezone.now())
     assert http.get("/api/v1/clusters").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_console_revoke_action(http, client, staff_user):
+    client.force_login(staff_user)
+    row = ApiToken.objects.get(user=staff_user)
+    response = client.post("/gshare/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
+    assert response.status_code == 302
+    assert http.get("/api/v1/clusters").status_code == 401
