@@ -1,0 +1,95 @@
+"""Connect tokens and ``/internal/connect/verify`` (the ingress-nginx auth-url), without nginx."""
+
+import time
+
+import jwt
+import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
+from gshare.auth.keys import signing_key_ensure
+from gshare.exceptions import Forbidden  # noqa: F401
+from sessions import services
+from sessions.models import Session
+from tests.factories import ClusterFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def running(django_user_model):
+    cache.clear()
+    owner = django_user_model.objects.create_user("carol")
+    cluster = ClusterFactory(session_domain="gpu-a.example.com")
+    return Session.objects.create(owner=owner, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+
+
+def link(session) -> str:
+    return services.session_connect(session=session, user=session.owner)
+
+
+def verify(client, url, **headers):
+    return client.get("/internal/connect/verify", HTTP_X_ORIGINAL_URL=url, HTTP_X_ORIGINAL_METHOD="GET", **headers)
+
+
+def test_valid_link_is_allowed_and_sets_a_path_scoped_cookie(client, running):
+    url = link(running)
+    response = verify(client, url)
+    assert response.status_code == 200
+    assert response["X-Auth-Request-User"] == "carol"
+    cookie = response.cookies["gshare_connect"]
+    assert cookie["path"] == f"/s/{running.public_id}/" and cookie["httponly"] and cookie["secure"]
+    later = f"https://gpu-a.example.com/s/{running.public_id}/lab/tree"
+    client.cookies["gshare_connect"] = cookie.value
+    assert verify(client, later).status_code == 200
+    assert "gshare_connect" not in verify(client, later).cookies  # set only on the first visit
+
+
+def test_bearer_header_works_for_api_clients(client, running):
+    token = link(running).split("token=")[1]
+    url = f"https://gpu-a.example.com/s/{running.public_id}/api/status"
+    assert verify(client, url, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    assert verify(client, url).status_code == 401
+
+
+def test_refusals(client, running, django_capture_on_commit_callbacks):
+    url = link(running)
+    token = url.split("token=")[1]
+    other = Session.objects.create(owner=running.owner, cluster=running.cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+    assert verify(client, url.replace(running.public_id, other.public_id)).status_code == 401  # wrong session
+    assert verify(client, url.replace("gpu-a.example.com", "gpu-b.example.com")).status_code == 401  # wrong host
+    assert verify(client, url.replace(token, token[:-3] + "AAA")).status_code == 401  # tampered
+    assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/").status_code == 401  # no token
+    assert verify(client, "https://gpu-a.example.com/other").status_code == 401  # not a session path
+    key = signing_key_ensure()
+    expired = jwt.encode(
+        {"iss": "gshare-control-plane", "sub": "user:1", "aud": CONNECT_AUDIENCE, "sid": running.public_id,
+         "host": "gpu-a.example.com", "iat": int(time.time()) - 600, "exp": int(time.time()) - 300},
+        key.private_key_pem, algorithm="RS256", headers={"kid": key.kid},
+    )
+    assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/?token={expired}").status_code == 401
+    operator_token = sign_internal_jwt("operator:x", 60)  # right key, wrong audience
+    assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/?token={operator_token}").status_code == 401
+    with django_capture_on_commit_callbacks(execute=True):
+        services.session_fail(session=running, message="done")  # no longer running: the cache is invalidated on commit
+    assert verify(client, url).status_code == 401
+
+
+def test_only_owner_or_staff_get_links(running, django_user_model):
+    stranger = django_user_model.objects.create_user("mallory")
+    with pytest.raises(services.Forbidden):
+        services.session_connect(session=running, user=stranger)
+    admin = django_user_model.objects.create_user("root", is_staff=True)
+    assert services.session_connect(session=running, user=admin).startswith("https://gpu-a.example.com/")
+
+
+def test_verify_uses_no_database_query_once_warm(client, running):
+    url = link(running)
+    verify(client, url)
+    bearer = f"Bearer {url.split('token=')[1]}"
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/x", HTTP_AUTHORIZATION=bearer).status_code == 200
+    assert len(queries) == 0
