@@ -93,3 +93,20 @@ def test_verify_uses_no_database_query_once_warm(client, running):
         for _ in range(3):
             assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/x", HTTP_AUTHORIZATION=bearer).status_code == 200
     assert len(queries) == 0
+
+
+def test_console_session_pages_have_constant_queries(client, running, django_user_model):
+    from tests.factories import ClusterFactory as _Cluster
+
+    admin_user = django_user_model.objects.create_superuser("boss", "b@example.com", "pw")
+    client.force_login(admin_user)
+    counts = []
+    for _ in range(2):
+        cluster = _Cluster()
+        for _ in range(3):
+            Session.objects.create(owner=running.owner, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/gpu_sessions/session/").status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+    assert client.get(f"/gpu_sessions/session/{running.pk}/change/").status_code == 200
