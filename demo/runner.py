@@ -208,6 +208,7 @@ def run_demo(options: DemoOptions) -> dict:
             "REDIS_URL": settings.REDIS_URL,
             "GSHARE_LOOPBACK_ALLOWLIST": ",".join(allowlist),
             "DJANGO_SETTINGS_MODULE": "gshare.settings",
+            "GSHARE_CONTROL_PLANE_URL": url,
             "PYTHONUNBUFFERED": "1",
         }
         _say(f"starting the web server on {url}, a Celery worker and beat")
@@ -278,6 +279,9 @@ def run_demo(options: DemoOptions) -> dict:
                 for spec, cluster, kubeconfig_path, _ in clusters
             ],
         }
+        if options.smoke:
+            _say("smoke: starting a session on each cluster and waiting until both are Running")
+            state["sessions"] = _smoke_sessions(url, api_token, state["clusters"], group)
         options.state_file.parent.mkdir(parents=True, exist_ok=True)
         options.state_file.write_text(json.dumps(state, indent=2) + "\n")
         options.state_file.chmod(0o600)
@@ -298,6 +302,56 @@ def run_demo(options: DemoOptions) -> dict:
         connections.close_all()
         if not options.smoke:
             options.state_file.unlink(missing_ok=True)
+
+
+def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup) -> list[dict]:
+    """Start one session per cluster through the API, wait until Running, check its URL's host, stop it.
+
+    Returns:
+        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated).
+
+    Raises:
+        DemoError: a session did not reach Running (or Terminated) in time, or its URL is on another host.
+    """
+    headers = {"Authorization": f"Bearer {api_token}"}
+    api = f"{url}/api/v1/sessions"
+    started = []
+    for cluster in clusters:
+        response = requests.post(api, headers=headers, timeout=30, json={
+            "name": f"smoke-{cluster['name']}", "image": "quay.io/jupyter/base-notebook:2024-12-02",
+            "gpus": 1, "gpu_memory_mib": 2048, "gpu_cores": 20, "cluster": cluster["id"],
+        })
+        if response.status_code != 201:
+            raise DemoError(f"starting a session on {cluster['name']} answered {response.status_code}: {response.text[:300]}")
+        body = response.json()
+        host = urlsplit(body["url"]).hostname
+        if host != cluster["session_domain"]:
+            raise DemoError(f"session {body['id']} has URL {body['url']}, not on {cluster['session_domain']}")
+        started.append(body)
+
+    def wait_for(session_id: str, phases: set[str], timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = requests.get(f"{api}/{session_id}", headers=headers, timeout=10).json()
+            if body["phase"] in phases:
+                return body
+            if body["phase"] == "Failed":
+                raise DemoError(f"session {session_id} failed: {body['message']}")
+            _check_children(group)
+            time.sleep(0.5)
+        raise DemoError(f"session {session_id} did not reach {'/'.join(sorted(phases))} within {timeout:g} s (last: {body['phase']})")
+
+    results = []
+    for body in started:
+        running = wait_for(body["id"], {"Running"})
+        results.append({"id": body["id"], "cluster": body["cluster"], "url": body["url"], "node": running["node"],
+                        "devices": running["devices"], "phase": running["phase"]})
+    _say("smoke: " + ", ".join(f"{r['id']} Running on {r['node']} ({r['url']})" for r in results))
+    for result in results:
+        requests.delete(f"{api}/{result['id']}", headers=headers, timeout=30)
+    for result in results:
+        result["phase"] = wait_for(result["id"], {"Terminated"})["phase"]
+    return results
 
 
 def _expected(name: str) -> tuple[int, int]:
