@@ -44,14 +44,22 @@ versions); watch events travel on kmock's per-resource buses. What this module a
 * an optional bearer token: with ``token`` set, any request without ``Authorization: Bearer <token>``
   (health endpoints included) gets ``401 Unauthorized``;
 * ``dryRun=All`` on create/patch/replace/delete;
-* Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one.
+* Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one;
+* opt-in (``pod_startup_seconds``): a stand-in for kube-scheduler with HAMi's scheduler extender, HAMi's
+  device plugin and the kubelet. Pods created through the API are bound to a node with room for their
+  HAMi GPU request (``nvidia.com/gpu``, ``nvidia.com/gpumem`` MiB, ``nvidia.com/gpumem-percentage``,
+  ``nvidia.com/gpucores`` percent), read from each node's ``hami.io/node-nvidia-register`` annotation with
+  ``operator_agent.hami``, get HAMi's pod annotations in the real format (``hami.io/vgpu-devices-allocated:
+  GPU-…,NVIDIA,<MiB>,<cores %>:;`` ...) and run; Pods that do not fit stay ``Pending``/``Unschedulable``
+  with kube-scheduler's message until a Pod or Node change makes room (see ``KubeApiEmulator``).
 
-Not emulated: authorization (RBAC objects are stored, never enforced), admission, field validation
-against schemas, a scheduler, a kubelet or controllers (Pods stay ``Pending`` unless the opt-in
-``pod_startup_seconds`` stand-in is enabled; Deployments and DaemonSets keep the status they were
-given), ``pods/log``/``exec``/``portforward``/``proxy``/``scale`` and other non-``status`` subresources
-(``404``), protobuf/CBOR, aggregated discovery (clients fall back to the legacy documents served here),
-OpenAPI documents.
+Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not
+set ``schedulerName``), field validation against schemas, controllers (Deployments and DaemonSets keep the
+status they were given), scheduling beyond the stand-in above (taints/tolerations, affinity, CPU/memory
+fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared like ``hami-core`` ones, by memory,
+cores and split count), ``pods/log``/``exec``/``portforward``/``proxy``/``scale`` and other non-``status``
+subresources (``404``), protobuf/CBOR, aggregated discovery (clients fall back to the legacy documents
+served here), OpenAPI documents.
 
 Entry points:
 
@@ -61,7 +69,9 @@ Entry points:
 * ``python -m demo.emulator --seed PATH --port N`` – a process serving a seed file until SIGTERM/SIGINT.
 
 This module must not import Django (the demo starts one emulator process per cluster and they must
-start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML and kmock.
+start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock and
+``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the operator's decoders of HAMi's
+node-register and pod-allocation annotations, so each format has one decoder).
 """
 
 from __future__ import annotations
@@ -73,10 +83,12 @@ import collections
 import contextlib
 import copy
 import datetime
+import decimal
 import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import pathlib
 import re
@@ -85,6 +97,7 @@ import signal
 import string
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -96,6 +109,9 @@ import jsonpatch
 import kmock
 import yaml
 from kmock._internal.rendering import StreamingError  # not re-exported by kmock 0.8
+
+from operator_agent.hami import HamiDecodeError, HamiDevice, decode_node_register, node_register_annotation
+from operator_agent.hami_pods import decode_pod_devices
 
 logger = logging.getLogger(__name__)
 
@@ -526,6 +542,404 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+# --------------------------------------------------------------------------- HAMi scheduler stand-in
+#
+# Formats and rules below follow Project-HAMi/HAMi v2.10.0 (and agree with v2.4 ... v2.9 where noted):
+# resource names from ``charts/hami/values.yaml`` (copied as ``demo/data/hami/helm-values.resource-names.v2.10.0.yaml``),
+# pod annotation keys and value grammar from ``pkg/device/devices.go`` EncodePodSingleDevice/DecodePodDevices and
+# ``pkg/util/types.go``, fit rules from ``pkg/device/nvidia/device.go`` Fit, failure reason codes from
+# ``pkg/scheduler`` (``common.CardInsufficientMemory`` ...), node score from ``pkg/scheduler/policy`` (binpack).
+# Real values as seen on pods: ``demo/data/hami/pod-annotations.observed.yaml``.
+
+HAMI_RESOURCE_COUNT = "nvidia.com/gpu"
+"""Extended resource: number of vGPUs of a container; each vGPU is on a different physical GPU (count)."""
+
+HAMI_RESOURCE_MEMORY = "nvidia.com/gpumem"
+"""Extended resource: device memory per vGPU, MiB (HAMi ``memoryFactor`` 1). Unset: 100 % of the GPU's memory."""
+
+HAMI_RESOURCE_MEMORY_PERCENTAGE = "nvidia.com/gpumem-percentage"
+"""Extended resource: device memory per vGPU in percent of the GPU's registered memory (values > 100 clamped)."""
+
+HAMI_RESOURCE_CORES = "nvidia.com/gpucores"
+"""Extended resource: SM share per vGPU in percent of one GPU (100 = whole GPU); unset/0 = no core limit."""
+
+HAMI_DEVICE_TYPE = "NVIDIA"
+"""The ``<type>`` field of every device in HAMi's pod allocation annotations (``NvidiaGPUDevice``), not the model."""
+
+HAMI_DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+"""Pod annotation: devices the device plugin still has to hand out; the scheduler writes the allocation, the
+device plugin empties it container by container (``;`` per container when done)."""
+
+HAMI_DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
+"""Pod annotation: the scheduler's allocation, ``<uuid>,NVIDIA,<usedmem MiB>,<usedcores %>:`` per device, one
+``;``-terminated segment per container (init containers first; empty segment for a container without GPU)."""
+
+HAMI_VGPU_NODE = "hami.io/vgpu-node"
+"""Pod annotation: the node HAMi's scheduler chose."""
+
+HAMI_VGPU_TIME = "hami.io/vgpu-time"
+"""Pod annotation: when the scheduler chose the node, Unix seconds as a decimal string."""
+
+HAMI_BIND_TIME = "hami.io/bind-time"
+"""Pod annotation: when the scheduler bound the pod, Unix seconds as a decimal string."""
+
+HAMI_BIND_PHASE = "hami.io/bind-phase"
+"""Pod annotation: ``allocating`` (scheduler, at bind) then ``success`` (device plugin, containers allocated)."""
+
+HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
+"""Pod annotation: comma-separated model names; only GPUs whose model contains one of them (case-insensitive)."""
+
+HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
+"""Pod annotation: comma-separated model names; GPUs whose model contains one of them are excluded."""
+
+HAMI_USE_GPUUUID = "nvidia.com/use-gpuuuid"
+"""Pod annotation: comma-separated GPU UUIDs; only these GPUs."""
+
+HAMI_NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
+"""Pod annotation: comma-separated GPU UUIDs excluded from the allocation."""
+
+_QUANTITY_RE = re.compile(r"\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?\s*")
+_QUANTITY_FACTORS: dict[str, decimal.Decimal] = {
+    "Ki": decimal.Decimal(2) ** 10, "Mi": decimal.Decimal(2) ** 20, "Gi": decimal.Decimal(2) ** 30,
+    "Ti": decimal.Decimal(2) ** 40, "Pi": decimal.Decimal(2) ** 50, "Ei": decimal.Decimal(2) ** 60,
+    "n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
+    "k": decimal.Decimal("1e3"), "M": decimal.Decimal("1e6"), "G": decimal.Decimal("1e9"),
+    "T": decimal.Decimal("1e12"), "P": decimal.Decimal("1e15"), "E": decimal.Decimal("1e18"),
+}
+
+
+def _quantity_decimal(value: Any) -> decimal.Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int | float):
+        return decimal.Decimal(value)
+    match = _QUANTITY_RE.fullmatch(value)
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number = decimal.Decimal(match[1])
+    if match[2]:
+        return number.scaleb(int(match[2][1:]))
+    if match[3]:
+        return number * _QUANTITY_FACTORS[match[3]]
+    return number
+
+
+def parse_quantity(value: Any) -> int:
+    """The integer value of a Kubernetes quantity, rounded up as apimachinery's ``Quantity.Value()`` does.
+
+    Args:
+        value: a JSON number or a quantity string (``"2"``, ``"8192"``, ``"20k"`` = 20000, ``"1Gi"``, ``"500m"``,
+            ``"1e3"``).
+
+    Raises:
+        ValueError: not a quantity.
+    """
+    return math.ceil(_quantity_decimal(value))
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one container asks of HAMi (HAMi ``ContainerDeviceRequest``).
+
+    Attributes:
+        count: vGPUs (``nvidia.com/gpu``), each on a different physical GPU of one node.
+        memory_mib: device memory per vGPU, MiB (``nvidia.com/gpumem``), or None.
+        memory_percent: device memory per vGPU in percent of the GPU's registered memory
+            (``nvidia.com/gpumem-percentage``, at most 100), or None; ignored when ``memory_mib`` is set.
+        cores_percent: SM share per vGPU in percent of one GPU (``nvidia.com/gpucores``, at most 100), or None.
+    """
+
+    count: int
+    memory_mib: int | None = None
+    memory_percent: int | None = None
+    cores_percent: int | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        """A whole-GPU request: neither memory nor cores asked (how gShare asks for whole GPUs).
+
+        Such a vGPU gets a GPU nothing else holds, and nothing else is put on it while it is held. HAMi
+        reaches the same result through its memory default (the request takes 100 % of the memory).
+        """
+        return self.memory_mib is None and self.memory_percent is None and self.cores_percent is None
+
+    @property
+    def cores(self) -> int:
+        """Cores taken per vGPU, percent of one GPU; 0 = no core limit (HAMi's default ``gpucores``)."""
+        return self.cores_percent or 0
+
+    def memory_for(self, device_memory_mib: int) -> int:
+        """MiB taken on a GPU registering ``device_memory_mib`` MiB (HAMi default: 100 % of it)."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        percent = 100 if self.memory_percent is None else self.memory_percent
+        return device_memory_mib * percent // 100
+
+
+def _container_gpu_request(container: Mapping[str, Any]) -> GpuRequest | None:
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+
+    def read(name: str) -> int | None:
+        raw = limits.get(name, requests.get(name))
+        if raw is None:
+            return None
+        try:
+            return parse_quantity(raw)
+        except ValueError:
+            logger.warning("container %r: %s=%r is not a quantity, ignored", container.get("name"), name, raw)
+            return None
+
+    count = read(HAMI_RESOURCE_COUNT)
+    memory = read(HAMI_RESOURCE_MEMORY)
+    percent = read(HAMI_RESOURCE_MEMORY_PERCENTAGE)
+    cores = read(HAMI_RESOURCE_CORES)
+    if count is None and (memory is not None or percent is not None or cores is not None):
+        count = 1  # HAMi's admission webhook adds nvidia.com/gpu: 1 (defaultGPUNum) to such a container
+    if not count or count < 1:
+        return None
+    return GpuRequest(
+        count=count,
+        memory_mib=memory if memory is not None and memory > 0 else None,
+        memory_percent=min(max(percent, 0), 100) if percent is not None else None,
+        cores_percent=min(max(cores, 0), 100) if cores is not None else None,
+    )
+
+
+def pod_gpu_requests(pod_spec: Mapping[str, Any]) -> list[GpuRequest | None]:
+    """The HAMi request of every container of a Pod spec, init containers first (HAMi's annotation order).
+
+    Values come from ``resources.limits``, else ``resources.requests`` (HAMi reads limits first). A container
+    that asks for ``gpumem``/``gpumem-percentage``/``gpucores`` without ``nvidia.com/gpu`` gets 1 vGPU.
+
+    Returns:
+        One entry per container; None for a container that asks for no GPU.
+    """
+    containers = list(pod_spec.get("initContainers") or []) + list(pod_spec.get("containers") or [])
+    return [_container_gpu_request(c) for c in containers]
+
+
+@dataclass(frozen=True)
+class GpuAllocation:
+    """One vGPU in HAMi's pod allocation annotation.
+
+    Attributes:
+        uuid: GPU UUID (``GPU-xxxxxxxx-…``, the node register annotation's ``id``).
+        memory_mib: ``usedmem``, device memory reserved, MiB.
+        cores_percent: ``usedcores``, SM share reserved, percent of one GPU (0 = no core limit).
+        device_type: ``NVIDIA`` for NVIDIA GPUs (the vendor keyword, not the model).
+    """
+
+    uuid: str
+    memory_mib: int
+    cores_percent: int
+    device_type: str = HAMI_DEVICE_TYPE
+
+
+def encode_pod_devices(containers: Iterable[Iterable[GpuAllocation]]) -> str:
+    """Encode an allocation as HAMi writes ``hami.io/vgpu-devices-allocated`` (EncodePodSingleDevice @ v2.10.0).
+
+    Args:
+        containers: per container (init containers first), its vGPUs; empty for a container without GPU.
+
+    Returns:
+        e.g. ``GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,NVIDIA,3000,0:;`` (one container, one vGPU) or
+        ``;GPU-…,NVIDIA,6144,30:;`` (container 0 has no GPU).
+    """
+    return "".join(
+        "".join(f"{d.uuid},{d.device_type},{d.memory_mib},{d.cores_percent}:" for d in devices) + ";"
+        for devices in containers
+    )
+
+
+@dataclass
+class _GpuState:
+    """A registered GPU and what the pods bound to its node hold on it (HAMi ``DeviceUsage``)."""
+
+    device: HamiDevice
+    used: int = 0  # vGPUs placed on it (HAMi counts one per container device)
+    used_mem: int = 0  # MiB
+    used_cores: int = 0  # percent of one GPU
+    exclusive: bool = False  # held by a whole-GPU request
+
+    def take(self, allocation: GpuAllocation, exclusive: bool) -> None:
+        self.used += 1
+        self.used_mem += allocation.memory_mib
+        self.used_cores += allocation.cores_percent
+        self.exclusive = self.exclusive or exclusive
+
+
+def _listed(annotations: Mapping[str, str], key: str) -> list[str]:
+    return [item.strip() for item in (annotations.get(key) or "").split(",") if item.strip()]
+
+
+def _gpu_refusal(gpu: _GpuState, request: GpuRequest, annotations: Mapping[str, str]) -> str | None:
+    """Why HAMi would not put one vGPU of ``request`` on ``gpu`` (its reason code), or None if it fits."""
+    device = gpu.device
+    model = device.model.upper()
+    use_types = _listed(annotations, HAMI_USE_GPUTYPE)
+    if use_types and not any(t.upper() in model for t in use_types):
+        return "CardTypeMismatch"
+    if any(t.upper() in model for t in _listed(annotations, HAMI_NOUSE_GPUTYPE)):
+        return "CardTypeMismatch"
+    use_uuids = _listed(annotations, HAMI_USE_GPUUUID)
+    if (use_uuids and device.uuid not in use_uuids) or device.uuid in _listed(annotations, HAMI_NOUSE_GPUUUID):
+        return "CardUuidMismatch"
+    if gpu.used >= device.split_count:
+        return "CardTimeSlicingExhausted"
+    if device.memory_mib - gpu.used_mem < request.memory_for(device.memory_mib):
+        return "CardInsufficientMemory"
+    if device.cores - gpu.used_cores < request.cores:
+        return "CardInsufficientCore"
+    if gpu.exclusive or (request.exclusive and gpu.used > 0):
+        return "ExclusiveDeviceAllocateConflict"
+    if device.cores == 100 and request.cores == 100 and gpu.used > 0:  # HAMi: gpucores 100 = the card alone
+        return "ExclusiveDeviceAllocateConflict"
+    if device.cores != 0 and gpu.used_cores == device.cores and request.cores == 0:
+        return "CardComputeUnitsExhausted"  # HAMi: no core-less job on a GPU whose cores are all taken
+    return None
+
+
+def _fit_pod(gpus: list[_GpuState], requests: list[GpuRequest | None], annotations: Mapping[str, str]) -> tuple[
+        list[list[GpuAllocation]] | None, collections.Counter[str]]:
+    """Place every container's vGPUs on one node's GPUs, container by container (HAMi ``fitInDevices``).
+
+    Args:
+        gpus: the node's healthy GPUs in index order; updated in place with what is placed.
+        requests: per container (``pod_gpu_requests``).
+        annotations: the Pod's annotations (``nvidia.com/use-gputype`` ...).
+
+    Returns:
+        ``(allocation, reasons)``: per container its vGPUs (GPUs by index, distinct within a container), or None
+        when the node cannot host the pod; ``reasons`` counts HAMi's reason codes of the refused GPUs.
+    """
+    reasons: collections.Counter[str] = collections.Counter()
+    allocation: list[list[GpuAllocation]] = []
+    for request in requests:
+        if request is None:
+            allocation.append([])
+            continue
+        if request.count > len(gpus):
+            reasons["NodeInsufficientDevice"] += 1
+            return None, reasons
+        chosen: list[tuple[_GpuState, GpuAllocation]] = []
+        for gpu in gpus:
+            refusal = _gpu_refusal(gpu, request, annotations)
+            if refusal is not None:
+                reasons[refusal] += 1
+                continue
+            chosen.append((gpu, GpuAllocation(gpu.device.uuid, request.memory_for(gpu.device.memory_mib),
+                                              request.cores)))
+            if len(chosen) == request.count:
+                break
+        if len(chosen) < request.count:
+            if chosen:
+                reasons["AllocatedCardsInsufficientRequest"] += len(chosen)
+            return None, reasons
+        for gpu, device in chosen:
+            gpu.take(device, request.exclusive)
+        allocation.append([device for _, device in chosen])
+    return allocation, reasons
+
+
+def _binpack_score(gpus: Iterable[_GpuState]) -> float:
+    """HAMi's node score (``policy.NodeScore.ComputeDefaultScore``): share of vGPU slots + cores + memory in use.
+
+    The binpack node policy prefers the highest score (the most used node).
+    """
+    gpus = list(gpus)
+    score = 0.0
+    for used, total in ((sum(g.used for g in gpus), sum(g.device.split_count for g in gpus)),
+                        (sum(g.used_cores for g in gpus), sum(g.device.cores for g in gpus)),
+                        (sum(g.used_mem for g in gpus), sum(g.device.memory_mib for g in gpus))):
+        if total > 0:
+            score += used / total
+    return score
+
+
+#: kube-scheduler filter failures (``pkg/scheduler/framework/plugins``), in the order the default plugins run.
+_UNSCHEDULABLE_NODE = "node(s) were unschedulable"  # NodeUnschedulable
+_WRONG_NODE_NAME = "node(s) didn't match the requested node name"  # NodeName
+_NO_SELECTOR_MATCH = "node(s) didn't match Pod's node affinity/selector"  # NodeAffinity (nodeSelector)
+#: HAMi extender answers for nodes it refuses (``FailedNodes``): no register annotation, or no fit.
+_HAMI_UNREGISTERED = "node unregistered"
+_HAMI_UNFIT = "NodeUnfitPod"
+_PREEMPTION_USELESS = "Preemption is not helpful for scheduling"
+_NO_VICTIMS = "No preemption victims found for incoming pod"
+
+
+def _node_filter_failure(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> str | None:
+    """The kube-scheduler reason a node is filtered out for a pod, or None (taints are not emulated beyond Ready)."""
+    name = node["metadata"]["name"]
+    if (node.get("spec") or {}).get("unschedulable"):
+        return _UNSCHEDULABLE_NODE
+    if pod_spec.get("nodeName") and pod_spec["nodeName"] != name:
+        return _WRONG_NODE_NAME
+    ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), None)
+    if ready != "True":  # the node lifecycle controller taints it; no toleration is checked here
+        key = "node.kubernetes.io/not-ready" if ready == "False" else "node.kubernetes.io/unreachable"
+        return f"node(s) had untolerated taint {{{key}: }}"
+    labels = node["metadata"].get("labels") or {}
+    if not all(labels.get(k) == v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return _NO_SELECTOR_MATCH
+    return None
+
+
+def _fit_error(total: int, failures: Mapping[str, tuple[str, bool]]) -> str:
+    """kube-scheduler's ``FitError`` message (``0/3 nodes are available: ... preemption: ...``).
+
+    Args:
+        total: number of nodes.
+        failures: per node ``(reason, preemption_could_help)``; filter-plugin failures are unresolvable
+            (``Preemption is not helpful for scheduling``), extender failures are not (``No preemption victims
+            found for incoming pod``: the emulator has no lower-priority pods to evict).
+    """
+    if total == 0:
+        return "no nodes available to schedule pods"
+
+    def histogram(reasons: Iterable[str]) -> str:
+        return ", ".join(sorted(f"{count} {reason}" for reason, count in collections.Counter(reasons).items()))
+
+    filters = histogram(reason for reason, _ in failures.values())
+    preemption = histogram(_NO_VICTIMS if helps else _PREEMPTION_USELESS for _, helps in failures.values())
+    return (f"0/{total} nodes are available: {filters}. "
+            f"preemption: 0/{total} nodes are available: {preemption}.")
+
+
+@dataclass(frozen=True)
+class _Placement:
+    node: dict[str, Any]
+    devices: list[list[GpuAllocation]] | None  # None: the pod asks for no GPU
+
+
+def _qos_class(pod_spec: Mapping[str, Any]) -> str:
+    """The Pod's QoS class from its containers' cpu/memory requests and limits (extended resources do not count)."""
+    containers = list(pod_spec.get("initContainers") or []) + list(pod_spec.get("containers") or [])
+    any_set = False
+    guaranteed = bool(containers)
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = {**limits, **(resources.get("requests") or {})}  # requests default to limits
+        for name in ("cpu", "memory"):
+            any_set = any_set or name in limits or name in requests
+            if name not in limits or not _same_quantity(requests[name], limits[name]):
+                guaranteed = False
+    if guaranteed:
+        return "Guaranteed"
+    return "Burstable" if any_set else "BestEffort"
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    try:
+        return _quantity_decimal(a) == _quantity_decimal(b)
+    except (ValueError, decimal.InvalidOperation):
+        return False
+
+
+
 # --------------------------------------------------------------------------- the emulator
 
 
@@ -547,10 +961,19 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         history_limit: versions kept per object in ``emulator.objects[...].history`` (None: all).
         event_log_size: watch events kept for ``resourceVersion`` replays; older ones answer ``410 Expired``.
         pod_startup_seconds: None (default) leaves Pods created through the API ``Pending`` as there is no
-            kubelet; a number makes the emulator play scheduler and kubelet: that many seconds after a Pod is
-            created it is bound to its ``spec.nodeName`` (or the first Ready node, by name, matching its
-            ``nodeSelector``) and set ``Running`` with Ready conditions, a pod IP and running container
-            statuses; with no such node it stays ``Pending`` with ``PodScheduled=False`` (``Unschedulable``).
+            scheduler or kubelet. A number of seconds makes the emulator play kube-scheduler with HAMi's
+            scheduler extender, HAMi's device plugin and the kubelet for Pods created through the API (see
+            ``_scheduler_pass``): the Pod is bound at once to a node that passes the scheduler's filters
+            (``nodeName``, ``nodeSelector``, Ready, not cordoned) and, when it asks for HAMi resources
+            (``nvidia.com/gpu``/``gpumem``/``gpumem-percentage``/``gpucores``), has room for it with HAMi's sharing
+            rules on the GPUs of its ``hami.io/node-nvidia-register`` annotation; GPU pods go to the most used
+            node first (binpack), then by name, on GPUs by index, and get HAMi's pod annotations
+            (``hami.io/vgpu-devices-allocated`` ..., ``bind-phase: allocating``). That many seconds later it is
+            ``Running`` (``bind-phase: success``, ``vgpu-devices-to-allocate`` emptied) with Ready conditions, a
+            pod IP from its node's ``podCIDR`` and running container statuses. With no room it stays ``Pending``
+            with ``PodScheduled=False``/``Unschedulable`` and kube-scheduler's message, and is tried again when
+            a Pod or Node changes (a deleted Pod frees its GPUs) and every ``scheduler_retry_seconds``.
+        scheduler_retry_seconds: how often unschedulable Pods are tried again without any change (seconds).
 
     Must be created and used inside the event loop that serves it (see ``serve``/``EmulatedCluster``).
     """
@@ -561,6 +984,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     history_limit: int | None = 50
     event_log_size: int = 1000
     pod_startup_seconds: float | None = None
+    scheduler_retry_seconds: float = 10.0
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
@@ -570,6 +994,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     _next_cluster_ip: int = attrs.field(default=10, init=False)
     _next_pod_ip: int = attrs.field(default=10, init=False)
     _kubelet_tasks: set = attrs.field(factory=set, init=False)
+    _node_pod_ips: dict[str, int] = attrs.field(factory=dict, init=False)
+    _unscheduled: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)  # uid -> (ns, name)
+    _starting: dict[str, tuple[str, str, float]] = attrs.field(factory=dict, init=False)  # uid -> (ns, name, due)
+    _scheduler_wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _scheduler_task: asyncio.Task | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -660,6 +1089,19 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             _, dropped = self._events.popleft()
             self._compacted_rv = dropped["rv"]
         await self._buses[resource].put(event)
+        if self._scheduler_task is not None and self._frees_room(spec, event_type, obj, old):
+            self._scheduler_wake.set()
+
+    @staticmethod
+    def _frees_room(spec: ResourceSpec, event_type: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+        """Whether an event may let an unschedulable Pod fit: any Node change, a Pod gone or finished."""
+        if spec.group or spec.plural not in ("nodes", "pods"):
+            return False
+        if spec.plural == "nodes" or event_type == "DELETED":
+            return True
+        finished = ("Succeeded", "Failed")
+        return ((obj.get("status") or {}).get("phase") in finished
+                and ((old or {}).get("status") or {}).get("phase") not in finished)
 
     async def close_watches(self) -> None:
         """End every open watch stream and pending Pod start-up (called before the server stops)."""
@@ -701,7 +1143,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             meta.pop("deletionTimestamp", None)
             meta.pop("deletionGracePeriodSeconds", None)
             if spec.kind == "Pod":
-                obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+                obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
             elif spec.group not in _BUILTIN_GROUPS and "status" in spec.subresources:
                 obj.pop("status", None)
         if spec.kind == "Service":
@@ -966,63 +1408,246 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             self.register(crd_spec)
         await self._emit(spec, "ADDED", obj, None)
         if spec.kind == "Pod" and self.pod_startup_seconds is not None:
-            task = asyncio.create_task(self._start_pod(spec, obj["metadata"]["namespace"], obj["metadata"]["name"],
-                                                       obj["metadata"]["uid"]))
-            self._kubelet_tasks.add(task)
-            task.add_done_callback(self._kubelet_tasks.discard)
+            self._unscheduled[obj["metadata"]["uid"]] = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            self._ensure_scheduler()
+            self._scheduler_wake.set()
         return _Outcome(201, obj)
 
-    async def _start_pod(self, spec: ResourceSpec, namespace: str, name: str, uid: str) -> None:
-        """Scheduler + kubelet stand-in for ``pod_startup_seconds`` (see the class docstring)."""
-        await asyncio.sleep(self.pod_startup_seconds or 0)
-        async with self._lock:
-            current = self._current(spec, namespace, name)
-            if current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp"):
-                return
-            if (current.get("status") or {}).get("phase") != "Pending":
-                return
-            pod = copy.deepcopy(current)
-            now = _now()
-            node = self._pick_node(pod.get("spec") or {})
-            if node is None:
-                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": "0 nodes are available: no Ready node matches the "
-                                                           "Pod's nodeName/nodeSelector.",
-                                                "lastTransitionTime": now}]
-            else:
-                pod.setdefault("spec", {})["nodeName"] = node["metadata"]["name"]
-                self._next_pod_ip += 1
-                pod_ip = str(ipaddress.IPv4Address("10.244.0.0") + self._next_pod_ip)
-                host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or []
-                                if a.get("type") == "InternalIP"), "10.0.0.1")
-                containers = (pod.get("spec") or {}).get("containers") or []
-                pod["status"] = {
-                    "phase": "Running",
-                    "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                                   for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-                    "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-                    "startTime": now, "qosClass": pod["status"].get("qosClass", "BestEffort"),
-                    "containerStatuses": [{
-                        "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
-                        "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
-                    } for c in containers],
-                }
-            pod["metadata"]["resourceVersion"] = self._next_rv()
-            self._store(spec, pod)
-            await self._emit(spec, "MODIFIED", pod, current)
+    # ----------------------------------------------------------------- scheduler, HAMi and kubelet stand-ins
 
-    def _pick_node(self, pod_spec: Mapping[str, Any]) -> dict[str, Any] | None:
-        node_spec = self._specs[_res("", "v1", "nodes")]
-        selector = pod_spec.get("nodeSelector") or {}
-        for node in self._live(node_spec):
-            if pod_spec.get("nodeName") and node["metadata"]["name"] != pod_spec["nodeName"]:
+    def _ensure_scheduler(self) -> None:
+        if self._scheduler_task is None or self._scheduler_task.done():
+            self._scheduler_task = asyncio.create_task(self._scheduler_loop(), name="emulated-scheduler")
+            self._kubelet_tasks.add(self._scheduler_task)
+            self._scheduler_task.add_done_callback(self._kubelet_tasks.discard)
+
+    async def _scheduler_loop(self) -> None:
+        """Run ``_scheduler_pass`` whenever woken (Pod created, Pod/Node change), a start is due or a retry is."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._scheduler_wake.clear()
+            try:
+                async with self._lock:
+                    next_start = await self._scheduler_pass()
+            except Exception:  # keep scheduling the other pods; the failure is in the log
+                logger.exception("the emulated scheduler failed a pass")
+                next_start = None
+            delays = [] if next_start is None else [max(0.0, next_start - loop.time())]
+            if self._unscheduled:
+                delays.append(self.scheduler_retry_seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(delays) if delays else None):
+                    await self._scheduler_wake.wait()
+
+    async def _scheduler_pass(self) -> float | None:
+        """Bind the pending Pods that fit (oldest first), then start the bound Pods whose start-up time has come.
+
+        Returns:
+            The loop time of the next start, or None when no Pod is waiting to start.
+        """
+        pods = self._specs[_res("", "v1", "pods")]
+        loop = asyncio.get_running_loop()
+        for uid, (namespace, name) in list(self._unscheduled.items()):
+            current = self._waiting_pod(pods, namespace, name, uid)
+            if current is None:
+                del self._unscheduled[uid]
                 continue
-            labels = node["metadata"].get("labels") or {}
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in (node.get("status") or {}).get("conditions") or [])
-            if ready and all(labels.get(k) == v for k, v in selector.items()):
-                return node
-        return None
+            placement = self._place(current)
+            if isinstance(placement, str):
+                await self._mark_unschedulable(pods, current, placement)
+                continue
+            del self._unscheduled[uid]
+            await self._write(pods, self._bound(current, placement), current)
+            self._starting[uid] = (namespace, name, loop.time() + (self.pod_startup_seconds or 0.0))
+        for uid, (namespace, name, due) in list(self._starting.items()):
+            if due > loop.time():
+                continue
+            del self._starting[uid]
+            current = self._waiting_pod(pods, namespace, name, uid)
+            node = self._current(self._specs[_res("", "v1", "nodes")], None,
+                                 ((current or {}).get("spec") or {}).get("nodeName") or "")
+            if current is not None and node is not None:
+                await self._write(pods, self._running(current, node), current)
+        return min((due for _, _, due in self._starting.values()), default=None)
+
+    def _waiting_pod(self, pods: ResourceSpec, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The Pod if it is still the one created (same uid), not being deleted and ``Pending``."""
+        current = self._current(pods, namespace, name)
+        if current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp"):
+            return None
+        return current if (current.get("status") or {}).get("phase") == "Pending" else None
+
+    async def _write(self, spec: ResourceSpec, new: dict[str, Any], old: dict[str, Any]) -> None:
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(spec, new)
+        await self._emit(spec, "MODIFIED", new, old)
+
+    def _gpu_states(self) -> dict[str, list[_GpuState] | None]:
+        """Per node name: its healthy GPUs (index order) with what live Pods hold on them.
+
+        GPUs come from the node's ``hami.io/node-nvidia-register`` (or ``4pd.io/...``) annotation, decoded by
+        ``operator_agent.hami.decode_node_register``; None when the node has no such annotation or it does not
+        decode (HAMi: "node unregistered"). Holdings come from the ``hami.io/vgpu-devices-allocated`` annotation
+        of every Pod bound to the node that has not finished (``Succeeded``/``Failed``), decoded by
+        ``operator_agent.hami_pods.decode_pod_devices``, as HAMi's scheduler rebuilds them from its pod informer;
+        a deleted Pod holds nothing.
+        """
+        states: dict[str, list[_GpuState] | None] = {}
+        for node in self._live(self._specs[_res("", "v1", "nodes")]):
+            name = node["metadata"]["name"]
+            value = node_register_annotation(node["metadata"].get("annotations"))
+            try:
+                devices = decode_node_register(value) if value is not None else None
+            except HamiDecodeError as exc:
+                logger.warning("node %s: HAMi register annotation not decodable, treated as unregistered: %s",
+                               name, exc)
+                devices = None
+            states[name] = None if devices is None else [
+                _GpuState(d) for d in sorted(devices, key=lambda d: (d.index, d.uuid)) if d.health]
+        for pod in self._live(self._specs[_res("", "v1", "pods")]):
+            gpus = states.get((pod.get("spec") or {}).get("nodeName") or "")
+            value = (pod["metadata"].get("annotations") or {}).get(HAMI_DEVICES_ALLOCATED)
+            if not gpus or not value or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            try:
+                containers = decode_pod_devices(value)
+            except HamiDecodeError as exc:
+                logger.warning("pod %s/%s: %s not decodable, ignored: %s", pod["metadata"].get("namespace"),
+                               pod["metadata"]["name"], HAMI_DEVICES_ALLOCATED, exc)
+                continue
+            requests = pod_gpu_requests(pod.get("spec") or {})
+            by_uuid = {gpu.device.uuid: gpu for gpu in gpus}
+            for index, devices in enumerate(containers):
+                request = requests[index] if index < len(requests) else None
+                for device in devices:
+                    if device["uuid"] in by_uuid:
+                        held = GpuAllocation(device["uuid"], device["memory_mib"], device["cores"], device["type"])
+                        by_uuid[device["uuid"]].take(held, request is not None and request.exclusive)
+        return states
+
+    def _place(self, pod: Mapping[str, Any]) -> _Placement | str:
+        """Choose a node (and GPUs) for a Pod, or return kube-scheduler's failure message.
+
+        Nodes are filtered as kube-scheduler's default plugins do (``_node_filter_failure``). A Pod without HAMi
+        resources goes to the first remaining node by name. A GPU Pod is then filtered as HAMi's scheduler
+        extender does: nodes without a register annotation are "node unregistered", nodes whose GPUs cannot hold
+        every container's vGPUs are "NodeUnfitPod" (``_fit_pod``); among the nodes that fit, the binpack policy
+        takes the most used one (``_binpack_score``), ties broken by name.
+        """
+        spec = pod.get("spec") or {}
+        meta = pod["metadata"]
+        nodes = self._live(self._specs[_res("", "v1", "nodes")])
+        failures: dict[str, tuple[str, bool]] = {}
+        candidates = []
+        for node in nodes:
+            reason = _node_filter_failure(node, spec)
+            if reason is None:
+                candidates.append(node)
+            else:
+                failures[node["metadata"]["name"]] = (reason, False)
+        requests = pod_gpu_requests(spec)
+        if not any(requests):
+            if candidates:
+                return _Placement(candidates[0], None)
+            return _fit_error(len(nodes), failures)
+        states = self._gpu_states()
+        annotations = meta.get("annotations") or {}
+        fits = []
+        card_reasons: dict[str, list[str]] = collections.defaultdict(list)
+        for node in candidates:
+            name = node["metadata"]["name"]
+            gpus = states.get(name)
+            if gpus is None:
+                failures[name] = (_HAMI_UNREGISTERED, True)
+                continue
+            score = _binpack_score(gpus)
+            allocation, reasons = _fit_pod(gpus, requests, annotations)
+            if allocation is None:
+                failures[name] = (_HAMI_UNFIT, True)
+                for reason in reasons:
+                    card_reasons[reason].append(name)
+                continue
+            fits.append((-score, name, node, allocation))
+        if fits:
+            _, _, node, allocation = min(fits, key=lambda fit: (fit[0], fit[1]))
+            return _Placement(node, allocation)
+        if card_reasons:  # what HAMi records as FilteringFailed events
+            logger.info("hami-scheduler: pod %s/%s does not fit: %s", meta.get("namespace"), meta["name"], "; ".join(
+                f"{len(names)} nodes {reason}({','.join(sorted(names))})" for reason, names in sorted(card_reasons.items())))
+        return _fit_error(len(nodes), failures)
+
+    async def _mark_unschedulable(self, pods: ResourceSpec, current: dict[str, Any], message: str) -> None:
+        """Set ``PodScheduled=False``/``Unschedulable`` with ``message`` (no write when nothing changes)."""
+        conditions = (current.get("status") or {}).get("conditions") or []
+        scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), None)
+        if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("message") == message:
+            return
+        pod = copy.deepcopy(current)
+        now = _now()
+        pod["status"]["conditions"] = [c for c in conditions if c.get("type") != "PodScheduled"] + [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+            "lastProbeTime": None, "lastTransitionTime": now}]
+        await self._write(pods, pod, current)
+
+    @staticmethod
+    def _bound(current: Mapping[str, Any], placement: _Placement) -> dict[str, Any]:
+        """The Pod once bound: ``spec.nodeName``, ``PodScheduled=True``, and for a GPU Pod HAMi's annotations as its
+        scheduler writes them at bind time (``bind-phase: allocating``, to-allocate = allocated)."""
+        pod = copy.deepcopy(dict(current))
+        name = placement.node["metadata"]["name"]
+        pod.setdefault("spec", {})["nodeName"] = name
+        if placement.devices is not None:
+            value = encode_pod_devices(placement.devices)
+            unix = str(int(time.time()))
+            pod["metadata"].setdefault("annotations", {}).update({
+                HAMI_VGPU_NODE: name, HAMI_VGPU_TIME: unix, HAMI_DEVICES_TO_ALLOCATE: value,
+                HAMI_DEVICES_ALLOCATED: value, HAMI_BIND_PHASE: "allocating", HAMI_BIND_TIME: unix,
+            })
+        pod["status"] = {**pod.get("status", {}), "phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": _now()}]}
+        return pod
+
+    def _running(self, current: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+        """The Pod once its containers run: what HAMi's device plugin writes (``bind-phase: success``, to-allocate
+        emptied to one ``;`` per container) and the kubelet's status (``Running``, IPs, conditions, containers)."""
+        pod = copy.deepcopy(dict(current))
+        annotations = pod["metadata"].get("annotations") or {}
+        if HAMI_DEVICES_TO_ALLOCATE in annotations and HAMI_DEVICES_ALLOCATED in annotations:
+            segments = len(decode_pod_devices(annotations[HAMI_DEVICES_ALLOCATED]))
+            annotations[HAMI_DEVICES_TO_ALLOCATE] = ";" * segments
+            annotations[HAMI_BIND_PHASE] = "success"
+        now = _now()
+        pod_ip = self._pod_ip(node)
+        host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or []
+                        if a.get("type") == "InternalIP"), "10.0.0.1")
+        spec = pod.get("spec") or {}
+        pod["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+                           for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                                     "PodScheduled")],
+            "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+            "startTime": now, "qosClass": (current.get("status") or {}).get("qosClass", _qos_class(spec)),
+            "containerStatuses": [{
+                "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
+                "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
+            } for c in spec.get("containers") or []],
+        }
+        return pod
+
+    def _pod_ip(self, node: Mapping[str, Any]) -> str:
+        """The next address of the node's ``spec.podCIDR`` (from ``.2``, wrapping), else of 10.244.0.0/16.
+
+        Data only: nothing listens there (the emulator serves the API on loopback and nothing else).
+        """
+        try:
+            network = ipaddress.ip_network((node.get("spec") or {}).get("podCIDR") or "")
+        except ValueError:
+            self._next_pod_ip += 1
+            return str(ipaddress.IPv4Address("10.244.0.0") + self._next_pod_ip)
+        name = node["metadata"]["name"]
+        self._node_pod_ips[name] = self._node_pod_ips.get(name, -1) + 1
+        return str(network.network_address + 2 + self._node_pod_ips[name] % max(1, network.num_addresses - 3))
 
     def _require_namespace(self, spec: ResourceSpec, namespace: str | None) -> None:
         if spec.namespaced and namespace is not None:
@@ -1733,22 +2358,40 @@ class EmulatedCluster:
 # --------------------------------------------------------------------------- CLI
 
 
-def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict]]:
+_FROM_SEED: Any = object()  # --pod-startup-seconds not given
+
+
+def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], float | None]:
+    """``(version, objects, podStartupSeconds)`` of a seed file (the last None when the seed has no such key)."""
     seed = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(seed, dict) or not isinstance(seed.get("objects", []), list):
         raise ValueError(f"{path}: a seed is a JSON object {{\"version\": {{...}}, \"objects\": [...]}}")
-    return seed.get("version"), seed.get("objects", [])
+    startup = seed.get("podStartupSeconds")
+    if startup is not None and (isinstance(startup, bool) or not isinstance(startup, int | float) or startup < 0):
+        raise ValueError(f"{path}: podStartupSeconds must be a number of seconds >= 0, not {startup!r}")
+    return seed.get("version"), seed.get("objects", []), startup
+
+
+def _startup_seconds(text: str) -> float | None:
+    """``--pod-startup-seconds``: seconds >= 0, or ``off`` (Pods stay ``Pending`` whatever the seed says)."""
+    if text.lower() in ("off", "none"):
+        return None
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 or 'off'")
+    return value
 
 
 async def _serve_until_signalled(args: argparse.Namespace) -> None:
-    version, objects = _read_seed(pathlib.Path(args.seed))
+    version, objects, seed_startup = _read_seed(pathlib.Path(args.seed))
+    startup = seed_startup if args.pod_startup_seconds is _FROM_SEED else args.pod_startup_seconds
     token = pathlib.Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with serve(objects, version=version, token=token, host=args.host, port=args.port,
-                     pod_startup_seconds=args.pod_startup_seconds) as (_, url):
+                     pod_startup_seconds=startup) as (_, url):
         if args.ready_file:
             ready = pathlib.Path(args.ready_file)
             tmp = ready.with_name(ready.name + ".tmp")
@@ -1763,9 +2406,11 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: serve a seed file until SIGTERM/SIGINT.
 
     ``python -m demo.emulator --seed PATH --port N [--host 127.0.0.1] [--ready-file PATH] [--token-file PATH]
-    [--pod-startup-seconds S] [--log-level LEVEL]``
+    [--pod-startup-seconds S|off] [--log-level LEVEL]``
 
-    The seed is JSON ``{"version": {...}, "objects": [...]}`` (``demo.fleet.write_seed`` writes one). Once
+    The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "objects": [...]}`` (``demo.fleet.write_seed``
+    writes one; ``podStartupSeconds`` is optional and enables the scheduler/HAMi/kubelet stand-in, see
+    ``KubeApiEmulator``; ``--pod-startup-seconds`` overrides it, ``off`` disables it). Once
     listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically).
     The token file holds the bearer token clients must send (surrounding whitespace ignored).
 
@@ -1778,8 +2423,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
     parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} here once listening")
     parser.add_argument("--token-file", help="file holding the bearer token to require")
-    parser.add_argument("--pod-startup-seconds", type=float, default=None,
-                        help="bind and run created Pods after this many seconds (default: they stay Pending)")
+    parser.add_argument("--pod-startup-seconds", type=_startup_seconds, default=_FROM_SEED, metavar="S|off",
+                        help="schedule created Pods (HAMi rules) and run them S seconds after binding; 'off': they "
+                             "stay Pending (default: the seed's podStartupSeconds, else off)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

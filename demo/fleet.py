@@ -7,8 +7,10 @@
   hami-core) still carrying the 7-field v2.4 annotation (its plugin pod is not rolled yet: the DaemonSet
   reports 1 of 2 updated) and ``gpu-h20-01`` (8x NVIDIA H20-3e, mig) with the 9-field v2.5-v2.7 one.
 
-Each cluster also has one control-plane node without ``gpu=on``, the namespaces ``default``, ``kube-system``
-and ``gshare-system``, the RuntimeClass ``nvidia`` and HAMi's device-plugin DaemonSet
+Each cluster also has one control-plane node without ``gpu=on``, the namespaces ``default``, ``kube-system``,
+``gshare-system`` and ``gshare-sessions`` (where the control plane applies ``GShareSession`` objects), the
+``GShareSession`` CustomResourceDefinition (``charts/gshare-operator/crds/gsharesessions.gshare.io.yaml``, the
+file the operator chart installs), the RuntimeClass ``nvidia`` and HAMi's device-plugin DaemonSet
 ``kube-system/hami-device-plugin``.
 
 Why H100+V100 / T4+H20 (and not H100+H20 / T4+V100): the HAMi v2.8+ scheduler reads only the JSON register
@@ -26,7 +28,7 @@ captures where one matches the model (H100: ``--query-gpu`` CSV; T4: ``-q -x`` X
 HAMi annotation itself (model name and memory only).
 
 This module must not import Django (``python -m demo.emulator`` and the tests use it without settings); it
-reads only ``demo/data`` (never ``../shared``).
+reads only ``demo/data`` and the operator chart's CRD (never ``../shared``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from operator_agent.contract import SESSION_NAMESPACE_DEFAULT
 from operator_agent.hami import decode_node_register
 from operator_agent.inventory import device_to_snapshot
 
@@ -49,8 +52,7 @@ DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 """Directory of the copied fixtures (``hami/``, ``nvidia-smi/``, ``k8s-objects/``)."""
 
 GPU_NODE_LABELS = {"gpu": "on"}
-"""Label every GPU node carries (``operator_agent.contract.GPU_NODE_LABEL_KEY``/``_VALUE``; repeated here so
-this module imports nothing of the project)."""
+"""Label every GPU node carries (same key/value as ``operator_agent.contract.GPU_NODE_LABEL_KEY``/``_VALUE``)."""
 
 GPU_MODE_LABEL = "gshare.io/gpu-mode"
 """Node label with the GPU sharing mode (``hami-core`` or ``mig``); same value as ``operator_agent.contract``."""
@@ -58,6 +60,11 @@ GPU_MODE_LABEL = "gshare.io/gpu-mode"
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 HAMI_HANDSHAKE_ANNOTATION = "hami.io/node-handshake"
 NODE_TEMPLATE = "k8s-objects/node.gpu-8xh100.hami-v2.10.json"
+SESSION_CRD_FILE = DATA_DIR.parent.parent / "charts/gshare-operator/crds/gsharesessions.gshare.io.yaml"
+"""The GShareSession CRD as the operator chart installs it (Helm ``crds/``), seeded into every demo cluster."""
+
+DEMO_POD_STARTUP_SECONDS = 1.0
+"""Seconds between a Pod's binding and ``Running`` in the demo's emulators (``podStartupSeconds`` of the seed)."""
 _UID_NAMESPACE = uuid.UUID("6f1c3f0e-5b9a-4d51-9d0e-6b2f4f3b9a10")  # HAND: fixed so uids are stable across runs
 
 
@@ -469,6 +476,20 @@ def _namespace(cluster: str, name: str) -> dict[str, Any]:
     }
 
 
+def session_crd(cluster: str) -> dict[str, Any] | None:
+    """The ``gsharesessions.gshare.io`` CustomResourceDefinition (``SESSION_CRD_FILE``, with a stable uid added).
+
+    Returns:
+        The CRD, or None while the chart does not ship the file (then the demo clusters serve no
+        ``gshare.io`` resource and the operator cannot reconcile sessions).
+    """
+    if not SESSION_CRD_FILE.is_file():
+        return None
+    obj = yaml.safe_load(SESSION_CRD_FILE.read_text(encoding="utf-8"))
+    obj["metadata"]["uid"] = _uid(cluster, "CustomResourceDefinition", obj["metadata"]["name"])
+    return obj
+
+
 def runtime_class(cluster: str) -> dict[str, Any]:
     """RuntimeClass ``nvidia`` (``k8s-objects/runtimeclass.nvidia.yaml``, with a stable uid added)."""
     obj = yaml.safe_load((DATA_DIR / "k8s-objects/runtimeclass.nvidia.yaml").read_text(encoding="utf-8"))
@@ -550,32 +571,44 @@ def cluster_objects(name: str) -> list[dict[str, Any]]:
     """Every object of a demo cluster, ready for ``EmulatedCluster(objects)`` or a seed file.
 
     Returns:
-        Namespaces (``default``, ``kube-system``, ``gshare-system``), the nodes (control plane first), the
-        RuntimeClass ``nvidia`` and the DaemonSet ``kube-system/hami-device-plugin``; fresh dicts on every call.
+        Namespaces (``default``, ``kube-system``, ``gshare-system``, ``gshare-sessions``), the ``GShareSession``
+        CRD (``session_crd``, when the chart ships it), the nodes (control plane first), the RuntimeClass
+        ``nvidia`` and the DaemonSet ``kube-system/hami-device-plugin``; fresh dicts on every call.
 
     Raises:
         KeyError: no such cluster.
     """
     cluster = cluster_spec(name)
-    objects: list[dict[str, Any]] = [_namespace(name, ns) for ns in ("default", "kube-system", "gshare-system")]
+    namespaces = ("default", "kube-system", "gshare-system", SESSION_NAMESPACE_DEFAULT)
+    objects: list[dict[str, Any]] = [_namespace(name, ns) for ns in namespaces]
+    crd = session_crd(name)
+    if crd is not None:
+        objects.append(crd)
     objects += [node_object(cluster, node, i) for i, node in enumerate(cluster.nodes)]
     objects.append(runtime_class(name))
     objects.append(hami_device_plugin_daemonset(cluster))
     return objects
 
 
-def write_seed(name: str, path: str | pathlib.Path) -> pathlib.Path:
+def write_seed(name: str, path: str | pathlib.Path,
+               pod_startup_seconds: float | None = DEMO_POD_STARTUP_SECONDS) -> pathlib.Path:
     """Write the seed file ``python -m demo.emulator --seed`` serves.
 
     Args:
         name: cluster name.
         path: output file.
+        pod_startup_seconds: ``podStartupSeconds`` of the seed: the emulator schedules Pods with HAMi's rules and
+            runs them that many seconds after binding (``demo.emulator.KubeApiEmulator``); None leaves Pods
+            ``Pending`` (the key is then omitted).
 
     Returns:
-        The path written: JSON ``{"cluster": name, "version": {...}, "objects": [...]}``.
+        The path written: JSON ``{"cluster": name, "version": {...}, "podStartupSeconds": 1.0, "objects": [...]}``.
     """
     path = pathlib.Path(path)
-    seed = {"cluster": name, "version": cluster_version(name), "objects": cluster_objects(name)}
+    seed: dict[str, Any] = {"cluster": name, "version": cluster_version(name)}
+    if pod_startup_seconds is not None:
+        seed["podStartupSeconds"] = pod_startup_seconds
+    seed["objects"] = cluster_objects(name)
     path.write_text(json.dumps(seed, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     return path
 
@@ -619,5 +652,5 @@ def fleet_gpu_uuids() -> list[str]:
 __all__ = [
     "DATA_DIR", "FLEET", "ClusterSpec", "GpuFacts", "NodeSpec", "cluster_objects", "cluster_spec", "cluster_version",
     "decode_hami_register", "expected_inventory", "fleet_gpu_uuids", "gfd_labels", "hami_device_plugin_daemonset",
-    "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "write_seed",
+    "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "session_crd", "write_seed",
 ]

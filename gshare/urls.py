@@ -24,6 +24,7 @@ urlpatterns = [
     path("internal/connect/verify", connect_verify, name="connect-verify"),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
+    path("internal/ping", views.ping, name="ping"),
     re_path(r"^(api|internal)/", views.json_not_found),
     # Last: the console's catch-all would shadow the routes above.
     path("", admin.site.urls),

@@ -1,9 +1,9 @@
-"""Project-level views: the public JWKS and a health check."""
+"""Project-level views: the public JWKS, a health check and a no-op ping."""
 
 from __future__ import annotations
 
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from gshare.auth.internal_jwt import public_jwks
@@ -23,6 +23,11 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+def ping(request):
+    """``/internal/ping``: 204 with no body, no database and no auth (the baseline of ``bench/connect_verify.py``)."""
+    return HttpResponse(status=204)
 
 
 def json_not_found(request, *args):

@@ -10,6 +10,10 @@ are a small frozen dataclass built from ``os.environ``:
 * ``GSHARE_HTTP_TIMEOUT``: seconds per HTTP request (connect and read, each); default ``10``.
 * ``GSHARE_BACKOFF_MAX``: cap of the retry backoff, in seconds; default ``60``.
 * ``GSHARE_LOG_LEVEL``: Python logging level name; default ``INFO``.
+* ``GSHARE_SESSION_NAMESPACE``: namespace of the ``GShareSession`` objects (and of the session
+  Pods, Services and Ingresses); default ``gshare-sessions`` (``contract.SESSION_NAMESPACE_DEFAULT``).
+* ``GSHARE_RECONCILE_INTERVAL``: seconds; the longest a session status change waits before it is
+  reported (changes are normally sent at once) and the retry delay of a failed reconcile; default ``2``.
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -27,11 +32,13 @@ from urllib.parse import urlsplit
 import kubernetes.client
 import kubernetes.config
 
-from operator_agent.contract import DEFAULT_TOKEN_FILE
+from operator_agent.contract import DEFAULT_TOKEN_FILE, SESSION_NAMESPACE_DEFAULT
 
 __all__ = ["ConfigError", "OperatorConfig", "kubernetes_api_client"]
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# DNS-1123 label: what Kubernetes accepts as a namespace name.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 class ConfigError(ValueError):
@@ -51,6 +58,9 @@ class OperatorConfig:
         http_timeout: seconds allowed per HTTP request, for connect and for read (> 0).
         backoff_max: cap, in seconds, of the exponential retry backoff (> 0).
         log_level: logging level name (``DEBUG`` … ``CRITICAL``).
+        session_namespace: namespace of the ``GShareSession`` objects and their children.
+        reconcile_interval: seconds; longest delay of a status report and retry delay of a failed
+            reconcile (> 0).
     """
 
     cluster_id: str
@@ -60,6 +70,8 @@ class OperatorConfig:
     http_timeout: float = 10.0
     backoff_max: float = 60.0
     log_level: str = "INFO"
+    session_namespace: str = SESSION_NAMESPACE_DEFAULT
+    reconcile_interval: float = 2.0
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -79,6 +91,11 @@ class OperatorConfig:
         log_level = (environ.get("GSHARE_LOG_LEVEL") or "INFO").strip().upper()
         if log_level not in _LOG_LEVELS:
             raise ConfigError(f"GSHARE_LOG_LEVEL must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
+        session_namespace = (environ.get("GSHARE_SESSION_NAMESPACE") or "").strip() or SESSION_NAMESPACE_DEFAULT
+        if not _DNS1123_LABEL.match(session_namespace):
+            raise ConfigError(
+                f"GSHARE_SESSION_NAMESPACE must be a Kubernetes namespace name (DNS-1123 label), got {session_namespace!r}"
+            )
         return cls(
             cluster_id=cluster_id,
             control_plane_url=url,
@@ -87,6 +104,8 @@ class OperatorConfig:
             http_timeout=_seconds(environ, "GSHARE_HTTP_TIMEOUT", 10.0),
             backoff_max=_seconds(environ, "GSHARE_BACKOFF_MAX", 60.0),
             log_level=log_level,
+            session_namespace=session_namespace,
+            reconcile_interval=_seconds(environ, "GSHARE_RECONCILE_INTERVAL", 2.0),
         )
 
     @property

@@ -1,11 +1,16 @@
-"""The operator process: a loop that reports the GPU inventory every ``GSHARE_INVENTORY_INTERVAL`` seconds.
+"""The operator process: the GPU inventory loop and the session reconciler.
+
+The main thread reports the GPU inventory every ``GSHARE_INVENTORY_INTERVAL`` seconds; a
+second thread runs the Kopf-based session reconciler (``operator_agent.sessions.run_sessions``:
+GShareSession -> Pod, Service, Ingress, status reports), which stops with the same SIGTERM/SIGINT.
+``--once`` reports the inventory once and does not start the session reconciler.
 
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
 snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``); a
 successful report logs ``inventory reported: N nodes, M GPUs``. A failed tick is logged and
 the next tick tries again with a fresh snapshot and a freshly read token. SIGTERM and
-SIGINT stop the loop (a backoff sleep is cut short; a request in flight finishes within
-``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
+SIGINT stop the loop and the session reconciler (a backoff sleep is cut short; a request in
+flight finishes within ``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
 Invalid configuration exits 2 with a message naming the variable.
 
 Why a plain loop and not Kopf for this tick: Kopf's timers are *per-object* handlers
@@ -16,9 +21,8 @@ once. Emulating that with per-Node timers would need a debounce/aggregation laye
 Kopf-managed dummy object to hang a singleton timer on, and would add watch streams on all
 Nodes for a value that one ``list`` call every 30 s gives directly. The loop is a few dozen
 lines with injectable parts, so it is simpler to test than the equivalent Kopf operator.
-Kopf remains the intended framework for the ``GShareSession`` handlers (create/update/
-delete reconciling Pod, Service, Ingress and PVC), which *are* per-object; when they land,
-this tick can move into a Kopf ``@kopf.daemon`` on a singleton or stay a thread beside it.
+Kopf runs the ``GShareSession`` handlers, which *are* per-object (``operator_agent.sessions``);
+this tick stays a thread beside it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from operator_agent import __version__
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
 from operator_agent.inventory import collect_inventory, snapshot_counts
+from operator_agent.sessions import run_sessions
 
 __all__ = ["main", "report_inventory", "run"]
 
@@ -47,6 +52,8 @@ EXIT_OK = 0
 EXIT_TICK_FAILED = 1
 EXIT_CONFIG = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+SESSIONS_JOIN_TIMEOUT = 30.0
+"""Seconds the process waits for the session reconciler to stop after SIGTERM/SIGINT."""
 
 
 def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig) -> bool:
@@ -132,11 +139,32 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         config.control_plane_url,
         config.inventory_interval,
     )
+    sessions_thread: threading.Thread | None = None
+    sessions_api_client: kubernetes.client.ApiClient | None = None
+    sessions_client: ControlPlaneClient | None = None
     try:
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
+        sessions_api_client = kubernetes_api_client(environ)
+        sessions_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set)
+        sessions_thread = threading.Thread(
+            target=run_sessions,
+            args=(config, sessions_api_client, sessions_client, stop),
+            name="sessions",
+            daemon=True,
+        )
+        sessions_thread.start()
         run(config, core_v1, client, stop)
     finally:
+        stop.set()
+        if sessions_thread is not None:
+            sessions_thread.join(SESSIONS_JOIN_TIMEOUT)
+            if sessions_thread.is_alive():
+                logger.warning("session reconciler did not stop within %gs", SESSIONS_JOIN_TIMEOUT)
+        if sessions_client is not None:
+            sessions_client.session.close()
+        if sessions_api_client is not None:
+            sessions_api_client.close()
         client.session.close()
         api_client.close()
     logger.info("operator stopped")

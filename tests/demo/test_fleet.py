@@ -125,7 +125,8 @@ def test_hami_daemonset_runtime_class_namespaces_and_version():
         objects = fleet.cluster_objects(spec.name)
         kinds = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
         assert ("RuntimeClass", None, "nvidia") in kinds
-        assert {("Namespace", None, ns) for ns in ("default", "kube-system", "gshare-system")} <= set(kinds)
+        namespaces = ("default", "kube-system", "gshare-system", "gshare-sessions")
+        assert {("Namespace", None, ns) for ns in namespaces} <= set(kinds)
         daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
         assert (daemonset["metadata"]["namespace"], daemonset["metadata"]["name"]) == (
             "kube-system", "hami-device-plugin")
@@ -156,7 +157,7 @@ def test_expected_snapshot_matches_the_operator_decoder():
 def test_every_data_file_has_provenance_in_the_readme():
     readme = (fleet.DATA_DIR / "README.md").read_text()
     files = [p for p in fleet.DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"]
-    assert len(files) == 11
+    assert len(files) == 13
     for path in files:
         assert f"`{path.name}`" in readme, path.name
 
@@ -172,7 +173,7 @@ def test_emulated_cluster_serves_the_fleet_to_the_official_client(name):
         daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces().items
         assert [d.metadata.name for d in daemonsets] == ["hami-device-plugin"]
         namespaces = sorted(n.metadata.name for n in core.list_namespace().items)
-        assert namespaces == ["default", "gshare-system", "kube-system"]
+        assert namespaces == ["default", "gshare-sessions", "gshare-system", "kube-system"]
         assert kubernetes.client.VersionApi(api).get_code().git_version == fleet.cluster_version(name)["gitVersion"]
         api.close()
 
@@ -182,6 +183,7 @@ def test_seed_round_trips_through_the_cli(tmp_path, name):
     seed = fleet.write_seed(name, tmp_path / "seed.json")
     written = json.loads(seed.read_text())
     assert written["version"] == fleet.cluster_version(name) and written["objects"] == fleet.cluster_objects(name)
+    assert written["podStartupSeconds"] == fleet.DEMO_POD_STARTUP_SECONDS == 1.0
     (tmp_path / "token").write_text("seed-token")
     ready = tmp_path / "ready.json"
     process = subprocess.Popen(
@@ -217,3 +219,29 @@ def test_seed_round_trips_through_the_cli(tmp_path, name):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_every_cluster_can_host_gshare_sessions():
+    """The session namespace and the operator chart's GShareSession CRD are seeded and served."""
+    crd_file = ROOT / "charts/gshare-operator/crds/gsharesessions.gshare.io.yaml"
+    assert fleet.SESSION_CRD_FILE == crd_file and crd_file.is_file()
+    for name in NAMES:
+        crds = [o for o in fleet.cluster_objects(name) if o["kind"] == "CustomResourceDefinition"]
+        assert [c["metadata"]["name"] for c in crds] == ["gsharesessions.gshare.io"]
+        assert crds[0]["spec"] == fleet.session_crd(name)["spec"]
+    objects = fleet.cluster_objects("lab-c1")
+    with EmulatedCluster(objects, version=fleet.cluster_version("lab-c1")) as cluster:
+        api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab-c1"))
+        custom = kubernetes.client.CustomObjectsApi(api)
+        session = {
+            "apiVersion": "gshare.io/v1alpha1", "kind": "GShareSession",
+            "metadata": {"name": "ses-ab12", "namespace": "gshare-sessions",
+                         "labels": {"gshare.io/session-id": "ses_ab12"}},
+            "spec": {"sessionId": "ses_ab12", "owner": "alice", "image": "quay.io/jupyter/base-notebook:2024-12-02",
+                     "gpus": 1, "port": 8888, "host": "lab-c1.gshare.localhost", "path": "/s/ses_ab12/",
+                     "authUrl": "https://gshare.example.com/internal/connect/verify"},
+        }
+        custom.create_namespaced_custom_object("gshare.io", "v1alpha1", "gshare-sessions", "gsharesessions", session)
+        listed = custom.list_namespaced_custom_object("gshare.io", "v1alpha1", "gshare-sessions", "gsharesessions")
+        assert [i["metadata"]["name"] for i in listed["items"]] == ["ses-ab12"]
+        api.close()
