@@ -17,18 +17,25 @@ Where the connect token is read, in order:
 The cookie holds a longer-lived connect token (``GSHARE_CONNECT_COOKIE_TTL``) scoped to the
 session's path, so the link's token (a few minutes) is not needed after the first visit.
 
-Per request: one signature check (public keys cached in memory) and one cached lookup of the
-session's facts (Django cache on Redis, filled from the database on a miss, invalidated by the
-session services on every phase change).
+Per request: at most one cached lookup of the session's facts. Both caches below are per process
+(``cachetools.TTLCache``, thread-safe behind a lock):
+
+* verified tokens, until the token expires (at most ``TOKEN_CACHE_SECONDS``): a browser sends the
+  same cookie on every request, so the RS256 check runs once per token and process;
+* session facts, for ``FACTS_CACHE_SECONDS`` (1 s), in front of the Django cache on Redis (filled
+  from the database on a miss and invalidated by the session services on every phase change). A
+  stopped session is therefore refused everywhere at most 1 s after the stop.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
+from cachetools import TTLCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from django.conf import settings
 from django.core.cache import cache
@@ -43,6 +50,18 @@ COOKIE_NAME = "gshare_connect"
 _MISSING = "-"
 _KEYS: dict[str, tuple[float, object]] = {}
 _KEY_TTL = 60.0
+TOKEN_CACHE_SECONDS = 60.0
+FACTS_CACHE_SECONDS = 1.0
+_lock = threading.Lock()
+_tokens: TTLCache = TTLCache(maxsize=20000, ttl=TOKEN_CACHE_SECONDS)
+_facts: TTLCache = TTLCache(maxsize=20000, ttl=FACTS_CACHE_SECONDS)
+
+
+def clear_local_caches() -> None:
+    """Forget every per-process cached token and session fact (tests; key retirement)."""
+    with _lock:
+        _tokens.clear()
+        _facts.clear()
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,10 @@ def _public_key(kid: str):
 
 
 def _session_facts(session_id: str) -> dict | None:
+    with _lock:
+        local = _facts.get(session_id)
+    if local is not None:
+        return None if local == _MISSING else local
     key = connect_cache_key(session_id)
     facts = cache.get(key)
     if facts is None:
@@ -84,10 +107,25 @@ def _session_facts(session_id: str) -> dict | None:
         )
         facts = _MISSING if row is None else {"phase": row["phase"], "host": row["cluster__session_domain"], "owner": row["owner_id"]}
         cache.set(key, facts, settings.GSHARE_CONNECT_CACHE_SECONDS)
+    with _lock:
+        _facts[session_id] = facts
     return None if facts == _MISSING else facts
 
 
 def _decode(token: str) -> dict | None:
+    now = time.time()
+    with _lock:
+        cached = _tokens.get(token)
+    if cached is not None:
+        return cached if cached["exp"] > now else None
+    claims = _verify_signature(token)
+    if claims is not None:
+        with _lock:
+            _tokens[token] = claims
+    return claims
+
+
+def _verify_signature(token: str) -> dict | None:
     try:
         header = jwt.get_unverified_header(token)
         if header.get("alg") != ALGORITHM or not isinstance(header.get("kid"), str):

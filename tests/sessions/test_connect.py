@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.auth.keys import signing_key_ensure
 from gshare.exceptions import Forbidden  # noqa: F401
-from sessions import services
+from sessions import connect, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
 
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def running(django_user_model):
     cache.clear()
+    connect.clear_local_caches()
     owner = django_user_model.objects.create_user("carol")
     cluster = ClusterFactory(session_domain="gpu-a.example.com")
     return Session.objects.create(owner=owner, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
@@ -74,6 +75,7 @@ def test_refusals(client, running, django_capture_on_commit_callbacks):
     assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/?token={operator_token}").status_code == 401
     with django_capture_on_commit_callbacks(execute=True):
         services.session_fail(session=running, message="done")  # no longer running: the cache is invalidated on commit
+    time.sleep(connect.FACTS_CACHE_SECONDS + 0.1)  # per-process facts live at most this long
     assert verify(client, url).status_code == 401
 
 
