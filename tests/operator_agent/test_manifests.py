@@ -1,0 +1,211 @@
+"""The session's Pod, Service and Ingress (operator_agent.k8s.manifests) and the GShareSession CRD, against Kubernetes 1.32."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import kopf
+import kubernetes_validate
+import pytest
+import yaml
+
+from operator_agent.contract import (
+    GSHARE_API_GROUP,
+    GSHARE_API_VERSION,
+    GSHARE_SESSION_KIND,
+    GSHARE_SESSION_PLURAL,
+    SESSION_ID_LABEL,
+    SESSION_PHASES,
+    session_object_name,
+)
+from operator_agent.k8s.manifests import session_ingress, session_owner_reference, session_pod, session_service
+
+KUBERNETES_VERSION = "1.32"
+SESSION_ID = "ses_ab12cd34ef56gh78"
+NAME = "ses-ab12cd34ef56gh78"
+
+GSS = {
+    "apiVersion": "gshare.io/v1alpha1",
+    "kind": "GShareSession",
+    "metadata": {
+        "name": NAME,
+        "namespace": "gshare-sessions",
+        "uid": "0d3f8d7e-9b0e-4c1e-a8e1-5c1f3b2a7d90",
+        "labels": {SESSION_ID_LABEL: SESSION_ID, "gshare.io/cluster-id": "clu_x7k2abcd3efgh4ij"},
+    },
+    "spec": {
+        "sessionId": SESSION_ID,
+        "owner": "alice",
+        "image": "quay.io/jupyter/base-notebook:2024-12-02",
+        "gpus": 1,
+        "gpuMemoryMiB": 8192,
+        "gpuCores": 30,
+        "port": 8888,
+        "host": "lab-c1.gshare.localhost",
+        "path": f"/s/{SESSION_ID}/",
+        "authUrl": "https://gshare.example.com/internal/connect/verify",
+    },
+}
+
+
+def whole_gpus() -> dict:
+    gss = copy.deepcopy(GSS)
+    gss["spec"].update(gpus=2, port=9000)
+    del gss["spec"]["gpuMemoryMiB"], gss["spec"]["gpuCores"]
+    return gss
+
+
+BUILDERS = [session_pod, session_service, session_ingress]
+
+
+@pytest.mark.parametrize("gss", [GSS, whole_gpus()], ids=["shared", "whole"])
+@pytest.mark.parametrize("build", BUILDERS, ids=lambda f: f.__name__)
+def test_objects_validate_against_kubernetes_schema(build, gss):
+    obj = build(gss)
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    json.dumps(obj)  # plain JSON: ready for create / server-side apply
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=lambda f: f.__name__)
+def test_common_metadata(build):
+    obj = build(GSS)
+    meta = obj["metadata"]
+    assert meta["name"] == session_object_name(SESSION_ID) == NAME
+    assert meta["namespace"] == "gshare-sessions"
+    assert meta["labels"][SESSION_ID_LABEL] == SESSION_ID
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "gshare-operator"
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "gshare.io/v1alpha1",
+            "kind": "GShareSession",
+            "name": NAME,
+            "uid": GSS["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def test_owner_reference_is_kopfs():
+    assert session_owner_reference(GSS) == kopf.build_owner_reference(GSS)
+
+
+def test_builders_are_pure():
+    before = copy.deepcopy(GSS)
+    first = [build(GSS) for build in BUILDERS]
+    assert GSS == before
+    assert [build(GSS) for build in BUILDERS] == first
+    first[0]["metadata"]["labels"]["x"] = "y"  # no shared sub-dicts between calls
+    assert "x" not in session_pod(GSS)["metadata"]["labels"]
+
+
+def test_pod():
+    pod = session_pod(GSS)
+    spec = pod["spec"]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"gpu": "on"}
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    (container,) = spec["containers"]
+    assert container["image"] == "quay.io/jupyter/base-notebook:2024-12-02"
+    assert container["ports"] == [{"name": "http", "containerPort": 8888, "protocol": "TCP"}]
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "30"}
+    }
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GSHARE_SESSION_ID"] == SESSION_ID
+    assert env["GSHARE_BASE_PATH"] == f"/s/{SESSION_ID}/"
+    assert env["NOTEBOOK_ARGS"] == f"--ServerApp.base_url=/s/{SESSION_ID}/ --ServerApp.port=8888"
+
+
+def test_pod_whole_gpus_asks_only_for_gpus():
+    pod = session_pod(whole_gpus())
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    assert container["ports"][0]["containerPort"] == 9000
+
+
+def test_service():
+    service = session_service(GSS)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == {SESSION_ID_LABEL: SESSION_ID}
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8888, "targetPort": "http", "protocol": "TCP"}]
+    # The selector matches the pod's labels.
+    pod_labels = session_pod(GSS)["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
+
+
+def test_ingress():
+    ingress = session_ingress(GSS)
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/auth-url"] == "https://gshare.example.com/internal/connect/verify"
+    assert annotations["nginx.ingress.kubernetes.io/auth-response-headers"] == "X-Auth-Request-User"
+    assert annotations["nginx.ingress.kubernetes.io/auth-always-set-cookie"] == "true"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"] == "3600"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-send-timeout"] == "3600"
+    assert "nginx.ingress.kubernetes.io/auth-signin" not in annotations
+    assert all(isinstance(v, str) for v in annotations.values())
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    (rule,) = spec["rules"]
+    assert rule["host"] == "lab-c1.gshare.localhost"
+    (path,) = rule["http"]["paths"]
+    assert path == {
+        "path": f"/s/{SESSION_ID}/",
+        "pathType": "Prefix",
+        "backend": {"service": {"name": NAME, "port": {"name": "http"}}},
+    }
+    assert path["backend"]["service"]["port"]["name"] == session_service(GSS)["spec"]["ports"][0]["name"]
+
+
+# --------------------------------------------------------------------------- the GShareSession CRD
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "charts" / "gshare-operator" / "crds" / "gsharesessions.gshare.io.yaml"
+
+
+def crd() -> dict:
+    return yaml.safe_load(CRD_FILE.read_text(encoding="utf-8"))
+
+
+def crd_schema() -> dict:
+    (version,) = crd()["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def test_crd_validates_and_matches_the_contract():
+    obj = crd()
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    assert obj["metadata"]["name"] == f"{GSHARE_SESSION_PLURAL}.{GSHARE_API_GROUP}"
+    assert obj["spec"]["group"] == GSHARE_API_GROUP
+    assert obj["spec"]["scope"] == "Namespaced"
+    assert obj["spec"]["names"]["kind"] == GSHARE_SESSION_KIND
+    assert obj["spec"]["names"]["shortNames"] == ["gss"]
+    (version,) = obj["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (GSHARE_API_VERSION, True, True)
+    assert version["subresources"] == {"status": {}}
+    assert crd_schema()["properties"]["status"]["properties"]["phase"]["enum"] == list(SESSION_PHASES)
+
+
+@pytest.mark.parametrize("gss", [GSS, whole_gpus()], ids=["shared", "whole"])
+def test_contract_example_matches_the_crd_schema(gss):
+    body = {k: v for k, v in gss.items() if k != "metadata"}
+    body["status"] = {"phase": "Running", "node": "gpu-h100-01", "devices": ["GPU-x"], "message": "",
+                      "observedAt": "2026-11-29T16:00:00.123456Z"}
+    jsonschema.validate(body, crd_schema())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("sessionId", "ses-with-dash"), ("gpus", 0), ("gpuCores", 101), ("path", "/s/no-trailing-slash"), ("authUrl", "ftp://x")],
+)
+def test_crd_schema_refuses_bad_specs(field, value):
+    body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": {**GSS["spec"], field: value}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, crd_schema())
