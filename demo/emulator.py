@@ -2443,8 +2443,12 @@ def iter_resources() -> Iterator[ResourceSpec]:
 
 
 __all__ = [
-    "ApiError", "BUILTIN_RESOURCES", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "KubeApiEmulator",
-    "LabelRequirement", "ResourceSpec", "main", "merge_patch", "parse_field_selector", "parse_label_selector", "serve",
+    "ApiError", "BUILTIN_RESOURCES", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GpuAllocation",
+    "GpuRequest", "HAMI_BIND_PHASE", "HAMI_BIND_TIME", "HAMI_DEVICES_ALLOCATED", "HAMI_DEVICES_TO_ALLOCATE",
+    "HAMI_DEVICE_TYPE", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT", "HAMI_RESOURCE_MEMORY",
+    "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "KubeApiEmulator", "LabelRequirement",
+    "ResourceSpec", "encode_pod_devices", "main", "merge_patch", "parse_field_selector", "parse_label_selector",
+    "parse_quantity", "pod_gpu_requests", "serve",
 ]
 
 if __name__ == "__main__":

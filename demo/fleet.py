@@ -567,8 +567,13 @@ def hami_device_plugin_daemonset(cluster: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def cluster_objects(name: str) -> list[dict[str, Any]]:
+def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[str, Any]]:
     """Every object of a demo cluster, ready for ``EmulatedCluster(objects)`` or a seed file.
+
+    Args:
+        name: cluster name.
+        with_session_crd: False leaves the ``GShareSession`` CRD out (a cluster the operator chart was not
+            installed on yet).
 
     Returns:
         Namespaces (``default``, ``kube-system``, ``gshare-system``, ``gshare-sessions``), the ``GShareSession``
@@ -581,7 +586,7 @@ def cluster_objects(name: str) -> list[dict[str, Any]]:
     cluster = cluster_spec(name)
     namespaces = ("default", "kube-system", "gshare-system", SESSION_NAMESPACE_DEFAULT)
     objects: list[dict[str, Any]] = [_namespace(name, ns) for ns in namespaces]
-    crd = session_crd(name)
+    crd = session_crd(name) if with_session_crd else None
     if crd is not None:
         objects.append(crd)
     objects += [node_object(cluster, node, i) for i, node in enumerate(cluster.nodes)]

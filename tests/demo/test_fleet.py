@@ -229,6 +229,8 @@ def test_every_cluster_can_host_gshare_sessions():
         crds = [o for o in fleet.cluster_objects(name) if o["kind"] == "CustomResourceDefinition"]
         assert [c["metadata"]["name"] for c in crds] == ["gsharesessions.gshare.io"]
         assert crds[0]["spec"] == fleet.session_crd(name)["spec"]
+        assert not [o for o in fleet.cluster_objects(name, with_session_crd=False)
+                    if o["kind"] == "CustomResourceDefinition"]
     objects = fleet.cluster_objects("lab-c1")
     with EmulatedCluster(objects, version=fleet.cluster_version("lab-c1")) as cluster:
         api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab-c1"))
