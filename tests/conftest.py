@@ -107,11 +107,12 @@ def fleet_cluster(settings):
 
     started = []
 
-    def start(name: str = "lab-c1", objects: list[dict] | None = None, token: str | None = "emulator-token"):
+    def start(name: str = "lab-c1", objects: list[dict] | None = None, token: str | None = "emulator-token", **options):
         cluster = EmulatedCluster(
             objects=fleet.cluster_objects(name) if objects is None else objects,
             version=fleet.cluster_version(name),
             token=token,
+            **options,
         )
         cluster.start()
         started.append(cluster)

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from clusters.models import Cluster
 from gshare.exceptions import Conflict
-from sessions import services
+from sessions import placement, services
 from sessions.models import Allocation, Session
 from tests.conftest import silent_kubeconfig
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
@@ -28,6 +28,7 @@ def fleet(nodes=2, gpus=2, split=4, memory=16000, cores=100, name=None):
         node = NodeFactory(cluster=cluster)
         for i in range(gpus):
             GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=split, memory_mib=memory, cores=cores)
+    placement.usage_recompute(cluster_ids=[cluster.pk])  # rows made by factories, not by inventory_apply
     return cluster
 
 
