@@ -61,9 +61,24 @@ class Cluster(models.Model):
 
 
 class Node(models.Model):
-    """A GPU node of a cluster (label ``gpu=on``), as in the operator's latest inventory snapshot."""
+    """A GPU node of a cluster (label ``gpu=on``), as in the operator's latest inventory snapshot.
+
+    ``load``, ``free_devices``, ``open_devices``, ``max_free_memory_mib`` and ``max_free_cores``
+    summarise the node's GPUs for placement (``sessions.placement``), so the fit query can walk the
+    nodes in policy order through an index, pass over the nodes that cannot fit the request without
+    reading their GPUs, and stop at the first that fits, instead of aggregating the fleet's
+    reservations on every decision. The last four are bounds (the GPUs themselves are checked), so a
+    node is never passed over wrongly. ``cluster_name`` is a copy of ``Cluster.name`` (which never
+    changes once registered) for the same reason: the indexes order ties by cluster name, then node name.
+
+    They are written only by ``clusters.services.inventory_apply`` (from the device counters) and
+    by ``sessions.placement.usage_recompute`` (from ``sessions.Allocation``), always under the
+    cluster's row lock. Rows written any other way (fixtures, a bulk load) must be followed by
+    ``usage_recompute()``.
+    """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    cluster_name = models.CharField(max_length=63, blank=True, default="", db_default="", editable=False, help_text="Copy of Cluster.name, for placement order")
     name = models.CharField(max_length=253)
     labels = models.JSONField(default=dict, blank=True)
     gpu_mode = models.CharField(max_length=32, blank=True, default="", help_text="Label gshare.io/gpu-mode")
@@ -72,13 +87,71 @@ class Node(models.Model):
         max_length=500, blank=True, default="", help_text="Why the operator could not decode this node's HAMi annotation"
     )
     last_seen_at = models.DateTimeField()
+    load = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Reservations on this node's GPUs (sum of their used_count)")
+    free_devices = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Healthy GPUs of this node with nothing reserved on them")
+    open_devices = models.PositiveIntegerField(
+        default=0, db_default=0, editable=False, help_text="Healthy GPUs of this node a share may still go to (not held whole, split count not reached)"
+    )
+    max_free_memory_mib = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Most MiB left on one of the open GPUs")
+    max_free_cores = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Most core percent left on one of the open GPUs")
 
     class Meta:
         ordering = ["cluster_id", "name"]
         constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_name_unique_per_cluster")]
+        indexes = [
+            # Placement order (sessions.placement): binpack takes the busiest node first, spread the idlest;
+            # ties break on cluster name, then node name. Only ready nodes can take sessions. Whole-GPU
+            # requests under binpack walk only the nodes with a free GPU: the busiest nodes, first in that
+            # order, are mostly full, and would otherwise be read one by one on every request.
+            models.Index(fields=["-load", "cluster_name", "name"], condition=Q(ready=True), name="node_binpack_order"),
+            models.Index(fields=["-load", "cluster_name", "name"], condition=Q(ready=True, free_devices__gt=0), name="node_binpack_free_order"),
+            models.Index(fields=["load", "cluster_name", "name"], condition=Q(ready=True), name="node_spread_order"),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args, **kwargs):
+        """Fill ``cluster_name`` from the cluster when it is not set (rows made one by one, e.g. fixtures)."""
+        if not self.cluster_name and self.cluster_id is not None:
+            self.cluster_name = self.cluster.name
+        super().save(*args, **kwargs)
+
+
+#: A GPU a share may still go to: healthy, not held whole, split count not reached.
+_OPEN_GPU = "d.health AND NOT d.used_exclusive AND d.used_count < d.split_count"
+
+#: ``Node``'s placement summary: column -> SQL aggregate over the node's GPUs ``d`` (rows of
+#: ``clusters_gpudevice``, or of a query with the same column names; NULLs from a LEFT JOIN count as
+#: no GPU). The one definition that ``clusters.services.inventory_apply`` and
+#: ``sessions.placement.usage_recompute`` both write with.
+NODE_SUMMARY = {
+    "load": "COALESCE(SUM(d.used_count), 0)::int",
+    "free_devices": "(COUNT(d.id) FILTER (WHERE d.health AND d.used_count = 0))::int",
+    "open_devices": f"(COUNT(d.id) FILTER (WHERE {_OPEN_GPU}))::int",
+    "max_free_memory_mib": f"COALESCE(MAX(GREATEST(d.memory_mib - d.used_memory_mib, 0)) FILTER (WHERE {_OPEN_GPU}), 0)::int",
+    "max_free_cores": f"COALESCE(MAX(GREATEST(d.cores - d.used_cores, 0)) FILTER (WHERE {_OPEN_GPU}), 0)::int",
+}
+
+
+def node_summary_update_sql(*, devices: str, nodes_where: str | None = None) -> str:
+    """``UPDATE clusters_node`` setting the ``NODE_SUMMARY`` of nodes from ``devices`` (a table or
+    CTE with the columns of ``clusters_gpudevice``), leaving the rows already right alone.
+
+    With ``nodes_where`` (SQL on ``n2``, a ``clusters_node`` row), the nodes it matches, a node
+    without GPUs counting zero; without, the nodes of the rows of ``devices``, which must then hold
+    all the GPUs of each of those nodes (cheaper to plan: the hot path of placement).
+    """
+    columns = list(NODE_SUMMARY)
+    aggregates = ", ".join(f"{sql} AS {column}" for column, sql in NODE_SUMMARY.items())
+    if nodes_where is None:
+        source = f"SELECT d.node_id AS id, {aggregates} FROM {devices} d GROUP BY d.node_id"
+    else:
+        source = f"SELECT n2.id, {aggregates} FROM clusters_node n2 LEFT JOIN {devices} d ON d.node_id = n2.id WHERE {nodes_where} GROUP BY n2.id"
+    return f"""
+        UPDATE clusters_node n SET {", ".join(f"{c} = x.{c}" for c in columns)}
+          FROM ({source}) x
+         WHERE n.id = x.id AND ({", ".join(f"n.{c}" for c in columns)}) IS DISTINCT FROM ({", ".join(f"x.{c}" for c in columns)})"""
 
 
 class GpuDevice(models.Model):
@@ -87,6 +160,19 @@ class GpuDevice(models.Model):
     ``memory_mib`` is HAMi's registered device memory (MiB, after ``deviceMemoryScaling``);
     ``split_count`` is how many pods may share the GPU; ``cores`` is the core capacity in percent
     of one GPU (100 = whole GPU). Format: ``hami.io/node-nvidia-register``, HAMi 2.x.
+
+    ``used_*`` are the live reservations on the GPU (``sessions.Allocation``, summed): how many,
+    MiB, core percent, and whether one of them is a whole-GPU (exclusive) reservation. They are
+    only ever set by ``sessions.placement.usage_recompute``, which recomputes them from the
+    allocations under the cluster's row lock; the inventory upsert never writes them.
+
+    The database refuses inconsistent counters (negative, an exclusive reservation sharing the GPU,
+    MiB or cores without a reservation). It does not refuse ``used > capacity``: the operator's
+    inventory is the truth, and a GPU may be re-registered with less memory, cores or split count
+    than is already reserved on it (e.g. HAMi's ``deviceMemoryScaling`` lowered). Such a GPU keeps
+    its reservations (nothing is evicted) and takes no new one until enough are released: the fit
+    query checks ``used + asked <= capacity``, and ``session_create`` refuses to commit a
+    reservation that leaves one of its GPUs over capacity.
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
@@ -100,11 +186,21 @@ class GpuDevice(models.Model):
     health = models.BooleanField(default=True)
     mode = models.CharField(max_length=32, blank=True, default="")
     last_seen_at = models.DateTimeField()
+    used_count = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Live reservations on this GPU")
+    used_memory_mib = models.PositiveBigIntegerField(default=0, db_default=0, editable=False, help_text="MiB reserved on this GPU")
+    used_cores = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Core percent reserved on this GPU")
+    used_exclusive = models.BooleanField(default=False, db_default=False, editable=False, help_text="Held whole by one session")
 
     class Meta:
         ordering = ["cluster_id", "node_id", "index"]
         constraints = [
             models.CheckConstraint(condition=Q(split_count__gte=1), name="gpu_split_count_positive"),
+            # used_* >= 0: the Positive*Field columns carry that check already.
+            models.CheckConstraint(condition=Q(used_exclusive=False) | Q(used_count=1), name="gpu_usage_exclusive_alone"),
+            models.CheckConstraint(
+                condition=~Q(used_count=0) | (Q(used_memory_mib=0) & Q(used_cores=0) & Q(used_exclusive=False)),
+                name="gpu_usage_empty_when_unused",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from clusters.kubeconfig import validate_kubeconfig
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.probe import ClusterUnreachable, probe_cluster
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
@@ -287,6 +287,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
     node_rows = [
         Node(
             cluster=cluster,
+            cluster_name=cluster.name,
             name=node["name"],
             labels=node.get("labels") or {},
             gpu_mode=(node.get("labels") or {}).get(GPU_MODE_LABEL, ""),
@@ -305,7 +306,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             node_rows,
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=["labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"],
+            update_fields=["cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"],
         )
     device_rows = [
         GpuDevice(
@@ -329,12 +330,24 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             device_rows,
             update_conflicts=True,
             unique_fields=["uuid"],
+            # Never the usage counters (used_*): they belong to placement and the reservations.
             update_fields=["node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"],
         )
-    update = {"last_heartbeat_at": now}
-    if _reporting_restores_connected(cluster):
-        update["status"] = Cluster.Status.CONNECTED
-    Cluster.objects.filter(pk=cluster.pk).update(**update)
+    restores_connected = _reporting_restores_connected(cluster)
+    # One statement for two things, so the query count stays what it was: the heartbeat, and
+    # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
+    # for every node of the cluster. GPUs may have gone (their reservations went with them), moved to
+    # another node, changed health, or come new; rows already right are not written. The cluster's
+    # row lock, held since the start, keeps reservations from changing meanwhile.
+    summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH nodes AS ({summary} RETURNING n.id)
+            UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status) WHERE id = %(cluster)s
+            """,
+            {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None},
+        )
     return InventoryResult(nodes=len(node_rows), gpus=len(device_rows), nodes_removed=nodes_removed, gpus_removed=gpus_removed)
 
 

@@ -1,8 +1,8 @@
 """Placement: choosing the cluster, node and GPUs for a session request, in one SQL query.
 
 Capacity is the inventory (``clusters.GpuDevice``: HAMi's registered memory in MiB, core capacity in
-percent, split count) minus the live reservations (``sessions.Allocation``), with HAMi's sharing
-semantics (HAMi ``pkg/scheduler`` fit rules, 2.x):
+percent, split count) minus the live reservations (``sessions.Allocation``, kept summed on each GPU
+and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/scheduler`` fit rules, 2.x):
 
 * a device with split count N hosts at most N sessions;
 * memory and cores per device are never over-committed;
@@ -18,9 +18,12 @@ The caller holds row locks on the candidate clusters (see ``sessions.services.se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connection
+
+from clusters.models import node_summary_update_sql
 
 
 @dataclass(frozen=True)
@@ -60,76 +63,92 @@ class Choice:
     devices: list[tuple[int, int, int]]
 
 
+#: The fit query. Nodes are walked in policy order through a partial index on ``clusters_node``
+#: (``node_binpack_order`` / ``node_spread_order``: load, cluster name, node name, ready nodes only);
+#: for each, a LATERAL subquery picks its GPUs that fit from the device counters (index on
+#: ``clusters_gpudevice.node_id``, a handful of rows), and ``LIMIT 1`` stops at the first node with
+#: enough of them. The node's summary (``free_devices`` for whole GPUs; ``open_devices``,
+#: ``max_free_memory_mib``, ``max_free_cores`` for shares: bounds, never stricter than the GPUs' own
+#: check) passes over the nodes that cannot fit without reading their GPUs.
 _FIT_SQL = """
-WITH usage AS (
-    SELECT a.device_id, COUNT(*) AS n, SUM(a.memory_mib) AS mem, SUM(a.cores) AS cores, BOOL_OR(a.exclusive) AS excl
-    FROM gpu_sessions_allocation a
-    JOIN clusters_gpudevice d0 ON d0.id = a.device_id
-    WHERE d0.cluster_id = ANY(%(clusters)s)
-    GROUP BY a.device_id
-),
-node_load AS (
-    SELECT d1.node_id, COUNT(*) AS load
-    FROM gpu_sessions_allocation a1
-    JOIN clusters_gpudevice d1 ON d1.id = a1.device_id
-    WHERE d1.cluster_id = ANY(%(clusters)s)
-    GROUP BY d1.node_id
-),
-fit AS (
-    SELECT d.id, d.node_id, d.cluster_id, d.index, d.memory_mib, d.cores, COALESCE(u.n, 0) AS used
+SELECT n.cluster_id, n.id, n.name, p.ids, p.memories, p.cores
+FROM clusters_node n
+CROSS JOIN LATERAL (
+    SELECT COUNT(*) AS fits,
+           array_agg(d.id ORDER BY {device_order}) AS ids,
+           array_agg(d.memory_mib ORDER BY {device_order}) AS memories,
+           array_agg(d.cores ORDER BY {device_order}) AS cores
     FROM clusters_gpudevice d
-    JOIN clusters_node n ON n.id = d.node_id
-    LEFT JOIN usage u ON u.device_id = d.id
-    WHERE d.cluster_id = ANY(%(clusters)s) AND d.health AND n.ready
-      AND (
-        (%(whole)s AND u.device_id IS NULL)
-        OR (NOT %(whole)s
-            AND NOT COALESCE(u.excl, FALSE)
-            AND COALESCE(u.n, 0) < d.split_count
-            AND COALESCE(u.mem, 0) + COALESCE(%(mem)s, d.memory_mib) <= d.memory_mib
-            AND COALESCE(u.cores, 0) + %(cores)s <= d.cores)
-      )
-)
-SELECT f.cluster_id, f.node_id, n.name,
-       array_agg(f.id ORDER BY {device_order}),
-       array_agg(f.memory_mib ORDER BY {device_order}),
-       array_agg(f.cores ORDER BY {device_order})
-FROM fit f
-JOIN clusters_node n ON n.id = f.node_id
-JOIN clusters_cluster c ON c.id = f.cluster_id
-LEFT JOIN node_load l ON l.node_id = f.node_id
-GROUP BY f.cluster_id, f.node_id, n.name, c.name, l.load
-HAVING COUNT(*) >= %(gpus)s
-ORDER BY COALESCE(l.load, 0) {node_direction}, c.name, n.name
+    WHERE d.node_id = n.id AND d.health AND {device_fit}
+) p
+WHERE n.ready AND n.cluster_id = ANY(%(clusters)s::bigint[]) {node_fit}
+  AND p.fits >= %(gpus)s
+ORDER BY n.load {node_direction}, n.cluster_name, n.name
 LIMIT 1
 """
 
+#: Whole GPU: nothing reserved on it. Share: not held whole, a split left, memory and cores left
+#: (no memory asked = the device's whole memory, HAMi's default).
+_FITS = {
+    True: {"device_fit": "d.used_count = 0", "node_fit": "AND n.free_devices >= %(gpus)s"},
+    False: {
+        "device_fit": (
+            "NOT d.used_exclusive AND d.used_count < d.split_count"
+            " AND d.used_memory_mib + COALESCE(%(mem)s, d.memory_mib) <= d.memory_mib"
+            " AND d.used_cores + %(cores)s <= d.cores"
+        ),
+        "node_fit": (
+            "AND n.open_devices >= %(gpus)s AND n.max_free_memory_mib >= %(mem_floor)s AND n.max_free_cores >= %(cores)s"
+        ),
+    },
+}
+
 _POLICIES = {
-    "binpack": {"device_order": "f.used DESC, f.index, f.id", "node_direction": "DESC"},
-    "spread": {"device_order": "f.used ASC, f.index, f.id", "node_direction": "ASC"},
+    "binpack": {"device_order": "d.used_count DESC, d.index, d.id", "node_direction": "DESC"},
+    "spread": {"device_order": "d.used_count ASC, d.index, d.id", "node_direction": "ASC"},
 }
 
 
-def choose(*, request: Request, cluster_ids: list[int], policy: str = "binpack") -> Choice | None:
-    """Choose a node and GPUs among ``cluster_ids`` for ``request``, or None when nothing fits now.
+_FIT_QUERIES = {(policy, whole): _FIT_SQL.format(**_POLICIES[policy], **_FITS[whole]) for policy in _POLICIES for whole in _FITS}
 
-    One SQL query, whatever the fleet's size.
+
+def _int_array(ids: Iterable[int]) -> str:
+    """``ids`` as a PostgreSQL array literal (cast in the SQL): one string parameter instead of a list
+    the driver adapts element by element (measurably slower for the fleet's 50 cluster ids)."""
+    return "{" + ",".join(str(int(i)) for i in ids) + "}"
+
+
+def fit_query(*, request: Request, cluster_ids: list[int], policy: str) -> tuple[str, dict]:
+    """The fit query and its parameters for ``request`` (also used by ``bench/placement.py --explain``).
 
     Raises:
         ValueError: unknown ``policy``.
     """
     if policy not in _POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}: use binpack or spread")
-    if not cluster_ids:
-        return None
-    sql = _FIT_SQL.format(**_POLICIES[policy])
+    sql = _FIT_QUERIES[policy, request.whole]
     params = {
-        "clusters": list(cluster_ids),
-        "whole": request.whole,
+        "clusters": _int_array(cluster_ids),
         "mem": request.memory_mib,
+        "mem_floor": request.memory_mib or 0,
         "cores": request.cores or 0,
         "gpus": request.gpus,
     }
+    return sql, params
+
+
+def choose(*, request: Request, cluster_ids: list[int], policy: str = "binpack") -> Choice | None:
+    """Choose a node and GPUs among ``cluster_ids`` for ``request``, or None when nothing fits now.
+
+    One SQL query, whatever the fleet's size; it reads the usage counters, so the caller holds the
+    row locks of ``cluster_ids`` (nothing changes them meanwhile, see ``usage_recompute``).
+
+    Raises:
+        ValueError: unknown ``policy``.
+    """
+    sql, params = fit_query(request=request, cluster_ids=cluster_ids, policy=policy)
+    if not cluster_ids:
+        return None
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -145,22 +164,93 @@ def choose(*, request: Request, cluster_ids: list[int], policy: str = "binpack")
     return Choice(cluster_id=cluster_id, node_id=node_id, node_name=node_name, devices=devices)
 
 
+#: Recount of the usage counters from the allocations: ``usage`` has the columns of
+#: ``clusters_gpudevice`` with the ``used_*`` ones recounted, for every GPU of the nodes concerned
+#: (``{devices}``), so the nodes' summaries (``{nodes}``, ``clusters.models.NODE_SUMMARY``) come out whole.
+_RECOMPUTE_SQL = """
+WITH usage AS (
+    SELECT d.id, d.node_id, d.health, d.split_count, d.memory_mib, d.cores,
+           COUNT(a.id)::int AS used_count, COALESCE(SUM(a.memory_mib), 0)::bigint AS used_memory_mib,
+           COALESCE(SUM(a.cores), 0)::int AS used_cores, COALESCE(BOOL_OR(a.exclusive), FALSE) AS used_exclusive
+    FROM clusters_gpudevice d
+    LEFT JOIN gpu_sessions_allocation a ON a.device_id = d.id
+    WHERE {devices}
+    GROUP BY d.id
+),
+devices AS (
+    UPDATE clusters_gpudevice d
+       SET used_count = u.used_count, used_memory_mib = u.used_memory_mib, used_cores = u.used_cores, used_exclusive = u.used_exclusive
+      FROM usage u
+     WHERE d.id = u.id
+       AND (d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive)
+           IS DISTINCT FROM (u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive)
+),
+nodes AS ({nodes})
+SELECT u.id FROM usage u
+WHERE u.used_count > u.split_count OR u.used_memory_mib > u.memory_mib OR u.used_cores > u.cores
+ORDER BY u.id
+"""
+
+
+def usage_recompute(*, node_ids: Iterable[int] | None = None, cluster_ids: Iterable[int] | None = None) -> list[int]:
+    """Recount the usage counters from ``sessions.Allocation``, in one statement.
+
+    Sets ``GpuDevice.used_count``, ``used_memory_mib``, ``used_cores``, ``used_exclusive`` of every
+    GPU on the nodes concerned, and those nodes' summary (``clusters.models.NODE_SUMMARY``); rows
+    already right are not written. The counters are derived, never incremented, so they cannot drift.
+
+    Call it in the transaction that changed the allocations, after the change, holding the row lock
+    of the cluster concerned (``session_create`` holds it for placement; the release paths take it
+    before deleting). In READ COMMITTED each statement sees what was committed before it started,
+    so under that lock the recount sees every other change of the cluster's allocations.
+
+    Args:
+        node_ids: recount the GPUs of these nodes (the nodes a change touched);
+        cluster_ids: or of these clusters; with neither, the whole fleet. The wider scopes are a
+            repair, or the step after a bulk load: hold the clusters' locks or run when nothing
+            else writes.
+
+    Returns:
+        The pks of the GPUs recounted whose reservations exceed their capacity (count above split
+        count, MiB above memory, cores above capacity), in pk order. Placement never causes that;
+        an inventory that lowered a GPU's capacity can.
+    """
+    if node_ids is not None:
+        ids, sql = node_ids, _RECOMPUTE_NODES_SQL
+    elif cluster_ids is not None:
+        ids, sql = cluster_ids, _RECOMPUTE_CLUSTERS_SQL
+    else:
+        ids, sql = None, _RECOMPUTE_ALL_SQL
+    if ids is not None:
+        ids = sorted(set(ids))
+        if not ids:
+            return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"ids": _int_array(ids or [])})
+        return [row[0] for row in cursor.fetchall()]
+
+
+# Every GPU of the nodes: their summaries come from those rows alone (the cheaper form to plan).
+_RECOMPUTE_NODES_SQL = _RECOMPUTE_SQL.format(devices="d.node_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage"))
+_RECOMPUTE_CLUSTERS_SQL = _RECOMPUTE_SQL.format(
+    devices="d.cluster_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage", nodes_where="n2.cluster_id = ANY(%(ids)s::bigint[])")
+)
+_RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_update_sql(devices="usage", nodes_where="TRUE"))
+
+
 def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
     """A sentence saying what the candidate clusters lack for ``request`` (for ``no_capacity``)."""
     if not cluster_ids:
         return "no connected cluster with a session_domain can host sessions now"
     sql = """
         SELECT COUNT(*) FILTER (WHERE d.health AND n.ready),
-               COUNT(*) FILTER (WHERE d.health AND n.ready AND NOT EXISTS (
-                   SELECT 1 FROM gpu_sessions_allocation a WHERE a.device_id = d.id)),
-               COALESCE(MAX(d.memory_mib - COALESCE((
-                   SELECT SUM(a.memory_mib) FROM gpu_sessions_allocation a WHERE a.device_id = d.id), 0))
-                   FILTER (WHERE d.health AND n.ready), 0)
+               COUNT(*) FILTER (WHERE d.health AND n.ready AND d.used_count = 0),
+               COALESCE(MAX(GREATEST(d.memory_mib - d.used_memory_mib, 0)) FILTER (WHERE d.health AND n.ready), 0)
         FROM clusters_gpudevice d JOIN clusters_node n ON n.id = d.node_id
-        WHERE d.cluster_id = ANY(%s)
+        WHERE d.cluster_id = ANY(%s::bigint[])
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(cluster_ids)])
+        cursor.execute(sql, [_int_array(cluster_ids)])
         healthy, free, max_free_mib = cursor.fetchone()
     return (
         f"{healthy} healthy GPU(s) on ready nodes, {free} with nothing on them, at most {max_free_mib} MiB free on one GPU"

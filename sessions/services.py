@@ -13,7 +13,7 @@ import kubernetes
 import urllib3
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
@@ -156,6 +156,13 @@ def session_create(
             Allocation(session=session, device_id=device_id, memory_mib=memory, cores=cores, exclusive=request.whole)
             for device_id, memory, cores in choice.devices
         ])
+        # Recount the node's GPUs from the allocations (still under the cluster locks); refuse to commit a
+        # reservation that would leave one of its GPUs over capacity (cannot happen while every change of
+        # a cluster's allocations holds its row lock; the database's last word if that ever breaks).
+        chosen = {device_id for device_id, _, _ in choice.devices}
+        over = chosen.intersection(placement.usage_recompute(node_ids=[choice.node_id]))
+        if over:
+            raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
         transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
     logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
     return session
@@ -168,7 +175,27 @@ def _enqueue(task_name: str, session_pk: int) -> None:
 
 
 def _release(session: Session) -> None:
-    Allocation.objects.filter(session=session).delete()
+    _release_allocations(cluster_id=session.cluster_id, session_ids=[session.pk])
+
+
+def _release_allocations(*, cluster_id: int | None, session_ids: list[int]) -> None:
+    """Delete the GPU reservations of sessions of one cluster and recount the GPUs they were on.
+
+    The cluster's row is locked first (``FOR NO KEY UPDATE``: it waits for a placement or an
+    inventory on that cluster, and they wait for it), so every change of a cluster's allocations
+    and its recount happen one at a time and the counters match the allocations (see
+    ``placement.usage_recompute``). Locking before deleting also keeps the order placement and
+    inventory use (cluster row, then allocation rows), so they cannot deadlock with a release.
+    """
+    if cluster_id is not None:
+        list(Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM gpu_sessions_allocation a USING clusters_gpudevice d WHERE d.id = a.device_id AND a.session_id = ANY(%s) RETURNING d.node_id",
+            [list(session_ids)],
+        )
+        nodes = {row[0] for row in cursor.fetchall()}
+    placement.usage_recompute(node_ids=nodes)
 
 
 @transaction.atomic
@@ -361,7 +388,7 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
         for session in changed.values():
             _forget(session)
     if ended:
-        Allocation.objects.filter(session_id__in=ended).delete()
+        _release_allocations(cluster_id=cluster.pk, session_ids=ended)
     return {"applied": applied, "ignored": ignored}
 
 

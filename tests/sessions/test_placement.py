@@ -1,14 +1,19 @@
 """Placement: HAMi sharing semantics, policies, determinism, and no double-booking under threads."""
 
+import random
 import threading
+import time
 
 import pytest
 import yaml
-from django.db import connection, connections
+from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from clusters.models import Cluster
+from clusters import services as cluster_services
+from clusters.models import Cluster, GpuDevice, Node
 from gshare.exceptions import Conflict
+from operator_agent import contract
 from sessions import placement, services
 from sessions.models import Allocation, Session
 from tests.conftest import silent_kubeconfig
@@ -153,3 +158,264 @@ def test_concurrent_requests_never_take_the_last_capacity_twice(django_user_mode
     assert Session.objects.filter(phase=Session.Phase.FAILED).count() == 3
     assert "did not answer" in Session.objects.first().message
     assert Allocation.objects.count() == 0
+
+
+# --- Usage counters (clusters.GpuDevice.used_*, clusters.Node summary), kept by placement and release ---
+
+
+def recount() -> tuple[dict, dict]:
+    """The counters as they should be, computed here from the allocations and the inventory (not by SQL of placement)."""
+    devices = {}
+    for device in GpuDevice.objects.all():
+        mine = [a for a in Allocation.objects.filter(device=device)]
+        devices[device.pk] = (len(mine), sum(a.memory_mib for a in mine), sum(a.cores for a in mine), any(a.exclusive for a in mine))
+    nodes = {}
+    for node in Node.objects.prefetch_related("devices"):
+        gpus = list(node.devices.all())
+        use = [devices[d.pk] for d in gpus]
+        open_ = [(d, u) for d, u in zip(gpus, use, strict=True) if d.health and not u[3] and u[0] < d.split_count]
+        nodes[node.pk] = (
+            sum(u[0] for u in use),
+            sum(1 for d, u in zip(gpus, use, strict=True) if d.health and u[0] == 0),
+            len(open_),
+            max((max(d.memory_mib - u[1], 0) for d, u in open_), default=0),
+            max((max(d.cores - u[2], 0) for d, u in open_), default=0),
+        )
+    return devices, nodes
+
+
+def stored() -> tuple[dict, dict]:
+    devices = {pk: (n, mem, cores, excl) for pk, n, mem, cores, excl in GpuDevice.objects.values_list(
+        "pk", "used_count", "used_memory_mib", "used_cores", "used_exclusive")}
+    nodes = {pk: rest for pk, *rest in Node.objects.values_list(
+        "pk", "load", "free_devices", "open_devices", "max_free_memory_mib", "max_free_cores")}
+    return devices, {pk: tuple(rest) for pk, rest in nodes.items()}
+
+
+def test_counters_equal_a_recount_after_random_creates_and_ends(user, settings):
+    first = fleet(nodes=3, gpus=4, split=4, memory=16000, name="alpha")
+    fleet(nodes=2, gpus=2, split=2, memory=8000, name="beta")
+    rng = random.Random(7)
+    live: list[Session] = []
+    placed = refused = 0
+    for step in range(120):
+        settings.GSHARE_PLACEMENT_POLICY = rng.choice(["binpack", "spread"])
+        if live and rng.random() < 0.4:
+            session = live.pop(rng.randrange(len(live)))
+            how = rng.choice(["fail", "terminate", "status"])
+            if how == "fail":
+                services.session_fail(session=session, message="test")
+            elif how == "terminate":
+                services._terminate(session=session, message="test")
+            else:
+                services.session_status_apply(cluster=session.cluster, reports=[
+                    {"session": session.public_id, "phase": contract.PHASE_SUCCEEDED, "observed_at": timezone.now()}])
+        else:
+            gpus = rng.choice([1, 1, 2, 3])
+            memory, cores = rng.choice([(None, None), (None, None), (2000, 10), (4000, 25), (None, 50), (3000, None)])
+            try:
+                live.append(services.session_create(owner=user, image="img", gpus=gpus, gpu_memory_mib=memory, gpu_cores=cores,
+                                                    cluster=first.name if step % 5 == 0 else None))
+                placed += 1
+            except Conflict as exc:
+                assert exc.code == "no_capacity"
+                refused += 1
+        assert stored() == recount(), f"after step {step}"
+    assert placed > 30 and refused > 5  # the sequence both filled the fleet and freed it
+    for session in live:
+        services.session_fail(session=session, message="test")
+    assert Allocation.objects.count() == 0
+    devices, nodes = stored()
+    assert set(devices.values()) == {(0, 0, 0, False)}
+    assert stored() == recount()
+
+
+def test_ended_sessions_of_a_status_report_release_their_gpus(user):
+    cluster = fleet(nodes=1, gpus=2)
+    a = services.session_create(owner=user, image="img", gpus=1)
+    b = services.session_create(owner=user, image="img", gpus=1)
+    assert Node.objects.get(cluster=cluster).free_devices == 0
+    services.session_status_apply(cluster=cluster, reports=[
+        {"session": a.public_id, "phase": contract.PHASE_FAILED, "observed_at": timezone.now()},
+        {"session": b.public_id, "phase": contract.PHASE_TERMINATED, "observed_at": timezone.now()},
+    ])
+    node = Node.objects.get(cluster=cluster)
+    assert (node.load, node.free_devices) == (0, 2)
+    assert stored() == recount()
+    services.session_create(owner=user, image="img", gpus=2)
+
+
+def snapshot_of(cluster, *, memory=16000, cores=100, split=4, drop=()):
+    """The inventory ``fleet()`` made, as the operator would report it (optionally with GPUs changed or gone)."""
+    nodes = []
+    for node in cluster.nodes.order_by("name"):
+        devices = [
+            {"uuid": d.uuid, "index": d.index, "model": d.model, "memory_mib": memory, "split_count": split, "cores": cores,
+             "health": True}
+            for d in node.devices.order_by("index") if d.uuid not in drop
+        ]
+        nodes.append({"name": node.name, "labels": {"gpu": "on"}, "ready": True, "devices": devices})
+    return nodes
+
+
+def test_inventory_never_overwrites_counters_and_keeps_nodes_right(user):
+    cluster = fleet(nodes=1, gpus=3, split=4, memory=16000)
+    shared = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=20)
+    whole = services.session_create(owner=user, image="img", gpus=1)
+    before = stored()
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster))  # same inventory again
+    assert stored() == before == recount()
+    # A GPU with a reservation disappears: the reservation goes with it, the node's summary follows.
+    gone = whole.allocations.get().device
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, drop={gone.uuid}))
+    assert not Allocation.objects.filter(session=whole).exists()
+    assert stored() == recount()
+    node = Node.objects.get(cluster=cluster)
+    assert (node.load, node.free_devices) == (1, 1)
+    assert shared.allocations.get().device.used_count == 1
+
+
+def test_inventory_may_shrink_a_gpu_below_what_is_reserved(user):
+    cluster = fleet(nodes=1, gpus=1, split=4, memory=16000)
+    session = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=12000, gpu_cores=60)
+    # HAMi re-registers the GPU with less memory and fewer cores: accepted (the operator reports what is).
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, memory=10000, cores=50))
+    device = GpuDevice.objects.get()
+    assert (device.memory_mib, device.used_memory_mib, device.cores, device.used_cores) == (10000, 12000, 50, 60)
+    assert stored() == recount()
+    node = Node.objects.get()
+    assert (node.max_free_memory_mib, node.max_free_cores) == (0, 0)
+    with pytest.raises(Conflict) as info:  # nothing more goes on the over-committed GPU
+        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
+    assert info.value.code == "no_capacity"
+    assert placement.usage_recompute(cluster_ids=[cluster.pk]) == [device.pk]  # reported as over capacity
+    services.session_fail(session=session, message="test")  # and it is released as usual
+    assert stored() == recount()
+    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=10000, gpu_cores=50)
+
+
+def test_the_database_refuses_inconsistent_counters(user):
+    fleet(nodes=1, gpus=1)
+    session = services.session_create(owner=user, image="img", gpus=1)
+    device = session.allocations.get().device
+    for change in ({"used_count": 2}, {"used_count": -1}, {"used_count": 0}, {"used_memory_mib": -5}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            GpuDevice.objects.filter(pk=device.pk).update(**change)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Node.objects.filter(pk=device.node_id).update(load=-1)
+
+
+def test_a_reservation_that_would_over_commit_is_refused_by_the_database(user):
+    fleet(nodes=1, gpus=1, split=4, memory=10000)
+    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+    # Counters wrong behind placement's back (what a release path without the cluster lock could cause).
+    GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0)
+    Node.objects.update(max_free_memory_mib=10000, open_devices=1)
+    with pytest.raises(IntegrityError, match="over-commit"):
+        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+    assert Allocation.objects.count() == 1  # nothing was reserved
+    GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0, used_exclusive=False)
+    Node.objects.update(free_devices=1)
+    with pytest.raises(IntegrityError):  # a whole GPU on a shared one: the exclusive constraint refuses
+        services.session_create(owner=user, image="img", gpus=1)
+    assert Allocation.objects.count() == 1
+
+
+def test_cluster_name_is_copied_for_the_tie_break():
+    cluster = fleet(nodes=1, gpus=1, name="zeta")
+    assert Node.objects.get(cluster=cluster).cluster_name == "zeta"
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster))
+    assert Node.objects.get(cluster=cluster).cluster_name == "zeta"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model, monkeypatch):
+    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # no apply: the threads end their sessions
+    owner = django_user_model.objects.create_user("racer")
+    fleet(nodes=2, gpus=2, split=3, memory=9000)
+    barrier = threading.Barrier(6)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            barrier.wait()
+            mine = []
+            for _ in range(12):
+                if mine and rng.random() < 0.5:
+                    session = mine.pop(rng.randrange(len(mine)))
+                    if rng.random() < 0.5:
+                        services.session_fail(session=session, message="test")
+                    else:
+                        services._terminate(session=session, message="test")
+                    continue
+                memory = rng.choice([None, 3000])
+                try:
+                    mine.append(services.session_create(owner=owner, image="img", gpus=rng.choice([1, 2]), gpu_memory_mib=memory))
+                except Conflict as exc:
+                    assert exc.code == "no_capacity"
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert stored() == recount()
+    for device in GpuDevice.objects.all():  # and never over capacity
+        assert device.used_count <= device.split_count and device.used_memory_mib <= device.memory_mib
+        assert not device.used_exclusive or device.used_count == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_and_a_placement_on_one_node_do_not_lose_each_others_change(django_user_model, monkeypatch):
+    """A release holds the cluster's row lock from before its delete to its commit, so a placement on the same
+    node waits for it and recounts what the release left, not what its own snapshot saw before."""
+    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    owner = django_user_model.objects.create_user("racer")
+    fleet(nodes=1, gpus=2)
+    first = services.session_create(owner=owner, image="img", gpus=1)
+    recounted, real = threading.Event(), placement.usage_recompute
+    releasing = threading.local()
+
+    def slow_recompute(**kwargs):
+        over = real(**kwargs)
+        if getattr(releasing, "yes", False):
+            recounted.set()
+            time.sleep(0.5)  # the release has recounted and not committed yet: the placement starts now
+        return over
+
+    monkeypatch.setattr(placement, "usage_recompute", slow_recompute)
+    errors = []
+
+    def release():
+        releasing.yes = True
+        try:
+            services.session_fail(session=first, message="test")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    def place():
+        try:
+            assert recounted.wait(10)
+            services.session_create(owner=owner, image="img", gpus=1)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=release), threading.Thread(target=place)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert Allocation.objects.count() == 1
+    assert stored() == recount()
+    assert Node.objects.get().free_devices == 1

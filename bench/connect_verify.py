@@ -1,0 +1,238 @@
+"""Benchmark: ``/internal/connect/verify`` (ingress-nginx auth-url) against a no-op view, on a real gunicorn.
+
+    .venv/bin/python bench/connect_verify.py [--client auto|wrk|python] [--rounds 3] [--seconds 5] [--requests 3000]
+
+In a throwaway database (``gshare_bench``, see ``bench/_benchenv.py``) it creates a connected
+cluster, a Running session on it and a connect token (``sessions.services.session_connect``), starts
+``python -m gunicorn gshare.wsgi --workers 2`` on a free loopback port against that database and
+Redis database 15, and load-tests, with the same client and in the same run:
+
+* ``GET /internal/connect/verify`` with ``X-Original-URL: https://<session_domain>/s/<id>/`` and
+  ``Authorization: Bearer <token>`` (answer 200): one RS256 signature check and one cached lookup;
+* ``GET /internal/ping`` (answer 204): the same Django stack (middleware, URL routing) doing nothing,
+  the baseline.
+
+Client: ``wrk`` when it is on PATH (``apt-get install -y wrk``; fixed duration per measurement),
+else Python threads with ``http.client`` (fixed request count). Measurements alternate between the
+two endpoints for ``--rounds`` rounds; the medians are compared. The ratio printed is
+(verify requests/s) / (ping requests/s). Goal (issue): ratio >= 0.7.
+
+Traffic goes to 127.0.0.1 only; every loop is bounded; the server is stopped and the database
+dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from _benchenv import ROOT, bench_environment, log
+
+GOAL_RATIO = 0.7
+WORKERS = 2
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def request(port: int, path: str, headers: dict[str, str], timeout: float = 5.0) -> tuple[int, dict[str, str]]:
+    """One GET on a fresh connection: status and headers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status, dict(response.getheaders())
+    finally:
+        conn.close()
+
+
+def python_load(port: int, path: str, headers: dict[str, str], expected: int, total: int, threads: int) -> float:
+    """Send ``total`` GETs from ``threads`` threads (``http.client``, reconnecting when the server closes); requests/s."""
+    errors: list[str] = []
+    per_thread = [total // threads + (1 if i < total % threads else 0) for i in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+
+    def run(count: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        barrier.wait()
+        try:
+            for _ in range(count):
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != expected:
+                    errors.append(f"{path} answered {response.status}")
+                    return
+        except (OSError, http.client.HTTPException) as exc:
+            errors.append(f"{path}: {type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+
+    workers = [threading.Thread(target=run, args=(n,), daemon=True) for n in per_thread]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join(timeout=300)
+    elapsed = time.perf_counter() - started
+    if errors or any(worker.is_alive() for worker in workers):
+        raise RuntimeError(f"load failed: {errors[:3] or 'a client thread did not finish'}")
+    return total / elapsed
+
+
+def wrk_load(wrk: str, port: int, path: str, headers: dict[str, str], seconds: float, connections: int) -> float:
+    """Run wrk for ``seconds`` on ``connections`` connections (2 threads); requests/s. Any non-2xx answer or socket error fails."""
+    command = [wrk, "-t2", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s"]
+    for name, value in headers.items():
+        command += ["-H", f"{name}: {value}"]
+    command.append(f"http://127.0.0.1:{port}{path}")
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if rate is None:
+        raise RuntimeError(f"could not read wrk's output:\n{out}")
+    if bad or (socket_errors and any(int(n) for n in socket_errors.groups())):
+        raise RuntimeError(f"wrk saw errors on {path}:\n{out}")
+    return float(rate.group(1))
+
+
+def make_session() -> tuple[str, str, str]:
+    """Create a user, a connected cluster and a Running session on it; return (host, session id, connect token)."""
+    from django.contrib.auth import get_user_model
+
+    from clusters.models import Cluster
+    from sessions.models import Session
+    from sessions.services import session_connect
+
+    owner = get_user_model().objects.create_user("bench-owner", password=None)
+    cluster = Cluster.objects.create(
+        name="bench-verify", apiserver_url="https://10.0.0.1:6443", kubeconfig="apiVersion: v1\nkind: Config\n",
+        session_domain="gpu.bench.gshare.test", status=Cluster.Status.CONNECTED,
+    )
+    session = Session.objects.create(owner=owner, image="quay.io/jupyter/base-notebook", gpus=1, cluster=cluster, node="gpu-000",
+                                     phase=Session.Phase.RUNNING)
+    link = session_connect(session=session, user=owner)
+    token = parse_qs(urlsplit(link).query)["token"][0]
+    return cluster.session_domain, session.public_id, token
+
+
+def start_server(port: int, env: dict[str, str], logfile: Path) -> subprocess.Popen:
+    """Start gunicorn and wait (at most 60 s) until ``/internal/ping`` answers 204."""
+    command = [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+               "--no-control-socket"]  # gunicorn >= 27 would otherwise take a control socket another server may be using
+    child_env = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "gshare.settings", "GSHARE_LOG_LEVEL": "WARNING"}
+    with open(logfile, "wb") as out:
+        server = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {server.returncode}:\n{logfile.read_text()[-3000:]}")
+        try:
+            if request(port, "/internal/ping", {}, timeout=2)[0] == 204:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.2)
+    stop_server(server)
+    raise RuntimeError(f"gunicorn did not answer within 60 s:\n{logfile.read_text()[-3000:]}")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM gunicorn's master (it stops its workers), then SIGKILL after 15 s."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto", help="load generator (auto: wrk if on PATH)")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per endpoint, alternating (default 3)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="wrk: duration of one measurement (default 5)")
+    parser.add_argument("--requests", type=int, default=3000, help="python client: requests per measurement (default 3000)")
+    parser.add_argument("--connections", type=int, default=8, help="concurrent connections (default 8)")
+    args = parser.parse_args()
+    wrk = shutil.which("wrk") if args.client in ("auto", "wrk") else None
+    if args.client == "wrk" and wrk is None:
+        raise SystemExit("wrk is not on PATH: apt-get install -y wrk, or use --client python")
+
+    with bench_environment() as env, tempfile.TemporaryDirectory(prefix="gshare-bench-") as tmp:
+        from django.core.cache import cache
+
+        from sessions.services import connect_cache_key
+
+        host, session_id, token = make_session()
+        verify_headers = {"X-Original-URL": f"https://{host}/s/{session_id}/", "Authorization": f"Bearer {token}"}
+        port = free_port()
+        logfile = Path(tmp) / "gunicorn.log"
+        server = start_server(port, env, logfile)
+        log(f"gunicorn ({WORKERS} workers) on 127.0.0.1:{port}")
+        try:
+            status, headers = request(port, "/internal/connect/verify", verify_headers)
+            if status != 200 or headers.get("X-Auth-Request-User") != "bench-owner":
+                raise RuntimeError(f"verify answered {status} {headers}: the benchmark would measure a refusal\n{logfile.read_text()[-3000:]}")
+            refused = request(port, "/internal/connect/verify", {**verify_headers, "Authorization": f"Bearer {token[:-4]}AAAA"})[0]
+            if refused != 401:
+                raise RuntimeError(f"verify answered {refused} to a tampered token (expected 401)")
+            endpoints = {"ping": ("/internal/ping", {}, 204), "verify": ("/internal/connect/verify", verify_headers, 200)}
+
+            def measure(name: str, warmup: bool = False) -> float:
+                path, hdrs, expected = endpoints[name]
+                if wrk and not warmup:
+                    return wrk_load(wrk, port, path, hdrs, args.seconds, args.connections)
+                total = 400 if warmup else args.requests
+                return python_load(port, path, hdrs, expected, total, min(args.connections, 8))
+
+            for name in endpoints:  # warm-up: every worker imports, connects to Redis, caches the public key
+                measure(name, warmup=True)
+            rates: dict[str, list[float]] = {"ping": [], "verify": []}
+            for round_ in range(args.rounds):
+                order = ["ping", "verify"] if round_ % 2 == 0 else ["verify", "ping"]
+                for name in order:
+                    rates[name].append(measure(name))
+                    log(f"round {round_ + 1}: {name} {rates[name][-1]:.0f} req/s")
+        finally:
+            stop_server(server)
+            try:
+                cache.delete(connect_cache_key(session_id))
+            except Exception as exc:  # cleanup must not hide the first error
+                log(f"could not delete the cache key: {exc}")
+
+    ping, verify = statistics.median(rates["ping"]), statistics.median(rates["verify"])
+    ratio = verify / ping
+    client = f"wrk -t2 -c{args.connections} -d{args.seconds:g}s" if wrk else f"python http.client, {min(args.connections, 8)} threads, {args.requests} requests"
+    print("connect verify benchmark")
+    print(f"  server: gunicorn gshare.wsgi --workers {WORKERS} (sync) on 127.0.0.1; client: {client}; {args.rounds} rounds, alternating")
+    print(f"  ping   (GET /internal/ping, 204):            {ping:8.0f} req/s  (rounds: {', '.join(f'{r:.0f}' for r in rates['ping'])})")
+    print(f"  verify (GET /internal/connect/verify, 200):  {verify:8.0f} req/s  (rounds: {', '.join(f'{r:.0f}' for r in rates['verify'])})")
+    print(f"  ratio verify/ping: {ratio:.2f}")
+    print(f"  goal: ratio >= {GOAL_RATIO}: {'MET' if ratio >= GOAL_RATIO else 'MISSED'}")
+    return 0 if ratio >= GOAL_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
