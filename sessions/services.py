@@ -198,16 +198,30 @@ def _release_allocations(*, cluster_id: int | None, session_ids: list[int]) -> N
     placement.usage_recompute(node_ids=nodes)
 
 
-@transaction.atomic
 def session_fail(*, session: Session, message: str) -> Session:
     """Mark a session Failed (unless it already ended), release its GPUs, record why."""
+    return _end(session=session, phase=Session.Phase.FAILED, message=message[:2000], keep_message=False)
+
+
+def _terminate(*, session: Session, message: str) -> Session:
+    """Mark a live session Terminated (keeping a message already recorded), release its GPUs."""
+    return _end(session=session, phase=Session.Phase.TERMINATED, message=message, keep_message=True)
+
+
+@transaction.atomic
+def _end(*, session: Session, phase: str, message: str, keep_message: bool) -> Session:
+    """Move a live session to a terminal ``phase`` now, release its GPUs and drop its cached facts.
+
+    ``keep_message`` keeps a message already recorded (e.g. the operator's) instead of ``message``.
+    Does nothing for a session that already ended.
+    """
     session = Session.objects.select_for_update().get(pk=session.pk)
     if not session.is_live:
         return session
-    session.phase = Session.Phase.FAILED
-    session.message = message[:2000]
+    session.phase = phase
     session.ended_at = timezone.now()
-    session.save(update_fields=["phase", "message", "ended_at"])
+    session.message = (session.message if keep_message else "") or message
+    session.save(update_fields=["phase", "ended_at", "message"])
     _release(session)
     _forget(session)
     return session
@@ -313,20 +327,6 @@ def session_delete_remote(*, session: Session) -> Session:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
     return _terminate(session=session, message="Stopped on request.")
-
-
-@transaction.atomic
-def _terminate(*, session: Session, message: str) -> Session:
-    session = Session.objects.select_for_update().get(pk=session.pk)
-    if not session.is_live:
-        return session
-    session.phase = Session.Phase.TERMINATED
-    session.ended_at = timezone.now()
-    session.message = session.message or message
-    session.save(update_fields=["phase", "ended_at", "message"])
-    _release(session)
-    _forget(session)
-    return session
 
 
 @transaction.atomic

@@ -35,7 +35,7 @@ def session_apply_task(self, session_pk: int) -> None:
 
 @shared_task(name="sessions.delete", bind=True, ignore_result=True, max_retries=RETRY["max_retries"])
 def session_delete_task(self, session_pk: int) -> None:
-    """Delete a stopping session's GShareSession; after the last retry it is marked Terminated anyway."""
+    """Delete a stopping session's GShareSession; after the last retry it is marked Failed with a message to delete it by hand."""
     session = Session.objects.get(pk=session_pk)
     try:
         session = services.session_delete_remote(session=session)

@@ -222,7 +222,8 @@ def session_ingress(gss: Mapping[str, Any]) -> dict[str, Any]:
       ``/internal/connect/verify`` (2xx lets it through, 401/403 refuse it);
     * ``auth-response-headers: X-Auth-Request-User`` -- the verified user reaches the pod;
     * ``auth-always-set-cookie: "true"`` -- the ``Set-Cookie`` of the verify answer reaches the
-      browser (by default ingress-nginx only forwards it on a non-2xx upstream answer);
+      browser whatever the pod answers (by default ingress-nginx adds it only when the upstream
+      answers 200/201/204/206/30x, so a first visit answered 404 by the pod would lose the cookie);
     * ``proxy-read-timeout``/``proxy-send-timeout: "3600"`` -- kernel websockets are not cut after
       the default 60 s of silence;
     * ``proxy-body-size: "0"`` -- no request body limit, so saving a notebook larger than
