@@ -22,6 +22,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from demo.emulator import EmulatedCluster, parse_field_selector, parse_label_selector
+from tests.demo.conftest import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "emulator-test-token"
@@ -561,16 +562,9 @@ def test_cli_serves_a_seed_until_sigterm(tmp_path):
     seed_path.write_text(json.dumps({"version": VERSION, "objects": seed()}))
     token_path = tmp_path / "token"
     token_path.write_text(TOKEN + "\n")
-    ready = tmp_path / "ready.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "demo.emulator", "--seed", str(seed_path), "--port", "0", "--ready-file", str(ready),
-         "--token-file", str(token_path), "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process, info = serve_seed(tmp_path, seed_path, "--token-file", str(token_path))
     try:
-        _wait(lambda: ready.exists() or process.poll() is not None, timeout=20)
         assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-        info = json.loads(ready.read_text())
         assert info["pid"] == process.pid and info["url"].startswith("http://127.0.0.1:")
         config = {"apiVersion": "v1", "kind": "Config", "current-context": "cli",
                   "clusters": [{"name": "cli", "cluster": {"server": info["url"]}}],

@@ -6,11 +6,7 @@ No Django here: run with ``pytest -p no:django tests/demo``.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import kubernetes
@@ -19,6 +15,7 @@ import pytest
 
 from demo import fleet
 from demo.emulator import EmulatedCluster
+from tests.demo.conftest import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [spec.name for spec in fleet.FLEET]
@@ -185,18 +182,9 @@ def test_seed_round_trips_through_the_cli(tmp_path, name):
     assert written["version"] == fleet.cluster_version(name) and written["objects"] == fleet.cluster_objects(name)
     assert written["podStartupSeconds"] == fleet.DEMO_POD_STARTUP_SECONDS == 1.0
     (tmp_path / "token").write_text("seed-token")
-    ready = tmp_path / "ready.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "demo.emulator", "--seed", str(seed), "--port", "0", "--ready-file", str(ready),
-         "--token-file", str(tmp_path / "token"), "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process, info = serve_seed(tmp_path, seed, "--token-file", str(tmp_path / "token"))
     try:
-        deadline = time.monotonic() + 20
-        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), process.stdout.read().decode() if process.poll() is not None and process.stdout else ""
-        url = json.loads(ready.read_text())["url"]
+        url = info["url"]
         config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
                   "clusters": [{"name": name, "cluster": {"server": url}}],
                   "users": [{"name": name, "user": {"token": "seed-token"}}],

@@ -11,12 +11,9 @@ No Django here: run with ``pytest -p no:django tests/demo``.
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +25,7 @@ from demo import emulator, fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.hami import decode_node_register
 from operator_agent.hami_pods import decode_pod_devices
+from tests.demo.conftest import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "gshare-sessions"
@@ -396,17 +394,8 @@ def test_lab_c2_reads_legacy_register_annotations(lab_c2):
 
 
 def _serve_seed(tmp_path: Path, seed: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    ready = tmp_path / "ready.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "demo.emulator", "--seed", str(seed), "--port", "0", "--ready-file", str(ready),
-         "--log-level", "WARNING", *extra],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 20
-    while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert ready.exists(), process.stdout.read().decode() if process.poll() is not None and process.stdout else ""
-    return process, json.loads(ready.read_text())["url"]
+    process, info = serve_seed(tmp_path, seed, *extra)
+    return process, info["url"]
 
 
 def _client(url: str) -> kubernetes.client.ApiClient:
