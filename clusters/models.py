@@ -47,6 +47,18 @@ class Cluster(models.Model):
     last_connection_test_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     deregistered_at = models.DateTimeField(null=True, blank=True)
+    kube_system_uid = models.CharField(
+        max_length=64, blank=True, default="", editable=False,
+        help_text="metadata.uid of the cluster's kube-system namespace, read at registration: a new kubeconfig must reach the same cluster",
+    )
+    credential_generation = models.PositiveIntegerField(
+        default=1, editable=False,
+        help_text="Carried by every operator token (claim gen); bumped by revocation and deregistration, which refuses every older token at once",
+    )
+    operator_token_expires_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="Expiry of the newest operator token issued (UTC)")
+    operator_token_rotated_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="When the last rotation wrote a token into the cluster's Secret")
+    operator_token_rotation_attempted_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="When the last rotation was tried")
+    operator_token_rotation_error = models.TextField(blank=True, default="", editable=False, help_text="Why the last rotation failed (empty when it succeeded)")
 
     class Meta:
         ordering = ["name", "id"]
