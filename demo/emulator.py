@@ -110,6 +110,7 @@ import kmock
 import yaml
 from kmock._internal.rendering import StreamingError  # not re-exported by kmock 0.8
 
+from demo import k8s_protobuf
 from operator_agent.hami import HamiDecodeError, HamiDevice, decode_node_register, node_register_annotation
 from operator_agent.hami_pods import decode_pod_devices
 
@@ -1006,6 +1007,8 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             self.register(spec)
         for path in ("/healthz", "/livez", "/readyz"):
             self.fallback["get", path] << b"ok"
+        self.fallback["get", re.compile(r"/openapi/v3/(api|apis)/.+")] << self._serve_openapi_group_version
+        self.fallback["get /openapi/v3"] << self._serve_openapi_root
 
     # ----------------------------------------------------------------- resources
 
@@ -1382,6 +1385,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _body(request: kmock.Request, spec: ResourceSpec) -> dict[str, Any]:
+        if _header(request.headers, "Content-Type").startswith(k8s_protobuf.CONTENT_TYPE):
+            try:
+                return k8s_protobuf.decode_object(request.body)
+            except k8s_protobuf.UnsupportedProtobuf as exc:
+                raise ApiError(415, "UnsupportedMediaType", str(exc), None) from None
         if not isinstance(request.data, dict):
             raise ApiError(400, "BadRequest", f"the body of the request was not a {spec.kind} object", None)
         return request.data
@@ -2006,6 +2014,35 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
                                   ["create"] if sub in ("binding", "eviction", "token") else ["get"]})
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else (version or ""), "resources": resources}
+
+    # OpenAPI v3: just enough for client-go's field-validation check (kubectl / Helm ask whether the server
+    # validates fields itself before falling back to client-side schema validation, which needs the full
+    # schemas). Each group-version document lists, per resource, the PATCH operation with its
+    # ``x-kubernetes-group-version-kind`` and the ``fieldValidation`` query parameter; there are no schemas.
+
+    def _openapi_key(self, group: str, version: str) -> str:
+        return f"apis/{group}/{version}" if group else f"api/{version}"
+
+    async def _serve_openapi_root(self, request: kmock.Request) -> Any:
+        keys = {self._openapi_key(spec.group, spec.version) for spec in self._specs.values()}
+        return {"paths": {key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={len(self._specs)}"} for key in sorted(keys)}}
+
+    async def _serve_openapi_group_version(self, request: kmock.Request) -> Any:
+        key = request.url.path.removeprefix("/openapi/v3/")
+        specs = [spec for spec in self._specs.values() if self._openapi_key(spec.group, spec.version) == key]
+        if not specs:
+            raise _no_resource()
+        paths: dict[str, Any] = {}
+        param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+        for spec in specs:
+            prefix = f"/{key}/namespaces/{{namespace}}" if spec.namespaced else f"/{key}"
+            gvk = {"group": spec.group, "version": spec.version, "kind": spec.kind}
+            paths[f"{prefix}/{spec.plural}/{{name}}"] = {
+                "patch": {"operationId": f"patch{spec.kind}", "parameters": [param],
+                          "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk},
+            }
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": self.server_version.get("gitVersion", "")
+                                             if self.server_version else ""}, "paths": paths, "components": {}}
 
     async def _serve_root(self, request: kmock.Request) -> Any:
         paths = {"/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"}
