@@ -654,8 +654,73 @@ def fleet_gpu_uuids() -> list[str]:
     return [d["uuid"] for c in FLEET for n in c.gpu_nodes for d in n.devices()]
 
 
+# --------------------------------------------------------------------------- a cluster before attach_cluster
+
+#: ``nvidia-ctk --version`` as NVIDIA Container Toolkit 1.17.8 prints it (first line; the second names the commit).
+NVIDIA_CTK_VERSION_OUTPUT = "NVIDIA Container Toolkit CLI version 1.17.8\ncommit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d"
+
+
+def nvidia_smi_list(node: NodeSpec) -> str:
+    """``nvidia-smi -L`` for a GPU node: ``GPU <index>: <name> (UUID: <uuid>)`` per GPU, as in
+    ``nvidia-smi/h100-80gb-hbm3-mig.list-L.txt`` (DERIVED from the node's HAMi annotation: index, model, UUID)."""
+    lines = []
+    for device in sorted(node.devices(), key=lambda d: d["index"]):
+        model = device["model"].removeprefix("NVIDIA-") if device["model"].startswith("NVIDIA-NVIDIA") else device["model"]
+        model = model.removeprefix("NVIDIA-") if model.startswith("NVIDIA-Tesla") else model
+        lines.append(f"GPU {device['index']}: {model} (UUID: {device['uuid']})")
+    return "\n".join(lines)
+
+
+def bare_cluster_objects(name: str) -> list[dict[str, Any]]:
+    """A demo cluster as it is before ``attach_cluster``: the nodes without gShare's labels, HAMi's annotations or
+    ``nvidia.com/gpu`` resources, the namespaces ``default`` and ``kube-system``; no RuntimeClass, CRD or HAMi.
+
+    Returns:
+        Fresh dicts for ``EmulatedCluster(objects)`` (use ``cluster_hosts(name)`` for its ``hosts``).
+    """
+    cluster = cluster_spec(name)
+    objects: list[dict[str, Any]] = [_namespace(name, ns) for ns in ("default", "kube-system")]
+    for i, node in enumerate(cluster.nodes):
+        obj = node_object(cluster, node, i)
+        meta = obj["metadata"]
+        meta["labels"] = {k: v for k, v in meta["labels"].items()
+                          if k not in GPU_NODE_LABELS and k != GPU_MODE_LABEL and not k.startswith("nvidia.com/")}
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if not k.startswith("hami.io/")}
+        for key in ("capacity", "allocatable"):
+            obj["status"][key].pop("nvidia.com/gpu", None)
+        objects.append(obj)
+    return objects
+
+
+def cluster_hosts(name: str, **overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Host facts of a demo cluster's nodes for the emulator's check pods and HAMi device-plugin stand-in.
+
+    Args:
+        name: cluster name.
+        overrides: node name -> facts to change (e.g. ``{"gpu-h100-01": {"nvidia_ctk": None}}``).
+
+    Returns:
+        node name -> ``{"nvidia_pci", "nvidia_smi", "nvidia_ctk", "containerd_nvidia_runtime", "mount_nfs",
+        "reachable", "hami_register"}`` (see ``demo.emulator``): GPU nodes fully prepared, every node with an NFS
+        client and nothing reachable.
+    """
+    cluster = cluster_spec(name)
+    containerd = ("/var/lib/rancher/k3s/agent/etc/containerd/config.toml" if cluster.distribution == "k3s"
+                  else "/etc/containerd/config.toml")
+    hosts: dict[str, dict[str, Any]] = {}
+    for node in cluster.nodes:
+        facts: dict[str, Any] = {"nvidia_pci": 0, "mount_nfs": "/usr/sbin/mount.nfs", "reachable": []}
+        if node.is_gpu_node:
+            facts.update(nvidia_pci=len(node.devices()), nvidia_smi=nvidia_smi_list(node), nvidia_ctk=NVIDIA_CTK_VERSION_OUTPUT,
+                         containerd_nvidia_runtime=containerd, hami_register=node.register_annotation())
+        facts.update(overrides.get(node.name, {}))
+        hosts[node.name] = facts
+    return hosts
+
+
 __all__ = [
-    "DATA_DIR", "FLEET", "ClusterSpec", "GpuFacts", "NodeSpec", "cluster_objects", "cluster_spec", "cluster_version",
+    "DATA_DIR", "bare_cluster_objects", "cluster_hosts", "nvidia_smi_list",
+    "FLEET", "ClusterSpec", "GpuFacts", "NodeSpec", "cluster_objects", "cluster_spec", "cluster_version",
     "decode_hami_register", "expected_inventory", "fleet_gpu_uuids", "gfd_labels", "hami_device_plugin_daemonset",
     "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "session_crd", "write_seed",
 ]

@@ -144,6 +144,23 @@ GSHARE_LOOPBACK_ALLOWLIST = env.list("GSHARE_LOOPBACK_ALLOWLIST", default=[])
 #: A cluster whose operator has not reported for this many seconds counts as not reporting.
 GSHARE_HEARTBEAT_STALE_SECONDS = env.int("GSHARE_HEARTBEAT_STALE_SECONDS", default=120)
 
+# --- attach_cluster (clusters/attach) -----------------------------------------------------------
+#: Helm chart repositories and pinned chart versions attach_cluster installs (point them at a mirror
+#: for air-gapped fleets).
+GSHARE_ATTACH_HAMI_REPO = env.str("GSHARE_ATTACH_HAMI_REPO", default="https://project-hami.github.io/HAMi/")
+GSHARE_ATTACH_HAMI_CHART_VERSION = env.str("GSHARE_ATTACH_HAMI_CHART_VERSION", default="2.7.1")
+GSHARE_ATTACH_INGRESS_NGINX_REPO = env.str("GSHARE_ATTACH_INGRESS_NGINX_REPO", default="https://kubernetes.github.io/ingress-nginx")
+GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION = env.str("GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION", default="4.13.3")
+GSHARE_ATTACH_DEMOCRATIC_CSI_REPO = env.str("GSHARE_ATTACH_DEMOCRATIC_CSI_REPO", default="https://democratic-csi.github.io/charts/")
+GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION = env.str("GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION", default="0.15.0")
+#: Image of the node check pods (needs sh, chroot, grep, nc, timeout).
+GSHARE_ATTACH_CHECK_IMAGE = env.str("GSHARE_ATTACH_CHECK_IMAGE", default="busybox:1.36")
+#: Seconds attach_cluster waits for check pods, for GPUs to be advertised, for Helm, for the first inventory.
+GSHARE_ATTACH_CHECK_TIMEOUT = env.float("GSHARE_ATTACH_CHECK_TIMEOUT", default=180.0)
+GSHARE_ATTACH_GPU_TIMEOUT = env.float("GSHARE_ATTACH_GPU_TIMEOUT", default=300.0)
+GSHARE_ATTACH_HELM_TIMEOUT = env.int("GSHARE_ATTACH_HELM_TIMEOUT", default=300)
+GSHARE_ATTACH_INVENTORY_TIMEOUT = env.float("GSHARE_ATTACH_INVENTORY_TIMEOUT", default=300.0)
+
 # --- sessions ---------------------------------------------------------------------------------
 #: ``binpack`` (fill the busiest node first) or ``spread`` (the idlest first).
 GSHARE_PLACEMENT_POLICY = env.str("GSHARE_PLACEMENT_POLICY", default="binpack")

@@ -1,0 +1,122 @@
+"""Installing a :class:`~clusters.attach.releases.ChartRelease` with the embedded Helm engine.
+
+The engine is Helm v4's own Go SDK, loaded in-process from the ``helm-python-sdk`` wheel (``helm_python``):
+no ``helm`` binary, no ``helm repo add``, and the operator's own Helm configuration is never touched. It
+talks to the cluster with the kubeconfig the attach command was given (already checked by
+``validate_kubeconfig``), stores release records as Secrets in the release's namespace like ``helm install``
+does, so ``helm list -A`` on the cluster shows what gShare installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+from clusters.attach.releases import ChartRelease
+
+logger = logging.getLogger(__name__)
+
+
+class HelmInstallFailed(Exception):
+    """Helm refused or failed the install/upgrade; ``str()`` is Helm's message (values redacted)."""
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """What happened to a release.
+
+    Attributes:
+        action: ``installed``, ``upgraded`` or ``unchanged`` (same chart version and values as deployed).
+        revision: the deployed revision number.
+        chart_version: the chart version now deployed.
+    """
+
+    action: str
+    revision: int
+    chart_version: str
+
+
+def _scalars(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _scalars(v)]
+    text = str(value) if value is not None else ""
+    return [text] if len(text) >= 4 else []
+
+
+def redact(message: str, release: ChartRelease) -> str:
+    """Remove every value of a secret-bearing release's values from ``message`` (Helm errors may quote them)."""
+    if not release.secret_values:
+        return message
+    for secret in sorted(set(_scalars(release.values)), key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return message
+
+
+def _release_values(config: helm.Config, name: str) -> dict:
+    values = config.get_values(name)
+    return values if isinstance(values, dict) else {}
+
+
+def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 300) -> InstallResult:
+    """Install ``release``, upgrade it when it exists, or leave it alone when nothing would change.
+
+    Args:
+        kubeconfig: kubeconfig YAML of the target cluster (one context, inline credentials).
+        release: what to install.
+        timeout: seconds Helm may spend on the operation (it does not wait for readiness; the attach
+            steps wait for what they need).
+
+    Returns:
+        An :class:`InstallResult`.
+
+    Raises:
+        HelmInstallFailed: the chart could not be fetched or rendered, or the cluster refused an object.
+    """
+    chart = release.chart
+    options: dict[str, Any] = {"namespace": release.namespace, "timeout": timeout}
+    if release.repo_url:
+        options.update(chart_repo_url=release.repo_url, chart_version=release.version or None,
+                       plain_http=release.repo_url.startswith("http://"))
+    try:
+        with helm.Config(kubeconfig_content=kubeconfig, namespace=release.namespace) as config:
+            try:
+                current = config.status(release.release)
+            except helm.HelmNotFoundError:
+                current = None
+            if current is not None and current.get("status") == "deployed":
+                wanted_version = release.version or _local_chart_version(chart)
+                if current.get("chart_version") == wanted_version and _release_values(config, release.release) == release.values:
+                    return InstallResult("unchanged", int(current.get("revision") or 0), str(wanted_version))
+            if current is None:
+                result = config.install(chart, release.release, release.values, create_namespace=True, **options)
+                action = "installed"
+            else:
+                try:
+                    result = config.upgrade(chart, release.release, release.values, reset_values=True, **options)
+                    action = "upgraded"
+                except helm.HelmError as exc:
+                    if "has no deployed releases" not in str(exc):
+                        raise
+                    # A first install that failed half-way (an interrupted attach): Helm cannot upgrade a
+                    # release that was never deployed, so remove its record and install again.
+                    config.uninstall(release.release, ignore_not_found=True)
+                    result = config.install(chart, release.release, release.values, create_namespace=True, **options)
+                    action = "installed"
+    except helm.HelmError as exc:
+        raise HelmInstallFailed(redact(str(exc), release)[:600]) from None
+    return InstallResult(action, int(result.get("revision") or 0), str(result.get("chart_version") or ""))
+
+
+def _local_chart_version(path: str) -> str:
+    try:
+        with open(f"{path}/Chart.yaml", encoding="utf-8") as handle:
+            return str((yaml.safe_load(handle) or {}).get("version") or "")
+    except OSError:
+        return ""
+

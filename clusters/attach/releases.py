@@ -1,0 +1,264 @@
+"""The Helm releases ``attach_cluster`` installs: chart, repository, version and values, as plain data.
+
+Each function returns a :class:`ChartRelease`; :mod:`clusters.attach.helm` installs it. Keeping the plan apart
+from the installing lets the tests check the exact releases and values a real cluster would get.
+
+Chart repositories and versions come from settings (``GSHARE_ATTACH_*``, docs/configuration.md), so an
+operator can pin other releases or point at a mirror.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from gshare.exceptions import ApplicationError
+
+OPERATOR_CHART = Path(settings.BASE_DIR) / "charts" / "gshare-operator"
+OPERATOR_RELEASE = "gshare-operator"
+OPERATOR_NAMESPACE = "gshare-system"
+
+
+@dataclass(frozen=True)
+class ChartRelease:
+    """One Helm release to install or upgrade.
+
+    Attributes:
+        release: release name (``hami``, ``ingress-nginx``, ``gshare-nfs``, ``gshare-operator``).
+        namespace: namespace of the release (created when missing).
+        chart: chart name in ``repo_url``, or a local chart directory when ``repo_url`` is empty.
+        repo_url: chart repository URL (``index.yaml`` lives there), or "" for a local chart.
+        version: chart version to install ("" for a local chart: its own version).
+        values: the values passed to Helm (never printed: they may hold secrets).
+        secret_values: True when ``values`` came from an operator's file that may hold credentials.
+        what: one line for the progress output.
+    """
+
+    release: str
+    namespace: str
+    chart: str
+    repo_url: str
+    version: str
+    values: dict[str, Any] = field(default_factory=dict)
+    secret_values: bool = False
+    what: str = ""
+
+
+class AttachInputError(ApplicationError):
+    """400: a flag or a values file cannot be used; the message names it and the fix."""
+
+    code = "attach_input_invalid"
+
+
+_KUBE_TAG = re.compile(r"^(v\d+\.\d+\.\d+)")
+
+
+def kube_scheduler_tag(git_version: str) -> str:
+    """The ``kube-scheduler`` image tag matching a cluster's ``/version`` ``gitVersion``.
+
+    Args:
+        git_version: e.g. ``v1.32.3``, ``v1.34.1+k3s1``, ``v1.30.4-eks-a737599``.
+
+    Returns:
+        ``vMAJOR.MINOR.PATCH`` (the part HAMi's own ``resolvedKubeSchedulerTag`` helper keeps from v2.5.2 on).
+
+    Raises:
+        AttachInputError: the version does not start with ``vX.Y.Z``.
+    """
+    match = _KUBE_TAG.match(git_version or "")
+    if not match:
+        raise AttachInputError(f"The cluster reports Kubernetes version {git_version!r}, which is not vX.Y.Z...: "
+                               "cannot pin HAMi's kube-scheduler image to it.")
+    return match.group(1)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def hami_scheduler_values(chart_version: str, git_version: str) -> dict[str, Any]:
+    """The HAMi chart values that pin its ``kube-scheduler`` image to the cluster's Kubernetes version.
+
+    The key differs between chart versions (``charts/hami/values.yaml`` and ``templates/scheduler`` of
+    Project-HAMi/HAMi; see tests/fixtures/hami/README.md section 5): up to v2.4.0 and from v2.5.0 to v2.6.x
+    ``scheduler.kubeScheduler.imageTag``; from v2.7.0 ``scheduler.kubeScheduler.image.tag``. v2.4.1 has no
+    key (it uses the apiserver's version verbatim, which breaks on ``+k3s1``), so it is refused.
+
+    Args:
+        chart_version: HAMi chart version, e.g. ``2.10.0``.
+        git_version: the cluster's ``gitVersion``.
+
+    Returns:
+        ``{"scheduler": {"kubeScheduler": {...}}}``.
+
+    Raises:
+        AttachInputError: chart v2.4.1, or an unusable Kubernetes version.
+    """
+    tag = kube_scheduler_tag(git_version)
+    version = _version_tuple(chart_version)
+    if version == (2, 4, 1):
+        raise AttachInputError("HAMi chart 2.4.1 cannot pin its kube-scheduler image (it has no values key for it): "
+                               "set GSHARE_ATTACH_HAMI_CHART_VERSION to 2.4.0 or 2.5.0 and newer.")
+    if version >= (2, 7, 0):
+        return {"scheduler": {"kubeScheduler": {"image": {"tag": tag}}}}
+    return {"scheduler": {"kubeScheduler": {"imageTag": tag}}}
+
+
+def hami_release(git_version: str) -> ChartRelease:
+    """HAMi (GPU sharing: scheduler extender, device plugin) in ``kube-system``, pinned to ``git_version``.
+
+    Args:
+        git_version: the cluster's ``gitVersion`` (``/version``).
+
+    Returns:
+        The release of chart ``hami`` from ``GSHARE_ATTACH_HAMI_REPO`` at ``GSHARE_ATTACH_HAMI_CHART_VERSION``.
+        Its device plugin runs on nodes labelled ``gpu=on`` (the chart's default node selector).
+    """
+    version = settings.GSHARE_ATTACH_HAMI_CHART_VERSION
+    values = hami_scheduler_values(version, git_version)
+    tag = kube_scheduler_tag(git_version)
+    return ChartRelease(release="hami", namespace="kube-system", chart="hami", repo_url=settings.GSHARE_ATTACH_HAMI_REPO,
+                        version=version, values=values, what=f"HAMi {version} (kube-scheduler {tag})")
+
+
+def ingress_nginx_release(ingress_node: str) -> ChartRelease:
+    """ingress-nginx on ``ingress_node``, on the node's own network (ports 80 and 443 of that host).
+
+    Session URLs are ``https://<session domain>/...`` and the session domain resolves to the ingress node,
+    so the controller runs there with ``hostNetwork`` and is the cluster's default IngressClass ``nginx``.
+
+    Args:
+        ingress_node: node name (``kubernetes.io/hostname``).
+
+    Returns:
+        The release of chart ``ingress-nginx`` from ``GSHARE_ATTACH_INGRESS_NGINX_REPO``.
+    """
+    version = settings.GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION
+    values = {
+        "controller": {
+            "nodeSelector": {"kubernetes.io/hostname": ingress_node, "kubernetes.io/os": "linux"},
+            "hostNetwork": True,
+            "dnsPolicy": "ClusterFirstWithHostNet",
+            "service": {"type": "ClusterIP"},
+            "ingressClassResource": {"name": "nginx", "default": True},
+            "allowSnippetAnnotations": False,
+        },
+    }
+    return ChartRelease(release="ingress-nginx", namespace="ingress-nginx", chart="ingress-nginx",
+                        repo_url=settings.GSHARE_ATTACH_INGRESS_NGINX_REPO, version=version, values=values,
+                        what=f"ingress-nginx {version} on {ingress_node}")
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """What ``--storage-values`` (democratic-csi Helm values) says about the NFS pool.
+
+    Attributes:
+        storage_class: the first StorageClass the values create (the operator's volume StorageClass).
+        server: the NFS server (``driver.config.nfs.shareHost``).
+        nfs_version: 3 or 4 (``nfsvers=`` in the StorageClass mount options; 4 when absent).
+        ports: TCP ports every node must reach on ``server``: 2049, plus 111 and 20048 for NFSv3.
+        release: the democratic-csi release, values merged with ``csiDriver.storageCapacity: true``.
+    """
+
+    storage_class: str
+    server: str
+    nfs_version: int
+    ports: tuple[int, ...]
+    release: ChartRelease
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+                   r"|^\d{1,3}(\.\d{1,3}){3}$|^[0-9A-Fa-f:]+$")
+
+
+def storage_plan(values: Any, path: str = "--storage-values") -> StoragePlan:
+    """Read democratic-csi NFS values (the chart's ``examples/*-nfs.yaml`` layout) into a :class:`StoragePlan`.
+
+    Args:
+        values: the parsed values file (a mapping).
+        path: the file name, for messages.
+
+    Returns:
+        The plan; ``release`` installs chart ``democratic-csi`` as ``gshare-nfs`` in ``democratic-csi``.
+
+    Raises:
+        AttachInputError: not a mapping, no ``storageClasses[0].name``, or no usable
+            ``driver.config.nfs.shareHost``. Messages never quote a value of the file other than those two.
+    """
+    if not isinstance(values, dict):
+        raise AttachInputError(f"{path} is not a YAML mapping of democratic-csi Helm values.")
+    classes = values.get("storageClasses")
+    if not isinstance(classes, list) or not classes or not isinstance(classes[0], dict) or not classes[0].get("name"):
+        raise AttachInputError(f"{path} defines no StorageClass: add `storageClasses: [{{name: gshare-nfs, ...}}]` "
+                               "(see democratic-csi's examples/zfs-generic-nfs.yaml).")
+    storage_class = str(classes[0]["name"])
+    nfs = ((values.get("driver") or {}).get("config") or {}).get("nfs") if isinstance(values.get("driver"), dict) else None
+    server = str((nfs or {}).get("shareHost") or "").strip() if isinstance(nfs, dict) else ""
+    if not server or not _HOST.match(server):
+        raise AttachInputError(f"{path} has no usable NFS server in driver.config.nfs.shareHost (got {server!r}): "
+                               "set it to the storage server's address as the nodes reach it.")
+    options = [str(o) for o in (classes[0].get("mountOptions") or [])]
+    nfs_version = 3 if any(o.replace(" ", "") in ("nfsvers=3", "vers=3") for o in options) else 4
+    ports = (2049, 111, 20048) if nfs_version == 3 else (2049,)
+    merged = _deep_merge(values, {"csiDriver": {"storageCapacity": True}})
+    version = settings.GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION
+    release = ChartRelease(release="gshare-nfs", namespace="democratic-csi", chart="democratic-csi",
+                           repo_url=settings.GSHARE_ATTACH_DEMOCRATIC_CSI_REPO, version=version, values=merged,
+                           secret_values=True, what=f"democratic-csi {version} (StorageClass {storage_class})")
+    return StoragePlan(storage_class=storage_class, server=server, nfs_version=nfs_version, ports=ports, release=release)
+
+
+def split_image(image: str) -> dict[str, str]:
+    """Split ``--operator-image`` into the chart's ``image.repository`` and ``image.tag``.
+
+    Args:
+        image: ``registry/repo:tag`` (no tag: ``latest``).
+
+    Returns:
+        ``{"repository": ..., "tag": ...}``.
+
+    Raises:
+        AttachInputError: empty, containing whitespace, or a digest reference.
+    """
+    image = image.strip()
+    if not image or any(c.isspace() for c in image):
+        raise AttachInputError(f"--operator-image {image!r} is not an image reference such as ghcr.io/gshare/gshare:0.2.0.")
+    if "@" in image:
+        raise AttachInputError(f"--operator-image {image!r} names a digest: give a tag instead (repository:tag).")
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return {"repository": image, "tag": "latest"}
+    return {"repository": name, "tag": tag}
+
+
+def operator_release(*, cluster_id: str, control_plane_url: str, image: str | None, storage_class: str) -> ChartRelease:
+    """The gShare operator from this checkout's ``charts/gshare-operator`` into ``gshare-system``.
+
+    Args:
+        cluster_id: the cluster's ``clu_...`` id.
+        control_plane_url: URL the operator's pod reaches the control plane at.
+        image: ``--operator-image`` or None for the chart's default.
+        storage_class: the volume StorageClass ("" when no storage was set up).
+    """
+    values: dict[str, Any] = {"clusterId": cluster_id, "controlPlaneUrl": control_plane_url,
+                              "volumeStorageClass": storage_class}
+    if image:
+        values["image"] = split_image(image)
+    return ChartRelease(release=OPERATOR_RELEASE, namespace=OPERATOR_NAMESPACE, chart=str(OPERATOR_CHART),
+                        repo_url="", version="", values=values, what="gShare operator")

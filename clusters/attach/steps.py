@@ -1,0 +1,508 @@
+"""``attach_cluster``: prepare a GPU cluster, register it and deploy its operator, in nine idempotent steps.
+
+Every step either finds its work already done (and says so), does it, or stops the attach with
+:class:`AttachStopped`, which carries what is wrong and the exact command that fixes it. Re-running the
+command is the supported way to repair a half-finished attach or to roll the operator forward. The
+cluster is reached only through the kubeconfig given (checked by the same rules as registration).
+
+Steps (docs/attach.md describes each, its failures and their fixes):
+
+1. reach the cluster (kubeconfig rules, ``/version``);
+2. GPU node prerequisites (a check pod per node: driver, container toolkit, containerd's nvidia runtime);
+3. the ``nvidia`` RuntimeClass and the labels ``gpu=on`` and ``gshare.io/gpu-mode`` on GPU nodes;
+4. HAMi, with its kube-scheduler pinned to the cluster's version, then wait for GPUs to be advertised;
+5. ingress-nginx on the ingress node (unless ``--skip-ingress``);
+6. registration (``cluster_register``, probe included; an existing registration is kept);
+7. the operator: token Secret ``gshare-operator-internal-jwt``, then the ``charts/gshare-operator`` release;
+8. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
+9. the connection test and the operator's first inventory report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kubernetes
+import yaml
+from django.conf import settings
+from django.utils import timezone
+from kubernetes.client.rest import ApiException
+
+from clusters.attach import checks, releases
+from clusters.attach.helm import HelmInstallFailed, install_release
+from clusters.kube import api_client_for_kubeconfig
+from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
+from clusters.models import Cluster
+from gshare.exceptions import ApplicationError
+from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
+
+HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+DEFAULT_GPU_MODE = "hami-core"
+TOTAL_STEPS = 9
+
+
+class AttachStopped(Exception):
+    """The attach cannot go on. ``problem`` says what is wrong, ``fix`` the exact command(s) that repair it."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class AttachOptions:
+    """The command's flags.
+
+    Attributes:
+        kubeconfig_path: ``--kubeconfig``: file of a kubeconfig with cluster-admin rights.
+        name: ``--name``: the cluster's name in gShare.
+        control_plane_url: ``--control-plane``: URL the operator's pod reaches the control plane at.
+        session_domain: ``--session-domain``: hostname the cluster's ingress serves sessions at.
+        ingress_node: ``--ingress-node``: node that runs ingress-nginx (the session domain resolves to it).
+        storage_values_path: ``--storage-values``: democratic-csi NFS values file, or None.
+        skip_ingress: ``--skip-ingress``: the cluster already runs an ingress controller.
+        operator_image: ``--operator-image``: image of the operator, or None for the chart's default.
+        argv: the command line, for "re-run" hints.
+    """
+
+    kubeconfig_path: str
+    name: str
+    control_plane_url: str
+    session_domain: str
+    ingress_node: str
+    storage_values_path: str | None = None
+    skip_ingress: bool = False
+    operator_image: str | None = None
+    argv: tuple[str, ...] = ()
+
+
+@dataclass
+class _State:
+    kubeconfig: str = ""
+    config: dict = field(default_factory=dict)
+    server: str = ""
+    git_version: str = ""
+    nodes: list = field(default_factory=list)
+    gpu_nodes: dict[str, int] = field(default_factory=dict)  # node -> GPUs on the PCI bus
+    cluster: Cluster | None = None
+    storage: releases.StoragePlan | None = None
+    started_at: Any = None
+
+
+def _api(state: _State) -> kubernetes.client.ApiClient:
+    return api_client_for_kubeconfig(state.config)
+
+
+def _status_reason(exc: ApiException) -> str:
+    return f"HTTP {exc.status} {exc.reason}".strip()
+
+
+class Attach:
+    """Runs the steps of one attach; ``run()`` returns the cluster or raises :class:`AttachStopped`.
+
+    Args:
+        options: the flags.
+        echo: called with each progress line (``[n/9] what ... result``).
+    """
+
+    def __init__(self, options: AttachOptions, echo: Callable[[str], None]):
+        self.options = options
+        self.echo = echo
+        self.state = _State(started_at=timezone.now())
+        self.rerun = shlex.join(options.argv) if options.argv else "the same attach_cluster command"
+
+    # ----------------------------------------------------------------- driver
+
+    def run(self) -> Cluster:
+        """Run the nine steps in order.
+
+        Returns:
+            The registered ``Cluster`` (connected, with its first inventory in).
+
+        Raises:
+            AttachStopped: a step found a problem it cannot fix; nothing after it ran.
+        """
+        steps = [
+            ("reach the cluster", self.step_reach),
+            ("GPU node prerequisites", self.step_prerequisites),
+            ("RuntimeClass nvidia and GPU node labels", self.step_runtime_class_and_labels),
+            ("HAMi", self.step_hami),
+            ("ingress-nginx", self.step_ingress),
+            ("register with the control plane", self.step_register),
+            ("operator", self.step_operator),
+            ("storage", self.step_storage),
+            ("connection test and first inventory", self.step_connection),
+        ]
+        self._read_storage_values()
+        for number, (what, step) in enumerate(steps, start=1):
+            prefix = f"[{number}/{TOTAL_STEPS}] {what}"
+            try:
+                result = step()
+            except AttachStopped as stop:
+                self.echo(f"{prefix} ... FAILED: {stop.problem}")
+                raise
+            self.echo(f"{prefix} ... {result}")
+        assert self.state.cluster is not None
+        return self.state.cluster
+
+    def _stop(self, problem: str, fix: str) -> AttachStopped:
+        return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
+
+    def _read_storage_values(self) -> None:
+        path = self.options.storage_values_path
+        if not path:
+            return
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = yaml.safe_load(handle)
+        except OSError as exc:
+            raise self._stop(f"cannot read --storage-values {path}: {exc.strerror}", f"check the path: ls -l {shlex.quote(path)}") from None
+        except yaml.YAMLError:
+            raise self._stop(f"--storage-values {path} is not valid YAML",
+                             f"check it with: python -c 'import yaml,sys; yaml.safe_load(open(sys.argv[1]))' {shlex.quote(path)}") from None
+        try:
+            self.state.storage = releases.storage_plan(values, path)
+        except ApplicationError as exc:
+            raise self._stop(str(exc), f"edit {path} (democratic-csi NFS values, see docs/attach.md#storage)") from None
+
+    # ----------------------------------------------------------------- 1
+
+    def step_reach(self) -> str:
+        """Step 1: the kubeconfig follows registration's rules and its apiserver answers ``/version``."""
+        path = self.options.kubeconfig_path
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise self._stop(f"cannot read --kubeconfig {path}: {exc.strerror}", f"check the path: ls -l {shlex.quote(path)}") from None
+        try:
+            valid = validate_kubeconfig(text, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
+        except KubeconfigError as exc:
+            raise self._stop(f"{exc} (code {exc.code})", "write a kubeconfig with inline credentials: "
+                             "kubectl config view --raw --minify --flatten > cluster.kubeconfig") from None
+        self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
+        with _api(self.state) as api:
+            try:
+                version = kubernetes.client.VersionApi(api).get_code(_request_timeout=settings.GSHARE_PROBE_TIMEOUT)
+                nodes = kubernetes.client.CoreV1Api(api).list_node(_request_timeout=settings.GSHARE_PROBE_TIMEOUT).items
+            except ApiException as exc:
+                if exc.status in (401, 403):
+                    raise self._stop(f"the apiserver at {valid.server} refused the kubeconfig's credentials ({_status_reason(exc)})",
+                                     "use a kubeconfig with cluster-admin rights: kubectl auth can-i '*' '*' --all-namespaces") from None
+                raise self._stop(f"the apiserver at {valid.server} answered {_status_reason(exc)}",
+                                 f"check the server address: curl -k {valid.server}/version") from None
+            except Exception as exc:  # urllib3 timeouts, connection refused, TLS errors
+                raise self._stop(f"the apiserver at {valid.server} did not answer ({type(exc).__name__})",
+                                 f"check it is reachable from the control plane: curl -k --max-time 10 {valid.server}/version") from None
+        self.state.git_version = version.git_version
+        self.state.nodes = nodes
+        if self.options.ingress_node and self.options.ingress_node not in {n.metadata.name for n in nodes}:
+            raise self._stop(f"--ingress-node {self.options.ingress_node} is not a node of this cluster",
+                             "pick one of: kubectl get nodes -o name")
+        return f"ok: Kubernetes {version.git_version} at {valid.server}, {len(nodes)} nodes"
+
+    # ----------------------------------------------------------------- check pods
+
+    def _ensure_namespace(self, core: kubernetes.client.CoreV1Api, name: str) -> None:
+        try:
+            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def _run_checks(self, kind: str, node_names: list[str], targets: list[str] | None = None) -> dict[str, checks.CheckReport]:
+        namespace = releases.OPERATOR_NAMESPACE
+        with _api(self.state) as api:
+            core = kubernetes.client.CoreV1Api(api)
+            self._ensure_namespace(core, namespace)
+            names = {}
+            for node in node_names:
+                manifest = checks.check_pod(kind, node, namespace, targets=targets)
+                name = manifest["metadata"]["name"]
+                names[node] = name
+                self._delete_pod(core, namespace, name)
+                core.create_namespaced_pod(namespace, manifest)
+            reports: dict[str, checks.CheckReport] = {}
+            deadline = time.monotonic() + settings.GSHARE_ATTACH_CHECK_TIMEOUT
+            try:
+                while len(reports) < len(names):
+                    for node, name in names.items():
+                        if node in reports:
+                            continue
+                        pod = core.read_namespaced_pod(name, namespace)
+                        if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                            reports[node] = checks.parse_check_log(core.read_namespaced_pod_log(name, namespace) or "")
+                    if len(reports) < len(names):
+                        if time.monotonic() > deadline:
+                            waiting = sorted(set(names) - set(reports))
+                            raise self._stop(
+                                f"the check pod did not finish within {settings.GSHARE_ATTACH_CHECK_TIMEOUT:.0f} s on {', '.join(waiting)}",
+                                f"see why: kubectl -n {namespace} describe pod {names[waiting[0]]} "
+                                f"(the image {settings.GSHARE_ATTACH_CHECK_IMAGE} must be pullable on every node)")
+                        time.sleep(0.2)
+            finally:
+                for name in names.values():
+                    self._delete_pod(core, namespace, name)
+        return reports
+
+    @staticmethod
+    def _delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
+        try:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                core.read_namespaced_pod(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            time.sleep(0.1)
+
+    # ----------------------------------------------------------------- 2
+
+    def step_prerequisites(self) -> str:
+        """Step 2: every GPU node has the NVIDIA driver, the container toolkit and containerd's ``nvidia`` runtime."""
+        names = [n.metadata.name for n in self.state.nodes]
+        reports = self._run_checks("node", names)
+        problems: list[str] = []
+        fixes: list[str] = []
+        for node in names:
+            report = reports[node]
+            if not report.complete:
+                problems.append(f"{node}: the check was cut short")
+                fixes.append(f"kubectl -n {releases.OPERATOR_NAMESPACE} logs {checks.check_pod_name('node', node)}  # on a re-run")
+                continue
+            gpus = checks.gpu_count(report)
+            if not gpus:
+                continue
+            self.state.gpu_nodes[node] = gpus
+            smi = report.items.get("nvidia-smi")
+            if smi is None or smi.status != "ok":
+                said = f": {smi.output[0]}" if smi and smi.output else ""
+                problems.append(f"{node}: the NVIDIA driver is {'not working' if smi and smi.status == 'failed' else 'not installed'}"
+                                f" (nvidia-smi {smi.status if smi else 'missing'}{said})")
+                fixes.append(f"on {node}: install the NVIDIA driver (Ubuntu: sudo ubuntu-drivers install --gpgpu; "
+                             "RHEL: sudo dnf module install nvidia-driver:latest-dkms), then reboot the node")
+            if report.status("nvidia-ctk") != "ok":
+                problems.append(f"{node}: the NVIDIA Container Toolkit is not installed (nvidia-ctk missing)")
+                fixes.append(f"on {node}: install nvidia-container-toolkit (https://docs.nvidia.com/datacenter/cloud-native/"
+                             "container-toolkit/latest/install-guide.html), then: sudo nvidia-ctk runtime configure "
+                             "--runtime=containerd && sudo systemctl restart containerd")
+            elif report.status("containerd-nvidia-runtime") != "ok":
+                problems.append(f"{node}: containerd has no nvidia runtime registered")
+                fixes.append(f"on {node}: sudo nvidia-ctk runtime configure --runtime=containerd && sudo systemctl restart containerd")
+        if problems:
+            raise self._stop("; ".join(problems), "\n".join(fixes))
+        if not self.state.gpu_nodes:
+            raise self._stop("no node of this cluster has an NVIDIA GPU (no 0x10de display controller on any PCI bus)",
+                             "check the kubeconfig names the GPU cluster: kubectl get nodes -o wide")
+        listed = ", ".join(f"{node} ({count} GPU{'s' if count > 1 else ''})" for node, count in sorted(self.state.gpu_nodes.items()))
+        return f"ok: {listed}; driver, toolkit and containerd runtime present"
+
+    # ----------------------------------------------------------------- 3
+
+    def step_runtime_class_and_labels(self) -> str:
+        """Step 3: RuntimeClass ``nvidia`` (handler ``nvidia``) and the GPU node labels."""
+        with _api(self.state) as api:
+            node_api = kubernetes.client.NodeV1Api(api)
+            runtime_class = "present"
+            try:
+                existing = node_api.read_runtime_class("nvidia")
+                if existing.handler != "nvidia":
+                    raise self._stop(f"RuntimeClass nvidia exists with handler {existing.handler!r}, not 'nvidia'",
+                                     "kubectl delete runtimeclass nvidia")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                node_api.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+                runtime_class = "created"
+            core = kubernetes.client.CoreV1Api(api)
+            labelled = 0
+            for node in self.state.nodes:
+                if node.metadata.name not in self.state.gpu_nodes:
+                    continue
+                labels = node.metadata.labels or {}
+                wanted = {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE, GPU_MODE_LABEL: labels.get(GPU_MODE_LABEL) or DEFAULT_GPU_MODE}
+                if all(labels.get(k) == v for k, v in wanted.items()):
+                    continue
+                core.patch_node(node.metadata.name, {"metadata": {"labels": wanted}})
+                labelled += 1
+        return f"ok: RuntimeClass nvidia {runtime_class}; {labelled} node(s) labelled, {len(self.state.gpu_nodes) - labelled} already labelled"
+
+    # ----------------------------------------------------------------- helm
+
+    def _install(self, release: releases.ChartRelease) -> str:
+        try:
+            result = install_release(self.state.kubeconfig, release, timeout=settings.GSHARE_ATTACH_HELM_TIMEOUT)
+        except HelmInstallFailed as exc:
+            source = f"--repo {release.repo_url} --version {release.version}" if release.repo_url else ""
+            raise self._stop(f"Helm could not install {release.what} (release {release.release} in {release.namespace}): {exc}",
+                             f"check the chart can be fetched and rendered: helm template {release.release} {release.chart} {source}".strip()
+                             ) from None
+        return f"{release.what}: release {release.release} {result.action} (revision {result.revision})"
+
+    # ----------------------------------------------------------------- 4
+
+    def step_hami(self) -> str:
+        """Step 4: HAMi pinned to the cluster's Kubernetes version; then wait until every GPU node advertises its GPUs."""
+        try:
+            release = releases.hami_release(self.state.git_version)
+        except ApplicationError as exc:
+            raise self._stop(str(exc), "set GSHARE_ATTACH_HAMI_CHART_VERSION (docs/configuration.md)") from None
+        done = self._install(release)
+        deadline = time.monotonic() + settings.GSHARE_ATTACH_GPU_TIMEOUT
+        with _api(self.state) as api:
+            core = kubernetes.client.CoreV1Api(api)
+            while True:
+                missing, advertised = [], 0
+                for name in sorted(self.state.gpu_nodes):
+                    node = core.read_node(name)
+                    allocatable = (node.status.allocatable or {}) if node.status else {}
+                    count = int(allocatable.get("nvidia.com/gpu", "0") or 0)
+                    if HAMI_REGISTER_ANNOTATION not in (node.metadata.annotations or {}) or count <= 0:
+                        missing.append(name)
+                    advertised += count
+                if not missing:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._stop(f"HAMi's device plugin has not advertised GPUs on {', '.join(missing)} "
+                                     f"within {settings.GSHARE_ATTACH_GPU_TIMEOUT:.0f} s",
+                                     "see why: kubectl -n kube-system get pods -l app.kubernetes.io/component=hami-device-plugin "
+                                     "-o wide; kubectl -n kube-system logs -l app.kubernetes.io/component=hami-device-plugin "
+                                     "-c device-plugin")
+                time.sleep(0.5)
+        return f"ok: {done}; {advertised} vGPUs (nvidia.com/gpu) advertised on {len(self.state.gpu_nodes)} node(s)"
+
+    # ----------------------------------------------------------------- 5
+
+    def step_ingress(self) -> str:
+        """Step 5: ingress-nginx on the ingress node, unless ``--skip-ingress``."""
+        if self.options.skip_ingress:
+            return "skipped (--skip-ingress)"
+        return "ok: " + self._install(releases.ingress_nginx_release(self.options.ingress_node))
+
+    # ----------------------------------------------------------------- 6
+
+    def step_register(self) -> str:
+        """Step 6: register through ``cluster_register`` (probe included), or keep the existing registration."""
+        from clusters import services
+
+        storage_class = self.state.storage.storage_class if self.state.storage else ""
+        existing = Cluster.objects.filter(name=self.options.name).exclude(status=Cluster.Status.DEREGISTERED).first()
+        if existing is not None:
+            if existing.apiserver_url != self.state.server:
+                raise self._stop(f"the name {self.options.name} is registered for another apiserver ({existing.apiserver_url})",
+                                 f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{existing.public_id}")
+            changes = {key: value for key, value in (("session_domain", self.options.session_domain),
+                                                     ("ingress_node", self.options.ingress_node),
+                                                     ("volume_storage_class", storage_class))
+                       if value and getattr(existing, key) != value}
+            if changes:
+                existing = services.cluster_update(cluster=existing, changes=changes)
+            self.state.cluster = existing
+            updated = f", updated {', '.join(sorted(changes))}" if changes else ""
+            return f"ok: already registered as {existing.public_id} (kept{updated})"
+        try:
+            cluster = services.cluster_register(name=self.options.name, kubeconfig=self.state.kubeconfig,
+                                                session_domain=self.options.session_domain,
+                                                ingress_node=self.options.ingress_node, volume_storage_class=storage_class)
+        except ApplicationError as exc:
+            raise self._stop(f"registration refused: {exc} (code {exc.code})", "see docs/errors.md for this code") from None
+        except Exception as exc:  # django ValidationError on a malformed field
+            raise self._stop(f"registration refused: {exc}", "check --name, --session-domain and --ingress-node") from None
+        self.state.cluster = cluster
+        return f"ok: registered as {cluster.public_id}"
+
+    # ----------------------------------------------------------------- 7
+
+    def step_operator(self) -> str:
+        """Step 7: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
+        from clusters.token_rotation import operator_token_push
+
+        cluster = self.state.cluster
+        assert cluster is not None
+        with _api(self.state) as api:
+            self._ensure_namespace(kubernetes.client.CoreV1Api(api), releases.OPERATOR_NAMESPACE)
+        try:
+            operator_token_push(cluster)
+        except Exception as exc:
+            raise self._stop(f"could not write the operator token Secret: {exc}",
+                             f"retry the token alone: python manage.py rotate_operator_tokens --cluster {cluster.public_id}") from None
+        cluster.refresh_from_db()
+        if cluster.operator_token_rotation_error:
+            raise self._stop(f"could not write the operator token Secret: {cluster.operator_token_rotation_error}",
+                             f"retry the token alone: python manage.py rotate_operator_tokens --cluster {cluster.public_id}")
+        try:
+            release = releases.operator_release(cluster_id=cluster.public_id, control_plane_url=self.options.control_plane_url,
+                                                image=self.options.operator_image,
+                                                storage_class=self.state.storage.storage_class if self.state.storage else "")
+        except ApplicationError as exc:
+            raise self._stop(str(exc), "fix --operator-image") from None
+        done = self._install(release)
+        expires = cluster.operator_token_expires_at.strftime("%Y-%m-%d %H:%M UTC") if cluster.operator_token_expires_at else "?"
+        return f"ok: {done}; token Secret gshare-operator-internal-jwt written (expires {expires})"
+
+    # ----------------------------------------------------------------- 8
+
+    def step_storage(self) -> str:
+        """Step 8 (``--storage-values``): NFS client and server reachability on every node, then democratic-csi."""
+        plan = self.state.storage
+        if plan is None:
+            return "skipped (no --storage-values)"
+        targets = [f"{plan.server}:{port}" for port in plan.ports]
+        names = [n.metadata.name for n in self.state.nodes]
+        reports = self._run_checks("nfs", names, targets)
+        problems, fixes = [], []
+        for node in names:
+            report = reports[node]
+            if report.status("mount.nfs") != "ok":
+                problems.append(f"{node}: no NFS client (mount.nfs missing)")
+                fixes.append(f"on {node}: sudo apt-get install -y nfs-common (Debian/Ubuntu) or sudo dnf install -y nfs-utils (RHEL)")
+            unreachable = [t for t in targets if report.status(f"tcp {t}") != "ok"]
+            if unreachable:
+                problems.append(f"{node}: cannot reach {', '.join(unreachable)}")
+                fixes.append(f"open TCP {', '.join(str(p) for p in plan.ports)} on {plan.server} to {node} (firewall) and add "
+                             f"{node}'s subnet to the export's allowed networks")
+        if problems:
+            raise self._stop("; ".join(problems), "\n".join(fixes))
+        done = self._install(plan.release)
+        return (f"ok: NFSv{plan.nfs_version} server reachable from {len(names)} node(s); {done}; "
+                f"operator volume StorageClass {plan.storage_class}")
+
+    # ----------------------------------------------------------------- 9
+
+    def step_connection(self) -> str:
+        """Step 9: the connection test passes and the operator's first inventory (after this attach began) arrives."""
+        from clusters import services
+
+        cluster = self.state.cluster
+        assert cluster is not None
+        result = services.cluster_connection_test(cluster=cluster)
+        failed = {name: result["detail"].get(name, "") for name, ok in result["checks"].items() if not ok}
+        hard = {name: detail for name, detail in failed.items() if name != "operator_reporting"}
+        if hard:
+            name, detail = next(iter(hard.items()))
+            raise self._stop(f"connection test: {name} failed: {detail}", "fix it as the message says")
+        deadline = time.monotonic() + settings.GSHARE_ATTACH_INVENTORY_TIMEOUT
+        while True:
+            cluster.refresh_from_db()
+            if cluster.last_heartbeat_at and cluster.last_heartbeat_at >= self.state.started_at:
+                break
+            if time.monotonic() > deadline:
+                raise self._stop(f"the operator has sent no inventory within {settings.GSHARE_ATTACH_INVENTORY_TIMEOUT:.0f} s",
+                                 f"see why: kubectl -n {releases.OPERATOR_NAMESPACE} logs deploy/gshare-operator "
+                                 f"(it must reach {self.options.control_plane_url})")
+            time.sleep(0.5)
+        result = services.cluster_connection_test(cluster=cluster)
+        nodes = cluster.nodes.count()
+        return f"ok: {result['status']}; first inventory in ({nodes} GPU node(s))"

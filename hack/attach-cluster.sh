@@ -1,0 +1,10 @@
+#!/usr/bin/env sh
+# Attach a GPU cluster to gShare: a thin wrapper around `manage.py attach_cluster` with the same flags.
+#   hack/attach-cluster.sh --kubeconfig PATH --name NAME --control-plane URL --session-domain HOST \
+#     --ingress-node NODE [--storage-values PATH] [--skip-ingress] [--operator-image IMAGE]
+# Run it where the control plane runs (it needs the control plane's database and signing key).
+set -eu
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+exec "$PY" manage.py attach_cluster "$@"
