@@ -1,14 +1,35 @@
-# One image for the control plane (gunicorn, celery worker, celery beat) and the data-plane operator.
-#   control plane: docker run IMAGE gunicorn gshare.wsgi --bind 0.0.0.0:8000
-#   worker / beat: docker run IMAGE celery -A gshare worker   |   celery -A gshare beat
-#   operator:      docker run IMAGE python -m operator_agent   (what charts/gshare-operator runs)
+# One image for the whole of gShare; both Helm charts run it (default repository ghcr.io/gshare/gshare,
+# tag = the charts' appVersion):
+#   api (charts/gshare):             gunicorn gshare.wsgi --bind=0.0.0.0:8000
+#   worker / beat (charts/gshare):   celery -A gshare worker   |   celery -A gshare beat --scheduler=django_celery_beat.schedulers:DatabaseScheduler
+#   migrations (charts/gshare Job):  python manage.py migrate --noinput   (+ import_signing_key --file ...)
+#   operator (charts/gshare-operator): python -m operator_agent
+# It runs as UID/GID 65532 with a read-only root filesystem; the only writable path is /tmp (an emptyDir in
+# the charts), which is also HOME and GSHARE_HOME. charts/ stays in the image: attaching a cluster installs
+# charts/gshare-operator from it.
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 GSHARE_HOME=/tmp/gshare
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
 WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
+
 COPY . .
-RUN python -c "import operator_agent.main"
-USER 65532
+
+# Fail the build, not the pod, when an entry point the charts run cannot be imported; then gather the
+# console's static files, served by whitenoise from STATIC_ROOT (/app/staticfiles). Settings need a database
+# and a Redis URL to load; neither step connects to them, so throwaway values keep the build from starting
+# the embedded servers, and the local state the settings write is removed in the same layer.
+RUN export GSHARE_HOME=/tmp/build DATABASE_URL=sqlite:///:memory: REDIS_URL=redis://127.0.0.1:6379/0 \
+ && python -c "import operator_agent.main, gshare.wsgi, gshare.celery" \
+ && python manage.py collectstatic --noinput \
+ && rm -rf /tmp/build
+
+ENV HOME=/tmp \
+    GSHARE_HOME=/tmp/gshare
+USER 65532:65532
 EXPOSE 8000
-CMD ["gunicorn", "gshare.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]
+CMD ["gunicorn", "gshare.wsgi", "--bind=0.0.0.0:8000", "--workers=3"]

@@ -1,0 +1,238 @@
+{{/*
+Names, labels and the pieces every workload of the chart shares (image, environment, security).
+*/}}
+
+{{- define "gshare.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release prefix of every resource name: <release>-gshare, or the release name when it contains "gshare". */}}
+{{- define "gshare.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gshare.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of one component. Call with (dict "ctx" $ "component" "api"). */}}
+{{- define "gshare.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gshare.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Standard labels of one component. Call with (dict "ctx" $ "component" "api"). */}}
+{{- define "gshare.labels" -}}
+helm.sh/chart: {{ include "gshare.chart" .ctx }}
+{{ include "gshare.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: gshare
+{{- end -}}
+
+{{- define "gshare.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "gshare.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gshare.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the api Service (both Ingresses route to it). */}}
+{{- define "gshare.apiServiceName" -}}
+{{- printf "%s-api" (include "gshare.fullname" .) -}}
+{{- end -}}
+
+{{/* Host of the internal-plane Ingress: its own host, else the public one. */}}
+{{- define "gshare.internalHost" -}}
+{{- .Values.ingress.internalPlane.host | default .Values.ingress.host -}}
+{{- end -}}
+
+{{/*
+DJANGO_ALLOWED_HOSTS, comma-separated: django.allowedHosts, the Ingress hosts, the host of controlPlaneUrl.
+The pod's IP is appended in the environment itself (the kubelet's probes use it as Host).
+*/}}
+{{- define "gshare.allowedHosts" -}}
+{{- $hosts := list -}}
+{{- range .Values.django.allowedHosts -}}{{- $hosts = append $hosts . -}}{{- end -}}
+{{- if and .Values.ingress.enabled .Values.ingress.host -}}{{- $hosts = append $hosts .Values.ingress.host -}}{{- end -}}
+{{- if and .Values.ingress.internalPlane.enabled (include "gshare.internalHost" .) -}}
+{{- $hosts = append $hosts (include "gshare.internalHost" .) -}}
+{{- end -}}
+{{- with (urlParse .Values.controlPlaneUrl).host -}}{{- $hosts = append $hosts (regexReplaceAll ":[0-9]+$" . "") -}}{{- end -}}
+{{- $hosts | uniq | join "," -}}
+{{- end -}}
+
+{{/* DJANGO_CSRF_TRUSTED_ORIGINS: django.csrfTrustedOrigins, else https://<ingress.host>. */}}
+{{- define "gshare.csrfTrustedOrigins" -}}
+{{- if .Values.django.csrfTrustedOrigins -}}
+{{- .Values.django.csrfTrustedOrigins | join "," -}}
+{{- else if and .Values.ingress.enabled .Values.ingress.host -}}
+{{- printf "https://%s" .Values.ingress.host -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+One environment entry read from a Secret. Call with ("prefix" is the values key, for messages)
+(dict "env" "DATABASE_URL" "ref" .Values.database "prefix" "database" "what" "the PostgreSQL URL").
+*/}}
+{{- define "gshare.secretEnv" -}}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required (printf "%s.existingSecret is required: the name of a Secret in the release namespace whose key %s.secretKey (%q) holds %s (%s). Create it first: see docs/install.md." .prefix .prefix .ref.secretKey .env .what) .ref.existingSecret | quote }}
+      key: {{ required (printf "%s.secretKey is required: the key of Secret %q that holds %s." .prefix .ref.existingSecret .env) .ref.secretKey | quote }}
+{{- end -}}
+
+{{/* The secret settings: never accepted as plain values. */}}
+{{- define "gshare.secretSettingNames" -}}
+DATABASE_URL REDIS_URL DJANGO_SECRET_KEY GSHARE_ENCRYPTION_KEYS
+{{- end -}}
+
+{{/* The environment the chart itself sets: production mode, the Secrets, and the settings that have values of their own. */}}
+{{- define "gshare.chartEnv" -}}
+{{- if not .Values.controlPlaneUrl -}}
+{{- fail "controlPlaneUrl is required: the control plane's URL as the data-plane clusters reach it, e.g. https://gshare.example.com (GSHARE_CONTROL_PLANE_URL)." -}}
+{{- end -}}
+{{- if not (regexMatch "^https?://[^/]+" .Values.controlPlaneUrl) -}}
+{{- fail (printf "controlPlaneUrl must be an http(s) URL such as https://gshare.example.com, got %q." .Values.controlPlaneUrl) -}}
+{{- end -}}
+- name: GSHARE_PRODUCTION
+  value: "true"
+- name: DJANGO_SETTINGS_MODULE
+  value: gshare.settings
+{{ include "gshare.secretEnv" (dict "env" "DATABASE_URL" "ref" .Values.database "prefix" "database" "what" "the PostgreSQL URL") }}
+{{ include "gshare.secretEnv" (dict "env" "REDIS_URL" "ref" .Values.redis "prefix" "redis" "what" "the Redis URL") }}
+{{ include "gshare.secretEnv" (dict "env" "DJANGO_SECRET_KEY" "ref" .Values.django "prefix" "django" "what" "Django's secret key") }}
+{{ include "gshare.secretEnv" (dict "env" "GSHARE_ENCRYPTION_KEYS" "ref" .Values.encryption "prefix" "encryption" "what" "comma-separated Fernet keys") }}
+- name: DATABASE_CONN_MAX_AGE
+  value: {{ .Values.database.connMaxAge | quote }}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: DJANGO_ALLOWED_HOSTS
+  value: {{ printf "%s,$(POD_IP)" (include "gshare.allowedHosts" .) | trimPrefix "," | quote }}
+- name: DJANGO_CSRF_TRUSTED_ORIGINS
+  value: {{ include "gshare.csrfTrustedOrigins" . | quote }}
+- name: GSHARE_CONTROL_PLANE_URL
+  value: {{ .Values.controlPlaneUrl | trimSuffix "/" | quote }}
+- name: GSHARE_SESSION_NAMESPACE
+  value: {{ .Values.sessionNamespace | quote }}
+- name: GSHARE_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: GSHARE_HOME
+  value: /tmp/gshare
+{{- end -}}
+
+{{/*
+The environment of every container of the chart (api, worker, beat, migrations): the chart's own entries,
+then `settings` (plain values), then `extraEnv`. A name may appear once only.
+*/}}
+{{- define "gshare.env" -}}
+{{- $chartEnv := include "gshare.chartEnv" . -}}
+{{- $taken := list -}}
+{{- range fromYamlArray $chartEnv }}{{ $taken = append $taken .name }}{{ end -}}
+{{- $secretNames := splitList " " (include "gshare.secretSettingNames" .) -}}
+{{ $chartEnv }}
+{{- range $name, $value := .Values.settings }}
+{{- if has $name $secretNames }}
+{{- fail (printf "settings.%s is refused: secrets never go into values. Put it in a Secret and name that Secret in the matching existingSecret value (docs/install.md)." $name) }}
+{{- else if has $name $taken }}
+{{- fail (printf "settings.%s is refused: the chart sets %s itself from its own values (see charts/gshare/values.yaml)." $name $name) }}
+{{- end }}
+{{- $taken = append $taken $name }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if has .name $taken }}
+{{- fail (printf "extraEnv entry %s is refused: the chart or settings already set it." .name) }}
+{{- end }}
+{{- $taken = append $taken .name }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level security: a fixed non-root user, the runtime's default seccomp profile. */}}
+{{- define "gshare.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container-level security: read-only root, no privilege escalation, no capabilities. */}}
+{{- define "gshare.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The one writable place of every container: /tmp (GSHARE_HOME, gunicorn's heartbeat files, kubeconfig temp files). */}}
+{{- define "gshare.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 256Mi
+{{- end -}}
+
+{{- define "gshare.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/* Scheduling and pull settings shared by every pod. */}}
+{{- define "gshare.podScheduling" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod template metadata of one component. Call with (dict "ctx" $ "component" "api"). */}}
+{{- define "gshare.podMetadata" -}}
+labels:
+  {{- include "gshare.labels" . | nindent 2 }}
+  {{- with .ctx.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .ctx.Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,128 @@
+"""charts/gshare-operator: the environment contract, the token Secret's least-privilege Role, required values."""
+
+from __future__ import annotations
+
+import pytest
+
+from operator_agent.contract import DEFAULT_TOKEN_FILE, OPERATOR_TOKEN_SECRET_KEY, OPERATOR_TOKEN_SECRET_NAME
+from tests.charts.rendering import (
+    OPERATOR_CHART,
+    OPERATOR_NAMESPACE,
+    OPERATOR_VALUES,
+    chart_defaults,
+    env_of,
+    expect_render_error,
+    merged,
+    of_kind,
+    one,
+    render_operator,
+    without,
+)
+
+CUSTOM = merged(OPERATOR_VALUES, {"tokenSecretName": "cluster-a-operator-token", "volumeStorageClass": "gshare-nfs"})
+
+
+def operator_container(objects) -> dict:
+    [container] = one(objects, "Deployment", "gshare-operator")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def secret_rules(objects) -> list[tuple[str, dict]]:
+    """``(Role or ClusterRole name, rule)`` of every rule in the chart that grants anything on Secrets."""
+    return [
+        (f"{role['kind']}/{role['metadata']['name']}", rule)
+        for role in [*of_kind(objects, "Role"), *of_kind(objects, "ClusterRole")]
+        for rule in role.get("rules", [])
+        if "" in rule.get("apiGroups", []) and ({"secrets", "*"} & set(rule.get("resources", [])))
+    ]
+
+
+def test_defaults_match_the_operator_contract():
+    defaults = chart_defaults(OPERATOR_CHART)
+    assert defaults["tokenSecretName"] == OPERATOR_TOKEN_SECRET_NAME
+    assert defaults["volumeStorageClass"] == ""
+
+
+@pytest.mark.parametrize("values", [OPERATOR_VALUES, CUSTOM], ids=["default", "custom"])
+def test_environment_contract(values):
+    merged_values = merged(chart_defaults(OPERATOR_CHART), values)
+    env = env_of(operator_container(render_operator(values)))
+    assert env["GSHARE_CLUSTER_ID"]["value"] == values["clusterId"]
+    assert env["GSHARE_CONTROL_PLANE_URL"]["value"] == values["controlPlaneUrl"]
+    assert env["GSHARE_TOKEN_SECRET_NAME"] == {"name": "GSHARE_TOKEN_SECRET_NAME", "value": merged_values["tokenSecretName"]}
+    assert env["GSHARE_OPERATOR_NAMESPACE"] == {"name": "GSHARE_OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    assert env["GSHARE_VOLUME_STORAGE_CLASS"] == {"name": "GSHARE_VOLUME_STORAGE_CLASS", "value": merged_values["volumeStorageClass"]}
+    assert env["GSHARE_SESSION_NAMESPACE"]["value"] == merged_values["sessionNamespace"]
+
+
+@pytest.mark.parametrize("values", [OPERATOR_VALUES, CUSTOM], ids=["default", "custom"])
+def test_the_token_file_is_the_mounted_key_of_the_token_secret(values):
+    objects = render_operator(values)
+    container = operator_container(objects)
+    token_file = env_of(container)["GSHARE_TOKEN_FILE"]["value"]
+    assert token_file == DEFAULT_TOKEN_FILE
+    volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    [mount] = [m for m in container["volumeMounts"] if token_file == f"{m['mountPath']}/{OPERATOR_TOKEN_SECRET_KEY}"]
+    assert "subPath" not in mount, "a subPath mount is never refreshed when the Secret changes"
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["secret"]["secretName"] == env_of(container)["GSHARE_TOKEN_SECRET_NAME"]["value"]
+
+
+@pytest.mark.parametrize("values", [OPERATOR_VALUES, CUSTOM], ids=["default", "custom"])
+def test_the_only_access_to_secrets_is_get_update_patch_of_the_token_secret(values):
+    objects = render_operator(values)
+    token_secret = env_of(operator_container(objects))["GSHARE_TOKEN_SECRET_NAME"]["value"]
+    [(where, rule)] = secret_rules(objects)
+    assert where == "Role/gshare-operator-token"
+    assert sorted(rule["verbs"]) == ["get", "patch", "update"]
+    assert rule["resources"] == ["secrets"]
+    assert rule["resourceNames"] == [token_secret]
+    role = one(objects, "Role", "gshare-operator-token")
+    assert role["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert role["rules"] == [rule]
+
+
+def test_the_token_role_is_bound_to_the_operator_service_account():
+    objects = render_operator()
+    service_account = one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == service_account
+    [binding] = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["name"] == "gshare-operator-token"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gshare-operator-token"}
+    assert binding["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": service_account, "namespace": OPERATOR_NAMESPACE}]
+
+
+def test_no_wildcards_in_any_rule():
+    for role in [*of_kind(render_operator(), "Role"), *of_kind(render_operator(), "ClusterRole")]:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: {field}"
+
+
+def test_pod_security():
+    spec = one(render_operator(), "Deployment")["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    tmp = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    assert any(m["mountPath"] == "/tmp" and m["name"] in tmp for m in container["volumeMounts"])
+
+
+def test_the_chart_does_not_create_the_token_secret_and_keeps_the_crd_out_of_templates():
+    objects = render_operator(CUSTOM)
+    assert of_kind(objects, "Secret") == []
+    assert of_kind(objects, "CustomResourceDefinition") == []
+
+
+@pytest.mark.parametrize("missing", ["clusterId", "controlPlaneUrl"])
+def test_a_missing_required_value_fails_with_a_message_naming_it(missing):
+    assert f"set {missing}" in expect_render_error(render_operator, without(OPERATOR_VALUES, missing))
+
+
+def test_an_empty_token_secret_name_fails():
+    message = expect_render_error(render_operator, merged(OPERATOR_VALUES, {"tokenSecretName": ""}))
+    assert "tokenSecretName is required" in message
