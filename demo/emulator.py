@@ -51,15 +51,27 @@ versions); watch events travel on kmock's per-resource buses. What this module a
   ``nvidia.com/gpucores`` percent), read from each node's ``hami.io/node-nvidia-register`` annotation with
   ``operator_agent.hami``, get HAMi's pod annotations in the real format (``hami.io/vgpu-devices-allocated:
   GPU-…,NVIDIA,<MiB>,<cores %>:;`` ...) and run; Pods that do not fit stay ``Pending``/``Unschedulable``
-  with kube-scheduler's message until a Pod or Node change makes room (see ``KubeApiEmulator``).
+  with kube-scheduler's message until a Pod or Node change makes room (see ``KubeApiEmulator``);
+* host facts (``hosts``: per node, what is installed on its host -- NVIDIA GPUs on the PCI bus, ``nvidia-smi -L``,
+  ``nvidia-ctk --version``, containerd's ``nvidia`` runtime, ``mount.nfs``, reachable ``host:port`` targets, the
+  HAMi register value; ``HOST_FACTS``), never visible through the API, changeable while serving (``set_host``),
+  and what ``manage.py attach_cluster`` learns from them, always on: its check pods (label
+  ``app.kubernetes.io/name: gshare-attach-check``, ``gshare.io/check: node|nfs``, bound with ``spec.nodeName``)
+  are run by a kubelet stand-in without the scheduler (``Running``, then ``Succeeded``) and log what the check
+  script prints on such a host; HAMi's device plugin stand-in registers the nodes a ``hami-device-plugin``
+  DaemonSet selects (``hami.io/node-nvidia-register``, ``hami.io/node-handshake``, ``nvidia.com/gpu`` capacity)
+  once the DaemonSet exists or a node gets the selected label (see ``KubeApiEmulator``);
+* ``pods/log`` (``GET``, ``text/plain``; the check pods' logs, ``""`` for other pods; ``container``,
+  ``tailLines``, ``limitBytes``).
 
-Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not
-set ``schedulerName``), field validation against schemas, controllers (Deployments and DaemonSets keep the
-status they were given), scheduling beyond the stand-in above (taints/tolerations, affinity, CPU/memory
-fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared like ``hami-core`` ones, by memory,
-cores and split count), ``pods/log``/``exec``/``portforward``/``proxy``/``scale`` and other non-``status``
-subresources (``404``), protobuf/CBOR, aggregated discovery (clients fall back to the legacy documents
-served here), OpenAPI documents.
+Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not set
+``schedulerName``), field validation against schemas, controllers (Deployments and DaemonSets keep the status
+they were given; the device plugin stand-in creates no Pods), scheduling beyond the stand-in above
+(taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
+like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
+their known output), ``exec``/``attach``/``portforward``/``proxy``/``scale`` and other subresources besides
+``status`` and ``pods/log`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR,
+aggregated discovery (clients fall back to the legacy documents served here), OpenAPI documents.
 
 Entry points:
 
@@ -132,7 +144,8 @@ class ResourceSpec:
         kind: object kind, e.g. ``DaemonSet``.
         namespaced: whether objects live in a namespace.
         short_names: ``kubectl`` short names.
-        subresources: subresource names (only ``status`` is served; the others are listed for fidelity).
+        subresources: subresource names (only ``status`` and ``pods/log`` are served; the others are listed
+            for fidelity).
         categories: discovery categories (``all``).
         verbs: verbs listed in discovery.
     """
@@ -940,6 +953,214 @@ def _same_quantity(a: Any, b: Any) -> bool:
         return False
 
 
+# --------------------------------------------------------------------------- host facts and gShare's attach checks
+#
+# What ``manage.py attach_cluster`` finds out about a node it learns from short-lived check pods (scripts in
+# ``clusters/attach/checks.py``) and from HAMi's device plugin registering the node once HAMi is installed. Both
+# depend on the host (PCI bus, driver, toolkit, containerd config, NFS client, network), which is not in the
+# Kubernetes API: the emulator keeps it as per-node "host facts" (``KubeApiEmulator.hosts``).
+
+HOST_FACTS: dict[str, str] = {
+    "nvidia_pci": "number of NVIDIA display/3D controllers on the PCI bus (int, 0 for a CPU node)",
+    "nvidia_smi": "verbatim output of `nvidia-smi -L` (str), None: nvidia-smi not installed",
+    "nvidia_smi_error": "nvidia-smi is installed but fails with this output (str), None: it works",
+    "nvidia_ctk": "verbatim output of `nvidia-ctk --version` (str), None: not installed",
+    "containerd_nvidia_runtime": "containerd config file registering the `nvidia` runtime (str), None: none does",
+    "mount_nfs": "path of the `mount.nfs` helper (str), None: no NFS client",
+    "reachable": "TCP targets `host:port` the node can connect to (list of str)",
+    "hami_register": "the hami.io/node-nvidia-register value HAMi's device plugin writes on the node (str), None: none",
+}
+"""Keys of a node's host facts (all optional; a missing key means absent/none/nothing) and what they mean."""
+
+CHECK_POD_LABEL = "app.kubernetes.io/name"
+CHECK_POD_LABEL_VALUE = "gshare-attach-check"
+"""Label (key, value) of gShare's attach check pods."""
+
+CHECK_KIND_LABEL = "gshare.io/check"
+"""Label of a check pod naming its script: ``node`` (GPU prerequisites) or ``nfs`` (NFS client and reachability)."""
+
+CHECK_KINDS = ("node", "nfs")
+
+CHECK_TARGETS_ENV = "GSHARE_CHECK_TARGETS"
+"""Environment variable of an ``nfs`` check pod's first container: space-separated ``host:port`` targets."""
+
+CHECK_PREFIX = "gshare-check "
+
+HAMI_DEVICE_PLUGIN_LABEL = "app.kubernetes.io/component"
+HAMI_DEVICE_PLUGIN_COMPONENT = "hami-device-plugin"
+"""Label (key, value) of the DaemonSet of HAMi's NVIDIA device plugin (``charts/hami`` ``daemonsetnvidia.yaml``)."""
+
+HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
+"""Node annotation: the GPUs HAMi's device plugin registered (decoded by ``operator_agent.hami``)."""
+
+HAMI_NODE_HANDSHAKE = "hami.io/node-handshake"
+"""Node annotation: ``Reported <Go time.Time.String()>`` from the device plugin (see
+``demo/data/hami/node-handshake.observed-values.yaml``)."""
+
+_OPTIONAL_TEXT_FACTS = ("nvidia_smi", "nvidia_smi_error", "nvidia_ctk", "containerd_nvidia_runtime", "mount_nfs",
+                        "hami_register")
+
+
+def validate_host_facts(node: str, facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Check one node's host facts (keys and types of ``HOST_FACTS``) and return a deep copy.
+
+    Raises:
+        ValueError: not a mapping, an unknown key, or a value of the wrong type.
+    """
+    if not isinstance(facts, Mapping):
+        raise ValueError(f"host facts of node {node!r} must be an object, not {type(facts).__name__}")
+    unknown = sorted(set(facts) - set(HOST_FACTS))
+    if unknown:
+        raise ValueError(f"host facts of node {node!r}: unknown key(s) {', '.join(map(repr, unknown))} "
+                         f"(known: {', '.join(HOST_FACTS)})")
+    pci = facts.get("nvidia_pci", 0)
+    if isinstance(pci, bool) or not isinstance(pci, int) or pci < 0:
+        raise ValueError(f"host facts of node {node!r}: nvidia_pci must be an integer >= 0, not {pci!r}")
+    for key in _OPTIONAL_TEXT_FACTS:
+        if facts.get(key) is not None and not isinstance(facts[key], str):
+            raise ValueError(f"host facts of node {node!r}: {key} must be a string or null, not {facts[key]!r}")
+    reachable = facts.get("reachable", [])
+    if not isinstance(reachable, list | tuple) or not all(isinstance(t, str) for t in reachable):
+        raise ValueError(f"host facts of node {node!r}: reachable must be a list of 'host:port' strings, "
+                         f"not {reachable!r}")
+    return copy.deepcopy({k: list(v) if k == "reachable" else v for k, v in facts.items()})
+
+
+def validate_hosts(hosts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Check ``{node name: host facts}`` (see ``validate_host_facts``); None means no facts. Returns a deep copy.
+
+    Raises:
+        ValueError: not a mapping of node names to facts, or bad facts.
+    """
+    if hosts is None:
+        return {}
+    if not isinstance(hosts, Mapping):
+        raise ValueError(f"hosts must be an object {{node name: facts}}, not {type(hosts).__name__}")
+    return {str(node): validate_host_facts(str(node), facts) for node, facts in hosts.items()}
+
+
+def _tool_output(text: str, *, substituted: bool) -> list[str]:
+    """Lines a tool's output adds to a check log.
+
+    ``substituted``: printed as ``printf '%s\\n' "$(tool)"`` (trailing newlines dropped, one added, so an empty
+    output is one empty line); otherwise printed as the tool wrote it (a missing final newline is added so the
+    next item starts a line, as real tools end their output with one).
+    """
+    if substituted:
+        return text.rstrip("\n").split("\n")
+    if not text:
+        return []
+    return text.removesuffix("\n").split("\n")
+
+
+def node_check_log(facts: Mapping[str, Any]) -> str:
+    """The log of a ``gshare.io/check: node`` pod on a host with these facts (``clusters/attach/checks.py``
+    ``NODE_SCRIPT``): ``nvidia-pci``, then (with at least one NVIDIA GPU) ``nvidia-smi``, ``nvidia-ctk`` and
+    ``containerd-nvidia-runtime``, each followed by the tool's raw output where it has one, then ``done``."""
+    lines: list[str] = []
+    count = int(facts.get("nvidia_pci") or 0)
+    if count < 1:
+        lines.append(f"{CHECK_PREFIX}nvidia-pci none")
+    else:
+        lines.append(f"{CHECK_PREFIX}nvidia-pci found {count}")
+        if facts.get("nvidia_smi_error") is not None:
+            lines.append(f"{CHECK_PREFIX}nvidia-smi failed")
+            lines.extend(_tool_output(facts["nvidia_smi_error"], substituted=True))
+        elif facts.get("nvidia_smi") is not None:
+            lines.append(f"{CHECK_PREFIX}nvidia-smi ok")
+            lines.extend(_tool_output(facts["nvidia_smi"], substituted=True))
+        else:
+            lines.append(f"{CHECK_PREFIX}nvidia-smi missing")
+        if facts.get("nvidia_ctk") is not None:
+            lines.append(f"{CHECK_PREFIX}nvidia-ctk ok")
+            lines.extend(_tool_output(facts["nvidia_ctk"], substituted=False))
+        else:
+            lines.append(f"{CHECK_PREFIX}nvidia-ctk missing")
+        if facts.get("containerd_nvidia_runtime"):
+            lines.append(f"{CHECK_PREFIX}containerd-nvidia-runtime ok {facts['containerd_nvidia_runtime']}")
+        else:
+            lines.append(f"{CHECK_PREFIX}containerd-nvidia-runtime missing")
+    lines.append(f"{CHECK_PREFIX}done")
+    return "\n".join(lines) + "\n"
+
+
+def nfs_check_log(facts: Mapping[str, Any], targets: Iterable[str]) -> str:
+    """The log of a ``gshare.io/check: nfs`` pod on a host with these facts (``NFS_SCRIPT``): ``mount.nfs``, one
+    ``tcp <host:port> ok|unreachable`` per target in order (reachable: listed in the ``reachable`` fact), ``done``."""
+    lines = [f"{CHECK_PREFIX}mount.nfs ok {facts['mount_nfs']}" if facts.get("mount_nfs")
+             else f"{CHECK_PREFIX}mount.nfs missing"]
+    reachable = set(facts.get("reachable") or ())
+    lines.extend(f"{CHECK_PREFIX}tcp {target} {'ok' if target in reachable else 'unreachable'}" for target in targets)
+    lines.append(f"{CHECK_PREFIX}done")
+    return "\n".join(lines) + "\n"
+
+
+def _pod_labelled(pod: Mapping[str, Any], key: str) -> str | None:
+    meta = pod.get("metadata") or {}
+    value = (meta.get("labels") or {}).get(key)
+    return value if value is not None else (meta.get("annotations") or {}).get(key)
+
+
+def check_pod_kind(pod: Mapping[str, Any]) -> str | None:
+    """``node``/``nfs`` for a gShare attach check pod bound to a node (label ``app.kubernetes.io/name:
+    gshare-attach-check``, ``spec.nodeName`` set, ``gshare.io/check`` label, or annotation, ``node``/``nfs``), else
+    None (an ordinary pod)."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(CHECK_POD_LABEL) != CHECK_POD_LABEL_VALUE:
+        return None
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return None
+    kind = _pod_labelled(pod, CHECK_KIND_LABEL)
+    return kind if kind in CHECK_KINDS else None
+
+
+def _check_targets(pod: Mapping[str, Any]) -> list[str]:
+    """``GSHARE_CHECK_TARGETS`` of the pod's first container, split as the shell splits ``$GSHARE_CHECK_TARGETS``."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    for env in containers[0].get("env") or []:
+        if env.get("name") == CHECK_TARGETS_ENV:
+            return str(env.get("value") or "").split()
+    return []
+
+
+def go_time_string(wall_ns: int, monotonic_ns: int | None = None) -> str:
+    """Go's ``time.Time.String()`` of a UTC time, as HAMi's device plugin writes it after ``Reported ``.
+
+    ``2025-03-27 10:34:13.547080338 +0000 UTC m=+5494.154355430``: layout ``2006-01-02 15:04:05.999999999 -0700
+    MST`` (fraction without trailing zeros, none when zero), then with a monotonic reading ``m=±<s>.<9 digits>``.
+
+    Args:
+        wall_ns: Unix time in nanoseconds.
+        monotonic_ns: the monotonic clock reading (nanoseconds since the process started), or None.
+    """
+    seconds, nanos = divmod(wall_ns, 1_000_000_000)
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    fraction = f".{nanos:09d}".rstrip("0").rstrip(".")
+    text = f"{stamp}{fraction} +0000 UTC"
+    if monotonic_ns is not None:
+        sign = "-" if monotonic_ns < 0 else "+"
+        whole, part = divmod(abs(monotonic_ns), 1_000_000_000)
+        text += f" m={sign}{whole}.{part:09d}"
+    return text
+
+
+def _is_hami_device_plugin(daemonset: Mapping[str, Any]) -> bool:
+    """Whether a DaemonSet is HAMi's device plugin (the component label on the DaemonSet or its pod template)."""
+    if (daemonset.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    template = (daemonset.get("spec") or {}).get("template") or {}
+    return any((labels or {}).get(HAMI_DEVICE_PLUGIN_LABEL) == HAMI_DEVICE_PLUGIN_COMPONENT
+               for labels in ((daemonset.get("metadata") or {}).get("labels"),
+                              (template.get("metadata") or {}).get("labels")))
+
+
+def _daemonset_selects(daemonset: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether a DaemonSet's pod template ``nodeSelector`` matches a node's labels (affinity is not emulated)."""
+    selector = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
 
 # --------------------------------------------------------------------------- the emulator
 
@@ -975,6 +1196,29 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             with ``PodScheduled=False``/``Unschedulable`` and kube-scheduler's message, and is tried again when
             a Pod or Node changes (a deleted Pod frees its GPUs) and every ``scheduler_retry_seconds``.
         scheduler_retry_seconds: how often unschedulable Pods are tried again without any change (seconds).
+        hosts: host facts per node name (``HOST_FACTS``: what is installed on the node's host, never visible
+            through the API); a node without facts is a host with nothing installed and nothing reachable. They
+            decide what gShare's attach check pods print and what HAMi's device plugin registers (see
+            "gShare attach checks" below); ``set_host`` changes them while serving.
+        check_pod_seconds: how long after creation a check pod has ``Succeeded`` (``Running`` half-way).
+        device_plugin_seconds: how long after a HAMi device-plugin DaemonSet or a Node label change the device
+            plugin stand-in registers the selected nodes.
+
+    gShare attach checks (always on, whatever ``pod_startup_seconds`` says):
+
+    * a Pod labelled ``app.kubernetes.io/name: gshare-attach-check`` and ``gshare.io/check: node|nfs`` with
+      ``spec.nodeName`` set is run by the kubelet stand-in on that node without the scheduler stand-in:
+      ``Running``, then ``Succeeded`` (container terminated, exit code 0, ``Completed``); its log
+      (``pods/log``) is what ``clusters/attach/checks.py``'s script prints on a host with the node's facts
+      (``node_check_log``/``nfs_check_log``). A check pod naming a node that does not exist stays ``Pending``
+      (and runs if the node appears);
+    * HAMi's device plugin: while a DaemonSet labelled (or whose pod template is labelled)
+      ``app.kubernetes.io/component: hami-device-plugin`` exists, every Node its template's ``nodeSelector``
+      selects whose host facts have ``hami_register`` gets ``hami.io/node-nvidia-register`` (that value),
+      ``hami.io/node-handshake: Reported <Go time>`` and ``status.capacity``/``allocatable`` ``nvidia.com/gpu`` =
+      the devices' split counts (``operator_agent.hami.decode_node_register``). Nodes carrying a register
+      annotation the stand-in did not write (a seed's, e.g. the demo fleet's) are left alone; deleting the
+      DaemonSet leaves the annotations (like the real plugin).
 
     Must be created and used inside the event loop that serves it (see ``serve``/``EmulatedCluster``).
     """
@@ -986,6 +1230,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     event_log_size: int = 1000
     pod_startup_seconds: float | None = None
     scheduler_retry_seconds: float = 10.0
+    hosts: dict[str, dict[str, Any]] = attrs.field(factory=dict, converter=validate_hosts)
+    check_pod_seconds: float = 0.2
+    device_plugin_seconds: float = 0.2
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
@@ -1000,6 +1247,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     _starting: dict[str, tuple[str, str, float]] = attrs.field(factory=dict, init=False)  # uid -> (ns, name, due)
     _scheduler_wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _scheduler_task: asyncio.Task | None = attrs.field(default=None, init=False)
+    _pod_logs: dict[str, str] = attrs.field(factory=dict, init=False)  # pod uid -> log text
+    _check_waiting: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)  # uid -> (ns, name), no node
+    _plugin_waiting: bool = attrs.field(default=False, init=False)  # a device-plugin pass is scheduled
+    _plugin_registered: set[str] = attrs.field(factory=set, init=False)  # nodes whose annotation the stand-in wrote
+    _monotonic_origin: int = attrs.field(factory=time.monotonic_ns, init=False)  # the plugin's "process start"
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1009,6 +1261,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             self.fallback["get", path] << b"ok"
         self.fallback["get", re.compile(r"/openapi/v3/(api|apis)/.+")] << self._serve_openapi_group_version
         self.fallback["get /openapi/v3"] << self._serve_openapi_root
+        # Before the FETCH fallback (a higher sub-priority): kmock merges the headers of a returned Response into
+        # the reaction serving it for good, so text/plain must stay on a reaction of its own.
+        (self.fallback ** 1)["get", re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/log")] << self._serve_pod_log
 
     # ----------------------------------------------------------------- resources
 
@@ -1094,6 +1349,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         await self._buses[resource].put(event)
         if self._scheduler_task is not None and self._frees_room(spec, event_type, obj, old):
             self._scheduler_wake.set()
+        self._react_for_attach_checks(spec, event_type, obj, old)
 
     @staticmethod
     def _frees_room(spec: ResourceSpec, event_type: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
@@ -1351,7 +1607,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             raise _no_resource()
         if spec.namespaced and request.namespace is None and request.name is not None:
             raise _no_resource()
-        if request.subresource is not None:
+        if request.subresource == "log" and (spec.group, spec.plural) == ("", "pods") and request.name is not None:
+            if request.action != kmock.action.FETCH:  # pods/log is read-only (GET)
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
+                               "resource", None)
+        elif request.subresource is not None:
             if request.subresource != "status" or "status" not in spec.subresources or request.name is None:
                 raise _no_resource()
         if request.action is None or (request.action == kmock.action.CREATE and spec.namespaced
@@ -1415,7 +1675,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         for crd_spec in crd_specs:
             self.register(crd_spec)
         await self._emit(spec, "ADDED", obj, None)
-        if spec.kind == "Pod" and self.pod_startup_seconds is not None:
+        if spec.kind == "Pod" and self.pod_startup_seconds is not None and check_pod_kind(obj) is None:
             self._unscheduled[obj["metadata"]["uid"]] = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._ensure_scheduler()
             self._scheduler_wake.set()
@@ -1656,6 +1916,239 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         name = node["metadata"]["name"]
         self._node_pod_ips[name] = self._node_pod_ips.get(name, -1) + 1
         return str(network.network_address + 2 + self._node_pod_ips[name] % max(1, network.num_addresses - 3))
+
+    # ----------------------------------------------------------------- gShare attach checks: host facts, check pods
+    # ----------------------------------------------------------------- and HAMi's device plugin
+
+    def set_host(self, node: str, facts: Mapping[str, Any] | None) -> None:
+        """Replace the host facts of a node (None: forget them, the host then has nothing installed).
+
+        Check pods created afterwards see the new facts; HAMi's device plugin stand-in registers the node if it
+        now can (a plugin pod crash-looping on a host without a driver starts once the driver is fixed). Call it
+        in the emulator's event loop (``EmulatedCluster.set_host`` does).
+
+        Raises:
+            ValueError: bad facts (see ``HOST_FACTS``).
+        """
+        if facts is None:
+            self.hosts.pop(node, None)
+        else:
+            self.hosts[node] = validate_host_facts(node, facts)
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to kick yet
+            asyncio.get_running_loop()
+            if self._hami_device_plugins():
+                self.kick_device_plugin()
+
+    def host_facts(self, node: str) -> dict[str, Any]:
+        """A copy of a node's host facts (``{}`` when it has none)."""
+        return copy.deepcopy(self.hosts.get(node) or {})
+
+    def pod_log(self, namespace: str, name: str) -> str | None:
+        """The log of a live Pod (``""`` before it has one), or None when there is no such Pod."""
+        current = self._current(self._specs[_res("", "v1", "pods")], namespace, name)
+        if current is None:
+            return None
+        return self._pod_logs.get(current["metadata"]["uid"], "")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._kubelet_tasks.add(task)
+        task.add_done_callback(self._kubelet_tasks.discard)
+
+    def _react_for_attach_checks(self, spec: ResourceSpec, event_type: str, obj: Mapping[str, Any],
+                                 old: Mapping[str, Any] | None) -> None:
+        """Start check pods, and kick the device plugin on a HAMi DaemonSet or Node label change (from ``_emit``)."""
+        meta = obj.get("metadata") or {}
+        if (spec.group, spec.plural) == ("", "pods"):
+            if event_type == "ADDED" and check_pod_kind(obj) is not None:
+                self._spawn(self._run_check_pod(meta["namespace"], meta["name"], meta["uid"]),
+                            f"emulated-check-pod-{meta['name']}")
+            elif event_type == "DELETED":
+                self._pod_logs.pop(meta.get("uid", ""), None)
+                self._check_waiting.pop(meta.get("uid", ""), None)
+        elif (spec.group, spec.plural) == ("", "nodes"):
+            if event_type == "ADDED":
+                for uid, (namespace, name) in list(self._check_waiting.items()):
+                    pod = self._current(self._specs[_res("", "v1", "pods")], namespace, name)
+                    if pod is not None and (pod.get("spec") or {}).get("nodeName") == meta["name"]:
+                        del self._check_waiting[uid]
+                        self._spawn(self._run_check_pod(namespace, name, uid), f"emulated-check-pod-{name}")
+            elif event_type == "DELETED":
+                self._plugin_registered.discard(meta.get("name", ""))
+            labels_changed = event_type == "ADDED" or (event_type == "MODIFIED" and meta.get("labels") != (
+                (old or {}).get("metadata") or {}).get("labels"))
+            if labels_changed and self._hami_device_plugins():
+                self.kick_device_plugin()
+        elif (spec.group, spec.plural) == ("apps", "daemonsets"):
+            if event_type in ("ADDED", "MODIFIED") and _is_hami_device_plugin(obj):
+                self.kick_device_plugin()
+
+    async def _run_check_pod(self, namespace: str, name: str, uid: str) -> None:
+        """The kubelet stand-in running a check pod: ``Running`` (with its log) then ``Succeeded``."""
+        pods = self._specs[_res("", "v1", "pods")]
+        nodes = self._specs[_res("", "v1", "nodes")]
+        try:
+            await asyncio.sleep(self.check_pod_seconds / 2)
+            async with self._lock:
+                current = self._waiting_pod(pods, namespace, name, uid)
+                if current is None:
+                    return
+                node_name = (current.get("spec") or {}).get("nodeName") or ""
+                node = self._current(nodes, None, node_name)
+                if node is None:  # no kubelet to run it: Pending until the node appears
+                    self._check_waiting[uid] = (namespace, name)
+                    return
+                facts = self.hosts.get(node_name) or {}
+                kind = check_pod_kind(current)
+                self._pod_logs[uid] = (node_check_log(facts) if kind == "node"
+                                       else nfs_check_log(facts, _check_targets(current)))
+                running = self._running(current, node)
+                if (current.get("spec") or {}).get("hostNetwork"):
+                    running["status"]["podIP"] = running["status"]["hostIP"]
+                    running["status"]["podIPs"] = [{"ip": running["status"]["hostIP"]}]
+                await self._write(pods, running, current)
+            await asyncio.sleep(self.check_pod_seconds / 2)
+            async with self._lock:
+                current = self._current(pods, namespace, name)
+                if (current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp")
+                        or (current.get("status") or {}).get("phase") != "Running"):
+                    return
+                await self._write(pods, self._completed(current), current)
+        except Exception:  # the pod stays where it is; the failure is in the log
+            logger.exception("the emulated kubelet failed to run check pod %s/%s", namespace, name)
+
+    @staticmethod
+    def _completed(current: Mapping[str, Any]) -> dict[str, Any]:
+        """The Pod once its containers exited 0: the kubelet's ``Succeeded`` status (``PodCompleted`` conditions,
+        containers ``terminated``/``Completed``)."""
+        pod = copy.deepcopy(dict(current))
+        status = pod.setdefault("status", {})
+        now = _now()
+        running = {c.get("name"): ((c.get("state") or {}).get("running") or {}).get("startedAt", now)
+                   for c in status.get("containerStatuses") or []}
+
+        def condition(kind: str, value: str, reason: str | None = None) -> dict[str, Any]:
+            entry: dict[str, Any] = {"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": now}
+            if reason:
+                entry["reason"] = reason
+            return entry
+
+        status["phase"] = "Succeeded"
+        status["conditions"] = [
+            condition("PodReadyToStartContainers", "False"), condition("Initialized", "True", "PodCompleted"),
+            condition("Ready", "False", "PodCompleted"), condition("ContainersReady", "False", "PodCompleted"),
+            condition("PodScheduled", "True"),
+        ]
+        statuses = []
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            container_id = f"containerd://{secrets.token_hex(32)}"
+            statuses.append({
+                "name": container.get("name", ""), "image": container.get("image", ""), "imageID": "",
+                "containerID": container_id, "ready": False, "started": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "containerID": container_id,
+                                         "startedAt": running.get(container.get("name"), now), "finishedAt": now}},
+            })
+        status["containerStatuses"] = statuses
+        return pod
+
+    async def _serve_pod_log(self, request: kmock.Request) -> Any:
+        """``GET .../pods/{name}/log``: the pod's log as ``text/plain`` (``""`` while it has none).
+
+        Query parameters: ``container`` (must name one of the pod's containers; required when it has several, as
+        the apiserver answers), ``tailLines``, ``limitBytes``; ``follow``, ``previous``, ``timestamps``,
+        ``sinceSeconds`` are accepted and ignored (check pods have finished by the time there is a log).
+        """
+        pods = self._specs[_res("", "v1", "pods")]
+        name = request.name or ""
+        async with self._lock:
+            current = self._current(pods, request.namespace, name)
+            if current is None:
+                raise _not_found(pods, name)
+            text = self._pod_logs.get(current["metadata"]["uid"], "")
+        spec = current.get("spec") or {}
+        names = [c.get("name") for key in ("initContainers", "containers", "ephemeralContainers")
+                 for c in spec.get(key) or []]
+        container = request.params.get("container")
+        if container and container not in names:
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}", None)
+        regular = [c.get("name") for c in spec.get("containers") or []]
+        if not container and len(regular) > 1:
+            raise ApiError(400, "BadRequest", f"a container name must be specified for pod {name}, choose one of: "
+                           f"[{' '.join(regular)}]", None)
+
+        def non_negative(param: str) -> int | None:
+            raw = request.params.get(param)
+            if raw is None:
+                return None
+            if not re.fullmatch(r"\d+", raw):
+                raise ApiError(400, "BadRequest", f"{param}: Invalid value: {raw!r}: must be a non-negative integer",
+                               None)
+            return int(raw)
+
+        tail = non_negative("tailLines")
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[len(lines) - tail:] if tail else [])
+        body = text.encode("utf-8")
+        limit = non_negative("limitBytes")
+        if limit:
+            body = body[:limit]
+        return kmock.Response(status=200, payload=body, headers={"Content-Type": "text/plain"})
+
+    def _hami_device_plugins(self) -> list[dict[str, Any]]:
+        return [ds for ds in self._live(self._specs[_res("apps", "v1", "daemonsets")]) if _is_hami_device_plugin(ds)]
+
+    def kick_device_plugin(self) -> None:
+        """Schedule a pass of HAMi's device-plugin stand-in ``device_plugin_seconds`` from now (unless one is
+        already waiting, which will see the current state). Call it in the emulator's event loop."""
+        if self._plugin_waiting:
+            return
+        self._plugin_waiting = True
+        self._spawn(self._device_plugin_after_delay(), "emulated-hami-device-plugin")
+
+    async def _device_plugin_after_delay(self) -> None:
+        try:
+            await asyncio.sleep(self.device_plugin_seconds)
+            async with self._lock:
+                self._plugin_waiting = False  # a change from now on needs a pass of its own
+                await self._device_plugin_pass()
+        except Exception:  # the next DaemonSet/Node/host change tries again; the failure is in the log
+            logger.exception("the emulated HAMi device plugin failed a pass")
+
+    async def _device_plugin_pass(self) -> None:
+        """Register every node a HAMi device-plugin DaemonSet selects whose host has ``hami_register`` (see the
+        class docstring); nodes carrying a register annotation the stand-in did not write are left alone."""
+        daemonsets = self._hami_device_plugins()
+        if not daemonsets:
+            return
+        nodes = self._specs[_res("", "v1", "nodes")]
+        for node in self._live(nodes):
+            name = node["metadata"]["name"]
+            value = (self.hosts.get(name) or {}).get("hami_register")
+            if value is None or not any(_daemonset_selects(ds, node) for ds in daemonsets):
+                continue
+            annotations = node["metadata"].get("annotations") or {}
+            present = node_register_annotation(annotations)
+            if present is not None and (name not in self._plugin_registered or annotations.get(HAMI_NODE_REGISTER)
+                                        == value):
+                continue
+            updated = copy.deepcopy(node)
+            updated["metadata"]["annotations"] = {
+                **annotations, HAMI_NODE_REGISTER: value,
+                HAMI_NODE_HANDSHAKE: "Reported " + go_time_string(time.time_ns(),
+                                                                  time.monotonic_ns() - self._monotonic_origin),
+            }
+            try:
+                vgpus: str | None = str(sum(device.split_count for device in decode_node_register(value)))
+            except HamiDecodeError as exc:
+                logger.warning("node %s: host fact hami_register does not decode, capacity left alone: %s", name, exc)
+                vgpus = None
+            if vgpus is not None:
+                status = updated.setdefault("status", {})
+                for key in ("capacity", "allocatable"):
+                    status[key] = {**(status.get(key) or {}), HAMI_RESOURCE_COUNT: vgpus}
+            self._plugin_registered.add(name)
+            await self._write(nodes, updated, node)
 
     def _require_namespace(self, spec: ResourceSpec, namespace: str | None) -> None:
         if spec.namespaced and namespace is not None:
@@ -2179,6 +2672,7 @@ class _LoopbackServer(kmock.Server):
 @contextlib.asynccontextmanager
 async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str, str] | None = None,
                 token: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                hosts: Mapping[str, Mapping[str, Any]] | None = None,
                 **emulator_options: Any) -> AsyncIterator[tuple[KubeApiEmulator, str]]:
     """Serve an emulated apiserver in the running event loop.
 
@@ -2188,20 +2682,23 @@ async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str,
         token: bearer token to require, or None.
         host: a loopback address (``127.0.0.1``, ``::1``, ``localhost``); anything else is refused.
         port: TCP port, 0 for a free one.
+        hosts: host facts per node name (see ``KubeApiEmulator`` and ``HOST_FACTS``), or None.
         **emulator_options: more ``KubeApiEmulator`` options (``history_limit``, ``keep_requests`` ...).
 
     Yields:
         ``(emulator, url)`` with ``url`` like ``http://127.0.0.1:41234`` (no trailing slash).
 
     Raises:
-        ValueError: a non-loopback host, or a seed object the emulator cannot serve.
+        ValueError: a non-loopback host, a seed object the emulator cannot serve, or bad host facts.
     """
     if not _is_loopback(host):
         raise ValueError(f"the emulator serves plain HTTP without TLS and listens on loopback only, not {host!r}")
-    emulator = KubeApiEmulator(server_version=version, token=token, **emulator_options)
+    emulator = KubeApiEmulator(server_version=version, token=token, hosts=validate_hosts(hosts), **emulator_options)
     emulator.load(objects)
     async with emulator, _LoopbackServer(emulator, host=host, port=port) as server:
         url = str(server.url).rstrip("/")
+        if emulator._hami_device_plugins():  # a seeded device plugin registers the seeded nodes it can
+            emulator.kick_device_plugin()
         try:
             yield emulator, url
         finally:
@@ -2224,11 +2721,19 @@ class EmulatedCluster:
         host: loopback address to listen on.
         port: TCP port, 0 for a free one (see ``url``).
         pod_startup_seconds: see ``KubeApiEmulator`` (None: Pods stay ``Pending``).
+        hosts: host facts per node name (``{"gpu-1": {"nvidia_pci": 1, "nvidia_smi": "GPU 0: ...", ...}}``, keys in
+            ``HOST_FACTS``): what gShare's attach check pods find and what HAMi's device plugin registers (see
+            ``KubeApiEmulator``); change them while running with ``set_host``.
+
+    Raises:
+        ValueError: bad host facts.
     """
 
     def __init__(self, objects: list[dict], version: dict | None = None, token: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, *, pod_startup_seconds: float | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, *, pod_startup_seconds: float | None = None,
+                 hosts: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self._pod_startup_seconds = pod_startup_seconds
+        self._hosts = validate_hosts(hosts)
         self._objects = [copy.deepcopy(o) for o in objects]
         self._version = version
         self._token = token
@@ -2295,7 +2800,8 @@ class EmulatedCluster:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         async with serve(self._objects, version=self._version, token=self._token, host=self._host,
-                         port=self._port, pod_startup_seconds=self._pod_startup_seconds) as (emulator, url):
+                         port=self._port, pod_startup_seconds=self._pod_startup_seconds,
+                         hosts=self._hosts) as (emulator, url):
             self._emulator, self._url = emulator, url
             self._ready.set()
             await self._stop.wait()
@@ -2391,6 +2897,38 @@ class EmulatedCluster:
             return copy.deepcopy(obj)
         return self.call(self.emulator.put_object, obj)
 
+    @property
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        """A copy of the host facts per node name (as given and changed with ``set_host``)."""
+        return copy.deepcopy(self._hosts)
+
+    def set_host(self, node: str, facts: Mapping[str, Any] | None) -> None:
+        """Replace a node's host facts from any thread (None: forget them; before ``start()``: for the start).
+
+        Check pods created afterwards see the new facts, and HAMi's device plugin stand-in registers the node if
+        it now can (see ``KubeApiEmulator.set_host``): e.g. "install" the driver on a node, then re-run the checks.
+
+        Raises:
+            ValueError: bad facts (see ``HOST_FACTS``).
+        """
+        checked = None if facts is None else validate_host_facts(node, facts)
+        if checked is None:
+            self._hosts.pop(node, None)
+        else:
+            self._hosts[node] = checked
+        if self._thread is not None:
+            async def apply() -> None:
+                self.emulator.set_host(node, checked)
+
+            self.call(apply)
+
+    def pod_log(self, namespace: str, name: str) -> str | None:
+        """The log of a live Pod (``""`` before it has one), or None when there is no such Pod."""
+        async def read() -> str | None:
+            return self.emulator.pod_log(namespace, name)
+
+        return self.call(read)
+
 
 # --------------------------------------------------------------------------- CLI
 
@@ -2398,15 +2936,20 @@ class EmulatedCluster:
 _FROM_SEED: Any = object()  # --pod-startup-seconds not given
 
 
-def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], float | None]:
-    """``(version, objects, podStartupSeconds)`` of a seed file (the last None when the seed has no such key)."""
+def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], float | None, dict[str, dict]]:
+    """``(version, objects, podStartupSeconds, hosts)`` of a seed file (podStartupSeconds None and hosts ``{}`` when
+    the seed has no such key)."""
     seed = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(seed, dict) or not isinstance(seed.get("objects", []), list):
         raise ValueError(f"{path}: a seed is a JSON object {{\"version\": {{...}}, \"objects\": [...]}}")
     startup = seed.get("podStartupSeconds")
     if startup is not None and (isinstance(startup, bool) or not isinstance(startup, int | float) or startup < 0):
         raise ValueError(f"{path}: podStartupSeconds must be a number of seconds >= 0, not {startup!r}")
-    return seed.get("version"), seed.get("objects", []), startup
+    try:
+        hosts = validate_hosts(seed.get("hosts"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return seed.get("version"), seed.get("objects", []), startup, hosts
 
 
 def _startup_seconds(text: str) -> float | None:
@@ -2420,7 +2963,7 @@ def _startup_seconds(text: str) -> float | None:
 
 
 async def _serve_until_signalled(args: argparse.Namespace) -> None:
-    version, objects, seed_startup = _read_seed(pathlib.Path(args.seed))
+    version, objects, seed_startup, hosts = _read_seed(pathlib.Path(args.seed))
     startup = seed_startup if args.pod_startup_seconds is _FROM_SEED else args.pod_startup_seconds
     token = pathlib.Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else None
     stop = asyncio.Event()
@@ -2428,7 +2971,7 @@ async def _serve_until_signalled(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with serve(objects, version=version, token=token, host=args.host, port=args.port,
-                     pod_startup_seconds=startup) as (_, url):
+                     pod_startup_seconds=startup, hosts=hosts) as (_, url):
         if args.ready_file:
             ready = pathlib.Path(args.ready_file)
             tmp = ready.with_name(ready.name + ".tmp")
@@ -2445,9 +2988,11 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m demo.emulator --seed PATH --port N [--host 127.0.0.1] [--ready-file PATH] [--token-file PATH]
     [--pod-startup-seconds S|off] [--log-level LEVEL]``
 
-    The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "objects": [...]}`` (``demo.fleet.write_seed``
-    writes one; ``podStartupSeconds`` is optional and enables the scheduler/HAMi/kubelet stand-in, see
-    ``KubeApiEmulator``; ``--pod-startup-seconds`` overrides it, ``off`` disables it). Once
+    The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "objects": [...], "hosts": {...}}``
+    (``demo.fleet.write_seed`` writes one; ``podStartupSeconds`` is optional and enables the scheduler/HAMi/kubelet
+    stand-in, see ``KubeApiEmulator``; ``--pod-startup-seconds`` overrides it, ``off`` disables it; ``hosts`` is
+    optional: host facts per node name, see ``HOST_FACTS``, for gShare's attach check pods and HAMi's device
+    plugin stand-in). Once
     listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically).
     The token file holds the bearer token clients must send (surrounding whitespace ignored).
 
@@ -2455,7 +3000,8 @@ def main(argv: list[str] | None = None) -> int:
         The process exit code: 0 after a signal, 2 for bad arguments or an unreadable seed.
     """
     parser = argparse.ArgumentParser(prog="python -m demo.emulator", description=main.__doc__.splitlines()[0])
-    parser.add_argument("--seed", required=True, help="seed JSON file: {\"version\": {...}, \"objects\": [...]}")
+    parser.add_argument("--seed", required=True,
+                        help="seed JSON file: {\"version\": {...}, \"objects\": [...], \"hosts\": {...}}")
     parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, see --ready-file)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
     parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} here once listening")
@@ -2480,12 +3026,15 @@ def iter_resources() -> Iterator[ResourceSpec]:
 
 
 __all__ = [
-    "ApiError", "BUILTIN_RESOURCES", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GpuAllocation",
+    "ApiError", "BUILTIN_RESOURCES", "CHECK_KINDS", "CHECK_KIND_LABEL", "CHECK_POD_LABEL", "CHECK_POD_LABEL_VALUE",
+    "CHECK_TARGETS_ENV", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GpuAllocation",
     "GpuRequest", "HAMI_BIND_PHASE", "HAMI_BIND_TIME", "HAMI_DEVICES_ALLOCATED", "HAMI_DEVICES_TO_ALLOCATE",
-    "HAMI_DEVICE_TYPE", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT", "HAMI_RESOURCE_MEMORY",
-    "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "KubeApiEmulator", "LabelRequirement",
-    "ResourceSpec", "encode_pod_devices", "main", "merge_patch", "parse_field_selector", "parse_label_selector",
-    "parse_quantity", "pod_gpu_requests", "serve",
+    "HAMI_DEVICE_PLUGIN_COMPONENT", "HAMI_DEVICE_PLUGIN_LABEL", "HAMI_DEVICE_TYPE", "HAMI_NODE_HANDSHAKE",
+    "HAMI_NODE_REGISTER", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT", "HAMI_RESOURCE_MEMORY",
+    "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "HOST_FACTS", "KubeApiEmulator",
+    "LabelRequirement", "ResourceSpec", "check_pod_kind", "encode_pod_devices", "go_time_string", "main",
+    "merge_patch", "nfs_check_log", "node_check_log", "parse_field_selector", "parse_label_selector",
+    "parse_quantity", "pod_gpu_requests", "serve", "validate_host_facts", "validate_hosts",
 ]
 
 if __name__ == "__main__":
