@@ -1,9 +1,10 @@
 """A Kubernetes API emulator for the demo fleet and the tests, built on kmock's ``KubernetesEmulator``.
 
 The official ``kubernetes`` Python client (and kubectl-style clients) talk to it over plain HTTP on
-loopback as if it were an apiserver. Objects live in kmock's object store (``emulator.objects``, a
-``kmock.ObjectsArray`` keyed by ``(kmock.resource, namespace, name)``, each value keeping its history of
-versions); watch events travel on kmock's per-resource buses. What this module adds on top of kmock 0.8
+loopback as if it were an apiserver, or over HTTPS in the opt-in TLS mode (``tls=True``, ``--tls``; see
+below). Objects live in kmock's object store (``emulator.objects``, a ``kmock.ObjectsArray`` keyed by
+``(kmock.resource, namespace, name)``, each value keeping its history of versions); watch events travel on
+kmock's per-resource buses. What this module adds on top of kmock 0.8
 (which stores raw dicts and serves them back as they were sent):
 
 * ``/version`` from a configurable dict (kmock hard-codes a k3s v1.26.4 answer);
@@ -43,6 +44,13 @@ versions); watch events travel on kmock's per-resource buses. What this module a
   ``Unauthorized``, ``Expired``, ``InternalError``);
 * an optional bearer token: with ``token`` set, any request without ``Authorization: Bearer <token>``
   (health endpoints included) gets ``401 Unauthorized``;
+* opt-in TLS (``EmulatedCluster(tls=True)``, ``serve(tls=...)``, ``--tls``): HTTPS with a throwaway self-signed CA
+  and a server certificate it signs for ``IP:127.0.0.1``, ``DNS:localhost`` and the configured loopback host,
+  generated at start and kept in memory (``ServerCertificates``, ``generate_certificates``; ``ssl`` loads a key only
+  from a file, so it is written to a private temporary directory removed once loaded); ``kubeconfig()`` then carries
+  the CA as ``certificate-authority-data`` and the CLI's ready file as ``ca_data``. client-go (so Helm and kubectl)
+  sends a kubeconfig user's bearer token only over TLS: against the plain-HTTP server it sends no ``Authorization``
+  header and gets ``401`` once a token is required. Plain HTTP stays the default;
 * ``dryRun=All`` on create/patch/replace/delete;
 * Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one;
 * opt-in (``pod_startup_seconds``): a stand-in for kube-scheduler with HAMi's scheduler extender, HAMi's
@@ -70,20 +78,23 @@ they were given; the device plugin stand-in creates no Pods), scheduling beyond 
 (taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
 like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
 their known output), ``exec``/``attach``/``portforward``/``proxy``/``scale`` and other subresources besides
-``status`` and ``pods/log`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR,
-aggregated discovery (clients fall back to the legacy documents served here), OpenAPI documents.
+``status`` and ``pods/log`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR (except
+the protobuf ``Secret``/``ConfigMap`` request bodies Helm's release storage sends, decoded by ``demo.k8s_protobuf``;
+responses are always JSON), aggregated discovery (clients fall back to the legacy documents served here), OpenAPI
+schemas (``/openapi/v3`` serves only what client-go's field-validation check reads), client certificates.
 
 Entry points:
 
 * ``EmulatedCluster`` – a thread-backed server for tests and scripts (``start()``/``stop()``, context
   manager);
 * ``serve()`` – the same as an async context manager for code that already runs an event loop;
-* ``python -m demo.emulator --seed PATH --port N`` – a process serving a seed file until SIGTERM/SIGINT.
+* ``python -m demo.emulator --seed PATH --port N [--tls]`` – a process serving a seed file until SIGTERM/SIGINT.
 
 This module must not import Django (the demo starts one emulator process per cluster and they must
-start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock and
-``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the operator's decoders of HAMi's
-node-register and pod-allocation annotations, so each format has one decoder).
+start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock, ``demo.k8s_protobuf``
+(Google's ``protobuf`` runtime), ``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the
+operator's decoders of HAMi's node-register and pod-allocation annotations, so each format has one decoder) and,
+in TLS mode only (imported when certificates are generated), ``cryptography``.
 """
 
 from __future__ import annotations
@@ -94,6 +105,7 @@ import base64
 import collections
 import contextlib
 import copy
+import dataclasses
 import datetime
 import decimal
 import hmac
@@ -106,8 +118,10 @@ import pathlib
 import re
 import secrets
 import signal
+import ssl
 import string
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -2646,19 +2660,128 @@ def _parse_path(path: str) -> _Path | None:
 # --------------------------------------------------------------------------- serving
 
 
+@dataclass(frozen=True)
+class ServerCertificates:
+    """The TLS material of an HTTPS emulator (all PEM): a throwaway self-signed CA and the server certificate and key
+    it signed (see ``generate_certificates``). Only the CA certificate is meant to leave the process (kubeconfig)."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes = dataclasses.field(repr=False)
+    hosts: tuple[str, ...] = ()  # the certificate's subject alternative names, e.g. ("127.0.0.1", "localhost")
+
+    @property
+    def ca_data(self) -> str:
+        """The CA certificate as a kubeconfig's ``certificate-authority-data``: base64 of the PEM."""
+        return base64.b64encode(self.ca_pem).decode("ascii")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A server-side ``ssl.SSLContext`` (TLS >= 1.2, ALPN ``http/1.1``) presenting the server certificate.
+
+        ``ssl`` loads a certificate chain only from files: the certificate and key are written to a private
+        temporary directory (mode 0700, files 0600) that is removed as soon as they are loaded.
+        """
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.set_alpn_protocols(["http/1.1"])  # aiohttp speaks HTTP/1.1 only; Go clients then skip HTTP/2
+        with tempfile.TemporaryDirectory(prefix="kube-emulator-tls-") as tmp:
+            paths = []
+            for filename, data in (("tls.crt", self.cert_pem), ("tls.key", self.key_pem)):
+                path = os.path.join(tmp, filename)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                paths.append(path)
+            context.load_cert_chain(*paths)
+        return context
+
+
+def generate_certificates(host: str = "127.0.0.1", *, days: int = 30) -> ServerCertificates:
+    """A fresh self-signed CA and a server certificate it signs, for an HTTPS emulator on ``host``.
+
+    Both use ECDSA P-256 keys (quick to generate) and SHA-256 signatures, in memory only. The server certificate's
+    subject alternative names are ``IP:127.0.0.1``, ``DNS:localhost`` and ``host`` when it is another loopback IP
+    address (``::1``, ``127.0.0.2`` ...); it is valid from five minutes ago for ``days`` days, for server auth only.
+    Extensions follow what strict verifiers (Go's crypto/x509, OpenSSL's ``X509_STRICT``) require: CA basic
+    constraints and key usage, subject/authority key identifiers.
+
+    Raises:
+        ValueError: ``host`` is not a loopback address (see ``serve``).
+    """
+    if not _is_loopback(host):
+        raise ValueError(f"the emulator listens on loopback only, not {host!r}")
+    # imported here: plain-HTTP emulators (the demo starts one process per cluster) start without cryptography
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gShare demo"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, f"kube-emulator-ca@{int(now.timestamp())}")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    addresses = [ipaddress.ip_address("127.0.0.1")]
+    if host != "localhost" and ipaddress.ip_address(host) not in addresses:
+        addresses.append(ipaddress.ip_address(host))
+    alt_names: list[x509.GeneralName] = [x509.DNSName("localhost"), *(x509.IPAddress(a) for a in addresses)]
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "gShare demo"),
+                                 x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return ServerCertificates(
+        ca_pem=ca_cert.public_bytes(pem),
+        cert_pem=cert.public_bytes(pem),
+        key_pem=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        hosts=("localhost", *(str(a) for a in addresses)),
+    )
+
+
+@attrs.mutable
 class _LoopbackServer(kmock.Server):
-    """kmock's ``Server`` without its in-process aiohttp client and DNS interceptor.
+    """kmock's ``Server`` without its in-process aiohttp client and DNS interceptor, optionally over TLS.
 
     Those exist for tests that call the mock through aiohttp in the same loop; the interceptor patches
     aiohttp's resolver process-wide and must be exited in LIFO order, which breaks with several
-    emulators in several threads. Here only the listening server (aiohttp ``RawTestServer``) is started.
+    emulators in several threads. Here only the listening server (aiohttp ``RawTestServer``) is started,
+    with ``ssl_context`` (then ``url`` is ``https://...``) or without (plain HTTP).
     """
+
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
 
     async def __aenter__(self) -> _LoopbackServer:
         if self._managed_server is not None:
             raise RuntimeError("The server can be started/entered only once.")
         self._managed_server = self._server_cls(self.handler, host=self._host, port=self._port)
-        await self._managed_server.__aenter__()
+        if self.ssl_context is None:
+            await self._managed_server.__aenter__()
+        else:  # RawTestServer.__aenter__ cannot pass ``ssl``; start_server then sets the scheme to https
+            await self._managed_server.start_server(loop=asyncio.get_running_loop(), ssl=self.ssl_context)
         self.handler.servers.append(self)
         return self
 
@@ -2672,7 +2795,7 @@ class _LoopbackServer(kmock.Server):
 @contextlib.asynccontextmanager
 async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str, str] | None = None,
                 token: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                hosts: Mapping[str, Mapping[str, Any]] | None = None,
+                hosts: Mapping[str, Mapping[str, Any]] | None = None, tls: bool | ServerCertificates = False,
                 **emulator_options: Any) -> AsyncIterator[tuple[KubeApiEmulator, str]]:
     """Serve an emulated apiserver in the running event loop.
 
@@ -2683,19 +2806,28 @@ async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str,
         host: a loopback address (``127.0.0.1``, ``::1``, ``localhost``); anything else is refused.
         port: TCP port, 0 for a free one.
         hosts: host facts per node name (see ``KubeApiEmulator`` and ``HOST_FACTS``), or None.
+        tls: False (default) for plain HTTP; True for HTTPS with freshly generated certificates for ``host``;
+            or the ``ServerCertificates`` to present (from ``generate_certificates(host)``; pass them when the
+            caller needs the CA, e.g. for a kubeconfig's ``certificate-authority-data``).
         **emulator_options: more ``KubeApiEmulator`` options (``history_limit``, ``keep_requests`` ...).
 
     Yields:
-        ``(emulator, url)`` with ``url`` like ``http://127.0.0.1:41234`` (no trailing slash).
+        ``(emulator, url)`` with ``url`` like ``http://127.0.0.1:41234`` (``https://...`` with TLS; no trailing
+        slash).
 
     Raises:
         ValueError: a non-loopback host, a seed object the emulator cannot serve, or bad host facts.
     """
     if not _is_loopback(host):
-        raise ValueError(f"the emulator serves plain HTTP without TLS and listens on loopback only, not {host!r}")
+        raise ValueError(f"the emulator listens on loopback only, not {host!r}")
+    if isinstance(tls, ServerCertificates):
+        certificates: ServerCertificates | None = tls
+    else:
+        certificates = generate_certificates(host) if tls else None
+    ssl_context = certificates.ssl_context() if certificates is not None else None
     emulator = KubeApiEmulator(server_version=version, token=token, hosts=validate_hosts(hosts), **emulator_options)
     emulator.load(objects)
-    async with emulator, _LoopbackServer(emulator, host=host, port=port) as server:
+    async with emulator, _LoopbackServer(emulator, host=host, port=port, ssl_context=ssl_context) as server:
         url = str(server.url).rstrip("/")
         if emulator._hami_device_plugins():  # a seeded device plugin registers the seeded nodes it can
             emulator.kick_device_plugin()
@@ -2713,6 +2845,10 @@ class EmulatedCluster:
         with EmulatedCluster(objects, version=version, token="t") as cluster:
             api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab"))
 
+    With ``tls=True`` it serves HTTPS (``url`` is ``https://127.0.0.1:<port>``) with a CA generated at each
+    ``start()``; ``kubeconfig()`` carries that CA, so clients verify the server, and client-go based ones (Helm,
+    kubectl) send the bearer token, which they never do over plain HTTP.
+
     Args:
         objects: seed objects (dicts with ``apiVersion``, ``kind``, ``metadata``; see ``KubeApiEmulator.load``).
         version: the ``/version`` document (``major``, ``minor``, ``gitVersion`` ... as strings), or None for
@@ -2724,6 +2860,8 @@ class EmulatedCluster:
         hosts: host facts per node name (``{"gpu-1": {"nvidia_pci": 1, "nvidia_smi": "GPU 0: ...", ...}}``, keys in
             ``HOST_FACTS``): what gShare's attach check pods find and what HAMi's device plugin registers (see
             ``KubeApiEmulator``); change them while running with ``set_host``.
+        tls: serve HTTPS with a throwaway CA and server certificate generated at start (see
+            ``generate_certificates``, ``ca_pem``) instead of plain HTTP.
 
     Raises:
         ValueError: bad host facts.
@@ -2731,7 +2869,9 @@ class EmulatedCluster:
 
     def __init__(self, objects: list[dict], version: dict | None = None, token: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, *, pod_startup_seconds: float | None = None,
-                 hosts: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 hosts: Mapping[str, Mapping[str, Any]] | None = None, tls: bool = False) -> None:
+        self._tls = tls
+        self._certificates: ServerCertificates | None = None
         self._pod_startup_seconds = pod_startup_seconds
         self._hosts = validate_hosts(hosts)
         self._objects = [copy.deepcopy(o) for o in objects]
@@ -2749,10 +2889,35 @@ class EmulatedCluster:
 
     @property
     def url(self) -> str:
-        """Base URL of the running server, e.g. ``http://127.0.0.1:41234`` (no trailing slash)."""
+        """Base URL of the running server, e.g. ``http://127.0.0.1:41234`` or, with TLS,
+        ``https://127.0.0.1:41234`` (no trailing slash)."""
         if self._url is None:
             raise RuntimeError("the emulated cluster is not started")
         return self._url
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks HTTPS (the ``tls`` argument)."""
+        return self._tls
+
+    @property
+    def ca_pem(self) -> bytes | None:
+        """PEM of the CA that signed the running server's certificate; None without TLS.
+
+        Raises:
+            RuntimeError: TLS mode and not started (the CA is generated at each start).
+        """
+        if not self._tls:
+            return None
+        if self._certificates is None or self._url is None:
+            raise RuntimeError("the emulated cluster is not started")
+        return self._certificates.ca_pem
+
+    @property
+    def ca_data(self) -> str | None:
+        """``ca_pem`` base64-encoded, as a kubeconfig's ``certificate-authority-data``; None without TLS."""
+        pem = self.ca_pem
+        return None if pem is None else base64.b64encode(pem).decode("ascii")
 
     @property
     def token(self) -> str | None:
@@ -2775,6 +2940,7 @@ class EmulatedCluster:
         """
         if self._thread is not None:
             raise RuntimeError("the emulated cluster is already started")
+        self._certificates = generate_certificates(self._host) if self._tls else None
         self._thread = threading.Thread(target=self._run, name=f"kube-emulator-{self._port or 'auto'}", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
@@ -2801,7 +2967,7 @@ class EmulatedCluster:
         self._stop = asyncio.Event()
         async with serve(self._objects, version=self._version, token=self._token, host=self._host,
                          port=self._port, pod_startup_seconds=self._pod_startup_seconds,
-                         hosts=self._hosts) as (emulator, url):
+                         hosts=self._hosts, tls=self._certificates or False) as (emulator, url):
             self._emulator, self._url = emulator, url
             self._ready.set()
             await self._stop.wait()
@@ -2816,6 +2982,7 @@ class EmulatedCluster:
         self._thread.join(timeout)
         self._thread = None
         self._url = None
+        self._certificates = None
 
     def __enter__(self) -> EmulatedCluster:
         return self.start()
@@ -2837,15 +3004,19 @@ class EmulatedCluster:
 
         Returns:
             ``{"apiVersion": "v1", "kind": "Config", "current-context": name, "clusters": [...], "users": [...],
-            "contexts": [...]}`` with ``server`` = ``url`` and the user's ``token`` (when one is set).
+            "contexts": [...]}`` with ``server`` = ``url``, with TLS the CA as ``certificate-authority-data``, and
+            the user's ``token`` (when one is set).
         """
         user: dict[str, Any] = {"token": self._token} if self._token is not None else {}
+        cluster: dict[str, Any] = {"server": self.url}
+        if self._tls:
+            cluster["certificate-authority-data"] = self.ca_data
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "preferences": {},
             "current-context": name,
-            "clusters": [{"name": name, "cluster": {"server": self.url}}],
+            "clusters": [{"name": name, "cluster": cluster}],
             "users": [{"name": name, "user": user}],
             "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
         }
@@ -2966,16 +3137,20 @@ async def _serve_until_signalled(args: argparse.Namespace) -> None:
     version, objects, seed_startup, hosts = _read_seed(pathlib.Path(args.seed))
     startup = seed_startup if args.pod_startup_seconds is _FROM_SEED else args.pod_startup_seconds
     token = pathlib.Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else None
+    certificates = generate_certificates(args.host) if args.tls else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with serve(objects, version=version, token=token, host=args.host, port=args.port,
-                     pod_startup_seconds=startup, hosts=hosts) as (_, url):
+                     pod_startup_seconds=startup, hosts=hosts, tls=certificates or False) as (_, url):
         if args.ready_file:
             ready = pathlib.Path(args.ready_file)
             tmp = ready.with_name(ready.name + ".tmp")
-            tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}), encoding="utf-8")
+            info: dict[str, Any] = {"url": url, "pid": os.getpid()}
+            if certificates is not None:
+                info["ca_data"] = certificates.ca_data
+            tmp.write_text(json.dumps(info), encoding="utf-8")
             tmp.replace(ready)
         logger.info("emulated apiserver for %s listening on %s", args.seed, url)
         await stop.wait()
@@ -2986,15 +3161,18 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: serve a seed file until SIGTERM/SIGINT.
 
     ``python -m demo.emulator --seed PATH --port N [--host 127.0.0.1] [--ready-file PATH] [--token-file PATH]
-    [--pod-startup-seconds S|off] [--log-level LEVEL]``
+    [--tls] [--pod-startup-seconds S|off] [--log-level LEVEL]``
 
     The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "objects": [...], "hosts": {...}}``
     (``demo.fleet.write_seed`` writes one; ``podStartupSeconds`` is optional and enables the scheduler/HAMi/kubelet
     stand-in, see ``KubeApiEmulator``; ``--pod-startup-seconds`` overrides it, ``off`` disables it; ``hosts`` is
     optional: host facts per node name, see ``HOST_FACTS``, for gShare's attach check pods and HAMi's device
     plugin stand-in). Once
-    listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically).
-    The token file holds the bearer token clients must send (surrounding whitespace ignored).
+    listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically); with
+    ``--tls`` the server speaks HTTPS with a CA generated at start and the ready file is
+    ``{"url": "https://127.0.0.1:N", "pid": <pid>, "ca_data": "<base64 of the CA's PEM>"}`` (a kubeconfig's
+    ``certificate-authority-data``). The token file holds the bearer token clients must send (surrounding
+    whitespace ignored).
 
     Returns:
         The process exit code: 0 after a signal, 2 for bad arguments or an unreadable seed.
@@ -3004,8 +3182,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="seed JSON file: {\"version\": {...}, \"objects\": [...], \"hosts\": {...}}")
     parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port, see --ready-file)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
-    parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} here once listening")
+    parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} (and \"ca_data\" with --tls) here once "
+                                             "listening")
     parser.add_argument("--token-file", help="file holding the bearer token to require")
+    parser.add_argument("--tls", action="store_true",
+                        help="serve HTTPS with a CA and server certificate generated at start (the ready file then "
+                             "also holds \"ca_data\", the CA for a kubeconfig's certificate-authority-data)")
     parser.add_argument("--pod-startup-seconds", type=_startup_seconds, default=_FROM_SEED, metavar="S|off",
                         help="schedule created Pods (HAMi rules) and run them S seconds after binding; 'off': they "
                              "stay Pending (default: the seed's podStartupSeconds, else off)")
@@ -3032,9 +3214,10 @@ __all__ = [
     "HAMI_DEVICE_PLUGIN_COMPONENT", "HAMI_DEVICE_PLUGIN_LABEL", "HAMI_DEVICE_TYPE", "HAMI_NODE_HANDSHAKE",
     "HAMI_NODE_REGISTER", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT", "HAMI_RESOURCE_MEMORY",
     "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "HOST_FACTS", "KubeApiEmulator",
-    "LabelRequirement", "ResourceSpec", "check_pod_kind", "encode_pod_devices", "go_time_string", "main",
-    "merge_patch", "nfs_check_log", "node_check_log", "parse_field_selector", "parse_label_selector",
-    "parse_quantity", "pod_gpu_requests", "serve", "validate_host_facts", "validate_hosts",
+    "LabelRequirement", "ResourceSpec", "ServerCertificates", "check_pod_kind", "encode_pod_devices",
+    "generate_certificates", "go_time_string", "main", "merge_patch", "nfs_check_log", "node_check_log",
+    "parse_field_selector", "parse_label_selector", "parse_quantity", "pod_gpu_requests", "serve",
+    "validate_host_facts", "validate_hosts",
 ]
 
 if __name__ == "__main__":
