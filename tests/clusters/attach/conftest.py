@@ -75,7 +75,9 @@ def bare_cluster(fleet_cluster, tmp_path):
     attach (no gShare labels, HAMi, RuntimeClass or CRD), its hosts prepared unless overridden."""
 
     def start(name: str = "lab-c1", **overrides):
-        emulated = fleet_cluster(name, objects=fleet.bare_cluster_objects(name), hosts=fleet.cluster_hosts(name, **overrides))
+        # TLS: client-go (so Helm) sends the kubeconfig's bearer token only over TLS, as against a real apiserver.
+        emulated = fleet_cluster(name, objects=fleet.bare_cluster_objects(name), hosts=fleet.cluster_hosts(name, **overrides),
+                                 tls=True)
         path = tmp_path / f"{name}.kubeconfig"
         path.write_text(kubeconfig_text(emulated))
         return emulated, path
