@@ -33,8 +33,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 class SigningKeyAdmin(admin.ModelAdmin):
     """Internal JWT signing keys: kid, status and public half only."""
 
-    list_display = ["kid", "status", "created_at", "retired_at"]
-    fields = ["kid", "status", "public_key_pem", "created_at", "retired_at"]
+    list_display = ["kid", "status", "imported", "created_at", "retire_after", "retired_at"]
+    fields = ["kid", "status", "imported", "public_key_pem", "created_at", "retire_after", "retired_at"]
     readonly_fields = fields
 
     def has_add_permission(self, request) -> bool:  # noqa: D102

@@ -7,3 +7,7 @@ class GshareConfig(AppConfig):
     name = "gshare"
     verbose_name = "gShare"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register the app's system checks."""
+        from gshare import checks  # noqa: F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from gshare.crypto import EncryptedTextField
 
@@ -35,6 +36,12 @@ class SigningKey(models.Model):
 
     The private half is PEM (PKCS#8) encrypted at rest; the public half is published in the JWKS
     while the key is not retired, so tokens it signed stay verifiable during a rotation.
+
+    Life cycle (``gshare.auth.keys``): ``active`` (signs; exactly one) -> ``published`` when a
+    rotation or an import replaces it, with ``retire_after`` set to the latest moment a token it
+    signed can still be valid (the moment it stopped signing + the longest token lifetime + the
+    verification leeway + a margin) -> ``retired`` once that moment has passed. A published key
+    whose ``retire_after`` has passed is treated as retired even before a task marks it so.
     """
 
     class Status(models.TextChoices):
@@ -46,8 +53,16 @@ class SigningKey(models.Model):
     private_key_pem = EncryptedTextField()
     public_key_pem = models.TextField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(default=timezone.now, help_text="When the key was created and started signing (UTC)")
     retired_at = models.DateTimeField(null=True, blank=True)
+    retire_after = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="Set when the key stops signing: every token it signed has expired by then (UTC); the key is retired after it",
+    )
+    imported = models.BooleanField(
+        default=False, editable=False,
+        help_text="Imported with manage.py import_signing_key: the scheduled rotation leaves an imported active key alone",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -3,8 +3,9 @@
 Claims: ``iss`` (``GSHARE_JWT_ISSUER``), ``sub``, ``aud``, ``iat``, ``nbf``, ``exp``, ``jti``;
 header ``alg: RS256`` and ``kid``. Keys live in ``gshare.SigningKey``; every key that is not
 retired is published at ``/.well-known/gshare-internal-jwks.json``, so keys rotate without
-downtime. Verification accepts RS256 only (``alg: none`` and HS256 are refused before any key is
-touched).
+downtime (``gshare.auth.keys``: a replaced key stays published until every token it signed has
+expired; lifetimes are capped at ``MAX_TOKEN_TTL`` so that moment is known). Verification accepts
+RS256 only (``alg: none`` and HS256 are refused before any key is touched).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import uuid
 import jwt
 from django.conf import settings
 
-from gshare.auth.keys import signing_key_ensure
+from gshare.auth.keys import MAX_TOKEN_TTL, signing_key_ensure, signing_keys_published
 from gshare.exceptions import ApplicationError
-from gshare.models import SigningKey
 
 #: Audience of operator tokens (data plane -> ``/internal/v1/``).
 OPERATOR_AUDIENCE = "gshare-internal"
@@ -39,15 +39,21 @@ def sign_internal_jwt(subject: str, ttl: int = 604800, *, audience: str = OPERAT
 
     Args:
         subject: ``sub`` claim, e.g. ``operator:clu_ab12...``.
-        ttl: lifetime in seconds (default 604800 = 7 days).
+        ttl: lifetime in seconds (default 604800 = 7 days; at most ``MAX_TOKEN_TTL`` = 30 days, the
+            bound on which key rotation relies).
         audience: ``aud`` claim (``gshare-internal`` for operators, ``gshare-connect`` for connect links).
         claims: extra claims to add (they cannot override the registered ones).
 
     Returns:
         The compact JWS string.
+
+    Raises:
+        ValueError: ``ttl`` is not between 1 and ``MAX_TOKEN_TTL`` seconds.
     """
     if ttl <= 0:
         raise ValueError("ttl must be a positive number of seconds")
+    if ttl > MAX_TOKEN_TTL:
+        raise ValueError(f"ttl must be at most {MAX_TOKEN_TTL} seconds (30 days): signing key rotation relies on that bound")
     key = signing_key_ensure()
     now = int(time.time())
     payload = dict(claims or {})
@@ -86,7 +92,7 @@ def verify_internal_jwt(token: str, audience: str) -> dict:
     kid = header.get("kid")
     if not isinstance(kid, str) or not kid:
         raise InvalidInternalToken("The token has no `kid` header: mint a new token with `manage.py mint_operator_token`.")
-    key = SigningKey.objects.filter(kid=kid).exclude(status=SigningKey.Status.RETIRED).only("public_key_pem").first()
+    key = signing_keys_published().filter(kid=kid).only("public_key_pem").first()
     if key is None:
         raise InvalidInternalToken("The token was signed by a key this control plane does not publish: mint a new token with `manage.py mint_operator_token`.")
     try:
@@ -108,10 +114,14 @@ def verify_internal_jwt(token: str, audience: str) -> dict:
 
 
 def public_jwks() -> dict:
-    """Return the JWKS of every published (not retired) key: ``{"keys": [{kty, kid, use, alg, n, e}]}``."""
+    """Return the JWKS of every key that verifies tokens now: ``{"keys": [{kty, kid, use, alg, n, e}]}``.
+
+    The active key and every replaced key until its ``retire_after`` (``gshare.auth.keys.signing_keys_published``),
+    newest first; a replaced key drops out at its ``retire_after`` even before a task marks it retired.
+    """
     keys = []
     signing_key_ensure()
-    for key in SigningKey.objects.exclude(status=SigningKey.Status.RETIRED).order_by("-created_at"):
+    for key in signing_keys_published():
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(_load_public(key.public_key_pem)))
         jwk.update(kid=key.kid, use="sig", alg=ALGORITHM)
         keys.append(jwk)

@@ -1,22 +1,100 @@
-"""Services for the RS256 signing keys of internal JWTs (stored in ``gshare.SigningKey``)."""
+"""Services for the RS256 signing keys of internal JWTs (stored in ``gshare.SigningKey``).
+
+Rotation without refusing a valid token: when a key stops signing (a rotation or an import replaces
+it) it stays published, verify-only, until ``retire_after``, the latest moment a token it signed can
+still be accepted:
+
+    retire_after = when it stopped signing + MAX_TOKEN_TTL + GSHARE_JWT_LEEWAY + IN_FLIGHT_MARGIN
+
+``MAX_TOKEN_TTL`` bounds every internal JWT (``sign_internal_jwt`` refuses a longer ``ttl``), so the
+bound holds for operator tokens (at most 30 days), connect links and connect cookies alike, without a
+database write per signature. ``IN_FLIGHT_MARGIN`` covers a signer that read the active key just
+before a rotation committed. After ``retire_after`` the key is left out of the JWKS and refused by
+verification at once; ``signing_keys_retire`` (beat: daily, and with every scheduled rotation) then
+marks it ``retired``.
+
+Every change of which key is active is serialised by one PostgreSQL advisory lock (``_KEY_LOCK_ID``),
+the one ``signing_key_ensure`` takes before creating the first key, so there is never more than one
+active key.
+"""
 
 from __future__ import annotations
 
+import logging
 import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
+from gshare.exceptions import ApplicationError
 from gshare.models import SigningKey
 
-# A fixed advisory-lock id so two processes never both create "the first" key.
+logger = logging.getLogger(__name__)
+
+# A fixed advisory-lock id so two processes never both create "the first" key, or rotate at once.
 _KEY_LOCK_ID = 0x6753_4B45  # "gSKE"
+
+#: Longest lifetime of any internal JWT, seconds (30 days: operator tokens' maximum; connect links
+#: and cookies live minutes to hours). ``sign_internal_jwt`` refuses a longer ``ttl``.
+MAX_TOKEN_TTL = 30 * 24 * 3600
+#: Extra time a replaced key stays published, for a token signed by a process that read the key
+#: just before the rotation committed.
+IN_FLIGHT_MARGIN = timedelta(minutes=5)
+#: The scheduled (monthly) rotation replaces the active key only when it is at least this old, so a
+#: repeated or late run changes nothing (shorter than the shortest month).
+SCHEDULED_ROTATION_MIN_AGE = timedelta(days=25)
+#: Largest key file ``signing_key_import`` reads, bytes (a 16384-bit RSA PEM is about 12 KiB).
+MAX_KEY_FILE_BYTES = 64 * 1024
+MIN_IMPORT_BITS = 2048
+
+
+class SigningKeyInvalid(ApplicationError):
+    """400: the supplied private key cannot be imported (not PEM, encrypted, not RSA, too small)."""
+
+    code = "signing_key_invalid"
+    status = 400
+
+
+class SigningKeyRetired(ApplicationError):
+    """409: the supplied private key was used before and is retired; a retired key is never used again."""
+
+    code = "signing_key_retired"
+    status = 409
+
+
+@dataclass
+class Rotation:
+    """What a rotation, an import or a retirement run changed.
+
+    Attributes:
+        active: the active key afterwards.
+        created: True when ``active`` is new (False: nothing was rotated or imported).
+        replaced: keys that stopped signing now (status ``published``, ``retire_after`` set).
+        retired: kids of the keys marked ``retired`` by this call.
+        reason: why nothing was rotated, when ``created`` is False ("" otherwise).
+    """
+
+    active: SigningKey
+    created: bool
+    replaced: list[SigningKey] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    reason: str = ""
 
 
 def _generate_key_pair() -> tuple[str, str]:
     private = rsa.generate_private_key(public_exponent=65537, key_size=settings.GSHARE_JWT_KEY_BITS)
+    return _pem_pair(private)
+
+
+def _pem_pair(private: rsa.RSAPrivateKey) -> tuple[str, str]:
+    """``(PKCS#8 private PEM, SubjectPublicKeyInfo public PEM)`` of ``private``; deterministic for one key."""
     private_pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
@@ -24,6 +102,46 @@ def _generate_key_pair() -> tuple[str, str]:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode()
     return private_pem, public_pem
+
+
+def _lock() -> None:
+    """Take the signing-key advisory lock until the end of the current transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_KEY_LOCK_ID])
+
+
+def _active() -> SigningKey | None:
+    return SigningKey.objects.filter(status=SigningKey.Status.ACTIVE).order_by("-created_at").first()
+
+
+def signing_key_retire_time(stopped_at: datetime) -> datetime:
+    """Return when a key that stopped signing at ``stopped_at`` may be retired.
+
+    Args:
+        stopped_at: timezone-aware moment the key stopped signing (UTC).
+
+    Returns:
+        ``stopped_at + MAX_TOKEN_TTL + GSHARE_JWT_LEEWAY + IN_FLIGHT_MARGIN`` (timezone-aware): every token
+        the key signed has expired, leeway included, by then.
+    """
+    return stopped_at + timedelta(seconds=MAX_TOKEN_TTL + settings.GSHARE_JWT_LEEWAY) + IN_FLIGHT_MARGIN
+
+
+def signing_keys_published(now: datetime | None = None) -> QuerySet[SigningKey]:
+    """The keys that verify tokens at ``now``: active, or published and not past ``retire_after``.
+
+    Args:
+        now: the moment to evaluate (default: now, UTC).
+
+    Returns:
+        A queryset of ``SigningKey`` (newest first).
+    """
+    now = now or timezone.now()
+    return (
+        SigningKey.objects.filter(status__in=[SigningKey.Status.ACTIVE, SigningKey.Status.PUBLISHED])
+        .filter(Q(retire_after__isnull=True) | Q(retire_after__gt=now))
+        .order_by("-created_at")
+    )
 
 
 @transaction.atomic
@@ -35,29 +153,192 @@ def signing_key_ensure() -> SigningKey:
     Returns:
         The newest ``SigningKey`` with status ``active``.
     """
-    key = SigningKey.objects.filter(status=SigningKey.Status.ACTIVE).order_by("-created_at").first()
+    key = _active()
     if key is not None:
         return key
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_KEY_LOCK_ID])
-    key = SigningKey.objects.filter(status=SigningKey.Status.ACTIVE).order_by("-created_at").first()
+    _lock()
+    key = _active()
     if key is not None:
         return key
     return signing_key_create()
 
 
+def _replace_active(new: SigningKey, now: datetime) -> list[SigningKey]:
+    """Make ``new`` (unsaved) the one active key; earlier active keys become published with
+    ``retire_after``. Call under the advisory lock, in a transaction."""
+    replaced = list(SigningKey.objects.select_for_update().filter(status=SigningKey.Status.ACTIVE))
+    retire_after = signing_key_retire_time(now)
+    for old in replaced:
+        old.status = SigningKey.Status.PUBLISHED
+        old.retire_after = retire_after
+        old.save(update_fields=["status", "retire_after"])
+    new.full_clean()
+    new.save()
+    return replaced
+
+
 @transaction.atomic
-def signing_key_create() -> SigningKey:
-    """Create a new active signing key; earlier active keys become ``published`` (verify only).
+def signing_key_create(*, now: datetime | None = None) -> SigningKey:
+    """Create a new active signing key; earlier active keys become ``published`` (verify only) until
+    ``signing_key_retire_time(now)``.
+
+    Args:
+        now: the moment the earlier keys stop signing (default: now, UTC).
 
     Returns:
         The new ``SigningKey``; its ``kid`` is 16 random hex characters.
     """
-    private_pem, public_pem = _generate_key_pair()
-    SigningKey.objects.filter(status=SigningKey.Status.ACTIVE).update(status=SigningKey.Status.PUBLISHED)
-    key = SigningKey(kid=secrets.token_hex(8), private_key_pem=private_pem, public_key_pem=public_pem)
-    key.full_clean()
-    key.save()
+    return signing_key_rotate(now=now).active
+
+
+@transaction.atomic
+def signing_key_rotate(*, now: datetime | None = None) -> Rotation:
+    """Generate a new RSA key (``GSHARE_JWT_KEY_BITS``) and make it the active signing key.
+
+    New tokens carry the new ``kid``. The previous active key stays published (JWKS, verification)
+    until ``signing_key_retire_time(now)``; keys already past their ``retire_after`` are retired.
+
+    Args:
+        now: the moment of the rotation (default: now, UTC).
+
+    Returns:
+        A ``Rotation`` (``created`` True).
+    """
+    now = now or timezone.now()
+    private_pem, public_pem = _generate_key_pair()  # before the lock: generating takes a while
+    _lock()
+    key = SigningKey(kid=secrets.token_hex(8), private_key_pem=private_pem, public_key_pem=public_pem, created_at=now)
+    replaced = _replace_active(key, now)
+    retired = signing_keys_retire(now=now)
+    if replaced:
+        logger.info(
+            "signing key rotated: %s is active; %s verify until %s",
+            key.kid, ", ".join(k.kid for k in replaced), replaced[0].retire_after.isoformat(),
+        )
+    return Rotation(active=key, created=True, replaced=replaced, retired=retired)
+
+
+@transaction.atomic
+def signing_key_rotate_scheduled(*, now: datetime | None = None) -> Rotation:
+    """The scheduled (monthly) rotation: rotate unless the active key is young or was imported.
+
+    Idempotent: it rotates only when the active key is older than ``SCHEDULED_ROTATION_MIN_AGE``, so a
+    second run (or a late one) changes nothing. An imported active key (``manage.py import_signing_key``)
+    is left alone: whoever supplies the key rotates it by supplying a new one. Keys past their
+    ``retire_after`` are retired in every case.
+
+    Args:
+        now: the moment of the run (default: now, UTC).
+
+    Returns:
+        A ``Rotation``; ``created`` False with ``reason`` when nothing was rotated.
+    """
+    now = now or timezone.now()
+    _lock()
+    active = _active()
+    if active is None:
+        return signing_key_rotate(now=now)
+    reason = ""
+    if active.imported:
+        reason = f"the active key {active.kid} was imported (manage.py import_signing_key); supply a new key to rotate it"
+    elif now - active.created_at < SCHEDULED_ROTATION_MIN_AGE:
+        reason = f"the active key {active.kid} is younger than {SCHEDULED_ROTATION_MIN_AGE.days} days"
+    if reason:
+        return Rotation(active=active, created=False, retired=signing_keys_retire(now=now), reason=reason)
+    return signing_key_rotate(now=now)
+
+
+def signing_keys_retire(*, now: datetime | None = None) -> list[str]:
+    """Retire every published key whose ``retire_after`` has passed (idempotent).
+
+    A published key without ``retire_after`` (replaced before it was recorded) gets
+    ``signing_key_retire_time(now)``, the safe bound from now.
+
+    Args:
+        now: the moment to evaluate (default: now, UTC).
+
+    Returns:
+        The kids retired by this call (empty when nothing was due).
+    """
+    now = now or timezone.now()
+    published = SigningKey.objects.filter(status=SigningKey.Status.PUBLISHED)
+    published.filter(retire_after__isnull=True).update(retire_after=signing_key_retire_time(now))
+    with transaction.atomic():
+        due = list(published.select_for_update().filter(retire_after__lte=now).values_list("pk", "kid"))
+        SigningKey.objects.filter(pk__in=[pk for pk, _ in due]).update(status=SigningKey.Status.RETIRED, retired_at=now)
+    kids = [kid for _, kid in due]
+    if kids:
+        logger.info("signing keys retired (every token they signed has expired): %s", ", ".join(kids))
+    return kids
+
+
+_KEY_KINDS = ((ec.EllipticCurvePrivateKey, "an elliptic-curve key"), (ed25519.Ed25519PrivateKey, "an Ed25519 key"),
+              (ed448.Ed448PrivateKey, "an Ed448 key"), (dsa.DSAPrivateKey, "a DSA key"))
+
+
+def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
+    """Parse an unencrypted PKCS#1 or PKCS#8 PEM RSA private key of at least ``MIN_IMPORT_BITS``.
+
+    Raises:
+        SigningKeyInvalid: with a sentence naming the problem and the fix (never the key's content).
+    """
+    fix = (
+        "Supply an unencrypted RSA private key of at least 2048 bits in PEM, e.g. "
+        "`openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:3072 -out signing-key.pem`."
+    )
+    if len(pem) > MAX_KEY_FILE_BYTES:
+        raise SigningKeyInvalid(f"The key file is larger than {MAX_KEY_FILE_BYTES} bytes, too large for one private key. {fix}")
+    if b"-----BEGIN" not in pem:
+        raise SigningKeyInvalid(f"The file is not PEM (no `-----BEGIN` line). {fix}")
+    if b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in pem or b"Proc-Type: 4,ENCRYPTED" in pem:
+        raise SigningKeyInvalid(f"The private key is encrypted with a passphrase; the import needs it unencrypted. {fix}")
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except TypeError:  # encrypted without the markers checked above
+        raise SigningKeyInvalid(f"The private key is encrypted with a passphrase; the import needs it unencrypted. {fix}") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        hint = " (an OpenSSH key: convert it with `ssh-keygen -p -m PEM`)" if b"OPENSSH PRIVATE KEY" in pem else ""
+        raise SigningKeyInvalid(f"The file holds no PEM private key this control plane can read ({type(exc).__name__}){hint}. {fix}") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        kind = next((name for cls, name in _KEY_KINDS if isinstance(key, cls)), "another algorithm")
+        raise SigningKeyInvalid(f"The private key is {kind}, not RSA; internal JWTs are RS256. {fix}")
+    if key.key_size < MIN_IMPORT_BITS:
+        raise SigningKeyInvalid(f"The RSA key has {key.key_size} bits; at least {MIN_IMPORT_BITS} are required. {fix}")
     return key
+
+
+@transaction.atomic
+def signing_key_import(pem: bytes | str, *, now: datetime | None = None) -> Rotation:
+    """Make a supplied RSA private key the active signing key (idempotent).
+
+    Args:
+        pem: the key as PEM: PKCS#1 (``BEGIN RSA PRIVATE KEY``) or PKCS#8 (``BEGIN PRIVATE KEY``),
+            unencrypted, RSA of at least 2048 bits. Stored as PKCS#8, encrypted at rest.
+        now: the moment the previous active key stops signing (default: now, UTC).
+
+    Returns:
+        A ``Rotation``: ``created`` True with the new active key and the ``replaced`` key(s) (published,
+        ``retire_after`` set); or ``created`` False with the key already on record (any status but
+        retired) and nothing changed.
+
+    Raises:
+        SigningKeyInvalid: ``signing_key_invalid`` (not PEM, encrypted, not RSA, under 2048 bits).
+        SigningKeyRetired: ``signing_key_retired``: this key was used before and is retired.
+    """
+    now = now or timezone.now()
+    private = _load_rsa_private_key(pem.encode() if isinstance(pem, str) else pem)
+    private_pem, public_pem = _pem_pair(private)
+    _lock()
+    existing = SigningKey.objects.filter(public_key_pem=public_pem).first()
+    if existing is not None:
+        if existing.status == SigningKey.Status.RETIRED:
+            raise SigningKeyRetired(
+                f"This key is already on record as {existing.kid} and is retired: a retired key is never used again. "
+                "Generate a new key and import that one."
+            )
+        active = _active() or existing
+        return Rotation(active=active, created=False, reason=f"this key is already on record as {existing.kid} ({existing.status})")
+    key = SigningKey(kid=secrets.token_hex(8), private_key_pem=private_pem, public_key_pem=public_pem, imported=True, created_at=now)
+    replaced = _replace_active(key, now)
+    logger.info("signing key imported: %s (%d bits) is active; replaced %s", key.kid, private.key_size, ", ".join(k.kid for k in replaced) or "none")
+    return Rotation(active=key, created=True, replaced=replaced)
