@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils import timezone
+from django.utils.html import format_html
 
-from clusters import services
+from clusters import services, token_rotation
 from clusters.models import Cluster, GpuDevice, Node
 from gshare.exceptions import ApplicationError
 
@@ -22,23 +23,32 @@ def _age(value) -> str:
     return f"{seconds // 3600} h ago"
 
 
+#: Operator token facts shown read-only on a cluster's page (never the token: only the cluster's Secret holds it).
+OPERATOR_TOKEN_FIELDS = [
+    "operator_token_warning", "credential_generation", "operator_token_expires_at", "operator_token_rotated_at",
+    "operator_token_rotation_attempted_at", "operator_token_rotation_error",
+]
+
+
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
     """Clusters: status, heartbeat age, counts; actions call the cluster services."""
 
-    list_display = ["name", "public_id", "status", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain"]
+    list_display = [
+        "name", "public_id", "status", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "operator_token",
+    ]
     list_filter = ["status"]
     search_fields = ["name", "public_id"]
     fields = [
         "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
         "volume_storage_class", "last_heartbeat_at", "last_connection_test", "last_connection_test_at",
-        "registered_at", "deregistered_at",
+        "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     readonly_fields = [
         "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at",
-        "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at",
+        "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
-    actions = ["connection_test", "deregister"]
+    actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).annotate(
@@ -72,6 +82,43 @@ class ClusterAdmin(admin.ModelAdmin):
     def gpu_count(self, obj: Cluster) -> int:
         """GPUs in the latest inventory."""
         return obj._gpu_count
+
+    @admin.display(description="operator token", ordering="operator_token_expires_at")
+    def operator_token(self, obj: Cluster) -> str:
+        """Expiry of the newest operator token; a short warning (the full sentence on hover) when something needs doing."""
+        state = token_rotation.operator_token_state(obj)
+        expires = f"expires {state.expires_at:%Y-%m-%d %H:%M} UTC" if state.expires_at else "no token"
+        if not state.warning:
+            return expires
+        label = "rotation failed" if state.last_rotation_error else expires
+        return format_html('<span title="{}" style="color: #ba2121">⚠ {}</span>', state.warning, label)
+
+    @admin.display(description="operator token warning")
+    def operator_token_warning(self, obj: Cluster) -> str:
+        """The warning of :func:`clusters.token_rotation.operator_token_state`, or "none"."""
+        return token_rotation.operator_token_state(obj).warning or "none"
+
+    @admin.action(description="Rotate the operator token now")
+    def rotate_operator_token(self, request, queryset):
+        """Push a fresh operator token into each selected cluster's Secret."""
+        for cluster in queryset:
+            try:
+                result = token_rotation.operator_token_push(cluster)
+            except ApplicationError as exc:
+                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+                continue
+            expires = f"{result.expires_at:%Y-%m-%d %H:%M} UTC"
+            self.message_user(request, f"{cluster.name}: operator token rotated ({result.detail}), expires {expires}", messages.SUCCESS)
+
+    @admin.action(description="Revoke all operator tokens (the operator is locked out until the next rotation)")
+    def revoke_operator_tokens(self, request, queryset):
+        """Bump each selected cluster's credential generation: every token issued before is refused."""
+        for cluster in queryset:
+            generation = token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor=f"console:{request.user.get_username()}")
+            self.message_user(
+                request, f"{cluster.name}: operator tokens revoked (generation {generation}); run “Rotate the operator token now” to let its operator back in.",
+                messages.WARNING,
+            )
 
     @admin.action(description="Run the connection test")
     def connection_test(self, request, queryset):

@@ -56,7 +56,9 @@ class Cluster(models.Model):
         help_text="Carried by every operator token (claim gen); bumped by revocation and deregistration, which refuses every older token at once",
     )
     operator_token_expires_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="Expiry of the newest operator token issued (UTC)")
-    operator_token_rotated_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="When the last rotation wrote a token into the cluster's Secret")
+    operator_token_rotated_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the last rotation wrote a token into the cluster's Secret"
+    )
     operator_token_rotation_attempted_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="When the last rotation was tried")
     operator_token_rotation_error = models.TextField(blank=True, default="", editable=False, help_text="Why the last rotation failed (empty when it succeeded)")
 

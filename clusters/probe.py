@@ -1,7 +1,9 @@
-"""Probing a cluster's apiserver from the control plane: reachable, RuntimeClass, HAMi, GPU nodes.
+"""Probing a cluster's apiserver from the control plane: reachable, RuntimeClass, HAMi, GPU nodes,
+and the cluster's identity (the ``kube-system`` namespace's ``metadata.uid``).
 
-Used by registration (which refuses a cluster that fails a required check) and by the connection
-test (which reports every check). All calls share one time budget (``GSHARE_PROBE_TIMEOUT``).
+Used by registration (which refuses a cluster that fails a required check), by the connection
+test (which reports every check) and by a change of a cluster's kubeconfig (which must reach the
+same cluster). All calls share one time budget (``GSHARE_PROBE_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ logger = logging.getLogger(__name__)
 #: Labels by which the HAMi chart marks its NVIDIA device-plugin DaemonSet
 #: (charts/hami/templates/device-plugin/daemonsetnvidia.yaml, HAMi 2.x).
 HAMI_DEVICE_PLUGIN_COMPONENT = "hami-device-plugin"
+#: The namespace whose ``metadata.uid`` identifies a cluster: created once with the cluster, never renamed.
+IDENTITY_NAMESPACE = "kube-system"
+#: What the credential needs to read it (docs/attach-a-cluster.md).
+IDENTITY_RBAC_FIX = (
+    "give the kubeconfig's ServiceAccount `get` on the namespace kube-system: "
+    "`kubectl create clusterrole gshare-control-plane-identity --verb=get --resource=namespaces --resource-name=kube-system` "
+    "and bind it (docs/attach-a-cluster.md)"
+)
 
 
 class ClusterUnreachable(ApplicationError):
@@ -48,12 +58,20 @@ class ProbeResult:
         details: check name -> sentence naming the fix, for each failed check.
         kubernetes_version: ``gitVersion`` from ``/version`` (e.g. ``v1.32.3``), or "".
         gpu_node_count: nodes labelled ``gpu=on``.
+        kube_system_uid: ``metadata.uid`` of the ``kube-system`` namespace (the cluster's identity), or ""
+            when it could not be read (see ``identity_forbidden``; a server without that namespace leaves
+            both empty).
+        identity_forbidden: the sentence naming the fix when the credential may not read ``kube-system``
+            (403), else "". Not a check: the connection test of a cluster registered with an older
+            ClusterRole keeps working.
     """
 
     checks: dict[str, bool] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
     kubernetes_version: str = ""
     gpu_node_count: int = 0
+    kube_system_uid: str = ""
+    identity_forbidden: str = ""
 
     def fail(self, name: str, detail: str) -> None:
         """Record a failed check with the sentence that names its fix."""
@@ -91,6 +109,7 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             version = kubernetes.client.VersionApi(api).get_code(_request_timeout=deadline.request_timeout())
             result.kubernetes_version = version.git_version or ""
             result.checks["apiserver_reachable"] = True
+            _read_identity(api, result, server=server, deadline=deadline)
 
             try:
                 kubernetes.client.NodeV1Api(api).read_runtime_class("nvidia", _request_timeout=deadline.request_timeout())
@@ -145,6 +164,28 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                 f"{server} answered, but not as a Kubernetes apiserver ({type(exc).__name__}): check that the URL is the apiserver's.",
             )
     return result
+
+
+def _read_identity(api, result: ProbeResult, *, server: str, deadline: Deadline) -> None:
+    """Fill ``result.kube_system_uid`` (or ``identity_forbidden`` on 403); a 404 leaves both empty.
+
+    Raises:
+        ApiException: any other refusal (handled by ``probe_cluster`` like the other calls).
+    """
+    try:
+        namespace = kubernetes.client.CoreV1Api(api).read_namespace(IDENTITY_NAMESPACE, _request_timeout=deadline.request_timeout())
+    except ApiException as exc:
+        if exc.status == 403:
+            result.identity_forbidden = (
+                f"The apiserver at {server} answered 403 to reading the namespace {IDENTITY_NAMESPACE}, whose uid identifies "
+                f"the cluster: {IDENTITY_RBAC_FIX}."
+            )
+            return
+        if exc.status == 404:
+            return
+        raise
+    uid = (namespace.metadata.uid if namespace.metadata else None) or ""
+    result.kube_system_uid = str(uid)[:64]
 
 
 def _is_hami_device_plugin(daemonset) -> bool:

@@ -16,13 +16,16 @@ from django.utils import timezone
 
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
-from clusters.probe import ClusterUnreachable, probe_cluster
+from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
+from clusters.token_rotation import credential_generation_bump
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
 
 logger = logging.getLogger(__name__)
 
 EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
+#: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
+CREDENTIAL_FIELD = "kubeconfig"
 _INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
 
 
@@ -69,7 +72,9 @@ def cluster_register(
             ``kubeconfig_exec_forbidden``, ``kubeconfig_local_file`` (400).
         Conflict: ``name_taken`` (409).
         ClusterUnreachable: ``cluster_unreachable`` (504).
-        ClusterAuthFailed: ``cluster_auth_failed`` (400).
+        ClusterAuthFailed: ``cluster_auth_failed`` (400), also when the credential may not read the
+            ``kube-system`` namespace, whose ``metadata.uid`` is recorded as the cluster's identity
+            (``Cluster.kube_system_uid``; a server without that namespace is registered without one).
         django.core.exceptions.ValidationError: a field is malformed (rendered as 400 ``invalid_request``).
         ClusterPrerequisiteMissing: ``runtime_class_missing`` or ``hami_missing`` (422).
     """
@@ -95,7 +100,10 @@ def cluster_register(
         raise ClusterPrerequisiteMissing(result.details["runtime_class_nvidia"], code="runtime_class_missing")
     if not result.checks.get("hami_device_plugin"):
         raise ClusterPrerequisiteMissing(result.details["hami_device_plugin"], code="hami_missing")
+    if result.identity_forbidden:
+        raise ClusterAuthFailed(result.identity_forbidden)
     cluster.kubernetes_version = result.kubernetes_version
+    cluster.kube_system_uid = result.kube_system_uid
     try:
         with transaction.atomic():
             cluster.save()
@@ -106,32 +114,179 @@ def cluster_register(
     return cluster
 
 
-@transaction.atomic
+def _refuse_deregistered(cluster: Cluster) -> None:
+    if cluster.status == Cluster.Status.DEREGISTERED:
+        raise Conflict("This cluster is deregistered and can no longer be changed: register it again.", code="cluster_deregistered")
+
+
+@dataclass(frozen=True)
+class _Credential:
+    """A new kubeconfig that passed the checks and reached the cluster: what ``cluster_update`` stores."""
+
+    kubeconfig: str
+    apiserver_url: str
+    kube_system_uid: str
+    kubernetes_version: str
+
+
 def cluster_update(*, cluster: Cluster, changes: dict) -> Cluster:
-    """Change a cluster's editable settings.
+    """Change a cluster's editable settings and/or its kubeconfig, all or nothing.
+
+    A new ``kubeconfig`` goes through registration's checks (``validate_kubeconfig``: same rules, same
+    codes), then the probe, outside any transaction (no lock is held while an apiserver is dialled). It
+    is accepted only if it reaches the same cluster: the ``kube-system`` namespace's ``metadata.uid``
+    must equal ``Cluster.kube_system_uid``. For a cluster registered before that uid was recorded, it
+    is first read through the current kubeconfig (and recorded); when that fails the change is refused
+    with ``cluster_identity_unknown``. The cluster keeps its id, its operator tokens and its credential
+    generation; ``apiserver_url`` follows the new kubeconfig. Prerequisites (RuntimeClass, HAMi) are the
+    cluster's, not the credential's: they are not re-checked (the connection test reports them).
+
+    Every change is applied in one transaction with the cluster's row locked, after every check
+    passed: a refusal changes nothing.
 
     Args:
         cluster: the cluster (not deregistered).
-        changes: field -> new value; only ``session_domain``, ``ingress_node``, ``volume_storage_class``.
+        changes: field -> new value; ``session_domain``, ``ingress_node``, ``volume_storage_class``
+            (strings) and ``kubeconfig`` (kubeconfig text, never logged or returned).
+
+    Returns:
+        The updated ``Cluster``.
 
     Raises:
-        Conflict: ``cluster_deregistered`` (409) for a deregistered cluster.
+        Conflict: ``cluster_deregistered`` (409) for a deregistered cluster; ``different_cluster`` (409)
+            when the new kubeconfig reaches another cluster; ``cluster_identity_unknown`` (409) when the
+            cluster has no recorded identity and its current kubeconfig cannot read it now.
         ApplicationError: ``invalid_request`` (400) for a field that cannot be changed.
+        KubeconfigError: ``kubeconfig_invalid``, ``kubeconfig_localhost``, ``kubeconfig_exec_forbidden``,
+            ``kubeconfig_local_file`` (400).
+        ClusterAuthFailed: ``cluster_auth_failed`` (400): the new credential is refused, lacks a read
+            permission, or may not read ``kube-system``.
+        ClusterUnreachable: ``cluster_unreachable`` (504) for the new kubeconfig's apiserver.
+        django.core.exceptions.ValidationError: a field is malformed (rendered as 400 ``invalid_request``).
     """
-    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
-    if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict("This cluster is deregistered and can no longer be changed: register it again.", code="cluster_deregistered")
-    unknown = set(changes) - set(EDITABLE_FIELDS)
+    current = Cluster.objects.get(pk=cluster.pk)
+    _refuse_deregistered(current)
+    unknown = set(changes) - set(EDITABLE_FIELDS) - {CREDENTIAL_FIELD}
     if unknown:
         raise ApplicationError(
-            f"Only {', '.join(EDITABLE_FIELDS)} can be changed; to change {', '.join(sorted(unknown))}, deregister and register again.",
+            f"Only {', '.join(EDITABLE_FIELDS)} and {CREDENTIAL_FIELD} can be changed; to change {', '.join(sorted(unknown))}, "
+            "deregister and register again.",
             code="invalid_request",
         )
-    for key, value in changes.items():
-        setattr(cluster, key, value)
-    cluster.full_clean(validate_constraints=False)
-    cluster.save(update_fields=list(changes))
+    fields = {key: value for key, value in changes.items() if key != CREDENTIAL_FIELD}
+    credential = None
+    if CREDENTIAL_FIELD in changes:
+        valid = validate_kubeconfig(changes[CREDENTIAL_FIELD], loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
+        candidate = Cluster.objects.get(pk=cluster.pk)
+        for key, value in {**fields, "kubeconfig": valid.as_yaml(), "apiserver_url": valid.server}.items():
+            setattr(candidate, key, value)
+        candidate.full_clean(validate_constraints=False)  # before dialling anything
+        credential = _credential_check(cluster=current, valid=valid)
+        fields.update(
+            kubeconfig=credential.kubeconfig, apiserver_url=credential.apiserver_url, kube_system_uid=credential.kube_system_uid,
+        )
+        if credential.kubernetes_version:
+            fields["kubernetes_version"] = credential.kubernetes_version
+
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        _refuse_deregistered(cluster)
+        if credential is not None and cluster.kube_system_uid and cluster.kube_system_uid != credential.kube_system_uid:
+            raise _different_cluster(cluster, found_uid=credential.kube_system_uid, server=credential.apiserver_url)
+        for key, value in fields.items():
+            setattr(cluster, key, value)
+        cluster.full_clean(validate_constraints=False)
+        cluster.save(update_fields=list(fields))
+    if credential is not None:
+        logger.info(
+            "cluster credential changed: %s %s now reaches %s (kube-system uid %s, same cluster)",
+            cluster.public_id, cluster.name, cluster.apiserver_url, cluster.kube_system_uid,
+        )
     return cluster
+
+
+def _credential_check(*, cluster: Cluster, valid) -> _Credential:
+    """Probe a validated new kubeconfig and make sure it reaches ``cluster`` (outside any transaction).
+
+    Args:
+        cluster: the cluster whose credential changes.
+        valid: ``clusters.kubeconfig.ValidKubeconfig`` of the new kubeconfig.
+
+    Raises:
+        Conflict: ``different_cluster``, ``cluster_identity_unknown`` (409).
+        ClusterAuthFailed: ``cluster_auth_failed`` (400). ClusterUnreachable: ``cluster_unreachable`` (504).
+    """
+    expected = cluster.kube_system_uid or _cluster_identity_record(cluster)
+    result = probe_cluster(valid.config, server=valid.server, timeout=settings.GSHARE_PROBE_TIMEOUT)
+    if not result.checks.get("apiserver_reachable"):
+        raise ClusterUnreachable(result.details["apiserver_reachable"])
+    if result.identity_forbidden:
+        raise ClusterAuthFailed(result.identity_forbidden)
+    if result.kube_system_uid != expected:
+        raise _different_cluster(cluster, found_uid=result.kube_system_uid, server=valid.server, expected_uid=expected)
+    return _Credential(
+        kubeconfig=valid.as_yaml(), apiserver_url=valid.server, kube_system_uid=expected, kubernetes_version=result.kubernetes_version,
+    )
+
+
+def _cluster_identity_record(cluster: Cluster) -> str:
+    """Read and record the identity of a cluster registered before it was recorded, through its current
+    kubeconfig (the same as a connection test does).
+
+    Returns:
+        The ``kube-system`` uid, now stored in ``Cluster.kube_system_uid``.
+
+    Raises:
+        Conflict: ``cluster_identity_unknown`` (409) when the current kubeconfig cannot read it.
+    """
+    import yaml
+
+    try:
+        result = probe_cluster(yaml.safe_load(cluster.kubeconfig), server=cluster.apiserver_url, timeout=settings.GSHARE_PROBE_TIMEOUT)
+    except ClusterAuthFailed as exc:
+        why = exc.detail
+    except ApplicationError:  # the stored kubeconfig itself cannot be used (never quoted: it holds the credential)
+        why = "The stored kubeconfig cannot be used by the Kubernetes client."
+    else:
+        if result.kube_system_uid:
+            Cluster.objects.filter(pk=cluster.pk, kube_system_uid="").update(kube_system_uid=result.kube_system_uid)
+            cluster.kube_system_uid = result.kube_system_uid
+            logger.info("cluster identity recorded: %s %s (kube-system uid %s)", cluster.public_id, cluster.name, result.kube_system_uid)
+            return result.kube_system_uid
+        why = (
+            result.details.get("apiserver_reachable")
+            or result.identity_forbidden
+            or f"The apiserver at {cluster.apiserver_url} has no namespace kube-system."
+        )
+    raise Conflict(
+        f"Cluster {cluster.name!r} ({cluster.public_id}) was registered before gShare recorded which cluster a kubeconfig "
+        f"reaches, and its current kubeconfig cannot tell now: {why} Without that, the new kubeconfig cannot be checked to "
+        "reach the same cluster, so nothing was changed. Fix: make the current kubeconfig reach the cluster again (a "
+        "successful `POST /api/v1/clusters/<id>/connection-test` records the identity too) and retry, or deregister the "
+        "cluster and register it again with the new kubeconfig.",
+        code="cluster_identity_unknown",
+    )
+
+
+def _different_cluster(cluster: Cluster, *, found_uid: str, server: str, expected_uid: str | None = None) -> Conflict:
+    expected_uid = expected_uid or cluster.kube_system_uid
+    other = (
+        Cluster.objects.filter(kube_system_uid=found_uid).exclude(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).first()
+        if found_uid else None
+    )
+    if not found_uid:
+        found = f"the apiserver at {server}, which has no namespace kube-system"
+    elif other is not None:
+        found = f"the cluster at {server} (kube-system uid {found_uid}), which is the registered cluster {other.name!r} ({other.public_id})"
+    else:
+        found = f"another cluster: the one at {server} (kube-system uid {found_uid})"
+    return Conflict(
+        f"The new kubeconfig reaches {found}, not cluster {cluster.name!r} ({cluster.public_id}, kube-system uid "
+        f"{expected_uid}). A cluster's kubeconfig can only be replaced by one for the same cluster; nothing was changed. "
+        "To add the other cluster to the fleet, register it separately (`POST /api/v1/clusters`); to change this "
+        f"cluster's credential, export a kubeconfig from {cluster.name!r} itself (`kubectl config view --raw --minify --flatten`).",
+        code="different_cluster",
+    )
 
 
 def cluster_live_allocations(*, cluster: Cluster) -> int:
@@ -153,7 +308,8 @@ def cluster_live_allocations(*, cluster: Cluster) -> int:
 def cluster_deregister(*, cluster: Cluster) -> Cluster:
     """Deregister a cluster: drop its nodes and devices, keep the row for history.
 
-    From then on its operator tokens are refused with 401 and its name is free. Idempotent.
+    From then on its operator tokens are refused with 401 and its name is free; its credential generation
+    is bumped too (audit line in ``gshare.audit``). Idempotent.
 
     Raises:
         Conflict: ``cluster_busy`` (409) while live sessions or GPU allocations exist on it.
@@ -170,6 +326,8 @@ def cluster_deregister(*, cluster: Cluster) -> Cluster:
         )
     GpuDevice.objects.filter(cluster=cluster).delete()
     Node.objects.filter(cluster=cluster).delete()
+    # Every operator token issued for it is refused from now on (token_revoked), whatever its status check says.
+    credential_generation_bump(cluster=cluster, actor="system", action="cluster_deregister")
     cluster.status = Cluster.Status.DEREGISTERED
     cluster.deregistered_at = timezone.now()
     cluster.save(update_fields=["status", "deregistered_at"])
@@ -229,6 +387,8 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     update = {"status": status, "last_connection_test": report, "last_connection_test_at": now}
     if result.kubernetes_version:
         update["kubernetes_version"] = result.kubernetes_version
+    if result.kube_system_uid and not cluster.kube_system_uid:
+        update["kube_system_uid"] = result.kube_system_uid  # a cluster registered before identities were recorded
     Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
     for key, value in update.items():
         setattr(cluster, key, value)

@@ -14,6 +14,10 @@ are a small frozen dataclass built from ``os.environ``:
   Pods, Services and Ingresses); default ``gshare-sessions`` (``contract.SESSION_NAMESPACE_DEFAULT``).
 * ``GSHARE_RECONCILE_INTERVAL``: seconds; the longest a session status change waits before it is
   reported (changes are normally sent at once) and the retry delay of a failed reconcile; default ``2``.
+* ``GSHARE_OPERATOR_NAMESPACE`` (the pod's namespace, from the downward API) and
+  ``GSHARE_TOKEN_SECRET_NAME`` (the token Secret, ``gshare-operator-internal-jwt`` in the chart): when both
+  are set, the operator also reads its token from that Secret through the Kubernetes API and writes a
+  self-refreshed token back to it (``operator_agent.token``); unset, it uses the file and memory only.
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -39,6 +43,8 @@ __all__ = ["ConfigError", "OperatorConfig", "kubernetes_api_client"]
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # DNS-1123 label: what Kubernetes accepts as a namespace name.
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+# DNS-1123 subdomain: what Kubernetes accepts as a Secret name.
+_DNS1123_SUBDOMAIN = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 class ConfigError(ValueError):
@@ -61,6 +67,8 @@ class OperatorConfig:
         session_namespace: namespace of the ``GShareSession`` objects and their children.
         reconcile_interval: seconds; longest delay of a status report and retry delay of a failed
             reconcile (> 0).
+        operator_namespace: namespace of the operator's token Secret, or None.
+        token_secret_name: name of the operator's token Secret, or None.
     """
 
     cluster_id: str
@@ -72,6 +80,8 @@ class OperatorConfig:
     log_level: str = "INFO"
     session_namespace: str = SESSION_NAMESPACE_DEFAULT
     reconcile_interval: float = 2.0
+    operator_namespace: str | None = None
+    token_secret_name: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -96,6 +106,16 @@ class OperatorConfig:
             raise ConfigError(
                 f"GSHARE_SESSION_NAMESPACE must be a Kubernetes namespace name (DNS-1123 label), got {session_namespace!r}"
             )
+        operator_namespace = (environ.get("GSHARE_OPERATOR_NAMESPACE") or "").strip() or None
+        if operator_namespace is not None and not _DNS1123_LABEL.match(operator_namespace):
+            raise ConfigError(
+                f"GSHARE_OPERATOR_NAMESPACE must be a Kubernetes namespace name (DNS-1123 label), got {operator_namespace!r}"
+            )
+        token_secret_name = (environ.get("GSHARE_TOKEN_SECRET_NAME") or "").strip() or None
+        if token_secret_name is not None and not _DNS1123_SUBDOMAIN.match(token_secret_name):
+            raise ConfigError(
+                f"GSHARE_TOKEN_SECRET_NAME must be a Kubernetes object name (DNS-1123 subdomain), got {token_secret_name!r}"
+            )
         return cls(
             cluster_id=cluster_id,
             control_plane_url=url,
@@ -106,7 +126,14 @@ class OperatorConfig:
             log_level=log_level,
             session_namespace=session_namespace,
             reconcile_interval=_seconds(environ, "GSHARE_RECONCILE_INTERVAL", 2.0),
+            operator_namespace=operator_namespace,
+            token_secret_name=token_secret_name,
         )
+
+    @property
+    def token_secret_configured(self) -> bool:
+        """True when both ``GSHARE_OPERATOR_NAMESPACE`` and ``GSHARE_TOKEN_SECRET_NAME`` are set."""
+        return bool(self.operator_namespace and self.token_secret_name)
 
     @property
     def log_level_number(self) -> int:

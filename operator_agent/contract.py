@@ -69,6 +69,17 @@ OPERATOR_TOKEN_SECRET_KEY = "internal-jwt"
 DEFAULT_TOKEN_FILE = "/var/run/secrets/gshare/internal-jwt"
 """Default path where the operator chart mounts ``OPERATOR_TOKEN_SECRET_KEY``."""
 
+OPERATOR_TOKEN_GENERATION_CLAIM = "gen"
+"""Claim carrying the cluster's credential generation in every operator token (absent = generation 1).
+
+The control plane refuses a token whose generation is not the cluster's current one (401 ``token_revoked``).
+"""
+
+TOKEN_PATH = "/internal/v1/token"
+"""``POST`` (no body): exchange the caller's valid operator token for a fresh one of the cluster's current
+generation. Answers ``{"token": "<JWT>", "expires_at": RFC 3339 UTC, "generation": int, "server_time": ...}``.
+"""
+
 # --------------------------------------------------------------------------- sessions
 GSHARE_API_GROUP = "gshare.io"
 """API group of the ``GShareSession`` custom resource the control plane applies to a cluster."""
@@ -105,6 +116,9 @@ TOKEN_INVALID = "token_invalid"
 
 CLUSTER_DEREGISTERED = "cluster_deregistered"
 """401: the token's cluster has been deregistered; its tokens are no longer accepted."""
+
+TOKEN_REVOKED = "token_revoked"
+"""401: the token's credential generation (claim ``gen``) is not the cluster's current one: it was revoked."""
 
 # --------------------------------------------------------------------------- GShareSession contract
 GSHARE_API_VERSION = "v1alpha1"

@@ -1,8 +1,10 @@
 """HTTP client for the control plane's operator routes (``/internal/v1/…``).
 
-Every request carries ``Authorization: Bearer <operator token>``. The token is read from
-``OperatorConfig.token_file`` before *every* attempt, retries included, so a rotated
-Secret is picked up without a restart. The token is never logged.
+Every request carries ``Authorization: Bearer <operator token>``. The token is chosen before
+*every* attempt, retries included, by ``operator_agent.token.TokenSource``: the newest of the
+token file (``OperatorConfig.token_file``, re-read each time), the token Secret read through the
+Kubernetes API (when configured) and a self-refreshed token in memory; so a rotated Secret is
+picked up without a restart. The token is never logged.
 
 Failure handling:
 
@@ -10,8 +12,9 @@ Failure handling:
   jitter (base 1 s, doubling, cap ``OperatorConfig.backoff_max``; a ``Retry-After`` in
   seconds is honoured up to the cap), at most ``max_attempts`` attempts, then
   ``ControlPlaneUnavailable``. The caller's next tick sends a fresh request anyway.
-* 401: the token is expired, revoked or belongs to a deregistered cluster. Logged as
-  ``operator token expired or revoked: rotate it …`` with the body's ``detail``; not retried
+* 401: the token is expired, revoked or belongs to a deregistered cluster. If another token is
+  available (e.g. the Secret now holds a newer one), it is tried at once; otherwise logged as
+  ``operator token expired or revoked: rotate it …`` with the body's ``detail`` and not retried
   (``ControlPlaneAuthError``).
 * 403 and other 4xx: logged with the body's ``code`` and ``detail``; not retried
   (``ControlPlaneRejected``).
@@ -33,6 +36,7 @@ import requests
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import INVENTORY_PATH
+from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
     "ControlPlaneAuthError",
@@ -51,6 +55,9 @@ BACKOFF_BASE = 1.0
 
 DEFAULT_MAX_ATTEMPTS = 5
 """Attempts per call (1 + 4 retries: about 1+2+4+8 = 15 s of backoff before jitter)."""
+
+MAX_TOKEN_FALLBACKS = 2
+"""Other tokens tried at once, per call, after a 401 (file, Secret and memory: at most two others)."""
 
 USER_AGENT = f"gshare-operator/{__version__}"
 _MAX_BODY_IN_LOG = 300
@@ -112,6 +119,7 @@ class ControlPlaneClient:
             attempt, after which no further attempt is made.
         rng: returns a float in ``[0, 1)`` for the backoff jitter.
         max_attempts: attempts per call, including the first.
+        tokens: where the token comes from (shared between clients); by default the token file only.
     """
 
     def __init__(
@@ -123,10 +131,12 @@ class ControlPlaneClient:
         stopped: Callable[[], bool] = lambda: False,
         rng: Callable[[], float] = random.random,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        tokens: TokenSource | None = None,
     ):
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         self.config = config
+        self.tokens = tokens or TokenSource(config.token_file, cluster_id=config.cluster_id)
         self.session = session or requests.Session()
         self._sleep = sleep
         self._stopped = stopped
@@ -149,7 +159,8 @@ class ControlPlaneClient:
         url = self.config.control_plane_url + path
         what = f"{method} {path}"
         last_problem = "no attempt made"
-        for attempt in range(self.max_attempts):
+        attempt = fallbacks = 0
+        while True:
             if self._stopped():
                 raise ControlPlaneUnavailable(f"{what}: stopped before completion ({last_problem})")
             token = self._read_token()
@@ -175,6 +186,11 @@ class ControlPlaneClient:
                 if 200 <= status < 300:
                     return _json_object(response)
                 body = _error_body(response)
+                alternative = self.tokens.reject(token) if status == 401 and fallbacks < MAX_TOKEN_FALLBACKS else None
+                if alternative is not None:
+                    fallbacks += 1
+                    logger.warning("control plane answered 401 %s to %s; trying %s", body.code or "unauthorized", what, alternative.describe())
+                    continue
                 if status == 401:
                     logger.error(
                         "operator token expired or revoked: rotate it (control plane answered 401 %s to %s): %s",
@@ -197,15 +213,16 @@ class ControlPlaneClient:
                     )
                 last_problem = " ".join(filter(None, [f"HTTP {status}", body.code])) + f": {body.detail}"
                 retry_after = _retry_after(response)
-            if attempt + 1 >= self.max_attempts:
+            attempt += 1
+            if attempt >= self.max_attempts:
                 break
-            delay = backoff_delay(attempt, cap=self.config.backoff_max, rng=self._rng)
+            delay = backoff_delay(attempt - 1, cap=self.config.backoff_max, rng=self._rng)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, self.config.backoff_max))
             logger.warning(
                 "%s failed (attempt %d/%d: %s); retrying in %.1fs",
                 what,
-                attempt + 1,
+                attempt,
                 self.max_attempts,
                 last_problem,
                 delay,
@@ -214,20 +231,13 @@ class ControlPlaneClient:
         raise ControlPlaneUnavailable(f"{what}: giving up after {self.max_attempts} attempts ({last_problem})")
 
     def _read_token(self) -> str:
-        """Read the operator token file afresh (rotation without restart)."""
-        path = self.config.token_file
+        """The newest operator token now (file re-read, Secret, memory: rotation without restart)."""
         try:
-            with open(path, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as exc:
-            message = f"cannot read operator token file {path}: {exc.strerror or exc}"
+            return self.tokens.current()
+        except NoTokenError as exc:
+            message = str(exc)
             logger.error("%s", message)
             raise TokenUnavailable(message) from None
-        if not token:
-            message = f"operator token file {path} is empty"
-            logger.error("%s", message)
-            raise TokenUnavailable(message)
-        return token
 
 
 def _json_object(response: requests.Response) -> dict:

@@ -13,6 +13,10 @@ SIGINT stop the loop and the session reconciler (a backoff sleep is cut short; a
 flight finishes within ``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
 Invalid configuration exits 2 with a message naming the variable.
 
+Before each tick the operator token is refreshed when it is getting old (``operator_agent.token``:
+``POST /internal/v1/token``, then written back to the token Secret when one is configured). Both
+loops share one ``TokenSource``, so they always send the same, newest token.
+
 Why a plain loop and not Kopf for this tick: Kopf's timers are *per-object* handlers
 (``@kopf.timer('nodes', ...)`` runs once per Node, each on its own schedule), whereas the
 inventory is one *cluster-wide* snapshot: the control plane upserts the listed nodes and
@@ -43,6 +47,7 @@ from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_cl
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
 from operator_agent.inventory import collect_inventory, snapshot_counts
 from operator_agent.sessions import run_sessions
+from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
 
 __all__ = ["main", "report_inventory", "run"]
 
@@ -84,10 +89,19 @@ def run(
     core_v1: kubernetes.client.CoreV1Api,
     client: ControlPlaneClient,
     stop: threading.Event,
+    refresher: TokenRefresher | None = None,
 ) -> None:
-    """Report the inventory every ``config.inventory_interval`` seconds (start to start) until ``stop`` is set."""
+    """Report the inventory every ``config.inventory_interval`` seconds (start to start) until ``stop`` is set.
+
+    With ``refresher``, the operator token is refreshed first when it is due.
+    """
     while not stop.is_set():
         started = time.monotonic()
+        if refresher is not None:
+            try:
+                refresher.maybe_refresh()
+            except Exception:  # a refresh bug must not stop the reports; the traceback is logged
+                logger.exception("operator token refresh failed unexpectedly")
         try:
             report_inventory(core_v1, client, config)
         except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
@@ -131,7 +145,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     stop = threading.Event()
     install_signal_handlers(stop)
     core_v1 = kubernetes.client.CoreV1Api(api_client)
-    client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set)
+    secret_store = None
+    if config.token_secret_configured:
+        # The Secret is read by both loops: its own client, so the inventory's connection pool is not shared.
+        secret_store = SecretTokenStore(
+            kubernetes.client.CoreV1Api(kubernetes_api_client(environ)), namespace=config.operator_namespace,
+            name=config.token_secret_name, cluster_id=config.cluster_id, request_timeout=config.http_timeout,
+        )
+    tokens = TokenSource(config.token_file, secret=secret_store, cluster_id=config.cluster_id)
+    client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
     logger.info(
         "gshare operator %s for cluster %s: reporting to %s every %gs",
         __version__,
@@ -139,6 +161,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         config.control_plane_url,
         config.inventory_interval,
     )
+    if secret_store is not None:
+        logger.info("operator token: read from %s and %s; refreshed tokens are written back to the Secret", config.token_file, secret_store.where)
     sessions_thread: threading.Thread | None = None
     sessions_api_client: kubernetes.client.ApiClient | None = None
     sessions_client: ControlPlaneClient | None = None
@@ -146,7 +170,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
         sessions_api_client = kubernetes_api_client(environ)
-        sessions_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set)
+        sessions_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
         sessions_thread = threading.Thread(
             target=run_sessions,
             args=(config, sessions_api_client, sessions_client, stop),
@@ -154,7 +178,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             daemon=True,
         )
         sessions_thread.start()
-        run(config, core_v1, client, stop)
+        run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client))
     finally:
         stop.set()
         if sessions_thread is not None:
@@ -167,5 +191,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             sessions_api_client.close()
         client.session.close()
         api_client.close()
+        if secret_store is not None:
+            secret_store.core_v1.api_client.close()
     logger.info("operator stopped")
     return EXIT_OK

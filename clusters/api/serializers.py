@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import Cluster, GpuDevice, Node
+from clusters.token_rotation import operator_token_state
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
 
@@ -23,11 +25,24 @@ class ClusterCreateSerializer(serializers.Serializer):
 
 
 class ClusterUpdateSerializer(serializers.Serializer):
-    """Input of ``PATCH /api/v1/clusters/{id}``: only these three fields can change."""
+    """Input of ``PATCH /api/v1/clusters/{id}``: only these fields can change (``kubeconfig``: same cluster only)."""
 
     session_domain = serializers.CharField(required=False, allow_blank=True, max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, max_length=253)
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, max_length=253)
+    kubeconfig = serializers.CharField(
+        required=False, trim_whitespace=False, write_only=True, max_length=256 * 1024,
+        help_text="A new kubeconfig for the same cluster (checked like registration's, probed; its kube-system uid must match). Never returned.",
+    )
+
+
+class OperatorTokenSerializer(serializers.Serializer):
+    """The cluster's operator token as ``GET /api/v1/clusters/{id}`` shows it (never the token itself)."""
+
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="Expiry of the newest token issued (UTC)")
+    rotated_at = serializers.DateTimeField(allow_null=True, help_text="When a rotation last wrote a token into the cluster's Secret")
+    last_rotation_error = serializers.CharField(allow_blank=True, help_text="Why the last rotation failed; empty when it succeeded")
+    warning = serializers.CharField(allow_null=True, help_text="Null, or a sentence naming the problem and the fix (docs/rotation.md)")
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -37,13 +52,14 @@ class ClusterSerializer(serializers.ModelSerializer):
     node_count = serializers.IntegerField(read_only=True, default=0)
     gpu_count = serializers.IntegerField(read_only=True, default=0)
     heartbeat_age_seconds = serializers.SerializerMethodField()
+    operator_token = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
         fields = [
             "id", "name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "status",
             "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test",
-            "last_connection_test_at", "registered_at", "deregistered_at", "node_count", "gpu_count",
+            "last_connection_test_at", "registered_at", "deregistered_at", "node_count", "gpu_count", "operator_token",
         ]
         read_only_fields = fields
 
@@ -52,6 +68,11 @@ class ClusterSerializer(serializers.ModelSerializer):
         if obj.last_heartbeat_at is None:
             return None
         return int((timezone.now() - obj.last_heartbeat_at).total_seconds())
+
+    @extend_schema_field(OperatorTokenSerializer)
+    def get_operator_token(self, obj: Cluster) -> dict:
+        """``{"expires_at", "rotated_at", "last_rotation_error", "warning"}`` (no query of its own)."""
+        return OperatorTokenSerializer(operator_token_state(obj)).data
 
 
 class NodeSerializer(serializers.ModelSerializer):

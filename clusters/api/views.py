@@ -63,7 +63,11 @@ class ClusterViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=ClusterUpdateSerializer, responses=ClusterSerializer)
     def partial_update(self, request, public_id: str):
-        """Change ``session_domain``, ``ingress_node`` or ``volume_storage_class``."""
+        """Change ``session_domain``, ``ingress_node``, ``volume_storage_class`` and/or the ``kubeconfig``.
+
+        A new kubeconfig must reach the same cluster (409 ``different_cluster`` otherwise); the cluster keeps
+        its id, operator and tokens. Refusals as registration's for the kubeconfig (docs/errors.md).
+        """
         cluster = selectors.cluster_get(public_id=public_id)
         extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = ClusterUpdateSerializer(data=request.data, partial=True)

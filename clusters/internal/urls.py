@@ -2,8 +2,9 @@
 
 from django.urls import path
 
-from clusters.internal.views import InventoryView
+from clusters.internal.views import InventoryView, TokenView
 
 urlpatterns = [
     path("inventory", InventoryView.as_view(), name="internal-inventory"),
+    path("token", TokenView.as_view(), name="internal-token"),
 ]

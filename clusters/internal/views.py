@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.internal.schemas import inventory_errors
+from clusters.operator_tokens import operator_token_exchange
 from gshare.api import SafeJSONParser
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.exceptions import ApplicationError
@@ -47,3 +48,20 @@ class InventoryView(OperatorAPIView):
             "gpus_removed": result.gpus_removed,
             "server_time": timezone.now().isoformat(),
         })
+
+
+class TokenView(OperatorAPIView):
+    """``POST /internal/v1/token``: exchange the caller's valid operator token for a fresh one (self-refresh)."""
+
+    def post(self, request):
+        """Answer ``{"token", "expires_at", "generation", "server_time"}``: a token of the cluster's current
+        generation with ``GSHARE_OPERATOR_TOKEN_TTL`` seconds of life, for the calling operator only (``no-store``)."""
+        issued = operator_token_exchange(cluster=self.cluster)
+        response = Response({
+            "token": issued.token,
+            "expires_at": issued.expires_at.isoformat(),
+            "generation": issued.generation,
+            "server_time": timezone.now().isoformat(),
+        })
+        response["Cache-Control"] = "no-store"
+        return response

@@ -8,6 +8,7 @@ from rest_framework import authentication
 
 from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, verify_internal_jwt
 from gshare.auth.tokens import api_token_authenticate
+from operator_agent.contract import OPERATOR_TOKEN_GENERATION_CLAIM, TOKEN_REVOKED
 
 
 def _bearer(request) -> str | None:
@@ -52,7 +53,9 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <operator JWT>`` with ``sub = operator:<cluster_id>``.
 
     Refuses (401) any token that :func:`verify_internal_jwt` refuses, a subject that is not an
-    operator, and the token of an unknown or deregistered cluster.
+    operator, the token of an unknown or deregistered cluster (``cluster_deregistered``), and a token
+    whose credential generation (claim ``gen``, absent = 1) is not the cluster's current one
+    (``token_revoked``).
     """
 
     def authenticate(self, request):  # noqa: D102
@@ -74,6 +77,20 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
             raise InvalidInternalToken(
                 "The cluster of this operator token is deregistered or unknown: register the cluster again and mint a new token.",
                 code="cluster_deregistered",
+            )
+        # The generation is compared with the row loaded above: no query of its own.
+        generation = claims.get(OPERATOR_TOKEN_GENERATION_CLAIM, 1)
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+            raise InvalidInternalToken(
+                f"This operator token's `{OPERATOR_TOKEN_GENERATION_CLAIM}` claim is malformed: mint a new one with "
+                f"`manage.py mint_operator_token {cluster.public_id}`."
+            )
+        if generation != cluster.credential_generation:
+            raise InvalidInternalToken(
+                f"This operator token was revoked (it carries credential generation {generation}; cluster {cluster.name} is at "
+                f"generation {cluster.credential_generation}): push a new token with "
+                f"`manage.py rotate_operator_tokens --cluster {cluster.public_id}`.",
+                code=TOKEN_REVOKED,
             )
         return OperatorPrincipal(cluster=cluster, claims=claims), claims
 

@@ -28,10 +28,12 @@ def wait_for(predicate, timeout=60.0, what="condition"):
 
 @pytest.fixture
 def operator_process(tmp_path, live_server):
-    """Start ``python -m operator_agent`` for a cluster; returns ``start(cluster, kubeconfig_path)``."""
+    """Start ``python -m operator_agent`` for a cluster; returns ``start(cluster, kubeconfig_path, token_path, env=None)``
+    (``env``: more environment variables for the operator)."""
     processes = []
 
-    def start(cluster: Cluster, kubeconfig_path: Path, token_path: Path):
+    def start(cluster: Cluster, kubeconfig_path: Path, token_path: Path, env: dict | None = None):
+        extra = env or {}
         log = tmp_path / f"operator-{cluster.name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "GSHARE_"))}
         env.update({
@@ -42,6 +44,7 @@ def operator_process(tmp_path, live_server):
             "GSHARE_BACKOFF_MAX": "1",
             "KUBECONFIG": str(kubeconfig_path),
             "PYTHONUNBUFFERED": "1",
+            **extra,
         })
         handle = open(log, "wb")  # noqa: SIM115
         process = subprocess.Popen([sys.executable, "-m", "operator_agent"], env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)

@@ -1,0 +1,494 @@
+"""Operator token rotation (push), its state and warnings, and revocation by credential generation.
+
+* :func:`operator_token_push` mints a fresh token for one cluster and writes it into that cluster's Secret
+  (``GSHARE_OPERATOR_NAMESPACE``/``GSHARE_OPERATOR_TOKEN_SECRET``, key ``internal-jwt``) through its apiserver,
+  with the kubeconfig stored for it; the operator picks it up without a restart.
+* :func:`operator_tokens_rotate` does that for every cluster that is due (``manage.py rotate_operator_tokens``
+  and the daily beat task ``clusters.rotate_operator_tokens``).
+* :func:`operator_token_state` is what the API and the console show: expiry, last rotation, and a warning.
+* :func:`operator_tokens_revoke` bumps the cluster's credential generation: every token issued before is
+  refused at once (401 ``token_revoked``).
+
+The token itself is never logged, stored or returned (the Secret on the cluster is the only copy).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import getpass
+import logging
+from dataclasses import dataclass
+from typing import NoReturn
+
+import kubernetes
+import urllib3
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from kubernetes.client.exceptions import ApiException
+
+from clusters.kube import Deadline, api_client_for_cluster
+from clusters.kubeconfig import KubeconfigError
+from clusters.models import Cluster
+from clusters.operator_tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
+from gshare.exceptions import ApplicationError, Conflict, NotFound
+from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
+
+logger = logging.getLogger(__name__)
+#: Security-relevant actions, one structured line each (``extra={"audit": {...}}``); never a secret.
+audit = logging.getLogger("gshare.audit")
+
+#: Label put on a Secret the control plane creates (a Secret made by the operator chart keeps its own labels).
+MANAGED_BY_LABELS = {"app.kubernetes.io/part-of": "gshare", "app.kubernetes.io/managed-by": "gshare-control-plane"}
+
+
+class Outcome:
+    """Outcomes of one cluster's rotation (:attr:`TokenRotationResult.outcome`)."""
+
+    ROTATED = "rotated"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    WOULD_ROTATE = "would_rotate"
+
+
+@dataclass(frozen=True)
+class TokenRotationResult:
+    """What a rotation did for one cluster. Never holds the token.
+
+    Attributes:
+        cluster_id: public id (``clu_...``).
+        cluster_name: name.
+        outcome: ``rotated``, ``failed``, ``skipped`` (not due) or ``would_rotate`` (dry run).
+        generation: credential generation of the token pushed (or that would be pushed).
+        expires_at: expiry of the token pushed (rotated), else of the newest token on record (or None).
+        secret_action: ``created`` or ``replaced`` when rotated, else "".
+        code: error code when failed (``token_push_unreachable``, ...), else "".
+        detail: a sentence: why it failed (and the fix), why it was skipped, or what was done.
+    """
+
+    cluster_id: str
+    cluster_name: str
+    outcome: str
+    generation: int
+    expires_at: datetime.datetime | None
+    secret_action: str = ""
+    code: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """False only for ``failed``."""
+        return self.outcome != Outcome.FAILED
+
+
+class OperatorTokenPushFailed(ApplicationError):
+    """502: the token could not be written into the cluster's Secret; the failure is recorded on the cluster.
+
+    ``code`` is one of ``token_push_unreachable`` (the apiserver did not answer), ``token_push_forbidden``
+    (401/403: the stored kubeconfig lacks the right to write the Secret), ``token_push_namespace_missing``
+    (the operator's namespace does not exist: the operator is not installed), ``token_push_revoked`` (the
+    cluster's tokens were revoked while pushing) or ``token_push_failed`` (anything else). ``result`` is the
+    :class:`TokenRotationResult`.
+    """
+
+    code = "token_push_failed"
+    status = 502
+
+    def __init__(self, detail: str, *, code: str, result: TokenRotationResult):
+        super().__init__(detail, code=code)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class OperatorTokenState:
+    """A cluster's operator token as the API and the console show it (no secret).
+
+    Attributes:
+        expires_at: expiry of the newest token issued for the current generation (None: none on record).
+        rotated_at: when a rotation last wrote a token into the cluster's Secret (None: never).
+        last_rotation_error: why the last rotation failed ("" when it succeeded or never ran).
+        warning: None, or a sentence naming the problem and the fix.
+    """
+
+    expires_at: datetime.datetime | None
+    rotated_at: datetime.datetime | None
+    last_rotation_error: str
+    warning: str | None
+
+
+def _rotate_command(cluster: Cluster) -> str:
+    return f"`manage.py rotate_operator_tokens --cluster {cluster.public_id}`"
+
+
+def _when(value: datetime.datetime) -> str:
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds >= 2 * 86400:
+        return f"{seconds // 86400} days"
+    if seconds >= 7200:
+        return f"{seconds // 3600} hours"
+    return f"{seconds // 60} minutes"
+
+
+def operator_token_state(cluster: Cluster, *, now: datetime.datetime | None = None) -> OperatorTokenState:
+    """The operator token facts of ``cluster`` and a warning when something needs doing. No query.
+
+    A warning is given (never for a deregistered cluster) when the last rotation failed, when no token is
+    on record (never issued through the control plane, or revoked), when the newest token has expired, or
+    when it expires within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE`` seconds (default 3 days).
+
+    Args:
+        cluster: the cluster (its loaded fields are used as they are).
+        now: the time to judge against (default: now).
+
+    Returns:
+        An :class:`OperatorTokenState`.
+    """
+    now = now or timezone.now()
+    expires_at = cluster.operator_token_expires_at
+    error = cluster.operator_token_rotation_error
+    warning = None
+    if cluster.status != Cluster.Status.DEREGISTERED:
+        if error:
+            attempted = cluster.operator_token_rotation_attempted_at
+            still = (
+                f"the operator's newest token expires at {_when(expires_at)}" if expires_at and expires_at > now
+                else "the operator may have no valid token"
+            )
+            warning = (
+                f"The last operator token rotation{' at ' + _when(attempted) if attempted else ''} failed ({error.rstrip('.')}); "
+                f"{still}. Fix the cause, then run {_rotate_command(cluster)} (the daily rotation also retries)."
+            )
+        elif expires_at is None:
+            warning = (
+                "No operator token is on record for this cluster (none issued by the control plane yet, or its tokens were "
+                f"revoked), so its operator cannot report: push one with {_rotate_command(cluster)}."
+            )
+        elif expires_at <= now:
+            warning = (
+                f"The operator token expired at {_when(expires_at)} and the operator can no longer report: push a new one "
+                f"with {_rotate_command(cluster)}."
+            )
+        elif (expires_at - now).total_seconds() < settings.GSHARE_OPERATOR_TOKEN_WARN_BEFORE:
+            warning = (
+                f"The operator token expires at {_when(expires_at)} (in {_duration((expires_at - now).total_seconds())}) and "
+                f"has not been renewed: check that Celery beat and a worker run, then run {_rotate_command(cluster)}."
+            )
+    return OperatorTokenState(
+        expires_at=expires_at, rotated_at=cluster.operator_token_rotated_at, last_rotation_error=error, warning=warning
+    )
+
+
+def operator_token_rotation_due(cluster: Cluster, *, now: datetime.datetime | None = None) -> tuple[bool, str]:
+    """Whether the daily rotation should push a token to ``cluster`` now. No query.
+
+    Due when the last rotation failed, when no token is on record (never issued, or revoked), when the
+    token expires within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE``, or when no rotation succeeded in the last
+    ``GSHARE_OPERATOR_TOKEN_ROTATE_MIN_AGE`` seconds (12 h): a second run the same day changes nothing.
+
+    Returns:
+        ``(due, reason)``; ``reason`` is a short phrase for the command's output.
+    """
+    now = now or timezone.now()
+    if cluster.operator_token_rotation_error:
+        return True, "the last rotation failed"
+    if cluster.operator_token_expires_at is None:
+        return True, "no token on record"
+    if (cluster.operator_token_expires_at - now).total_seconds() < settings.GSHARE_OPERATOR_TOKEN_WARN_BEFORE:
+        return True, "the token expires soon"
+    rotated = cluster.operator_token_rotated_at
+    if rotated is None:
+        return True, "never rotated"
+    age = (now - rotated).total_seconds()
+    if age >= settings.GSHARE_OPERATOR_TOKEN_ROTATE_MIN_AGE:
+        return True, f"last rotated {_duration(age)} ago"
+    return False, f"rotated {_duration(age)} ago"
+
+
+def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: str, token: str, deadline: Deadline) -> str:
+    """Create or replace the Secret's ``internal-jwt`` key (other keys and metadata are kept).
+
+    Replaces with the ``resourceVersion`` read, so a concurrent writer (the operator's own refresh) is never
+    overwritten blindly: a 409 reads again, at most three times.
+
+    Returns:
+        ``created`` or ``replaced``.
+
+    Raises:
+        ApiException, urllib3.exceptions.HTTPError, OSError: from the apiserver.
+    """
+    encoded = base64.b64encode(token.encode()).decode()
+    last: ApiException | None = None
+    for _ in range(3):
+        try:
+            current = core.read_namespaced_secret(name, namespace, _request_timeout=deadline.request_timeout())
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
+                "data": {OPERATOR_TOKEN_SECRET_KEY: encoded},
+            }
+            try:
+                core.create_namespaced_secret(namespace, body, _request_timeout=deadline.request_timeout())
+                return "created"
+            except ApiException as exc:
+                if exc.status != 409:  # 409: created meanwhile; read it and replace it
+                    raise
+                last = exc
+                continue
+        body = core.api_client.sanitize_for_serialization(current)
+        body["data"] = {**(body.get("data") or {}), OPERATOR_TOKEN_SECRET_KEY: encoded}
+        body.pop("stringData", None)
+        try:
+            core.replace_namespaced_secret(name, namespace, body, _request_timeout=deadline.request_timeout())
+            return "replaced"
+        except ApiException as exc:
+            if exc.status != 409:  # 409: changed since read; read again
+                raise
+            last = exc
+    assert last is not None
+    raise last
+
+
+def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str, timeout: float) -> tuple[str, str]:
+    """``(code, sentence naming the fix)`` for an exception of the Secret write."""
+    where = f"Secret {namespace}/{name} on {cluster.name}"
+    if isinstance(exc, KubeconfigError):
+        return "token_push_failed", f"{exc.detail.rstrip('.')}; register the cluster's kubeconfig again"
+    if isinstance(exc, ApiException):
+        if exc.status in (401, 403):
+            return "token_push_forbidden", (
+                f"The cluster's apiserver refused to let the control plane write the {where} ({exc.status} {exc.reason}): "
+                f"give the control plane's ServiceAccount get, create and update on secrets in {namespace} "
+                "(docs/rotation.md)"
+            )
+        if exc.status == 404:
+            return "token_push_namespace_missing", (
+                f"Namespace {namespace} does not exist on {cluster.name}, so the {where} cannot be written: install the "
+                "operator chart (docs/attach-a-cluster.md)"
+            )
+        return "token_push_failed", f"The apiserver answered {exc.status} {exc.reason} when writing the {where}: check the apiserver"
+    if not isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return "token_push_failed", (
+            f"The apiserver at {cluster.apiserver_url} gave an answer the Kubernetes client could not read ({type(exc).__name__}) "
+            f"when writing the {where}: check that the kubeconfig names a Kubernetes apiserver"
+        )
+    return "token_push_unreachable", (
+        f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s ({type(exc).__name__}) when "
+        f"writing the {where}: check that the control plane can reach it and that the cluster is up"
+    )
+
+
+def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRotationResult:
+    """Mint a fresh token for ``cluster``'s operator and write it into the cluster's Secret.
+
+    Writes ``GSHARE_OPERATOR_NAMESPACE``/``GSHARE_OPERATOR_TOKEN_SECRET`` (defaults ``gshare-system`` /
+    ``gshare-operator-internal-jwt``), key ``internal-jwt``, through the cluster's apiserver with its stored
+    kubeconfig: created when missing, else replaced (other keys kept). All apiserver calls share
+    ``GSHARE_OPERATOR_TOKEN_PUSH_TIMEOUT`` seconds. No row lock is held while the apiserver is dialled.
+
+    Records on the cluster: ``operator_token_rotation_attempted_at`` always; on success also
+    ``operator_token_rotated_at``, ``operator_token_expires_at`` and an empty ``operator_token_rotation_error``;
+    on failure the error sentence. Tokens issued before stay valid until they expire (unless revoked). Call it
+    outside a transaction that may roll back, or the recorded failure is rolled back with it.
+
+    Args:
+        cluster: a cluster that is not deregistered.
+        ttl: lifetime of the new token in seconds (default ``GSHARE_OPERATOR_TOKEN_TTL`` = 604800 = 7 days).
+
+    Returns:
+        A :class:`TokenRotationResult` with outcome ``rotated`` (and ``secret_action`` ``created``/``replaced``).
+
+    Raises:
+        OperatorTokenPushFailed: 502 with code ``token_push_unreachable``, ``token_push_forbidden``,
+            ``token_push_namespace_missing``, ``token_push_revoked`` or ``token_push_failed``; the failure
+            is recorded first and ``exc.result`` holds the failed result.
+        Conflict: ``cluster_deregistered`` (409); nothing is recorded.
+        ApplicationError: ``invalid_ttl`` (400).
+    """
+    cluster = Cluster.objects.get(pk=cluster.pk)  # the current generation and status
+    issued = operator_token_issue(cluster=cluster, ttl=ttl)
+    namespace, name = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_OPERATOR_TOKEN_SECRET
+    timeout = settings.GSHARE_OPERATOR_TOKEN_PUSH_TIMEOUT
+    attempted_at = timezone.now()
+    try:
+        api_client = api_client_for_cluster(cluster)
+    except KubeconfigError as exc:
+        code, detail = _push_failure(cluster, exc, namespace=namespace, name=name, timeout=timeout)
+        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at)
+    try:
+        action = _secret_write(
+            kubernetes.client.CoreV1Api(api_client), namespace=namespace, name=name, token=issued.token, deadline=Deadline(timeout)
+        )
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        code, detail = _push_failure(cluster, exc, namespace=namespace, name=name, timeout=timeout)
+        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at)
+    finally:
+        api_client.close()
+    recorded = operator_token_expiry_record(
+        cluster=cluster, issued=issued,
+        operator_token_rotated_at=timezone.now(), operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error="",
+    )
+    if not recorded:
+        _push_failed(
+            cluster, issued, code="token_push_revoked", attempted_at=attempted_at,
+            detail="The cluster's operator tokens were revoked (or it was deregistered) while this token was pushed, so it is already refused: rotate again",
+        )
+    logger.info(
+        "operator token rotated: cluster %s (%s), Secret %s/%s %s, generation %d, expires %s",
+        cluster.public_id, cluster.name, namespace, name, action, issued.generation, issued.expires_at.isoformat(),
+    )
+    return TokenRotationResult(
+        cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=Outcome.ROTATED, generation=issued.generation,
+        expires_at=issued.expires_at, secret_action=action, detail=f"Secret {namespace}/{name} {action}",
+    )
+
+
+def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: str, attempted_at: datetime.datetime) -> NoReturn:
+    """Record a failed push on the cluster and raise :class:`OperatorTokenPushFailed`."""
+    detail = detail.rstrip(".") + "."
+    Cluster.objects.filter(pk=cluster.pk).update(operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error=detail)
+    logger.warning("operator token rotation failed: cluster %s (%s): %s %s", cluster.public_id, cluster.name, code, detail)
+    result = TokenRotationResult(
+        cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=Outcome.FAILED, generation=issued.generation,
+        expires_at=cluster.operator_token_expires_at, code=code, detail=detail,
+    )
+    raise OperatorTokenPushFailed(f"{detail} Then run {_rotate_command(cluster)}.", code=code, result=result)
+
+
+def operator_tokens_rotate(*, cluster_id: str | None = None, dry_run: bool = False, force: bool = False) -> list[TokenRotationResult]:
+    """Push a fresh token to every cluster that is due (or to one cluster), one cluster at a time.
+
+    Every cluster that is not deregistered is considered, pending and unreachable ones included (a
+    failure is recorded and shown as a warning). Without ``cluster_id`` and ``force``, a cluster is
+    skipped unless :func:`operator_token_rotation_due`; so the daily run is idempotent. One cluster's
+    failure does not stop the others.
+
+    Args:
+        cluster_id: only this cluster (``clu_...``), rotated whether due or not.
+        dry_run: change nothing and dial nothing; report ``would_rotate``/``skipped`` per cluster.
+        force: rotate every cluster, due or not.
+
+    Returns:
+        One :class:`TokenRotationResult` per cluster considered, in name order.
+
+    Raises:
+        NotFound: ``cluster_not_found`` (404) for an unknown ``cluster_id``.
+        Conflict: ``cluster_deregistered`` (409) when ``cluster_id`` names a deregistered cluster.
+    """
+    now = timezone.now()
+    if cluster_id is not None:
+        cluster = Cluster.objects.filter(public_id=cluster_id).first()
+        if cluster is None:
+            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+        if cluster.status == Cluster.Status.DEREGISTERED:
+            raise Conflict(f"Cluster {cluster.name} ({cluster_id}) is deregistered: its operator needs no token.", code="cluster_deregistered")
+        clusters, force = [cluster], True
+    else:
+        clusters = list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name", "id"))
+    results = []
+    for cluster in clusters:
+        due, reason = operator_token_rotation_due(cluster, now=now)
+        if not (due or force):
+            results.append(_unchanged(cluster, Outcome.SKIPPED, f"not due: {reason}"))
+        elif dry_run:
+            results.append(_unchanged(cluster, Outcome.WOULD_ROTATE, "forced" if force and not due else reason))
+        else:
+            try:
+                results.append(operator_token_push(cluster))
+            except OperatorTokenPushFailed as exc:
+                results.append(exc.result)
+            except Conflict:  # deregistered meanwhile
+                results.append(_unchanged(cluster, Outcome.SKIPPED, "deregistered meanwhile"))
+    return results
+
+
+def _unchanged(cluster: Cluster, outcome: str, detail: str) -> TokenRotationResult:
+    return TokenRotationResult(
+        cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=outcome, generation=cluster.credential_generation,
+        expires_at=cluster.operator_token_expires_at, detail=detail,
+    )
+
+
+def operator_token_push_retry(*, cluster_id: str) -> TokenRotationResult | None:
+    """Retry a failed push (the Celery retry task): push again only if it is still needed.
+
+    Returns:
+        The result of the push, or None when there is nothing to retry (the cluster is gone or
+        deregistered, or a rotation succeeded since).
+
+    Raises:
+        OperatorTokenPushFailed: as :func:`operator_token_push`.
+    """
+    cluster = Cluster.objects.filter(public_id=cluster_id).exclude(status=Cluster.Status.DEREGISTERED).first()
+    if cluster is None or not cluster.operator_token_rotation_error:
+        return None
+    try:
+        return operator_token_push(cluster)
+    except Conflict:
+        return None
+
+
+@transaction.atomic
+def credential_generation_bump(*, cluster: Cluster, actor: str, action: str) -> int:
+    """Bump ``cluster``'s credential generation: every operator token issued before is refused from now on.
+
+    One ``UPDATE ... SET credential_generation = credential_generation + 1`` (no lost update under
+    concurrency); the recorded token expiry is cleared (no valid token remains). Writes one ``gshare.audit``
+    line once the transaction commits.
+
+    Args:
+        cluster: the cluster; its ``credential_generation`` and ``operator_token_expires_at`` are updated in place.
+        actor: who asked (``cli:<user>``, ``console:<user>``, ``api:<user>`` ...).
+        action: what (``operator_tokens_revoke``, ``cluster_deregister``).
+
+    Returns:
+        The new generation.
+    """
+    Cluster.objects.filter(pk=cluster.pk).update(credential_generation=F("credential_generation") + 1, operator_token_expires_at=None)
+    generation = Cluster.objects.filter(pk=cluster.pk).values_list("credential_generation", flat=True).get()
+    cluster.credential_generation, cluster.operator_token_expires_at = generation, None
+    facts = {"actor": actor, "action": action, "cluster": cluster.public_id, "cluster_name": cluster.name, "generation": generation}
+    transaction.on_commit(lambda: audit.info(
+        "actor=%s action=%s cluster=%s cluster_name=%s generation=%d: operator tokens of earlier generations are refused",
+        actor, action, cluster.public_id, cluster.name, generation, extra={"audit": facts},
+    ))
+    return generation
+
+
+def operator_tokens_revoke(*, cluster_id: str, actor: str) -> int:
+    """Revoke every operator token of a cluster at once (``manage.py revoke_operator_tokens``).
+
+    The next rotation (daily, or ``manage.py rotate_operator_tokens --cluster <id>``) pushes a token of the
+    new generation; until then the operator is refused with 401 ``token_revoked``.
+
+    Args:
+        cluster_id: public id (``clu_...``).
+        actor: who asked, for the audit line.
+
+    Returns:
+        The cluster's new credential generation.
+
+    Raises:
+        NotFound: ``cluster_not_found`` (404).
+    """
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().filter(public_id=cluster_id).first()
+        if cluster is None:
+            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+        return credential_generation_bump(cluster=cluster, actor=actor, action="operator_tokens_revoke")
+
+
+def cli_actor() -> str:
+    """``cli:<OS user>`` for the audit lines of management commands (``cli:unknown`` when it cannot be told)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli:unknown"
