@@ -173,11 +173,16 @@ class StoragePlan:
     release: ChartRelease
 
 
-def _deep_merge(base: dict, extra: dict) -> dict:
+def deep_merge(base: dict, extra: dict) -> dict:
+    """Merge ``extra`` into a copy of ``base`` as Helm merges values: mappings merge key by key, anything else replaces.
+
+    Returns:
+        A new dict; neither argument is changed.
+    """
     merged = copy.deepcopy(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+            merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -216,7 +221,7 @@ def storage_plan(values: Any, path: str = "--storage-values") -> StoragePlan:
     options = [str(o) for o in (classes[0].get("mountOptions") or [])]
     nfs_version = 3 if any(o.replace(" ", "") in ("nfsvers=3", "vers=3") for o in options) else 4
     ports = (2049, 111, 20048) if nfs_version == 3 else (2049,)
-    merged = _deep_merge(values, {"csiDriver": {"storageCapacity": True}})
+    merged = deep_merge(values, {"csiDriver": {"storageCapacity": True}})
     version = settings.GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION
     release = ChartRelease(release="gshare-nfs", namespace="democratic-csi", chart="democratic-csi",
                            repo_url=settings.GSHARE_ATTACH_DEMOCRATIC_CSI_REPO, version=version, values=merged,

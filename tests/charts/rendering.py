@@ -15,6 +15,8 @@ import helm_python as helm
 import pytest
 import yaml
 
+from clusters.attach.releases import deep_merge
+
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "charts"
 CONTROL_PLANE_CHART = CHARTS / "gshare"
@@ -79,14 +81,8 @@ OPERATOR_VALUES: dict[str, Any] = {"clusterId": "clu_x7k2abcd3efgh4ij", "control
 
 
 def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``override`` into a copy of ``base`` (dicts merge, everything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+    """Deep-merge ``override`` into a copy of ``base`` (dicts merge, everything else replaces), as Helm does."""
+    return deep_merge(base, override)
 
 
 def without(values: dict[str, Any], dotted: str) -> dict[str, Any]:
