@@ -47,6 +47,8 @@ class Session(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     last_status_at = models.DateTimeField(null=True, blank=True, help_text="observed_at of the last status report applied")
+    volumes = models.ManyToManyField("storage.Volume", blank=True, related_name="sessions",
+                                     help_text="Volumes mounted at /data/<volume name>")
 
     class Meta:
         ordering = ["-created_at", "-id"]
