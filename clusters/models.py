@@ -16,6 +16,13 @@ dns_name_validator = RegexValidator(
     code="invalid_dns_name",
 )
 
+#: A cluster name: a DNS label (RFC 1123), as ``POST /api/v1/clusters`` requires.
+cluster_name_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    message="must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit, e.g. gpu-a",
+    code="invalid_cluster_name",
+)
+
 
 class Cluster(models.Model):
     """A registered data-plane Kubernetes cluster.
@@ -34,7 +41,7 @@ class Cluster(models.Model):
         DEREGISTERED = "deregistered", "Deregistered"
 
     public_id = models.CharField(max_length=24, unique=True, default=new_cluster_id, editable=False)
-    name = models.CharField(max_length=63)
+    name = models.CharField(max_length=63, validators=[cluster_name_validator])
     apiserver_url = models.CharField(max_length=512)
     kubeconfig = EncryptedTextField()
     session_domain = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])

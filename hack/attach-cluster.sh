@@ -2,9 +2,10 @@
 # Attach a GPU cluster to gShare: a thin wrapper around `manage.py attach_cluster` with the same flags.
 #   hack/attach-cluster.sh --kubeconfig PATH --name NAME --control-plane URL --session-domain HOST \
 #     --ingress-node NODE [--storage-values PATH] [--skip-ingress] [--operator-image IMAGE]
-# Run it where the control plane runs (it needs the control plane's database and signing key).
+# Run it where the control plane runs (it needs the control plane's database and signing key). Relative
+# paths in the flags are read from the directory you run it in.
 set -eu
-cd "$(dirname "$0")/.."
-PY="${PYTHON:-.venv/bin/python}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-exec "$PY" manage.py attach_cluster "$@"
+exec "$PY" "$ROOT/manage.py" attach_cluster "$@"

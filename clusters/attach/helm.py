@@ -9,7 +9,10 @@ does, so ``helm list -A`` on the cluster shows what gShare installed.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,20 +43,34 @@ class InstallResult:
     chart_version: str
 
 
-def _scalars(value: Any) -> list[str]:
+#: Keys whose values are credentials wherever they appear in a values file (democratic-csi's driver.config:
+#: sshConnection.password/privateKey, httpConnection.apiKey/password, ...).
+_SECRET_KEY = re.compile(r"pass|secret|token|key|cred|auth|cert", re.IGNORECASE)
+
+
+def _secret_scalars(value: Any, secret: bool = False) -> list[str]:
     if isinstance(value, dict):
-        return [s for v in value.values() for s in _scalars(v)]
+        return [s for k, v in value.items() for s in _secret_scalars(v, secret or bool(_SECRET_KEY.search(str(k))))]
     if isinstance(value, list):
-        return [s for v in value for s in _scalars(v)]
-    text = str(value) if value is not None else ""
-    return [text] if len(text) >= 4 else []
+        return [s for v in value for s in _secret_scalars(v, secret)]
+    if not secret or value is None or isinstance(value, bool):
+        return []
+    text = str(value)
+    # The value as written, as JSON/Go would quote it in an error, and each line of a multi-line value (a PEM).
+    forms = {text, json.dumps(text)[1:-1], *(line.strip() for line in text.splitlines() if len(line.strip()) >= 8)}
+    return [form for form in forms if form]
 
 
 def redact(message: str, release: ChartRelease) -> str:
-    """Remove every value of a secret-bearing release's values from ``message`` (Helm errors may quote them)."""
+    """Remove the credentials of a secret-bearing release's values from ``message`` (Helm errors may quote them).
+
+    Every value under a key that names a credential (password, privateKey, apiKey, token, ...) is replaced by
+    ``***``, whatever its length, also in its JSON-escaped form and line by line for multi-line values; other
+    values (StorageClass names, reclaim policies) are left readable.
+    """
     if not release.secret_values:
         return message
-    for secret in sorted(set(_scalars(release.values)), key=len, reverse=True):
+    for secret in sorted(set(_secret_scalars(release.values)), key=len, reverse=True):
         message = message.replace(secret, "***")
     return message
 
@@ -64,6 +81,34 @@ def _release_values(config: helm.Config, name: str) -> dict:
 
 
 def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 300) -> InstallResult:
+    """Install ``release`` (see :func:`_install_release`) within ``timeout`` seconds in all.
+
+    Helm's status/values reads take no context, so the whole operation runs in a worker thread that is left
+    behind (daemon) if a silent apiserver holds it past the budget; install/upgrade are also cancelled
+    through their context.
+
+    Raises:
+        HelmInstallFailed: as :func:`_install_release`, or when the budget is spent.
+    """
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = _install_release(kubeconfig, release, timeout=timeout)
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name=f"helm-{release.release}", daemon=True)
+    worker.start()
+    worker.join(timeout + 5)
+    if worker.is_alive():
+        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 300) -> InstallResult:
     """Install ``release``, upgrade it when it exists, or leave it alone when nothing would change.
 
     Args:
@@ -83,6 +128,13 @@ def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 30
     if release.repo_url:
         options.update(chart_repo_url=release.repo_url, chart_version=release.version or None,
                        plain_http=release.repo_url.startswith("http://"))
+    # Helm's client has no per-request timeout: a silent apiserver would hold the call forever. Cancel it
+    # through its context once the budget is spent (the SDK's documented way to stop a long operation).
+    context = helm.HelmContext()
+    timer = threading.Timer(timeout, context.cancel)
+    timer.daemon = True
+    timer.start()
+    options["context"] = context
     try:
         with helm.Config(kubeconfig_content=kubeconfig, namespace=release.namespace) as config:
             try:
@@ -108,8 +160,12 @@ def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 30
                     config.uninstall(release.release, ignore_not_found=True)
                     result = config.install(chart, release.release, release.values, create_namespace=True, **options)
                     action = "installed"
+    except helm.HelmCancelledError:
+        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)") from None
     except helm.HelmError as exc:
         raise HelmInstallFailed(redact(str(exc), release)[:600]) from None
+    finally:
+        timer.cancel()
     return InstallResult(action, int(result.get("revision") or 0), str(result.get("chart_version") or ""))
 
 

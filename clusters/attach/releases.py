@@ -21,7 +21,11 @@ from gshare.exceptions import ApplicationError
 
 OPERATOR_CHART = Path(settings.BASE_DIR) / "charts" / "gshare-operator"
 OPERATOR_RELEASE = "gshare-operator"
-OPERATOR_NAMESPACE = "gshare-system"
+
+
+def operator_namespace() -> str:
+    """Namespace of the operator, its token Secret and the check pods (``GSHARE_OPERATOR_NAMESPACE``)."""
+    return settings.GSHARE_OPERATOR_NAMESPACE
 
 
 @dataclass(frozen=True)
@@ -229,27 +233,35 @@ def storage_plan(values: Any, path: str = "--storage-values") -> StoragePlan:
     return StoragePlan(storage_class=storage_class, server=server, nfs_version=nfs_version, ports=ports, release=release)
 
 
+# Docker/OCI reference grammar (distribution/reference): [host[:port]/]path-component(/path-component)*[:tag]
+_IMAGE = re.compile(
+    r"^(?:(?P<host>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::\d+)?)/)?"
+    r"(?P<path>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?$"
+)
+
+
 def split_image(image: str) -> dict[str, str]:
     """Split ``--operator-image`` into the chart's ``image.repository`` and ``image.tag``.
 
     Args:
-        image: ``registry/repo:tag`` (no tag: ``latest``).
+        image: ``[registry[:port]/]repository[:tag]`` (no tag: ``latest``), the Docker reference grammar.
 
     Returns:
         ``{"repository": ..., "tag": ...}``.
 
     Raises:
-        AttachInputError: empty, containing whitespace, or a digest reference.
+        AttachInputError: not a valid reference (whitespace, upper-case repository, bad tag), or a digest reference.
     """
     image = image.strip()
-    if not image or any(c.isspace() for c in image):
-        raise AttachInputError(f"--operator-image {image!r} is not an image reference such as ghcr.io/gshare/gshare:0.2.0.")
     if "@" in image:
         raise AttachInputError(f"--operator-image {image!r} names a digest: give a tag instead (repository:tag).")
-    name, _, tag = image.rpartition(":")
-    if not name or "/" in tag:
-        return {"repository": image, "tag": "latest"}
-    return {"repository": name, "tag": tag}
+    match = _IMAGE.match(image)
+    if not image or not match:
+        raise AttachInputError(f"--operator-image {image!r} is not an image reference such as ghcr.io/gshare/gshare:0.2.0.")
+    host = match.group("host")
+    repository = f"{host}/{match.group('path')}" if host else match.group("path")
+    return {"repository": repository, "tag": match.group("tag") or "latest"}
 
 
 def operator_release(*, cluster_id: str, control_plane_url: str, image: str | None, storage_class: str) -> ChartRelease:
@@ -262,8 +274,8 @@ def operator_release(*, cluster_id: str, control_plane_url: str, image: str | No
         storage_class: the volume StorageClass ("" when no storage was set up).
     """
     values: dict[str, Any] = {"clusterId": cluster_id, "controlPlaneUrl": control_plane_url,
-                              "volumeStorageClass": storage_class}
+                              "volumeStorageClass": storage_class, "tokenSecretName": settings.GSHARE_OPERATOR_TOKEN_SECRET}
     if image:
         values["image"] = split_image(image)
-    return ChartRelease(release=OPERATOR_RELEASE, namespace=OPERATOR_NAMESPACE, chart=str(OPERATOR_CHART),
+    return ChartRelease(release=OPERATOR_RELEASE, namespace=operator_namespace(), chart=str(OPERATOR_CHART),
                         repo_url="", version="", values=values, what="gShare operator")

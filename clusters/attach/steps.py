@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shlex
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,20 +30,40 @@ from typing import Any
 import kubernetes
 import yaml
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
 
 from clusters.attach import checks, releases
 from clusters.attach.helm import HelmInstallFailed, install_release
 from clusters.kube import api_client_for_kubeconfig
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
-from clusters.models import Cluster
+from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
 from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 DEFAULT_GPU_MODE = "hami-core"
 TOTAL_STEPS = 9
+MAX_KUBECONFIG_BYTES = 256 * 1024  # as POST /api/v1/clusters
+MAX_VALUES_BYTES = 1024 * 1024
+#: Pod Security admission: the check pods are privileged, so gShare's namespace must allow them.
+NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "privileged", "app.kubernetes.io/managed-by": "gshare"}
+
+
+def _timeout() -> float:
+    """Seconds each apiserver call of the attach may take (``GSHARE_PROBE_TIMEOUT``)."""
+    return settings.GSHARE_PROBE_TIMEOUT
+
+
+def _read_text(path: str, limit: int) -> str:
+    """Read a UTF-8 text file of at most ``limit`` bytes; raises OSError, UnicodeDecodeError or ValueError (too large)."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit // 1024} KiB")
+    return data.decode("utf-8")
 
 
 class AttachStopped(Exception):
@@ -87,6 +108,7 @@ class _State:
     config: dict = field(default_factory=dict)
     server: str = ""
     git_version: str = ""
+    kube_system_uid: str = ""
     nodes: list = field(default_factory=list)
     gpu_nodes: dict[str, int] = field(default_factory=dict)  # node -> GPUs on the PCI bus
     cluster: Cluster | None = None
@@ -100,6 +122,16 @@ def _api(state: _State) -> kubernetes.client.ApiClient:
 
 def _status_reason(exc: ApiException) -> str:
     return f"HTTP {exc.status} {exc.reason}".strip()
+
+
+def _api_message(exc: ApiException) -> str:
+    """The ``message`` of the apiserver's Status body, else its reason (never the request)."""
+    try:
+        import json
+
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason or "")[:300]
+    except (ValueError, AttributeError):
+        return str(exc.reason or "")
 
 
 class Attach:
@@ -128,7 +160,7 @@ class Attach:
             AttachStopped: a step found a problem it cannot fix; nothing after it ran.
         """
         steps = [
-            ("reach the cluster", self.step_reach),
+            ("check the flags and reach the cluster", self.step_reach),
             ("GPU node prerequisites", self.step_prerequisites),
             ("RuntimeClass nvidia and GPU node labels", self.step_runtime_class_and_labels),
             ("HAMi", self.step_hami),
@@ -138,11 +170,10 @@ class Attach:
             ("storage", self.step_storage),
             ("connection test and first inventory", self.step_connection),
         ]
-        self._read_storage_values()
         for number, (what, step) in enumerate(steps, start=1):
             prefix = f"[{number}/{TOTAL_STEPS}] {what}"
             try:
-                result = step()
+                result = self._guarded(step)
             except AttachStopped as stop:
                 self.echo(f"{prefix} ... FAILED: {stop.problem}")
                 raise
@@ -150,36 +181,81 @@ class Attach:
         assert self.state.cluster is not None
         return self.state.cluster
 
+    def _guarded(self, step: Callable[[], str]) -> str:
+        """Run one step; every failure becomes an :class:`AttachStopped` with a fix, never a traceback."""
+        server = self.state.server or "the apiserver"
+        try:
+            return step()
+        except AttachStopped:
+            raise
+        except ApiException as exc:
+            detail = _api_message(exc)
+            if exc.status in (401, 403):
+                raise self._stop(f"{server} refused a request ({_status_reason(exc)}: {detail})",
+                                 "use a kubeconfig with cluster-admin rights (kubectl auth can-i '*' '*' --all-namespaces); on clusters "
+                                 "that enforce Pod Security, allow privileged pods in gshare-system: kubectl label namespace "
+                                 "gshare-system pod-security.kubernetes.io/enforce=privileged --overwrite") from None
+            raise self._stop(f"{server} answered {_status_reason(exc)}: {detail}",
+                             f"check the cluster's state: kubectl get --raw /readyz?verbose (server {server})") from None
+        except (Urllib3Error, OSError, TimeoutError) as exc:
+            raise self._stop(f"{server} stopped answering ({type(exc).__name__})",
+                             f"check it is reachable from the control plane: curl -k --max-time 10 {server}/version") from None
+        except ApplicationError as exc:
+            raise self._stop(f"{exc} (code {exc.code})", "see docs/errors.md for this code") from None
+        except ValidationError as exc:
+            raise self._stop(f"invalid value: {'; '.join(exc.messages)}", "correct the flag and re-run") from None
+
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
 
-    def _read_storage_values(self) -> None:
-        path = self.options.storage_values_path
-        if not path:
-            return
-        try:
-            with open(path, encoding="utf-8") as handle:
-                values = yaml.safe_load(handle)
-        except OSError as exc:
-            raise self._stop(f"cannot read --storage-values {path}: {exc.strerror}", f"check the path: ls -l {shlex.quote(path)}") from None
-        except yaml.YAMLError:
-            raise self._stop(f"--storage-values {path} is not valid YAML",
-                             f"check it with: python -c 'import yaml,sys; yaml.safe_load(open(sys.argv[1]))' {shlex.quote(path)}") from None
-        try:
-            self.state.storage = releases.storage_plan(values, path)
-        except ApplicationError as exc:
-            raise self._stop(str(exc), f"edit {path} (democratic-csi NFS values, see docs/attach.md#storage)") from None
+    def _check_inputs(self) -> None:
+        """Refuse malformed flags before anything touches the cluster."""
+        options = self.options
+        checks = [("--name", options.name, cluster_name_validator), ("--session-domain", options.session_domain, dns_name_validator),
+                  ("--ingress-node", options.ingress_node, dns_name_validator)]
+        for flag, value, validator in checks:
+            try:
+                validator(value)
+            except ValidationError:
+                raise self._stop(f"{flag} {value!r} is not a lowercase DNS name ({validator.message})",
+                                 f"pass a valid {flag}") from None
+        url = urllib.parse.urlsplit(options.control_plane_url)
+        if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in options.control_plane_url):
+            raise self._stop(f"--control-plane {options.control_plane_url!r} is not an http(s) URL",
+                             "pass the control plane's URL as the cluster's pods reach it, e.g. https://gshare.example.org")
+        if options.operator_image:
+            try:
+                releases.split_image(options.operator_image)
+            except ApplicationError as exc:
+                raise self._stop(str(exc), "pass --operator-image as registry/repository:tag, e.g. ghcr.io/gshare/gshare:0.2.0") from None
+        path = options.storage_values_path
+        if path:
+            try:
+                values = yaml.safe_load(_read_text(path, MAX_VALUES_BYTES))
+            except (OSError, ValueError, yaml.YAMLError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                if isinstance(exc, UnicodeDecodeError):
+                    reason = "not UTF-8 text"
+                elif isinstance(exc, yaml.YAMLError):
+                    reason = "not valid YAML"
+                raise self._stop(f"cannot use --storage-values {path}: {reason}",
+                                 f"check the file (democratic-csi NFS values, see docs/attach.md#storage): ls -l {shlex.quote(path)}") from None
+            try:
+                self.state.storage = releases.storage_plan(values, path)
+            except ApplicationError as exc:
+                raise self._stop(str(exc), f"edit {path} (democratic-csi NFS values, see docs/attach.md#storage)") from None
 
     # ----------------------------------------------------------------- 1
 
     def step_reach(self) -> str:
-        """Step 1: the kubeconfig follows registration's rules and its apiserver answers ``/version``."""
+        """Step 1: the flags are well-formed, the kubeconfig follows registration's rules and its apiserver answers."""
+        self._check_inputs()
         path = self.options.kubeconfig_path
         try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise self._stop(f"cannot read --kubeconfig {path}: {exc.strerror}", f"check the path: ls -l {shlex.quote(path)}") from None
+            text = _read_text(path, MAX_KUBECONFIG_BYTES)
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else ("not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
+            raise self._stop(f"cannot use --kubeconfig {path}: {reason}", f"check the path and the file: ls -l {shlex.quote(path)}") from None
         try:
             valid = validate_kubeconfig(text, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
         except KubeconfigError as exc:
@@ -188,8 +264,10 @@ class Attach:
         self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
         with _api(self.state) as api:
             try:
-                version = kubernetes.client.VersionApi(api).get_code(_request_timeout=settings.GSHARE_PROBE_TIMEOUT)
-                nodes = kubernetes.client.CoreV1Api(api).list_node(_request_timeout=settings.GSHARE_PROBE_TIMEOUT).items
+                version = kubernetes.client.VersionApi(api).get_code(_request_timeout=_timeout())
+                core = kubernetes.client.CoreV1Api(api)
+                nodes = core.list_node(_request_timeout=_timeout()).items
+                self.state.kube_system_uid = core.read_namespace("kube-system", _request_timeout=_timeout()).metadata.uid or ""
             except ApiException as exc:
                 if exc.status in (401, 403):
                     raise self._stop(f"the apiserver at {valid.server} refused the kubeconfig's credentials ({_status_reason(exc)})",
@@ -201,7 +279,7 @@ class Attach:
                                  f"check it is reachable from the control plane: curl -k --max-time 10 {valid.server}/version") from None
         self.state.git_version = version.git_version
         self.state.nodes = nodes
-        if self.options.ingress_node and self.options.ingress_node not in {n.metadata.name for n in nodes}:
+        if self.options.ingress_node not in {n.metadata.name for n in nodes}:
             raise self._stop(f"--ingress-node {self.options.ingress_node} is not a node of this cluster",
                              "pick one of: kubectl get nodes -o name")
         return f"ok: Kubernetes {version.git_version} at {valid.server}, {len(nodes)} nodes"
@@ -209,14 +287,19 @@ class Attach:
     # ----------------------------------------------------------------- check pods
 
     def _ensure_namespace(self, core: kubernetes.client.CoreV1Api, name: str) -> None:
+        """Create gShare's namespace (privileged under Pod Security: the check pods need it), or label it so."""
         try:
-            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": NAMESPACE_LABELS}},
+                                  _request_timeout=_timeout())
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            current = core.read_namespace(name, _request_timeout=_timeout()).metadata.labels or {}
+            if any(current.get(k) != v for k, v in NAMESPACE_LABELS.items()):
+                core.patch_namespace(name, {"metadata": {"labels": NAMESPACE_LABELS}}, _request_timeout=_timeout())
 
     def _run_checks(self, kind: str, node_names: list[str], targets: list[str] | None = None) -> dict[str, checks.CheckReport]:
-        namespace = releases.OPERATOR_NAMESPACE
+        namespace = releases.operator_namespace()
         with _api(self.state) as api:
             core = kubernetes.client.CoreV1Api(api)
             self._ensure_namespace(core, namespace)
@@ -226,7 +309,7 @@ class Attach:
                 name = manifest["metadata"]["name"]
                 names[node] = name
                 self._delete_pod(core, namespace, name)
-                core.create_namespaced_pod(namespace, manifest)
+                core.create_namespaced_pod(namespace, manifest, _request_timeout=_timeout())
             reports: dict[str, checks.CheckReport] = {}
             deadline = time.monotonic() + settings.GSHARE_ATTACH_CHECK_TIMEOUT
             try:
@@ -234,9 +317,9 @@ class Attach:
                     for node, name in names.items():
                         if node in reports:
                             continue
-                        pod = core.read_namespaced_pod(name, namespace)
+                        pod = core.read_namespaced_pod(name, namespace, _request_timeout=_timeout())
                         if pod.status and pod.status.phase in ("Succeeded", "Failed"):
-                            reports[node] = checks.parse_check_log(core.read_namespaced_pod_log(name, namespace) or "")
+                            reports[node] = checks.parse_check_log(core.read_namespaced_pod_log(name, namespace, _request_timeout=_timeout()) or "")
                     if len(reports) < len(names):
                         if time.monotonic() > deadline:
                             waiting = sorted(set(names) - set(reports))
@@ -253,14 +336,14 @@ class Attach:
     @staticmethod
     def _delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
         try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _request_timeout=_timeout())
         except ApiException as exc:
             if exc.status != 404:
                 raise
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                core.read_namespaced_pod(name, namespace)
+                core.read_namespaced_pod(name, namespace, _request_timeout=_timeout())
             except ApiException as exc:
                 if exc.status == 404:
                     return
@@ -279,7 +362,7 @@ class Attach:
             report = reports[node]
             if not report.complete:
                 problems.append(f"{node}: the check was cut short")
-                fixes.append(f"kubectl -n {releases.OPERATOR_NAMESPACE} logs {checks.check_pod_name('node', node)}  # on a re-run")
+                fixes.append(f"kubectl -n {releases.operator_namespace()} logs {checks.check_pod_name('node', node)}  # on a re-run")
                 continue
             gpus = checks.gpu_count(report)
             if not gpus:
@@ -316,7 +399,7 @@ class Attach:
             node_api = kubernetes.client.NodeV1Api(api)
             runtime_class = "present"
             try:
-                existing = node_api.read_runtime_class("nvidia")
+                existing = node_api.read_runtime_class("nvidia", _request_timeout=_timeout())
                 if existing.handler != "nvidia":
                     raise self._stop(f"RuntimeClass nvidia exists with handler {existing.handler!r}, not 'nvidia'",
                                      "kubectl delete runtimeclass nvidia")
@@ -324,7 +407,7 @@ class Attach:
                 if exc.status != 404:
                     raise
                 node_api.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}, _request_timeout=_timeout())
                 runtime_class = "created"
             core = kubernetes.client.CoreV1Api(api)
             labelled = 0
@@ -335,7 +418,7 @@ class Attach:
                 wanted = {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE, GPU_MODE_LABEL: labels.get(GPU_MODE_LABEL) or DEFAULT_GPU_MODE}
                 if all(labels.get(k) == v for k, v in wanted.items()):
                     continue
-                core.patch_node(node.metadata.name, {"metadata": {"labels": wanted}})
+                core.patch_node(node.metadata.name, {"metadata": {"labels": wanted}}, _request_timeout=_timeout())
                 labelled += 1
         return f"ok: RuntimeClass nvidia {runtime_class}; {labelled} node(s) labelled, {len(self.state.gpu_nodes) - labelled} already labelled"
 
@@ -366,7 +449,7 @@ class Attach:
             while True:
                 missing, advertised = [], 0
                 for name in sorted(self.state.gpu_nodes):
-                    node = core.read_node(name)
+                    node = core.read_node(name, _request_timeout=_timeout())
                     allocatable = (node.status.allocatable or {}) if node.status else {}
                     count = int(allocatable.get("nvidia.com/gpu", "0") or 0)
                     if HAMI_REGISTER_ANNOTATION not in (node.metadata.annotations or {}) or count <= 0:
@@ -400,13 +483,19 @@ class Attach:
         storage_class = self.state.storage.storage_class if self.state.storage else ""
         existing = Cluster.objects.filter(name=self.options.name).exclude(status=Cluster.Status.DEREGISTERED).first()
         if existing is not None:
-            if existing.apiserver_url != self.state.server:
-                raise self._stop(f"the name {self.options.name} is registered for another apiserver ({existing.apiserver_url})",
+            same = (existing.kube_system_uid == self.state.kube_system_uid if existing.kube_system_uid and self.state.kube_system_uid
+                    else existing.apiserver_url == self.state.server)
+            if not same:
+                raise self._stop(f"the name {self.options.name} is registered for another cluster ({existing.public_id} at "
+                                 f"{existing.apiserver_url}, kube-system uid {existing.kube_system_uid or 'unknown'})",
                                  f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{existing.public_id}")
-            changes = {key: value for key, value in (("session_domain", self.options.session_domain),
-                                                     ("ingress_node", self.options.ingress_node),
-                                                     ("volume_storage_class", storage_class))
-                       if value and getattr(existing, key) != value}
+            changes: dict[str, str] = {key: value for key, value in (("session_domain", self.options.session_domain),
+                                                                     ("ingress_node", self.options.ingress_node),
+                                                                     ("volume_storage_class", storage_class))
+                                       if value and getattr(existing, key) != value}
+            if existing.kubeconfig != self.state.kubeconfig:
+                # A rotated credential (or the same cluster at a new address): PATCH's rules, same-cluster check included.
+                changes["kubeconfig"] = self.state.kubeconfig
             if changes:
                 existing = services.cluster_update(cluster=existing, changes=changes)
             self.state.cluster = existing
@@ -432,7 +521,7 @@ class Attach:
         cluster = self.state.cluster
         assert cluster is not None
         with _api(self.state) as api:
-            self._ensure_namespace(kubernetes.client.CoreV1Api(api), releases.OPERATOR_NAMESPACE)
+            self._ensure_namespace(kubernetes.client.CoreV1Api(api), releases.operator_namespace())
         try:
             operator_token_push(cluster)
         except Exception as exc:
@@ -500,7 +589,7 @@ class Attach:
                 break
             if time.monotonic() > deadline:
                 raise self._stop(f"the operator has sent no inventory within {settings.GSHARE_ATTACH_INVENTORY_TIMEOUT:.0f} s",
-                                 f"see why: kubectl -n {releases.OPERATOR_NAMESPACE} logs deploy/gshare-operator "
+                                 f"see why: kubectl -n {releases.operator_namespace()} logs deploy/gshare-operator "
                                  f"(it must reach {self.options.control_plane_url})")
             time.sleep(0.5)
         result = services.cluster_connection_test(cluster=cluster)

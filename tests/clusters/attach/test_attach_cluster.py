@@ -214,7 +214,7 @@ def test_a_loopback_kubeconfig_is_refused_at_step_1_like_registration(settings, 
     path.write_text((FIXTURES / "kubeconfig/k3s.yaml").read_text())  # server https://127.0.0.1:6443
     out, err, error = attach(path, live_server)
     assert error is not None and "kubeconfig_localhost" in str(error)
-    assert "[1/9] reach the cluster ... FAILED" in out
+    assert "[1/9] check the flags and reach the cluster ... FAILED" in out
     assert "kubectl config view --raw --minify --flatten" in err
 
 
@@ -228,3 +228,154 @@ def test_an_apiserver_that_never_answers_stops_at_step_1(settings, tmp_path, liv
     assert error is not None and "did not answer" in str(error)
     assert "curl -k --max-time 10" in err
     assert not Cluster.objects.exists()
+
+
+def mutations(emulated) -> list[dict]:
+    return [r for r in emulated.requests_seen() if r["method"] not in ("GET",)]
+
+
+@pytest.mark.parametrize(("flag", "value", "problem"), [
+    ("--name", "Bad_Name!", "--name 'Bad_Name!' is not a lowercase DNS name"),
+    ("--session-domain", "BAD DOMAIN", "--session-domain 'BAD DOMAIN' is not a lowercase DNS name"),
+    ("--control-plane", "javascript:alert(1)", "is not an http(s) URL"),
+    ("--operator-image", "UPPER/Case:tag!!", "is not an image reference"),
+])
+def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem):
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.example.org",
+            "--ingress-node": "lab-c1-cp-01", "--kubeconfig": str(kubeconfig_path), flag: value}
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("attach_cluster", *[part for item in args.items() for part in item], stdout=out, stderr=err)
+    assert problem in str(caught.value)
+    assert "[1/9] check the flags and reach the cluster ... FAILED" in out.getvalue()
+    assert mutations(emulated) == [] and not Cluster.objects.exists()
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"\xff\xfe\x00not utf-8", "not UTF-8 text"),
+    (b"a: [unclosed", "not valid YAML"),
+    (b"x" * (1024 * 1024 + 10), "larger than 1024 KiB"),
+])
+def test_unusable_storage_values_files_stop_at_step_1(attach_settings, bare_cluster, live_server, tmp_path, content, problem):
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    path = tmp_path / "values.yaml"
+    path.write_bytes(content)
+    out, err, error = attach(kubeconfig_path, live_server, "--storage-values", str(path))
+    assert error is not None and problem in str(error)
+    assert "[1/9]" in out and mutations(emulated) == []
+
+
+def test_a_non_utf8_kubeconfig_stops_at_step_1(live_server, tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(b"\xff\xfe\x00")
+    out, err, error = attach(path, live_server)
+    assert error is not None and "not UTF-8 text" in str(error)
+
+
+def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_settings, bare_cluster, operator_kubelet, live_server, tmp_path):
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    operator_kubelet(emulated, kubeconfig_path)
+    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress")
+    assert error is None, out + err
+    cluster = Cluster.objects.get(name="lab-c1")
+
+    # A new credential for the same cluster (here: other user and context entries; a real rotation changes the token).
+    config = yaml.safe_load(kubeconfig_path.read_text())
+    config["users"][0]["name"] = config["contexts"][0]["context"]["user"] = "rotated-admin"
+    config["contexts"][0]["name"] = config["current-context"] = "rotated@lab-c1"
+    rotated = tmp_path / "rotated.kubeconfig"
+    rotated.write_text(yaml.safe_dump(config))
+    out, err, error = attach(rotated, live_server, "--skip-ingress")
+    assert error is None, out + err
+    assert f"already registered as {cluster.public_id} (kept, updated kubeconfig)" in out
+    cluster.refresh_from_db()
+    assert "rotated-admin" in cluster.kubeconfig and cluster.credential_generation == 1
+
+
+def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings, bare_cluster, operator_kubelet, live_server):
+    first, first_path = bare_cluster("lab-c1")
+    operator_kubelet(first, first_path)
+    out, err, error = attach(first_path, live_server, "--skip-ingress")
+    assert error is None, out + err
+    other, other_path = bare_cluster("lab-c2")
+    out, err, error = attach(other_path, live_server, "--skip-ingress", name="lab-c1", ingress_node="lab-c2-server-01")
+    assert error is not None and "the name lab-c1 is registered for another cluster" in str(error)
+    assert "[6/9] register with the control plane ... FAILED" in out
+
+
+class SilentAfter:
+    """A TCP proxy to ``target`` that forwards for ``live`` seconds, then holds every connection without a byte."""
+
+    def __init__(self, target: tuple[str, int], live: float):
+        import socket
+        import threading
+        import time
+
+        self.target, self.until, self.stopped = target, time.monotonic() + live, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(32)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a, b):
+        import time
+
+        a.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                data = a.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            while time.monotonic() > self.until and not self.stopped.is_set():
+                time.sleep(0.1)
+            try:
+                b.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.stopped.set()
+        self.sock.close()
+
+
+def test_an_apiserver_that_goes_silent_mid_attach_stops_it_with_a_fix(attach_settings, bare_cluster, live_server, tmp_path):
+    import time
+
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    host, port = emulated.url.split("://")[1].rsplit(":", 1)
+    proxy = SilentAfter((host, int(port)), live=1.0)
+    try:
+        attach_settings.GSHARE_LOOPBACK_ALLOWLIST = [*attach_settings.GSHARE_LOOPBACK_ALLOWLIST, f"127.0.0.1:{proxy.port}"]
+        attach_settings.GSHARE_PROBE_TIMEOUT = 2.0
+        attach_settings.GSHARE_ATTACH_HELM_TIMEOUT = 5
+        config = yaml.safe_load(kubeconfig_path.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        path = tmp_path / "proxied.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        started = time.monotonic()
+        out, err, error = attach(path, live_server, "--skip-ingress")
+        assert time.monotonic() - started < 30
+        assert error is not None and "FAILED" in out and ("stopped answering" in str(error) or "did not answer" in str(error))
+        assert "curl -k --max-time 10" in err
+    finally:
+        proxy.close()

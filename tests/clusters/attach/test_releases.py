@@ -92,7 +92,8 @@ def test_the_releases_a_real_cluster_would_get(settings):
     assert (operator.release, operator.namespace, operator.repo_url) == ("gshare-operator", "gshare-system", "")
     assert operator.chart.endswith("charts/gshare-operator")
     assert operator.values == {"clusterId": "clu_abc", "controlPlaneUrl": "https://gshare.example.org",
-                               "volumeStorageClass": "nfs", "image": {"repository": "ghcr.io/gshare/gshare", "tag": "0.2.0"}}
+                               "volumeStorageClass": "nfs", "image": {"repository": "ghcr.io/gshare/gshare", "tag": "0.2.0"},
+                               "tokenSecretName": "gshare-operator-internal-jwt"}
 
 
 @pytest.mark.parametrize(("image", "split"), [
@@ -165,3 +166,26 @@ def test_check_pods_are_bound_privileged_and_named_stably():
     assert spec["containers"][0]["securityContext"] == {"privileged": True}
     assert spec["containers"][0]["env"] == [{"name": "GSHARE_CHECK_TARGETS", "value": "nas:2049"}]
     assert spec["volumes"] == [{"name": "host", "hostPath": {"path": "/"}}]
+
+
+def test_redaction_covers_short_escaped_and_multiline_credentials_but_keeps_other_values():
+    from clusters.attach.helm import redact
+
+    values = yaml.safe_load((FIXTURES / "k8s-objects/democratic-csi/zfs-generic-nfs.values.yaml").read_text())
+    values["driver"]["config"]["nfs"]["shareHost"] = "nas.lab.example.org"
+    values["driver"]["config"]["sshConnection"]["privateKey"] = (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEabcdefSECRETLINE\n-----END RSA PRIVATE KEY-----\n")
+    values["driver"]["config"]["sshConnection"]["password"] = "pw1"
+    plan = releases.storage_plan(values)
+    message = ('Secret "gshare-nfs-democratic-csi-driver-config" is invalid: stringData: Invalid value: '
+               '"sshConnection:\\n  privateKey: |\\n    -----BEGIN RSA PRIVATE KEY-----\\n    MIIEabcdefSECRETLINE\\n" '
+               'password: pw1; storageClass zfs-generic-nfs-csi reclaimPolicy Delete')
+    redacted = redact(message, plan.release)
+    assert "MIIEabcdefSECRETLINE" not in redacted and "pw1" not in redacted
+    assert "zfs-generic-nfs-csi" in redacted and "Delete" in redacted
+
+
+@pytest.mark.parametrize("image", ["UPPER/Case:tag", "ghcr.io/gshare/gshare:tag!!", "ghcr.io//gshare", ":tag"])
+def test_image_references_outside_the_docker_grammar_are_refused(image):
+    with pytest.raises(releases.AttachInputError):
+        releases.split_image(image)
