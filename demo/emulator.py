@@ -70,11 +70,34 @@ kmock's per-resource buses. What this module adds on top of kmock 0.8
   DaemonSet selects (``hami.io/node-nvidia-register``, ``hami.io/node-handshake``, ``nvidia.com/gpu`` capacity)
   once the DaemonSet exists or a node gets the selected label (see ``KubeApiEmulator``);
 * ``pods/log`` (``GET``, ``text/plain``; the check pods' logs, ``""`` for other pods; ``container``,
-  ``tailLines``, ``limitBytes``).
+  ``tailLines``, ``limitBytes``);
+* always on, stand-ins for kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner
+  (see ``KubeApiEmulator._volume_controller_pass``), ~``volume_controller_seconds`` (0.1 s) after a PVC, PV or
+  StorageClass change: a PVC whose StorageClass's provisioner is a CSI driver gets PV ``pvc-<PVC uid>`` (``csi``
+  driver/new volume handle/``fsType`` from the class, ``nfs`` by default; capacity = request; the class's reclaim policy,
+  ``Delete`` by default, and mount options; ``claimRef``) and both are ``Bound``, with the ``ExternalProvisioning``,
+  ``Provisioning`` and ``ProvisioningSucceeded`` Events; a PVC naming a PV (``spec.volumeName``, e.g. pre-bound after a
+  volume move) or named by an ``Available`` PV's ``claimRef`` is bound to it, or gets the controller's ``FailedBinding``
+  (``volume "x" already bound to a different claim.``) or ``VolumeMismatch`` Warning; a PVC whose StorageClass does not
+  exist stays ``Pending`` with ``ProvisioningFailed`` ``storageclass.storage.k8s.io "<name>" not found``; a deleted PVC's
+  PV is deleted (``Delete``) or ``Released`` (``Retain``, ``claimRef`` kept); a ``Bound`` PVC whose PV is gone is
+  ``Lost`` (``ClaimLost``). Create defaults as the apiserver's: status ``Pending``, ``volumeMode: Filesystem``, a PV's
+  ``Retain``, the default StorageClass (``storageclass.kubernetes.io/is-default-class``) for a PVC naming none;
+* with the scheduler/kubelet stand-in, Pods with ``persistentVolumeClaim`` volumes: not bound to a node while a PVC is
+  missing or not ``Bound`` (kube-scheduler's VolumeBinding messages: ``persistentvolumeclaim "x" not found``, ``pod has
+  unbound immediate PersistentVolumeClaims``); once bound, the kubelet mounts them first: on a node whose host facts
+  say no NFS client (``mount_nfs`` missing/None; a node without any host facts is not judged) an NFS volume (CSI
+  ``fsType: nfs``/NFS driver, or in-tree ``nfs``) does not mount, and the Pod stays ``Pending`` in
+  ``ContainerCreating`` (no pod IP) with a Warning ``FailedMount`` Event carrying the kubelet's real text
+  (``nfs_mount_failure_message``) until ``set_host`` gives the node an NFS client.
 
 Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not set
-``schedulerName``), field validation against schemas, controllers (Deployments and DaemonSets keep the status
-they were given; the device plugin stand-in creates no Pods), scheduling beyond the stand-in above
+``schedulerName``; only the DefaultStorageClass plugin is), volume binding modes (``WaitForFirstConsumer`` classes bind
+at once, like ``Immediate``), static binding of a PVC to any matching unclaimed PV (only the two pre-bound cases above),
+PV/PVC protection finalizers, volume expansion, snapshots, attach/detach, CSI drivers' own behaviour (a class's CSI
+driver always provisions, whether or not it is installed; no CSIStorageCapacity is ever written: seed them), field
+validation against schemas, controllers (Deployments and DaemonSets keep the status they were given; the device
+plugin stand-in creates no Pods), scheduling beyond the stand-in above
 (taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
 like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
 their known output), ``exec``/``attach``/``portforward``/``proxy``/``scale`` and other subresources besides
@@ -108,6 +131,7 @@ import copy
 import dataclasses
 import datetime
 import decimal
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -1176,6 +1200,148 @@ def _daemonset_selects(daemonset: Mapping[str, Any], node: Mapping[str, Any]) ->
 
 
 
+# --------------------------------------------------------------------------- PV controller, CSI provisioner, kubelet mounts
+#
+# Texts below are what the real components print (found in public cluster output, see each constant); the emulator
+# fills in names, uids and paths. ``demo/emulator.py`` and ``tests/demo/test_emulator_volumes.py`` cover them.
+
+DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+"""StorageClass annotation ("true") naming the class the DefaultStorageClass admission plugin gives PVCs naming none."""
+
+PV_CONTROLLER = "persistentvolume-controller"
+"""Event source of kube-controller-manager's PersistentVolume controller."""
+
+PROVISIONED_BY_ANNOTATION = "pv.kubernetes.io/provisioned-by"
+"""PV annotation naming the provisioner that created it (external-provisioner writes the driver name)."""
+
+NFS_HELPER_MISSING = "bad option; for several filesystems (e.g. nfs, cifs) you might need a /sbin/mount.<type> helper program."
+"""util-linux ``mount(8)`` (2.3x) on a host without ``mount.nfs`` (verbatim in the kubelet's FailedMount event quoted in
+kubernetes-sigs/provider-aws-test-infra PR #232, 2023)."""
+
+DEMOCRATIC_CSI_MOUNT_WRAPPER = "/usr/local/bin/mount: illegal option -- o"
+"""First stderr line of every failed mount run by democratic-csi's node plugin (its ``mount`` wrapper; verbatim in
+democratic-csi issues #234, #445, #494)."""
+
+CLAIM_LOST_MESSAGE = "Bound claim has lost its PersistentVolume. Data on the volume is lost!"
+"""Warning ``ClaimLost`` of the PV controller (``pkg/controller/volume/persistentvolume/pv_controller.go``)."""
+
+
+def storage_class_not_found_message(name: str) -> str:
+    """The PV controller's ``ProvisioningFailed`` Event for a PVC naming a StorageClass that does not exist."""
+    return f'storageclass.storage.k8s.io "{name}" not found'
+
+
+def external_provisioning_message(provisioner: str) -> str:
+    """The PV controller's ``ExternalProvisioning`` Event while a CSI driver's external-provisioner is to create the PV
+    (Kubernetes 1.28+ wording, as ``kubectl describe pvc`` shows it)."""
+    return (f"Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by the "
+            "system administrator. If volume creation is delayed, please verify that the provisioner is running and "
+            "correctly registered.")
+
+
+def nfs_mount_failure_message(pv: Mapping[str, Any], pod_uid: str) -> str:
+    """The kubelet's ``FailedMount`` Event for an NFS PersistentVolume on a host without an NFS client (``mount.nfs``).
+
+    * CSI volume (democratic-csi, which stages NFS volumes): ``MountVolume.MountDevice failed for volume "<pv>" : rpc
+      error: code = Internal desc = {"code":32,"stdout":"","stderr":"<wrapper line>\\nmount: <staging path>: bad
+      option; …helper program.\\n","timeout":false}`` -- the kubelet's prefix (democratic-csi issue #189), the node
+      plugin's gRPC error body (issue #494) and mount(8)'s line (above), assembled: the staging path is the kubelet's
+      ``plugins/kubernetes.io/csi/<driver>/<sha256 of the volume handle>/globalmount``.
+    * in-tree ``nfs`` volume: ``MountVolume.SetUp failed for volume "<pv>" : mount failed: exit status 32`` then the
+      ``Mounting command``/``Mounting arguments``/``Output`` lines, as in provider-aws-test-infra PR #232.
+    """
+    name = pv["metadata"]["name"]
+    spec = pv.get("spec") or {}
+    csi = spec.get("csi")
+    if csi:
+        handle = hashlib.sha256(str(csi.get("volumeHandle") or "").encode("utf-8")).hexdigest()
+        staging = f"/var/lib/kubelet/plugins/kubernetes.io/csi/{csi.get('driver')}/{handle}/globalmount"
+        body = json.dumps({"code": 32, "stdout": "",
+                           "stderr": f"{DEMOCRATIC_CSI_MOUNT_WRAPPER}\nmount: {staging}: {NFS_HELPER_MISSING}\n",
+                           "timeout": False}, separators=(",", ":"))
+        return f'MountVolume.MountDevice failed for volume "{name}" : rpc error: code = Internal desc = {body}'
+    nfs = spec.get("nfs") or {}
+    target = f"/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~nfs/{name}"
+    options = ",".join(spec.get("mountOptions") or [])
+    arguments = "-t nfs" + (f" -o {options}" if options else "") + f" {nfs.get('server')}:{nfs.get('path')} {target}"
+    return (f'MountVolume.SetUp failed for volume "{name}" : mount failed: exit status 32\n'
+            f"Mounting command: mount\nMounting arguments: {arguments}\nOutput: mount: {target}: {NFS_HELPER_MISSING}\n")
+
+
+def _is_external_provisioner(provisioner: str) -> bool:
+    """A CSI driver's name (provisioned by its external-provisioner), not an in-tree ``kubernetes.io/...`` plugin."""
+    return bool(provisioner) and not provisioner.startswith("kubernetes.io/")
+
+
+def _is_nfs_volume(pv: Mapping[str, Any]) -> bool:
+    """Whether mounting the PV needs the host's NFS client: an in-tree ``nfs`` volume, or a CSI volume of an NFS driver
+    (``fsType: nfs`` or a driver named ``...nfs...``, e.g. ``org.democratic-csi.nfs``, ``nfs.csi.k8s.io``)."""
+    spec = pv.get("spec") or {}
+    if spec.get("nfs"):
+        return True
+    csi = spec.get("csi") or {}
+    driver = str(csi.get("driver") or "").lower()
+    return str(csi.get("fsType") or "").lower() == "nfs" or "nfs" in re.split(r"[._/-]", driver)
+
+
+def _with_phase(pv: Mapping[str, Any], phase: str) -> dict[str, Any]:
+    """A copy of a PV with ``status.phase`` (and ``lastPhaseTransitionTime`` when it changes)."""
+    new = copy.deepcopy(dict(pv))
+    status = new.setdefault("status", {})
+    if status.get("phase") != phase:
+        status["phase"] = phase
+        status["lastPhaseTransitionTime"] = _now()
+    return new
+
+
+def _claim_ref_names(pv: Mapping[str, Any], claim: Mapping[str, Any]) -> bool:
+    """Whether a PV is pre-bound to this claim: ``claimRef`` naming its namespace and name, without a uid or with its uid."""
+    ref = (pv.get("spec") or {}).get("claimRef") or {}
+    meta = claim["metadata"]
+    return ((ref.get("namespace"), ref.get("name")) == (meta.get("namespace"), meta["name"])
+            and ref.get("uid") in (None, "", meta.get("uid")))
+
+
+def _prefilter_error(total: int, reason: str) -> str:
+    """kube-scheduler's message when a PreFilter plugin (VolumeBinding) rules the pod out on every node."""
+    if total == 0:
+        return "no nodes available to schedule pods"
+    return (f"0/{total} nodes are available: {reason}. "
+            f"preemption: 0/{total} nodes are available: {total} {_PREEMPTION_USELESS}.")
+
+
+def _binding_refusal(claim: Mapping[str, Any], pv: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why the PV controller will not bind ``claim`` to the PV it asks for (``(reason, message)`` of its Warning), or
+    None: claimed by another PVC (``claimRef`` naming another claim or uid: ``FailedBinding``), or not satisfying the
+    claim (``VolumeMismatch``: StorageClass, size, access modes)."""
+    meta = claim["metadata"]
+    name = pv["metadata"]["name"]
+    spec = pv.get("spec") or {}
+    ref = spec.get("claimRef") or {}
+    phase = (pv.get("status") or {}).get("phase")
+    other = ref and ((ref.get("namespace"), ref.get("name")) != (meta.get("namespace"), meta["name"])
+                     or (ref.get("uid") and ref["uid"] != meta.get("uid")))
+    if other or (phase == "Bound" and ref.get("uid") != meta.get("uid")):
+        return "FailedBinding", f'volume "{name}" already bound to a different claim.'
+    claim_spec = claim.get("spec") or {}
+    mismatch = None
+    if (claim_spec.get("storageClassName") or "") != (spec.get("storageClassName") or ""):
+        mismatch = "storageClassName does not match"
+    else:
+        try:
+            too_small = parse_quantity((spec.get("capacity") or {}).get("storage") or 0) < parse_quantity(
+                ((claim_spec.get("resources") or {}).get("requests") or {}).get("storage") or 0)
+        except ValueError:
+            too_small = False
+        if too_small:
+            mismatch = "requested PV is too small"
+        elif not set(claim_spec.get("accessModes") or ()) <= set(spec.get("accessModes") or ()):
+            mismatch = "incompatible accessMode"
+    if mismatch:
+        return "VolumeMismatch", f'Cannot bind to requested volume "{name}": {mismatch}'
+    return None
+
+
 # --------------------------------------------------------------------------- the emulator
 
 
@@ -1217,6 +1383,8 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         check_pod_seconds: how long after creation a check pod has ``Succeeded`` (``Running`` half-way).
         device_plugin_seconds: how long after a HAMi device-plugin DaemonSet or a Node label change the device
             plugin stand-in registers the selected nodes.
+        volume_controller_seconds: how long after a PVC, PV or StorageClass change the PV controller and CSI
+            provisioner stand-ins act (see the module docstring and ``_volume_controller_pass``).
 
     gShare attach checks (always on, whatever ``pod_startup_seconds`` says):
 
@@ -1247,6 +1415,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     hosts: dict[str, dict[str, Any]] = attrs.field(factory=dict, converter=validate_hosts)
     check_pod_seconds: float = 0.2
     device_plugin_seconds: float = 0.2
+    volume_controller_seconds: float = 0.1
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
@@ -1266,6 +1435,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     _plugin_waiting: bool = attrs.field(default=False, init=False)  # a device-plugin pass is scheduled
     _plugin_registered: set[str] = attrs.field(factory=set, init=False)  # nodes whose annotation the stand-in wrote
     _monotonic_origin: int = attrs.field(factory=time.monotonic_ns, init=False)  # the plugin's "process start"
+    _volume_waiting: bool = attrs.field(default=False, init=False)  # a PV controller pass is scheduled
+    _volume_events_sent: set[tuple[str, str, str]] = attrs.field(factory=set, init=False)  # (uid, reason, message)
+    _mount_waiting: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)  # pod uid -> (ns, name)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1364,13 +1536,15 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         if self._scheduler_task is not None and self._frees_room(spec, event_type, obj, old):
             self._scheduler_wake.set()
         self._react_for_attach_checks(spec, event_type, obj, old)
+        self._react_for_volumes(spec, event_type, obj, old)
 
     @staticmethod
     def _frees_room(spec: ResourceSpec, event_type: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
-        """Whether an event may let an unschedulable Pod fit: any Node change, a Pod gone or finished."""
-        if spec.group or spec.plural not in ("nodes", "pods"):
+        """Whether an event may let an unschedulable Pod fit: any Node or PersistentVolumeClaim change (a claim
+        bound), a Pod gone or finished."""
+        if spec.group or spec.plural not in ("nodes", "pods", "persistentvolumeclaims"):
             return False
-        if spec.plural == "nodes" or event_type == "DELETED":
+        if spec.plural in ("nodes", "persistentvolumeclaims") or event_type == "DELETED":
             return True
         finished = ("Succeeded", "Failed")
         return ((obj.get("status") or {}).get("phase") in finished
@@ -1417,6 +1591,8 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             meta.pop("deletionGracePeriodSeconds", None)
             if spec.kind == "Pod":
                 obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
+            elif spec.kind in ("PersistentVolumeClaim", "PersistentVolume"):
+                self._volume_defaults(spec.kind, obj)
             elif spec.group not in _BUILTIN_GROUPS and "status" in spec.subresources:
                 obj.pop("status", None)
         if spec.kind == "Service":
@@ -1426,6 +1602,26 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         # Key order as the apiserver writes it: apiVersion, kind, metadata, then the rest.
         rest = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
         return {"apiVersion": spec.api_version, "kind": spec.kind, "metadata": meta, **rest}
+
+    def _volume_defaults(self, kind: str, obj: dict[str, Any]) -> None:
+        """What the apiserver does to a PVC or PV on create: status reset to ``phase: Pending`` (the PV controller
+        moves it on), ``volumeMode: Filesystem``, a PV's ``persistentVolumeReclaimPolicy: Retain``, and the
+        DefaultStorageClass admission plugin's ``storageClassName`` for a PVC that names none (key absent; ``""``
+        means "no class" and is kept)."""
+        spec = obj.setdefault("spec", {})
+        if not isinstance(spec, dict):
+            return
+        spec.setdefault("volumeMode", "Filesystem")
+        obj["status"] = {"phase": "Pending"}
+        if kind == "PersistentVolume":
+            spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
+        elif "storageClassName" not in spec or spec["storageClassName"] is None:
+            default = next((sc["metadata"]["name"] for sc in self._live(self._specs[_res("storage.k8s.io", "v1",
+                                                                                         "storageclasses")])
+                            if (sc["metadata"].get("annotations") or {}).get(DEFAULT_STORAGE_CLASS_ANNOTATION)
+                            == "true"), None)
+            if default is not None:
+                spec["storageClassName"] = default
 
     def _default_service(self, obj: dict[str, Any]) -> None:
         svc = obj.setdefault("spec", {})
@@ -1715,7 +1911,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
                 logger.exception("the emulated scheduler failed a pass")
                 next_start = None
             delays = [] if next_start is None else [max(0.0, next_start - loop.time())]
-            if self._unscheduled:
+            if self._unscheduled or self._mount_waiting:
                 delays.append(self.scheduler_retry_seconds)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(delays) if delays else None):
@@ -1723,6 +1919,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
 
     async def _scheduler_pass(self) -> float | None:
         """Bind the pending Pods that fit (oldest first), then start the bound Pods whose start-up time has come.
+
+        Starting is the kubelet's part: it mounts the Pod's PersistentVolumeClaim volumes first, and a mount that
+        fails (``_mount_failure``: an NFS volume on a host without an NFS client) leaves the Pod ``Pending`` in
+        ``ContainerCreating`` with a ``FailedMount`` Warning Event; such Pods are tried again on every pass (a
+        ``set_host`` that installs the client wakes the scheduler) and start once their volumes mount.
 
         Returns:
             The loop time of the next start, or None when no Pod is waiting to start.
@@ -1749,8 +1950,32 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             node = self._current(self._specs[_res("", "v1", "nodes")], None,
                                  ((current or {}).get("spec") or {}).get("nodeName") or "")
             if current is not None and node is not None:
-                await self._write(pods, self._running(current, node), current)
+                await self._start_pod(pods, current, node)
+        for uid, (namespace, name) in list(self._mount_waiting.items()):
+            current = self._waiting_pod(pods, namespace, name, uid)
+            node = self._current(self._specs[_res("", "v1", "nodes")], None,
+                                 ((current or {}).get("spec") or {}).get("nodeName") or "")
+            if current is None or node is None:
+                self._mount_waiting.pop(uid, None)
+                continue
+            await self._start_pod(pods, current, node)
         return min((due for _, _, due in self._starting.values()), default=None)
+
+    async def _start_pod(self, pods: ResourceSpec, current: dict[str, Any], node: dict[str, Any]) -> None:
+        """The kubelet starting a bound Pod: mount its volumes, then run it (``Running``); or, when a mount fails,
+        keep it in ``ContainerCreating`` and record the kubelet's ``FailedMount`` Event (once per message)."""
+        uid = current["metadata"]["uid"]
+        failure = self._mount_failure(current, node)
+        if failure is None:
+            self._mount_waiting.pop(uid, None)
+            await self._write(pods, self._running(current, node), current)
+            return
+        self._mount_waiting[uid] = (current["metadata"]["namespace"], current["metadata"]["name"])
+        creating = self._container_creating(current, node)
+        if creating != current:
+            await self._write(pods, creating, current)
+        await self._record_event_once(creating, reason="FailedMount", message=failure, event_type="Warning",
+                                      component="kubelet", host=node["metadata"]["name"])
 
     def _waiting_pod(self, pods: ResourceSpec, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The Pod if it is still the one created (same uid), not being deleted and ``Pending``."""
@@ -1814,11 +2039,16 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         resources goes to the first remaining node by name. A GPU Pod is then filtered as HAMi's scheduler
         extender does: nodes without a register annotation are "node unregistered", nodes whose GPUs cannot hold
         every container's vGPUs are "NodeUnfitPod" (``_fit_pod``); among the nodes that fit, the binpack policy
-        takes the most used one (``_binpack_score``), ties broken by name.
+        takes the most used one (``_binpack_score``), ties broken by name. Before any of that, like kube-scheduler's
+        VolumeBinding plugin, a Pod whose PersistentVolumeClaims are missing or not ``Bound`` fits nowhere
+        (``pod has unbound immediate PersistentVolumeClaims``; every StorageClass is treated as ``Immediate``).
         """
         spec = pod.get("spec") or {}
         meta = pod["metadata"]
         nodes = self._live(self._specs[_res("", "v1", "nodes")])
+        unbound = self._unbound_claims(pod)
+        if unbound is not None:  # kube-scheduler's VolumeBinding PreFilter: unresolvable on every node
+            return _prefilter_error(len(nodes), unbound)
         failures: dict[str, tuple[str, bool]] = {}
         candidates = []
         for node in nodes:
@@ -1952,6 +2182,8 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             asyncio.get_running_loop()
             if self._hami_device_plugins():
                 self.kick_device_plugin()
+            if self._mount_waiting:  # the kubelet retries the mounts of Pods stuck in ContainerCreating
+                self._scheduler_wake.set()
 
     def host_facts(self, node: str) -> dict[str, Any]:
         """A copy of a node's host facts (``{}`` when it has none)."""
@@ -2164,6 +2396,294 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             self._plugin_registered.add(name)
             await self._write(nodes, updated, node)
 
+    # ----------------------------------------------------------------- PV controller and CSI provisioner stand-ins
+
+    def _react_for_volumes(self, spec: ResourceSpec, event_type: str, obj: Mapping[str, Any],
+                           old: Mapping[str, Any] | None) -> None:
+        """Kick the PV controller on a PVC, PV or StorageClass change; forget what a deleted Pod/PVC waited for
+        (from ``_emit``)."""
+        kind = (spec.group, spec.plural)
+        if kind in (("", "persistentvolumeclaims"), ("", "persistentvolumes"), ("storage.k8s.io", "storageclasses")):
+            self.kick_volume_controller()
+        if event_type == "DELETED" and kind in (("", "pods"), ("", "persistentvolumeclaims")):
+            uid = (obj.get("metadata") or {}).get("uid", "")
+            self._mount_waiting.pop(uid, None)
+            self._volume_events_sent = {key for key in self._volume_events_sent if key[0] != uid}
+
+    def kick_volume_controller(self) -> None:
+        """Schedule a pass of the PV controller stand-in ``volume_controller_seconds`` from now (unless one is already
+        waiting, which will see the current state). Call it in the emulator's event loop."""
+        if self._volume_waiting:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop (a seed being loaded): serve() kicks later
+            asyncio.get_running_loop()
+            self._volume_waiting = True
+            self._spawn(self._volume_controller_after_delay(), "emulated-pv-controller")
+
+    async def _volume_controller_after_delay(self) -> None:
+        try:
+            await asyncio.sleep(self.volume_controller_seconds)
+            async with self._lock:
+                self._volume_waiting = False  # a change from now on needs a pass of its own
+                await self._volume_controller_pass()
+        except Exception:  # the next PVC/PV/StorageClass change tries again; the failure is in the log
+            logger.exception("the emulated PV controller failed a pass")
+
+    async def _volume_controller_pass(self) -> None:
+        """One pass of kube-controller-manager's PV controller with a CSI external-provisioner (see the class docstring).
+
+        Volumes first: a PV whose bound claim (``claimRef.uid``) is gone is deleted (reclaim policy ``Delete``) or
+        ``Released`` (``Retain``); a new PV without a claim, or pre-bound to one (``claimRef`` without uid), becomes
+        ``Available``. Then claims: a ``Bound`` claim whose PV is gone is ``Lost``; a pending claim naming a PV
+        (``spec.volumeName``) or named by an ``Available`` PV's ``claimRef`` is bound to it (or gets the controller's
+        Warning why not); any other pending claim is provisioned from its StorageClass when the class's provisioner is
+        a CSI driver (``ProvisioningFailed`` when the class does not exist).
+        """
+        pvcs = self._specs[_res("", "v1", "persistentvolumeclaims")]
+        pvs = self._specs[_res("", "v1", "persistentvolumes")]
+        classes = self._specs[_res("storage.k8s.io", "v1", "storageclasses")]
+        claims = {c["metadata"]["uid"]: c for c in self._live(pvcs)}
+        for pv in self._live(pvs):
+            meta = pv["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            ref = (pv.get("spec") or {}).get("claimRef") or {}
+            phase = (pv.get("status") or {}).get("phase")
+            if ref.get("uid") and ref["uid"] not in claims:
+                if phase == "Released" or phase == "Failed":
+                    continue
+                if (pv.get("spec") or {}).get("persistentVolumeReclaimPolicy") == "Delete":
+                    await self._delete_named(pvs, None, meta["name"], dry_run=False)  # the provisioner deletes it
+                else:
+                    await self._write(pvs, _with_phase(pv, "Released"), pv)
+            elif not ref.get("uid") and phase in (None, "", "Pending"):
+                await self._write(pvs, _with_phase(pv, "Available"), pv)
+        for claim in self._live(pvcs):
+            meta = claim["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            spec = claim.get("spec") or {}
+            phase = (claim.get("status") or {}).get("phase") or "Pending"
+            if phase == "Bound":
+                if spec.get("volumeName") and self._current(pvs, None, spec["volumeName"]) is None:
+                    lost = copy.deepcopy(claim)
+                    lost.setdefault("status", {})["phase"] = "Lost"
+                    await self._write(pvcs, lost, claim)
+                    await self._record_event_once(lost, reason="ClaimLost", message=CLAIM_LOST_MESSAGE,
+                                                  event_type="Warning", component=PV_CONTROLLER)
+                continue
+            if phase != "Pending":
+                continue
+            if spec.get("volumeName"):
+                pv = self._current(pvs, None, spec["volumeName"])
+                if pv is not None:  # else: requested and not found, tried again on the next change
+                    await self._bind_or_refuse(claim, pv, by_controller=False)
+                continue
+            prebound = next((pv for pv in self._live(pvs) if _claim_ref_names(pv, claim)
+                             and (pv.get("status") or {}).get("phase") in ("Available", "Pending", None)), None)
+            if prebound is not None:
+                await self._bind_or_refuse(claim, prebound, by_controller=True)
+                continue
+            class_name = spec.get("storageClassName")
+            if not class_name:  # "" or none: static binding only, not emulated beyond the two cases above
+                continue
+            storage_class = self._current(classes, None, class_name)
+            if storage_class is None:
+                await self._record_event_once(claim, reason="ProvisioningFailed",
+                                              message=storage_class_not_found_message(class_name),
+                                              event_type="Warning", component=PV_CONTROLLER)
+                continue
+            if _is_external_provisioner(str(storage_class.get("provisioner") or "")):
+                await self._provision(claim, storage_class)
+
+    async def _bind_or_refuse(self, claim: dict[str, Any], pv: dict[str, Any], *, by_controller: bool) -> None:
+        refusal = _binding_refusal(claim, pv)
+        if refusal is None:
+            await self._bind(claim, pv, by_controller=by_controller)
+        else:
+            await self._record_event_once(claim, reason=refusal[0], message=refusal[1], event_type="Warning",
+                                          component=PV_CONTROLLER)
+
+    async def _bind(self, claim: dict[str, Any], pv: dict[str, Any], *, by_controller: bool,
+                    provisioner: str | None = None) -> None:
+        """Bind both ways, as the PV controller does: the PV's ``claimRef`` (with the claim's uid) and ``Bound``, then
+        the claim's ``volumeName``, bind annotations and ``status`` (``Bound``, capacity and access modes of the PV)."""
+        pvs = self._specs[_res("", "v1", "persistentvolumes")]
+        pvcs = self._specs[_res("", "v1", "persistentvolumeclaims")]
+        meta = claim["metadata"]
+        bound_pv = copy.deepcopy(pv)
+        bound_pv.setdefault("spec", {})["claimRef"] = {
+            "kind": "PersistentVolumeClaim", "namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"],
+            "apiVersion": "v1", "resourceVersion": meta["resourceVersion"]}
+        bound_pv = _with_phase(bound_pv, "Bound")
+        if bound_pv != pv:
+            await self._write(pvs, bound_pv, pv)
+        bound = copy.deepcopy(claim)
+        bound.setdefault("spec", {})["volumeName"] = pv["metadata"]["name"]
+        annotations = bound["metadata"].setdefault("annotations", {})
+        annotations["pv.kubernetes.io/bind-completed"] = "yes"
+        if by_controller:
+            annotations["pv.kubernetes.io/bound-by-controller"] = "yes"
+        if provisioner:
+            annotations["volume.beta.kubernetes.io/storage-provisioner"] = provisioner
+            annotations["volume.kubernetes.io/storage-provisioner"] = provisioner
+        pv_spec = bound_pv.get("spec") or {}
+        bound["status"] = {"phase": "Bound", "accessModes": list(pv_spec.get("accessModes") or []),
+                           "capacity": dict(pv_spec.get("capacity") or {})}
+        await self._write(pvcs, bound, claim)
+
+    async def _provision(self, claim: dict[str, Any], storage_class: Mapping[str, Any]) -> None:
+        """The CSI driver's external-provisioner: create PV ``pvc-<claim uid>`` (``csi`` with the driver, a new volume
+        handle and ``fsType`` from the class's parameters, ``nfs`` by default; capacity = the request; the class's
+        reclaim policy and mount options) and bind it, with the events ``kubectl describe pvc`` shows."""
+        pvs = self._specs[_res("", "v1", "persistentvolumes")]
+        meta = claim["metadata"]
+        provisioner = str(storage_class["provisioner"])
+        await self._record_event(claim, reason="ExternalProvisioning", event_type="Normal", component=PV_CONTROLLER,
+                                 message=external_provisioning_message(provisioner))
+        component = f"{provisioner}_{provisioner.rsplit('.', 1)[-1]}-csi-controller-0_{uuid.uuid4()}"
+        await self._record_event(claim, reason="Provisioning", event_type="Normal", component=component,
+                                 message=f'External provisioner is provisioning volume for claim "{meta["namespace"]}/'
+                                         f'{meta["name"]}"')
+        name = f"pvc-{meta['uid']}"
+        existing = self._current(pvs, None, name)
+        if existing is None:
+            parameters = storage_class.get("parameters") or {}
+            spec = claim.get("spec") or {}
+            pv_spec: dict[str, Any] = {
+                "accessModes": list(spec.get("accessModes") or ["ReadWriteOnce"]),
+                "capacity": {"storage": ((spec.get("resources") or {}).get("requests") or {}).get("storage") or "0"},
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": meta["namespace"], "name": meta["name"],
+                             "uid": meta["uid"], "apiVersion": "v1", "resourceVersion": meta["resourceVersion"]},
+                "csi": {"driver": provisioner, "volumeHandle": name if "democratic-csi" in provisioner else str(uuid.uuid4()),
+                        "fsType": parameters.get("fsType") or parameters.get("csi.storage.k8s.io/fstype") or "nfs",
+                        "volumeAttributes": {"storage.kubernetes.io/csiProvisionerIdentity":
+                                             f"{int(time.time() * 1000)}-{secrets.randbelow(10000)}-{provisioner}"}},
+                "persistentVolumeReclaimPolicy": storage_class.get("reclaimPolicy") or "Delete",
+                "storageClassName": storage_class["metadata"]["name"],
+                "volumeMode": spec.get("volumeMode") or "Filesystem",
+            }
+            if storage_class.get("mountOptions"):
+                pv_spec["mountOptions"] = list(storage_class["mountOptions"])
+            existing = self._new_object(pvs, {
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": name, "annotations": {PROVISIONED_BY_ANNOTATION: provisioner}},
+                "spec": pv_spec, "status": {"phase": "Pending"}}, None, keep_status=True)
+            existing["metadata"]["resourceVersion"] = self._next_rv()
+            self._store(pvs, existing)
+            await self._emit(pvs, "ADDED", existing, None)
+        await self._record_event(claim, reason="ProvisioningSucceeded", event_type="Normal", component=component,
+                                 message=f"Successfully provisioned volume {name}")
+        await self._bind(claim, existing, by_controller=True, provisioner=provisioner)
+
+    async def _record_event(self, involved: Mapping[str, Any], *, reason: str, message: str, event_type: str,
+                            component: str, host: str | None = None) -> dict[str, Any]:
+        """Store a ``core/v1`` Event about ``involved`` as a component's event recorder writes it (name
+        ``<object>.<unix nanoseconds in hex>``, ``source``/``reporting*``, ``count: 1``); watchers get ``ADDED``."""
+        events = self._specs[_res("", "v1", "events")]
+        meta = involved["metadata"]
+        now = _now()
+        namespace = meta.get("namespace") or "default"  # events about cluster-scoped objects go to "default"
+        source: dict[str, Any] = {"component": component}
+        if host:
+            source["host"] = host
+        event = self._new_object(events, {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": {"kind": involved.get("kind"), "namespace": meta.get("namespace"), "name": meta["name"],
+                               "uid": meta.get("uid"), "apiVersion": involved.get("apiVersion"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason, "message": message, "source": source, "firstTimestamp": now, "lastTimestamp": now,
+            "count": 1, "type": event_type, "eventTime": None, "reportingComponent": component,
+            "reportingInstance": host or "",
+        }, namespace, keep_status=True)
+        event["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(events, event)
+        await self._emit(events, "ADDED", event, None)
+        return event
+
+    async def _record_event_once(self, involved: Mapping[str, Any], *, reason: str, message: str, event_type: str,
+                                 component: str, host: str | None = None) -> None:
+        """``_record_event`` unless this object already got this reason and message (a pass repeats its checks)."""
+        key = (involved["metadata"].get("uid") or "", reason, message)
+        if key in self._volume_events_sent:
+            return
+        self._volume_events_sent.add(key)
+        await self._record_event(involved, reason=reason, message=message, event_type=event_type,
+                                 component=component, host=host)
+
+    # ----------------------------------------------------------------- kubelet: volumes of scheduled Pods
+
+    def _unbound_claims(self, pod: Mapping[str, Any]) -> str | None:
+        """kube-scheduler's VolumeBinding reason for a Pod whose PersistentVolumeClaims are not all ``Bound``, or None."""
+        pvcs = self._specs[_res("", "v1", "persistentvolumeclaims")]
+        namespace = pod["metadata"].get("namespace")
+        unbound = False
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if not claim_name:
+                continue
+            claim = self._current(pvcs, namespace, claim_name)
+            if claim is None:
+                return f'persistentvolumeclaim "{claim_name}" not found'
+            if claim["metadata"].get("deletionTimestamp"):
+                return f'persistentvolumeclaim "{claim_name}" is being deleted'
+            unbound = unbound or (claim.get("status") or {}).get("phase") != "Bound"
+        return "pod has unbound immediate PersistentVolumeClaims" if unbound else None
+
+    def _mount_failure(self, pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
+        """The kubelet's ``FailedMount`` message when the Pod mounts an NFS PersistentVolume and the node's host facts
+        say it has no NFS client (``mount_nfs`` missing/None), else None. A node without any host facts is not judged
+        (the emulator knows nothing of its host): its mounts succeed, so seeds without ``hosts`` keep running pods."""
+        facts = self.hosts.get(node["metadata"]["name"])
+        if facts is None or facts.get("mount_nfs"):
+            return None
+        pvcs = self._specs[_res("", "v1", "persistentvolumeclaims")]
+        pvs = self._specs[_res("", "v1", "persistentvolumes")]
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            claim = self._current(pvcs, pod["metadata"].get("namespace"), claim_name) if claim_name else None
+            volume_name = ((claim or {}).get("spec") or {}).get("volumeName")
+            pv = self._current(pvs, None, volume_name) if volume_name else None
+            if pv is not None and _is_nfs_volume(pv):
+                return nfs_mount_failure_message(pv, pod["metadata"]["uid"])
+        return None
+
+    def _container_creating(self, current: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+        """The Pod while the kubelet cannot mount its volumes: ``Pending``, ``Initialized``, not ready, containers
+        waiting in ``ContainerCreating``, no pod IP (no sandbox yet). Returned unchanged when already so."""
+        statuses = (current.get("status") or {}).get("containerStatuses") or []
+        if statuses and all(((c.get("state") or {}).get("waiting") or {}).get("reason") == "ContainerCreating"
+                            for c in statuses):
+            return dict(current)
+        pod = copy.deepcopy(dict(current))
+        now = _now()
+        spec = pod.get("spec") or {}
+        names = [c.get("name", "") for c in spec.get("containers") or []]
+        unready = f"containers with unready status: [{' '.join(names)}]"
+        host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or []
+                        if a.get("type") == "InternalIP"), "10.0.0.1")
+
+        def condition(kind: str, value: str, reason: str | None = None) -> dict[str, Any]:
+            entry: dict[str, Any] = {"type": kind, "status": value, "lastProbeTime": None, "lastTransitionTime": now}
+            if reason:
+                entry.update(reason=reason, message=unready)
+            return entry
+
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [condition("PodReadyToStartContainers", "False"), condition("Initialized", "True"),
+                           condition("Ready", "False", "ContainersNotReady"),
+                           condition("ContainersReady", "False", "ContainersNotReady"), condition("PodScheduled", "True")],
+            "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "startTime": now,
+            "qosClass": (current.get("status") or {}).get("qosClass", _qos_class(spec)),
+            "containerStatuses": [{
+                "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": False,
+                "started": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}},
+            } for c in spec.get("containers") or []],
+        }
+        return pod
+
     def _require_namespace(self, spec: ResourceSpec, namespace: str | None) -> None:
         if spec.namespaced and namespace is not None:
             ns_spec = self._specs[_res("", "v1", "namespaces")]
@@ -2316,7 +2836,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         final = copy.deepcopy(current)
         final["metadata"]["resourceVersion"] = self._next_rv()
         await self._remove(spec, final)
-        if spec.kind == "Pod" or spec.group not in _BUILTIN_GROUPS:
+        # The apiserver answers with the deleted object for the kinds whose registry sets ReturnDeletedObject (Pods,
+        # PVCs and PVs, which the official client >= 35 decodes as such) and for custom resources; else a Status.
+        if spec.kind in _RETURNS_DELETED_OBJECT or spec.group not in _BUILTIN_GROUPS:
             return _Outcome(200, final)
         return _Outcome(200, {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
@@ -2583,6 +3105,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
 
 
 _BUILTIN_GROUPS = frozenset(spec.group for spec in BUILTIN_RESOURCES)
+_RETURNS_DELETED_OBJECT = frozenset({"Pod", "PersistentVolumeClaim", "PersistentVolume"})
 
 
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -2831,6 +3354,9 @@ async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str,
         url = str(server.url).rstrip("/")
         if emulator._hami_device_plugins():  # a seeded device plugin registers the seeded nodes it can
             emulator.kick_device_plugin()
+        if any(emulator._live(emulator._specs[_res("", "v1", plural)])
+               for plural in ("persistentvolumeclaims", "persistentvolumes")):
+            emulator.kick_volume_controller()  # seeded claims and volumes are bound/provisioned like created ones
         try:
             yield emulator, url
         finally:
@@ -3214,6 +3740,8 @@ __all__ = [
     "HAMI_DEVICE_PLUGIN_COMPONENT", "HAMI_DEVICE_PLUGIN_LABEL", "HAMI_DEVICE_TYPE", "HAMI_NODE_HANDSHAKE",
     "HAMI_NODE_REGISTER", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT", "HAMI_RESOURCE_MEMORY",
     "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "HOST_FACTS", "KubeApiEmulator",
+    "CLAIM_LOST_MESSAGE", "DEFAULT_STORAGE_CLASS_ANNOTATION", "NFS_HELPER_MISSING", "PV_CONTROLLER",
+    "external_provisioning_message", "nfs_mount_failure_message", "storage_class_not_found_message",
     "LabelRequirement", "ResourceSpec", "ServerCertificates", "check_pod_kind", "encode_pod_devices",
     "generate_certificates", "go_time_string", "main", "merge_patch", "nfs_check_log", "node_check_log",
     "parse_field_selector", "parse_label_selector", "parse_quantity", "pod_gpu_requests", "serve",

@@ -8,10 +8,14 @@
   reports 1 of 2 updated) and ``gpu-h20-01`` (8x NVIDIA H20-3e, mig) with the 9-field v2.5-v2.7 one.
 
 Each cluster also has one control-plane node without ``gpu=on``, the namespaces ``default``, ``kube-system``,
-``gshare-system`` and ``gshare-sessions`` (where the control plane applies ``GShareSession`` objects), the
-``GShareSession`` CustomResourceDefinition (``charts/gshare-operator/crds/gsharesessions.gshare.io.yaml``, the
-file the operator chart installs), the RuntimeClass ``nvidia`` and HAMi's device-plugin DaemonSet
-``kube-system/hami-device-plugin``.
+``gshare-system``, ``gshare-sessions`` (where the control plane applies ``GShareSession`` objects) and
+``democratic-csi``, the ``GShareSession`` CustomResourceDefinition (``charts/gshare-operator/crds/gsharesessions.gshare.io.yaml``,
+the file the operator chart installs), the RuntimeClass ``nvidia``, HAMi's device-plugin DaemonSet
+``kube-system/hami-device-plugin`` and the shared NFS pool as democratic-csi presents it (``storage_objects``): the
+CSIDriver ``org.democratic-csi.nfs``, the StorageClass ``gshare-nfs`` (``STORAGE_CLASS``) and CSIStorageCapacity
+objects for it. Both clusters mount the same storage server, so their capacity objects describe the same pool: lab-c1
+publishes two topology segments with different readings (``1643124Mi`` and ``1642872Mi``: the largest counts, never
+the sum), lab-c2 one (``1643124Mi``).
 
 Why H100+V100 / T4+H20 (and not H100+H20 / T4+V100): the HAMi v2.8+ scheduler reads only the JSON register
 annotation and the <=v2.7 scheduler only the legacy string (``demo/data/README.md``), so a cluster mixing a
@@ -62,6 +66,21 @@ HAMI_HANDSHAKE_ANNOTATION = "hami.io/node-handshake"
 NODE_TEMPLATE = "k8s-objects/node.gpu-8xh100.hami-v2.10.json"
 SESSION_CRD_FILE = DATA_DIR.parent.parent / "charts/gshare-operator/crds/gsharesessions.gshare.io.yaml"
 """The GShareSession CRD as the operator chart installs it (Helm ``crds/``), seeded into every demo cluster."""
+
+STORAGE_CLASS = "gshare-nfs"
+"""StorageClass of the shared NFS pool on every demo cluster (the operator's ``GSHARE_VOLUME_STORAGE_CLASS``)."""
+
+CSI_DRIVER = "org.democratic-csi.nfs"
+"""democratic-csi's NFS driver name (``csiDriver.name`` of its NFS examples): the StorageClass's provisioner."""
+
+STORAGE_NAMESPACE = "democratic-csi"
+"""Namespace of the democratic-csi release ``gshare-nfs`` (as ``attach_cluster`` installs it)."""
+
+STORAGE_RELEASE = "gshare-nfs"
+"""democratic-csi's Helm release name (``attach_cluster``'s); its controller Deployment owns the capacity objects."""
+
+CSI_CAPACITY_TEMPLATE = "k8s-objects/csistoragecapacity.proxmox.real.yaml"
+"""The real CSIStorageCapacity every demo capacity object is modelled on."""
 
 DEMO_POD_STARTUP_SECONDS = 1.0
 """Seconds between a Pod's binding and ``Running`` in the demo's emulators (``podStartupSeconds`` of the seed)."""
@@ -252,6 +271,8 @@ class ClusterSpec:
         description: one line for humans.
         ingress_node: the node that runs the cluster's ingress controller (the control-plane node; kubeadm's
             is left untainted, as its docs suggest for small clusters).
+        storage_segments: ``(topology zone, capacity quantity)`` of each CSIStorageCapacity object the shared NFS
+            pool's democratic-csi controller publishes on this cluster for ``STORAGE_CLASS``.
     """
 
     name: str
@@ -261,6 +282,7 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     description: str
     ingress_node: str
+    storage_segments: tuple[tuple[str, str], ...] = ()
 
     @property
     def gpu_nodes(self) -> tuple[NodeSpec, ...]:
@@ -276,6 +298,8 @@ FLEET: list[ClusterSpec] = [
         hami_chart_version="2.10.0",
         description="kubeadm v1.32.3, HAMi 2.10.0: 8x H100 80GB HBM3 + 2x Tesla V100-PCIE-32GB (hami-core)",
         ingress_node="lab-c1-cp-01",
+        # HAND: two topology segments of the shared pool, read a moment apart (252 MiB written in between).
+        storage_segments=(("lab-c1-rack-1", "1643124Mi"), ("lab-c1-rack-2", "1642872Mi")),
         nodes=(
             NodeSpec(name="lab-c1-cp-01", internal_ip="10.0.0.10", cpu="8", memory="32859096Ki"),
             NodeSpec(
@@ -298,6 +322,7 @@ FLEET: list[ClusterSpec] = [
         hami_chart_version="2.7.1",
         description="k3s v1.34.1+k3s1, HAMi 2.7.1: 1x Tesla T4 (hami-core) + 8x NVIDIA H20-3e (mig)",
         ingress_node="lab-c2-server-01",
+        storage_segments=(("lab-c2-rack-1", "1643124Mi"),),
         nodes=(
             NodeSpec(name="lab-c2-server-01", internal_ip="10.0.0.20", cpu="4", memory="16310120Ki"),
             NodeSpec(
@@ -567,6 +592,76 @@ def hami_device_plugin_daemonset(cluster: ClusterSpec) -> dict[str, Any]:
     }
 
 
+def csi_storage_capacities(cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """The CSIStorageCapacity objects of the shared pool on a cluster, one per ``cluster.storage_segments`` entry.
+
+    Built from ``CSI_CAPACITY_TEMPLATE`` (a real object): same shape, labels (driver name, ``external-provisioner``)
+    and Deployment owner; name ``csisc-<5 stable characters>``, namespace ``democratic-csi``, driver
+    ``org.democratic-csi.nfs``, owner ``gshare-nfs-democratic-csi-controller``, topology
+    ``topology.kubernetes.io/region: lab`` + the segment's zone, ``storageClassName: gshare-nfs``, the segment's
+    ``capacity``.
+    """
+    template = yaml.safe_load((DATA_DIR / CSI_CAPACITY_TEMPLATE).read_text(encoding="utf-8"))
+    owner_name = f"{STORAGE_RELEASE}-democratic-csi-controller"
+    objects = []
+    for zone, capacity in cluster.storage_segments:
+        obj = copy.deepcopy(template)
+        uid = _uid(cluster.name, "CSIStorageCapacity", zone, STORAGE_NAMESPACE)
+        # apiserver generateName alphabet (apimachinery storage/names): no vowels, no 0/1/3
+        suffix = "".join(c for c in uid.replace("-", "") if c in "bcdfghjklmnpqrstvwxz2456789")[:5]
+        meta = obj["metadata"]
+        meta.pop("resourceVersion", None)
+        meta.update({
+            "name": f"{meta['generateName']}{suffix}",
+            "namespace": STORAGE_NAMESPACE,
+            "uid": uid,
+            "labels": {"csi.storage.k8s.io/drivername": CSI_DRIVER,
+                       "csi.storage.k8s.io/managed-by": "external-provisioner"},
+        })
+        meta["ownerReferences"][0].update(name=owner_name,
+                                          uid=_uid(cluster.name, "Deployment", owner_name, STORAGE_NAMESPACE))
+        obj["nodeTopology"] = {"matchLabels": {"topology.kubernetes.io/region": "lab",
+                                               "topology.kubernetes.io/zone": zone}}
+        obj["storageClassName"] = STORAGE_CLASS
+        obj["capacity"] = capacity
+        objects.append(obj)
+    return objects
+
+
+def storage_objects(cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """The shared NFS pool as democratic-csi presents it on a cluster (see the module docstring).
+
+    Returns:
+        The CSIDriver ``org.democratic-csi.nfs`` (``attachRequired: false``, ``podInfoOnMount: true``,
+        ``storageCapacity: true`` as ``attach_cluster`` sets it), the StorageClass ``gshare-nfs`` (provisioner
+        ``org.democratic-csi.nfs``, ``parameters.fsType: nfs``, ``Delete``, ``Immediate``, expandable, mount options
+        ``noatime``/``nfsvers=4``; not the default class) and ``csi_storage_capacities(cluster)``.
+    """
+    helm = {"app.kubernetes.io/name": "democratic-csi", "app.kubernetes.io/instance": STORAGE_RELEASE,
+            "app.kubernetes.io/managed-by": "Helm"}
+    release = {"meta.helm.sh/release-name": STORAGE_RELEASE, "meta.helm.sh/release-namespace": STORAGE_NAMESPACE}
+    driver = {
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": CSI_DRIVER, "uid": _uid(cluster.name, "CSIDriver", CSI_DRIVER), "labels": dict(helm),
+                     "annotations": dict(release)},
+        "spec": {"attachRequired": False, "podInfoOnMount": True, "storageCapacity": True,
+                 "volumeLifecycleModes": ["Persistent"]},
+    }
+    storage_class = {
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS, "uid": _uid(cluster.name, "StorageClass", STORAGE_CLASS),
+                     "labels": dict(helm),
+                     "annotations": {**release, "storageclass.kubernetes.io/is-default-class": "false"}},
+        "provisioner": CSI_DRIVER,
+        "parameters": {"fsType": "nfs"},
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": True,
+        "mountOptions": ["noatime", "nfsvers=4"],
+    }
+    return [driver, storage_class, *csi_storage_capacities(cluster)]
+
+
 def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[str, Any]]:
     """Every object of a demo cluster, ready for ``EmulatedCluster(objects)`` or a seed file.
 
@@ -576,15 +671,16 @@ def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[st
             installed on yet).
 
     Returns:
-        Namespaces (``default``, ``kube-system``, ``gshare-system``, ``gshare-sessions``), the ``GShareSession``
-        CRD (``session_crd``, when the chart ships it), the nodes (control plane first), the RuntimeClass
-        ``nvidia`` and the DaemonSet ``kube-system/hami-device-plugin``; fresh dicts on every call.
+        Namespaces (``default``, ``kube-system``, ``gshare-system``, ``gshare-sessions``, ``democratic-csi``), the
+        ``GShareSession`` CRD (``session_crd``, when the chart ships it), the nodes (control plane first), the
+        RuntimeClass ``nvidia``, the DaemonSet ``kube-system/hami-device-plugin`` and the shared NFS pool
+        (``storage_objects``); fresh dicts on every call.
 
     Raises:
         KeyError: no such cluster.
     """
     cluster = cluster_spec(name)
-    namespaces = ("default", "kube-system", "gshare-system", SESSION_NAMESPACE_DEFAULT)
+    namespaces = ("default", "kube-system", "gshare-system", SESSION_NAMESPACE_DEFAULT, STORAGE_NAMESPACE)
     objects: list[dict[str, Any]] = [_namespace(name, ns) for ns in namespaces]
     crd = session_crd(name) if with_session_crd else None
     if crd is not None:
@@ -592,6 +688,7 @@ def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[st
     objects += [node_object(cluster, node, i) for i, node in enumerate(cluster.nodes)]
     objects.append(runtime_class(name))
     objects.append(hami_device_plugin_daemonset(cluster))
+    objects += storage_objects(cluster)
     return objects
 
 
@@ -719,7 +816,8 @@ def cluster_hosts(name: str, **overrides: dict[str, Any]) -> dict[str, dict[str,
 
 
 __all__ = [
-    "DATA_DIR", "bare_cluster_objects", "cluster_hosts", "nvidia_smi_list",
+    "CSI_DRIVER", "DATA_DIR", "STORAGE_CLASS", "STORAGE_NAMESPACE", "bare_cluster_objects", "cluster_hosts",
+    "csi_storage_capacities", "nvidia_smi_list", "storage_objects",
     "FLEET", "ClusterSpec", "GpuFacts", "NodeSpec", "cluster_objects", "cluster_spec", "cluster_version",
     "decode_hami_register", "expected_inventory", "fleet_gpu_uuids", "gfd_labels", "hami_device_plugin_daemonset",
     "node_object", "read_nvidia_smi_csv", "read_nvidia_smi_xml", "runtime_class", "session_crd", "write_seed",

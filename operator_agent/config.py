@@ -18,6 +18,12 @@ are a small frozen dataclass built from ``os.environ``:
   ``GSHARE_TOKEN_SECRET_NAME`` (the token Secret, ``gshare-operator-internal-jwt`` in the chart): when both
   are set, the operator also reads its token from that Secret through the Kubernetes API and writes a
   self-refreshed token back to it (``operator_agent.token``); unset, it uses the file and memory only.
+* ``GSHARE_VOLUME_SYNC_INTERVAL``: seconds between volume-sync reports (``POST /internal/v1/storage``:
+  CSIStorageCapacity readings, the PVC status of every gShare volume, node disks; ``operator_agent.storage``);
+  default ``60``.
+* ``GSHARE_VOLUME_STORAGE_CLASS``: the StorageClass this cluster provisions session volumes from (the chart's
+  ``volumeStorageClass``); always listed in the volume-sync report, with ``capacity_bytes: null`` when no
+  CSIStorageCapacity object names it. Empty: none (only classes with CSIStorageCapacity objects are reported).
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -69,6 +75,8 @@ class OperatorConfig:
             reconcile (> 0).
         operator_namespace: namespace of the operator's token Secret, or None.
         token_secret_name: name of the operator's token Secret, or None.
+        volume_sync_interval: seconds between volume-sync reports (> 0).
+        volume_storage_class: the StorageClass of session volumes on this cluster, or None.
     """
 
     cluster_id: str
@@ -82,6 +90,8 @@ class OperatorConfig:
     reconcile_interval: float = 2.0
     operator_namespace: str | None = None
     token_secret_name: str | None = None
+    volume_sync_interval: float = 60.0
+    volume_storage_class: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -116,6 +126,12 @@ class OperatorConfig:
             raise ConfigError(
                 f"GSHARE_TOKEN_SECRET_NAME must be a Kubernetes object name (DNS-1123 subdomain), got {token_secret_name!r}"
             )
+        volume_storage_class = (environ.get("GSHARE_VOLUME_STORAGE_CLASS") or "").strip() or None
+        if volume_storage_class is not None and not _DNS1123_SUBDOMAIN.match(volume_storage_class):
+            raise ConfigError(
+                "GSHARE_VOLUME_STORAGE_CLASS must be a StorageClass name (DNS-1123 subdomain), "
+                f"got {volume_storage_class!r}"
+            )
         return cls(
             cluster_id=cluster_id,
             control_plane_url=url,
@@ -128,6 +144,8 @@ class OperatorConfig:
             reconcile_interval=_seconds(environ, "GSHARE_RECONCILE_INTERVAL", 2.0),
             operator_namespace=operator_namespace,
             token_secret_name=token_secret_name,
+            volume_sync_interval=_seconds(environ, "GSHARE_VOLUME_SYNC_INTERVAL", 60.0),
+            volume_storage_class=volume_storage_class,
         )
 
     @property

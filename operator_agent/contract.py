@@ -149,6 +149,40 @@ session in a terminal phase (Succeeded, Failed, Terminated) never goes back. A r
 of another cluster refuses the whole call with 403 ``forbidden_cluster_scope``.
 """
 
+STORAGE_PATH = "/internal/v1/storage"
+"""``POST``: the volume-sync report of one cluster (``operator_agent.storage``), every ``GSHARE_VOLUME_SYNC_INTERVAL`` s.
+
+Body::
+
+    {"read_at": RFC 3339 UTC,
+     "storage_classes": [{"storage_class": "nfs-a", "capacity_bytes": int | null, "objects": int}],
+     "volumes": [{"volume_id": "vol_...", "claim_name": "gshare-vol-...", "phase": one of VOLUME_PHASES,
+                  "volume_name": "pvc-..." or "", "message": str}],
+     "nodes": [{"name": "node-1", "disk_bytes": int}]}
+
+``capacity_bytes`` is the *largest* ``capacity`` among the StorageClass's CSIStorageCapacity objects (one per
+topology segment, all describing the same server: never their sum), ``null`` when none publishes one;
+``objects`` counts them. ``volumes`` lists every PVC of the session namespace labelled ``VOLUME_ID_LABEL``;
+``message`` says why a volume is not usable (the PVC's newest event while ``Pending``, or the ``FailedMount``
+event of a pod stuck mounting it), ``""`` otherwise. ``disk_bytes`` is the node's ``ephemeral-storage`` capacity.
+"""
+
+VOLUME_ID_LABEL = "gshare.io/volume-id"
+"""Label carrying the public volume id (``vol_...``) on the volume's PersistentVolumeClaim (and PersistentVolume)."""
+
+VOLUME_NAME_LABEL = "gshare.io/volume-name"
+"""Label carrying the volume's name (a DNS label, mounted at ``/data/<name>``) on its PersistentVolumeClaim."""
+
+VOLUME_MANAGED_BY = "gshare"
+"""Value of ``app.kubernetes.io/managed-by`` on volume PVCs: written by the operator, or by the control plane when it
+moves a volume; the PVC has no owner (the volume outlives every session)."""
+
+VOLUME_PHASE_BOUND = "Bound"
+VOLUME_PHASE_PENDING = "Pending"
+VOLUME_PHASE_LOST = "Lost"
+VOLUME_PHASES = (VOLUME_PHASE_PENDING, VOLUME_PHASE_BOUND, VOLUME_PHASE_LOST)
+"""PersistentVolumeClaim phases (``status.phase``) as reported in ``POST /internal/v1/storage``."""
+
 CONNECT_VERIFY_PATH = "/internal/connect/verify"
 """The ingress-nginx ``auth-url`` of every session Ingress (answers 2xx or 401/403 only)."""
 

@@ -35,7 +35,7 @@ import requests
 
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import INVENTORY_PATH
+from operator_agent.contract import INVENTORY_PATH, STORAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
@@ -150,6 +150,14 @@ class ControlPlaneClient:
             ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
         """
         return self.request("PUT", INVENTORY_PATH, json_body=snapshot)
+
+    def post_storage(self, report: dict) -> dict:
+        """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.storage``; return the body.
+
+        Raises:
+            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
+        """
+        return self.request("POST", STORAGE_PATH, json_body=report)
 
     def request(self, method: str, path: str, *, json_body: Any = None) -> dict:
         """Send ``method path`` with retries (see the module docstring) and return the decoded JSON body.

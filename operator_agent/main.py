@@ -1,9 +1,11 @@
-"""The operator process: the GPU inventory loop and the session reconciler.
+"""The operator process: the GPU inventory loop, the session reconciler and the volume sync.
 
 The main thread reports the GPU inventory every ``GSHARE_INVENTORY_INTERVAL`` seconds; a
 second thread runs the Kopf-based session reconciler (``operator_agent.sessions.run_sessions``:
-GShareSession -> Pod, Service, Ingress, status reports), which stops with the same SIGTERM/SIGINT.
-``--once`` reports the inventory once and does not start the session reconciler.
+GShareSession -> PVCs, Pod, Service, Ingress, status reports) and a third the volume-sync tick
+(``operator_agent.storage.run_volume_sync``: ``POST /internal/v1/storage`` every
+``GSHARE_VOLUME_SYNC_INTERVAL`` seconds); all stop with the same SIGTERM/SIGINT.
+``--once`` reports the inventory once and starts neither the session reconciler nor the volume sync.
 
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
 snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``); a
@@ -47,6 +49,7 @@ from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_cl
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
 from operator_agent.inventory import collect_inventory, snapshot_counts
 from operator_agent.sessions import run_sessions
+from operator_agent.storage import run_volume_sync
 from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
 
 __all__ = ["main", "report_inventory", "run"]
@@ -59,6 +62,9 @@ EXIT_CONFIG = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SESSIONS_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the session reconciler to stop after SIGTERM/SIGINT."""
+
+VOLUME_SYNC_JOIN_TIMEOUT = 30.0
+"""Seconds the process waits for the volume-sync thread to stop (a request in flight finishes within the timeout)."""
 
 
 def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig) -> bool:
@@ -166,6 +172,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     sessions_thread: threading.Thread | None = None
     sessions_api_client: kubernetes.client.ApiClient | None = None
     sessions_client: ControlPlaneClient | None = None
+    volume_thread: threading.Thread | None = None
+    volume_api_client: kubernetes.client.ApiClient | None = None
+    volume_client: ControlPlaneClient | None = None
     try:
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
@@ -178,6 +187,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             daemon=True,
         )
         sessions_thread.start()
+        # Its own apiserver and control-plane clients: a requests.Session is not shared between threads; the
+        # TokenSource is, so every loop sends the same, newest token.
+        volume_api_client = kubernetes_api_client(environ)
+        volume_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
+        volume_thread = threading.Thread(
+            target=run_volume_sync,
+            args=(config, volume_api_client, volume_client, stop),
+            name="volume-sync",
+            daemon=True,
+        )
+        volume_thread.start()
+        logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
+                    config.volume_storage_class or "none set")
         run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client))
     finally:
         stop.set()
@@ -185,6 +207,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             sessions_thread.join(SESSIONS_JOIN_TIMEOUT)
             if sessions_thread.is_alive():
                 logger.warning("session reconciler did not stop within %gs", SESSIONS_JOIN_TIMEOUT)
+        if volume_thread is not None:
+            volume_thread.join(VOLUME_SYNC_JOIN_TIMEOUT)
+            if volume_thread.is_alive():
+                logger.warning("volume sync did not stop within %gs", VOLUME_SYNC_JOIN_TIMEOUT)
+        if volume_client is not None:
+            volume_client.session.close()
+        if volume_api_client is not None:
+            volume_api_client.close()
         if sessions_client is not None:
             sessions_client.session.close()
         if sessions_api_client is not None:

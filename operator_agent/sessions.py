@@ -6,7 +6,8 @@ the one namespace ``GSHARE_SESSION_NAMESPACE``. One thin handler per event:
 
 * ``on.resume`` + ``on.create`` of a GShareSession, ``on.update`` of its ``spec`` and a
   ``timer`` every ``RESYNC_SECONDS`` -> ``SessionReconciler.reconcile``: server-side apply of the
-  Service and Ingress, create the Pod when the session has none yet, then ``sync_status``.
+  Service and Ingress, create the PersistentVolumeClaims of ``spec.volumes`` that do not exist yet and then
+  the Pod when the session has none yet, then ``sync_status``. PVCs have no owner: volumes outlive sessions.
   A failed call raises ``kopf.TemporaryError(delay=GSHARE_RECONCILE_INTERVAL)``; an apiserver
   refusal of the Pod itself (400/422: invalid spec, admission denied) ends the session
   ``Failed`` with the apiserver's message instead of retrying forever.
@@ -95,7 +96,15 @@ from operator_agent.control_plane import (
 )
 from operator_agent.hami import HamiDecodeError
 from operator_agent.hami_pods import allocated_device_uuids
-from operator_agent.k8s.manifests import MANAGED_BY, MANAGED_BY_LABEL, session_ingress, session_pod, session_service
+from operator_agent.k8s.manifests import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    session_ingress,
+    session_pod,
+    session_pvc,
+    session_service,
+    session_volumes,
+)
 
 __all__ = [
     "FIELD_MANAGER",
@@ -452,7 +461,8 @@ class SessionReconciler:
 
         Service and Ingress are applied (server-side apply, ``fieldManager=gshare-operator``) while the
         session is not over; the Pod is created only while the session has no phase yet (never
-        recreated). An apiserver refusal of the Pod (400/422) makes the session ``Failed``.
+        recreated), after the PersistentVolumeClaim of each ``spec.volumes`` entry (``_ensure_pvcs``). An
+        apiserver refusal of a PVC or of the Pod (400/422) makes the session ``Failed``.
 
         Returns:
             The session's status after the call, or ``None`` when the GShareSession is gone or being deleted.
@@ -469,7 +479,7 @@ class SessionReconciler:
                 self._apply(session_service(gss))
                 self._apply(session_ingress(gss))
                 if not status.get("phase"):
-                    refusal = self._create_pod(session_pod(gss))
+                    refusal = self._ensure_pvcs(gss) or self._create_pod(session_pod(gss))
                     if refusal is not None:
                         failed = {"phase": PHASE_FAILED, "node": "", "devices": [], "message": _cut(refusal)}
                         return self._write_status(gss, failed)
@@ -560,6 +570,33 @@ class SessionReconciler:
             logger.warning("pod %s/%s is not owned by its GShareSession (uid %s); ignoring it", self.namespace, name, owner_uid)
             return None
         return pod
+
+    def _ensure_pvcs(self, gss: Mapping[str, Any]) -> str | None:
+        """Create the PVC of each ``spec.volumes`` entry that does not exist yet (``session_pvc``).
+
+        Create-if-absent, never apply: an existing PVC is left exactly as it is (a moved volume's PVC was
+        created pre-bound by the control plane, with ``spec.volumeName``; a PVC's spec is immutable anyway).
+        A PVC carries no owner reference, so it outlives the session.
+
+        Returns:
+            ``None`` when every PVC exists, else the apiserver's refusal (400/422) of one of them.
+        """
+        for volume in session_volumes(gss):
+            pvc = session_pvc(volume, self.namespace)
+            name = pvc["metadata"]["name"]
+            try:
+                self.core.create_namespaced_persistent_volume_claim(
+                    self.namespace, pvc, field_manager=FIELD_MANAGER, **self._timeout_kwargs
+                )
+            except kubernetes.client.exceptions.ApiException as exc:
+                if exc.status == 409:
+                    continue  # already there (an earlier session, a retry, or a move): left alone
+                if exc.status in (400, 422):
+                    return f"the apiserver refused the PersistentVolumeClaim {name} of volume {volume['name']}: {_api_message(exc)}"
+                raise
+            logger.info("persistentvolumeclaim %s/%s created for volume %s (%s)", self.namespace, name,
+                        volume["name"], volume["volumeId"])
+        return None
 
     def _create_pod(self, pod: dict[str, Any]) -> str | None:
         """Create the Pod; ``None`` when created or already there, else the apiserver's refusal (400/422)."""

@@ -18,6 +18,9 @@ Where the formats come from:
   ``/work/shared/fixtures/hami/helm-values.resource-names.v2.10.0.yaml``);
 * Ingress annotations: ingress-nginx "External Authentication" and "Custom timeouts"
   annotations (``docs/user-guide/nginx-configuration/annotations.md``);
+* session volumes: ``core/v1`` PersistentVolumeClaim (``ReadWriteMany``: every cluster mounts the same NFS
+  export through its democratic-csi driver, and a session pod may land on any node), mounted through a
+  ``persistentVolumeClaim`` pod volume;
 * Jupyter base URL: ``NOTEBOOK_ARGS`` is appended to the ``jupyter lab`` command line by the
   Jupyter Docker Stacks' ``start-notebook.py`` (``images/base-notebook/start-notebook.py``);
   ``--ServerApp.base_url`` and ``--ServerApp.port`` are Jupyter Server 2 options.
@@ -25,6 +28,7 @@ Where the formats come from:
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +38,9 @@ from operator_agent.contract import (
     GPU_NODE_LABEL_VALUE,
     SESSION_ID_LABEL,
     SESSION_PORT_DEFAULT,
+    VOLUME_ID_LABEL,
+    VOLUME_MANAGED_BY,
+    VOLUME_NAME_LABEL,
     session_object_name,
 )
 
@@ -46,11 +53,15 @@ __all__ = [
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
     "RUNTIME_CLASS",
+    "VOLUME_ACCESS_MODES",
+    "pod_volume_name",
     "session_ingress",
     "session_labels",
     "session_owner_reference",
     "session_pod",
+    "session_pvc",
     "session_service",
+    "session_volumes",
 ]
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -94,6 +105,14 @@ RUN_AS_USER = 1000
 
 RUN_AS_GROUP = 100
 """GID of the session container: ``users`` in the Jupyter Docker Stacks images (also the fsGroup)."""
+
+VOLUME_ACCESS_MODES = ("ReadWriteMany",)
+"""Access modes of a volume's PVC: NFS, mountable from every node (and cluster) at once."""
+
+POD_VOLUME_PREFIX = "vol-"
+"""Pod volume names are ``vol-<volume name>``."""
+
+_POD_VOLUME_NAME_MAX = 63  # a pod volume name is a DNS-1123 label
 
 
 def session_labels(gss: Mapping[str, Any]) -> dict[str, str]:
@@ -142,6 +161,8 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
       read by the Jupyter Docker Stacks' start script);
     * non-root (UID 1000, GID 100), no privilege escalation, all capabilities dropped, RuntimeDefault
       seccomp, no service-account token mounted, no service links;
+    * each ``spec.volumes`` entry mounted at its ``mountPath`` from pod volume ``vol-<name>``
+      (``persistentVolumeClaim.claimName``; see ``session_pvc``, ``pod_volume_name``);
     * labels ``session_labels``; owned by the GShareSession (``session_owner_reference``).
     """
     spec = _spec(gss)
@@ -155,40 +176,99 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
     if spec.get("gpuCores") is not None:
         limits[HAMI_RESOURCE_CORES] = str(int(spec["gpuCores"]))
     notebook_args = shlex.join([f"--ServerApp.base_url={path}", f"--ServerApp.port={port}"])
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec["image"],
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": [
+            {"name": "GSHARE_SESSION_ID", "value": session_id},
+            {"name": "GSHARE_BASE_PATH", "value": path},
+            {"name": "NOTEBOOK_ARGS", "value": notebook_args},
+        ],
+        "resources": {"limits": limits},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "runtimeClassName": RUNTIME_CLASS,
+        "nodeSelector": {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE},
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_GROUP,
+            "fsGroup": RUN_AS_GROUP,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+    }
+    volumes = session_volumes(gss)
+    if volumes:
+        container["volumeMounts"] = [
+            {"name": pod_volume_name(volume["name"]), "mountPath": volume["mountPath"]} for volume in volumes
+        ]
+        pod_spec["volumes"] = [
+            {"name": pod_volume_name(volume["name"]), "persistentVolumeClaim": {"claimName": volume["claimName"]}}
+            for volume in volumes
+        ]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(gss), "spec": pod_spec}
+
+
+def session_volumes(gss: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The GShareSession's ``spec.volumes`` (``[]`` when absent or empty).
+
+    Each entry: ``{"volumeId": "vol_...", "name": "datasets", "claimName": "gshare-vol-...",
+    "storageClassName": "nfs-a", "size": "100Gi", "mountPath": "/data/datasets"}`` (all required; CRD schema).
+    """
+    return list(_spec(gss).get("volumes") or [])
+
+
+def pod_volume_name(volume_name: str) -> str:
+    """The pod volume of a gShare volume: ``vol-<name>``.
+
+    A pod volume name is a DNS-1123 label (63 characters at most) and a volume name may itself be 63 long: a
+    longer result keeps the first characters and ends with 8 hex digits of the name's SHA-256, so two volumes
+    of one session never share a pod volume.
+    """
+    candidate = f"{POD_VOLUME_PREFIX}{volume_name}"
+    if len(candidate) <= _POD_VOLUME_NAME_MAX:
+        return candidate
+    digest = hashlib.sha256(volume_name.encode("utf-8")).hexdigest()[:8]
+    head = candidate[: _POD_VOLUME_NAME_MAX - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def session_pvc(volume: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """The PersistentVolumeClaim (``core/v1``) of one ``spec.volumes`` entry, in ``namespace``.
+
+    * name ``volume.claimName`` (chosen by the control plane, the same on every cluster);
+    * labels ``app.kubernetes.io/managed-by: gshare``, ``gshare.io/volume-id: <volumeId>``,
+      ``gshare.io/volume-name: <name>`` (how the volume-sync tick finds the volumes it holds);
+    * ``accessModes: [ReadWriteMany]``, ``storageClassName``, ``resources.requests.storage: <size>``;
+    * no owner reference: the volume outlives the session (deleting the GShareSession must not delete it),
+      and no ``volumeName``: a PVC the control plane pre-binds after a move is created by the control plane,
+      and the operator never changes an existing PVC.
+    """
     return {
         "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(gss),
-        "spec": {
-            "runtimeClassName": RUNTIME_CLASS,
-            "nodeSelector": {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE},
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": RUN_AS_USER,
-                "runAsGroup": RUN_AS_GROUP,
-                "fsGroup": RUN_AS_GROUP,
-                "seccompProfile": {"type": "RuntimeDefault"},
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": volume["claimName"],
+            "namespace": namespace,
+            "labels": {
+                MANAGED_BY_LABEL: VOLUME_MANAGED_BY,
+                VOLUME_ID_LABEL: volume["volumeId"],
+                VOLUME_NAME_LABEL: volume["name"],
             },
-            "containers": [
-                {
-                    "name": CONTAINER_NAME,
-                    "image": spec["image"],
-                    "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-                    "env": [
-                        {"name": "GSHARE_SESSION_ID", "value": session_id},
-                        {"name": "GSHARE_BASE_PATH", "value": path},
-                        {"name": "NOTEBOOK_ARGS", "value": notebook_args},
-                    ],
-                    "resources": {"limits": limits},
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                }
-            ],
+        },
+        "spec": {
+            "accessModes": list(VOLUME_ACCESS_MODES),
+            "storageClassName": volume["storageClassName"],
+            "resources": {"requests": {"storage": str(volume["size"])}},
         },
     }
 

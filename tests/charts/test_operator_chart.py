@@ -126,3 +126,37 @@ def test_a_missing_required_value_fails_with_a_message_naming_it(missing):
 def test_an_empty_token_secret_name_fails():
     message = expect_render_error(render_operator, merged(OPERATOR_VALUES, {"tokenSecretName": ""}))
     assert "tokenSecretName is required" in message
+
+
+def rules_of(objects, kind: str, name: str) -> list[dict]:
+    return one(objects, kind, name)["rules"]
+
+
+def grants(rules: list[dict], group: str, resource: str) -> set[str]:
+    """Verbs the rules grant on ``group``/``resource`` (no resourceNames restriction)."""
+    return {verb for rule in rules if group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+            and not rule.get("resourceNames") for verb in rule["verbs"]}
+
+
+def test_volume_sync_rbac_is_least_privilege():
+    objects = render_operator(CUSTOM)
+    cluster = rules_of(objects, "ClusterRole", "gshare-operator")
+    assert grants(cluster, "storage.k8s.io", "csistoragecapacities") == {"get", "list", "watch"}
+    assert grants(cluster, "storage.k8s.io", "storageclasses") == {"get", "list"}
+    assert grants(cluster, "", "nodes") == {"get", "list", "watch"}
+    assert grants(cluster, "", "persistentvolumeclaims") == set()  # PVCs only in the session namespace
+    assert grants(cluster, "", "persistentvolumes") == set()
+    sessions = rules_of(objects, "Role", "gshare-operator-sessions")
+    # Create-if-absent only: an existing PVC (pre-bound after a move) is never changed or deleted by the operator.
+    assert grants(sessions, "", "persistentvolumeclaims") == {"get", "list", "watch", "create"}
+    assert grants(sessions, "", "events") == {"create", "list", "watch"}
+    role = one(objects, "Role", "gshare-operator-sessions")
+    assert role["metadata"]["namespace"] == merged(chart_defaults(OPERATOR_CHART), CUSTOM)["sessionNamespace"]
+
+
+def test_volume_sync_interval_is_passed_to_the_operator():
+    env = env_of(operator_container(render_operator(merged(OPERATOR_VALUES, {"volumeSyncIntervalSeconds": 15}))))
+    assert env["GSHARE_VOLUME_SYNC_INTERVAL"]["value"] == "15"
+    defaults = chart_defaults(OPERATOR_CHART)
+    assert defaults["volumeSyncIntervalSeconds"] == 60
+    assert env_of(operator_container(render_operator()))["GSHARE_VOLUME_SYNC_INTERVAL"]["value"] == "60"

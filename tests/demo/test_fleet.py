@@ -154,7 +154,7 @@ def test_expected_snapshot_matches_the_operator_decoder():
 def test_every_data_file_has_provenance_in_the_readme():
     readme = (fleet.DATA_DIR / "README.md").read_text()
     files = [p for p in fleet.DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"]
-    assert len(files) == 13
+    assert len(files) == 14
     for path in files:
         assert f"`{path.name}`" in readme, path.name
 
@@ -170,7 +170,7 @@ def test_emulated_cluster_serves_the_fleet_to_the_official_client(name):
         daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces().items
         assert [d.metadata.name for d in daemonsets] == ["hami-device-plugin"]
         namespaces = sorted(n.metadata.name for n in core.list_namespace().items)
-        assert namespaces == ["default", "gshare-sessions", "gshare-system", "kube-system"]
+        assert namespaces == ["default", "democratic-csi", "gshare-sessions", "gshare-system", "kube-system"]
         assert kubernetes.client.VersionApi(api).get_code().git_version == fleet.cluster_version(name)["gitVersion"]
         api.close()
 

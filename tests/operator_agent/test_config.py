@@ -122,3 +122,21 @@ def test_in_cluster_is_chosen_when_service_host_is_set(tmp_path):
     environ = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "KUBECONFIG": str(path)}
     with pytest.raises(ConfigError, match="in-cluster"):
         kubernetes_api_client(environ)
+
+
+def test_volume_sync_settings():
+    defaults = OperatorConfig.from_environ(REQUIRED)
+    assert (defaults.volume_sync_interval, defaults.volume_storage_class) == (60.0, None)
+    config = OperatorConfig.from_environ({**REQUIRED, "GSHARE_VOLUME_SYNC_INTERVAL": "15",
+                                          "GSHARE_VOLUME_STORAGE_CLASS": " gshare-nfs "})
+    assert (config.volume_sync_interval, config.volume_storage_class) == (15.0, "gshare-nfs")
+    assert OperatorConfig.from_environ({**REQUIRED, "GSHARE_VOLUME_STORAGE_CLASS": ""}).volume_storage_class is None
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("GSHARE_VOLUME_SYNC_INTERVAL", "0"), ("GSHARE_VOLUME_SYNC_INTERVAL", "soon"),
+    ("GSHARE_VOLUME_STORAGE_CLASS", "NFS_Pool"),
+])
+def test_bad_volume_sync_settings_name_the_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        OperatorConfig.from_environ({**REQUIRED, name: value})

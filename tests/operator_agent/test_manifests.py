@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -19,9 +20,19 @@ from operator_agent.contract import (
     GSHARE_SESSION_PLURAL,
     SESSION_ID_LABEL,
     SESSION_PHASES,
+    VOLUME_ID_LABEL,
+    VOLUME_MANAGED_BY,
+    VOLUME_NAME_LABEL,
     session_object_name,
 )
-from operator_agent.k8s.manifests import session_ingress, session_owner_reference, session_pod, session_service
+from operator_agent.k8s.manifests import (
+    pod_volume_name,
+    session_ingress,
+    session_owner_reference,
+    session_pod,
+    session_pvc,
+    session_service,
+)
 
 KUBERNETES_VERSION = "1.32"
 SESSION_ID = "ses_ab12cd34ef56gh78"
@@ -209,3 +220,105 @@ def test_crd_schema_refuses_bad_specs(field, value):
     body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": {**GSS["spec"], field: value}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(body, crd_schema())
+
+
+# --------------------------------------------------------------------------- session volumes
+
+VOLUMES = [
+    {"volumeId": "vol_abc234", "name": "datasets", "claimName": "gshare-vol-abc234", "storageClassName": "nfs-a",
+     "size": "100Gi", "mountPath": "/data/datasets"},
+    {"volumeId": "vol_xyz567", "name": "scratch", "claimName": "gshare-vol-xyz567", "storageClassName": "nfs-a",
+     "size": "5Gi", "mountPath": "/data/scratch"},
+]
+
+
+def with_volumes(volumes=VOLUMES) -> dict:
+    gss = copy.deepcopy(GSS)
+    gss["spec"]["volumes"] = copy.deepcopy(volumes)
+    return gss
+
+
+@pytest.mark.parametrize("volume", VOLUMES, ids=lambda v: v["name"])
+def test_session_pvc_validates_and_follows_the_contract(volume):
+    pvc = session_pvc(volume, "gshare-sessions")
+    kubernetes_validate.validate(pvc, KUBERNETES_VERSION, strict=True)
+    json.dumps(pvc)
+    assert (pvc["apiVersion"], pvc["kind"]) == ("v1", "PersistentVolumeClaim")
+    meta = pvc["metadata"]
+    assert (meta["name"], meta["namespace"]) == (volume["claimName"], "gshare-sessions")
+    assert meta["labels"] == {"app.kubernetes.io/managed-by": VOLUME_MANAGED_BY, VOLUME_ID_LABEL: volume["volumeId"],
+                              VOLUME_NAME_LABEL: volume["name"]}
+    assert VOLUME_MANAGED_BY == "gshare"
+    assert "ownerReferences" not in meta  # the volume outlives the session
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs-a",
+                           "resources": {"requests": {"storage": volume["size"]}}}
+    assert "volumeName" not in pvc["spec"]
+
+
+def test_session_pvc_is_pure():
+    volume = copy.deepcopy(VOLUMES[0])
+    first = session_pvc(volume, "ns")
+    first["metadata"]["labels"]["x"] = "y"
+    first["spec"]["accessModes"].append("ReadWriteOnce")
+    assert volume == VOLUMES[0]
+    assert session_pvc(volume, "ns") == session_pvc(VOLUMES[0], "ns") != first
+
+
+@pytest.mark.parametrize("gss", [with_volumes(), with_volumes([VOLUMES[0]])], ids=["two", "one"])
+def test_pod_with_volumes_validates(gss):
+    kubernetes_validate.validate(session_pod(gss), KUBERNETES_VERSION, strict=True)
+
+
+def test_pod_mounts_each_volume_at_its_path():
+    spec = session_pod(with_volumes())["spec"]
+    assert spec["volumes"] == [
+        {"name": "vol-datasets", "persistentVolumeClaim": {"claimName": "gshare-vol-abc234"}},
+        {"name": "vol-scratch", "persistentVolumeClaim": {"claimName": "gshare-vol-xyz567"}},
+    ]
+    (container,) = spec["containers"]
+    assert container["volumeMounts"] == [{"name": "vol-datasets", "mountPath": "/data/datasets"},
+                                         {"name": "vol-scratch", "mountPath": "/data/scratch"}]
+
+
+@pytest.mark.parametrize("gss", [GSS, with_volumes([])], ids=["absent", "empty"])
+def test_pod_without_volumes_is_unchanged(gss):
+    spec = session_pod(gss)["spec"]
+    assert "volumes" not in spec and "volumeMounts" not in spec["containers"][0]
+    assert session_pod(gss) == session_pod(GSS)
+
+
+def test_pod_volume_names_are_dns_labels_even_for_the_longest_volume_names():
+    assert pod_volume_name("datasets") == "vol-datasets"
+    longest = "a" * 30 + "-" + "b" * 32  # 63 characters, the longest volume name
+    other = "a" * 30 + "-" + "b" * 31 + "c"
+    name, other_name = pod_volume_name(longest), pod_volume_name(other)
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+    assert name.startswith("vol-aaaa") and name != other_name
+    gss = with_volumes([{**VOLUMES[0], "name": longest}])
+    kubernetes_validate.validate(session_pod(gss), KUBERNETES_VERSION, strict=True)
+
+
+def test_contract_volumes_match_the_crd_schema():
+    body = {k: v for k, v in with_volumes().items() if k != "metadata"}
+    jsonschema.validate(body, crd_schema())
+    volumes = crd_schema()["properties"]["spec"]["properties"]["volumes"]
+    assert set(volumes["items"]["required"]) == {"volumeId", "name", "claimName", "storageClassName", "size", "mountPath"}
+    assert "volumes" not in crd_schema()["properties"]["spec"]["required"]  # may be absent
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("volumeId", "abc"), ("name", "Data_Sets"), ("claimName", "Bad_Name"), ("storageClassName", ""),
+    ("size", "lots"), ("mountPath", "data"),
+])
+def test_crd_schema_refuses_bad_volumes(field, value):
+    body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": with_volumes([{**VOLUMES[0], field: value}])["spec"]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, crd_schema())
+
+
+def test_crd_schema_requires_every_volume_field():
+    for missing in VOLUMES[0]:
+        volume = {k: v for k, v in VOLUMES[0].items() if k != missing}
+        body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": with_volumes([volume])["spec"]}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(body, crd_schema())

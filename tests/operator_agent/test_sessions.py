@@ -554,3 +554,83 @@ def test_connection_info_from_kubeconfig():
         info = connection_info(api.configuration)
     assert isinstance(info, kopf.ConnectionInfo)
     assert (info.server, info.scheme, info.token) == ("http://127.0.0.1:6443", "Bearer", "abc")
+
+
+# --------------------------------------------------------------------------- volumes
+
+
+def volume(name: str, claim: str, *, storage_class: str = fleet.STORAGE_CLASS, size: str = "10Gi") -> dict:
+    return {"volumeId": f"vol_{name.replace('-', '')}", "name": name, "claimName": claim,
+            "storageClassName": storage_class, "size": size, "mountPath": f"/data/{name}"}
+
+
+def claims(cluster: EmulatedCluster) -> dict[str, dict]:
+    return {c["metadata"]["name"]: c for c in cluster.objects_of("persistentvolumeclaims")}
+
+
+def test_session_volumes_get_their_pvcs_before_the_pod_and_outlive_it(cluster, control_plane, start_operator):
+    # A moved volume: the control plane made a pre-bound PV and PVC on this cluster; the operator must leave them be.
+    with api_client_for(cluster) as api:
+        core = kubernetes.client.CoreV1Api(api)
+        core.create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "gshare-vol-moved-pv"},
+            "spec": {"accessModes": ["ReadWriteMany"], "capacity": {"storage": "20Gi"},
+                     "csi": {"driver": fleet.CSI_DRIVER, "volumeHandle": "pvc-0f0e1b55", "fsType": "nfs"},
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": fleet.STORAGE_CLASS,
+                     "claimRef": {"namespace": NAMESPACE, "name": "gshare-vol-moved"}}})
+        core.create_namespaced_persistent_volume_claim(NAMESPACE, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "gshare-vol-moved", "labels": {"gshare.io/volume-id": "vol_moved"}},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": fleet.STORAGE_CLASS,
+                     "volumeName": "gshare-vol-moved-pv", "resources": {"requests": {"storage": "20Gi"}}}})
+    moved_before = claims(cluster)["gshare-vol-moved"]
+    start_operator(cluster)
+    session_id, name = "ses_volumes000000001", "ses-volumes000000001"
+    apply_session(cluster, gshare_session(session_id, volumes=[volume("datasets", "gshare-vol-datasets"),
+                                                               volume("moved", "gshare-vol-moved", size="20Gi")]))
+    wait_for("Running", lambda: "Running" in control_plane.phases(session_id))
+
+    found = claims(cluster)
+    new = found["gshare-vol-datasets"]
+    assert new["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gshare", "gshare.io/volume-id": "vol_datasets",
+                                         "gshare.io/volume-name": "datasets"}
+    assert "ownerReferences" not in new["metadata"]
+    assert new["spec"]["storageClassName"] == fleet.STORAGE_CLASS and new["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert new["status"]["phase"] == "Bound"  # provisioned by the emulator's democratic-csi stand-in
+    moved = found["gshare-vol-moved"]
+    assert moved["spec"] == {**moved_before["spec"], "volumeName": "gshare-vol-moved-pv"}
+    assert moved["metadata"]["labels"] == moved_before["metadata"]["labels"]
+    assert moved["status"]["phase"] == "Bound"
+    pvc_writes = [r for r in cluster.requests_seen() if "/persistentvolumeclaims" in r["path"]
+                  and r["method"] in ("PATCH", "PUT", "DELETE")]
+    assert pvc_writes == []  # create-if-absent only
+
+    pod = children(cluster, name)[0]
+    assert pod["spec"]["volumes"] == [
+        {"name": "vol-datasets", "persistentVolumeClaim": {"claimName": "gshare-vol-datasets"}},
+        {"name": "vol-moved", "persistentVolumeClaim": {"claimName": "gshare-vol-moved"}},
+    ]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "vol-datasets", "mountPath": "/data/datasets"},
+                                                           {"name": "vol-moved", "mountPath": "/data/moved"}]
+
+    delete_session(cluster, name)
+    wait_for("children deleted", lambda: children(cluster, name) == (None, None, None))
+    time.sleep(0.5)
+    assert {"gshare-vol-datasets", "gshare-vol-moved"} <= set(claims(cluster))  # volumes outlive sessions
+
+
+def test_a_volume_that_cannot_bind_keeps_the_session_pending_with_the_reason(cluster, control_plane, start_operator):
+    start_operator(cluster)
+    session_id = "ses_unbound000000001"
+    apply_session(cluster, gshare_session(session_id, volumes=[volume("data", "gshare-vol-unbound",
+                                                                      storage_class="no-such-class")]))
+    pending = wait_for("a Pending report naming the claim", lambda: [
+        r for r in control_plane.reports(session_id) if "unbound immediate PersistentVolumeClaims" in r["message"]])
+    assert pending[-1]["phase"] == "Pending"
+    assert pending[-1]["message"].startswith("not scheduled (Unschedulable): 0/3 nodes are available: pod has unbound")
+    claim = claims(cluster)["gshare-vol-unbound"]
+    assert claim["status"]["phase"] == "Pending"
+    events = wait_for("the PV controller's event", lambda: [
+        e for e in cluster.objects_of("events") if e["involvedObject"]["name"] == "gshare-vol-unbound"])
+    assert [(e["reason"], e["message"]) for e in events] == [
+        ("ProvisioningFailed", 'storageclass.storage.k8s.io "no-such-class" not found')]
