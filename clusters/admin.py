@@ -23,6 +23,11 @@ def _age(value) -> str:
     return f"{seconds // 3600} h ago"
 
 
+def _actor(request) -> str:
+    """``console:<username>``: who did it, for the ``gshare.audit`` lines."""
+    return f"console:{request.user.get_username()}"
+
+
 #: Operator token facts shown read-only on a cluster's page (never the token: only the cluster's Secret holds it).
 OPERATOR_TOKEN_FIELDS = [
     "operator_token_warning", "credential_generation", "operator_token_expires_at", "operator_token_rotated_at",
@@ -64,9 +69,9 @@ class ClusterAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        """Save edits through ``cluster_update`` so the console and the API share one validation."""
+        """Save edits through ``cluster_update`` so the console and the API share one validation (and one audit line)."""
         changed = {name: form.cleaned_data[name] for name in form.changed_data if name in services.EDITABLE_FIELDS}
-        services.cluster_update(cluster=obj, changes=changed)
+        services.cluster_update(cluster=obj, changes=changed, actor=_actor(request))
 
     @admin.display(description="heartbeat", ordering="last_heartbeat_at")
     def heartbeat_age(self, obj: Cluster) -> str:
@@ -98,7 +103,8 @@ class ClusterAdmin(admin.ModelAdmin):
         """The warning of :func:`clusters.token_rotation.operator_token_state`, or "none"."""
         return token_rotation.operator_token_state(obj).warning or "none"
 
-    @admin.action(description="Rotate the operator token now")
+    # Every action changes state: it needs the change permission (a view-only staff user sees none of them).
+    @admin.action(description="Rotate the operator token now", permissions=["change"])
     def rotate_operator_token(self, request, queryset):
         """Push a fresh operator token into each selected cluster's Secret."""
         for cluster in queryset:
@@ -110,17 +116,17 @@ class ClusterAdmin(admin.ModelAdmin):
             expires = f"{result.expires_at:%Y-%m-%d %H:%M} UTC"
             self.message_user(request, f"{cluster.name}: operator token rotated ({result.detail}), expires {expires}", messages.SUCCESS)
 
-    @admin.action(description="Revoke all operator tokens (the operator is locked out until the next rotation)")
+    @admin.action(description="Revoke all operator tokens (the operator is locked out until the next rotation)", permissions=["change"])
     def revoke_operator_tokens(self, request, queryset):
         """Bump each selected cluster's credential generation: every token issued before is refused."""
         for cluster in queryset:
-            generation = token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor=f"console:{request.user.get_username()}")
+            generation = token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor=_actor(request))
             self.message_user(
                 request, f"{cluster.name}: operator tokens revoked (generation {generation}); run “Rotate the operator token now” to let its operator back in.",
                 messages.WARNING,
             )
 
-    @admin.action(description="Run the connection test")
+    @admin.action(description="Run the connection test", permissions=["change"])
     def connection_test(self, request, queryset):
         """Probe each selected cluster now and report its status."""
         for cluster in queryset:
@@ -133,12 +139,12 @@ class ClusterAdmin(admin.ModelAdmin):
             level = messages.SUCCESS if not failed else messages.WARNING
             self.message_user(request, f"{cluster.name}: {report['status']}" + (f" (failed: {', '.join(failed)})" if failed else ""), level)
 
-    @admin.action(description="Deregister")
+    @admin.action(description="Deregister", permissions=["change"])
     def deregister(self, request, queryset):
         """Deregister each selected cluster (refused while anything runs on it)."""
         for cluster in queryset:
             try:
-                services.cluster_deregister(cluster=cluster)
+                services.cluster_deregister(cluster=cluster, actor=_actor(request))
                 self.message_user(request, f"{cluster.name}: deregistered", messages.SUCCESS)
             except ApplicationError as exc:
                 self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)

@@ -22,6 +22,8 @@ from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
 
 logger = logging.getLogger(__name__)
+#: Security-relevant actions, one structured line each (``extra={"audit": {...}}``); never a secret.
+audit = logging.getLogger("gshare.audit")
 
 EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
 #: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
@@ -129,7 +131,7 @@ class _Credential:
     kubernetes_version: str
 
 
-def cluster_update(*, cluster: Cluster, changes: dict) -> Cluster:
+def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") -> Cluster:
     """Change a cluster's editable settings and/or its kubeconfig, all or nothing.
 
     A new ``kubeconfig`` goes through registration's checks (``validate_kubeconfig``: same rules, same
@@ -142,12 +144,14 @@ def cluster_update(*, cluster: Cluster, changes: dict) -> Cluster:
     cluster's, not the credential's: they are not re-checked (the connection test reports them).
 
     Every change is applied in one transaction with the cluster's row locked, after every check
-    passed: a refusal changes nothing.
+    passed: a refusal changes nothing. A change writes one ``gshare.audit`` line (``cluster_update``: the
+    fields changed, and for a new kubeconfig the apiserver it reaches; never the kubeconfig).
 
     Args:
         cluster: the cluster (not deregistered).
         changes: field -> new value; ``session_domain``, ``ingress_node``, ``volume_storage_class``
             (strings) and ``kubeconfig`` (kubeconfig text, never logged or returned).
+        actor: who asked, for the audit line (``api:<user>``, ``console:<user>``, ...).
 
     Returns:
         The updated ``Cluster``.
@@ -197,6 +201,17 @@ def cluster_update(*, cluster: Cluster, changes: dict) -> Cluster:
             setattr(cluster, key, value)
         cluster.full_clean(validate_constraints=False)
         cluster.save(update_fields=list(fields))
+    if changes:
+        changed = sorted(set(changes) & {*EDITABLE_FIELDS, CREDENTIAL_FIELD})
+        facts = {"actor": actor, "action": "cluster_update", "cluster": cluster.public_id, "cluster_name": cluster.name, "fields": changed}
+        if credential is not None:
+            facts.update(apiserver_url=cluster.apiserver_url, kube_system_uid=cluster.kube_system_uid)
+        audit.info(
+            "actor=%s action=cluster_update cluster=%s cluster_name=%s fields=%s%s",
+            actor, cluster.public_id, cluster.name, ",".join(changed),
+            f" apiserver_url={cluster.apiserver_url}: the kubeconfig was replaced" if credential is not None else "",
+            extra={"audit": facts},
+        )
     if credential is not None:
         logger.info(
             "cluster credential changed: %s %s now reaches %s (kube-system uid %s, same cluster)",
@@ -305,11 +320,15 @@ def cluster_live_allocations(*, cluster: Cluster) -> int:
 
 
 @transaction.atomic
-def cluster_deregister(*, cluster: Cluster) -> Cluster:
+def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     """Deregister a cluster: drop its nodes and devices, keep the row for history.
 
     From then on its operator tokens are refused with 401 and its name is free; its credential generation
-    is bumped too (audit line in ``gshare.audit``). Idempotent.
+    is bumped too (audit line in ``gshare.audit``, action ``cluster_deregister``, by ``actor``). Idempotent.
+
+    Args:
+        cluster: the cluster.
+        actor: who asked, for the audit line (``api:<user>``, ``console:<user>``, ...).
 
     Raises:
         Conflict: ``cluster_busy`` (409) while live sessions or GPU allocations exist on it.
@@ -327,7 +346,7 @@ def cluster_deregister(*, cluster: Cluster) -> Cluster:
     GpuDevice.objects.filter(cluster=cluster).delete()
     Node.objects.filter(cluster=cluster).delete()
     # Every operator token issued for it is refused from now on (token_revoked), whatever its status check says.
-    credential_generation_bump(cluster=cluster, actor="system", action="cluster_deregister")
+    credential_generation_bump(cluster=cluster, actor=actor, action="cluster_deregister")
     cluster.status = Cluster.Status.DEREGISTERED
     cluster.deregistered_at = timezone.now()
     cluster.save(update_fields=["status", "deregistered_at"])

@@ -21,7 +21,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         """Tokens are created with ``manage.py create_api_token`` (the text is shown once)."""
         return False
 
-    @admin.action(description="Revoke")
+    @admin.action(description="Revoke", permissions=["change"])
     def revoke(self, request, queryset):
         """Revoke each selected token."""
         for token in queryset:

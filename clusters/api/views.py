@@ -72,14 +72,16 @@ class ClusterViewSet(viewsets.GenericViewSet):
         extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.cluster_update(cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}})
+        services.cluster_update(
+            cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}}, actor=f"api:{request.user.get_username()}",
+        )
         return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(responses=ClusterSerializer)
     def destroy(self, request, public_id: str):
         """Deregister (refused with 409 ``cluster_busy`` while anything runs on it)."""
         cluster = selectors.cluster_get(public_id=public_id)
-        services.cluster_deregister(cluster=cluster)
+        services.cluster_deregister(cluster=cluster, actor=f"api:{request.user.get_username()}")
         return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)

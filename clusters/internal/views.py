@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.internal.schemas import inventory_errors
-from clusters.operator_tokens import operator_token_exchange
+from clusters.operator_tokens import TokenRefreshThrottled, operator_token_exchange
 from gshare.api import SafeJSONParser
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.exceptions import ApplicationError
@@ -55,8 +55,17 @@ class TokenView(OperatorAPIView):
 
     def post(self, request):
         """Answer ``{"token", "expires_at", "generation", "server_time"}``: a token of the cluster's current
-        generation with ``GSHARE_OPERATOR_TOKEN_TTL`` seconds of life, for the calling operator only (``no-store``)."""
-        issued = operator_token_exchange(cluster=self.cluster)
+        generation with ``GSHARE_OPERATOR_TOKEN_TTL`` seconds of life, for the calling operator only (``no-store``).
+
+        Only inside the presented token's refresh window (409 ``token_refresh_too_early`` with ``refresh_after``
+        before it), at most ``GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT`` a minute per cluster (429
+        ``token_refresh_throttled`` with ``Retry-After``); see ``clusters.operator_tokens.operator_token_exchange``."""
+        try:
+            issued = operator_token_exchange(cluster=self.cluster, claims=request.auth)
+        except TokenRefreshThrottled as exc:
+            response = Response(exc.as_body(), status=exc.status)
+            response["Retry-After"] = str(exc.retry_after)
+            return response
         response = Response({
             "token": issued.token,
             "expires_at": issued.expires_at.isoformat(),

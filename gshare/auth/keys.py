@@ -53,17 +53,24 @@ SCHEDULED_ROTATION_MIN_AGE = timedelta(days=25)
 #: Largest key file ``signing_key_import`` reads, bytes (a 16384-bit RSA PEM is about 12 KiB).
 MAX_KEY_FILE_BYTES = 64 * 1024
 MIN_IMPORT_BITS = 2048
+#: The only RSA public exponent accepted on import (what every current tool generates; e=3 and other small
+#: exponents are refused: they invite signature-forgery bugs in verifiers).
+IMPORT_PUBLIC_EXPONENT = 65537
 
 
 class SigningKeyInvalid(ApplicationError):
-    """400: the supplied private key cannot be imported (not PEM, encrypted, not RSA, too small)."""
+    """400: the supplied private key cannot be imported (not PEM, encrypted, not RSA, too small, exponent not 65537)."""
 
     code = "signing_key_invalid"
     status = 400
 
 
 class SigningKeyRetired(ApplicationError):
-    """409: the supplied private key was used before and is retired; a retired key is never used again."""
+    """409: the supplied private key was used before and is retired; a retired key is never used again.
+
+    No longer raised by :func:`signing_key_import` (re-importing a retired key is a no-op that says so); kept
+    for callers that refer to it.
+    """
 
     code = "signing_key_retired"
     status = 409
@@ -277,7 +284,7 @@ _KEY_KINDS = ((ec.EllipticCurvePrivateKey, "an elliptic-curve key"), (ed25519.Ed
 
 
 def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
-    """Parse an unencrypted PKCS#1 or PKCS#8 PEM RSA private key of at least ``MIN_IMPORT_BITS``.
+    """Parse an unencrypted PKCS#1 or PKCS#8 PEM RSA private key of at least ``MIN_IMPORT_BITS``, public exponent 65537.
 
     Raises:
         SigningKeyInvalid: with a sentence naming the problem and the fix (never the key's content).
@@ -304,7 +311,22 @@ def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
         raise SigningKeyInvalid(f"The private key is {kind}, not RSA; internal JWTs are RS256. {fix}")
     if key.key_size < MIN_IMPORT_BITS:
         raise SigningKeyInvalid(f"The RSA key has {key.key_size} bits; at least {MIN_IMPORT_BITS} are required. {fix}")
+    exponent = key.private_numbers().public_numbers.e
+    if exponent != IMPORT_PUBLIC_EXPONENT:
+        raise SigningKeyInvalid(f"The RSA key's public exponent is {exponent}; only {IMPORT_PUBLIC_EXPONENT} is accepted. {fix}")
     return key
+
+
+def _on_record(key: SigningKey) -> str:
+    """Why importing ``key`` again changes nothing, by its status (a clause, no final period)."""
+    fix = "not reactivated; to make another key active, import a new key (`openssl genpkey ...`, docs/rotation.md)"
+    if key.status == SigningKey.Status.ACTIVE:
+        return f"this key is already on record as {key.kid} and is the active signing key"
+    if key.status == SigningKey.Status.RETIRED:
+        since = key.retired_at.isoformat() if key.retired_at else "an unknown date"
+        return f"this key is already on record as {key.kid}, retired since {since}: {fix}"
+    until = f" until {key.retire_after.isoformat()}" if key.retire_after else ""
+    return f"this key is already on record as {key.kid}, replaced and only verifying tokens{until}: {fix}"
 
 
 @transaction.atomic
@@ -318,12 +340,15 @@ def signing_key_import(pem: bytes | str, *, now: datetime | None = None) -> Rota
 
     Returns:
         A ``Rotation``: ``created`` True with the new active key and the ``replaced`` key(s) (published,
-        ``retire_after`` set); or ``created`` False with the key already on record (any status but
-        retired) and nothing changed.
+        ``retire_after`` set); or ``created`` False, nothing changed, when the key is already on record in
+        any status, with ``reason`` saying which (:func:`_on_record`). A published or retired key is never
+        made active again (it was replaced; tokens it signed may have been refused): to change the
+        active key, import a new one. So the Helm chart's migrate Job can run the import on every upgrade
+        with the key from its Secret, whatever happened to that key since.
 
     Raises:
-        SigningKeyInvalid: ``signing_key_invalid`` (not PEM, encrypted, not RSA, under 2048 bits).
-        SigningKeyRetired: ``signing_key_retired``: this key was used before and is retired.
+        SigningKeyInvalid: ``signing_key_invalid`` (not PEM, encrypted, not RSA, under 2048 bits, public
+            exponent other than 65537).
     """
     now = now or timezone.now()
     private = _load_rsa_private_key(pem.encode() if isinstance(pem, str) else pem)
@@ -331,13 +356,8 @@ def signing_key_import(pem: bytes | str, *, now: datetime | None = None) -> Rota
     _lock()
     existing = SigningKey.objects.filter(public_key_pem=public_pem).first()
     if existing is not None:
-        if existing.status == SigningKey.Status.RETIRED:
-            raise SigningKeyRetired(
-                f"This key is already on record as {existing.kid} and is retired: a retired key is never used again. "
-                "Generate a new key and import that one."
-            )
         active = _active() or existing
-        return Rotation(active=active, created=False, reason=f"this key is already on record as {existing.kid} ({existing.status})")
+        return Rotation(active=active, created=False, reason=_on_record(existing))
     key = SigningKey(kid=secrets.token_hex(8), private_key_pem=private_pem, public_key_pem=public_pem, imported=True, created_at=now)
     replaced = _replace_active(key, now)
     logger.info("signing key imported: %s (%d bits) is active; replaced %s", key.kid, private.key_size, ", ".join(k.kid for k in replaced) or "none")

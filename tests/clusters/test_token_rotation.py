@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+import time
 from io import StringIO
 
 import jwt
@@ -401,7 +402,9 @@ def test_token_exchange_returns_a_fresh_token_of_the_current_generation(live_ser
     settings.GSHARE_OPERATOR_TOKEN_TTL = 3600
     cluster, other = ClusterFactory(), ClusterFactory()
     token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor="test")  # generation 2
-    old = operator_token_mint(cluster_id=cluster.public_id, ttl=120)
+    old = operator_token_mint(cluster_id=cluster.public_id, ttl=4)
+    other_token = operator_token_mint(cluster_id=other.public_id, ttl=4)
+    time.sleep(3.2)  # into the refresh window: the last quarter of the life (plus 0.2 s skew allowance)
     caplog.set_level(logging.DEBUG)
 
     response = Http(live_server.url, old).post("/internal/v1/token")
@@ -419,7 +422,6 @@ def test_token_exchange_returns_a_fresh_token_of_the_current_generation(live_ser
     assert body["token"] not in caplog.text and old not in caplog.text
 
     # The other cluster's operator gets a token for its own cluster, whatever it sends.
-    other_token = operator_token_mint(cluster_id=other.public_id)
     other_body = Http(live_server.url, other_token).post("/internal/v1/token", json={"cluster": cluster.public_id}).json()
     assert claims(other_body["token"])["sub"] == f"operator:{other.public_id}" and other_body["generation"] == 1
 

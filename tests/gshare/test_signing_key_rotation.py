@@ -326,16 +326,16 @@ def test_import_of_a_missing_file_is_refused(tmp_path):
     assert refused.value.returncode == 1
 
 
-def test_import_of_a_retired_key_is_refused(tmp_path, capsys):
+def test_import_of_a_retired_key_changes_nothing_and_says_so(tmp_path, capsys):
     pem = rsa_pem()
     import_command(tmp_path, pem, capsys)
     imported = SigningKey.objects.get(status=SigningKey.Status.ACTIVE)
-    signing_key_rotate(now=long_ago())
+    active = signing_key_rotate(now=long_ago()).active
     assert imported.kid in signing_keys_retire()
-    with pytest.raises(CommandError, match="signing_key_retired") as refused:
-        import_command(tmp_path, pem, capsys)
-    assert refused.value.returncode == 1
+    out, _ = import_command(tmp_path, pem, capsys)  # exit 0: the Helm migrate Job keeps working
+    assert f"already on record as {imported.kid}, retired since" in out and "not reactivated" in out
     assert SigningKey.objects.get(pk=imported.pk).status == SigningKey.Status.RETIRED
+    assert SigningKey.objects.get(status=SigningKey.Status.ACTIVE).pk == active.pk
 
 
 def test_system_check_refuses_a_token_lifetime_above_the_rotation_bound(settings):

@@ -8,7 +8,11 @@ from gshare.exceptions import ApplicationError
 
 
 class Command(BaseCommand):
-    """Mint an RS256 operator token (``sub = operator:<cluster_id>``) and print it."""
+    """Mint an RS256 operator token (``sub = operator:<cluster_id>``) and print it.
+
+    A refusal is printed as ``<code>: <detail>`` (``invalid_ttl``, ``cluster_not_found``, ``cluster_deregistered``;
+    docs/errors.md), exit status 1.
+    """
 
     help = "Print an operator token for a cluster (RS256, subject operator:<cluster_id>)."
 
@@ -20,5 +24,5 @@ class Command(BaseCommand):
         try:
             token = operator_token_mint(cluster_id=cluster_id, ttl=ttl)
         except ApplicationError as exc:
-            raise CommandError(exc.detail) from None
+            raise CommandError(f"{exc.code}: {exc.detail}") from None
         self.stdout.write(token)

@@ -10,7 +10,8 @@ class Command(BaseCommand):
     """Bump the cluster's credential generation: every token issued before is refused (401 ``token_revoked``).
 
     Writes an audit line (logger ``gshare.audit``). The operator stays locked out until a token of the new
-    generation reaches it: ``manage.py rotate_operator_tokens --cluster <id>`` (or the daily rotation).
+    generation reaches it: ``manage.py rotate_operator_tokens --cluster <id>`` (or the daily rotation). A refusal
+    is printed as ``<code>: <detail>`` (``cluster_not_found``; docs/errors.md), exit status 1.
     """
 
     help = "Revoke every operator token of a cluster at once (bumps its credential generation)."
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         try:
             generation = operator_tokens_revoke(cluster_id=cluster_id, actor=cli_actor())
         except ApplicationError as exc:
-            raise CommandError(exc.detail) from None
+            raise CommandError(f"{exc.code}: {exc.detail}") from None
         self.stdout.write(
             f"{cluster_id}: operator tokens revoked; credential generation is now {generation}. "
             f"Push a new token now: manage.py rotate_operator_tokens --cluster {cluster_id}"

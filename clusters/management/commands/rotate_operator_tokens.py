@@ -10,7 +10,8 @@ class Command(BaseCommand):
     """Mint a fresh token for each cluster that is due and write it into the cluster's Secret.
 
     One line per cluster: ``<name> <id> <outcome> ...``. Exits 1 when any rotation failed (the failure is
-    recorded on the cluster and shown as a warning in the API and the console).
+    recorded on the cluster and shown as a warning in the API and the console). A refusal of the whole run is
+    printed as ``<code>: <detail>`` (``cluster_not_found``, ``cluster_deregistered``; docs/errors.md).
     """
 
     help = (
@@ -27,7 +28,7 @@ class Command(BaseCommand):
         try:
             results = operator_tokens_rotate(cluster_id=cluster_id, dry_run=dry_run, force=force)
         except ApplicationError as exc:
-            raise CommandError(exc.detail) from None
+            raise CommandError(f"{exc.code}: {exc.detail}") from None
         for result in results:
             expires = result.expires_at.isoformat() if result.expires_at else "-"
             line = f"{result.cluster_name} {result.cluster_id} {result.outcome} generation={result.generation} expires_at={expires}"

@@ -1,8 +1,9 @@
 """``manage.py import_signing_key --file PATH``: make a supplied RSA private key the active signing key.
 
-Exit status: 0 when the key was imported or was already on record (nothing changed); 1 when it is
-refused (unreadable file, not an unencrypted RSA PEM of at least 2048 bits, or a retired key). The
-key is never printed; messages name the key by its ``kid`` only.
+Exit status: 0 when the key was imported or was already on record in any status (nothing changed: an
+active key stays active, a replaced or retired key is not reactivated, and the output says which); 1
+when it is refused (unreadable file, not an unencrypted RSA PEM of at least 2048 bits with public
+exponent 65537). The key is never printed; messages name the key by its ``kid`` only.
 """
 
 from pathlib import Path
@@ -19,7 +20,7 @@ class Command(BaseCommand):
     help = (
         "Import an unencrypted RSA private key (PEM, PKCS#1 or PKCS#8, >= 2048 bits) as the active signing key of "
         "internal JWTs. The previous active key keeps verifying until every token it signed has expired. "
-        "Importing a key already on record changes nothing."
+        "Importing a key already on record (active, replaced or retired) changes nothing and says so (exit 0)."
     )
 
     def add_arguments(self, parser):  # noqa: D102
