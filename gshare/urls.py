@@ -10,12 +10,14 @@ from sessions.internal.views import connect_verify
 api_v1 = [
     path("", include("clusters.api.urls")),
     path("", include("sessions.api.urls")),
+    path("", include("storage.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
 internal_v1 = [
     path("", include("clusters.internal.urls")),
     path("", include("sessions.internal.urls")),
+    path("", include("storage.internal.urls")),
 ]
 
 urlpatterns = [

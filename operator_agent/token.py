@@ -378,6 +378,11 @@ class TokenSource:
             return chosen if chosen.token != token else None
 
 
+#: Seconds the refresher waits after the control plane refused an exchange (409/429), or after another failure.
+REFUSED_RETRY_SECONDS = 60.0
+FAILED_RETRY_SECONDS = 10.0
+
+
 class TokenRefresher:
     """Self-refresh: exchange the current token at ``POST /internal/v1/token`` when it is getting old.
 
@@ -397,6 +402,7 @@ class TokenRefresher:
         self._clock = clock
         self._rng = rng
         self._jitter: tuple[tuple, float] | None = None
+        self._not_before = 0.0  # after a refused or failed exchange, wait before asking again
 
     def refresh_at(self, candidate: Candidate) -> float | None:
         """Epoch seconds after which ``candidate`` should be refreshed; None when its claims do not tell.
@@ -425,13 +431,15 @@ class TokenRefresher:
         except NoTokenError:
             return False
         due = self.refresh_at(current)
-        if due is None or self._clock() < due:
+        if due is None or self._clock() < max(due, self._not_before):
             return False
         logger.info("operator token: refreshing %s", current.describe())
         try:
             body = self.client.request("POST", TOKEN_PATH)
         except ControlPlaneError as exc:
-            # 401s were logged by the client with the control plane's code and detail.
+            # 401s were logged by the client with the control plane's code and detail. A 409
+            # (token_refresh_too_early: clocks disagree) or 429 (throttled) is not retried at once.
+            self._not_before = self._clock() + (REFUSED_RETRY_SECONDS if exc.status in (409, 429) else FAILED_RETRY_SECONDS)
             logger.warning("operator token not refreshed: %s", exc)
             return False
         token = body.get("token")

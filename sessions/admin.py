@@ -35,7 +35,7 @@ class SessionAdmin(admin.ModelAdmin):
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url", "image", "gpus", "gpu_memory_mib", "gpu_cores",
-        "phase", "node", "devices", "message", "created_at", "started_at", "ended_at", "last_status_at",
+        "phase", "node", "devices", "volumes", "message", "created_at", "started_at", "ended_at", "last_status_at",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -54,7 +54,7 @@ class SessionAdmin(admin.ModelAdmin):
         """Where the session is served."""
         return session_url(obj) or "-"
 
-    @admin.action(description="Stop")
+    @admin.action(description="Stop", permissions=["change"])
     def stop(self, request, queryset):
         """Stop each selected session (idempotent)."""
         for session in queryset:

@@ -31,14 +31,40 @@ def session_url(session) -> str | None:
     return f"{settings.GSHARE_SESSION_SCHEME}://{session.cluster.session_domain}{session_path(session.public_id)}"
 
 
+def volume_mount_path(name: str) -> str:
+    """Where a volume is mounted in the session's container: ``/data/<volume name>``."""
+    return f"/data/{name}"
+
+
+def session_volumes_spec(volumes) -> list[dict]:
+    """``spec.volumes`` of a GShareSession: one entry per volume (with its pool loaded), by name.
+
+    Each entry: ``volumeId``, ``name``, ``claimName`` (the PVC in the session namespace the operator
+    creates if missing), ``storageClassName`` (the pool's class), ``size`` (the quota, ``<n>Gi``),
+    ``mountPath`` (``/data/<name>``).
+    """
+    return [
+        {
+            "volumeId": vol.public_id,
+            "name": vol.name,
+            "claimName": vol.claim_name,
+            "storageClassName": vol.pool.storage_class,
+            "size": f"{vol.quota_gb}Gi",
+            "mountPath": volume_mount_path(vol.name),
+        }
+        for vol in sorted(volumes, key=lambda v: (v.name, v.pk))
+    ]
+
+
 def gshare_session_manifest(session) -> dict:
-    """Build the GShareSession object for ``session`` (with its cluster and owner loaded).
+    """Build the GShareSession object for ``session`` (with its cluster, owner and volumes' pools loaded).
 
     Returns:
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
         ``GSHARE_SESSION_NAMESPACE``, labels), and ``spec`` with image, GPU request (HAMi units:
-        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs), host, path and the
-        ingress-nginx ``authUrl``.
+        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs), host, path, the
+        ingress-nginx ``authUrl`` and, when the session mounts volumes, ``volumes``
+        (``session_volumes_spec``).
     """
     spec = {
         "sessionId": session.public_id,
@@ -54,6 +80,9 @@ def gshare_session_manifest(session) -> dict:
         spec["gpuMemoryMiB"] = session.gpu_memory_mib
     if session.gpu_cores is not None:
         spec["gpuCores"] = session.gpu_cores
+    volumes = session_volumes_spec(session.volumes.all()) if session.pk is not None else []
+    if volumes:
+        spec["volumes"] = volumes
     return {
         "apiVersion": f"{GSHARE_API_GROUP}/{GSHARE_API_VERSION}",
         "kind": GSHARE_SESSION_KIND,

@@ -14,6 +14,9 @@ and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/sche
 Policies: ``binpack`` (default) fills the busiest node and GPUs first, ``spread`` the idlest. Ties
 break on cluster name, node name and GPU index, so the same state gives the same decision.
 The caller holds row locks on the candidate clusters (see ``sessions.services.session_create``).
+
+Volumes narrow the candidate clusters before that query (``volume_clusters``): a volume whose PVC is
+on a cluster keeps its sessions there, and a pool is only used by the clusters it is shared with.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from dataclasses import dataclass
 from django.db import connection
 
 from clusters.models import node_summary_update_sql
+from gshare.exceptions import Conflict
+from storage.capacity import pool_clusters
+from storage.models import StoragePool
 
 
 @dataclass(frozen=True)
@@ -255,3 +261,92 @@ def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
     return (
         f"{healthy} healthy GPU(s) on ready nodes, {free} with nothing on them, at most {max_free_mib} MiB free on one GPU"
     )
+
+
+#: Most volumes one session may mount.
+MAX_VOLUMES = 8
+
+
+def _move_hint(volume) -> str:
+    return f"`POST /api/v1/storage/volumes/{volume.public_id}/move`"
+
+
+def _pool_clusters(pool) -> frozenset[int] | None:
+    """Cluster pks that may use ``pool`` (``storage.capacity.pool_clusters``), or None for a pool shared
+    with all (no restriction, and no query). Reads ``pool.allowed_clusters`` (prefetch it)."""
+    if pool.sharing == StoragePool.Sharing.ALL:
+        return None
+    return frozenset(pool_clusters(pool))
+
+
+def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
+    """The clusters a session mounting ``volumes`` may be placed on, or None when they do not restrict it.
+
+    Pure: no query, given volumes with ``cluster``, ``pool``, ``pool.cluster`` and
+    ``pool.allowed_clusters`` loaded (``sessions.selectors.session_volumes``). ``session_create``
+    filters its candidate clusters with the result before locking them, so the fit query and the
+    locks are those of any placement.
+
+    Rules: a volume whose PVC is on cluster A (``Volume.cluster``) keeps the session on A; every
+    volume's pool must be shared with the session's cluster (the pool's own cluster, sharing
+    ``all``, or one of its ``allowed_clusters``).
+
+    Args:
+        volumes: the session's volumes.
+        pinned: the ``Cluster`` the request pinned, or None.
+
+    Returns:
+        The allowed cluster pks (at most ``{pinned.pk}`` when pinned), or None for "any cluster".
+
+    Raises:
+        Conflict: 409 ``volumes_on_different_clusters`` (two volumes held by different clusters);
+            409 ``volume_on_another_cluster`` (pinned to B, a volume is on A: the detail names A and
+            the fix); 409 ``volume_pool_not_shared`` (no cluster the session could use may use the
+            pool of one of its volumes; the detail names the pool).
+    """
+    holders: dict[int, object] = {}
+    for volume in sorted(volumes, key=lambda v: v.name):
+        if volume.cluster_id is not None:
+            holders.setdefault(volume.cluster_id, volume)
+    if len(holders) > 1:
+        where = "; ".join(f"{v.name} ({v.public_id}) on {v.cluster.name} ({v.cluster.public_id})" for v in holders.values())
+        raise Conflict(
+            f"These volumes are held by different clusters and a session runs on one: {where}. Move them onto one "
+            f"cluster first ({_move_hint(next(iter(holders.values())))}), or mount them in separate sessions.",
+            code="volumes_on_different_clusters",
+        )
+    allowed: frozenset[int] | None = None
+    scope = "any cluster"
+    if holders:
+        ((holder_id, volume),) = holders.items()
+        held = volume.cluster
+        if pinned is not None and pinned.pk != holder_id:
+            raise Conflict(
+                f"Volume {volume.name} ({volume.public_id}) is on cluster {held.name} ({held.public_id}), so sessions that "
+                f"mount it run there: pin the session to {held.name} (`\"cluster\": \"{held.public_id}\"`) or leave "
+                f"`cluster` out, or move the volume to {pinned.name} first ({_move_hint(volume)}).",
+                code="volume_on_another_cluster",
+            )
+        allowed, scope = frozenset({holder_id}), f"cluster {held.name} ({held.public_id}), which holds volume {volume.name}"
+    elif pinned is not None:
+        allowed, scope = frozenset({pinned.pk}), f"cluster {pinned.name} ({pinned.public_id})"
+    seen: set[int] = set()
+    for volume in sorted(volumes, key=lambda v: v.name):
+        pool = volume.pool
+        if pool.pk in seen:
+            continue
+        seen.add(pool.pk)
+        shared = _pool_clusters(pool)
+        if shared is None:
+            continue
+        narrowed = shared if allowed is None else allowed & shared
+        if not narrowed:
+            users = sorted({pool.cluster.name, *(c.name for c in pool.allowed_clusters.all() if c.pk in shared)})
+            raise Conflict(
+                f"Storage pool {pool.name} ({pool.public_id}) of volume {volume.name} ({volume.public_id}) is not shared with "
+                f"{scope}; it may be used by {', '.join(users)}. Start the session on one of those, or ask an administrator "
+                f"to share the pool (`PATCH /api/v1/storage/pools/{pool.public_id}`).",
+                code="volume_pool_not_shared",
+            )
+        allowed, scope = narrowed, f"the clusters pool {pool.name} is shared with"
+    return allowed

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from gshare.exceptions import NotFound
 from sessions.models import Session
+from storage.models import Volume
 
 
 def session_list(*, user, cluster: str | None = None, phase: str | None = None) -> QuerySet[Session]:
@@ -15,7 +16,11 @@ def session_list(*, user, cluster: str | None = None, phase: str | None = None) 
         cluster: filter by cluster id (``clu_...``) or name.
         phase: filter by phase (``Running``...).
     """
-    qs = Session.objects.select_related("cluster", "owner").order_by("-created_at", "-id")
+    qs = (
+        Session.objects.select_related("cluster", "owner")
+        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")))
+        .order_by("-created_at", "-id")
+    )
     if not user.is_staff:
         qs = qs.filter(owner=user)
     if cluster:
@@ -35,3 +40,32 @@ def session_get(*, user, public_id: str) -> Session:
     if session is None:
         raise NotFound(f"No session {public_id!r} of yours: list yours with `GET /api/v1/sessions`.", code="session_not_found")
     return session
+
+
+def session_volumes(*, owner, volume_ids: list[str]) -> list[Volume]:
+    """The volumes ``volume_ids`` of ``owner`` a new session would mount, in the order given.
+
+    Two queries whatever their number: the volumes with their holding cluster, pool and pool's cluster,
+    and the pools' allowed clusters (what ``placement.volume_clusters`` reads).
+
+    Raises:
+        NotFound: 404 ``volume_not_found`` for an id that is not a live volume of ``owner`` (another
+            user's volume answers the same, so ids do not leak).
+    """
+    if not volume_ids:
+        return []
+    found = {
+        v.public_id: v
+        for v in Volume.objects.filter(owner=owner, public_id__in=volume_ids)
+        .exclude(status=Volume.Status.DELETED)
+        .select_related("cluster", "pool__cluster")
+        .prefetch_related("pool__allowed_clusters")
+    }
+    missing = [vid for vid in volume_ids if vid not in found]
+    if missing:
+        raise NotFound(
+            f"No volume {', '.join(repr(m) for m in missing[:5])} of yours: list yours with `GET /api/v1/storage/volumes` "
+            "or create one with `POST /api/v1/storage/volumes`.",
+            code="volume_not_found",
+        )
+    return [found[vid] for vid in volume_ids]

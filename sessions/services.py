@@ -14,6 +14,7 @@ import urllib3
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Prefetch
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
@@ -22,9 +23,11 @@ from clusters.models import Cluster
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from operator_agent import contract
-from sessions import placement
+from sessions import placement, selectors
 from sessions.manifests import gshare_session_manifest, session_url
 from sessions.models import Allocation, Session
+from storage.models import Volume
+from storage.services import volume_claim_name
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def _forget(session: Session) -> None:
     transaction.on_commit(lambda: cache.delete(connect_cache_key(session.public_id)))
 
 
-def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None) -> None:
+def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str]) -> None:
     problems = []
     if not isinstance(image, str) or not image.strip():
         problems.append("image must be a container image reference, e.g. quay.io/jupyter/base-notebook")
@@ -67,6 +70,12 @@ def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: i
         problems.append("gpu_memory_mib must be a positive number of MiB per GPU (omit it for whole GPUs)")
     if gpu_cores is not None and (not isinstance(gpu_cores, int) or isinstance(gpu_cores, bool) or not 1 <= gpu_cores <= 100):
         problems.append("gpu_cores must be a percentage of one GPU from 1 to 100 (omit it for whole GPUs)")
+    if not isinstance(volumes, list | tuple) or not all(isinstance(v, str) and v for v in volumes):
+        problems.append("volumes must be a list of volume ids (vol_...)")
+    elif len(volumes) > placement.MAX_VOLUMES:
+        problems.append(f"volumes may name at most {placement.MAX_VOLUMES} volumes per session")
+    elif len(set(volumes)) != len(volumes):
+        problems.append("volumes must not name a volume twice")
     if problems:
         raise InvalidSessionRequest("; ".join(problems) + ".")
 
@@ -95,11 +104,16 @@ def session_create(
     gpu_cores: int | None = None,
     cluster: str | None = None,
     name: str = "",
+    volumes: list[str] | None = None,
 ) -> Session:
-    """Place a session on the fleet, reserve its GPUs, and schedule its GShareSession apply.
+    """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
     The candidate clusters' rows are locked (``SELECT ... FOR UPDATE`` in primary-key order) for the
     placement and the reservation, so two concurrent requests never both take the last capacity.
+    Volumes narrow the candidates first (``placement.volume_clusters``: a volume's PVC keeps its
+    sessions on its cluster; a pool is used only by the clusters it is shared with). Under the cluster
+    locks the volume rows are locked too (primary-key order) and checked again; a volume mounted for
+    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters.
 
     Args:
         owner: the requesting user.
@@ -109,32 +123,46 @@ def session_create(
         gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``, 1-100), or None.
         cluster: pin to this cluster (id ``clu_...`` or name), or None for any.
         name: free label.
+        volumes: ids (``vol_...``) of the owner's volumes to mount at ``/data/<volume name>`` (at most
+            ``placement.MAX_VOLUMES``, each once).
 
     Returns:
-        The session, phase ``Scheduled``, with cluster, node and allocations.
+        The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
 
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
-        NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster.
+        NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster; 404 ``volume_not_found``
+            for a volume that is not a live volume of ``owner``.
         Conflict: 409 ``cluster_unavailable`` (pinned cluster deregistered, unreachable, pending,
-            or without session_domain); 409 ``no_capacity`` (detail says what is short).
+            or without session_domain); 409 ``no_capacity`` (detail says what is short);
+            409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
+            ``volume_pool_not_shared`` (see ``placement.volume_clusters``).
     """
-    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores)
+    volumes = list(volumes or [])
+    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
     pinned = _pinned_cluster(cluster) if cluster else None
+    mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
+    _refuse_moving([v for v in mounted if v.status == Volume.Status.MOVING])
+    allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
     with transaction.atomic():
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
         if pinned is not None:
             candidates = candidates.filter(pk=pinned.pk)
+        if allowed is not None:
+            candidates = candidates.filter(pk__in=sorted(allowed))
         # Saleor-style lock_objects: lock in primary-key order so concurrent placements never deadlock.
         locked = list(candidates.order_by("pk").select_for_update().values_list("pk", flat=True))
+        claims: list[Volume] = []
+        if mounted:
+            locked, claims = _lock_volumes(volumes=mounted, cluster_ids=locked, pinned=pinned)
         choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
         if choice is None:
-            scope = f"cluster {pinned.name}" if pinned else "the fleet"
+            scope, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None)
             ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
             raise Conflict(
                 f"Nothing in {scope} can host {ask} now ({placement.shortfall(request=request, cluster_ids=locked)}): "
-                "ask for fewer GPUs or smaller shares, or try again when sessions end.",
+                f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
                 code="no_capacity",
             )
         session = Session(
@@ -163,9 +191,91 @@ def session_create(
         over = chosen.intersection(placement.usage_recompute(node_ids=[choice.node_id]))
         if over:
             raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
+        if mounted:
+            _mount(session=session, volumes=mounted, claims=claims, cluster_id=choice.cluster_id)
         transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
     logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
     return session
+
+
+def _refuse_moving(moving: list[Volume]) -> None:
+    if moving:
+        volume = moving[0]
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) is being moved to another cluster: start the session once the move "
+            f"is done (`GET /api/v1/storage/volumes/{volume.public_id}` shows its cluster).",
+            code="volume_moving",
+        )
+
+
+def _lock_volumes(*, volumes: list[Volume], cluster_ids: list[int], pinned: Cluster | None) -> tuple[list[int], list[Volume]]:
+    """Lock the volumes' rows (primary-key order, after the cluster rows) and check them again.
+
+    Between the first check (``placement.volume_clusters``, no lock) and this one another session may
+    have claimed a new volume for a cluster, or a move may have started: the locked rows decide.
+
+    Returns:
+        ``(cluster ids the placement may use, volumes to claim for the chosen cluster)``; the claims
+        are unsaved ``Volume`` objects carrying only pk and ``claim_name`` (what ``_mount`` writes).
+    """
+    by_pk = {v.pk: v for v in volumes}
+    rows = list(
+        Volume.objects.filter(pk__in=sorted(by_pk)).order_by("pk").select_for_update().values_list("pk", "cluster_id", "status", "claim_name")
+    )
+    gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r[0] for r in rows})] + [by_pk[r[0]] for r in rows if r[2] == Volume.Status.DELETED]
+    if gone:
+        raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code="volume_not_found")
+    _refuse_moving([by_pk[r[0]] for r in rows if r[2] == Volume.Status.MOVING])
+    claims = [Volume(pk=pk, claim_name=claim_name or volume_claim_name(by_pk[pk].public_id)) for pk, cluster_id, _, claim_name in rows
+              if cluster_id is None]
+    holders = sorted({r[1] for r in rows if r[1] is not None})
+    if not holders:
+        return cluster_ids, claims
+    if len(holders) > 1:
+        raise Conflict(
+            "The volumes were just claimed by sessions on different clusters and a session runs on one: move them onto one "
+            "cluster first (`POST /api/v1/storage/volumes/{id}/move`), or mount them in separate sessions.",
+            code="volumes_on_different_clusters",
+        )
+    (holder,) = holders
+    if holder in cluster_ids:
+        return [holder], claims
+    # Its cluster changed since the first check (a session claimed it, or a move finished), to one this
+    # request may not use (pinned elsewhere) or did not lock: refuse and say where it is now.
+    changed = [by_pk[pk] for pk, cluster_id, _, _ in rows if cluster_id == holder and by_pk[pk].cluster_id != holder]
+    if changed and (pinned is None or pinned.pk != holder):
+        held, volume = Cluster.objects.get(pk=holder), changed[0]
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) was just mounted by a session on, or moved to, cluster {held.name} "
+            f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
+            f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
+            f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
+            code="volume_on_another_cluster",
+        )
+    return [], claims  # its cluster cannot take sessions now (not connected): no_capacity says so
+
+
+def _mount(*, session: Session, volumes: list[Volume], claims: list[Volume], cluster_id: int) -> None:
+    """Give the new volumes (``claims``) the chosen cluster and record the session's volumes (two queries at most)."""
+    if claims:
+        for claim in claims:
+            claim.cluster_id = cluster_id
+        Volume.objects.bulk_update(claims, ["cluster", "claim_name"])
+    through = Session.volumes.through
+    through.objects.bulk_create([through(session_id=session.pk, volume_id=v.pk) for v in volumes])
+
+
+def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool) -> tuple[str, str]:
+    """Where a refused placement looked (for ``no_capacity``) and the volume move hint, if a volume kept it there."""
+    held = next((v for v in sorted(volumes, key=lambda v: v.name) if v.cluster_id is not None), None)
+    if held is not None:
+        return (f"cluster {held.cluster.name} (volume {held.name} is there)",
+                f", or move volume {held.name} to a cluster with room (`POST /api/v1/storage/volumes/{held.public_id}/move`)")
+    if pinned is not None:
+        return f"cluster {pinned.name}", ""
+    if restricted:
+        return "the clusters your volumes' storage pools are shared with", ""
+    return "the fleet", ""
 
 
 def _enqueue(task_name: str, session_pk: int) -> None:
@@ -239,7 +349,11 @@ def session_apply(*, session: Session) -> Session:
     task retries with backoff; anything else fails the session with a message naming the cause.
     Does nothing for a session that is no longer Scheduled.
     """
-    session = Session.objects.select_related("cluster", "owner").get(pk=session.pk)
+    session = (
+        Session.objects.select_related("cluster", "owner")
+        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.select_related("pool")))
+        .get(pk=session.pk)
+    )
     if session.phase != Session.Phase.SCHEDULED:
         return session
     manifest = gshare_session_manifest(session)

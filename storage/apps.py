@@ -2,8 +2,8 @@ from django.apps import AppConfig
 
 
 class StorageConfig(AppConfig):
-    """Storage pools and volumes on the shared NFS pool (models arrive with the volumes issue)."""
+    """Storage pools and volumes on the shared NFS pool(s); in the console, the "Resources → Volumes" group."""
 
     name = "storage"
-    verbose_name = "Storage"
+    verbose_name = "Resources → Volumes"
     default_auto_field = "django.db.models.BigAutoField"

@@ -5,6 +5,7 @@ import yaml
 from django.utils import timezone
 
 from clusters.models import Cluster, GpuDevice, Node
+from gshare.ids import new_volume_id
 
 KUBECONFIG = yaml.safe_dump({
     "apiVersion": "v1",
@@ -60,3 +61,86 @@ class GpuDeviceFactory(factory.django.DjangoModelFactory):
     cores = 100
     health = True
     last_seen_at = factory.LazyFunction(timezone.now)
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    """A researcher (not staff)."""
+
+    class Meta:
+        model = "auth.User"
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user-{n}")
+    email = factory.LazyAttribute(lambda o: f"{o.username}@example.com")
+
+
+class SessionFactory(factory.django.DjangoModelFactory):
+    """A Running whole-GPU session on a factory cluster (no allocation; add volumes with ``volumes=[...]``)."""
+
+    class Meta:
+        model = "gpu_sessions.Session"
+        skip_postgeneration_save = True
+
+    owner = factory.SubFactory(UserFactory)
+    cluster = factory.SubFactory(ClusterFactory)
+    image = "quay.io/jupyter/base-notebook"
+    gpus = 1
+    phase = "Running"
+
+    @factory.post_generation
+    def volumes(self, create, extracted, **kwargs):
+        """``SessionFactory(volumes=[volume, ...])`` mounts them (``Session.volumes``)."""
+        if create and extracted:
+            self.volumes.set(extracted)
+
+
+class StoragePoolFactory(factory.django.DjangoModelFactory):
+    """A pool shared with every cluster, stated at 1024 GiB (its capacity is stored only by the services)."""
+
+    class Meta:
+        model = "storage.StoragePool"
+
+    name = factory.Sequence(lambda n: f"pool-{n}")
+    cluster = factory.SubFactory(ClusterFactory)
+    storage_class = "nfs-a"
+    sharing = "all"
+    manual_capacity_gb = 1024
+
+
+class VolumeFactory(factory.django.DjangoModelFactory):
+    """A 10 GiB volume, not mounted yet (``claim_name`` as ``volume_create`` sets it)."""
+
+    class Meta:
+        model = "storage.Volume"
+
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"vol-{n}")
+    quota_gb = 10
+    pool = factory.SubFactory(StoragePoolFactory)
+    public_id = factory.LazyFunction(new_volume_id)
+    claim_name = factory.LazyAttribute(lambda o: "gshare-" + o.public_id.replace("_", "-"))
+
+
+class StorageCapacityReadingFactory(factory.django.DjangoModelFactory):
+    """A fresh CSIStorageCapacity reading of ``nfs-a`` (2 TiB, one object)."""
+
+    class Meta:
+        model = "storage.StorageCapacityReading"
+
+    cluster = factory.SubFactory(ClusterFactory)
+    storage_class = "nfs-a"
+    capacity_bytes = 2 * 1024**4
+    object_count = 1
+    read_at = factory.LazyFunction(timezone.now)
+
+
+class NodeDiskFactory(factory.django.DjangoModelFactory):
+    """A node's system drive (500 GiB)."""
+
+    class Meta:
+        model = "storage.NodeDisk"
+
+    cluster = factory.SubFactory(ClusterFactory)
+    node = factory.Sequence(lambda n: f"storage-node-{n}")
+    disk_bytes = 500 * 1024**3
+    read_at = factory.LazyFunction(timezone.now)

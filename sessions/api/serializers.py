@@ -17,6 +17,10 @@ class SessionCreateSerializer(serializers.Serializer):
     gpu_memory_mib = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="MiB per GPU; omit for whole GPUs")
     gpu_cores = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="Percent of one GPU (1-100); omit for whole GPUs")
     cluster = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="Pin to a cluster (id or name)")
+    volumes = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, default=list,
+        help_text="Ids (vol_...) of your volumes to mount at /data/<volume name>, at most 8; a volume already on a cluster keeps the session there",
+    )
 
 
 class SessionSerializer(serializers.ModelSerializer):
@@ -27,12 +31,13 @@ class SessionSerializer(serializers.ModelSerializer):
     cluster_name = serializers.SerializerMethodField()
     owner = serializers.CharField(source="owner.username", read_only=True)
     url = serializers.SerializerMethodField()
+    volumes = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
-            "gpu_cores", "node", "devices", "message", "created_at", "started_at", "ended_at", "last_status_at",
+            "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
         ]
         read_only_fields = fields
 
@@ -47,3 +52,7 @@ class SessionSerializer(serializers.ModelSerializer):
     def get_url(self, obj: Session) -> str | None:
         """``https://<cluster session_domain>/s/<id>/``."""
         return session_url(obj)
+
+    def get_volumes(self, obj: Session) -> list[str]:
+        """Ids (``vol_...``) of the volumes the session mounts, by volume name."""
+        return [v.public_id for v in sorted(obj.volumes.all(), key=lambda v: (v.name, v.pk))]

@@ -1,0 +1,190 @@
+"""Console pages for storage pools and volumes (the "Resources → Volumes" group). Every change goes through the
+storage services, so the console and the API share one validation."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
+
+from gshare.exceptions import ApplicationError
+from storage import services
+from storage.capacity import format_bytes
+from storage.models import GIB, StoragePool, Volume
+
+_LIVE = ~Q(volumes__status=Volume.Status.DELETED)
+
+
+class StoragePoolForm(forms.ModelForm):
+    """The pool form: ``clean`` runs ``storage.services.pool_validate`` (the API's checks)."""
+
+    class Meta:
+        model = StoragePool
+        fields = ["name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node"]
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            services.pool_validate(
+                pool=self.instance if self.instance.pk else None,
+                name=data["name"], cluster=data["cluster"], storage_class=data["storage_class"], sharing=data["sharing"],
+                allowed_clusters=list(data.get("allowed_clusters") or []) if data["sharing"] == StoragePool.Sharing.SELECTED else [],
+                manual_capacity_gb=data.get("manual_capacity_gb"), storage_node=data.get("storage_node") or "",
+            )
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail, code=exc.code) from None
+        return data
+
+
+@admin.register(StoragePool)
+class StoragePoolAdmin(admin.ModelAdmin):
+    """Storage pools: where each capacity number comes from, what is allocated; actions call the storage services."""
+
+    form = StoragePoolForm
+    list_display = ["name", "public_id", "cluster", "storage_class", "sharing", "capacity", "capacity_source", "allocated", "volumes", "capacity_updated_at"]
+    list_filter = ["cluster", "sharing", "capacity_source"]
+    list_select_related = ["cluster"]
+    search_fields = ["name", "public_id", "storage_class"]
+    filter_horizontal = ["allowed_clusters"]
+    fields = [
+        "public_id", "name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node",
+        "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "created_at",
+    ]
+    readonly_fields = ["public_id", "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "created_at"]
+    actions = ["refresh_capacity", "delete_pools"]
+
+    def get_queryset(self, request):  # noqa: D102
+        return super().get_queryset(request).annotate(
+            _allocated_gb=Coalesce(Sum("volumes__quota_gb", filter=_LIVE), 0), _volumes=Count("volumes", filter=_LIVE)
+        )
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """Use the *Delete* action: it goes through ``pool_delete`` (refused while volumes live on the pool)."""
+        return False
+
+    def save_model(self, request, obj, form, change):
+        """Create or change the pool through ``pool_create`` / ``pool_update``."""
+        data = form.cleaned_data
+        allowed = list(data.get("allowed_clusters") or [])
+        if change:
+            changes = {name: data[name] for name in form.changed_data if name in services.POOL_EDITABLE_FIELDS}
+            if "allowed_clusters" in changes:
+                changes["allowed_clusters"] = allowed
+            services.pool_update(pool=obj, changes=changes)
+            obj.refresh_from_db()
+            return
+        pool = services.pool_create(
+            name=data["name"], cluster=data["cluster"], storage_class=data["storage_class"], sharing=data["sharing"],
+            allowed_clusters=allowed if data["sharing"] == StoragePool.Sharing.SELECTED else [],
+            manual_capacity_gb=data.get("manual_capacity_gb"), storage_node=data.get("storage_node") or "",
+        )
+        obj.pk, obj.public_id, obj.created_at = pool.pk, pool.public_id, pool.created_at
+        obj._state.adding = False
+
+    def save_related(self, request, form, formsets, change):
+        """``allowed_clusters`` was set by the service; nothing else is related."""
+
+    @admin.display(description="capacity", ordering="capacity_bytes")
+    def capacity(self, obj: StoragePool) -> str:
+        """The stored capacity, e.g. ``2048 GiB``."""
+        return format_bytes(obj.capacity_bytes)
+
+    @admin.display(description="allocated", ordering="_allocated_gb")
+    def allocated(self, obj: StoragePool) -> str:
+        """Sum of the quotas of its volumes that are not deleted."""
+        return format_bytes(int(obj._allocated_gb) * GIB)
+
+    @admin.display(description="volumes", ordering="_volumes")
+    def volumes(self, obj: StoragePool) -> int:
+        """Volumes on it that are not deleted."""
+        return obj._volumes
+
+    @admin.action(description="Refresh capacity now", permissions=["change"])
+    def refresh_capacity(self, request, queryset):
+        """Re-resolve the selected pools' capacity now (``pools_refresh_capacity``)."""
+        pools = list(StoragePool.objects.filter(pk__in=queryset.values("pk")).select_related("cluster").order_by("pk"))
+        services.pools_refresh_capacity(pools=pools)
+        for pool in pools:
+            self.message_user(request, f"{pool.name}: {format_bytes(pool.capacity_bytes)} ({pool.capacity_source}): {pool.capacity_note}", messages.SUCCESS)
+
+    @admin.action(description="Delete (refused while volumes live on the pool)", permissions=["change"])
+    def delete_pools(self, request, queryset):
+        """Delete each selected pool through ``pool_delete``."""
+        for pool in queryset:
+            try:
+                services.pool_delete(pool=pool)
+                self.message_user(request, f"{pool.name}: deleted", messages.SUCCESS)
+            except ApplicationError as exc:
+                self.message_user(request, f"{pool.name}: {exc.detail}", messages.ERROR)
+
+
+class VolumeForm(forms.ModelForm):
+    """The volume form: only the quota changes, through ``volume_update_quota`` (the capacity gate) in ``clean``."""
+
+    class Meta:
+        model = Volume
+        fields = ["quota_gb"]
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors or "quota_gb" not in self.changed_data:
+            return data
+        try:
+            # The console's change view runs in one transaction: a later failure undoes this too.
+            services.volume_update_quota(volume=self.instance, quota_gb=data["quota_gb"])
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail, code=exc.code) from None
+        return data
+
+
+@admin.register(Volume)
+class VolumeAdmin(admin.ModelAdmin):
+    """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate."""
+
+    form = VolumeForm
+    list_display = ["name", "public_id", "owner", "quota_gb", "pool", "cluster", "status", "short_status_message", "created_at"]
+    list_filter = ["cluster", "pool", "status"]
+    list_select_related = ["owner", "pool", "cluster"]
+    search_fields = ["name", "public_id", "owner__username", "claim_name"]
+    fields = [
+        "public_id", "name", "owner", "quota_gb", "pool", "cluster", "claim_name", "pv_name", "status", "status_message",
+        "status_reported_at", "created_at", "deleted_at",
+    ]
+    readonly_fields = [name for name in fields if name != "quota_gb"]
+    actions = ["delete_volumes"]
+
+    def has_add_permission(self, request) -> bool:
+        """Volumes are created by their owners through ``POST /api/v1/storage/volumes``."""
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """Use the *Delete* action: it goes through ``volume_delete`` (PVC first, the row is kept)."""
+        return False
+
+    def get_readonly_fields(self, request, obj=None):  # noqa: D102
+        if obj is not None and obj.status == Volume.Status.DELETED:
+            return self.fields
+        return self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        """The quota was changed by ``volume_update_quota`` in the form's ``clean``."""
+
+    @admin.display(description="status message")
+    def short_status_message(self, obj: Volume) -> str:
+        """Why the PVC is not bound (first 80 characters)."""
+        message = obj.status_message or ""
+        return message if len(message) <= 80 else message[:79] + "…"
+
+    @admin.action(description="Delete (and its PVC; refused while a live session mounts it)", permissions=["change"])
+    def delete_volumes(self, request, queryset):
+        """Delete each selected volume through ``volume_delete``."""
+        for volume in queryset:
+            try:
+                services.volume_delete(volume=volume)
+                self.message_user(request, f"{volume.name} ({volume.public_id}): deleted", messages.SUCCESS)
+            except ApplicationError as exc:
+                self.message_user(request, f"{volume.name} ({volume.public_id}): {exc.detail}", messages.ERROR)

@@ -1,0 +1,142 @@
+"""Serializers of the storage API. Input and output serializers differ; sizes are bytes, quotas GiB (2^30 bytes)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from storage.models import GIB, StoragePool, Volume
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+CLUSTER_REF_HELP = "Cluster id (clu_...) or name"
+
+
+class PoolCreateSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/storage/pools``."""
+
+    name = serializers.RegexField(DNS_LABEL, max_length=63, error_messages={
+        "invalid": "must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. nfs-a)",
+    })
+    cluster = serializers.CharField(max_length=253, help_text=f"Where the storage server sits. {CLUSTER_REF_HELP}")
+    storage_class = serializers.CharField(max_length=253, help_text="StorageClass that provisions from this pool, the same name on every cluster sharing it")
+    sharing = serializers.ChoiceField(choices=StoragePool.Sharing.choices, default=StoragePool.Sharing.ALL)
+    allowed_clusters = serializers.ListField(
+        child=serializers.CharField(max_length=253), required=False, default=list, max_length=1000,
+        help_text="With sharing 'selected': the clusters (ids or names) besides its own that may use it",
+    )
+    manual_capacity_gb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None, help_text="Stated capacity, GiB")
+    storage_node = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
+
+
+class PoolUpdateSerializer(PoolCreateSerializer):
+    """Input of ``PATCH /api/v1/storage/pools/{id}`` (any subset of the fields of ``POST``)."""
+
+
+class CapacitySerializer(serializers.Serializer):
+    """A pool's stored capacity (refreshed every minute and on every change of the pool)."""
+
+    bytes = serializers.IntegerField(allow_null=True)
+    source = serializers.ChoiceField(choices=StoragePool.Source.choices)
+    note = serializers.CharField()
+    updated_at = serializers.DateTimeField(allow_null=True)
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    """Output of the pools API."""
+
+    id = serializers.CharField(source="public_id", read_only=True)
+    cluster = serializers.CharField(source="cluster.public_id", read_only=True)
+    allowed_clusters = serializers.SerializerMethodField()
+    capacity = serializers.SerializerMethodField()
+    allocated_bytes = serializers.SerializerMethodField()
+    volumes = serializers.IntegerField(source="volume_count", read_only=True, default=0)
+
+    class Meta:
+        model = StoragePool
+        fields = [
+            "id", "name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node",
+            "capacity", "allocated_bytes", "volumes", "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_allowed_clusters(self, obj: StoragePool) -> list[str]:
+        """Ids (``clu_...``) of the clusters besides its own allowed with sharing ``selected`` (prefetched)."""
+        return sorted(c.public_id for c in obj.allowed_clusters.all())
+
+    @extend_schema_field(CapacitySerializer)
+    def get_capacity(self, obj: StoragePool) -> dict:
+        """``{"bytes", "source", "note", "updated_at"}`` as last resolved."""
+        return CapacitySerializer({
+            "bytes": obj.capacity_bytes, "source": obj.capacity_source, "note": obj.capacity_note, "updated_at": obj.capacity_updated_at,
+        }).data
+
+    def get_allocated_bytes(self, obj: StoragePool) -> int:
+        """Sum of the quotas of the volumes on it that are not deleted, bytes."""
+        return int(getattr(obj, "allocated_gb", 0) or 0) * GIB
+
+
+class VolumeCreateSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/storage/volumes``."""
+
+    name = serializers.CharField(max_length=63, help_text="A DNS label, unique among your volumes; mounted at /data/<name>")
+    quota_gb = serializers.IntegerField(min_value=1, help_text="Size, GiB (2^30 bytes)")
+    pool = serializers.CharField(max_length=32, required=False, allow_null=True, default=None,
+                                 help_text="Pool id (pool_...); omitted: the pool with the most free room")
+
+
+class VolumeUpdateSerializer(serializers.Serializer):
+    """Input of ``PATCH /api/v1/storage/volumes/{id}``: only the quota changes, and only upward."""
+
+    quota_gb = serializers.IntegerField(min_value=1)
+
+
+class VolumeMoveSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/storage/volumes/{id}/move``."""
+
+    cluster = serializers.CharField(max_length=253, help_text=f"The cluster to hand the volume to. {CLUSTER_REF_HELP}")
+
+
+class VolumeSerializer(serializers.ModelSerializer):
+    """Output of the volumes API."""
+
+    id = serializers.CharField(source="public_id", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    pool = serializers.CharField(source="pool.public_id", read_only=True)
+    cluster = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Volume
+        fields = ["id", "name", "owner", "quota_gb", "pool", "cluster", "claim_name", "status", "status_message", "created_at"]
+        read_only_fields = fields
+
+    def get_cluster(self, obj: Volume) -> str | None:
+        """Id of the cluster holding its PVC, or null before the first mount."""
+        return obj.cluster.public_id if obj.cluster_id else None
+
+
+class SummaryPoolSerializer(serializers.Serializer):
+    """One pool of ``GET /api/v1/storage/summary``, resolved now."""
+
+    id = serializers.CharField()
+    name = serializers.CharField()
+    cluster = serializers.CharField(help_text="The pool's own cluster (where the storage server sits)")
+    storage_class = serializers.CharField()
+    capacity_bytes = serializers.IntegerField(allow_null=True)
+    source = serializers.ChoiceField(choices=StoragePool.Source.choices)
+    note = serializers.CharField()
+    allocated_bytes = serializers.IntegerField()
+    free_bytes = serializers.IntegerField(allow_null=True)
+    shared_across_clusters = serializers.BooleanField()
+
+
+class SummarySerializer(serializers.Serializer):
+    """``GET /api/v1/storage/summary``: the headline numbers are those of the largest single pool (docs/storage.md)."""
+
+    cluster = serializers.CharField(allow_null=True)
+    capacity_bytes = serializers.IntegerField(allow_null=True, help_text="Capacity of the largest pool (pools never add up)")
+    source = serializers.ChoiceField(choices=StoragePool.Source.choices)
+    allocated_bytes = serializers.IntegerField(help_text="Allocated on that pool")
+    pool = serializers.CharField(allow_null=True, help_text="The pool the headline numbers describe")
+    largest_free_bytes = serializers.IntegerField(allow_null=True, help_text="Most free room on one pool: the largest volume that fits now")
+    shared_across_clusters = serializers.BooleanField()
+    pools = SummaryPoolSerializer(many=True)

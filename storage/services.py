@@ -1,0 +1,700 @@
+"""Storage services: pools, capacity refresh, the operator's storage report, volumes and the capacity gate.
+
+These are the only functions that change pools, capacity readings, node disks and volumes (``storage.move``
+moves volumes between clusters); the API, the console, the Celery tasks and the operator-facing view call them.
+
+Locks: a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation,
+quota increase); when several rows are locked, pools come before volumes, each kind in primary-key order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Iterable
+
+import kubernetes
+import urllib3
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+from kubernetes.client.exceptions import ApiException
+
+from clusters.kube import Deadline, api_client_for_cluster
+from clusters.models import Cluster
+from clusters.probe import ClusterUnreachable
+from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
+from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
+from sessions.models import Session
+from storage.capacity import CapacityResolution, format_bytes, pools_capacity, registered_cluster_ids
+from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look
+from storage.capacity import pool_clusters as pool_clusters  # re-exported (placement imports it)
+from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
+
+logger = logging.getLogger(__name__)
+
+#: Fields of ``pool_update``'s ``changes``.
+POOL_EDITABLE_FIELDS = ("name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node")
+
+#: PVC phases the operator reports -> volume status.
+_PVC_PHASES = {"Bound": Volume.Status.BOUND, "Pending": Volume.Status.PENDING, "Lost": Volume.Status.LOST}
+
+
+# --------------------------------------------------------------------------- exceptions
+
+
+class PoolNameTaken(Conflict):
+    """409: another pool has this name."""
+
+    code = "pool_name_taken"
+
+
+class PoolInUse(Conflict):
+    """409: the pool holds volumes that are not deleted (delete, or a change that would strand them)."""
+
+    code = "pool_in_use"
+
+
+class PoolFull(Conflict):
+    """409: the volume's quota does not fit in the free room of the pool (the largest single pool when none is named)."""
+
+    code = "pool_full"
+
+
+class PoolCapacityUnknown(Conflict):
+    """409: the pool's capacity is unknown (no fresh CSI reading, no stated capacity, no storage node disk)."""
+
+    code = "pool_capacity_unknown"
+
+
+class NoStoragePool(Conflict):
+    """409: no storage pool is registered, so no volume can be created."""
+
+    code = "no_storage_pool"
+
+
+class VolumeNameTaken(Conflict):
+    """409: the owner already has a (non-deleted) volume of this name."""
+
+    code = "volume_name_taken"
+
+
+class VolumeInUse(Conflict):
+    """409: a live session mounts the volume."""
+
+    code = "volume_in_use"
+
+
+class VolumeShrinkUnsupported(Conflict):
+    """409: a quota decrease (PVCs can grow, never shrink)."""
+
+    code = "volume_shrink_unsupported"
+
+
+class VolumeMoving(Conflict):
+    """409: the volume is being moved to another cluster."""
+
+    code = "volume_moving"
+
+
+class VolumeMoveDisabled(Conflict):
+    """409: volume moves are off (``GSHARE_VOLUME_MOVE_ENABLED``)."""
+
+    code = "volume_move_disabled"
+
+
+class VolumeDeleteFailed(ApplicationError):
+    """502: the holding cluster's apiserver refused to delete the volume's PVC (other than 404)."""
+
+    code = "volume_delete_failed"
+    status = 502
+
+
+def _invalid(detail: str) -> ApplicationError:
+    return ApplicationError(detail, code="invalid_request", status=400)
+
+
+def _refuse_deregistered(clusters: Iterable[Cluster]) -> None:
+    gone = [c for c in clusters if c.status == Cluster.Status.DEREGISTERED]
+    if gone:
+        names = ", ".join(f"{c.name} ({c.public_id})" for c in gone)
+        raise Conflict(
+            f"Cluster(s) {names} are deregistered and cannot hold or use a storage pool: name registered clusters "
+            "(`GET /api/v1/clusters`).",
+            code="cluster_deregistered",
+        )
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def pool_validate(
+    *,
+    pool: StoragePool | None = None,
+    name: str,
+    cluster: Cluster,
+    storage_class: str,
+    sharing: str = StoragePool.Sharing.ALL,
+    allowed_clusters: Iterable[Cluster] = (),
+    manual_capacity_gb: int | None = None,
+    storage_node: str = "",
+) -> StoragePool:
+    """Check a pool's wanted state (a new pool with ``pool=None``, else a change of ``pool``); write nothing.
+
+    The one validation of ``pool_create``, ``pool_update`` and the console's form.
+
+    Returns:
+        An unsaved ``StoragePool`` with the wanted fields (``allowed_clusters`` excepted: see ``pool_create``).
+
+    Raises:
+        ApplicationError: ``invalid_request`` (400): ``allowed_clusters`` with sharing ``all``.
+        django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
+        PoolNameTaken: ``pool_name_taken`` (409).
+        Conflict: ``cluster_deregistered`` (409) for a deregistered cluster newly named as the pool's cluster or an
+            allowed one.
+        PoolInUse: ``pool_in_use`` (409) when the pool holds volumes and the change would move it to another
+            cluster or StorageClass, or stop sharing it with a cluster that holds one of its volumes' PVCs.
+    """
+    allowed = {c.pk: c for c in allowed_clusters if c.pk != cluster.pk}
+    if sharing == StoragePool.Sharing.ALL and allowed:
+        raise _invalid("allowed_clusters applies only with sharing 'selected': send sharing 'selected', or no allowed_clusters.")
+    # A deregistered cluster cannot be newly named; one the pool already names (since deregistered) may stay.
+    named = {pool.cluster_id, *(c.pk for c in pool.allowed_clusters.all())} if pool is not None else set()
+    _refuse_deregistered([c for c in [cluster, *allowed.values()] if c.pk not in named])
+    if StoragePool.objects.filter(name=name).exclude(pk=pool.pk if pool else None).exists():
+        raise PoolNameTaken(f"A storage pool is already named {name!r}: choose another name.")
+    candidate = StoragePool(
+        pk=pool.pk if pool else None,
+        name=name,
+        cluster=cluster,
+        storage_class=storage_class,
+        sharing=sharing,
+        manual_capacity_gb=manual_capacity_gb,
+        storage_node=storage_node or "",
+    )
+    if pool is not None:
+        candidate.public_id = pool.public_id
+    candidate.full_clean(validate_unique=False, validate_constraints=False)
+
+    if pool is not None:
+        live = Volume.objects.filter(pool=pool).exclude(status=Volume.Status.DELETED)
+        count = live.count()
+        if count and (cluster.pk != pool.cluster_id or storage_class != pool.storage_class):
+            raise PoolInUse(
+                f"Pool {pool.name} ({pool.public_id}) holds {count} volume(s) provisioned through StorageClass "
+                f"{pool.storage_class} from the server on its cluster: its cluster and storage_class cannot change while "
+                "they exist. Delete them first (`DELETE /api/v1/storage/volumes/<id>`), or register another pool.",
+            )
+        if count:
+            if sharing == StoragePool.Sharing.ALL:
+                usable = {cluster.pk} | registered_cluster_ids()
+            else:
+                usable = {cluster.pk, *allowed}
+            stranded = list(live.filter(cluster__isnull=False).exclude(cluster_id__in=usable).select_related("cluster")[:5])
+            if stranded:
+                held = ", ".join(f"{v.public_id} on {v.cluster.name}" for v in stranded)
+                raise PoolInUse(
+                    f"Pool {pool.name} ({pool.public_id}) would no longer be shared with clusters that hold its volumes' "
+                    f"PVCs ({held}). Keep those clusters allowed, or delete the volumes first.",
+                )
+    return candidate
+
+
+def _pool_store_capacity(pools: list[StoragePool], *, now: datetime.datetime | None = None) -> int:
+    """Resolve ``pools`` and store the result on them (one ``UPDATE``); return how many changed bytes or source."""
+    if not pools:
+        return 0
+    now = now or timezone.now()
+    resolved = pools_capacity(pools, now=now)
+    changed = 0
+    for pool in pools:
+        capacity = resolved[pool.pk]
+        if (pool.capacity_bytes, pool.capacity_source) != (capacity.capacity_bytes, capacity.source):
+            changed += 1
+        pool.capacity_bytes = capacity.capacity_bytes
+        pool.capacity_source = capacity.source
+        pool.capacity_note = capacity.note[:500]
+        pool.capacity_updated_at = now
+    StoragePool.objects.bulk_update(pools, ["capacity_bytes", "capacity_source", "capacity_note", "capacity_updated_at"])
+    return changed
+
+
+@transaction.atomic
+def pool_create(
+    *,
+    name: str,
+    cluster: Cluster,
+    storage_class: str,
+    sharing: str = StoragePool.Sharing.ALL,
+    allowed_clusters: Iterable[Cluster] = (),
+    manual_capacity_gb: int | None = None,
+    storage_node: str = "",
+) -> StoragePool:
+    """Register a storage pool (a storage server, one export) and resolve its capacity.
+
+    Args:
+        name: unique pool name.
+        cluster: the cluster where the storage server sits.
+        storage_class: the StorageClass that provisions from it, the same name on every cluster sharing it.
+        sharing: ``all`` (every registered cluster may use it) or ``selected`` (``allowed_clusters`` only).
+        allowed_clusters: with ``selected``, the clusters besides ``cluster`` that may use it.
+        manual_capacity_gb: stated capacity, GiB, used when no fresh CSI reading exists.
+        storage_node: node of ``cluster`` whose system drive stands in when nothing else is known.
+
+    Returns:
+        The new ``StoragePool`` with its capacity resolved and stored.
+
+    Raises:
+        As ``pool_validate``.
+    """
+    allowed_clusters = list(allowed_clusters)
+    pool = pool_validate(
+        name=name, cluster=cluster, storage_class=storage_class, sharing=sharing, allowed_clusters=allowed_clusters,
+        manual_capacity_gb=manual_capacity_gb, storage_node=storage_node,
+    )
+    try:
+        with transaction.atomic():
+            pool.save()
+    except IntegrityError:
+        raise PoolNameTaken(f"A storage pool is already named {name!r}: choose another name.") from None
+    if sharing == StoragePool.Sharing.SELECTED:
+        pool.allowed_clusters.set([c for c in allowed_clusters if c.pk != cluster.pk])
+    _pool_store_capacity([pool])
+    logger.info("storage pool created: %s %s (%s on %s, sharing %s)", pool.public_id, pool.name, storage_class, cluster.name, sharing)
+    return pool
+
+
+@transaction.atomic
+def pool_update(*, pool: StoragePool, changes: dict) -> StoragePool:
+    """Change a pool's fields (``POOL_EDITABLE_FIELDS``), all or nothing, with its row locked; re-resolve its capacity.
+
+    Switching ``sharing`` to ``all`` clears ``allowed_clusters``.
+
+    Args:
+        pool: the pool.
+        changes: field -> new value (``cluster`` a ``Cluster``, ``allowed_clusters`` a list of ``Cluster``).
+
+    Raises:
+        ApplicationError: ``invalid_request`` (400) for a field that cannot be changed.
+        As ``pool_validate``.
+    """
+    unknown = set(changes) - set(POOL_EDITABLE_FIELDS)
+    if unknown:
+        raise _invalid(f"Only {', '.join(POOL_EDITABLE_FIELDS)} can be changed; not {', '.join(sorted(unknown))}.")
+    pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=pool.pk)
+    state = {
+        "name": pool.name, "cluster": pool.cluster, "storage_class": pool.storage_class, "sharing": pool.sharing,
+        "allowed_clusters": list(pool.allowed_clusters.all()), "manual_capacity_gb": pool.manual_capacity_gb,
+        "storage_node": pool.storage_node,
+    }
+    if changes.get("sharing") == StoragePool.Sharing.ALL and "allowed_clusters" not in changes:
+        state["allowed_clusters"] = []
+    state.update(changes)
+    state["allowed_clusters"] = list(state["allowed_clusters"] or [])
+    candidate = pool_validate(pool=pool, **state)
+    fields = ["name", "cluster", "storage_class", "sharing", "manual_capacity_gb", "storage_node"]
+    for name in fields:
+        setattr(pool, name, getattr(candidate, name))
+    try:
+        with transaction.atomic():
+            pool.save(update_fields=fields)
+    except IntegrityError:
+        raise PoolNameTaken(f"A storage pool is already named {pool.name!r}: choose another name.") from None
+    pool.allowed_clusters.set([c for c in state["allowed_clusters"] if c.pk != pool.cluster_id] if pool.sharing == StoragePool.Sharing.SELECTED else [])
+    _pool_store_capacity([pool])
+    return pool
+
+
+@transaction.atomic
+def pool_delete(*, pool: StoragePool) -> None:
+    """Delete a pool that holds no volume any more (the records of its deleted volumes go with it).
+
+    Raises:
+        PoolInUse: ``pool_in_use`` (409) while volumes that are not deleted are on it.
+    """
+    pool = StoragePool.objects.select_for_update().get(pk=pool.pk)
+    live = Volume.objects.filter(pool=pool).exclude(status=Volume.Status.DELETED)
+    count = live.count()
+    if count:
+        sample = ", ".join(live.order_by("pk").values_list("public_id", flat=True)[:5])
+        raise PoolInUse(
+            f"Pool {pool.name} ({pool.public_id}) still holds {count} volume(s) ({sample}{', ...' if count > 5 else ''}): "
+            "delete them first (`DELETE /api/v1/storage/volumes/<id>`), then the pool.",
+        )
+    Volume.objects.filter(pool=pool).delete()  # only deleted volumes are left: their PVCs are gone
+    pool.delete()
+    logger.info("storage pool deleted: %s %s", pool.public_id, pool.name)
+
+
+def pools_refresh_capacity(*, now: datetime.datetime | None = None, pools: Iterable[StoragePool] | None = None) -> int:
+    """Re-resolve pools' capacity and store it (``capacity_bytes``, ``capacity_source``, ``capacity_note``,
+    ``capacity_updated_at``: what listings show; the capacity gate always re-resolves). Idempotent; a constant
+    number of queries.
+
+    Args:
+        now: the time freshness is judged at (default: now).
+        pools: the pools to refresh (default: every pool).
+
+    Returns:
+        How many pools' capacity or source changed.
+    """
+    pools = list(StoragePool.objects.select_related("cluster").order_by("pk") if pools is None else pools)
+    return _pool_store_capacity(pools, now=now)
+
+
+# --------------------------------------------------------------------------- operator report
+
+
+@transaction.atomic
+def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
+    """Apply an operator's storage report (``POST /internal/v1/storage``) in one transaction and a constant number
+    of queries, whatever its size.
+
+    Upserts one ``StorageCapacityReading`` per StorageClass and one ``NodeDisk`` per node (``INSERT ... ON
+    CONFLICT DO UPDATE``; a row already newer than the report is kept), and applies each listed PVC's phase to the
+    cluster's volume: ``Bound`` -> ``bound``, ``Pending`` -> ``pending`` (with the event message), ``Lost`` ->
+    ``lost``, with ``pv_name`` and ``status_reported_at``. Volumes unknown, deleted, held by no cluster yet, being
+    moved, or already updated by a newer report are ignored (counted).
+
+    Args:
+        cluster: the cluster named in the operator token.
+        report: validated body: ``{"read_at": datetime (UTC), "storage_classes": [{"storage_class", "capacity_bytes",
+            "objects"}], "volumes": [{"volume_id", "claim_name", "phase", "volume_name", "message"}], "nodes":
+            [{"name", "disk_bytes"}]}`` (lists may be absent). A ``read_at`` in the future counts as now.
+
+    Returns:
+        ``{"storage_classes": n, "volumes": applied, "volumes_ignored": n, "nodes": n}``.
+
+    Raises:
+        Forbidden: ``forbidden_cluster_scope`` (403) when a listed volume's PVC is held by another cluster; nothing
+            is stored.
+    """
+    now = timezone.now()
+    read_at = min(report["read_at"], now)
+    volume_reports = report.get("volumes") or []
+    ids = sorted({v["volume_id"] for v in volume_reports})
+    volumes = {
+        v.public_id: v
+        for v in Volume.objects.select_for_update().filter(public_id__in=ids).exclude(status=Volume.Status.DELETED).order_by("pk")
+    } if ids else {}
+    foreign = [vid for vid, v in volumes.items() if v.cluster_id is not None and v.cluster_id != cluster.pk]
+    if foreign:
+        raise Forbidden(
+            f"Volume(s) {', '.join(foreign[:5])} are held by another cluster; an operator may only report its own cluster's "
+            "volumes. Nothing was stored. Check that this operator runs with its own cluster's token.",
+            code=FORBIDDEN_CLUSTER_SCOPE,
+        )
+
+    changed = []
+    for item in volume_reports:
+        volume = volumes.get(item["volume_id"])
+        if (
+            volume is None
+            or volume.cluster_id is None
+            or volume.status == Volume.Status.MOVING
+            or (volume.status_reported_at is not None and read_at < volume.status_reported_at)
+        ):
+            continue
+        volume.status = _PVC_PHASES[item["phase"]]
+        volume.status_message = (item.get("message") or "")[:4000]
+        volume.pv_name = item.get("volume_name") or ""
+        volume.status_reported_at = read_at
+        changed.append(volume)
+    if changed:
+        Volume.objects.bulk_update(changed, ["status", "status_message", "pv_name", "status_reported_at"])
+
+    classes = report.get("storage_classes") or []
+    nodes = report.get("nodes") or []
+    # A late report never overwrites a newer reading (one query per kind, only when the report lists any).
+    newer_classes = set(
+        StorageCapacityReading.objects.filter(cluster=cluster, read_at__gt=read_at).values_list("storage_class", flat=True)
+    ) if classes else set()
+    newer_nodes = set(NodeDisk.objects.filter(cluster=cluster, read_at__gt=read_at).values_list("node", flat=True)) if nodes else set()
+    readings = [
+        StorageCapacityReading(
+            cluster=cluster, storage_class=item["storage_class"], capacity_bytes=item.get("capacity_bytes"),
+            object_count=item.get("objects") or 0, read_at=read_at,
+        )
+        for item in classes if item["storage_class"] not in newer_classes
+    ]
+    if readings:
+        StorageCapacityReading.objects.bulk_create(
+            readings, update_conflicts=True, unique_fields=["cluster", "storage_class"],
+            update_fields=["capacity_bytes", "object_count", "read_at", "received_at"],
+        )
+    disks = [
+        NodeDisk(cluster=cluster, node=item["name"], disk_bytes=item["disk_bytes"], read_at=read_at)
+        for item in nodes if item["name"] not in newer_nodes
+    ]
+    if disks:
+        NodeDisk.objects.bulk_create(disks, update_conflicts=True, unique_fields=["cluster", "node"], update_fields=["disk_bytes", "read_at"])
+    return {
+        "storage_classes": len(classes),
+        "volumes": len(changed),
+        "volumes_ignored": len(volume_reports) - len(changed),
+        "nodes": len(nodes),
+    }
+
+
+# --------------------------------------------------------------------------- volumes
+
+
+def volume_claim_name(public_id: str) -> str:
+    """The PVC name of a volume: ``vol_ab12`` -> ``gshare-vol-ab12`` (DNS-1123: no ``_``)."""
+    return "gshare-" + public_id.replace("_", "-")
+
+
+def _allocated_bytes(pool_ids: list[int], *, exclude_volume: int | None = None) -> dict[int, int]:
+    """Bytes allocated (quotas of volumes that are not deleted) per pool, in one query."""
+    qs = Volume.objects.filter(pool_id__in=pool_ids).exclude(status=Volume.Status.DELETED)
+    if exclude_volume is not None:
+        qs = qs.exclude(pk=exclude_volume)
+    rows = qs.values("pool_id").annotate(total=Sum("quota_gb")).order_by()
+    allocated = {pk: 0 for pk in pool_ids}
+    allocated.update({row["pool_id"]: int(row["total"] or 0) * GIB for row in rows})
+    return allocated
+
+
+def _capacity_unknown(pool: StoragePool, capacity: CapacityResolution, *, others: int = 0) -> PoolCapacityUnknown:
+    also = f" (nor that of the {others} other pool(s))" if others else ""
+    return PoolCapacityUnknown(
+        f"The capacity of pool {pool.name} ({pool.public_id}) is unknown{also} ({capacity.note}), so no volume can be placed on it. "
+        f"Fix: set its manual_capacity_gb (`PATCH /api/v1/storage/pools/{pool.public_id}` with {{\"manual_capacity_gb\": <GiB>}}), "
+        "set STORAGE_POOL_CAPACITY_GB, or let the CSI driver publish CSIStorageCapacity objects.",
+        extra={"pool": pool.public_id, "source": capacity.source},
+    )
+
+
+def _pool_full(pool: StoragePool, capacity: CapacityResolution, allocated: int, requested: int, *, chosen: bool) -> PoolFull:
+    free = max(0, capacity.capacity_bytes - allocated)
+    facts = (
+        f"pool {pool.name} ({pool.public_id}) has a capacity of {format_bytes(capacity.capacity_bytes)} (source {capacity.source}: "
+        f"{capacity.note}), of which {format_bytes(allocated)} is allocated, leaving {format_bytes(free)}"
+    )
+    if chosen:
+        detail = (
+            f"A {format_bytes(requested)} quota does not fit: {facts}. Fix: ask for at most {free // GIB} GiB, use another pool "
+            "(`GET /api/v1/storage/summary`), delete volumes on this one, or raise its capacity (grow the storage server, or "
+            "its manual_capacity_gb when no CSI reading counts)."
+        )
+    else:
+        detail = (
+            f"No single storage pool has room for a {format_bytes(requested)} quota: the most free room is on {facts}. A volume "
+            "lives on one pool, so free room on several pools does not add up. Fix: ask for at most "
+            f"{free // GIB} GiB, delete volumes, or raise a pool's capacity."
+        )
+    return PoolFull(
+        detail,
+        extra={
+            "pool": pool.public_id, "capacity_bytes": capacity.capacity_bytes, "source": capacity.source,
+            "allocated_bytes": allocated, "requested_bytes": requested,
+        },
+    )
+
+
+def _gate(pools: list[StoragePool], requested: int, *, named: bool, exclude_volume: int | None = None) -> StoragePool:
+    """The capacity gate, under the locks of ``pools``: the pool the quota fits in (the one with most free room).
+
+    Raises:
+        NoStoragePool, PoolCapacityUnknown, PoolFull.
+    """
+    if not pools:
+        raise NoStoragePool("No storage pool is registered, so a volume has nowhere to live: ask an operator to register one "
+                            "(`POST /api/v1/storage/pools`, docs/storage.md).")
+    capacities = pools_capacity(pools)
+    allocated = _allocated_bytes([p.pk for p in pools], exclude_volume=exclude_volume)
+    known = [p for p in pools if capacities[p.pk].capacity_bytes is not None]
+    if not known:
+        raise _capacity_unknown(pools[0], capacities[pools[0].pk], others=len(pools) - 1)
+    best = max(known, key=lambda p: (capacities[p.pk].capacity_bytes - allocated[p.pk], -p.pk))
+    if allocated[best.pk] + requested > capacities[best.pk].capacity_bytes:
+        raise _pool_full(best, capacities[best.pk], allocated[best.pk], requested, chosen=named)
+    return best
+
+
+def _check_quota(quota_gb) -> None:
+    if not isinstance(quota_gb, int) or isinstance(quota_gb, bool) or quota_gb < 1:
+        raise _invalid("quota_gb must be a whole number of GiB, at least 1.")
+
+
+def _name_taken(name: str) -> VolumeNameTaken:
+    return VolumeNameTaken(
+        f"You already have a volume named {name!r}: choose another name, or delete that volume first "
+        "(`GET /api/v1/storage/volumes` lists yours)."
+    )
+
+
+def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None = None) -> Volume:
+    """Create a volume after the capacity gate, on ``pool`` or, when none is named, on the pool with most free room.
+
+    The gate: the quota plus the quotas of the volumes already on the pool (not deleted) must not exceed the pool's
+    capacity, resolved now (``pool_capacity``). Without a pool, the bound is the largest free room of a SINGLE pool,
+    never the sum over pools. The pool rows are locked (``select_for_update``, primary-key order) while the gate runs,
+    so concurrent creates cannot both take the last room. The PVC is created later, by the operator of the cluster
+    the first session that mounts it lands on.
+
+    Args:
+        owner: the user who owns it.
+        name: a DNS label, unique among the owner's volumes that are not deleted (mount path ``/data/<name>``).
+        quota_gb: size, GiB (2^30 bytes), at least 1.
+        pool: the pool, or None to let the service pick.
+
+    Returns:
+        The new ``Volume`` (status ``available``; ``claim_name`` ``gshare-vol-...``).
+
+    Raises:
+        django.core.exceptions.ValidationError: the name is not a DNS label (400 ``invalid_request``).
+        ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
+        VolumeNameTaken: ``volume_name_taken`` (409).
+        NoStoragePool: ``no_storage_pool`` (409).
+        PoolCapacityUnknown: ``pool_capacity_unknown`` (409).
+        PoolFull: ``pool_full`` (409).
+    """
+    _check_quota(quota_gb)
+    Volume(owner=owner, name=name, quota_gb=quota_gb).clean_fields(exclude=["owner", "pool", "cluster"])
+    if Volume.objects.filter(owner=owner, name=name).exclude(status=Volume.Status.DELETED).exists():
+        raise _name_taken(name)
+    try:
+        with transaction.atomic():
+            locked = StoragePool.objects.select_for_update().select_related("cluster").order_by("pk")
+            if pool is not None:
+                locked = locked.filter(pk=pool.pk)
+            locked = list(locked)
+            if pool is not None and not locked:
+                raise NotFound(f"Storage pool {pool.public_id} no longer exists: list pools with `GET /api/v1/storage/pools`.", code="pool_not_found")
+            chosen = _gate(locked, quota_gb * GIB, named=pool is not None)
+            volume = Volume(owner=owner, name=name, quota_gb=quota_gb, pool=chosen)
+            volume.claim_name = volume_claim_name(volume.public_id)
+            volume.full_clean(validate_constraints=False)
+            volume.save()
+    except IntegrityError:
+        raise _name_taken(name) from None
+    logger.info("volume created: %s %s (%d GiB) on pool %s for %s", volume.public_id, name, quota_gb, chosen.name, owner)
+    return volume
+
+
+@transaction.atomic
+def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
+    """Raise a volume's quota, through the capacity gate of its pool (locked). Equal: nothing changes.
+
+    Raises:
+        ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
+        NotFound: ``volume_not_found`` (404) for a deleted volume.
+        VolumeMoving: ``volume_moving`` (409).
+        VolumeShrinkUnsupported: ``volume_shrink_unsupported`` (409) for a decrease.
+        PoolCapacityUnknown, PoolFull: as ``volume_create`` (409).
+    """
+    _check_quota(quota_gb)
+    pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=volume.pool_id)
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    if volume.status == Volume.Status.DELETED:
+        raise NotFound(f"Volume {volume.public_id} is deleted.", code="volume_not_found")
+    if volume.status == Volume.Status.MOVING:
+        raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: change its quota once the move is done.")
+    if quota_gb < volume.quota_gb:
+        raise VolumeShrinkUnsupported(
+            f"Volume {volume.public_id} has {volume.quota_gb} GiB; a quota can only grow (a PersistentVolumeClaim cannot shrink). "
+            f"Fix: ask for at least {volume.quota_gb} GiB, or create a smaller volume and copy the data."
+        )
+    if quota_gb == volume.quota_gb:
+        return volume
+    _gate([pool], quota_gb * GIB, named=True, exclude_volume=volume.pk)
+    volume.quota_gb = quota_gb
+    volume.save(update_fields=["quota_gb"])
+    logger.info("volume quota raised: %s to %d GiB", volume.public_id, quota_gb)
+    return volume
+
+
+def _pvc_delete(volume: Volume) -> None:
+    """Delete the volume's PVC on its cluster (404 counts as done), bounded by ``GSHARE_PROBE_TIMEOUT``.
+
+    Raises:
+        ClusterUnreachable: ``cluster_unreachable`` (504). VolumeDeleteFailed: ``volume_delete_failed`` (502).
+        KubeconfigError: the stored kubeconfig cannot be used (400).
+    """
+    cluster = volume.cluster
+    namespace = settings.GSHARE_SESSION_NAMESPACE
+    deadline = Deadline(settings.GSHARE_PROBE_TIMEOUT)
+    api = api_client_for_cluster(cluster)
+    try:
+        with api:
+            # Not deserialised: the answer (the PVC, or a Status) says nothing we need.
+            response = kubernetes.client.CoreV1Api(api).delete_namespaced_persistent_volume_claim(
+                volume.claim_name, namespace, _request_timeout=deadline.request_timeout(), _preload_content=False
+            )
+            response.release_conn()
+    except ApiException as exc:
+        if exc.status == 404:
+            return
+        hint = {
+            401: "the cluster refused the control plane's credentials: register a fresh kubeconfig (`PATCH /api/v1/clusters/<id>`)",
+            403: f"the control plane's ServiceAccount may not delete PersistentVolumeClaims in {namespace}: grant it (docs/attach-a-cluster.md)",
+        }.get(exc.status, f"retry later; check the cluster with `POST /api/v1/clusters/{cluster.public_id}/connection-test`")
+        raise VolumeDeleteFailed(
+            f"The apiserver of cluster {cluster.name} ({cluster.public_id}) answered {exc.status} ({exc.reason}) to deleting the "
+            f"PVC {namespace}/{volume.claim_name} of volume {volume.public_id}; nothing was changed. Fix: {hint}."
+        ) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ClusterUnreachable(
+            f"The apiserver of cluster {cluster.name} ({cluster.public_id}) at {cluster.apiserver_url} did not answer within "
+            f"{settings.GSHARE_PROBE_TIMEOUT:g} s ({type(exc).__name__}), so the PVC {namespace}/{volume.claim_name} of volume "
+            f"{volume.public_id} could not be deleted; nothing was changed. Fix: check the cluster "
+            f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
+        ) from None
+
+
+@transaction.atomic
+def volume_delete(*, volume: Volume) -> Volume:
+    """Delete a volume: its PVC on the holding cluster (through that cluster's apiserver), then mark it deleted.
+
+    The row is kept (status ``deleted``, ``deleted_at``) and its name becomes free. The volume row stays locked while
+    the PVC is deleted (at most ``GSHARE_PROBE_TIMEOUT`` seconds), so a session being created cannot mount it
+    meanwhile; a refusal changes nothing. A volume whose cluster was deregistered has no reachable PVC: it is only
+    marked. Idempotent for a deleted volume.
+
+    Raises:
+        VolumeInUse: ``volume_in_use`` (409) while a session that has not ended (Terminated, Failed) mounts it.
+        VolumeMoving: ``volume_moving`` (409).
+        ClusterUnreachable: ``cluster_unreachable`` (504): the PVC's cluster did not answer.
+        VolumeDeleteFailed: ``volume_delete_failed`` (502): the apiserver refused the deletion.
+    """
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    if volume.status == Volume.Status.DELETED:
+        return volume
+    if volume.status == Volume.Status.MOVING:
+        raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: delete it once the move is done.")
+    live = list(
+        Session.objects.filter(volumes=volume).exclude(phase__in=Session.TERMINAL_PHASES).order_by("pk").values_list("public_id", flat=True)[:6]
+    )
+    if live:
+        shown = ", ".join(live[:5]) + (", ..." if len(live) > 5 else "")
+        raise VolumeInUse(
+            f"Volume {volume.name} ({volume.public_id}) is mounted by session(s) that have not ended: {shown}. Stop them "
+            "(`DELETE /api/v1/sessions/<id>`) and delete the volume once they are Terminated.",
+            extra={"sessions": live[:5]},
+        )
+    if volume.cluster_id is not None and volume.claim_name:
+        cluster = Cluster.objects.get(pk=volume.cluster_id)
+        volume.cluster = cluster
+        if cluster.status != Cluster.Status.DEREGISTERED:
+            _pvc_delete(volume)
+    volume.status = Volume.Status.DELETED
+    volume.deleted_at = timezone.now()
+    volume.save(update_fields=["status", "deleted_at"])
+    logger.info("volume deleted: %s %s", volume.public_id, volume.name)
+    return volume
+
+
+def volume_move_check_enabled() -> None:
+    """Refuse when volume moves are off.
+
+    Raises:
+        VolumeMoveDisabled: ``volume_move_disabled`` (409) unless ``GSHARE_VOLUME_MOVE_ENABLED``.
+    """
+    if not settings.GSHARE_VOLUME_MOVE_ENABLED:
+        raise VolumeMoveDisabled(
+            "Moving volumes between clusters is off on this control plane (it needs a CSI driver it was tested with). "
+            "An operator can turn it on with GSHARE_VOLUME_MOVE_ENABLED=true (docs/storage.md); until then a volume stays "
+            "on the cluster that holds its PVC."
+        )
