@@ -139,6 +139,8 @@ def run_demo(options: DemoOptions) -> dict:
     from clusters.models import Cluster
     from clusters.operator_tokens import operator_token_mint
     from gshare.auth.tokens import api_token_create
+    from storage.models import StorageCapacityReading
+    from storage.services import pools_refresh_capacity
 
     workdir = gshare_home() / "demo"
     group = ProcessGroup(log_dir=workdir / "logs")
@@ -200,6 +202,12 @@ def run_demo(options: DemoOptions) -> dict:
             token_path.chmod(0o600)
             clusters.append((spec, cluster, kubeconfig_path, token_path))
 
+        _say(f"registering the shared NFS pool (StorageClass {fleet.STORAGE_CLASS} on every cluster)")
+        from storage.services import pool_create
+
+        pool = pool_create(name="lab-nfs", cluster=clusters[0][1], storage_class=fleet.STORAGE_CLASS,
+                           sharing="all", manual_capacity_gb=1024)
+
         port = options.port or _free_port()
         url = f"http://127.0.0.1:{port}"
         child_env = {
@@ -236,6 +244,8 @@ def run_demo(options: DemoOptions) -> dict:
                 "GSHARE_CONTROL_PLANE_URL": url,
                 "GSHARE_TOKEN_FILE": str(token_path),
                 "GSHARE_INVENTORY_INTERVAL": str(options.inventory_interval),
+                "GSHARE_VOLUME_STORAGE_CLASS": fleet.STORAGE_CLASS,
+                "GSHARE_VOLUME_SYNC_INTERVAL": str(options.inventory_interval),
                 "KUBECONFIG": str(kubeconfig_path),
                 "PYTHONUNBUFFERED": "1",
             })
@@ -250,10 +260,13 @@ def run_demo(options: DemoOptions) -> dict:
                 cluster.public_id: (rows[cluster.public_id].nodes.count(), rows[cluster.public_id].devices.count())
                 for _, cluster, _, _ in clusters
             }
+            reported = set(StorageCapacityReading.objects.filter(storage_class=fleet.STORAGE_CLASS, capacity_bytes__isnull=False)
+                           .values_list("cluster__public_id", flat=True))
             waiting = [
                 spec.name for spec, cluster, _, _ in clusters
                 if rows[cluster.public_id].last_heartbeat_at is None
                 or counts[cluster.public_id] != _expected(spec.name)
+                or cluster.public_id not in reported
             ]
             if not waiting:
                 break
@@ -262,8 +275,12 @@ def run_demo(options: DemoOptions) -> dict:
                 raise DemoError(f"no complete inventory from {', '.join(waiting)} within {READY_TIMEOUT:g} s; see the operator logs in {group.log_dir}")
             time.sleep(0.5)
 
+        pools_refresh_capacity()
+        pool.refresh_from_db()
         state = {
             "url": url,
+            "storage_pool": {"id": pool.public_id, "name": pool.name, "storage_class": pool.storage_class,
+                             "capacity_bytes": pool.capacity_bytes, "source": pool.capacity_source},
             "admin_user": "admin",
             "admin_password": password,
             "api_token": api_token,
@@ -287,6 +304,8 @@ def run_demo(options: DemoOptions) -> dict:
         options.state_file.chmod(0o600)
         summary = ", ".join(f"{c['name']}: {c['nodes']} nodes, {c['gpus']} GPUs" for c in state["clusters"])
         _say(f"ready: {summary}")
+        _say(f"storage: pool {pool.name} ({fleet.STORAGE_CLASS}, shared by every cluster): "
+             f"{(pool.capacity_bytes or 0) / 2**40:.2f} TiB from {pool.capacity_source}")
         _say(f"console: {url}/  (user admin, password {password})")
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")
@@ -315,11 +334,17 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
     """
     headers = {"Authorization": f"Bearer {api_token}"}
     api = f"{url}/api/v1/sessions"
+    volumes_api = f"{url}/api/v1/storage/volumes"
+    response = requests.post(volumes_api, headers=headers, timeout=30, json={"name": "datasets", "quota_gb": 100})
+    if response.status_code != 201:
+        raise DemoError(f"creating the volume answered {response.status_code}: {response.text[:300]}")
+    volume = response.json()
     started = []
-    for cluster in clusters:
+    for index, cluster in enumerate(clusters):
         response = requests.post(api, headers=headers, timeout=30, json={
             "name": f"smoke-{cluster['name']}", "image": "quay.io/jupyter/base-notebook:2024-12-02",
             "gpus": 1, "gpu_memory_mib": 2048, "gpu_cores": 20, "cluster": cluster["id"],
+            **({"volumes": [volume["id"]]} if index == 0 else {}),
         })
         if response.status_code != 201:
             raise DemoError(f"starting a session on {cluster['name']} answered {response.status_code}: {response.text[:300]}")
@@ -347,6 +372,18 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         results.append({"id": body["id"], "cluster": body["cluster"], "url": body["url"], "node": running["node"],
                         "devices": running["devices"], "phase": running["phase"]})
     _say("smoke: " + ", ".join(f"{r['id']} Running on {r['node']} ({r['url']})" for r in results))
+    deadline = time.monotonic() + 60
+    while True:
+        volume = requests.get(f"{volumes_api}/{volume['id']}", headers=headers, timeout=10).json()
+        if volume["status"] == "bound":
+            break
+        if time.monotonic() > deadline:
+            raise DemoError(f"volume {volume['id']} is {volume['status']} ({volume['status_message']}), not bound, after 60 s")
+        _check_children(group)
+        time.sleep(0.5)
+    _say(f"smoke: volume {volume['name']} ({volume['id']}) bound on {clusters[0]['name']} as PVC {volume['claim_name']}, "
+         f"mounted by {results[0]['id']} at /data/{volume['name']}")
+    results[0]["volume"] = {"id": volume["id"], "cluster": volume["cluster"], "status": volume["status"]}
     for result in results:
         requests.delete(f"{api}/{result['id']}", headers=headers, timeout=30)
     for result in results:

@@ -40,6 +40,15 @@ def test_demo_runs_and_ctrl_c_stops_everything(tmp_path):
         headers = {"Authorization": f"Bearer {state['api_token']}"}
         gpus = requests.get(f"{state['url']}/api/v1/gpus?limit=500", headers=headers, timeout=10).json()
         assert gpus["count"] == sum(c["gpus"] for c in state["clusters"])
+        # The shared NFS pool: its capacity comes from the clusters' CSIStorageCapacity objects (largest, not summed).
+        summary = requests.get(f"{state['url']}/api/v1/storage/summary", headers=headers, timeout=10).json()
+        assert state["storage_pool"]["source"] == "csi" and summary["source"] == "csi"
+        assert summary["capacity_bytes"] == state["storage_pool"]["capacity_bytes"] == 1643124 * 2**20
+        for cluster in state["clusters"]:
+            scoped = requests.get(f"{state['url']}/api/v1/storage/summary", params={"cluster": cluster["id"]},
+                                  headers=headers, timeout=10).json()
+            assert [p["name"] for p in scoped["pools"]] == ["lab-nfs"]
+            assert scoped["shared_across_clusters"] is (cluster["name"] != "lab-c1")
         login = requests.get(f"{state['url']}/login/", timeout=10)
         assert login.status_code == 200 and "gShare console" in login.text
 
