@@ -1,0 +1,158 @@
+"""Credits: accounts, the append-only ledger, prices per GPU model, usage samples and policies.
+
+Money is ``Decimal`` with 6 decimal places (``CREDITS``), never float. The balance of an account always equals
+the sum of its ledger entries' amounts; ``LedgerEntry.balance_after`` records it after each entry (entries of
+one account are written under the account's row lock, so the running balance is exact).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+#: Credits are stored with this many decimal places (and 18 digits in all).
+CREDIT_PLACES = 6
+CREDITS = Decimal(1).scaleb(-CREDIT_PLACES)  # quantum: Decimal("0.000001")
+
+
+def credit_field(**kwargs) -> models.DecimalField:
+    """A credits column: ``numeric(18, 6)``."""
+    return models.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, **kwargs)
+
+
+class CreditAccount(models.Model):
+    """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries.
+
+    ``below_zero_since`` is when the balance last went below zero (null while it is not): the grace of the
+    user's policy counts from it before their sessions are stopped.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="credit_account")
+    balance = credit_field(default=Decimal(0))
+    below_zero_since = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.balance} credits)"
+
+
+class LedgerEntry(models.Model):
+    """One movement of credits; never updated or deleted.
+
+    ``amount`` is signed (grants and refunds positive, charges negative). ``idempotency_key`` is unique: a
+    retried grant or a replayed usage batch finds its entry instead of writing a second one. Charges name the
+    ``session`` and the usage window (``window_start``..``window_end``, UTC) they price.
+    """
+
+    class Kind(models.TextChoices):
+        GRANT = "grant", "Grant"
+        CHARGE = "charge", "Charge"
+        REFUND = "refund", "Refund"
+        ADJUSTMENT = "adjustment", "Adjustment"
+
+    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    amount = credit_field()
+    balance_after = credit_field()
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries")
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True,
+                                      help_text="Charges: GPU-seconds priced (share × seconds, summed over samples)")
+    reason = models.CharField(max_length=500, blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="", help_text="Who wrote it: api:<user>, console:<user>, usage")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["account", "-id"], name="ledger_account_recent"),
+                   models.Index(fields=["session"], name="ledger_session")]
+        constraints = [
+            models.CheckConstraint(condition=~Q(kind="charge") | Q(amount__lte=0), name="ledger_charge_not_positive"),
+            models.CheckConstraint(condition=~Q(kind__in=["grant", "refund"]) | Q(amount__gte=0), name="ledger_grant_refund_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} ({self.idempotency_key})"
+
+
+class Price(models.Model):
+    """Credits per GPU-hour for a GPU model (the device ``model`` from inventory, e.g. ``NVIDIA H100 80GB HBM3``).
+
+    The row with an empty ``gpu_model`` is the default for models without their own price.
+    """
+
+    gpu_model = models.CharField(max_length=200, unique=True, blank=True, default="",
+                                 help_text="Device model as inventory reports it; empty = the default price")
+    credits_per_gpu_hour = credit_field(validators=[MinValueValidator(Decimal(0))])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["gpu_model"]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model or '(default)'}: {self.credits_per_gpu_hour}/GPU-hour"
+
+
+class Policy(models.Model):
+    """Limits for one user, or (``user`` null) the default for users without their own.
+
+    Attributes:
+        max_sessions: concurrent live sessions (null: unlimited).
+        max_gpus: GPUs across live sessions (null: unlimited).
+        allowed_clusters: clusters sessions may run on (empty: all).
+        min_balance_hours: a session may start only if the available balance covers this many hours of the
+            requested resources at their price (0: any non-negative balance).
+        grace_seconds: how long an account may stay below zero before its sessions are stopped.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="policy")
+    max_sessions = models.PositiveIntegerField(null=True, blank=True)
+    max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    allowed_clusters = models.ManyToManyField("clusters.Cluster", blank=True, related_name="+")
+    min_balance_hours = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal(1), validators=[MinValueValidator(Decimal(0))])
+    grace_seconds = models.PositiveIntegerField(default=900)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "policies"
+        constraints = [models.UniqueConstraint(fields=["user"], condition=Q(user__isnull=True), name="policy_one_default",
+                                               nulls_distinct=False)]
+
+    def __str__(self) -> str:
+        return f"policy of {self.user}" if self.user_id else "default policy"
+
+
+class UsageSample(models.Model):
+    """One usage sample an operator reported (``POST /internal/v1/usage``); unique per ``(cluster, sample_id)``.
+
+    ``start``/``end`` (UTC) bound the window; ``share`` is the fraction of the GPU the session holds
+    (``max(gpu_memory_mib / device memory, gpu_cores / 100)``, 1 for a whole GPU) and ``cost`` (credits) what the
+    window was charged, on the ledger entry ``entry``.
+    """
+
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="usage_samples")
+    sample_id = models.CharField(max_length=128)
+    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, related_name="usage_samples")
+    device_uuid = models.CharField(max_length=128)
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    gpu_util_percent = models.DecimalField(max_digits=6, decimal_places=2, null=True, blank=True)
+    memory_used_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_model = models.CharField(max_length=200, blank=True, default="")
+    share = models.DecimalField(max_digits=9, decimal_places=6)
+    cost = credit_field()
+    entry = models.ForeignKey(LedgerEntry, on_delete=models.PROTECT, null=True, blank=True, related_name="samples")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "sample_id"], name="usage_sample_unique_per_cluster"),
+            models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="usage_sample_end_after_start"),
+        ]
+        indexes = [models.Index(fields=["session", "start"], name="usage_session_start")]
