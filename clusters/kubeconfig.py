@@ -4,7 +4,10 @@ Rules (each a refusal with a stable code, see ``docs/errors.md``):
 
 * ``kubeconfig_invalid``: not YAML, not a mapping, no ``current-context``, the context names a
   cluster or user that is not defined, no ``server``, or data left as ``DATA+OMITTED`` /
-  ``REDACTED`` by ``kubectl config view``.
+  ``REDACTED`` by ``kubectl config view``; a kept key of the wrong type (``insecure-skip-tls-verify``
+  must be a YAML boolean, every other kept key a string, ``*-data`` base64); a token that is not
+  printable ASCII, or a username/password that cannot go into an HTTP header; YAML aliases that
+  expand beyond ``MAX_EXPANDED_NODES`` nodes or refer to themselves (an "alias bomb").
 * ``kubeconfig_exec_forbidden``: the user has ``exec`` or ``auth-provider``: running it would
   execute a command on the control plane.
 * ``kubeconfig_local_file``: the cluster or user points at a file (``certificate-authority``,
@@ -40,9 +43,12 @@ _FILE_KEYS_CLUSTER = ("certificate-authority",)
 _FILE_KEYS_USER = ("client-certificate", "client-key", "tokenFile")
 _DATA_KEYS_CLUSTER = ("certificate-authority-data",)
 _DATA_KEYS_USER = ("client-certificate-data", "client-key-data")
-# Only these keys are kept (anything else, e.g. extensions or YAML alias bombs, is dropped before storing).
-_CLUSTER_KEYS = ("server", "certificate-authority-data", "insecure-skip-tls-verify", "tls-server-name")
-_USER_KEYS = ("token", "client-certificate-data", "client-key-data", "username", "password")
+# Only these keys are kept (anything else, e.g. extensions or YAML alias bombs, is dropped before storing),
+# each with the type the Kubernetes client needs (a string "false" would turn TLS verification off).
+_CLUSTER_KEYS = {"server": str, "certificate-authority-data": str, "insecure-skip-tls-verify": bool, "tls-server-name": str}
+_USER_KEYS = {"token": str, "client-certificate-data": str, "client-key-data": str, "username": str, "password": str}
+#: Most nodes a kubeconfig may have once its YAML aliases are expanded (a real one has a few hundred).
+MAX_EXPANDED_NODES = 50_000
 
 
 class KubeconfigError(ApplicationError):
@@ -71,6 +77,86 @@ class ValidKubeconfig:
         return yaml.safe_dump(self.config, sort_keys=False)
 
 
+class _AliasBomb(Exception):
+    pass
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes in the document once every alias is expanded, counted without expanding anything.
+
+    Raises:
+        _AliasBomb: more than ``MAX_EXPANDED_NODES``, or an alias inside its own anchor (a cycle).
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise _AliasBomb("an alias refers to the node that contains it")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [item for pair in node.value for item in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_EXPANDED_NODES:
+                raise _AliasBomb(f"its aliases expand to more than {MAX_EXPANDED_NODES} nodes")
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+class _KubeconfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a document whose aliases expand too far (checked before constructing)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            _expanded_size(node)
+        return node
+
+
+def _load_yaml(text: str):
+    loader = _KubeconfigLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _type_name(value) -> str:
+    return {bool: "a boolean", str: "a string", int: "a number", float: "a number", list: "a list", dict: "a mapping"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def _check_types(section: dict, types: dict[str, type], what: str) -> None:
+    """Refuse a kept key whose value is not of the type the Kubernetes client needs (the value is never quoted)."""
+    for key, expected in types.items():
+        if key not in section:
+            continue
+        value = section[key]
+        if expected is bool and type(value) is not bool:
+            raise KubeconfigError(
+                f"The {what}'s `{key}` must be a YAML boolean (`{key}: true` or `{key}: false`, unquoted), not "
+                f"{_type_name(value)}: write it unquoted, or remove it to verify the apiserver's certificate."
+            )
+        if expected is str and not isinstance(value, str):
+            raise KubeconfigError(
+                f"The {what}'s `{key}` must be a string, not {_type_name(value)}: paste the value from "
+                "`kubectl config view --raw --minify --flatten`."
+            )
+
+
 def _named(entries, key: str, name: str) -> dict | None:
     if not isinstance(entries, list):
         return None
@@ -85,7 +171,7 @@ def _check_data(section: dict, keys: tuple[str, ...], what: str) -> None:
         if key not in section:
             continue
         value = section[key]
-        if not isinstance(value, str) or any(p in value for p in _PLACEHOLDERS):
+        if any(p in value for p in _PLACEHOLDERS):
             raise KubeconfigError(
                 f"The {what}'s `{key}` is a placeholder (as printed by `kubectl config view`): "
                 "export the kubeconfig with `kubectl config view --raw --minify`."
@@ -149,7 +235,12 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
     if not isinstance(text, str) or not text.strip():
         raise KubeconfigError("The kubeconfig is empty: paste the output of `kubectl config view --raw --minify`.")
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
+    except _AliasBomb as exc:
+        raise KubeconfigError(
+            f"The kubeconfig's YAML aliases (`&anchor` / `*alias`) cannot be used: {exc}. A kubeconfig needs none: paste the "
+            "output of `kubectl config view --raw --minify --flatten`."
+        ) from None
     except RecursionError:
         raise KubeconfigError("The kubeconfig nests too deeply to be a kubeconfig: paste the output of `kubectl config view --raw --minify`.") from None
     except yaml.YAMLError as exc:
@@ -166,6 +257,12 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
     if context is None:
         raise KubeconfigError(f"The current context {context_name!r} is not defined under `contexts`: export with `kubectl config view --raw --minify`.")
     cluster_name, user_name = context.get("cluster"), context.get("user")
+    for key, value in (("cluster", cluster_name), ("user", user_name)):
+        if value is not None and not isinstance(value, str):
+            raise KubeconfigError(
+                f"The `{key}` of context {context_name!r} must be a string (the name of an entry under `{key}s`), not {_type_name(value)}: "
+                "export the kubeconfig with `kubectl config view --raw --minify --flatten`."
+            )
     cluster = _named(data.get("clusters"), "cluster", cluster_name) if cluster_name else None
     if cluster is None:
         raise KubeconfigError(f"Context {context_name!r} names cluster {cluster_name!r}, which is not defined under `clusters`.")
@@ -194,15 +291,31 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
         raise KubeconfigError(
             "The cluster's `proxy-url` is not supported: the control plane dials the apiserver directly. Remove it.",
         )
+    _check_types(cluster, _CLUSTER_KEYS, "cluster")
+    _check_types(user, _USER_KEYS, "user")
     _check_data(cluster, _DATA_KEYS_CLUSTER, "cluster")
     _check_data(user, _DATA_KEYS_USER, "user")
     token = user.get("token")
-    if token is not None and (not isinstance(token, str) or any(p in token for p in _PLACEHOLDERS)):
+    if token is not None and any(p in token for p in _PLACEHOLDERS):
         raise KubeconfigError("The user's `token` is a placeholder: export the kubeconfig with `kubectl config view --raw --minify`.")
     for key in ("token", "username", "password"):
         value = user.get(key)
-        if value is not None and (not isinstance(value, str) or any(ch in value for ch in "\r\n\x00")):
+        if value is not None and any(ch in value for ch in "\r\n\x00"):
             raise KubeconfigError(f"The user's `{key}` must be a single-line string: paste it again without line breaks.")
+    # Sent in an HTTP header (``Authorization: Bearer <token>`` / Basic): a token is printable ASCII (a
+    # ServiceAccount token is a JWT); a username or password must at least be Latin-1 without control characters.
+    if token is not None and not all(" " <= ch <= "~" for ch in token):
+        raise KubeconfigError(
+            "The user's `token` contains a character that is not printable ASCII, so it cannot be sent in an HTTP header: "
+            "paste the token again (`kubectl -n <namespace> create token <serviceaccount>`), without quotes or other characters around it."
+        )
+    for key in ("username", "password"):
+        value = user.get(key)
+        if value is not None and not all(" " <= ch <= "~" or "\xa0" <= ch <= "\xff" for ch in value):
+            raise KubeconfigError(
+                f"The user's `{key}` contains a character that cannot be sent in an HTTP header (only Latin-1 letters, no control "
+                "characters): use a ServiceAccount token instead (`token:`)."
+            )
     if not (token or ("client-certificate-data" in user and "client-key-data" in user) or ("username" in user and "password" in user)):
         raise KubeconfigError(f"User {user_name!r} has no credentials: {SERVICE_ACCOUNT_FIX}")
 

@@ -15,7 +15,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from clusters.kube import Deadline, api_client_for_kubeconfig
+from clusters.kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig, tls_failure_detail
+from clusters.kubeconfig import KubeconfigError
 from gshare.exceptions import ApplicationError
 from operator_agent.contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
 
@@ -80,6 +81,12 @@ class ProbeResult:
 
 
 def _unreachable_detail(server: str, seconds: float, exc: Exception) -> str:
+    if isinstance(exc, DeadlineExceeded):
+        return (
+            f"The apiserver at {server} did not answer within {seconds:g} s: no complete answer came in that time (the "
+            "connection was cut off at the deadline). Check that the control plane can reach it (firewall, VPN, proxy, the "
+            "address in the kubeconfig), that the address is the apiserver's, and that the cluster is up."
+        )
     return (
         f"The apiserver at {server} did not answer within {seconds:g} s ({type(exc).__name__}): check that the "
         "control plane can reach it (firewall, VPN, the address in the kubeconfig) and that the cluster is up."
@@ -94,25 +101,30 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
         server: its apiserver URL (for messages).
         timeout: the whole budget for all calls, seconds.
 
+    Every call is bounded as a whole by what is left of ``timeout`` (``Deadline.call``): a server that
+    trickles its answer is cut off when the budget is spent and reported as not answering.
+
     Returns:
         A ``ProbeResult``; ``apiserver_reachable`` is False (and the other checks absent) when
-        the apiserver did not answer in time.
+        the apiserver did not answer completely in time.
 
     Raises:
         ClusterAuthFailed: the apiserver answered 401 to ``/version``-authenticated calls.
-        KubeconfigError: the client library cannot use the kubeconfig.
+        KubeconfigError: ``kubeconfig_invalid``: the client library cannot use the kubeconfig, or TLS failed
+            because of it (certificate data that cannot be used, a server certificate that does not verify
+            against ``certificate-authority-data``, a server that does not speak TLS).
     """
     result = ProbeResult()
     deadline = Deadline(timeout)
     with api_client_for_kubeconfig(config) as api:
         try:
-            version = kubernetes.client.VersionApi(api).get_code(_request_timeout=deadline.request_timeout())
+            version = deadline.call(kubernetes.client.VersionApi(api).get_code)
             result.kubernetes_version = version.git_version or ""
             result.checks["apiserver_reachable"] = True
             _read_identity(api, result, server=server, deadline=deadline)
 
             try:
-                kubernetes.client.NodeV1Api(api).read_runtime_class("nvidia", _request_timeout=deadline.request_timeout())
+                deadline.call(kubernetes.client.NodeV1Api(api).read_runtime_class, "nvidia")
                 result.checks["runtime_class_nvidia"] = True
             except ApiException as exc:
                 if exc.status != 404:
@@ -123,9 +135,7 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                     "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md).",
                 )
 
-            daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces(
-                _request_timeout=deadline.request_timeout()
-            )
+            daemonsets = deadline.call(kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces)
             hami = [ds for ds in daemonsets.items if _is_hami_device_plugin(ds)]
             if hami:
                 result.checks["hami_device_plugin"] = True
@@ -136,8 +146,8 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                     "see docs/attach-a-cluster.md) so GPUs can be shared and reported.",
                 )
 
-            nodes = kubernetes.client.CoreV1Api(api).list_node(
-                label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}", _request_timeout=deadline.request_timeout()
+            nodes = deadline.call(
+                kubernetes.client.CoreV1Api(api).list_node, label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}"
             )
             result.gpu_node_count = len(nodes.items)
             if nodes.items:
@@ -157,6 +167,9 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                 ) from None
             result.fail("apiserver_reachable", f"The apiserver at {server} answered {exc.status} ({exc.reason}); check that the URL is the apiserver's.")
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            tls = tls_failure_detail(exc, server=server)
+            if tls:
+                raise KubeconfigError(tls) from None
             result.fail("apiserver_reachable", _unreachable_detail(server, timeout, exc))
         except (ValueError, TypeError, KeyError) as exc:  # e.g. a /version body that is not Kubernetes'
             result.fail(
@@ -173,7 +186,7 @@ def _read_identity(api, result: ProbeResult, *, server: str, deadline: Deadline)
         ApiException: any other refusal (handled by ``probe_cluster`` like the other calls).
     """
     try:
-        namespace = kubernetes.client.CoreV1Api(api).read_namespace(IDENTITY_NAMESPACE, _request_timeout=deadline.request_timeout())
+        namespace = deadline.call(kubernetes.client.CoreV1Api(api).read_namespace, IDENTITY_NAMESPACE)
     except ApiException as exc:
         if exc.status == 403:
             result.identity_forbidden = (

@@ -29,7 +29,7 @@ from django.db.models import F
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
-from clusters.kube import Deadline, api_client_for_cluster
+from clusters.kube import Deadline, DeadlineExceeded, api_client_for_cluster, tls_failure_detail
 from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
 from clusters.operator_tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
@@ -214,19 +214,21 @@ def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: st
     """Create or replace the Secret's ``internal-jwt`` key (other keys and metadata are kept).
 
     Replaces with the ``resourceVersion`` read, so a concurrent writer (the operator's own refresh) is never
-    overwritten blindly: a 409 reads again, at most three times.
+    overwritten blindly: a 409 reads again, at most three times. Every call is bounded as a whole by what is
+    left of ``deadline`` (``Deadline.call``): a server that trickles its answer is cut off when it is spent.
 
     Returns:
         ``created`` or ``replaced``.
 
     Raises:
-        ApiException, urllib3.exceptions.HTTPError, OSError: from the apiserver.
+        ApiException, urllib3.exceptions.HTTPError, OSError: from the apiserver; ``DeadlineExceeded`` (an
+            ``OSError``) when the budget is spent.
     """
     encoded = base64.b64encode(token.encode()).decode()
     last: ApiException | None = None
     for _ in range(3):
         try:
-            current = core.read_namespaced_secret(name, namespace, _request_timeout=deadline.request_timeout())
+            current = deadline.call(core.read_namespaced_secret, name, namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -236,7 +238,7 @@ def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: st
                 "data": {OPERATOR_TOKEN_SECRET_KEY: encoded},
             }
             try:
-                core.create_namespaced_secret(namespace, body, _request_timeout=deadline.request_timeout())
+                deadline.call(core.create_namespaced_secret, namespace, body)
                 return "created"
             except ApiException as exc:
                 if exc.status != 409:  # 409: created meanwhile; read it and replace it
@@ -247,7 +249,7 @@ def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: st
         body["data"] = {**(body.get("data") or {}), OPERATOR_TOKEN_SECRET_KEY: encoded}
         body.pop("stringData", None)
         try:
-            core.replace_namespaced_secret(name, namespace, body, _request_timeout=deadline.request_timeout())
+            deadline.call(core.replace_namespaced_secret, name, namespace, body)
             return "replaced"
         except ApiException as exc:
             if exc.status != 409:  # 409: changed since read; read again
@@ -275,6 +277,15 @@ def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str
                 "operator chart (docs/attach-a-cluster.md)"
             )
         return "token_push_failed", f"The apiserver answered {exc.status} {exc.reason} when writing the {where}: check the apiserver"
+    tls = tls_failure_detail(exc, server=cluster.apiserver_url)
+    if tls:
+        return "token_push_failed", f"{tls.rstrip('.')} (when writing the {where}); register the cluster's kubeconfig again"
+    if isinstance(exc, DeadlineExceeded):
+        return "token_push_unreachable", (
+            f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s when writing the {where}: no "
+            "complete answer came in that time (the connection was cut off at the deadline); check that the control plane "
+            "can reach it, that the address is the apiserver's, and that the cluster is up"
+        )
     if not isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return "token_push_failed", (
             f"The apiserver at {cluster.apiserver_url} gave an answer the Kubernetes client could not read ({type(exc).__name__}) "
