@@ -619,11 +619,8 @@ def _pvc_delete(volume: Volume) -> None:
     api = api_client_for_cluster(cluster)
     try:
         with api:
-            # Not deserialised: the answer (the PVC, or a Status) says nothing we need.
-            response = kubernetes.client.CoreV1Api(api).delete_namespaced_persistent_volume_claim(
-                volume.claim_name, namespace, _request_timeout=deadline.request_timeout(), _preload_content=False
-            )
-            response.release_conn()
+            # Bounded as a whole (a trickling apiserver is cut off at the budget).
+            deadline.call(kubernetes.client.CoreV1Api(api).delete_namespaced_persistent_volume_claim, volume.claim_name, namespace)
     except ApiException as exc:
         if exc.status == 404:
             return

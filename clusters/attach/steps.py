@@ -37,7 +37,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from clusters.attach import checks, releases
 from clusters.attach.helm import HelmInstallFailed, install_release
-from clusters.kube import api_client_for_kubeconfig
+from clusters.kube import Deadline, api_client_for_kubeconfig
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
@@ -53,8 +53,17 @@ NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "privileged", "app.kub
 
 
 def _timeout() -> float:
-    """Seconds each apiserver call of the attach may take (``GSHARE_PROBE_TIMEOUT``)."""
+    """Seconds each apiserver call of the attach may take, in all (``GSHARE_PROBE_TIMEOUT``)."""
     return settings.GSHARE_PROBE_TIMEOUT
+
+
+def _bounded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One apiserver call bounded as a whole by ``GSHARE_PROBE_TIMEOUT`` (a trickling server is cut off).
+
+    Raises:
+        clusters.kube.DeadlineExceeded (a TimeoutError): the budget was spent.
+    """
+    return Deadline(_timeout()).call(fn, *args, **kwargs)
 
 
 def _read_text(path: str, limit: int) -> str:
@@ -264,10 +273,10 @@ class Attach:
         self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
         with _api(self.state) as api:
             try:
-                version = kubernetes.client.VersionApi(api).get_code(_request_timeout=_timeout())
+                version = _bounded(kubernetes.client.VersionApi(api).get_code)
                 core = kubernetes.client.CoreV1Api(api)
-                nodes = core.list_node(_request_timeout=_timeout()).items
-                self.state.kube_system_uid = core.read_namespace("kube-system", _request_timeout=_timeout()).metadata.uid or ""
+                nodes = _bounded(core.list_node).items
+                self.state.kube_system_uid = _bounded(core.read_namespace, "kube-system").metadata.uid or ""
             except ApiException as exc:
                 if exc.status in (401, 403):
                     raise self._stop(f"the apiserver at {valid.server} refused the kubeconfig's credentials ({_status_reason(exc)})",
@@ -289,14 +298,13 @@ class Attach:
     def _ensure_namespace(self, core: kubernetes.client.CoreV1Api, name: str) -> None:
         """Create gShare's namespace (privileged under Pod Security: the check pods need it), or label it so."""
         try:
-            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": NAMESPACE_LABELS}},
-                                  _request_timeout=_timeout())
+            _bounded(core.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": NAMESPACE_LABELS}})
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            current = core.read_namespace(name, _request_timeout=_timeout()).metadata.labels or {}
+            current = _bounded(core.read_namespace, name).metadata.labels or {}
             if any(current.get(k) != v for k, v in NAMESPACE_LABELS.items()):
-                core.patch_namespace(name, {"metadata": {"labels": NAMESPACE_LABELS}}, _request_timeout=_timeout())
+                _bounded(core.patch_namespace, name, {"metadata": {"labels": NAMESPACE_LABELS}})
 
     def _run_checks(self, kind: str, node_names: list[str], targets: list[str] | None = None) -> dict[str, checks.CheckReport]:
         namespace = releases.operator_namespace()
@@ -309,7 +317,7 @@ class Attach:
                 name = manifest["metadata"]["name"]
                 names[node] = name
                 self._delete_pod(core, namespace, name)
-                core.create_namespaced_pod(namespace, manifest, _request_timeout=_timeout())
+                _bounded(core.create_namespaced_pod, namespace, manifest)
             reports: dict[str, checks.CheckReport] = {}
             deadline = time.monotonic() + settings.GSHARE_ATTACH_CHECK_TIMEOUT
             try:
@@ -317,9 +325,9 @@ class Attach:
                     for node, name in names.items():
                         if node in reports:
                             continue
-                        pod = core.read_namespaced_pod(name, namespace, _request_timeout=_timeout())
+                        pod = _bounded(core.read_namespaced_pod, name, namespace)
                         if pod.status and pod.status.phase in ("Succeeded", "Failed"):
-                            reports[node] = checks.parse_check_log(core.read_namespaced_pod_log(name, namespace, _request_timeout=_timeout()) or "")
+                            reports[node] = checks.parse_check_log(_bounded(core.read_namespaced_pod_log, name, namespace) or "")
                     if len(reports) < len(names):
                         if time.monotonic() > deadline:
                             waiting = sorted(set(names) - set(reports))
@@ -336,14 +344,14 @@ class Attach:
     @staticmethod
     def _delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
         try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _request_timeout=_timeout())
+            _bounded(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
         except ApiException as exc:
             if exc.status != 404:
                 raise
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                core.read_namespaced_pod(name, namespace, _request_timeout=_timeout())
+                _bounded(core.read_namespaced_pod, name, namespace)
             except ApiException as exc:
                 if exc.status == 404:
                     return
@@ -399,15 +407,15 @@ class Attach:
             node_api = kubernetes.client.NodeV1Api(api)
             runtime_class = "present"
             try:
-                existing = node_api.read_runtime_class("nvidia", _request_timeout=_timeout())
+                existing = _bounded(node_api.read_runtime_class, "nvidia")
                 if existing.handler != "nvidia":
                     raise self._stop(f"RuntimeClass nvidia exists with handler {existing.handler!r}, not 'nvidia'",
                                      "kubectl delete runtimeclass nvidia")
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                node_api.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}, _request_timeout=_timeout())
+                _bounded(node_api.create_runtime_class, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"})
                 runtime_class = "created"
             core = kubernetes.client.CoreV1Api(api)
             labelled = 0
@@ -418,7 +426,7 @@ class Attach:
                 wanted = {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE, GPU_MODE_LABEL: labels.get(GPU_MODE_LABEL) or DEFAULT_GPU_MODE}
                 if all(labels.get(k) == v for k, v in wanted.items()):
                     continue
-                core.patch_node(node.metadata.name, {"metadata": {"labels": wanted}}, _request_timeout=_timeout())
+                _bounded(core.patch_node, node.metadata.name, {"metadata": {"labels": wanted}})
                 labelled += 1
         return f"ok: RuntimeClass nvidia {runtime_class}; {labelled} node(s) labelled, {len(self.state.gpu_nodes) - labelled} already labelled"
 
@@ -449,7 +457,7 @@ class Attach:
             while True:
                 missing, advertised = [], 0
                 for name in sorted(self.state.gpu_nodes):
-                    node = core.read_node(name, _request_timeout=_timeout())
+                    node = _bounded(core.read_node, name)
                     allocatable = (node.status.allocatable or {}) if node.status else {}
                     count = int(allocatable.get("nvidia.com/gpu", "0") or 0)
                     if HAMI_REGISTER_ANNOTATION not in (node.metadata.annotations or {}) or count <= 0:
