@@ -24,6 +24,13 @@ are a small frozen dataclass built from ``os.environ``:
 * ``GSHARE_VOLUME_STORAGE_CLASS``: the StorageClass this cluster provisions session volumes from (the chart's
   ``volumeStorageClass``); always listed in the volume-sync report, with ``capacity_bytes: null`` when no
   CSIStorageCapacity object names it. Empty: none (only classes with CSIStorageCapacity objects are reported).
+* ``GSHARE_USAGE_INTERVAL``: seconds between usage samples of the Running sessions (``operator_agent.usage``,
+  ``POST /internal/v1/usage``); default ``60``.
+* ``GSHARE_USAGE_QUEUE_PATH``: the SQLite file of the on-disk usage queue (unsent samples and each session's last
+  sampled instant); default ``/var/lib/gshare/usage-queue.sqlite3``. Its directory must exist and be writable (the
+  chart mounts a volume there); it is not created.
+* ``GSHARE_USAGE_QUEUE_MAX``: most samples kept unsent; beyond it the oldest are dropped (and logged); default
+  ``200000``.
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -44,7 +51,13 @@ import kubernetes.config
 
 from operator_agent.contract import DEFAULT_TOKEN_FILE, SESSION_NAMESPACE_DEFAULT
 
-__all__ = ["ConfigError", "OperatorConfig", "kubernetes_api_client"]
+__all__ = ["DEFAULT_USAGE_QUEUE_MAX", "DEFAULT_USAGE_QUEUE_PATH", "ConfigError", "OperatorConfig", "kubernetes_api_client"]
+
+DEFAULT_USAGE_QUEUE_PATH = "/var/lib/gshare/usage-queue.sqlite3"
+"""Default ``GSHARE_USAGE_QUEUE_PATH``: on the volume the operator chart mounts at ``/var/lib/gshare``."""
+
+DEFAULT_USAGE_QUEUE_MAX = 200_000
+"""Default ``GSHARE_USAGE_QUEUE_MAX``: about 2.3 days of a 24-GPU cluster at one sample per GPU and minute."""
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # DNS-1123 label: what Kubernetes accepts as a namespace name.
@@ -77,6 +90,9 @@ class OperatorConfig:
         token_secret_name: name of the operator's token Secret, or None.
         volume_sync_interval: seconds between volume-sync reports (> 0).
         volume_storage_class: the StorageClass of session volumes on this cluster, or None.
+        usage_interval: seconds between usage samples (> 0).
+        usage_queue_path: path of the SQLite file of the usage queue.
+        usage_queue_max: most unsent samples kept (>= 1); the oldest are dropped beyond it.
     """
 
     cluster_id: str
@@ -92,6 +108,9 @@ class OperatorConfig:
     token_secret_name: str | None = None
     volume_sync_interval: float = 60.0
     volume_storage_class: str | None = None
+    usage_interval: float = 60.0
+    usage_queue_path: str = DEFAULT_USAGE_QUEUE_PATH
+    usage_queue_max: int = DEFAULT_USAGE_QUEUE_MAX
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -146,6 +165,9 @@ class OperatorConfig:
             token_secret_name=token_secret_name,
             volume_sync_interval=_seconds(environ, "GSHARE_VOLUME_SYNC_INTERVAL", 60.0),
             volume_storage_class=volume_storage_class,
+            usage_interval=_seconds(environ, "GSHARE_USAGE_INTERVAL", 60.0),
+            usage_queue_path=(environ.get("GSHARE_USAGE_QUEUE_PATH") or "").strip() or DEFAULT_USAGE_QUEUE_PATH,
+            usage_queue_max=_positive_int(environ, "GSHARE_USAGE_QUEUE_MAX", DEFAULT_USAGE_QUEUE_MAX),
         )
 
     @property
@@ -205,4 +227,18 @@ def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
     if not value > 0 or value == float("inf"):
         raise ConfigError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Parse ``name`` as a positive integer, ``default`` when unset or empty."""
+    raw = (environ.get(name) or "").strip().replace("_", "")
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {raw!r}")
     return value

@@ -167,6 +167,33 @@ topology segment, all describing the same server: never their sum), ``null`` whe
 event of a pod stuck mounting it), ``""`` otherwise. ``disk_bytes`` is the node's ``ephemeral-storage`` capacity.
 """
 
+USAGE_PATH = "/internal/v1/usage"
+"""``POST``: a batch of usage samples (``operator_agent.usage``), oldest first, at most ``USAGE_MAX_SAMPLES_PER_CALL``.
+
+Body::
+
+    {"samples": [{"sample_id": "ses_...:GPU-...:1764432000123", "session_id": "ses_...", "device_uuid": "GPU-...",
+                  "start": "2026-11-29T15:59:00.123Z", "end": "2026-11-29T16:00:00.123Z",
+                  "gpu_util_percent": null, "memory_used_mib": null}]}
+
+``sample_id`` is chosen by the operator and unique per cluster (``<session_id>:<device_uuid>:<window end, epoch ms>``);
+``start``/``end`` are ISO 8601 UTC, ``end - start`` at most ``USAGE_MAX_WINDOW_SECONDS``; the last two fields are
+optional (``null``). Idempotent on ``(cluster, sample_id)``: resending is always safe. Answers 200
+``{"server_time", "accepted", "duplicates", "charged"}``; 400 ``INVALID_USAGE_SAMPLE`` with ``index`` (the position of
+the offending sample in ``samples``; nothing of the batch stored); 403 ``FORBIDDEN_CLUSTER_SCOPE`` (a sample names a
+session or device of another cluster; nothing stored); 401 token problems.
+"""
+
+USAGE_MAX_SAMPLES_PER_CALL = 5000
+"""``POST /internal/v1/usage`` accepts at most this many samples per call."""
+
+USAGE_MAX_WINDOW_SECONDS = 600
+"""Longest window (``end - start``) of one usage sample, in seconds; the operator splits longer gaps."""
+
+INVALID_USAGE_SAMPLE = "invalid_usage_sample"
+"""400 of ``POST /internal/v1/usage``: sample number ``index`` of the batch is malformed (end before start, window
+longer than ``USAGE_MAX_WINDOW_SECONDS``, unknown session ...); nothing of the batch was stored."""
+
 VOLUME_ID_LABEL = "gshare.io/volume-id"
 """Label carrying the public volume id (``vol_...``) on the volume's PersistentVolumeClaim (and PersistentVolume)."""
 

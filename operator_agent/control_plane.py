@@ -35,7 +35,7 @@ import requests
 
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import INVENTORY_PATH, STORAGE_PATH
+from operator_agent.contract import INVENTORY_PATH, STORAGE_PATH, USAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
@@ -64,13 +64,19 @@ _MAX_BODY_IN_LOG = 300
 
 
 class ControlPlaneError(Exception):
-    """A call to the control plane failed. ``status`` is the HTTP status (``None`` if none was received)."""
+    """A call to the control plane failed. ``status`` is the HTTP status (``None`` if none was received).
 
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, detail: str = ""):
+    ``body`` is the decoded JSON error body (``{"code", "detail", ...}``, e.g. the ``index`` of a refused usage
+    sample), ``{}`` when there was none or it was not a JSON object.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, detail: str = "",
+                 body: dict | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.detail = detail
+        self.body = body or {}
 
 
 class ControlPlaneUnavailable(ControlPlaneError):
@@ -93,6 +99,7 @@ class TokenUnavailable(ControlPlaneError):
 class _ErrorBody:
     code: str | None
     detail: str
+    data: dict | None = None
 
 
 def backoff_delay(
@@ -159,6 +166,15 @@ class ControlPlaneClient:
         """
         return self.request("POST", STORAGE_PATH, json_body=report)
 
+    def post_usage(self, samples: list[dict]) -> dict:
+        """``POST /internal/v1/usage`` with a batch of usage samples (``operator_agent.usage``); return the body.
+
+        Raises:
+            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected (``body`` holds the ``index`` of a
+            400 ``invalid_usage_sample``), TokenUnavailable.
+        """
+        return self.request("POST", USAGE_PATH, json_body={"samples": samples})
+
     def request(self, method: str, path: str, *, json_body: Any = None) -> dict:
         """Send ``method path`` with retries (see the module docstring) and return the decoded JSON body.
 
@@ -207,7 +223,8 @@ class ControlPlaneClient:
                         body.detail,
                     )
                     raise ControlPlaneAuthError(
-                        f"{what}: 401 {body.code}: {body.detail}", status=status, code=body.code, detail=body.detail
+                        f"{what}: 401 {body.code}: {body.detail}", status=status, code=body.code, detail=body.detail,
+                        body=body.data,
                     )
                 if status != 429 and status < 500:
                     logger.error(
@@ -218,6 +235,7 @@ class ControlPlaneClient:
                         status=status,
                         code=body.code,
                         detail=body.detail,
+                        body=body.data,
                     )
                 last_problem = " ".join(filter(None, [f"HTTP {status}", body.code])) + f": {body.detail}"
                 retry_after = _retry_after(response)
@@ -272,6 +290,7 @@ def _error_body(response: requests.Response) -> _ErrorBody:
         return _ErrorBody(
             code=str(code) if code is not None else None,
             detail=str(detail) if detail is not None else "",
+            data=data,
         )
     text = (response.text or "").strip()
     if len(text) > _MAX_BODY_IN_LOG:

@@ -1,11 +1,13 @@
-"""The operator process: the GPU inventory loop, the session reconciler and the volume sync.
+"""The operator process: the GPU inventory loop, the session reconciler, the volume sync and usage metering.
 
 The main thread reports the GPU inventory every ``GSHARE_INVENTORY_INTERVAL`` seconds; a
 second thread runs the Kopf-based session reconciler (``operator_agent.sessions.run_sessions``:
-GShareSession -> PVCs, Pod, Service, Ingress, status reports) and a third the volume-sync tick
+GShareSession -> PVCs, Pod, Service, Ingress, status reports), a third the volume-sync tick
 (``operator_agent.storage.run_volume_sync``: ``POST /internal/v1/storage`` every
-``GSHARE_VOLUME_SYNC_INTERVAL`` seconds); all stop with the same SIGTERM/SIGINT.
-``--once`` reports the inventory once and starts neither the session reconciler nor the volume sync.
+``GSHARE_VOLUME_SYNC_INTERVAL`` seconds) and a fourth usage metering (``operator_agent.usage.run_usage``: a
+sample per GPU of every Running session every ``GSHARE_USAGE_INTERVAL`` seconds, kept in an on-disk queue and sent
+with ``POST /internal/v1/usage``); all stop with the same SIGTERM/SIGINT.
+``--once`` reports the inventory once and starts none of the other threads.
 
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
 snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``); a
@@ -51,6 +53,7 @@ from operator_agent.inventory import collect_inventory, snapshot_counts
 from operator_agent.sessions import run_sessions
 from operator_agent.storage import run_volume_sync
 from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
+from operator_agent.usage import run_usage
 
 __all__ = ["main", "report_inventory", "run"]
 
@@ -65,6 +68,9 @@ SESSIONS_JOIN_TIMEOUT = 30.0
 
 VOLUME_SYNC_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the volume-sync thread to stop (a request in flight finishes within the timeout)."""
+
+USAGE_JOIN_TIMEOUT = 30.0
+"""Seconds the process waits for the usage thread to stop (a request in flight finishes within the timeout)."""
 
 
 def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig) -> bool:
@@ -175,6 +181,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     volume_thread: threading.Thread | None = None
     volume_api_client: kubernetes.client.ApiClient | None = None
     volume_client: ControlPlaneClient | None = None
+    usage_thread: threading.Thread | None = None
+    usage_api_client: kubernetes.client.ApiClient | None = None
+    usage_client: ControlPlaneClient | None = None
     try:
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
@@ -200,6 +209,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         volume_thread.start()
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
                     config.volume_storage_class or "none set")
+        usage_api_client = kubernetes_api_client(environ)
+        usage_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
+        usage_thread = threading.Thread(
+            target=run_usage,
+            args=(config, usage_api_client, usage_client, stop),
+            name="usage",
+            daemon=True,
+        )
+        usage_thread.start()
         run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client))
     finally:
         stop.set()
@@ -211,6 +229,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             volume_thread.join(VOLUME_SYNC_JOIN_TIMEOUT)
             if volume_thread.is_alive():
                 logger.warning("volume sync did not stop within %gs", VOLUME_SYNC_JOIN_TIMEOUT)
+        if usage_thread is not None:
+            usage_thread.join(USAGE_JOIN_TIMEOUT)
+            if usage_thread.is_alive():
+                logger.warning("usage metering did not stop within %gs", USAGE_JOIN_TIMEOUT)
+        if usage_client is not None:
+            usage_client.session.close()
+        if usage_api_client is not None:
+            usage_api_client.close()
         if volume_client is not None:
             volume_client.session.close()
         if volume_api_client is not None:
