@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class BillingConfig(AppConfig):
-    """Credit accounts, prices, usage samples and the ledger (models arrive with the credits issue)."""
+    """Credits: accounts and the ledger, prices, usage samples (`POST /internal/v1/usage`), policies and admission."""
 
     name = "billing"
     verbose_name = "Billing"

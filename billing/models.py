@@ -54,12 +54,14 @@ class LedgerEntry(models.Model):
         REFUND = "refund", "Refund"
         ADJUSTMENT = "adjustment", "Adjustment"
 
-    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries")
+    # No single-column indexes on these two: ``ledger_account_recent`` and ``ledger_session`` serve them (migration 0002).
+    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries", db_index=False)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     amount = credit_field()
     balance_after = credit_field()
     idempotency_key = models.CharField(max_length=200, unique=True)
-    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries")
+    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries",
+                                db_index=False)
     window_start = models.DateTimeField(null=True, blank=True)
     window_end = models.DateTimeField(null=True, blank=True)
     gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True,
@@ -136,9 +138,11 @@ class UsageSample(models.Model):
     window was charged, on the ledger entry ``entry``.
     """
 
-    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="usage_samples")
+    # Every index costs each of the many inserts: ``cluster`` is served by the unique (cluster, sample_id) index and
+    # ``session`` by ``usage_session_start``, so neither has its own (migration 0002).
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="usage_samples", db_index=False)
     sample_id = models.CharField(max_length=128)
-    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, related_name="usage_samples")
+    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, related_name="usage_samples", db_index=False)
     device_uuid = models.CharField(max_length=128)
     start = models.DateTimeField()
     end = models.DateTimeField()

@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -155,6 +156,10 @@ def run_demo(options: DemoOptions) -> dict:
         password = secrets.token_urlsafe(12)
         get_user_model().objects.create_superuser("admin", "admin@gshare.localhost", password)
         _, api_token = api_token_create(username="admin", name="demo")
+        from billing.services import credit_grant
+
+        credit_grant(user=get_user_model().objects.get(username="admin"), amount=Decimal(1000), reason="demo credits",
+                     idempotency_key="demo-initial-grant", created_by="demo")
 
         _say("starting the emulated clusters")
         emulators = {}
@@ -246,6 +251,8 @@ def run_demo(options: DemoOptions) -> dict:
                 "GSHARE_INVENTORY_INTERVAL": str(options.inventory_interval),
                 "GSHARE_VOLUME_STORAGE_CLASS": fleet.STORAGE_CLASS,
                 "GSHARE_VOLUME_SYNC_INTERVAL": str(options.inventory_interval),
+                "GSHARE_USAGE_INTERVAL": str(options.inventory_interval),
+                "GSHARE_USAGE_QUEUE_PATH": str(kubeconfig_path.parent / "usage-queue.sqlite3"),
                 "KUBECONFIG": str(kubeconfig_path),
                 "PYTHONUNBUFFERED": "1",
             })
@@ -384,6 +391,22 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
     _say(f"smoke: volume {volume['name']} ({volume['id']}) bound on {clusters[0]['name']} as PVC {volume['claim_name']}, "
          f"mounted by {results[0]['id']} at /data/{volume['name']}")
     results[0]["volume"] = {"id": volume["id"], "cluster": volume["cluster"], "status": volume["status"]}
+    ledger_api = f"{url}/api/v1/billing/ledger"
+    for result in results:
+        deadline = time.monotonic() + 90
+        while True:
+            entries = requests.get(ledger_api, params={"session": result["id"]}, headers=headers, timeout=10).json()["results"]
+            charges = [e for e in entries if e["kind"] == "charge"]
+            if charges:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"no usage charge for session {result['id']} in the ledger after 90 s")
+            _check_children(group)
+            time.sleep(0.5)
+        result["charged"] = str(sum(Decimal(e["amount"]) for e in charges))
+    account = requests.get(f"{url}/api/v1/billing/account", headers=headers, timeout=10).json()
+    _say("smoke: usage charged to the ledger: " + ", ".join(f"{r['id']} {r['charged']} credits" for r in results)
+         + f"; balance {account['balance']}")
     for result in results:
         requests.delete(f"{api}/{result['id']}", headers=headers, timeout=30)
     for result in results:

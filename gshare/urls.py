@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("clusters.api.urls")),
     path("", include("sessions.api.urls")),
     path("", include("storage.api.urls")),
+    path("", include("billing.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -18,6 +19,7 @@ internal_v1 = [
     path("", include("clusters.internal.urls")),
     path("", include("sessions.internal.urls")),
     path("", include("storage.internal.urls")),
+    path("", include("billing.internal.urls")),
 ]
 
 urlpatterns = [

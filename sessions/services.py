@@ -18,6 +18,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
+from billing import admission
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
@@ -108,8 +109,12 @@ def session_create(
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
+    Admission first (``billing.admission``): the owner's credit account row is locked (created if missing),
+    then the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
+    holds and the balance are checked, so parallel requests of one user cannot overdraw or pass a limit.
     The candidate clusters' rows are locked (``SELECT ... FOR UPDATE`` in primary-key order) for the
     placement and the reservation, so two concurrent requests never both take the last capacity.
+    Lock order: credit account → clusters (pk order) → volumes (pk order).
     Volumes narrow the candidates first (``placement.volume_clusters``: a volume's PVC keeps its
     sessions on its cluster; a pool is used only by the clusters it is shared with). Under the cluster
     locks the volume rows are locked too (primary-key order) and checked again; a volume mounted for
@@ -131,6 +136,10 @@ def session_create(
 
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
+        InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
+        QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
+        ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
+            allow) is not in the policy's allowed clusters.
         NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster; 404 ``volume_not_found``
             for a volume that is not a live volume of ``owner``.
         Conflict: 409 ``cluster_unavailable`` (pinned cluster deregistered, unreachable, pending,
@@ -146,19 +155,27 @@ def session_create(
     allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
     with transaction.atomic():
+        # Lock order: credit account, then clusters, then volumes (billing.admission).
+        account = admission.account_lock(user=owner)
+        policy = admission.policy_for(owner)
+        permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
         if pinned is not None:
             candidates = candidates.filter(pk=pinned.pk)
         if allowed is not None:
             candidates = candidates.filter(pk__in=sorted(allowed))
+        if permitted is not None:
+            candidates = candidates.filter(pk__in=sorted(permitted))
         # Saleor-style lock_objects: lock in primary-key order so concurrent placements never deadlock.
         locked = list(candidates.order_by("pk").select_for_update().values_list("pk", flat=True))
         claims: list[Volume] = []
         if mounted:
             locked, claims = _lock_volumes(volumes=mounted, cluster_ids=locked, pinned=pinned)
+        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=locked,
+                                  locked_account=account, policy=policy)
         choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
         if choice is None:
-            scope, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None)
+            scope, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
             ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
             raise Conflict(
                 f"Nothing in {scope} can host {ask} now ({placement.shortfall(request=request, cluster_ids=locked)}): "
@@ -265,7 +282,7 @@ def _mount(*, session: Session, volumes: list[Volume], claims: list[Volume], clu
     through.objects.bulk_create([through(session_id=session.pk, volume_id=v.pk) for v in volumes])
 
 
-def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool) -> tuple[str, str]:
+def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool, by_policy: bool = False) -> tuple[str, str]:
     """Where a refused placement looked (for ``no_capacity``) and the volume move hint, if a volume kept it there."""
     held = next((v for v in sorted(volumes, key=lambda v: v.name) if v.cluster_id is not None), None)
     if held is not None:
@@ -275,6 +292,8 @@ def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool) -
         return f"cluster {pinned.name}", ""
     if restricted:
         return "the clusters your volumes' storage pools are shared with", ""
+    if by_policy:
+        return "the clusters your policy allows", ""
     return "the fleet", ""
 
 
@@ -399,8 +418,14 @@ def session_apply_gave_up(*, session: Session, reason: str) -> Session:
 
 
 @transaction.atomic
-def session_stop(*, session: Session) -> Session:
+def session_stop(*, session: Session, reason: str = "Stopped on request.") -> Session:
     """Stop a session: Stopping now, its GShareSession is deleted by a task, then Terminated. Idempotent.
+
+    Args:
+        session: the session.
+        reason: why it is stopped, written as its ``message`` and kept through Terminated (status reports do not
+            replace the message of a Stopping session): "Stopped on request." by default; the credits task
+            (``billing.admission.overdrawn_sessions_stop``) says the credits ran out.
 
     Returns:
         The session (unchanged when it already ended or is stopping).
@@ -409,7 +434,8 @@ def session_stop(*, session: Session) -> Session:
     if not session.is_live or session.phase == Session.Phase.STOPPING:
         return session
     session.phase = Session.Phase.STOPPING
-    session.save(update_fields=["phase"])
+    session.message = reason[:2000]
+    session.save(update_fields=["phase", "message"])
     _forget(session)
     transaction.on_commit(lambda: _enqueue("sessions.delete", session.pk))
     return session
@@ -478,7 +504,8 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
             ignored += 1
             continue
         phase = _REPORTED[report["phase"]]
-        if session.phase == Session.Phase.STOPPING and phase in (Session.Phase.STARTING, Session.Phase.RUNNING):
+        stopping = session.phase == Session.Phase.STOPPING
+        if stopping and phase in (Session.Phase.STARTING, Session.Phase.RUNNING):
             phase = Session.Phase.STOPPING  # a late Running never revives a session being stopped
         session.phase = phase
         session.last_status_at = observed
@@ -486,8 +513,8 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
             session.node = report["node"]
         if report.get("devices"):
             session.devices = list(report["devices"])
-        if report.get("message") is not None:
-            session.message = report["message"][:2000]
+        if report.get("message") is not None and not (stopping and session.message):
+            session.message = report["message"][:2000]  # a Stopping session keeps why it was stopped
         if phase == Session.Phase.RUNNING and session.started_at is None:
             session.started_at = observed
         if phase in Session.TERMINAL_PHASES:

@@ -8,6 +8,10 @@ CELERY_TASK_EAGER_PROPAGATES = True
 GSHARE_PROBE_TIMEOUT = 3.0
 GSHARE_JWT_KEY_BITS = 2048
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Admission (billing/admission.py): users without a Policy row start sessions on any non-negative balance here
+# (production default: 1 hour of the requested resources), so tests that are not about credits need no grants.
+# Admission tests set policies and this setting explicitly.
+GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = 0
 
 # Two suites on one server (two checkouts, or CI's two passes) need two test databases.
 _test_db = env.str("GSHARE_TEST_DATABASE", default="")

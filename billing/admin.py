@@ -1,0 +1,238 @@
+"""Console pages for credits: accounts (read-only balances, a "Grant credits" action), the read-only ledger, usage
+samples, prices and policies. Every change goes through the billing services, so the console and the API share one
+validation."""
+
+from __future__ import annotations
+
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
+from django.db.models import Count
+from django.template.response import TemplateResponse
+
+from billing import services
+from billing.models import CREDIT_PLACES, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from gshare.exceptions import ApplicationError
+
+
+def _actor(request) -> str:
+    """``console:<username>``: who wrote a ledger entry from the console."""
+    return f"console:{request.user.get_username()}"
+
+
+class GrantCreditsForm(forms.Form):
+    """The "Grant credits" action's form. ``idempotency_key`` is generated when the page is shown, so submitting the
+    same page twice (a double click, a browser retry) grants once."""
+
+    amount = forms.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, help_text="Credits for each selected account, > 0")
+    reason = forms.CharField(max_length=500, help_text="Why (shown in the ledger)")
+    idempotency_key = forms.CharField(max_length=100, widget=forms.HiddenInput)
+
+    def clean_amount(self):  # noqa: D102
+        try:
+            return services.parse_amount(self.cleaned_data["amount"])
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail, code=exc.code) from None
+
+
+class CreditAccountForm(forms.ModelForm):
+    """Adding an account names only its user (the balance moves only through ledger entries)."""
+
+    class Meta:
+        model = CreditAccount
+        fields = ["user"]
+
+
+@admin.register(CreditAccount)
+class CreditAccountAdmin(admin.ModelAdmin):
+    """Accounts: balance (read-only: it moves only through the ledger), when it went below zero; grant credits."""
+
+    form = CreditAccountForm
+    list_display = ["user", "balance", "below_zero_since", "created_at"]
+    list_select_related = ["user"]
+    list_filter = [("below_zero_since", admin.EmptyFieldListFilter)]
+    search_fields = ["user__username", "user__email"]
+    readonly_fields = ["balance", "below_zero_since", "created_at"]
+    actions = ["grant_credits"]
+
+    def get_fields(self, request, obj=None):  # noqa: D102
+        return ["user"] if obj is None else ["user", "balance", "below_zero_since", "created_at"]
+
+    def get_readonly_fields(self, request, obj=None):  # noqa: D102
+        return self.readonly_fields if obj is None else ["user", *self.readonly_fields]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        """Accounts are read-only: credits move with the *Grant credits* action (or ``POST /api/v1/billing/grants``)."""
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """Accounts are kept: the ledger refers to them."""
+        return False
+
+    def has_grant_permission(self, request) -> bool:
+        """Granting writes a ledger entry: it needs the permission to add ledger entries."""
+        return request.user.has_perm("billing.add_ledgerentry")
+
+    def save_model(self, request, obj, form, change):
+        """Create the account through ``account_for`` (zero balance; nothing happens when the user has one)."""
+        account = services.account_for(form.cleaned_data["user"])
+        obj.pk, obj.balance, obj.created_at = account.pk, account.balance, account.created_at
+        obj._state.adding = False
+
+    @admin.action(description="Grant credits", permissions=["grant"])
+    def grant_credits(self, request, queryset):
+        """Ask for an amount and a reason (an intermediate page), then ``credit_grant`` for each selected account."""
+        accounts = list(queryset.select_related("user").order_by("pk"))
+        if "apply" in request.POST:
+            form = GrantCreditsForm(request.POST)
+            if form.is_valid():
+                data = form.cleaned_data
+                for account in accounts:
+                    try:
+                        entry, created = services.credit_grant(
+                            user=account.user, amount=data["amount"], reason=data["reason"],
+                            idempotency_key=f"console:{data['idempotency_key']}:{account.user_id}", created_by=_actor(request),
+                        )
+                    except ApplicationError as exc:
+                        self.message_user(request, f"{account.user}: {exc.detail}", messages.ERROR)
+                        continue
+                    verb = "granted" if created else "already granted by this form (nothing more)"
+                    self.message_user(request, f"{account.user}: {entry.amount} credits {verb}; balance {entry.balance_after}.",
+                                      messages.SUCCESS if created else messages.WARNING)
+                return None
+        else:
+            form = GrantCreditsForm(initial={"idempotency_key": uuid.uuid4().hex})
+        return TemplateResponse(request, "admin/billing/creditaccount/grant_credits.html", {
+            **self.admin_site.each_context(request),
+            "title": "Grant credits",
+            "opts": self.model._meta,
+            "form": form,
+            "accounts": accounts,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        })
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    """The ledger: read-only (entries are written by the services only, and never changed or deleted)."""
+
+    list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "window_start", "window_end",
+                    "gpu_seconds", "reason", "created_by"]
+    list_select_related = ["account__user", "session"]
+    list_filter = ["kind", "created_at"]
+    search_fields = ["idempotency_key", "account__user__username", "session__public_id", "reason", "created_by"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        """Entries are written by grants (the account action, the API) and usage ingestion only."""
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        """The ledger is append-only."""
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """The ledger is append-only."""
+        return False
+
+
+@admin.register(UsageSample)
+class UsageSampleAdmin(admin.ModelAdmin):
+    """Usage samples as the operators reported them, with their price share and cost; read-only."""
+
+    list_display = ["sample_id", "cluster", "session", "device_uuid", "gpu_model", "start", "end", "share", "cost", "entry_id",
+                    "received_at"]
+    list_select_related = ["cluster", "session"]
+    list_filter = ["cluster"]
+    search_fields = ["sample_id", "session__public_id", "device_uuid"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        """Samples arrive through ``POST /internal/v1/usage`` only."""
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        """Samples are evidence of what was charged: read-only."""
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """Samples are evidence of what was charged: read-only."""
+        return False
+
+
+class PriceForm(forms.ModelForm):
+    """The price form: ``clean`` runs ``billing.services.price_validate`` (the amount rules of the services)."""
+
+    class Meta:
+        model = Price
+        fields = ["gpu_model", "credits_per_gpu_hour"]
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            services.price_validate(price=Price(gpu_model=data.get("gpu_model") or "", credits_per_gpu_hour=data["credits_per_gpu_hour"]))
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail, code=exc.code) from None
+        return data
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    """Credits per GPU-hour per GPU model (the model as inventory reports it); the row without a model is the default."""
+
+    form = PriceForm
+    list_display = ["model", "credits_per_gpu_hour", "updated_at"]
+    search_fields = ["gpu_model"]
+
+    @admin.display(description="GPU model", ordering="gpu_model")
+    def model(self, obj: Price) -> str:
+        """The model, or "(default)" for the default price."""
+        return obj.gpu_model or "(default: every model without its own price)"
+
+
+class PolicyForm(forms.ModelForm):
+    """The policy form: ``clean`` runs ``billing.services.policy_validate``."""
+
+    class Meta:
+        model = Policy
+        fields = ["user", "max_sessions", "max_gpus", "allowed_clusters", "min_balance_hours", "grace_seconds"]
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        candidate = Policy(**{name: data.get(name) for name in ("user", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")})
+        try:
+            services.policy_validate(policy=candidate)
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail, code=exc.code) from None
+        return data
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin):
+    """Limits per user; the policy without a user is the default for users without their own."""
+
+    form = PolicyForm
+    list_display = ["owner", "max_sessions", "max_gpus", "allowed", "min_balance_hours", "grace_seconds", "updated_at"]
+    list_select_related = ["user"]
+    search_fields = ["user__username"]
+    filter_horizontal = ["allowed_clusters"]
+
+    def get_queryset(self, request):  # noqa: D102
+        return super().get_queryset(request).annotate(_allowed=Count("allowed_clusters"))
+
+    @admin.display(description="user", ordering="user__username")
+    def owner(self, obj: Policy) -> str:
+        """The user, or "(default)"."""
+        return obj.user.get_username() if obj.user_id else "(default: every user without their own)"
+
+    @admin.display(description="allowed clusters", ordering="_allowed")
+    def allowed(self, obj: Policy) -> str:
+        """How many clusters are allowed ("all" when none is listed)."""
+        return str(obj._allowed) if obj._allowed else "all"

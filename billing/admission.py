@@ -1,0 +1,434 @@
+"""Admission and stopping: who may start a session (credits, quota, clusters), and stopping the sessions of
+accounts that ran out of credits.
+
+Admission (``sessions.services.session_create`` calls it, inside its transaction):
+
+* ``account_lock(user=...)`` locks the user's ``CreditAccount`` row first (creating it, race-safely, with a zero
+  balance if the user has none). Every admission of that user waits for it, so counting the live sessions,
+  their holds and the balance, checking and placing happen one request at a time per user: parallel requests
+  cannot overdraw or pass a limit together.
+* ``admission_clusters(...)`` applies the policy's allowed clusters: a pinned cluster outside them is refused
+  (403 ``cluster_not_allowed``); an unpinned request gets the allowed set, which placement's candidates are
+  filtered with.
+* ``admission_check(...)`` refuses 403 ``quota_exceeded`` (concurrent sessions or GPUs over the policy) and 402
+  ``insufficient_credits`` (available balance below ``min_balance_hours`` of the request).
+
+Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
+credit account → clusters (primary-key order) → volumes (primary-key order) in ``session_create``; credit
+accounts (primary-key order) → session rows in ``overdrawn_sessions_stop``.
+
+Money:
+    hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so
+        conservative: the price is the HIGHEST among the GPU models present on the candidate clusters, and a
+        shared request's share is computed against the SMALLEST device memory among them (both may come from
+        different models: an upper bound). A whole GPU's share is 1.
+    hourly cost of a live session: the sum over its reserved GPUs of ``share × price`` of that GPU's model
+        (what usage will charge, ``billing.pricing``); a live session without reservations counts
+        ``gpus × share × the default price``.
+    holds (``session_holds``): the hourly costs of the user's live (not Terminated or Failed) sessions ×
+        the policy's ``min_balance_hours``. Available = balance − holds.
+    required: the request's hourly cost × ``min_balance_hours``; admitted when available ≥ required (with
+        ``min_balance_hours`` 0: any non-negative balance).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_CEILING, Decimal
+
+from django.conf import settings
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db import connection, transaction
+from django.db.models import Exists, Min, OuterRef, Q
+from django.utils import timezone
+
+from billing import pricing
+from billing.models import CREDITS, CreditAccount, Policy
+from clusters.models import Cluster, GpuDevice
+from gshare.exceptions import ApplicationError
+from sessions.models import Session
+
+logger = logging.getLogger(__name__)
+
+#: Phases a session is stopped from by ``overdrawn_sessions_stop`` (Stopping ones are on their way already).
+_STOPPABLE_EXCLUDED = (*Session.TERMINAL_PHASES, Session.Phase.STOPPING)
+
+
+class InsufficientCredits(ApplicationError):
+    """402: the available balance does not cover the policy's minimum for the request."""
+
+    code = "insufficient_credits"
+    status = 402
+
+
+class QuotaExceeded(ApplicationError):
+    """403: the request would pass the user's concurrent sessions or GPUs limit."""
+
+    code = "quota_exceeded"
+    status = 403
+
+
+class ClusterNotAllowed(ApplicationError):
+    """403: the request asks for (or its volumes need) a cluster the user's policy does not allow."""
+
+    code = "cluster_not_allowed"
+    status = 403
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    """The limits that apply to one user (``policy_for``).
+
+    Attributes:
+        max_sessions: concurrent live sessions, or None (unlimited).
+        max_gpus: GPUs across live sessions, or None (unlimited).
+        allowed_clusters: ``Cluster`` pks sessions may run on, or None (all).
+        min_balance_hours: hours of the requested resources the available balance must cover (0: any
+            non-negative balance).
+        grace_seconds: how long an account may stay below zero before its sessions are stopped.
+        source: ``"user"`` (the user's ``Policy``), ``"default"`` (the default ``Policy`` row) or
+            ``"settings"`` (no row: ``GSHARE_BILLING_DEFAULT_*``).
+    """
+
+    max_sessions: int | None
+    max_gpus: int | None
+    allowed_clusters: frozenset[int] | None
+    min_balance_hours: Decimal
+    grace_seconds: int
+    source: str
+
+
+def settings_policy() -> EffectivePolicy:
+    """The policy when no ``Policy`` row applies: unlimited sessions and GPUs, all clusters, and
+    ``GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS`` (default 1) and ``GSHARE_BILLING_DEFAULT_GRACE_SECONDS`` (default 900)."""
+    return EffectivePolicy(
+        max_sessions=None,
+        max_gpus=None,
+        allowed_clusters=None,
+        min_balance_hours=Decimal(str(getattr(settings, "GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS", 1))),
+        grace_seconds=int(getattr(settings, "GSHARE_BILLING_DEFAULT_GRACE_SECONDS", 900)),
+        source="settings",
+    )
+
+
+def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
+    """The effective policy of each user in ``user_ids``, in one query: the user's ``Policy`` row, else the default
+    row (``user`` null), else ``settings_policy()``. A user's row replaces the default whole (its null limits
+    mean unlimited, not "as the default")."""
+    user_ids = sorted(set(user_ids))
+    rows = (
+        Policy.objects.filter(Q(user_id__in=user_ids) | Q(user__isnull=True))
+        .annotate(cluster_ids=ArrayAgg("allowed_clusters__id", filter=Q(allowed_clusters__isnull=False), distinct=True))
+        .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids")
+    )
+    found: dict[int | None, EffectivePolicy] = {}
+    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids in rows:
+        found[user_id] = EffectivePolicy(
+            max_sessions=max_sessions,
+            max_gpus=max_gpus,
+            allowed_clusters=frozenset(cluster_ids) if cluster_ids else None,
+            min_balance_hours=hours,
+            grace_seconds=grace,
+            source="default" if user_id is None else "user",
+        )
+    fallback = found.get(None) or settings_policy()
+    return {user_id: found.get(user_id, fallback) for user_id in user_ids}
+
+
+def policy_for(user) -> EffectivePolicy:
+    """The policy that applies to ``user`` (one query): their ``Policy``, else the default row, else the settings."""
+    return policies_for(user_ids=[user.pk])[user.pk]
+
+
+def account_lock(*, user) -> CreditAccount:
+    """Lock ``user``'s credit account row (``SELECT ... FOR UPDATE``) for the rest of the transaction; create it with
+    a zero balance when the user has none.
+
+    One query when the account exists, two when it does not. Creation is race-safe: ``INSERT ... ON CONFLICT DO
+    NOTHING``; a concurrent request inserting the same row waits for this transaction, finds the conflict and
+    then locks the committed row. Call it inside ``transaction.atomic()``, before any cluster or volume lock.
+    """
+    account = CreditAccount.objects.select_for_update().filter(user_id=user.pk).first()
+    if account is not None:
+        return account
+    table = CreditAccount._meta.db_table
+    columns = ["id", "user_id", "balance", "below_zero_since", "created_at"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (user_id, balance, below_zero_since, created_at) VALUES (%s, 0, NULL, %s) "
+            f"ON CONFLICT (user_id) DO NOTHING RETURNING {', '.join(columns)}",
+            [user.pk, timezone.now()],
+        )
+        row = cursor.fetchone()
+    if row is not None:  # ours, not committed yet: nobody else can see (or lock) it until we commit
+        return CreditAccount.from_db(connection.alias, columns, row)
+    return CreditAccount.objects.select_for_update().get(user_id=user.pk)
+
+
+# --------------------------------------------------------------------------- costs
+
+
+@dataclass
+class _Live:
+    """A live session of the user: what it asked for and the GPUs reserved for it (``(model, memory_mib)``)."""
+
+    gpus: int
+    gpu_memory_mib: int | None
+    gpu_cores: int | None
+    devices: list[tuple[str, int]]
+
+
+def _live_sessions(user) -> list[_Live]:
+    """The user's live sessions with the models and memory of their reserved GPUs (one query)."""
+    rows = (
+        Session.objects.filter(owner_id=user.pk)
+        .exclude(phase__in=Session.TERMINAL_PHASES)
+        .values_list("pk", "gpus", "gpu_memory_mib", "gpu_cores", "allocations__device__model", "allocations__device__memory_mib")
+        .order_by("pk")
+    )
+    live: dict[int, _Live] = {}
+    for pk, gpus, memory, cores, model, device_memory in rows:
+        entry = live.setdefault(pk, _Live(gpus=gpus, gpu_memory_mib=memory, gpu_cores=cores, devices=[]))
+        if device_memory is not None:
+            entry.devices.append((model, device_memory))
+    return list(live.values())
+
+
+def _session_hourly_cost(session: _Live, prices: dict[str, Decimal]) -> Decimal:
+    if not session.devices:  # nothing reserved (yet): its GPUs at the default price
+        share = pricing.gpu_share(device_memory_mib=None, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
+        return session.gpus * pricing.hourly_cost(price=pricing.price_for_model("", prices), share=share)
+    total = Decimal(0)
+    for model, device_memory in session.devices:
+        share = pricing.gpu_share(device_memory_mib=device_memory, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
+        total += pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
+    return total
+
+
+def _reserve(amount: Decimal) -> Decimal:
+    """An amount to hold or require, rounded UP to the credit quantum (never below what is owed)."""
+    return amount.quantize(CREDITS, rounding=ROUND_CEILING)
+
+
+def request_hourly_cost(*, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, clusters, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits per hour the requested resources cost at most, before placement (conservative).
+
+    ``gpus × share × price``: the price is the HIGHEST among the GPU models present on ``clusters`` (the
+    candidate clusters: placement may pick any of them), and for a shared request the share
+    (``billing.pricing.gpu_share``) is computed against the SMALLEST device memory among those models. With no
+    GPU on the candidates: the default price, and a share of 1 when memory is asked.
+
+    Args:
+        gpus: GPUs asked.
+        gpu_memory_mib: MiB per GPU asked, or None.
+        gpu_cores: percent of one GPU asked, or None (both None: whole GPUs, share 1).
+        clusters: pks of the candidate clusters.
+        prices: a ``billing.pricing.prices_by_model()`` result to reuse; None reads it (one more query).
+
+    Returns:
+        Credits per hour, rounded up to 0.000001. One query (two without ``prices``).
+    """
+    if prices is None:
+        prices = pricing.prices_by_model()
+    models = list(
+        GpuDevice.objects.filter(cluster_id__in=list(clusters)).order_by().values("model").annotate(memory=Min("memory_mib")).values_list("model", "memory")
+    )
+    if models:
+        price = max(pricing.price_for_model(model, prices) for model, _ in models)
+        device_memory = min(memory for _, memory in models)
+    else:
+        price, device_memory = pricing.price_for_model("", prices), None
+    share = pricing.gpu_share(device_memory_mib=device_memory, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores)
+    return _reserve(gpus * price * share)
+
+
+def session_holds(user, *, policy: EffectivePolicy | None = None, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits the user's live (not Terminated or Failed) sessions reserve: the sum of their hourly costs ×
+    the policy's ``min_balance_hours``. Available balance = balance − holds."""
+    policy = policy or policy_for(user)
+    if policy.min_balance_hours == 0:
+        return Decimal(0).quantize(CREDITS)
+    return _holds(_live_sessions(user), policy=policy, prices=pricing.prices_by_model() if prices is None else prices)
+
+
+def _holds(live: list[_Live], *, policy: EffectivePolicy, prices: dict[str, Decimal]) -> Decimal:
+    return _reserve(sum((_session_hourly_cost(s, prices) for s in live), Decimal(0)) * policy.min_balance_hours)
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def _credits(amount: Decimal) -> str:
+    """``amount`` as a plain decimal string without trailing zeros (``-1.23``, ``40``)."""
+    text = format(Decimal(amount).quantize(CREDITS), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def admission_clusters(*, policy: EffectivePolicy, pinned: Cluster | None = None, volume_clusters: frozenset[int] | None = None) -> frozenset[int] | None:
+    """The clusters the policy lets this request be placed on (None: all); placement filters its candidates with it.
+
+    Args:
+        policy: the user's ``EffectivePolicy``.
+        pinned: the cluster the request pinned, or None.
+        volume_clusters: the clusters the request's volumes allow (``sessions.placement.volume_clusters``), or None.
+
+    Raises:
+        ClusterNotAllowed: 403 ``cluster_not_allowed`` when the pinned cluster is not allowed, or none of the
+            clusters the volumes allow is; the body adds ``allowed_clusters`` (ids).
+    """
+    allowed = policy.allowed_clusters
+    if allowed is None:
+        return None
+    if pinned is not None and pinned.pk not in allowed:
+        what = f"cluster {pinned.name} ({pinned.public_id})"
+    elif volume_clusters is not None and not (volume_clusters & allowed):
+        what = "the clusters your volumes are on or shared with"
+    else:
+        return allowed
+    names = list(Cluster.objects.filter(pk__in=allowed).exclude(status=Cluster.Status.DEREGISTERED).order_by("name").values_list("name", "public_id"))
+    listed = ", ".join(f"{name} ({public_id})" for name, public_id in names) or "none registered now"
+    raise ClusterNotAllowed(
+        f"Your policy does not allow sessions on {what}; it allows {listed}. Pin one of those or leave `cluster` out, "
+        "or ask an operator to allow the cluster in your policy.",
+        extra={"allowed_clusters": [public_id for _, public_id in names]},
+    )
+
+
+def admission_check(
+    *,
+    user,
+    gpus: int,
+    gpu_memory_mib: int | None,
+    gpu_cores: int | None,
+    clusters,
+    locked_account: CreditAccount,
+    policy: EffectivePolicy | None = None,
+) -> None:
+    """Refuse a session request the user's policy or credits do not allow; return None when admitted.
+
+    Call it holding ``locked_account`` (``account_lock``), so the live sessions counted here cannot change
+    before the caller's transaction commits the new session. Queries: none more than ``policy_for`` (when not
+    given) with no limits and ``min_balance_hours`` 0; else one for the live sessions, and two for prices and the
+    candidate clusters' GPU models when ``min_balance_hours`` > 0: a constant number, whatever the number of
+    sessions, clusters or GPUs.
+
+    Args:
+        user: the requesting user.
+        gpus, gpu_memory_mib, gpu_cores: the request.
+        clusters: pks of the candidate clusters (after ``admission_clusters``): priced by ``request_hourly_cost``.
+        locked_account: the user's ``CreditAccount``, locked by ``account_lock``.
+        policy: the user's ``EffectivePolicy`` (read when None).
+
+    Raises:
+        QuotaExceeded: 403 ``quota_exceeded``: the live sessions + 1 would pass ``max_sessions``, or their GPUs +
+            ``gpus`` would pass ``max_gpus``; the body adds ``limit``, ``allowed``, ``current``, ``requested``.
+        InsufficientCredits: 402 ``insufficient_credits``: balance − holds < hourly cost × ``min_balance_hours``;
+            the body adds ``balance``, ``holds``, ``available``, ``required``, ``hourly_cost`` (decimal strings).
+    """
+    policy = policy or policy_for(user)
+    hours = policy.min_balance_hours
+    live = _live_sessions(user) if (policy.max_sessions is not None or policy.max_gpus is not None or hours > 0) else []
+    if policy.max_sessions is not None and len(live) + 1 > policy.max_sessions:
+        raise QuotaExceeded(
+            f"You have {len(live)} live session(s) and your policy allows at most {policy.max_sessions} at once (max_sessions): "
+            "stop one (`DELETE /api/v1/sessions/{id}`) or ask an operator to raise the limit.",
+            extra={"limit": "max_sessions", "allowed": policy.max_sessions, "current": len(live), "requested": 1},
+        )
+    used = sum(s.gpus for s in live)
+    if policy.max_gpus is not None and used + gpus > policy.max_gpus:
+        raise QuotaExceeded(
+            f"Your live sessions use {used} GPU(s); {gpus} more would pass your policy's limit of {policy.max_gpus} GPU(s) "
+            "(max_gpus): ask for fewer GPUs, stop a session (`DELETE /api/v1/sessions/{id}`), or ask an operator to raise the limit.",
+            extra={"limit": "max_gpus", "allowed": policy.max_gpus, "current": used, "requested": gpus},
+        )
+    balance = locked_account.balance
+    zero = Decimal(0).quantize(CREDITS)
+    if hours > 0:
+        prices = pricing.prices_by_model()
+        hourly = request_hourly_cost(gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=clusters, prices=prices)
+        holds, required = _holds(live, policy=policy, prices=prices), _reserve(hourly * hours)
+    else:
+        hourly, holds, required = zero, zero, zero
+    available = balance - holds
+    if available >= required:
+        return
+    figures = {"balance": _credits(balance), "holds": _credits(holds), "available": _credits(available),
+               "required": _credits(required), "hourly_cost": _credits(hourly)}
+    if hours > 0:
+        need = (f"Starting this session needs {figures['required']} credits available ({_credits(hours)} h at up to "
+                f"{figures['hourly_cost']} credits/hour for {gpus} GPU(s)); your balance is {figures['balance']} and your live "
+                f"sessions hold {figures['holds']}, so {figures['available']} is available.")
+    else:
+        need = f"Your balance is {figures['balance']} credits; sessions start only with a balance that is not negative."
+    raise InsufficientCredits(
+        f"{need} Ask an operator for a grant of credits, or stop a session (`DELETE /api/v1/sessions/{{id}}`) to free its hold.",
+        extra=figures,
+    )
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _past_grace(account: CreditAccount, policy: EffectivePolicy, now: datetime) -> bool:
+    return (account.balance < 0 and account.below_zero_since is not None
+            and account.below_zero_since + timedelta(seconds=policy.grace_seconds) <= now)
+
+
+def stop_reason(*, account: CreditAccount, policy: EffectivePolicy) -> str:
+    """The message written on a session stopped because its owner's credits ran out."""
+    return (f"Stopped: credits ran out (balance {_credits(account.balance)} since {_utc(account.below_zero_since)}, "
+            f"grace {policy.grace_seconds} s). Ask an operator for a grant of credits, then start a new session.")
+
+
+def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
+    """Stop the live sessions of every account below zero for longer than its owner's policy grace.
+
+    Each session is stopped through ``sessions.services.session_stop`` (Stopping now, its GShareSession
+    deleted by the task, then Terminated) with ``stop_reason`` as its message. Idempotent: sessions already
+    Stopping or ended are left alone, so a second run changes nothing. The accounts found are locked (primary-key
+    order) and checked again before their sessions are stopped, so a grant that just brought one back to zero or
+    above is seen. Queries: four, plus what ``session_stop`` does per session; none grows with the number of
+    accounts.
+
+    Args:
+        now: the time to compare with (default: now).
+
+    Returns:
+        How many sessions were stopped.
+    """
+    from sessions import services as session_services  # sessions.services imports this module
+
+    now = now or timezone.now()
+    stoppable = Session.objects.filter(owner_id=OuterRef("user_id")).exclude(phase__in=_STOPPABLE_EXCLUDED)
+    overdrawn = list(
+        CreditAccount.objects.filter(balance__lt=0, below_zero_since__isnull=False).filter(Exists(stoppable))
+        .only("pk", "user_id", "balance", "below_zero_since")
+    )
+    if not overdrawn:
+        return 0
+    policies = policies_for(user_ids=[a.user_id for a in overdrawn])
+    due = [a.pk for a in overdrawn if _past_grace(a, policies[a.user_id], now)]
+    if not due:
+        return 0
+    stopped = 0
+    with transaction.atomic():
+        accounts = {
+            a.user_id: a
+            for a in CreditAccount.objects.select_for_update().filter(pk__in=due).order_by("pk")
+            if _past_grace(a, policies[a.user_id], now)
+        }
+        sessions = Session.objects.filter(owner_id__in=list(accounts)).exclude(phase__in=_STOPPABLE_EXCLUDED).order_by("pk")
+        for session in sessions:
+            account = accounts[session.owner_id]
+            reason = stop_reason(account=account, policy=policies[session.owner_id])
+            if session_services.session_stop(session=session, reason=reason).phase == Session.Phase.STOPPING:
+                stopped += 1
+                logger.info("session %s of %s stopped: balance %s below zero since %s", session.public_id, account.user_id,
+                            account.balance, _utc(account.below_zero_since))
+    return stopped

@@ -1,0 +1,132 @@
+"""Public API views for billing: the caller's account and ledger, staff grants. They parse input and call
+services/selectors."""
+
+from __future__ import annotations
+
+import codecs
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, permissions, status, viewsets
+from rest_framework.response import Response
+from rest_framework.utils import json as drf_json
+
+from billing import selectors, services
+from billing.api.serializers import AccountSerializer, GrantCreateSerializer, LedgerEntrySerializer
+from gshare.api import SafeJSONParser
+from gshare.exceptions import ApplicationError
+
+USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users)")
+
+
+class DecimalJSONParser(SafeJSONParser):
+    """JSON with every non-integer number read as a ``Decimal`` (amounts never pass through a float); NaN and
+    Infinity refused as DRF's parser does."""
+
+    def parse(self, stream, media_type=None, parser_context=None):  # noqa: D102
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return drf_json.load(codecs.getreader(encoding)(stream), parse_float=Decimal)
+        except RecursionError:
+            raise exceptions.ParseError("JSON nested too deeply.") from None
+        except ValueError as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+
+
+class IsStaff(permissions.BasePermission):
+    """Only staff users."""
+
+    message = "Only staff users may grant credits: ask an operator of this control plane."
+
+    def has_permission(self, request, view) -> bool:  # noqa: D102
+        return bool(request.user and request.user.is_staff)
+
+
+def _time_param(request, name: str) -> datetime | None:
+    value = request.query_params.get(name)
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise ApplicationError(f"{name} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.",
+                               code="invalid_request")
+    return parsed.astimezone(UTC)
+
+
+def _subject(request):
+    """The user an account request is about: the caller, or (staff) ``?user=``."""
+    username = request.query_params.get("user")
+    if username and request.user.is_staff and username != request.user.get_username():
+        return services.user_by_username(username)
+    return request.user
+
+
+@extend_schema(parameters=[USER_FILTER])
+class AccountViewSet(viewsets.GenericViewSet):
+    """``GET /api/v1/billing/account``: balance, holds, available credits and burn rate of the caller."""
+
+    serializer_class = AccountSerializer
+    pagination_class = None
+
+    @extend_schema(responses=AccountSerializer)
+    def list(self, request):
+        """The caller's account (staff: ``?user=<username>``); see docs/billing.md#the-api."""
+        return Response(AccountSerializer(selectors.account_summary(_subject(request))).data)
+
+
+@extend_schema(parameters=[
+    OpenApiParameter("session", str, description="Only entries of this session (ses_...)"),
+    OpenApiParameter("since", str, description="Only entries written at or after this ISO 8601 time (with a zone)"),
+    OpenApiParameter("until", str, description="Only entries written before this ISO 8601 time (with a zone)"),
+    USER_FILTER,
+])
+class LedgerViewSet(viewsets.GenericViewSet):
+    """``GET /api/v1/billing/ledger``: the caller's ledger entries, newest first (staff: everyone's, ``?user=``)."""
+
+    serializer_class = LedgerEntrySerializer
+
+    def get_queryset(self):  # noqa: D102
+        params = self.request.query_params
+        return selectors.ledger_list(
+            user=self.request.user, session=params.get("session") or None, since=_time_param(self.request, "since"),
+            until=_time_param(self.request, "until"), username=params.get("user") or None,
+        )
+
+    def list(self, request):
+        """List entries (paginated: ``?limit=&offset=``)."""
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(LedgerEntrySerializer(page, many=True).data)
+
+
+class GrantViewSet(viewsets.GenericViewSet):
+    """``POST /api/v1/billing/grants`` (staff): give a user credits, once per ``Idempotency-Key``."""
+
+    serializer_class = LedgerEntrySerializer
+    permission_classes = [permissions.IsAuthenticated, IsStaff]
+    parser_classes = [DecimalJSONParser]
+
+    @extend_schema(
+        request=GrantCreateSerializer, responses={201: LedgerEntrySerializer, 200: LedgerEntrySerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, location=OpenApiParameter.HEADER, required=True,
+                                     description="Unique per grant (e.g. a UUID): a retry with the same key returns the first entry")],
+    )
+    def create(self, request):
+        """Grant credits: 201 with the new entry, or 200 with the same entry for a retry of the same key."""
+        key = request.headers.get("Idempotency-Key", "").strip()
+        if not key:
+            raise services.IdempotencyKeyMissing(
+                "Send an `Idempotency-Key` header (e.g. a UUID) so that a retried grant is applied once."
+            )
+        data = GrantCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        entry, created = services.credit_grant(
+            user=services.user_by_username(data.validated_data["user"]), amount=data.validated_data["amount"],
+            reason=data.validated_data["reason"], idempotency_key=key, created_by=f"api:{request.user.get_username()}",
+        )
+        entry = selectors.ledger_list(user=request.user).get(pk=entry.pk)
+        return Response(LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

@@ -1,0 +1,98 @@
+"""Prices and shares: what a GPU-second costs, in exact ``Decimal`` arithmetic (never float).
+
+Units:
+    price: credits per GPU-hour (``Price.credits_per_gpu_hour``).
+    share: the fraction of one GPU a session holds, 0 < share <= 1, 6 decimal places (``SHARE``).
+    seconds: wall-clock seconds of a usage window.
+    cost: credits, 6 decimal places (``billing.models.CREDITS``).
+
+Rounding: a share is rounded to 6 places, a window's cost to the credit quantum (0.000001 credits), both with
+``ROUND_HALF_EVEN`` (banker's rounding: halves go to the even neighbour, so rounding errors do not drift one
+way over many samples). A charge is the exact sum of its samples' rounded costs, so the ledger, the samples
+and the balance always agree to the last digit.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Context, Decimal
+
+from django.conf import settings
+
+from billing.models import CREDITS, Price
+
+#: Shares are kept with 6 decimal places (``UsageSample.share`` is ``numeric(9, 6)``).
+SHARE = Decimal("0.000001")
+ONE = Decimal(1)
+_HUNDRED = Decimal(100)
+_SECONDS_PER_HOUR = Decimal(3600)
+#: Enough digits that every intermediate product is exact before the final rounding (prices have at most 18
+#: digits, shares 7, seconds 12).
+_EXACT = Context(prec=60, rounding=ROUND_HALF_EVEN)
+
+
+def default_price() -> Decimal:
+    """The fallback price, credits per GPU-hour: setting ``GSHARE_BILLING_DEFAULT_PRICE`` (default 1.0)."""
+    return Decimal(settings.GSHARE_BILLING_DEFAULT_PRICE)
+
+
+def prices_by_model() -> dict[str, Decimal]:
+    """Every ``Price`` row as ``{gpu_model: credits per GPU-hour}`` (the default row under ``""``), in one query."""
+    return dict(Price.objects.values_list("gpu_model", "credits_per_gpu_hour"))
+
+
+def price_for_model(model: str, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits per GPU-hour for the GPU model ``model`` (``clusters.GpuDevice.model``, e.g. ``NVIDIA H100 80GB HBM3``).
+
+    The model's own ``Price`` row, else the default row (``gpu_model`` ""), else ``GSHARE_BILLING_DEFAULT_PRICE``.
+
+    Args:
+        model: the device model as inventory reports it (exact match); "" or None asks for the default.
+        prices: a ``prices_by_model()`` result to reuse (no query); None reads the table (one query).
+    """
+    if prices is None:
+        prices = prices_by_model()
+    price = prices.get(model or "")
+    if price is None:
+        price = prices.get("")
+    return default_price() if price is None else price
+
+
+def gpu_share(*, device_memory_mib: int | None, gpu_memory_mib: int | None, gpu_cores: int | None) -> Decimal:
+    """The fraction of one GPU a session holds on a device, rounded to 6 places (``ROUND_HALF_EVEN``).
+
+    A whole GPU (``gpu_memory_mib`` and ``gpu_cores`` both null) is 1. A shared GPU is
+    ``max(gpu_memory_mib / device_memory_mib, gpu_cores / 100)`` (a missing term counts 0), capped at 1.
+
+    Args:
+        device_memory_mib: the device's memory, MiB (HAMi's registered ``memory_mib``). None or 0 for a device
+            that is not known: a share asking for memory then counts 1 (the most it can be).
+        gpu_memory_mib: MiB per GPU the session asked for (HAMi ``nvidia.com/gpumem``), or None.
+        gpu_cores: percent of one GPU the session asked for (HAMi ``nvidia.com/gpucores``), or None.
+    """
+    if gpu_memory_mib is None and gpu_cores is None:
+        return ONE
+    share = Decimal(0)
+    if gpu_memory_mib is not None:
+        if not device_memory_mib:
+            return ONE
+        share = _EXACT.divide(Decimal(gpu_memory_mib), Decimal(device_memory_mib))
+    if gpu_cores is not None:
+        share = max(share, _EXACT.divide(Decimal(gpu_cores), _HUNDRED))
+    return min(share, ONE).quantize(SHARE, rounding=ROUND_HALF_EVEN)
+
+
+def window_cost(*, price: Decimal, share: Decimal, seconds: Decimal | int) -> Decimal:
+    """Credits a window costs: ``price × share × seconds / 3600``, rounded to 0.000001 credits (``ROUND_HALF_EVEN``).
+
+    Args:
+        price: credits per GPU-hour.
+        share: fraction of the GPU (``gpu_share``).
+        seconds: length of the window, seconds (a ``Decimal`` keeps microseconds exact).
+    """
+    exact = _EXACT.divide(_EXACT.multiply(_EXACT.multiply(price, share), Decimal(seconds)), _SECONDS_PER_HOUR)
+    return exact.quantize(CREDITS, rounding=ROUND_HALF_EVEN)
+
+
+def hourly_cost(*, price: Decimal, share: Decimal) -> Decimal:
+    """Credits one GPU share costs per hour (``price × share``), rounded to 0.000001 credits (``ROUND_HALF_EVEN``)."""
+    return _EXACT.multiply(price, share).quantize(CREDITS, rounding=ROUND_HALF_EVEN)

@@ -1,0 +1,107 @@
+"""Read queries for billing: accounts, holds and burn rate, the ledger.
+
+Costs per hour follow ``billing.admission`` (one definition with admission): a session costs, per hour, the sum over
+its reserved GPUs of ``share × price`` of that GPU's model (``billing.pricing``; each term rounded to 0.000001
+credits), and a live session without reservations ``gpus × share × the default price``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Prefetch, QuerySet
+
+from billing import admission, pricing
+from billing.models import CREDITS, CreditAccount, LedgerEntry
+from sessions.models import Allocation, Session
+
+_ZERO = Decimal(0).quantize(CREDITS)
+
+
+def account_of(user) -> CreditAccount:
+    """``user``'s credit account, or an unsaved one with a zero balance when they have none yet (reads create nothing)."""
+    return CreditAccount.objects.filter(user_id=user.pk).first() or CreditAccount(user=user, balance=_ZERO)
+
+
+def _with_devices(sessions: QuerySet[Session]) -> QuerySet[Session]:
+    return sessions.prefetch_related(Prefetch("allocations", queryset=Allocation.objects.select_related("device").order_by("pk")))
+
+
+def session_hourly_cost(session: Session, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits per hour ``session`` costs: Σ over its reserved GPUs of ``share × price`` of the GPU's model (each
+    term rounded to 0.000001 credits); with no reservation, ``gpus × share × the default price`` (a shared request's
+    share then counts the whole GPU when it asks for memory: ``pricing.gpu_share`` with an unknown device).
+
+    Args:
+        session: a ``Session``; prefetch ``allocations__device`` when pricing many (else two queries each).
+        prices: a ``pricing.prices_by_model()`` result to reuse; None reads it (one query).
+    """
+    if prices is None:
+        prices = pricing.prices_by_model()
+    allocations = list(session.allocations.all())
+    if not allocations:
+        share = pricing.gpu_share(device_memory_mib=None, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
+        return session.gpus * pricing.hourly_cost(price=pricing.price_for_model("", prices), share=share)
+    total = _ZERO
+    for allocation in allocations:
+        device = allocation.device
+        share = pricing.gpu_share(device_memory_mib=device.memory_mib, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
+        total += pricing.hourly_cost(price=pricing.price_for_model(device.model, prices), share=share)
+    return total
+
+
+def burn_rate(user, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits per hour ``user``'s Running sessions cost now (Σ ``session_hourly_cost``). Three queries at most."""
+    if prices is None:
+        prices = pricing.prices_by_model()
+    running = _with_devices(Session.objects.filter(owner_id=user.pk, phase=Session.Phase.RUNNING).order_by("pk"))
+    return sum((session_hourly_cost(s, prices) for s in running), _ZERO)
+
+
+def account_holds(user) -> Decimal:
+    """Credits ``user``'s live sessions hold: ``billing.admission.session_holds`` (Σ hourly cost of the live — not
+    Terminated or Failed — sessions × the policy's ``min_balance_hours``, rounded up to 0.000001)."""
+    return admission.session_holds(user)
+
+
+def account_summary(user) -> dict:
+    """``{"user", "balance", "holds", "available", "burn_rate_per_hour", "below_zero_since"}`` for ``user``
+    (``available`` = balance − holds; credits as ``Decimal``). A constant number of queries."""
+    account = account_of(user)
+    prices = pricing.prices_by_model()
+    holds = admission.session_holds(user, prices=prices)
+    return {
+        "user": user.get_username(),
+        "balance": account.balance,
+        "holds": holds,
+        "available": account.balance - holds,
+        "burn_rate_per_hour": burn_rate(user, prices),
+        "below_zero_since": account.below_zero_since,
+    }
+
+
+def ledger_list(
+    *, user, session: str | None = None, since: datetime | None = None, until: datetime | None = None, username: str | None = None
+) -> QuerySet[LedgerEntry]:
+    """Ledger entries visible to ``user`` (their own; staff see everyone's), newest first, with account, user and
+    session joined.
+
+    Args:
+        session: only entries of this session (``ses_...``).
+        since: only entries written at or after this time.
+        until: only entries written before this time.
+        username: staff only: only this user's entries (ignored for others).
+    """
+    qs = LedgerEntry.objects.select_related("account__user", "session").order_by("-id")
+    if not user.is_staff:
+        qs = qs.filter(account__user_id=user.pk)
+    elif username:
+        qs = qs.filter(account__user__username=username)
+    if session:
+        qs = qs.filter(session__public_id=session)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    if until is not None:
+        qs = qs.filter(created_at__lt=until)
+    return qs

@@ -1,0 +1,165 @@
+"""Parsing of operator usage samples (``POST /internal/v1/usage``): a hand-written loop, no jsonschema.
+
+A batch holds up to 5,000 samples and the endpoint's goal is tens of thousands of samples per second, so each
+sample is checked with plain type tests and ``datetime.fromisoformat`` (a per-sample jsonschema validation costs
+more than the whole database write). The first offending sample refuses the batch with its index.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from gshare.exceptions import ApplicationError
+from operator_agent import contract
+
+#: At most this many samples per ``POST /internal/v1/usage`` (400 ``batch_too_large`` beyond; shared with the operator).
+MAX_BATCH = contract.USAGE_MAX_SAMPLES_PER_CALL
+#: Longest ``sample_id``, ``session_id`` and ``device_uuid`` (the columns' size).
+MAX_ID_LENGTH = 128
+_MAX_TIME_LENGTH = 64
+_MAX_INT = 2**31 - 1
+_REQUIRED = ("sample_id", "session_id", "device_uuid", "start", "end")
+_fromisoformat = datetime.fromisoformat
+
+
+class InvalidUsageSample(ApplicationError):
+    """400: a sample of the batch is malformed; ``index`` (in the body) names the first one. Nothing was stored."""
+
+    code = contract.INVALID_USAGE_SAMPLE
+    status = 400
+
+
+class BatchTooLarge(ApplicationError):
+    """400: more than ``MAX_BATCH`` samples in one call."""
+
+    code = "batch_too_large"
+    status = 400
+
+
+class Sample(NamedTuple):
+    """One validated sample. ``start``/``end`` are aware datetimes; ``micros`` is ``end - start`` in microseconds;
+    ``gpu_util_percent`` is the number's text (stored as ``numeric(6, 2)``)."""
+
+    index: int
+    sample_id: str
+    session_id: str
+    device_uuid: str
+    start: datetime
+    end: datetime
+    micros: int
+    gpu_util_percent: str | None
+    memory_used_mib: int | None
+
+
+def invalid_sample(index: int, sample, problem: str) -> InvalidUsageSample:
+    """The 400 for sample ``index``: names the sample (its ``sample_id`` when readable) and the problem."""
+    name = sample.get("sample_id") if isinstance(sample, dict) else None
+    label = f"samples[{index}]" + (f" (sample_id {name!r})" if isinstance(name, str) and len(name) <= MAX_ID_LENGTH else "")
+    return InvalidUsageSample(
+        f"Usage sample {label} is malformed: {problem}. Nothing of this batch was stored: fix or drop that sample "
+        "(upgrade the operator to match this control plane) and send the batch again.",
+        extra={"index": index},
+    )
+
+
+def _bad_text(value) -> str | None:
+    """Why ``value`` cannot be an id (None when it can)."""
+    if type(value) is not str:
+        return f"must be a string, not {type(value).__name__}"
+    if not value or len(value) > MAX_ID_LENGTH:
+        return f"must be 1 to {MAX_ID_LENGTH} characters long"
+    if "\x00" in value:
+        return "contains a NUL character, which cannot be stored"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains an unpaired surrogate, which cannot be stored"
+    return None
+
+
+def _time(value) -> datetime | None:
+    if type(value) is not str or len(value) > _MAX_TIME_LENGTH:
+        return None
+    try:
+        parsed = _fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def parse_samples(samples, *, max_window_seconds: int) -> list[Sample]:
+    """Check every sample of a batch and return them parsed, in order (duplicates included).
+
+    Each sample is ``{"sample_id", "session_id", "device_uuid", "start", "end", "gpu_util_percent"?,
+    "memory_used_mib"?}``: ids are strings of 1 to 128 characters; ``start``/``end`` ISO 8601 times with a zone
+    (``2026-11-29T16:00:00Z``), ``end`` after ``start`` and at most ``max_window_seconds`` later;
+    ``gpu_util_percent`` a number 0 to 100 or null; ``memory_used_mib`` a whole number >= 0 or null.
+
+    Raises:
+        BatchTooLarge: ``batch_too_large`` (400) for more than ``MAX_BATCH`` samples.
+        InvalidUsageSample: ``invalid_usage_sample`` (400) with ``index``, for the first malformed sample.
+    """
+    if type(samples) is not list:
+        raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code="invalid_request")
+    if len(samples) > MAX_BATCH:
+        raise BatchTooLarge(f"A batch holds at most {MAX_BATCH} usage samples; this one has {len(samples)}: send them in smaller batches.")
+    max_micros = max_window_seconds * 1_000_000
+    parsed = []
+    append = parsed.append
+    fromiso = _fromisoformat
+    for index, sample in enumerate(samples):
+        if type(sample) is not dict:
+            raise invalid_sample(index, sample, f"must be an object, not {type(sample).__name__}")
+        try:
+            sample_id = sample["sample_id"]
+            session_id = sample["session_id"]
+            device_uuid = sample["device_uuid"]
+            start_raw = sample["start"]
+            end_raw = sample["end"]
+        except KeyError:
+            missing = [key for key in _REQUIRED if key not in sample]
+            raise invalid_sample(index, sample, f"{', '.join(missing)} missing") from None
+        # Fast path: three short ASCII strings without NUL (the slow path says what is wrong).
+        if not (
+            type(sample_id) is str and type(session_id) is str and type(device_uuid) is str
+            and 0 < len(sample_id) <= MAX_ID_LENGTH and 0 < len(session_id) <= MAX_ID_LENGTH and 0 < len(device_uuid) <= MAX_ID_LENGTH
+            and sample_id.isascii() and session_id.isascii() and device_uuid.isascii()
+            and "\x00" not in sample_id and "\x00" not in session_id and "\x00" not in device_uuid
+        ):
+            for key, value in (("sample_id", sample_id), ("session_id", session_id), ("device_uuid", device_uuid)):
+                problem = _bad_text(value)
+                if problem:
+                    raise invalid_sample(index, sample, f"{key} {problem}")
+        try:
+            start = fromiso(start_raw) if type(start_raw) is str and len(start_raw) <= _MAX_TIME_LENGTH else None
+            end = fromiso(end_raw) if type(end_raw) is str and len(end_raw) <= _MAX_TIME_LENGTH else None
+        except ValueError:
+            start = end = None
+        if start is None or end is None or start.tzinfo is None or end.tzinfo is None:
+            start, end = _time(start_raw), _time(end_raw)
+            key, raw = ("start", start_raw) if start is None else ("end", end_raw)
+            shown = repr(raw) if type(raw) is not str or len(raw) <= _MAX_TIME_LENGTH else repr(raw[:_MAX_TIME_LENGTH] + "...")
+            raise invalid_sample(index, sample, f"{key} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {shown}")
+        delta = end - start
+        micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+        if micros <= 0:
+            raise invalid_sample(index, sample, f"end ({end_raw}) must be after start ({start_raw})")
+        if micros > max_micros:
+            raise invalid_sample(
+                index, sample,
+                f"the window {start_raw} .. {end_raw} is longer than {max_window_seconds} s (GSHARE_USAGE_MAX_WINDOW_SECONDS): "
+                "send one sample per sampling interval",
+            )
+        util = sample.get("gpu_util_percent")
+        if util is not None:
+            kind = type(util)
+            if (kind is not int and kind is not float) or not 0 <= util <= 100:
+                raise invalid_sample(index, sample, f"gpu_util_percent must be a number from 0 to 100 or null; got {util!r}"[:300])
+            util = str(util)
+        memory = sample.get("memory_used_mib")
+        if memory is not None and (type(memory) is not int or not 0 <= memory <= _MAX_INT):
+            raise invalid_sample(index, sample, f"memory_used_mib must be a whole number of MiB, at least 0, or null; got {memory!r}"[:300])
+        append(Sample(index, sample_id, session_id, device_uuid, start, end, micros, util, memory))
+    return parsed

@@ -1,0 +1,43 @@
+"""Billing settings (billing/): the fallback price and the usage-ingestion limits. See docs/billing.md."""
+
+from decimal import Decimal, InvalidOperation
+
+from django.core.exceptions import ImproperlyConfigured
+
+from operator_agent import contract
+
+from .env import env
+
+#: Credits per GPU-hour for a GPU model that has no ``Price`` row when there is no default row (``gpu_model`` "")
+#: either. A decimal string (never a float): at least 0, at most 6 decimal places.
+try:
+    GSHARE_BILLING_DEFAULT_PRICE = Decimal(env.str("GSHARE_BILLING_DEFAULT_PRICE", default="1.0"))
+except InvalidOperation:
+    GSHARE_BILLING_DEFAULT_PRICE = None
+if (
+    GSHARE_BILLING_DEFAULT_PRICE is None
+    or not GSHARE_BILLING_DEFAULT_PRICE.is_finite()
+    or GSHARE_BILLING_DEFAULT_PRICE < 0
+    or GSHARE_BILLING_DEFAULT_PRICE != GSHARE_BILLING_DEFAULT_PRICE.quantize(Decimal("0.000001"))
+    or GSHARE_BILLING_DEFAULT_PRICE >= Decimal(10) ** 12
+):
+    raise ImproperlyConfigured(
+        "GSHARE_BILLING_DEFAULT_PRICE must be a decimal number of credits per GPU-hour, at least 0, with at most 6 decimal "
+        "places (e.g. 1.0)."
+    )
+#: Longest usage-sample window (``end - start``) ``POST /internal/v1/usage`` accepts, seconds (default: the
+#: operator's own limit, ``operator_agent.contract.USAGE_MAX_WINDOW_SECONDS``).
+GSHARE_USAGE_MAX_WINDOW_SECONDS = env.int("GSHARE_USAGE_MAX_WINDOW_SECONDS", default=contract.USAGE_MAX_WINDOW_SECONDS)
+if GSHARE_USAGE_MAX_WINDOW_SECONDS < 1:
+    raise ImproperlyConfigured("GSHARE_USAGE_MAX_WINDOW_SECONDS must be a whole number of seconds, at least 1.")
+
+# Admission and stopping (billing/admission.py) when no Policy row applies to a user (neither their own nor the default
+# row): the minimum balance to start, in hours of the requested resources, and the grace before an account below
+# zero has its sessions stopped.
+try:
+    GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = Decimal(env.str("GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS", default="1"))
+except InvalidOperation:
+    GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = None
+if GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS is None or not GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS.is_finite() or GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS < 0:
+    raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS must be a decimal number of hours, at least 0 (e.g. 1).")
+GSHARE_BILLING_DEFAULT_GRACE_SECONDS = env.int("GSHARE_BILLING_DEFAULT_GRACE_SECONDS", default=900)

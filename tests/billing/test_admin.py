@@ -1,0 +1,145 @@
+"""Console pages for credits: constant queries, read-only balances and ledger, the "Grant credits" action (through
+credit_grant, once per form), prices and policies validated by the services."""
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from billing import services
+from billing.models import CreditAccount, LedgerEntry, Policy, Price
+from tests.billing.conftest import T0, device, sample
+from tests.factories import ClusterFactory, SessionFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def console(client, staff_user):
+    client.force_login(staff_user)
+    return client
+
+
+def _grow(lab_c1=None):
+    """More of everything each page lists: a user with a policy, a grant, usage charges, a price."""
+    user = UserFactory()
+    services.credit_grant(user=user, amount="5", reason="grow", idempotency_key=f"grow-{user.pk}", created_by="test")
+    Policy.objects.create(user=user, max_sessions=2).allowed_clusters.set([ClusterFactory()])
+    Price.objects.create(gpu_model=f"model-{user.pk}", credits_per_gpu_hour=Decimal(1))
+    if lab_c1 is not None:
+        session = SessionFactory(cluster=lab_c1, owner=user)
+        services.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0) for _ in range(3)])
+
+
+@pytest.mark.parametrize("path", ["/billing/creditaccount/", "/billing/ledgerentry/", "/billing/price/", "/billing/policy/",
+                                  "/billing/usagesample/"])
+def test_list_pages_have_constant_queries(console, lab_c1, path):
+    counts = []
+    for _ in range(2):
+        _grow(lab_c1)
+        with CaptureQueriesContext(connection) as queries:
+            response = console.get(path)
+        assert response.status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+
+
+def test_the_index_lists_billing(console):
+    html = console.get("/").content.decode()
+    for path in ("/billing/creditaccount/", "/billing/ledgerentry/", "/billing/price/", "/billing/policy/"):
+        assert path in html
+
+
+def test_ledger_is_read_only(console):
+    _grow()
+    entry = LedgerEntry.objects.get()
+    assert console.get("/billing/ledgerentry/add/").status_code == 403
+    page = console.get(f"/billing/ledgerentry/{entry.pk}/change/")
+    assert page.status_code == 200 and 'name="amount"' not in page.content.decode()
+    assert console.post(f"/billing/ledgerentry/{entry.pk}/change/", {"amount": "100"}).status_code == 403
+    assert console.post(f"/billing/ledgerentry/{entry.pk}/delete/", {"post": "yes"}).status_code == 403
+    entry.refresh_from_db()
+    assert entry.amount == Decimal(5)
+
+
+def test_account_balance_is_read_only(console):
+    _grow()
+    account = CreditAccount.objects.get()
+    page = console.get(f"/billing/creditaccount/{account.pk}/change/").content.decode()
+    assert 'name="balance"' not in page and "5.000000" in page
+    assert console.post(f"/billing/creditaccount/{account.pk}/change/", {"balance": "1000"}).status_code == 403
+    account.refresh_from_db()
+    assert account.balance == 5
+
+
+def test_add_account_goes_through_account_for(console):
+    user = UserFactory()
+    response = console.post("/billing/creditaccount/add/", {"user": user.pk})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert CreditAccount.objects.get(user=user).balance == 0
+
+
+def test_grant_action_with_an_intermediate_form(console, staff_user):
+    users = [UserFactory(), UserFactory()]
+    accounts = [services.account_for(u) for u in users]
+    selected = [a.pk for a in accounts]
+    page = console.post("/billing/creditaccount/", {"action": "grant_credits", "_selected_action": selected})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Grant credits" in html and users[0].username in html and 'name="amount"' in html
+    key = page.context["form"].initial["idempotency_key"]
+    form = {"action": "grant_credits", "_selected_action": selected, "apply": "1", "amount": "12.5", "reason": "course",
+            "idempotency_key": key}
+    done = console.post("/billing/creditaccount/", form, follow=True)
+    assert done.status_code == 200 and "12.500000 credits granted" in done.content.decode()
+    for account in accounts:
+        account.refresh_from_db()
+        assert account.balance == Decimal("12.5")
+    entry = LedgerEntry.objects.filter(account=accounts[0]).get()
+    assert (entry.kind, entry.reason, entry.created_by) == ("grant", "course", f"console:{staff_user.username}")
+    # The same page submitted again (a double click, a browser retry): nothing more.
+    again = console.post("/billing/creditaccount/", form, follow=True)
+    assert "already granted" in again.content.decode()
+    assert LedgerEntry.objects.count() == 2
+    # A wrong amount shows the form again with the services' message; nothing is written.
+    bad = console.post("/billing/creditaccount/", {**form, "amount": "-1", "idempotency_key": "other"})
+    assert bad.status_code == 200 and "greater than 0" in bad.content.decode()
+    assert LedgerEntry.objects.count() == 2
+
+
+def test_grant_action_needs_the_permission_to_add_ledger_entries(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename__in=["view_creditaccount", "view_ledgerentry"]))
+    client.force_login(viewer)
+    account = services.account_for(UserFactory())
+    page = client.get("/billing/creditaccount/")
+    assert page.status_code == 200 and "grant_credits" not in page.content.decode()
+    client.post("/billing/creditaccount/", {"action": "grant_credits", "_selected_action": [account.pk], "apply": "1", "amount": "1",
+                                            "reason": "x", "idempotency_key": "k"})
+    assert not LedgerEntry.objects.exists()
+
+
+def test_price_form_uses_the_services_rules(console):
+    ok = console.post("/billing/price/add/", {"gpu_model": "Tesla T4", "credits_per_gpu_hour": "0.35"})
+    assert ok.status_code == 302
+    bad = console.post("/billing/price/add/", {"gpu_model": "NVIDIA L4", "credits_per_gpu_hour": "-1"})
+    assert bad.status_code == 200 and "at least 0" in bad.content.decode()
+    default = console.post("/billing/price/add/", {"gpu_model": "", "credits_per_gpu_hour": "1"})
+    assert default.status_code == 302 and Price.objects.filter(gpu_model="").exists()
+    assert "(default" in console.get("/billing/price/").content.decode()
+
+
+def test_policy_form_uses_the_services_rules(console):
+    user = UserFactory()
+    bad = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "0", "min_balance_hours": "1", "grace_seconds": "900"})
+    assert bad.status_code == 200 and "max_sessions must be at least 1" in bad.content.decode()
+    ok = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "2", "min_balance_hours": "1.5", "grace_seconds": "600"})
+    assert ok.status_code == 302
+    assert Policy.objects.get(user=user).min_balance_hours == Decimal("1.5")
+    default = console.post("/billing/policy/add/", {"min_balance_hours": "0", "grace_seconds": "900"})
+    assert default.status_code == 302
+    second_default = console.post("/billing/policy/add/", {"min_balance_hours": "1", "grace_seconds": "900"})
+    assert second_default.status_code == 200 and Policy.objects.filter(user__isnull=True).count() == 1
