@@ -160,6 +160,13 @@ def run_demo(options: DemoOptions) -> dict:
 
         credit_grant(user=get_user_model().objects.get(username="admin"), amount=Decimal(1000), reason="demo credits",
                      idempotency_key="demo-initial-grant", created_by="demo")
+        from billing.services import price_set
+
+        demo_prices = {"H100": "4.0", "H20": "3.0", "V100": "1.5", "T4": "0.5"}  # credits per GPU-hour, illustrative
+        for model in sorted({m for spec in fleet.FLEET for m in fleet.expected_inventory(spec.name)["models"]}):
+            price = next((p for key, p in demo_prices.items() if key in model), None)
+            if price is not None:
+                price_set(gpu_model=model, credits_per_gpu_hour=Decimal(price))
 
         _say("starting the emulated clusters")
         emulators = {}
