@@ -37,11 +37,20 @@ logger = logging.getLogger(__name__)
 
 #: Largest amount of one entry (``numeric(18, 6)``: 12 digits before the point).
 MAX_AMOUNT = Decimal(10) ** 12 - CREDITS
+#: The largest balance (either sign) a numeric(18, 6) column holds.
+MAX_BALANCE = Decimal(10) ** 12 - CREDITS
 #: Longest caller-chosen idempotency key (the stored key adds a ``grant:`` prefix; the column holds 200).
 MAX_IDEMPOTENCY_KEY = 150
 
 
 # --------------------------------------------------------------------------- exceptions
+
+
+class BalanceOutOfRange(ApplicationError):
+    """409: the entry would move the balance beyond what ``numeric(18, 6)`` holds."""
+
+    code = "balance_out_of_range"
+    status = 409
 
 
 class InvalidAmount(ApplicationError):
@@ -176,6 +185,11 @@ def ledger_append(
         return _same_entry_or_conflict(existing, account=account, kind=kind, amount=amount)
     now = timezone.now()
     balance = account.balance + amount
+    if abs(balance) > MAX_BALANCE:
+        raise BalanceOutOfRange(
+            f"This entry would take the balance of {account.user} to {balance} credits, beyond what an account holds "
+            f"(±{MAX_BALANCE}); nothing was written. Fix: grant less, or correct the account with an adjustment first."
+        )
     entry = LedgerEntry(
         account=account, kind=kind, amount=amount, balance_after=balance, idempotency_key=idempotency_key, session=session,
         window_start=window[0] if window else None, window_end=window[1] if window else None,
@@ -471,7 +485,8 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session.
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
     """
-    parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS)
+    parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS,
+                           max_age_seconds=settings.GSHARE_USAGE_MAX_AGE_SECONDS)
     if not parsed:
         return {"accepted": 0, "duplicates": 0, "charged": {}}
     sessions, devices = _scope_and_sessions(cluster=cluster, parsed=parsed, samples=samples)

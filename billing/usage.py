@@ -7,7 +7,7 @@ more than the whole database write). The first offending sample refuses the batc
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from gshare.exceptions import ApplicationError
@@ -89,12 +89,19 @@ def _time(value) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
-def parse_samples(samples, *, max_window_seconds: int) -> list[Sample]:
+#: Seconds a sample's end may lie ahead of the control plane's clock.
+CLOCK_SKEW_SECONDS = 300
+
+
+def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30 * 86400,
+                  now: datetime | None = None) -> list[Sample]:
     """Check every sample of a batch and return them parsed, in order (duplicates included).
 
     Each sample is ``{"sample_id", "session_id", "device_uuid", "start", "end", "gpu_util_percent"?,
     "memory_used_mib"?}``: ids are strings of 1 to 128 characters; ``start``/``end`` ISO 8601 times with a zone
-    (``2026-11-29T16:00:00Z``), ``end`` after ``start`` and at most ``max_window_seconds`` later;
+    (``2026-11-29T16:00:00Z``), ``end`` after ``start`` and at most ``max_window_seconds`` later, the window
+    within ``max_age_seconds`` before ``now`` and ``CLOCK_SKEW_SECONDS`` after it (UTC; a year-10000 window
+    would otherwise be stored and could not be read back);
     ``gpu_util_percent`` a number 0 to 100 or null; ``memory_used_mib`` a whole number >= 0 or null.
 
     Raises:
@@ -106,6 +113,8 @@ def parse_samples(samples, *, max_window_seconds: int) -> list[Sample]:
     if len(samples) > MAX_BATCH:
         raise BatchTooLarge(f"A batch holds at most {MAX_BATCH} usage samples; this one has {len(samples)}: send them in smaller batches.")
     max_micros = max_window_seconds * 1_000_000
+    now = now or datetime.now(UTC)
+    earliest, latest = now - timedelta(seconds=max_age_seconds), now + timedelta(seconds=CLOCK_SKEW_SECONDS)
     parsed = []
     append = parsed.append
     fromiso = _fromisoformat
@@ -142,6 +151,17 @@ def parse_samples(samples, *, max_window_seconds: int) -> list[Sample]:
             key, raw = ("start", start_raw) if start is None else ("end", end_raw)
             shown = repr(raw) if type(raw) is not str or len(raw) <= _MAX_TIME_LENGTH else repr(raw[:_MAX_TIME_LENGTH] + "...")
             raise invalid_sample(index, sample, f"{key} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {shown}")
+        try:
+            start_utc, end_utc = start.astimezone(UTC), end.astimezone(UTC)
+        except OverflowError:
+            start_utc = end_utc = None
+        if start_utc is None or start_utc < earliest or end_utc > latest:
+            raise invalid_sample(
+                index, sample,
+                f"the window {str(start_raw)[:40]} .. {str(end_raw)[:40]} is not between {earliest:%Y-%m-%dT%H:%M:%SZ} "
+                f"(GSHARE_USAGE_MAX_AGE_SECONDS ago) and {latest:%Y-%m-%dT%H:%M:%SZ} (now plus {CLOCK_SKEW_SECONDS} s of clock "
+                "skew): check the operator node's clock",
+            )
         delta = end - start
         micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
         if micros <= 0:

@@ -103,6 +103,11 @@ def _resolve(
     readings = sorted(readings, key=lambda r: r.read_at, reverse=True)
     published = [r for r in readings if r.capacity_bytes is not None]
     fresh = [r for r in published if _age_seconds(r.read_at, now) <= max_age]
+    own = [r for r in fresh if r.cluster_id == pool.cluster_id]
+    if own:
+        # The storage server sits on the pool's own cluster: its readings are the ones to trust. Other clusters'
+        # readings of the same StorageClass name count only when it has none (they may describe another server).
+        fresh = own
     if fresh:
         best = max(fresh, key=lambda r: (r.capacity_bytes, r.read_at))
         note = (

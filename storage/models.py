@@ -9,7 +9,7 @@ lives on one pool; the operator of the cluster a session lands on creates its Pe
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
@@ -24,6 +24,8 @@ volume_name_validator = RegexValidator(
 )
 
 GIB = 1024**3
+#: The largest stated capacity or quota, GiB, whose size in bytes still fits a bigint column.
+MAX_CAPACITY_GB = (2**63 - 1) // GIB
 
 
 class StoragePool(models.Model):
@@ -55,7 +57,7 @@ class StoragePool(models.Model):
     sharing = models.CharField(max_length=16, choices=Sharing.choices, default=Sharing.ALL)
     allowed_clusters = models.ManyToManyField("clusters.Cluster", blank=True, related_name="shared_storage_pools",
                                               help_text="With sharing 'selected': the clusters (besides its own) that may use it")
-    manual_capacity_gb = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+    manual_capacity_gb = models.PositiveBigIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_CAPACITY_GB)],
                                                        help_text="Stated capacity in GiB, used when no fresh CSI reading exists")
     storage_node = models.CharField(max_length=253, blank=True, default="",
                                     help_text="Node of `cluster` whose system drive stands in when nothing else is known")

@@ -52,10 +52,14 @@ def _time_param(request, name: str) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
     except ValueError:
         parsed = None
-    if parsed is None or parsed.tzinfo is None:
-        raise ApplicationError(f"{name} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.",
-                               code="invalid_request")
-    return parsed.astimezone(UTC)
+    try:
+        converted = parsed.astimezone(UTC) if parsed is not None and parsed.tzinfo is not None else None
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        converted = None
+    if converted is None:
+        raise ApplicationError(f"{name} must be an ISO 8601 time with a zone between years 1 and 9999 in UTC, "
+                               f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code="invalid_request")
+    return converted
 
 
 def _subject(request):

@@ -28,6 +28,8 @@ if (
 #: Longest usage-sample window (``end - start``) ``POST /internal/v1/usage`` accepts, seconds (default: the
 #: operator's own limit, ``operator_agent.contract.USAGE_MAX_WINDOW_SECONDS``).
 GSHARE_USAGE_MAX_WINDOW_SECONDS = env.int("GSHARE_USAGE_MAX_WINDOW_SECONDS", default=contract.USAGE_MAX_WINDOW_SECONDS)
+#: Oldest usage window accepted, seconds before now (an operator's queue may hold samples from an outage).
+GSHARE_USAGE_MAX_AGE_SECONDS = env.int("GSHARE_USAGE_MAX_AGE_SECONDS", default=30 * 86400)
 if GSHARE_USAGE_MAX_WINDOW_SECONDS < 1:
     raise ImproperlyConfigured("GSHARE_USAGE_MAX_WINDOW_SECONDS must be a whole number of seconds, at least 1.")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from storage.models import GIB, StoragePool, Volume
+from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 CLUSTER_REF_HELP = "Cluster id (clu_...) or name"
@@ -24,7 +24,8 @@ class PoolCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=253), required=False, default=list, max_length=1000,
         help_text="With sharing 'selected': the clusters (ids or names) besides its own that may use it",
     )
-    manual_capacity_gb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None, help_text="Stated capacity, GiB")
+    manual_capacity_gb = serializers.IntegerField(min_value=1, max_value=MAX_CAPACITY_GB, required=False, allow_null=True, default=None,
+                                                  help_text="Stated capacity, GiB")
     storage_node = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
 
 

@@ -14,8 +14,9 @@ from demo import fleet
 from tests.conftest import Http
 from tests.factories import ClusterFactory, SessionFactory, UserFactory
 
-#: A fixed past moment the test samples start at (UTC).
-T0 = datetime(2026, 11, 29, 16, 0, tzinfo=UTC)
+#: The moment the test samples start at (UTC): ten days ago, on the hour, so every test window lies inside the
+#: accepted range (GSHARE_USAGE_MAX_AGE_SECONDS before now .. a few minutes after now) whatever day the suite runs.
+T0 = (datetime.now(UTC) - timedelta(days=10)).replace(minute=0, second=0, microsecond=0)
 _counter = itertools.count()
 
 

@@ -245,3 +245,9 @@ def test_account_queries_do_not_grow_with_the_sessions(plain_user, lab_c1, clien
             assert client.get("/api/v1/billing/account", **auth).status_code == 200
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("value", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"])
+def test_ledger_filters_outside_utc_are_refused_not_500(http_user, value):
+    response = http_user.get("/api/v1/billing/ledger", params={"since": value})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"

@@ -202,3 +202,16 @@ def test_concurrent_first_grants_create_one_account():
     assert CreditAccount.objects.filter(user=user).count() == 1
     assert_books(CreditAccount.objects.get(user=user))
     assert CreditAccount.objects.get(user=user).balance == 6
+
+
+@pytest.mark.django_db
+def test_a_balance_beyond_the_column_is_refused_with_nothing_written():
+    from billing.services import MAX_BALANCE, BalanceOutOfRange, account_for, credit_grant
+
+    user = UserFactory()
+    credit_grant(user=user, amount=Decimal("999999999999"), reason="big", idempotency_key="big-1", created_by="test")
+    with pytest.raises(BalanceOutOfRange):
+        credit_grant(user=user, amount=Decimal("999999999999"), reason="bigger", idempotency_key="big-2", created_by="test")
+    account = account_for(user)
+    assert account.balance == Decimal("999999999999") <= MAX_BALANCE
+    assert account.entries.count() == 1

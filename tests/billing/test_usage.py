@@ -332,3 +332,22 @@ def test_samples_charged_before_and_since_deleted_are_not_charged_again(lab_c1, 
     assert LedgerEntry.objects.count() == 2
     assert CreditAccount.objects.get().balance == balance - Decimal("0.041667")
     assert_books()
+
+
+@pytest.mark.parametrize(("start", "end"), [
+    ("9999-12-31T23:58:00-14:00", "9999-12-31T23:59:00-14:00"),  # year 10000 in UTC: could never be read back
+    ("0001-01-01T00:00:00+14:00", "0001-01-01T00:01:00+14:00"),  # before year 1 in UTC
+    (None, None),  # ten years ahead
+    ("2001-01-01T00:00:00Z", "2001-01-01T00:01:00Z"),  # older than GSHARE_USAGE_MAX_AGE_SECONDS
+], ids=["year-10000", "year-0", "future", "too-old"])
+def test_windows_outside_the_accepted_range_are_refused(operator_c1, lab_c1, whole_session, prices, start, end):
+    h100 = device(lab_c1, "NVIDIA H100")
+    batch = [sample(whole_session, h100, start=T0), sample(whole_session, h100, start=T0 + timedelta(minutes=1))]
+    if start is None:
+        batch[1] = sample(whole_session, h100, start=T0 + timedelta(days=3660))
+    else:
+        batch[1].update(start=start, end=end)
+    response = post(operator_c1, batch)
+    assert response.status_code == 400 and response.json()["index"] == 1, response.text
+    assert "check the operator node's clock" in response.json()["detail"]
+    assert ledger_state() == ([], [], 0)

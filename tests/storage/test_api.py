@@ -328,3 +328,26 @@ def test_pool_on_a_deregistered_cluster_is_refused(http):
     gone = ClusterFactory(status=Cluster.Status.DEREGISTERED)
     response = http.post("/api/v1/storage/pools", json={"name": "p", "cluster": gone.public_id, "storage_class": "nfs-a"})
     assert response.status_code == 409 and response.json()["code"] == "cluster_deregistered"
+
+
+def test_a_stated_capacity_beyond_a_bigint_is_refused_not_500(http):
+    from storage.models import MAX_CAPACITY_GB
+
+    cluster = ClusterFactory()
+    response = http.post("/api/v1/storage/pools", json={"name": "huge", "cluster": cluster.public_id, "storage_class": "nfs-a",
+                                                        "manual_capacity_gb": MAX_CAPACITY_GB + 1})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+    assert create_pool(http, cluster, name="largest", manual_capacity_gb=MAX_CAPACITY_GB)["id"].startswith("pool_")
+
+
+def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_own(http, live_server):
+    home, other = ClusterFactory(name="lab-c1"), ClusterFactory(name="lab-c2")
+    pool = create_pool(http, home, manual_capacity_gb=100)
+    now = timezone.now().isoformat()
+    for cluster, size in ((home, 2 * TIB), (other, 2**63 - 1)):
+        operator = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+        answer = operator.post("/internal/v1/storage", json={
+            "read_at": now, "storage_classes": [{"storage_class": "nfs-a", "capacity_bytes": size, "objects": 1}]})
+        assert answer.status_code == 200, answer.text
+    [shown] = [p for p in http.get("/api/v1/storage/summary").json()["pools"] if p["id"] == pool["id"]]
+    assert (shown["capacity_bytes"], shown["source"]) == (2 * TIB, "csi")

@@ -16,7 +16,7 @@ from clusters.probe import ClusterUnreachable
 from gshare.exceptions import Conflict
 from storage import services, tasks
 from storage.capacity import pool_capacity, pool_clusters
-from storage.models import GIB, StoragePool, Volume
+from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
 from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import (
     ClusterFactory,
@@ -121,9 +121,12 @@ def test_largest_of_several_readings_never_their_sum():
     StorageCapacityReadingFactory(cluster=b, capacity_bytes=3 * TIB, object_count=2)
     StorageCapacityReadingFactory(cluster=c, capacity_bytes=TIB)
     resolved = pool_capacity(pool=pool)
-    assert resolved.capacity_bytes == 3 * TIB  # not 6 TiB
-    assert resolved.source == "csi"
-    assert "never their sum" in resolved.note and len(resolved.readings) == 3
+    # The pool's own cluster (where its server sits) reports: its reading is the one trusted, never a sum.
+    assert (resolved.capacity_bytes, resolved.source) == (2 * TIB, "csi") and len(resolved.readings) == 3
+    StorageCapacityReading.objects.filter(cluster=a).delete()
+    resolved = pool_capacity(pool=pool)
+    assert resolved.capacity_bytes == 3 * TIB  # the largest of the sharing clusters' readings, not 4 TiB
+    assert resolved.source == "csi" and "never their sum" in resolved.note
 
 
 def test_readings_of_clusters_that_may_not_use_the_pool_do_not_count():
