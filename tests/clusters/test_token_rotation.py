@@ -237,9 +237,9 @@ def test_unreachable_apiserver_records_error_warns_and_retries(silent_listener, 
     max_retries = tasks.TOKEN_PUSH_RETRY["max_retries"]
     assert sum("retrying in" in line for line in retries) == max_retries
     assert "giving up" in retries[-1]
-    assert [r.getMessage() for r in caplog.records].count(
-        f"operator token rotation failed: cluster {cluster.public_id} ({cluster.name}): token_push_unreachable {cluster.operator_token_rotation_error}"
-    ) == 1 + 1 + max_retries  # the daily run, the first retry, then each retry
+    # The daily run, the first retry, then each retry (the detail varies: refused while connecting, or cut off).
+    prefix = f"operator token rotation failed: cluster {cluster.public_id} ({cluster.name}): token_push_unreachable "
+    assert sum(r.getMessage().startswith(prefix) for r in caplog.records) == 1 + 1 + max_retries
 
     body = http.get(f"/api/v1/clusters/{cluster.public_id}").json()["operator_token"]
     assert body["last_rotation_error"] == cluster.operator_token_rotation_error
