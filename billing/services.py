@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from billing import pricing
-from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price
+from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from billing.usage import Sample, invalid_sample, parse_samples
 from clusters.models import Cluster, GpuDevice
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
@@ -496,6 +496,7 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     for sample in parsed:
         unique.setdefault(sample.sample_id, sample)
     rows = list(unique.values())
+    _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
     prices = pricing.prices_by_model()
     pairs: dict[tuple[str, str], tuple[int, Decimal, Decimal, str]] = {}
     staged, priced_rows = [], []
@@ -537,6 +538,48 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         "duplicates": len(parsed) - len(inserted),
         "charged": {public_ids[pk]: str(amount) for pk, amount in charged.items()},
     }
+
+
+def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> None:
+    """Refuse (400, with the index) a new sample whose window overlaps another sample of the same session and GPU.
+
+    Idempotency is by ``sample_id``; this closes the other way to charge a GPU-second twice: two samples with
+    different ids for the same time (an operator that lost its state and re-sampled). Samples whose id is already
+    stored are replays and are not checked. Windows that touch (one's end is the next one's start) do not overlap.
+    One query: the stored samples of the batch's sessions within the batch's time span.
+    """
+    if not rows:
+        return
+    first, last = min(r.start for r in rows), max(r.end for r in rows)
+    session_pks = sorted({sessions[r.session_id][1] for r in rows})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT sample_id, session_id, device_uuid, start, "end" FROM {UsageSample._meta.db_table} '
+            'WHERE cluster_id = %s AND session_id = ANY(%s) AND start < %s AND "end" > %s',
+            [cluster.pk, session_pks, last, first],
+        )
+        stored = cursor.fetchall()
+    stored_ids = {row[0] for row in stored}
+    windows: dict[tuple[int, str], list[tuple]] = {}
+    for sample_id, session_pk, device_uuid, start, end in stored:
+        windows.setdefault((session_pk, device_uuid), []).append((start, end, sample_id, None))
+    for sample in rows:
+        if sample.sample_id not in stored_ids:
+            windows.setdefault((sessions[sample.session_id][1], sample.device_uuid), []).append(
+                (sample.start, sample.end, sample.sample_id, sample.index))
+    for intervals in windows.values():
+        intervals.sort(key=lambda w: (w[0], w[1]))
+        reach = intervals[0]
+        for window in intervals[1:]:
+            if window[0] < reach[1] and (window[3] is not None or reach[3] is not None):
+                new, other = (window, reach) if window[3] is not None else (reach, window)
+                raise invalid_sample(
+                    new[3], samples[new[3]],
+                    f"its window {new[0].isoformat()} .. {new[1].isoformat()} overlaps sample {other[2]!r} of the same session "
+                    "and GPU: a GPU-second is charged once; resend with the original sample_id, or drop the overlapping sample",
+                )
+            if window[1] > reach[1]:
+                reach = window
 
 
 def _charge_new_samples(cursor, *, cluster, priced_rows, inserted, entry_ids, owners, accounts, now) -> dict:

@@ -1,6 +1,7 @@
 """Console pages for credits: constant queries, read-only balances and ledger, the "Grant credits" action (through
 credit_grant, once per form), prices and policies validated by the services."""
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -29,7 +30,8 @@ def _grow(lab_c1=None):
     Price.objects.create(gpu_model=f"model-{user.pk}", credits_per_gpu_hour=Decimal(1))
     if lab_c1 is not None:
         session = SessionFactory(cluster=lab_c1, owner=user)
-        services.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0) for _ in range(3)])
+        services.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
+                                                       for i in range(3)])
 
 
 @pytest.mark.parametrize("path", ["/billing/creditaccount/", "/billing/ledgerentry/", "/billing/price/", "/billing/policy/",

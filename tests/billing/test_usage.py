@@ -253,10 +253,10 @@ def test_malformed_bodies(operator_c1, body, status, code):
 
 def test_at_most_5000_samples(operator_c1, lab_c1, whole_session, prices):
     h100 = device(lab_c1, "NVIDIA H100")
-    one = sample(whole_session, h100)
-    response = post(operator_c1, [dict(one, sample_id=f"s{i}") for i in range(5001)])
+    batch = [sample(whole_session, h100, start=T0 + timedelta(minutes=i), sample_id=f"s{i}") for i in range(5001)]
+    response = post(operator_c1, batch)
     assert response.status_code == 400 and response.json()["code"] == "batch_too_large"
-    assert post(operator_c1, [dict(one, sample_id=f"s{i}") for i in range(5000)]).json()["accepted"] == 5000
+    assert post(operator_c1, batch[:5000]).json()["accepted"] == 5000
     assert_books()
 
 
@@ -297,9 +297,10 @@ def test_query_count_does_not_grow_with_the_batch(lab_c1, prices, django_assert_
         services.usage_ingest(cluster=lab_c1, samples=batch)
     with django_assert_max_num_queries(counts[1]):  # the replay: nothing new, no more queries
         assert services.usage_ingest(cluster=lab_c1, samples=batch)["accepted"] == 0
-    # BEGIN, 3 look-ups, lock accounts (+2 to create missing ones), the staging tables (IF NOT EXISTS), the entry ids,
-    # the samples, the charges, the balances, COMMIT (the two COPYs into the staging tables are not queries Django sees).
-    assert counts[1] <= 13, "\n".join(q["sql"][:60] for q in queries.captured_queries)
+    # BEGIN, 4 look-ups (sessions, GPUs, overlapping stored windows, prices), lock accounts (+2 to create missing ones),
+    # the staging tables (IF NOT EXISTS), the entry ids, the samples, the charges, the balances, COMMIT (the two COPYs
+    # into the staging tables are not queries Django sees).
+    assert counts[1] <= 14, "\n".join(q["sql"][:60] for q in queries.captured_queries)
     assert_books()
 
 
@@ -351,3 +352,22 @@ def test_windows_outside_the_accepted_range_are_refused(operator_c1, lab_c1, who
     assert response.status_code == 400 and response.json()["index"] == 1, response.text
     assert "check the operator node's clock" in response.json()["detail"]
     assert ledger_state() == ([], [], 0)
+
+
+def test_a_sample_overlapping_another_of_the_same_gpu_is_refused_even_with_a_new_id(operator_c1, lab_c1, whole_session, prices):
+    h100 = device(lab_c1, "NVIDIA H100")
+    first = sample(whole_session, h100, start=T0, seconds=600, sample_id="first")
+    assert post(operator_c1, [first]).json()["accepted"] == 1
+    charged = ledger_state()
+    # Another id for part of the same ten minutes (an operator that lost its state): refused, nothing charged.
+    again = sample(whole_session, h100, start=T0 + timedelta(minutes=5), seconds=300, sample_id="re-sampled")
+    response = post(operator_c1, [sample(whole_session, h100, start=T0 + timedelta(minutes=10), sample_id="next"), again])
+    assert response.status_code == 400 and response.json()["index"] == 1 and "overlaps sample 'first'" in response.json()["detail"]
+    assert ledger_state() == charged
+    # Within one batch too; the replay of the first id is a duplicate, not an overlap; touching windows are fine.
+    inside = [sample(whole_session, h100, start=T0 + timedelta(minutes=20), sample_id="a"),
+              sample(whole_session, h100, start=T0 + timedelta(minutes=20, seconds=30), sample_id="b")]
+    assert post(operator_c1, inside).json()["index"] == 1
+    answer = post(operator_c1, [first, sample(whole_session, h100, start=T0 + timedelta(minutes=10), sample_id="next")]).json()
+    assert (answer["accepted"], answer["duplicates"]) == (1, 1)
+    assert_books()
