@@ -272,7 +272,9 @@ def main() -> int:
         from django.db import connection
 
         cluster_id, token, pairs = make_fleet(args.sessions)
-        start = datetime(2026, 1, 1, tzinfo=UTC)
+        # Ten days back, on the hour: every round's windows (a day apart) stay inside what the endpoint accepts
+        # (GSHARE_USAGE_MAX_AGE_SECONDS back to a few minutes ahead of now).
+        start = (datetime.now(UTC) - timedelta(days=10)).replace(minute=0, second=0, microsecond=0)
         warmup = make_bodies(pairs, total=2 * args.batch, batch=args.batch, start=start - timedelta(days=1), prefix="warm:")
         port = free_port()
         logfile = Path(tmp) / "gunicorn.log"
