@@ -297,14 +297,12 @@ def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
         raise SigningKeyInvalid(f"The key file is larger than {MAX_KEY_FILE_BYTES} bytes, too large for one private key. {fix}")
     if b"-----BEGIN" not in pem:
         raise SigningKeyInvalid(f"The file is not PEM (no `-----BEGIN` line). {fix}")
-    if b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in pem or b"Proc-Type: 4,ENCRYPTED" in pem:
-        raise SigningKeyInvalid(f"The private key is encrypted with a passphrase; the import needs it unencrypted. {fix}")
     try:
         key = serialization.load_pem_private_key(pem, password=None)
-    except TypeError:  # encrypted without the markers checked above
+    except TypeError:  # cryptography's answer to an encrypted key (PKCS#8 or PKCS#1 with a passphrase) and no password
         raise SigningKeyInvalid(f"The private key is encrypted with a passphrase; the import needs it unencrypted. {fix}") from None
     except (ValueError, UnsupportedAlgorithm) as exc:
-        hint = " (an OpenSSH key: convert it with `ssh-keygen -p -m PEM`)" if b"OPENSSH PRIVATE KEY" in pem else ""
+        hint = " (an OpenSSH key: convert it with `ssh-keygen -p -m PEM`)" if b"OPENSSH" in pem else ""
         raise SigningKeyInvalid(f"The file holds no PEM private key this control plane can read ({type(exc).__name__}){hint}. {fix}") from None
     if not isinstance(key, rsa.RSAPrivateKey):
         kind = next((name for cls, name in _KEY_KINDS if isinstance(key, cls)), "another algorithm")
@@ -334,8 +332,7 @@ def signing_key_import(pem: bytes | str, *, now: datetime | None = None) -> Rota
     """Make a supplied RSA private key the active signing key (idempotent).
 
     Args:
-        pem: the key as PEM: PKCS#1 (``BEGIN RSA PRIVATE KEY``) or PKCS#8 (``BEGIN PRIVATE KEY``),
-            unencrypted, RSA of at least 2048 bits. Stored as PKCS#8, encrypted at rest.
+        pem: the key as PEM, PKCS#1 (traditional OpenSSL) or PKCS#8, unencrypted, RSA of at least 2048 bits. Stored as PKCS#8, encrypted at rest.
         now: the moment the previous active key stops signing (default: now, UTC).
 
     Returns:
