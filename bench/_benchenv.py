@@ -12,7 +12,11 @@ Not a benchmark itself: the scripts next to it import it.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -101,3 +105,55 @@ def bench_environment(*, quiet: bool = True) -> Iterator[dict[str, str]]:
 def log(message: str) -> None:
     """Progress line on stderr (results go to stdout)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port: int, env: dict[str, str], workers: int, logfile: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``gunicorn gshare.wsgi`` on 127.0.0.1:``port`` and wait (at most 60 s) until ``/internal/ping`` answers 204.
+
+    Args:
+        port: TCP port on loopback. env: the bench environment (``bench_environment()``). workers: sync workers.
+        logfile: where gunicorn's output goes. extra_env: more variables for the server (e.g. ``DATABASE_CONN_MAX_AGE``).
+
+    Raises:
+        RuntimeError: gunicorn exited or did not answer in time (with the end of its log).
+    """
+    command = [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+               "--no-control-socket"]  # gunicorn >= 27 would otherwise take a control socket another server may be using
+    child_env = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "gshare.settings", "GSHARE_LOG_LEVEL": "WARNING", **(extra_env or {})}
+    with open(logfile, "wb") as out:
+        server = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {server.returncode}:\n{logfile.read_text()[-3000:]}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            try:
+                conn.request("GET", "/internal/ping")
+                if conn.getresponse().status == 204:
+                    return server
+            finally:
+                conn.close()
+        except OSError:
+            pass
+        time.sleep(0.2)
+    stop_server(server)
+    raise RuntimeError(f"gunicorn did not answer within 60 s:\n{logfile.read_text()[-3000:]}")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM gunicorn's master (it stops its workers), then SIGKILL after 15 s."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=5)

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,17 +36,10 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from _benchenv import ROOT, bench_environment, log
+from _benchenv import bench_environment, free_port, log, start_server, stop_server
 
 GOAL_RATIO = 0.7
 WORKERS = 2
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def request(port: int, path: str, headers: dict[str, str], timeout: float = 5.0) -> tuple[int, dict[str, str]]:
@@ -136,38 +126,6 @@ def make_session() -> tuple[str, str, str]:
     return cluster.session_domain, session.public_id, token
 
 
-def start_server(port: int, env: dict[str, str], logfile: Path) -> subprocess.Popen:
-    """Start gunicorn and wait (at most 60 s) until ``/internal/ping`` answers 204."""
-    command = [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
-               "--no-control-socket"]  # gunicorn >= 27 would otherwise take a control socket another server may be using
-    child_env = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "gshare.settings", "GSHARE_LOG_LEVEL": "WARNING"}
-    with open(logfile, "wb") as out:
-        server = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}:\n{logfile.read_text()[-3000:]}")
-        try:
-            if request(port, "/internal/ping", {}, timeout=2)[0] == 204:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    raise RuntimeError(f"gunicorn did not answer within 60 s:\n{logfile.read_text()[-3000:]}")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM gunicorn's master (it stops its workers), then SIGKILL after 15 s."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=5)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto", help="load generator (auto: wrk if on PATH)")
@@ -189,7 +147,7 @@ def main() -> int:
         verify_headers = {"X-Original-URL": f"https://{host}/s/{session_id}/", "Authorization": f"Bearer {token}"}
         port = free_port()
         logfile = Path(tmp) / "gunicorn.log"
-        server = start_server(port, env, logfile)
+        server = start_server(port, env, WORKERS, logfile)
         log(f"gunicorn ({WORKERS} workers) on 127.0.0.1:{port}")
         try:
             status, headers = request(port, "/internal/connect/verify", verify_headers)

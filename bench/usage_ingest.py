@@ -36,10 +36,7 @@ import http.client
 import json
 import os
 import queue
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +45,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from _benchenv import ROOT, bench_environment, log
+from _benchenv import bench_environment, free_port, log, start_server, stop_server
 
 GOAL_RATE = 20_000.0
 GOAL_RATIO = 0.3
@@ -59,13 +56,6 @@ USAGE_PATH = "/internal/v1/usage"
 #: Columns the endpoint writes, in the order the baseline COPY writes them.
 COLUMNS = ["cluster_id", "sample_id", "session_id", "device_uuid", "start", "end", "gpu_util_percent", "memory_used_mib",
            "gpu_model", "share", "cost", "entry_id", "received_at"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def post(port: int, body: bytes, token: str, timeout: float = 60.0) -> tuple[int, bytes]:
@@ -179,43 +169,6 @@ def run_load(port: int, token: str, bodies: list[bytes], clients: int) -> tuple[
     return elapsed, sum(accepted)
 
 
-def start_server(port: int, env: dict[str, str], workers: int, logfile: Path) -> subprocess.Popen:
-    """Start gunicorn and wait (at most 60 s) until ``/internal/ping`` answers 204."""
-    command = [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-               "--no-control-socket"]  # gunicorn >= 27 would otherwise take a control socket another server may be using
-    child_env = {**os.environ, **env, "DJANGO_SETTINGS_MODULE": "gshare.settings", "GSHARE_LOG_LEVEL": "WARNING",
-                 "DATABASE_CONN_MAX_AGE": "60"}
-    with open(logfile, "wb") as out:
-        server = subprocess.Popen(command, cwd=ROOT, env=child_env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}:\n{logfile.read_text()[-3000:]}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/internal/ping")
-            if conn.getresponse().status == 204:
-                conn.close()
-                return server
-            conn.close()
-        except OSError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    raise RuntimeError(f"gunicorn did not answer within 60 s:\n{logfile.read_text()[-3000:]}")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """SIGTERM gunicorn's master (it stops its workers), then SIGKILL after 15 s."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=5)
-
-
 def check_books(expected: int) -> None:
     """Every sample stored once; charges = samples' costs; every balance = its ledger's sum."""
     from django.db import connection
@@ -278,7 +231,7 @@ def main() -> int:
         warmup = make_bodies(pairs, total=2 * args.batch, batch=args.batch, start=start - timedelta(days=1), prefix="warm:")
         port = free_port()
         logfile = Path(tmp) / "gunicorn.log"
-        server = start_server(port, env, args.workers, logfile)
+        server = start_server(port, env, args.workers, logfile, {"DATABASE_CONN_MAX_AGE": "60"})
         log(f"gunicorn ({args.workers} workers) on 127.0.0.1:{port}; cluster {cluster_id} with {args.sessions} sessions")
         try:
             _, accepted = run_load(port, token, warmup, min(args.clients, len(warmup)))
