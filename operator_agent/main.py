@@ -42,6 +42,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import kubernetes.client
 import urllib3.exceptions
@@ -134,6 +135,17 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
+
+@dataclass(frozen=True)
+class _Loop:
+    """A background loop of the operator: its thread, its own clients, and how long to wait for it on shutdown (s)."""
+
+    thread: threading.Thread
+    api_client: kubernetes.client.ApiClient
+    client: ControlPlaneClient
+    join_timeout: float
+    what: str
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
     """Entry point of ``python -m operator_agent``; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m operator_agent", description="gShare data-plane operator")
@@ -175,76 +187,35 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     )
     if secret_store is not None:
         logger.info("operator token: read from %s and %s; refreshed tokens are written back to the Secret", config.token_file, secret_store.where)
-    sessions_thread: threading.Thread | None = None
-    sessions_api_client: kubernetes.client.ApiClient | None = None
-    sessions_client: ControlPlaneClient | None = None
-    volume_thread: threading.Thread | None = None
-    volume_api_client: kubernetes.client.ApiClient | None = None
-    volume_client: ControlPlaneClient | None = None
-    usage_thread: threading.Thread | None = None
-    usage_api_client: kubernetes.client.ApiClient | None = None
-    usage_client: ControlPlaneClient | None = None
+    loops: list[_Loop] = []
+
+    def start_loop(name: str, target, join_timeout: float, what: str) -> None:
+        # Each loop gets its own apiserver and control-plane clients (a requests.Session is not shared between
+        # threads); the TokenSource is shared, so every loop sends the same, newest token.
+        api = kubernetes_api_client(environ)
+        loop_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
+        thread = threading.Thread(target=target, args=(config, api, loop_client, stop), name=name, daemon=True)
+        loops.append(_Loop(thread, api, loop_client, join_timeout, what))
+        thread.start()
+
     try:
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
-        sessions_api_client = kubernetes_api_client(environ)
-        sessions_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
-        sessions_thread = threading.Thread(
-            target=run_sessions,
-            args=(config, sessions_api_client, sessions_client, stop),
-            name="sessions",
-            daemon=True,
-        )
-        sessions_thread.start()
-        # Its own apiserver and control-plane clients: a requests.Session is not shared between threads; the
-        # TokenSource is, so every loop sends the same, newest token.
-        volume_api_client = kubernetes_api_client(environ)
-        volume_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
-        volume_thread = threading.Thread(
-            target=run_volume_sync,
-            args=(config, volume_api_client, volume_client, stop),
-            name="volume-sync",
-            daemon=True,
-        )
-        volume_thread.start()
+        start_loop("sessions", run_sessions, SESSIONS_JOIN_TIMEOUT, "session reconciler")
+        start_loop("volume-sync", run_volume_sync, VOLUME_SYNC_JOIN_TIMEOUT, "volume sync")
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
                     config.volume_storage_class or "none set")
-        usage_api_client = kubernetes_api_client(environ)
-        usage_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
-        usage_thread = threading.Thread(
-            target=run_usage,
-            args=(config, usage_api_client, usage_client, stop),
-            name="usage",
-            daemon=True,
-        )
-        usage_thread.start()
+        start_loop("usage", run_usage, USAGE_JOIN_TIMEOUT, "usage metering")
         run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client))
     finally:
         stop.set()
-        if sessions_thread is not None:
-            sessions_thread.join(SESSIONS_JOIN_TIMEOUT)
-            if sessions_thread.is_alive():
-                logger.warning("session reconciler did not stop within %gs", SESSIONS_JOIN_TIMEOUT)
-        if volume_thread is not None:
-            volume_thread.join(VOLUME_SYNC_JOIN_TIMEOUT)
-            if volume_thread.is_alive():
-                logger.warning("volume sync did not stop within %gs", VOLUME_SYNC_JOIN_TIMEOUT)
-        if usage_thread is not None:
-            usage_thread.join(USAGE_JOIN_TIMEOUT)
-            if usage_thread.is_alive():
-                logger.warning("usage metering did not stop within %gs", USAGE_JOIN_TIMEOUT)
-        if usage_client is not None:
-            usage_client.session.close()
-        if usage_api_client is not None:
-            usage_api_client.close()
-        if volume_client is not None:
-            volume_client.session.close()
-        if volume_api_client is not None:
-            volume_api_client.close()
-        if sessions_client is not None:
-            sessions_client.session.close()
-        if sessions_api_client is not None:
-            sessions_api_client.close()
+        for loop in loops:
+            loop.thread.join(loop.join_timeout)
+            if loop.thread.is_alive():
+                logger.warning("%s did not stop within %gs", loop.what, loop.join_timeout)
+        for loop in reversed(loops):
+            loop.client.session.close()
+            loop.api_client.close()
         client.session.close()
         api_client.close()
         if secret_store is not None:
