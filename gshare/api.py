@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, permissions, status
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -129,3 +129,14 @@ class SafeJSONParser(JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise exceptions.ParseError("JSON nested too deeply.") from None
+
+
+class IsStaffOrReadOnly(permissions.BasePermission):
+    """Anyone authenticated may read; only staff may write. Subclasses name what is protected in ``message``."""
+
+    message = "Only staff users may change this: ask an operator of this control plane."
+
+    def has_permission(self, request, view) -> bool:  # noqa: D102
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return bool(request.user and request.user.is_staff)

@@ -46,6 +46,7 @@ from operator_agent.contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_N
 from sessions.models import Session
 from storage.capacity import pool_clusters
 from storage.models import Volume
+from storage.services import volume_move_check_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -263,12 +264,7 @@ def volume_move(*, volume: Volume, cluster: Cluster) -> Volume:
         ClusterUnreachable: 504 ``cluster_unreachable``: an apiserver did not answer within
             ``GSHARE_PROBE_TIMEOUT`` (the detail says which and what was done).
     """
-    if not getattr(settings, "GSHARE_VOLUME_MOVE_ENABLED", False):
-        raise Conflict(
-            "Moving volumes between clusters is disabled on this control plane: an administrator enables it with "
-            "GSHARE_VOLUME_MOVE_ENABLED=true once it is tested against the clusters' CSI driver (docs/storage.md).",
-            code="volume_move_disabled",
-        )
+    volume_move_check_enabled()
     with _move_lock(volume):
         volume, previous = _begin(volume=volume, target=cluster)
         source = volume.cluster

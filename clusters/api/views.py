@@ -16,19 +16,15 @@ from clusters.api.serializers import (
     GpuSerializer,
     NodeSerializer,
 )
+from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
 
 
-class IsStaffOrReadOnly(permissions.BasePermission):
+class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     """Anyone authenticated may read; only staff may change the fleet."""
 
     message = "Only staff users may change clusters: ask an operator of this control plane."
-
-    def has_permission(self, request, view) -> bool:  # noqa: D102
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return bool(request.user and request.user.is_staff)
 
 
 class ClusterViewSet(viewsets.GenericViewSet):

@@ -7,6 +7,7 @@ from rest_framework import permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 from gshare.exceptions import ApplicationError
 from storage import selectors, services
 from storage.api.serializers import (
@@ -19,19 +20,15 @@ from storage.api.serializers import (
     VolumeSerializer,
     VolumeUpdateSerializer,
 )
+from storage.move import volume_move
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
 
 
-class IsStaffOrReadOnly(permissions.BasePermission):
+class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     """Anyone authenticated may read; only staff may change storage pools."""
 
     message = "Only staff users may change storage pools: ask an operator of this control plane."
-
-    def has_permission(self, request, view) -> bool:  # noqa: D102
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        return bool(request.user and request.user.is_staff)
 
 
 def _pool_changes(data: dict) -> dict:
@@ -164,11 +161,7 @@ class VolumeViewSet(viewsets.GenericViewSet):
     def move(self, request, public_id: str):
         """Hand the volume's PVC to another cluster sharing its pool (409 ``volume_move_disabled`` unless enabled)."""
         volume = selectors.volume_get(user=request.user, public_id=public_id)
-        services.volume_move_check_enabled()
         data = VolumeMoveSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        cluster = selectors.cluster_by_ref(data.validated_data["cluster"])
-        from storage.move import volume_move  # the move service (storage/move.py)
-
-        volume_move(volume=volume, cluster=cluster)
+        volume_move(volume=volume, cluster=selectors.cluster_by_ref(data.validated_data["cluster"]))
         return Response(VolumeSerializer(selectors.volume_get(user=request.user, public_id=public_id)).data)
