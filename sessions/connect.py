@@ -41,7 +41,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from gshare.auth.internal_jwt import ALGORITHM, CONNECT_AUDIENCE, sign_internal_jwt
-from gshare.models import SigningKey
+from gshare.auth.keys import signing_keys_published
 from sessions.manifests import session_path
 from sessions.models import Session
 from sessions.services import connect_cache_key
@@ -86,7 +86,8 @@ def _public_key(kid: str):
     cached = _KEYS.get(kid)
     if cached is not None and now - cached[0] < _KEY_TTL:
         return cached[1]
-    row = SigningKey.objects.filter(kid=kid).exclude(status=SigningKey.Status.RETIRED).values_list("public_key_pem", flat=True).first()
+    # The same rule as every other verifier: a key verifies until it is retired or past its retire_after.
+    row = signing_keys_published().filter(kid=kid).values_list("public_key_pem", flat=True).first()
     key = load_pem_public_key(row.encode()) if row else None
     _KEYS[kid] = (now, key)
     return key
