@@ -81,23 +81,32 @@ def account_summary(user) -> dict:
     }
 
 
+def _ledger_entries() -> QuerySet[LedgerEntry]:
+    return LedgerEntry.objects.select_related("account__user", "session")
+
+
+def ledger_entry(*, pk: int) -> LedgerEntry:
+    """One ledger entry with account, user and session joined (raises ``LedgerEntry.DoesNotExist``)."""
+    return _ledger_entries().get(pk=pk)
+
+
 def ledger_list(
     *, user, session: str | None = None, since: datetime | None = None, until: datetime | None = None, username: str | None = None
 ) -> QuerySet[LedgerEntry]:
-    """Ledger entries visible to ``user`` (their own; staff see everyone's), newest first, with account, user and
+    """Ledger entries of ``user`` (staff: of ``username`` when given), newest first, with account, user and
     session joined.
 
     Args:
         session: only entries of this session (``ses_...``).
         since: only entries written at or after this time.
         until: only entries written before this time.
-        username: staff only: only this user's entries (ignored for others).
+        username: staff only: this user's entries instead of the caller's (ignored for others).
     """
-    qs = LedgerEntry.objects.select_related("account__user", "session").order_by("-id")
-    if not user.is_staff:
-        qs = qs.filter(account__user_id=user.pk)
-    elif username:
+    qs = _ledger_entries().order_by("-id")
+    if user.is_staff and username:
         qs = qs.filter(account__user__username=username)
+    else:
+        qs = qs.filter(account__user_id=user.pk)
     if session:
         qs = qs.filter(session__public_id=session)
     if since is not None:

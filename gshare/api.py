@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, permissions, status
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -140,3 +142,15 @@ class IsStaffOrReadOnly(permissions.BasePermission):
         if request.method in permissions.SAFE_METHODS:
             return True
         return bool(request.user and request.user.is_staff)
+
+
+class Pagination(LimitOffsetPagination):
+    """``?limit=&offset=`` paging with a ceiling: ``limit`` above ``GSHARE_API_MAX_PAGE_SIZE`` is served as that maximum.
+
+    Without the ceiling a ``limit`` past what a PostgreSQL bigint holds reached the database as ``LIMIT`` and
+    failed there; an ``offset`` beyond the row count answers an empty page before any row query.
+    """
+
+    @property
+    def max_limit(self) -> int:  # noqa: D102
+        return settings.GSHARE_API_MAX_PAGE_SIZE

@@ -18,7 +18,7 @@ from billing.api.serializers import AccountSerializer, GrantCreateSerializer, Le
 from gshare.api import SafeJSONParser
 from gshare.exceptions import ApplicationError
 
-USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users)")
+USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users); without it, the caller's own")
 
 
 class DecimalJSONParser(SafeJSONParser):
@@ -90,7 +90,7 @@ class AccountViewSet(viewsets.GenericViewSet):
     USER_FILTER,
 ])
 class LedgerViewSet(viewsets.GenericViewSet):
-    """``GET /api/v1/billing/ledger``: the caller's ledger entries, newest first (staff: everyone's, ``?user=``)."""
+    """``GET /api/v1/billing/ledger``: the caller's ledger entries, newest first (staff: another user's with ``?user=``)."""
 
     serializer_class = LedgerEntrySerializer
 
@@ -132,5 +132,5 @@ class GrantViewSet(viewsets.GenericViewSet):
             user=services.user_by_username(data.validated_data["user"]), amount=data.validated_data["amount"],
             reason=data.validated_data["reason"], idempotency_key=key, created_by=f"api:{request.user.get_username()}",
         )
-        entry = selectors.ledger_list(user=request.user).get(pk=entry.pk)
+        entry = selectors.ledger_entry(pk=entry.pk)
         return Response(LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

@@ -119,12 +119,14 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["gshare.api.SafeJSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "gshare.api.Pagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "gshare.api.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
+#: The largest page any list answers (``?limit=`` above it is served as this many rows).
+GSHARE_API_MAX_PAGE_SIZE = env.int("GSHARE_API_MAX_PAGE_SIZE", default=1000)
 SPECTACULAR_SETTINGS = {
     "TITLE": "gShare control plane API",
     "VERSION": "1",
