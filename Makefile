@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(PY) manage.py demo $(DEMO_ARGS)
 
 test: $(STAMP)
+	@bash hack/test-deps.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
