@@ -30,7 +30,8 @@ class Cluster(models.Model):
     ``kubeconfig`` is the credential the control plane uses to reach the cluster's apiserver; it is
     encrypted at rest (MultiFernet), never returned by the API and never shown in the console.
     A deregistered cluster keeps its row (status ``deregistered``) so history stays readable; its
-    name becomes free for a new registration.
+    name, its ``session_domain`` and its identity (``kube_system_uid``) become free for a new
+    registration. Among the other clusters each of the three is unique (partial unique indexes).
     """
 
     class Status(models.TextChoices):
@@ -74,6 +75,18 @@ class Cluster(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["name"], condition=~Q(status="deregistered"), name="cluster_name_unique_while_registered"
+            ),
+            # One registration per physical cluster: two rows reaching one apiserver would share its operator
+            # Secret (each rotation overwriting the other's token). Clusters registered before identities were
+            # recorded have no uid yet, and a server without kube-system none at all: they are left out.
+            models.UniqueConstraint(
+                fields=["kube_system_uid"], condition=~Q(status="deregistered") & ~Q(kube_system_uid=""),
+                name="cluster_kube_system_uid_unique_while_registered",
+            ),
+            # A session hostname routes to one cluster's ingress.
+            models.UniqueConstraint(
+                fields=["session_domain"], condition=~Q(status="deregistered") & ~Q(session_domain=""),
+                name="cluster_session_domain_unique_while_registered",
             ),
         ]
 

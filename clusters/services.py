@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from clusters.kubeconfig import validate_kubeconfig
@@ -38,11 +39,96 @@ class ClusterPrerequisiteMissing(ApplicationError):
     code = "cluster_prerequisite_missing"
 
 
+#: How many live session ids a ``cluster_has_live_sessions`` refusal names (the body's ``sessions`` has them all).
+_SESSIONS_NAMED = 20
+
+
 def _name_taken(name: str) -> Conflict:
     return Conflict(
         f"A registered cluster is already named {name!r}: choose another name, or deregister that cluster first "
         "(`DELETE /api/v1/clusters/<id>`).",
         code="name_taken",
+    )
+
+
+def _registered() -> QuerySet[Cluster]:
+    return Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED)
+
+
+def _already_registered(other: Cluster, *, uid: str, server: str) -> Conflict:
+    return Conflict(
+        f"The kubeconfig reaches the cluster at {server} (kube-system uid {uid}), which is already registered as "
+        f"{other.name!r} ({other.public_id}); a cluster is registered once, so nothing was changed. To change that "
+        f"cluster's settings or credential use `PATCH /api/v1/clusters/{other.public_id}`; to register it under a new "
+        f"name, deregister it first (`DELETE /api/v1/clusters/{other.public_id}`).",
+        code="cluster_already_registered",
+        extra={"cluster": other.public_id},
+    )
+
+
+def _session_domain_taken(domain: str, other: Cluster) -> Conflict:
+    return Conflict(
+        f"Cluster {other.name!r} ({other.public_id}) already serves sessions at {domain!r}, and a session hostname "
+        "routes to one cluster's ingress: choose another session_domain (its DNS name must point at this cluster's "
+        f"ingress node), or first give {other.name!r} another one (`PATCH /api/v1/clusters/{other.public_id}`).",
+        code="session_domain_taken",
+        extra={"cluster": other.public_id},
+    )
+
+
+def _registration_conflict(*, name: str, kube_system_uid: str, server: str, session_domain: str) -> Conflict | None:
+    """The refusal a new registration meets among the registered clusters (name, then identity, then
+    session domain), or None."""
+    if _registered().filter(name=name).exists():
+        return _name_taken(name)
+    if kube_system_uid:
+        other = _registered().filter(kube_system_uid=kube_system_uid).first()
+        if other is not None:
+            return _already_registered(other, uid=kube_system_uid, server=server)
+    if session_domain:
+        other = _registered().filter(session_domain=session_domain).first()
+        if other is not None:
+            return _session_domain_taken(session_domain, other)
+    return None
+
+
+def cluster_live_session_ids(*, cluster: Cluster) -> list[str]:
+    """Ids (``ses_...``) of the sessions on ``cluster`` that are not in a final phase (oldest first).
+
+    Their URL, Ingress host and connect check all use the cluster's ``session_domain``.
+    """
+    from sessions.models import Session  # sessions imports this app's models
+
+    return list(
+        Session.objects.filter(cluster=cluster).exclude(phase__in=Session.TERMINAL_PHASES)
+        .order_by("created_at", "id").values_list("public_id", flat=True)
+    )
+
+
+def _session_domain_change_refusal(cluster: Cluster, domain: str) -> Conflict | None:
+    """Why ``cluster`` may not move to ``session_domain`` ``domain`` now, or None.
+
+    A running session's Ingress is on the old host while its URL and connect check would follow the new
+    one, so the change waits until no session lives there (re-applying every live session is not atomic
+    with the change: an apiserver may refuse half of them).
+    """
+    if domain == cluster.session_domain:
+        return None
+    if domain:
+        other = _registered().filter(session_domain=domain).exclude(pk=cluster.pk).first()
+        if other is not None:
+            return _session_domain_taken(domain, other)
+    live = cluster_live_session_ids(cluster=cluster)
+    if not live:
+        return None
+    named = ", ".join(live[:_SESSIONS_NAMED]) + (f" and {len(live) - _SESSIONS_NAMED} more" if len(live) > _SESSIONS_NAMED else "")
+    change = f"to {domain!r}" if domain else "to empty"
+    return Conflict(
+        f"Cluster {cluster.name!r} ({cluster.public_id}) has {len(live)} live session(s) ({named}) whose URL and Ingress "
+        f"are on {cluster.session_domain!r}; changing session_domain {change} now would break them, so nothing was changed. "
+        "Stop them (`DELETE /api/v1/sessions/<id>`) or wait until they end, then change it.",
+        code="cluster_has_live_sessions",
+        extra={"sessions": live},
     )
 
 
@@ -62,7 +148,8 @@ def cluster_register(
     Args:
         name: unique among clusters that are not deregistered (1-63 chars).
         kubeconfig: kubeconfig text (token or client-certificate user, inline data only).
-        session_domain: hostname at which this cluster's ingress serves sessions.
+        session_domain: hostname at which this cluster's ingress serves sessions (unique among registered
+            clusters, or empty).
         ingress_node: node that runs the cluster's ingress controller.
         volume_storage_class: StorageClass the operator uses for session volumes.
 
@@ -72,7 +159,10 @@ def cluster_register(
     Raises:
         KubeconfigError: ``kubeconfig_invalid``, ``kubeconfig_localhost``,
             ``kubeconfig_exec_forbidden``, ``kubeconfig_local_file`` (400).
-        Conflict: ``name_taken`` (409).
+        Conflict: ``name_taken`` (409); ``cluster_already_registered`` (409) when a registered cluster has the
+            same ``kube-system`` uid (the same cluster under another name); ``session_domain_taken`` (409) when a
+            registered cluster serves sessions at ``session_domain``. Concurrent registrations are decided by
+            the partial unique indexes: one is recorded, the others get these codes.
         ClusterUnreachable: ``cluster_unreachable`` (504).
         ClusterAuthFailed: ``cluster_auth_failed`` (400), also when the credential may not read the
             ``kube-system`` namespace, whose ``metadata.uid`` is recorded as the cluster's identity
@@ -106,12 +196,20 @@ def cluster_register(
         raise ClusterAuthFailed(result.identity_forbidden)
     cluster.kubernetes_version = result.kubernetes_version
     cluster.kube_system_uid = result.kube_system_uid
+    facts = {"name": name, "kube_system_uid": cluster.kube_system_uid, "server": valid.server, "session_domain": session_domain}
+    conflict = _registration_conflict(**facts)
+    if conflict is not None:
+        raise conflict
     try:
         with transaction.atomic():
             cluster.save()
     except IntegrityError:
-        # Two registrations of one name raced past the check above; the partial unique index decided.
-        raise _name_taken(name) from None
+        # Two registrations (same name, same cluster or same session domain) raced past the check above: a
+        # partial unique index let one through and made this one wait for it, so the check now names it.
+        conflict = _registration_conflict(**facts)
+        if conflict is None:
+            raise
+        raise conflict from None
     logger.info("cluster registered: %s %s (%s)", cluster.public_id, cluster.name, cluster.kubernetes_version)
     return cluster
 
@@ -159,7 +257,11 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
     Raises:
         Conflict: ``cluster_deregistered`` (409) for a deregistered cluster; ``different_cluster`` (409)
             when the new kubeconfig reaches another cluster; ``cluster_identity_unknown`` (409) when the
-            cluster has no recorded identity and its current kubeconfig cannot read it now.
+            cluster has no recorded identity and its current kubeconfig cannot read it now;
+            ``cluster_already_registered`` (409) when that identity, read now, is another registered
+            cluster's; ``session_domain_taken`` (409) for another registered cluster's ``session_domain``;
+            ``cluster_has_live_sessions`` (409, body ``sessions``: their ids) for a ``session_domain``
+            change (emptying it included) while sessions not in a final phase are on the cluster.
         ApplicationError: ``invalid_request`` (400) for a field that cannot be changed.
         KubeconfigError: ``kubeconfig_invalid``, ``kubeconfig_localhost``, ``kubeconfig_exec_forbidden``,
             ``kubeconfig_local_file`` (400).
@@ -178,6 +280,10 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
             code="invalid_request",
         )
     fields = {key: value for key, value in changes.items() if key != CREDENTIAL_FIELD}
+    if isinstance(fields.get("session_domain"), str):  # before dialling anything; checked again under the lock
+        refusal = _session_domain_change_refusal(current, fields["session_domain"])
+        if refusal is not None:
+            raise refusal
     credential = None
     if CREDENTIAL_FIELD in changes:
         valid = validate_kubeconfig(changes[CREDENTIAL_FIELD], loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
@@ -192,15 +298,29 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
         if credential.kubernetes_version:
             fields["kubernetes_version"] = credential.kubernetes_version
 
-    with transaction.atomic():
-        cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
-        _refuse_deregistered(cluster)
-        if credential is not None and cluster.kube_system_uid and cluster.kube_system_uid != credential.kube_system_uid:
-            raise _different_cluster(cluster, found_uid=credential.kube_system_uid, server=credential.apiserver_url)
-        for key, value in fields.items():
-            setattr(cluster, key, value)
-        cluster.full_clean(validate_constraints=False)
-        cluster.save(update_fields=list(fields))
+    try:
+        with transaction.atomic():
+            # Placement locks the cluster rows too (sessions.services.session_create), so under this lock no
+            # session can start on the old session_domain while it changes.
+            cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+            _refuse_deregistered(cluster)
+            if credential is not None and cluster.kube_system_uid and cluster.kube_system_uid != credential.kube_system_uid:
+                raise _different_cluster(cluster, found_uid=credential.kube_system_uid, server=credential.apiserver_url)
+            if isinstance(fields.get("session_domain"), str):
+                refusal = _session_domain_change_refusal(cluster, fields["session_domain"])
+                if refusal is not None:
+                    raise refusal
+            for key, value in fields.items():
+                setattr(cluster, key, value)
+            cluster.full_clean(validate_constraints=False)
+            cluster.save(update_fields=list(fields))
+    except IntegrityError:
+        # Another cluster took the domain between the check and the save (the partial unique index decided).
+        domain = fields.get("session_domain") or ""
+        other = _registered().filter(session_domain=domain).exclude(pk=cluster.pk).first() if domain else None
+        if other is None:
+            raise
+        raise _session_domain_taken(domain, other) from None
     if changes:
         changed = sorted(set(changes) & {*EDITABLE_FIELDS, CREDENTIAL_FIELD})
         facts = {"actor": actor, "action": "cluster_update", "cluster": cluster.public_id, "cluster_name": cluster.name, "fields": changed}
@@ -264,7 +384,14 @@ def _cluster_identity_record(cluster: Cluster) -> str:
         why = "The stored kubeconfig cannot be used by the Kubernetes client."
     else:
         if result.kube_system_uid:
-            Cluster.objects.filter(pk=cluster.pk, kube_system_uid="").update(kube_system_uid=result.kube_system_uid)
+            other = _registered().filter(kube_system_uid=result.kube_system_uid).exclude(pk=cluster.pk).first()
+            if other is not None:
+                raise _identity_held_by(cluster, other, uid=result.kube_system_uid)
+            try:
+                with transaction.atomic():
+                    Cluster.objects.filter(pk=cluster.pk, kube_system_uid="").update(kube_system_uid=result.kube_system_uid)
+            except IntegrityError:  # another row took it meanwhile
+                raise _identity_held_by(cluster, _registered().get(kube_system_uid=result.kube_system_uid), uid=result.kube_system_uid) from None
             cluster.kube_system_uid = result.kube_system_uid
             logger.info("cluster identity recorded: %s %s (kube-system uid %s)", cluster.public_id, cluster.name, result.kube_system_uid)
             return result.kube_system_uid
@@ -280,6 +407,18 @@ def _cluster_identity_record(cluster: Cluster) -> str:
         "successful `POST /api/v1/clusters/<id>/connection-test` records the identity too) and retry, or deregister the "
         "cluster and register it again with the new kubeconfig.",
         code="cluster_identity_unknown",
+    )
+
+
+def _identity_held_by(cluster: Cluster, other: Cluster, *, uid: str) -> Conflict:
+    """A cluster registered before identities were recorded turns out to be another registered cluster."""
+    return Conflict(
+        f"Cluster {cluster.name!r} ({cluster.public_id}) reaches the same cluster (kube-system uid {uid}) as the registered "
+        f"cluster {other.name!r} ({other.public_id}): it was registered twice, before gShare checked. Nothing was changed. "
+        "Deregister the copy you do not use (`DELETE /api/v1/clusters/<id>`; keep the one whose id the cluster's operator "
+        "runs with: `helm -n gshare-system get values gshare-operator` shows its clusterId), then retry on the other.",
+        code="cluster_already_registered",
+        extra={"cluster": other.public_id},
     )
 
 
@@ -407,8 +546,19 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     if result.kubernetes_version:
         update["kubernetes_version"] = result.kubernetes_version
     if result.kube_system_uid and not cluster.kube_system_uid:
-        update["kube_system_uid"] = result.kube_system_uid  # a cluster registered before identities were recorded
-    Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
+        # A cluster registered before identities were recorded; not when that identity is another registered
+        # cluster's (the same cluster registered twice): PATCH with a kubeconfig says so.
+        held = _registered().filter(kube_system_uid=result.kube_system_uid).exclude(pk=cluster.pk).exists()
+        if not held:
+            update["kube_system_uid"] = result.kube_system_uid
+    try:
+        with transaction.atomic():
+            Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
+    except IntegrityError:  # another row took that identity meanwhile: record the rest
+        if "kube_system_uid" not in update:
+            raise
+        update.pop("kube_system_uid")
+        Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
     for key, value in update.items():
         setattr(cluster, key, value)
     return report
