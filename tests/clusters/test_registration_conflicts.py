@@ -203,3 +203,22 @@ def test_the_migration_names_duplicates_registered_before_the_rule_instead_of_fa
         migrate("0008_unique_identity_and_session_domain")
     with pytest.raises(IntegrityError), transaction.atomic():
         ClusterFactory(name="lab-c1-again", kube_system_uid="uid-1")
+
+
+def test_a_copy_registered_before_the_rule_cannot_take_the_identity(http, fleet_cluster):
+    emulated = fleet_cluster("lab-c1")
+    first = register(http, emulated, "lab-c1").json()
+    row = Cluster.objects.get(public_id=first["id"])
+    # A copy from before identities were checked: same kubeconfig, no uid recorded yet.
+    copy = ClusterFactory(name="lab-c1-copy", kubeconfig=row.kubeconfig, apiserver_url=row.apiserver_url, kube_system_uid="")
+
+    report = http.post(f"/api/v1/clusters/{copy.public_id}/connection-test")
+    assert report.status_code == 200, report.text  # recorded what it could, never a 500
+    copy.refresh_from_db()
+    assert copy.kube_system_uid == "" and copy.last_connection_test_at is not None
+
+    refused = http.patch(f"/api/v1/clusters/{copy.public_id}", json={"kubeconfig": kubeconfig_text(emulated)})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "cluster_already_registered" and refused.json()["cluster"] == first["id"]
+    copy.refresh_from_db()
+    assert copy.kube_system_uid == ""
