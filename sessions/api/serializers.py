@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from gshare.api_fields import StrictIntegerField
 from sessions.manifests import session_url
 from sessions.models import Session
 
 
 class SessionCreateSerializer(serializers.Serializer):
-    """Input of ``POST /api/v1/sessions``. Ranges are checked by the service (one validation)."""
+    """Input of ``POST /api/v1/sessions``. Numbers are JSON numbers; ranges are checked by the service (one validation)."""
 
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=63)
     image = serializers.CharField(max_length=512, allow_blank=True)
-    gpus = serializers.IntegerField(required=False, default=1)
-    gpu_memory_mib = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="MiB per GPU; omit for whole GPUs")
-    gpu_cores = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="Percent of one GPU (1-100); omit for whole GPUs")
+    gpus = StrictIntegerField(required=False, default=1)
+    gpu_memory_mib = StrictIntegerField(required=False, allow_null=True, default=None, help_text="MiB per GPU; omit for whole GPUs")
+    gpu_cores = StrictIntegerField(required=False, allow_null=True, default=None, help_text="Percent of one GPU (1-100); omit for whole GPUs")
     cluster = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, help_text="Pin to a cluster (id or name)")
     volumes = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list,

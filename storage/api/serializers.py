@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gshare.api_fields import StrictIntegerField
 from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -24,8 +25,8 @@ class PoolCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=253), required=False, default=list, max_length=1000,
         help_text="With sharing 'selected': the clusters (ids or names) besides its own that may use it",
     )
-    manual_capacity_gb = serializers.IntegerField(min_value=1, max_value=MAX_CAPACITY_GB, required=False, allow_null=True, default=None,
-                                                  help_text="Stated capacity, GiB")
+    manual_capacity_gb = StrictIntegerField(min_value=1, max_value=MAX_CAPACITY_GB, required=False, allow_null=True, default=None,
+                                            help_text="Stated capacity, GiB")
     storage_node = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
 
 
@@ -80,7 +81,7 @@ class VolumeCreateSerializer(serializers.Serializer):
     """Input of ``POST /api/v1/storage/volumes``."""
 
     name = serializers.CharField(max_length=63, help_text="A DNS label, unique among your volumes; mounted at /data/<name>")
-    quota_gb = serializers.IntegerField(min_value=1, help_text="Size, GiB (2^30 bytes)")
+    quota_gb = StrictIntegerField(min_value=1, help_text="Size, GiB (2^30 bytes)")
     pool = serializers.CharField(max_length=32, required=False, allow_null=True, default=None,
                                  help_text="Pool id (pool_...); omitted: the pool with the most free room")
 
@@ -88,7 +89,7 @@ class VolumeCreateSerializer(serializers.Serializer):
 class VolumeUpdateSerializer(serializers.Serializer):
     """Input of ``PATCH /api/v1/storage/volumes/{id}``: only the quota changes, and only upward."""
 
-    quota_gb = serializers.IntegerField(min_value=1)
+    quota_gb = StrictIntegerField(min_value=1)
 
 
 class VolumeMoveSerializer(serializers.Serializer):

@@ -1,0 +1,47 @@
+"""Numbers of the public API are JSON numbers (gshare.api_fields.StrictIntegerField), through HTTP on the live server.
+
+The sessions fields are tested in tests/sessions/test_api.py (they need an emulated cluster); credit amounts are
+decimal strings or JSON numbers by design (docs/billing.md) and are tested in tests/billing/test_api.py.
+"""
+
+import pytest
+
+from storage import services
+from storage.models import StoragePool, Volume
+from tests.factories import ClusterFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REFUSED = ["10", "1e2", True, False, 10.5, [10], {"gb": 10}]
+
+
+def refused(response, field: str) -> None:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["code"] == "invalid_request" and field in body["detail"] and field in body["errors"]
+
+
+@pytest.mark.parametrize("value", REFUSED)
+def test_pool_capacity_must_be_a_json_number(http, value):
+    cluster = ClusterFactory()
+    body = {"name": "nfs-a", "cluster": cluster.public_id, "storage_class": "nfs-a"}
+    refused(http.post("/api/v1/storage/pools", json={**body, "manual_capacity_gb": value}), "manual_capacity_gb")
+    assert not StoragePool.objects.exists()
+    created = http.post("/api/v1/storage/pools", json={**body, "manual_capacity_gb": 10})
+    assert created.status_code == 201 and created.json()["manual_capacity_gb"] == 10
+    path = f"/api/v1/storage/pools/{created.json()['id']}"
+    refused(http.patch(path, json={"manual_capacity_gb": value}), "manual_capacity_gb")
+    assert http.patch(path, json={"manual_capacity_gb": 20.0}).json()["manual_capacity_gb"] == 20  # JSON has one number type
+
+
+@pytest.mark.parametrize("value", REFUSED)
+def test_volume_quota_must_be_a_json_number(http_user, value):
+    services.pool_create(name="p", cluster=ClusterFactory(), storage_class="nfs-a", manual_capacity_gb=100)
+    refused(http_user.post("/api/v1/storage/volumes", json={"name": "v", "quota_gb": value}), "quota_gb")
+    assert not Volume.objects.exists()
+    created = http_user.post("/api/v1/storage/volumes", json={"name": "v", "quota_gb": 10})
+    assert created.status_code == 201 and created.json()["quota_gb"] == 10
+    path = f"/api/v1/storage/volumes/{created.json()['id']}"
+    refused(http_user.patch(path, json={"quota_gb": value}), "quota_gb")
+    assert http_user.patch(path, json={"quota_gb": 11}).json()["quota_gb"] == 11
+    assert Volume.objects.get().quota_gb == 11
