@@ -11,6 +11,7 @@ RS256 only (``alg: none`` and HS256 are refused before any key is touched).
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -25,6 +26,10 @@ OPERATOR_AUDIENCE = "gshare-internal"
 #: Audience of connect tokens (ingress-nginx ``auth-url`` -> ``/internal/connect/verify``).
 CONNECT_AUDIENCE = "gshare-connect"
 ALGORITHM = "RS256"
+#: What a ``kid`` may look like: the column holds at most 64 characters and every kid this control plane
+#: mints is hex (``gshare.auth.keys``). Anything else (a NUL, a lone surrogate, a huge string) is refused
+#: before it reaches the database, which could not even compare it.
+KID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class InvalidInternalToken(ApplicationError):
@@ -69,6 +74,34 @@ def sign_internal_jwt(subject: str, ttl: int = 604800, *, audience: str = OPERAT
     return jwt.encode(payload, key.private_key_pem, algorithm=ALGORITHM, headers={"kid": key.kid})
 
 
+def token_kid(token: str) -> str:
+    """Read a token's header without verifying it and return its ``kid``.
+
+    Args:
+        token: the compact JWS as received.
+
+    Returns:
+        The ``kid``, a string matching :data:`KID_PATTERN`, safe to look up in the database.
+
+    Raises:
+        InvalidInternalToken: not three base64url parts, a header that is not a JSON object (bad base64,
+            not UTF-8, not JSON), ``alg`` other than RS256, or a ``kid`` that is missing, not a string or
+            not of :data:`KID_PATTERN` (a NUL, a surrogate, more than 64 characters).
+    """
+    try:
+        header = jwt.get_unverified_header(token)
+    except (jwt.PyJWTError, ValueError, TypeError):
+        # PyJWT raises DecodeError for what it recognises; the rest (e.g. a str that is not UTF-8
+        # encodable) is refused the same way.
+        raise InvalidInternalToken("The token is not a JWT: send the operator token from its Secret as `Authorization: Bearer <token>`.") from None
+    if header.get("alg") != ALGORITHM:
+        raise InvalidInternalToken("Only RS256 tokens signed by this control plane are accepted: mint a new token with `manage.py mint_operator_token`.")
+    kid = header.get("kid")
+    if not isinstance(kid, str) or not KID_PATTERN.fullmatch(kid):
+        raise InvalidInternalToken("The token has no well-formed `kid` header: mint a new token with `manage.py mint_operator_token`.")
+    return kid
+
+
 def verify_internal_jwt(token: str, audience: str) -> dict:
     """Verify an internal JWT and return its claims.
 
@@ -80,18 +113,11 @@ def verify_internal_jwt(token: str, audience: str) -> dict:
         The claims dict (``sub``, ``aud``, ``exp``, ...).
 
     Raises:
-        InvalidInternalToken: unparsable token, ``alg`` other than RS256, unknown or retired
-            ``kid``, bad signature, expired / not yet valid, wrong ``iss`` or ``aud``, missing claims.
+        InvalidInternalToken: unparsable token or header (see :func:`token_kid`), ``alg`` other than
+            RS256, malformed, unknown or retired ``kid``, bad signature, expired / not yet valid, wrong
+            ``iss`` or ``aud``, missing claims.
     """
-    try:
-        header = jwt.get_unverified_header(token)
-    except jwt.PyJWTError:
-        raise InvalidInternalToken("The token is not a JWT: send the operator token from its Secret as `Authorization: Bearer <token>`.") from None
-    if header.get("alg") != ALGORITHM:
-        raise InvalidInternalToken("Only RS256 tokens signed by this control plane are accepted: mint a new token with `manage.py mint_operator_token`.")
-    kid = header.get("kid")
-    if not isinstance(kid, str) or not kid:
-        raise InvalidInternalToken("The token has no `kid` header: mint a new token with `manage.py mint_operator_token`.")
+    kid = token_kid(token)
     key = signing_keys_published().filter(kid=kid).only("public_key_pem").first()
     if key is None:
         raise InvalidInternalToken("The token was signed by a key this control plane does not publish: mint a new token with `manage.py mint_operator_token`.")
