@@ -19,6 +19,16 @@ if not SECRET_KEY:
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["*"] if not PRODUCTION else [])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+#: Hosts on which the internal plane (``/internal/``, ``/.well-known/``, ``/metrics``) answers; on any other
+#: host those paths answer 404 (gshare/middleware.py). Matched like ALLOWED_HOSTS against request.get_host(),
+#: port stripped. Production has no default: the Helm chart sets the api Service's in-cluster names, the pod
+#: IP and ingress.internalPlane.host.
+GSHARE_INTERNAL_HOSTS = env.list("GSHARE_INTERNAL_HOSTS", default=[] if PRODUCTION else ["127.0.0.1", "[::1]"])
+if PRODUCTION and not GSHARE_INTERNAL_HOSTS:
+    raise ImproperlyConfigured(
+        "GSHARE_INTERNAL_HOSTS is not set: name the hosts the data-plane clusters reach /internal and /.well-known at "
+        "(comma-separated, e.g. gshare-internal.example.com,gshare-api.gshare.svc); every other host answers 404 there."
+    )
 
 INSTALLED_APPS = [
     "gshare.console.apps.ConsoleAdminConfig",
@@ -35,11 +45,13 @@ INSTALLED_APPS = [
     "sessions.apps.GpuSessionsConfig",
     "storage",
     "billing",
+    "audit",
     "demo",
 ]
 
 MIDDLEWARE = [
     "gshare.middleware.ApiErrorsMiddleware",
+    "gshare.middleware.InternalHostsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -48,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gshare.middleware.AuditActorMiddleware",
 ]
 
 ROOT_URLCONF = "gshare.urls"
