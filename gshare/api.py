@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
@@ -154,3 +156,30 @@ class Pagination(LimitOffsetPagination):
     @property
     def max_limit(self) -> int:  # noqa: D102
         return settings.GSHARE_API_MAX_PAGE_SIZE
+
+
+def query_time(request, name: str) -> datetime | None:
+    """The query parameter ``name`` as an aware UTC ``datetime`` (None when absent or empty).
+
+    Accepts ISO 8601 with a zone (``2026-11-29T16:00:00Z``, ``...+02:00``; an unescaped ``+`` that arrived as a
+    space is read as ``+``).
+
+    Raises:
+        ApplicationError: ``invalid_request`` (400) for anything else, a time without a zone, or one outside years
+            1 to 9999 in UTC.
+    """
+    value = request.query_params.get(name)
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
+    except ValueError:
+        parsed = None
+    try:
+        converted = parsed.astimezone(UTC) if parsed is not None and parsed.tzinfo is not None else None
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        converted = None
+    if converted is None:
+        raise ApplicationError(f"{name} must be an ISO 8601 time with a zone between years 1 and 9999 in UTC, "
+                               f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code="invalid_request")
+    return converted

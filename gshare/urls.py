@@ -12,6 +12,7 @@ api_v1 = [
     path("", include("sessions.api.urls")),
     path("", include("storage.api.urls")),
     path("", include("billing.api.urls")),
+    path("", include("audit.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 

@@ -4,7 +4,6 @@ services/selectors."""
 from __future__ import annotations
 
 import codecs
-from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.conf import settings
@@ -15,8 +14,7 @@ from rest_framework.utils import json as drf_json
 
 from billing import selectors, services
 from billing.api.serializers import AccountSerializer, GrantCreateSerializer, LedgerEntrySerializer
-from gshare.api import SafeJSONParser
-from gshare.exceptions import ApplicationError
+from gshare.api import SafeJSONParser, query_time
 
 USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users); without it, the caller's own")
 
@@ -42,24 +40,6 @@ class IsStaff(permissions.BasePermission):
 
     def has_permission(self, request, view) -> bool:  # noqa: D102
         return bool(request.user and request.user.is_staff)
-
-
-def _time_param(request, name: str) -> datetime | None:
-    value = request.query_params.get(name)
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
-    except ValueError:
-        parsed = None
-    try:
-        converted = parsed.astimezone(UTC) if parsed is not None and parsed.tzinfo is not None else None
-    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
-        converted = None
-    if converted is None:
-        raise ApplicationError(f"{name} must be an ISO 8601 time with a zone between years 1 and 9999 in UTC, "
-                               f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code="invalid_request")
-    return converted
 
 
 def _subject(request):
@@ -97,8 +77,8 @@ class LedgerViewSet(viewsets.GenericViewSet):
     def get_queryset(self):  # noqa: D102
         params = self.request.query_params
         return selectors.ledger_list(
-            user=self.request.user, session=params.get("session") or None, since=_time_param(self.request, "since"),
-            until=_time_param(self.request, "until"), username=params.get("user") or None,
+            user=self.request.user, session=params.get("session") or None, since=query_time(self.request, "since"),
+            until=query_time(self.request, "until"), username=params.get("user") or None,
         )
 
     def list(self, request):

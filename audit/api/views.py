@@ -1,0 +1,47 @@
+"""``GET /api/v1/audit``: the audit trail, staff only. Parses the filters and calls the selector."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import permissions, viewsets
+
+from audit import selectors
+from audit.api.serializers import AuditRecordSerializer
+from gshare.api import Pagination, query_time
+
+
+class IsStaff(permissions.BasePermission):
+    """Only staff users."""
+
+    message = "Only staff users may read the audit trail: ask an operator of this control plane."
+
+    def has_permission(self, request, view) -> bool:  # noqa: D102
+        return bool(request.user and request.user.is_staff)
+
+
+@extend_schema(parameters=[
+    OpenApiParameter("actor", str, description="Only rows of this actor (api:alice); ending with ':' every actor of that kind (beat:)"),
+    OpenApiParameter("action", str, description="Only rows of this action (cluster_update, session_stop, ...)"),
+    OpenApiParameter("cluster", str, description="Only rows about this cluster: id (clu_...) or name"),
+    OpenApiParameter("object", str, description="Only rows about this object: its id (ses_..., vol_..., a signing key's kid)"),
+    OpenApiParameter("since", str, description="Only rows written at or after this ISO 8601 time (with a zone)"),
+    OpenApiParameter("until", str, description="Only rows written before this ISO 8601 time (with a zone)"),
+])
+class AuditViewSet(viewsets.GenericViewSet):
+    """``GET /api/v1/audit``: who did what, newest first (staff only), paginated ``?limit=&offset=``."""
+
+    serializer_class = AuditRecordSerializer
+    permission_classes = [permissions.IsAuthenticated, IsStaff]
+    pagination_class = Pagination
+
+    def get_queryset(self):  # noqa: D102
+        params = self.request.query_params
+        return selectors.audit_list(
+            actor=params.get("actor") or None, action=params.get("action") or None, cluster=params.get("cluster") or None,
+            object_id=params.get("object") or None, since=query_time(self.request, "since"), until=query_time(self.request, "until"),
+        )
+
+    def list(self, request):
+        """List rows (two queries: the count and the page)."""
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(AuditRecordSerializer(page, many=True).data)

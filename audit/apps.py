@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class AuditConfig(AppConfig):
+    """The audit trail: one append-only row per change made by a person or a program."""
+
+    name = "audit"
+    verbose_name = "Audit trail"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:  # noqa: D102
+        from audit import context
+
+        context.connect_celery_signals()
