@@ -1,6 +1,6 @@
 """Periodic tasks as data: a migration operation that creates django-celery-beat interval tasks (and removes them).
 
-Beat schedules are created by migrations so a fresh install has them (DESIGN.md); every app's schedule migration
+Beat schedules are created by migrations so a fresh install has them (docs/architecture.md, "Periodic work"); every app's schedule migration
 uses :func:`interval_tasks_operation` instead of its own copy of the same two functions.
 """
 

@@ -1,6 +1,6 @@
 """Session reconcile: ``GShareSession`` -> Pod, Service, Ingress, and status back to the control plane.
 
-Built on Kopf (as ``DESIGN.md`` recommends), run in a thread of ``python -m operator_agent``
+Built on Kopf (the operator framework named in ``docs/architecture.md``), run in a thread of ``python -m operator_agent``
 beside the inventory loop (``operator_agent.main``), standalone (one replica, no peering), for
 the one namespace ``GSHARE_SESSION_NAMESPACE``. One thin handler per event:
 

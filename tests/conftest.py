@@ -7,6 +7,7 @@ and :func:`silent_listener` (accepts TCP connections and never answers).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from pathlib import Path
@@ -16,6 +17,12 @@ import requests
 import yaml
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# Loopback only, for the Python processes the tests start too: their site imports tests/netguard/sitecustomize.py
+# (pytest-socket's --allow-hosts in pyproject.toml guards this process).
+NETGUARD = Path(__file__).parent / "netguard"
+os.environ["GSHARE_NETGUARD"] = "1"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD), os.environ.get("PYTHONPATH")]))
 
 
 class Http:

@@ -1,4 +1,4 @@
-"""The operator never loads Django or a control-plane app (DESIGN.md: the boundary is enforced)."""
+"""The operator never loads Django or a control-plane app (docs/architecture.md: the boundary is enforced)."""
 
 from __future__ import annotations
 
