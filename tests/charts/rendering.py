@@ -30,9 +30,10 @@ NAMESPACE = "gshare"
 OPERATOR_RELEASE = "gshare-operator"
 OPERATOR_NAMESPACE = "gshare-system"
 
-#: The smallest values the control-plane chart installs with: every REQUIRED value set.
+#: The smallest values the control-plane chart installs with: every REQUIRED value set. Without the internal
+#: plane the clusters cannot use the public host (/internal answers 404 there), so they reach the api Service.
 CONTROL_PLANE_VALUES: dict[str, Any] = {
-    "controlPlaneUrl": "https://gshare.example.com",
+    "controlPlaneUrl": "http://gshare-api.gshare.svc",
     "ingress": {"host": "gshare.example.com"},
     "database": {"existingSecret": "gshare-database"},
     "redis": {"existingSecret": "gshare-redis"},

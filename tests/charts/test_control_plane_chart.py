@@ -45,6 +45,9 @@ URL_WITH_CREDENTIALS = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 INTERNAL_PLANE = {"ingress": {"internalPlane": {"enabled": True, "sourceRange": "10.20.0.0/16,192.0.2.4/32"}}}
 
+#: The api Service's in-cluster names (release gshare, namespace gshare): always internal hosts.
+SERVICE_HOSTS = ["gshare-api", "gshare-api.gshare", "gshare-api.gshare.svc", "gshare-api.gshare.svc.cluster.local"]
+
 
 def api_service(objects) -> dict:
     """The Service whose selector picks the api Deployment's pods."""
@@ -240,7 +243,7 @@ def test_allowed_hosts_cover_both_ingresses_the_control_plane_url_and_the_pod_ip
         env = env_of(container)
         hosts = env["DJANGO_ALLOWED_HOSTS"]["value"].split(",")
         expected = {values["ingress"]["host"], values["ingress"]["internalPlane"]["host"], urlsplit(values["controlPlaneUrl"]).hostname,
-                    *values["django"]["allowedHosts"], "$(POD_IP)"}
+                    *values["django"]["allowedHosts"], *SERVICE_HOSTS, "$(POD_IP)"}
         assert set(hosts) == expected
         assert len(hosts) == len(set(hosts))
         # Kubernetes expands $(POD_IP) only from entries defined before it.
@@ -248,6 +251,90 @@ def test_allowed_hosts_cover_both_ingresses_the_control_plane_url_and_the_pod_ip
         assert names.index("POD_IP") < names.index("DJANGO_ALLOWED_HOSTS")
         assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert env["DJANGO_CSRF_TRUSTED_ORIGINS"]["value"].split(",") == values["django"]["csrfTrustedOrigins"]
+
+
+def internal_hosts_of(objects) -> list[str]:
+    """``GSHARE_INTERNAL_HOSTS`` of the api container, split (the same in every container: checked here too)."""
+    values = {env_of(c)["GSHARE_INTERNAL_HOSTS"]["value"] for _, c in containers(objects)}
+    assert len(values) == 1
+    return values.pop().split(",")
+
+
+def test_internal_hosts_are_the_service_names_the_internal_plane_host_and_the_pod_ip_never_the_public_host():
+    values = CONTROL_PLANE_FULL_VALUES
+    objects = render_control_plane(values)
+    hosts = internal_hosts_of(objects)
+    assert hosts == [*SERVICE_HOSTS, values["ingress"]["internalPlane"]["host"], "$(POD_IP)"]  # controlPlaneUrl's host is the plane's
+    assert values["ingress"]["host"] not in hosts
+    service = api_service(objects)["metadata"]["name"]
+    assert all(h == "$(POD_IP)" or h.split(".")[0] == service or h == values["ingress"]["internalPlane"]["host"] for h in hosts)
+    names = [e["name"] for e in workload(objects, "api")["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert names.index("POD_IP") < names.index("GSHARE_INTERNAL_HOSTS")  # Kubernetes expands $(POD_IP) only from earlier entries
+
+
+@pytest.mark.parametrize("values", [
+    CONTROL_PLANE_VALUES,
+    merged(CONTROL_PLANE_VALUES, {"ingress": {"internalPlane": {"enabled": False, "sourceRange": "10.0.0.0/8", "host": "internal.example.com"}}}),
+], ids=["default", "disabled-with-values"])
+def test_without_the_internal_plane_only_in_cluster_names_and_the_control_plane_url_host_are_internal(values):
+    hosts = internal_hosts_of(render_control_plane(values))
+    assert hosts == [*SERVICE_HOSTS, "$(POD_IP)"]  # controlPlaneUrl http://gshare-api.gshare.svc is one of them
+    assert values["ingress"]["host"] not in hosts and "internal.example.com" not in hosts
+
+
+def test_a_control_plane_url_of_its_own_is_an_internal_host():
+    values = merged(CONTROL_PLANE_VALUES, {"controlPlaneUrl": "https://GShare-LB.corp.example.net:8443/"})
+    assert internal_hosts_of(render_control_plane(values)) == [*SERVICE_HOSTS, "gshare-lb.corp.example.net", "$(POD_IP)"]
+
+
+def test_the_cluster_domain_names_the_longest_service_name():
+    values = merged(CONTROL_PLANE_VALUES, {"clusterDomain": "k8s.corp.example.net."})
+    assert internal_hosts_of(render_control_plane(values))[3] == "gshare-api.gshare.svc.k8s.corp.example.net"
+
+
+@pytest.mark.parametrize("values", [
+    merged(CONTROL_PLANE_VALUES, {"controlPlaneUrl": "https://gshare.example.com"}),
+    merged(CONTROL_PLANE_VALUES, {"controlPlaneUrl": "https://GSHARE.example.com:443/"}),
+    merged(CONTROL_PLANE_FULL_VALUES, {"controlPlaneUrl": "https://gshare.example.com"}),
+], ids=["no-internal-plane", "port-and-case", "internal-plane-on-its-own-host"])
+def test_a_control_plane_url_on_the_public_host_without_the_internal_plane_there_fails(values):
+    message = expect_render_error(render_control_plane, values)
+    assert "is on the public host ingress.host (gshare.example.com), where /internal and /.well-known answer 404" in message
+    assert "Enable ingress.internalPlane" in message
+
+
+def test_the_internal_plane_on_the_public_host_through_another_class_fails():
+    values = merged(CONTROL_PLANE_VALUES, merged(INTERNAL_PLANE, {"ingress": {"internalPlane": {"className": "nginx-internal"}}}))
+    message = expect_render_error(render_control_plane, values)
+    assert "the public controller would serve /internal and /.well-known of that host without the source range" in message
+
+
+def test_on_one_host_the_internal_locations_come_only_from_the_source_restricted_ingress():
+    """internalPlane.host = ingress.host (the default when it is empty): the host is internal for the api, so the
+    restriction is ingress-nginx's. It merges the two Ingresses of one host and class into one server; the longer
+    prefixes /internal and /.well-known of the internal Ingress win over the public /, and the internal Ingress's
+    whitelist-source-range annotation applies to its locations only (tests/e2e/test_internal_plane_nginx.py runs that
+    configuration in a real nginx)."""
+    values = merged(merged(CONTROL_PLANE_VALUES, {"controlPlaneUrl": "https://gshare.example.com"}), INTERNAL_PLANE)
+    objects = render_control_plane(values)
+    host = values["ingress"]["host"]
+    assert host in internal_hosts_of(objects)
+    [public] = public_ingresses(objects)
+    [internal] = internal_ingresses(objects)
+    assert public["spec"]["ingressClassName"] == internal["spec"]["ingressClassName"]  # one controller, one merged server
+    assert [(h, p) for h, p, _, _ in ingress_routes(public)] == [(host, "/")]
+    assert SOURCE_RANGE_ANNOTATION not in (public["metadata"].get("annotations") or {})
+    assert sorted((h, p, t) for h, p, t, _ in ingress_routes(internal)) == sorted((host, p, "Prefix") for p in INTERNAL_PATHS)
+    assert internal["metadata"]["annotations"][SOURCE_RANGE_ANNOTATION] == INTERNAL_PLANE["ingress"]["internalPlane"]["sourceRange"]
+
+
+@pytest.mark.parametrize("pod_ip", ["10.42.1.7", "fd00:42::7"])
+def test_the_control_plane_accepts_every_rendered_internal_host(settings, pod_ip):
+    from gshare.middleware import internal_hosts
+
+    rendered = internal_hosts_of(render_control_plane(CONTROL_PLANE_FULL_VALUES))
+    settings.GSHARE_INTERNAL_HOSTS = [h.replace("$(POD_IP)", pod_ip) for h in rendered]
+    assert len(internal_hosts()) == len(rendered)
 
 
 def test_csrf_trusted_origin_defaults_to_the_public_host_over_https():

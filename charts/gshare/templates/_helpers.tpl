@@ -62,18 +62,57 @@ app.kubernetes.io/part-of: gshare
 {{- .Values.ingress.internalPlane.host | default .Values.ingress.host -}}
 {{- end -}}
 
+{{/* The api Service's in-cluster DNS names: <svc>, <svc>.<namespace>, <svc>.<namespace>.svc, <svc>.<namespace>.svc.<clusterDomain>. */}}
+{{- define "gshare.serviceHosts" -}}
+{{- $svc := include "gshare.apiServiceName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns (.Values.clusterDomain | trimSuffix ".")) | join "," -}}
+{{- end -}}
+
+{{/* The host of controlPlaneUrl, lowercase, without its port. */}}
+{{- define "gshare.controlPlaneHost" -}}
+{{- regexReplaceAll ":[0-9]+$" ((urlParse .Values.controlPlaneUrl).host | lower) "" -}}
+{{- end -}}
+
 {{/*
-DJANGO_ALLOWED_HOSTS, comma-separated: django.allowedHosts, the Ingress hosts, the host of controlPlaneUrl.
-The pod's IP is appended in the environment itself (the kubelet's probes use it as Host).
+GSHARE_INTERNAL_HOSTS, comma-separated, the pod's IP appended in the environment itself: the hosts on which
+the api answers /internal and /.well-known (every other host, the public one above all, gets 404 there).
+They are the api Service's in-cluster names, ingress.internalPlane.host when the internal plane is enabled,
+and the host of controlPlaneUrl: the host the clusters use. ingress.host is one only when the internal plane's
+Ingress shares it; ingress-nginx then merges that Ingress's /internal and /.well-known locations, with their
+source range, into the public host's server, so the restriction still holds there.
+Fails when controlPlaneUrl is on the public host without the internal plane on it (the clusters would get 404),
+and when the internal plane shares the public host through another IngressClass (the public controller would
+then serve /internal there without the source range).
+*/}}
+{{- define "gshare.internalHosts" -}}
+{{- $public := "" -}}
+{{- if .Values.ingress.enabled -}}{{- $public = .Values.ingress.host | lower -}}{{- end -}}
+{{- $plane := .Values.ingress.internalPlane -}}
+{{- $planeHost := "" -}}
+{{- if $plane.enabled -}}{{- $planeHost = include "gshare.internalHost" . | lower -}}{{- end -}}
+{{- if and $public (eq $planeHost $public) (ne ($plane.className | default .Values.ingress.className) .Values.ingress.className) -}}
+{{- fail (printf "ingress.internalPlane.className %q differs from ingress.className %q while both Ingresses use host %s: the public controller would serve /internal and /.well-known of that host without the source range. Give the internal plane a host of its own (ingress.internalPlane.host), or the same className." $plane.className .Values.ingress.className $public) -}}
+{{- end -}}
+{{- $cpHost := include "gshare.controlPlaneHost" . -}}
+{{- if and $public (eq $cpHost $public) (ne $planeHost $public) -}}
+{{- fail (printf "controlPlaneUrl %s is on the public host ingress.host (%s), where /internal and /.well-known answer 404: the data-plane clusters could not report. Enable ingress.internalPlane with the clusters' sourceRange (its host may be ingress.host), or set controlPlaneUrl to the host the clusters reach the api Service at (docs/install.md, \"The internal plane\")." .Values.controlPlaneUrl $public) -}}
+{{- end -}}
+{{- $hosts := splitList "," (include "gshare.serviceHosts" .) -}}
+{{- with $planeHost -}}{{- $hosts = append $hosts . -}}{{- end -}}
+{{- with $cpHost -}}{{- $hosts = append $hosts . -}}{{- end -}}
+{{- $hosts | uniq | join "," -}}
+{{- end -}}
+
+{{/*
+DJANGO_ALLOWED_HOSTS, comma-separated: django.allowedHosts, the public Ingress host and the internal hosts
+(gshare.internalHosts). The pod's IP is appended in the environment itself (the kubelet's probes use it as Host).
 */}}
 {{- define "gshare.allowedHosts" -}}
 {{- $hosts := list -}}
 {{- range .Values.django.allowedHosts -}}{{- $hosts = append $hosts . -}}{{- end -}}
 {{- if and .Values.ingress.enabled .Values.ingress.host -}}{{- $hosts = append $hosts .Values.ingress.host -}}{{- end -}}
-{{- if and .Values.ingress.internalPlane.enabled (include "gshare.internalHost" .) -}}
-{{- $hosts = append $hosts (include "gshare.internalHost" .) -}}
-{{- end -}}
-{{- with (urlParse .Values.controlPlaneUrl).host -}}{{- $hosts = append $hosts (regexReplaceAll ":[0-9]+$" . "") -}}{{- end -}}
+{{- $hosts = concat $hosts (splitList "," (include "gshare.internalHosts" .)) -}}
 {{- $hosts | uniq | join "," -}}
 {{- end -}}
 
@@ -127,6 +166,8 @@ DATABASE_URL REDIS_URL DJANGO_SECRET_KEY GSHARE_ENCRYPTION_KEYS
       fieldPath: status.podIP
 - name: DJANGO_ALLOWED_HOSTS
   value: {{ printf "%s,$(POD_IP)" (include "gshare.allowedHosts" .) | trimPrefix "," | quote }}
+- name: GSHARE_INTERNAL_HOSTS
+  value: {{ printf "%s,$(POD_IP)" (include "gshare.internalHosts" .) | quote }}
 - name: DJANGO_CSRF_TRUSTED_ORIGINS
   value: {{ include "gshare.csrfTrustedOrigins" . | quote }}
 - name: GSHARE_CONTROL_PLANE_URL
