@@ -9,6 +9,7 @@ from django.utils.html import format_html
 
 from clusters import services, token_rotation
 from clusters.models import Cluster, GpuDevice, Node
+from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
 from gshare.exceptions import ApplicationError
 
 
@@ -36,7 +37,7 @@ OPERATOR_TOKEN_FIELDS = [
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(ConsoleModelAdmin):
     """Clusters: status, heartbeat age, counts; actions call the cluster services."""
 
     list_display = [
@@ -151,8 +152,10 @@ class ClusterAdmin(admin.ModelAdmin):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
-    """GPU nodes (read-only: the operator's inventory owns them)."""
+class NodeAdmin(ReadOnlyModelAdmin):
+    """GPU nodes, read-only: the operator's inventory owns them. Deleting one here would delete the reservations of the
+    sessions on its GPUs (and the operator would report the node again moments later), so the console cannot; a node
+    that is gone disappears with the next inventory snapshot, and deregistering the cluster drops the rest."""
 
     list_display = ["name", "cluster", "gpu_mode", "ready", "gpus", "seen", "inventory_error"]
     list_filter = ["cluster", "ready", "gpu_mode"]
@@ -163,9 +166,6 @@ class NodeAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).annotate(_gpus=Count("devices"))
-
-    def has_add_permission(self, request) -> bool:  # noqa: D102
-        return False
 
     @admin.display(description="GPUs", ordering="_gpus")
     def gpus(self, obj: Node) -> int:
@@ -179,8 +179,9 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(GpuDevice)
-class GpuDeviceAdmin(admin.ModelAdmin):
-    """GPUs (read-only: the operator's inventory owns them)."""
+class GpuDeviceAdmin(ReadOnlyModelAdmin):
+    """GPUs, read-only: the operator's inventory owns them, and deleting one would delete the reservations placement
+    made on it (see :class:`NodeAdmin`)."""
 
     list_display = ["uuid", "model", "cluster", "node", "index", "memory_mib", "split_count", "cores", "health", "mode"]
     list_filter = ["cluster", "model", "health"]
@@ -188,6 +189,3 @@ class GpuDeviceAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "model"]
     readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"]
     fields = readonly_fields
-
-    def has_add_permission(self, request) -> bool:  # noqa: D102
-        return False

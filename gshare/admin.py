@@ -3,12 +3,14 @@
 from django.contrib import admin, messages
 
 from gshare.auth.tokens import api_token_revoke
+from gshare.console.options import ReadOnlyModelAdmin
 from gshare.models import ApiToken, SigningKey
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    """API tokens: who, when; the token itself is never stored, its hash never shown."""
+class ApiTokenAdmin(ReadOnlyModelAdmin):
+    """API tokens: who, when; the token itself is never stored, its hash never shown. Read-only (tokens are created
+    with ``manage.py create_api_token``, the text shown once); the Revoke action ends one and keeps its row."""
 
     list_display = ["user", "name", "key_id", "created_at", "last_used_at", "revoked_at"]
     list_select_related = ["user"]
@@ -17,11 +19,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     actions = ["revoke"]
 
-    def has_add_permission(self, request) -> bool:
-        """Tokens are created with ``manage.py create_api_token`` (the text is shown once)."""
-        return False
+    def has_revoke_permission(self, request) -> bool:
+        """Revoking changes the token: it needs the permission to change API tokens."""
+        return self.model_permission(request, "change")
 
-    @admin.action(description="Revoke", permissions=["change"])
+    @admin.action(description="Revoke", permissions=["revoke"])
     def revoke(self, request, queryset):
         """Revoke each selected token."""
         for token in queryset:
@@ -30,12 +32,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(SigningKey)
-class SigningKeyAdmin(admin.ModelAdmin):
-    """Internal JWT signing keys: kid, status and public half only."""
+class SigningKeyAdmin(ReadOnlyModelAdmin):
+    """Internal JWT signing keys: kid, status and public half only. Read-only: deleting a key would refuse every
+    operator token it signed; keys rotate with ``manage.py rotate_signing_key`` and retire on their own."""
 
     list_display = ["kid", "status", "imported", "created_at", "retire_after", "retired_at"]
     fields = ["kid", "status", "imported", "public_key_pem", "created_at", "retire_after", "retired_at"]
     readonly_fields = fields
-
-    def has_add_permission(self, request) -> bool:  # noqa: D102
-        return False

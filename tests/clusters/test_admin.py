@@ -1,10 +1,18 @@
-"""Console pages: no kubeconfig anywhere, filters by cluster, query counts that do not grow."""
+"""Console pages: no kubeconfig anywhere, filters by cluster, query counts that do not grow, inventory the console
+cannot delete."""
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from clusters import services as cluster_services
+from clusters.models import GpuDevice, Node
+from demo import fleet
+from gshare.exceptions import Conflict
+from sessions import services as session_services
+from sessions.models import Allocation, Session
+from tests.console_checks import assert_read_only
+from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -72,3 +80,37 @@ def test_dashboard_lists_the_fleet_in_constant_queries(console):
         counts.append(len(queries))
         assert cluster.name in html and cluster.public_id in html
     assert counts[0] == counts[1], counts
+
+
+def test_nodes_and_gpus_are_read_only(console):
+    cluster = _grow()
+    assert_read_only(console, "/clusters/node/", Node.objects.filter(cluster=cluster).first())
+    assert_read_only(console, "/clusters/gpudevice/", GpuDevice.objects.filter(cluster=cluster).first())
+
+
+def test_console_cannot_delete_the_gpu_or_node_of_a_running_session(console):
+    """The reproduced incident: deleting a GPU (or its node) in the console deleted the reservations of the shared
+    session on it; the operator re-reported the GPU and placement then put an 8-GPU session next to the live one
+    (stuck in Starting with NodeUnfitPod). Now every delete is refused and the 8-GPU request finds no room."""
+    cluster = ClusterFactory(name="lab-c1")
+    snapshot = fleet.expected_inventory("lab-c1")["snapshot"]["nodes"]  # 8x H100 80GB on gpu-h100-01, 2x V100 32GB
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot)
+    user = UserFactory()
+    shared = session_services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=40000, gpu_cores=30)
+    Session.objects.filter(pk=shared.pk).update(phase=Session.Phase.RUNNING)
+    allocation = Allocation.objects.select_related("device__node").get(session=shared)
+    gpu, node = allocation.device, allocation.device.node
+    assert node.name == "gpu-h100-01"
+    reserved = list(Allocation.objects.values())
+
+    for url, pk in (("/clusters/gpudevice/", gpu.pk), ("/clusters/node/", node.pk)):
+        assert console.post(f"{url}{pk}/delete/", {"post": "yes"}).status_code == 403
+        assert console.post(url, {"action": "delete_selected", "_selected_action": [pk], "post": "yes", "index": 0}).status_code == 403
+    assert GpuDevice.objects.filter(pk=gpu.pk).exists() and Node.objects.filter(pk=node.pk).exists()
+    assert list(Allocation.objects.values()) == reserved
+
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot)  # the operator's next report
+    with pytest.raises(Conflict) as refused:
+        session_services.session_create(owner=user, image="img", gpus=8)
+    assert refused.value.code == "no_capacity"
+    assert list(Allocation.objects.values()) == reserved
