@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import Count, Q, QuerySet, Value
 
 from clusters.models import Cluster, GpuDevice, Node
 from gshare.exceptions import NotFound
 
 
 def cluster_list(*, include_deregistered: bool = True) -> QuerySet[Cluster]:
-    """Clusters with ``node_count`` and ``gpu_count`` annotations, ordered by name."""
+    """Clusters with ``node_count``, ``gpu_count`` and ``gpu_models`` (sorted distinct models) annotations, ordered by name."""
     qs = Cluster.objects.annotate(
-        node_count=Count("nodes", distinct=True), gpu_count=Count("devices", distinct=True)
+        node_count=Count("nodes", distinct=True),
+        gpu_count=Count("devices", distinct=True),
+        gpu_models=ArrayAgg("devices__model", distinct=True, order_by="devices__model", filter=Q(devices__isnull=False), default=Value([])),
     ).order_by("name", "id")
     if not include_deregistered:
         qs = qs.exclude(status=Cluster.Status.DEREGISTERED)

@@ -46,21 +46,43 @@ class OperatorTokenSerializer(serializers.Serializer):
 
 
 class ClusterSerializer(serializers.ModelSerializer):
-    """Output of the clusters API. Never includes the kubeconfig."""
+    """Output of the clusters API for every user: what a researcher needs to pick a cluster.
+
+    Nothing about how the control plane reaches the cluster (apiserver, identity, credential, operator token)
+    or how it is wired (ingress node, storage class): that is :class:`ClusterStaffSerializer`'s.
+    """
 
     id = serializers.CharField(source="public_id", read_only=True)
     node_count = serializers.IntegerField(read_only=True, default=0)
     gpu_count = serializers.IntegerField(read_only=True, default=0)
-    heartbeat_age_seconds = serializers.SerializerMethodField()
-    operator_token = serializers.SerializerMethodField()
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(), read_only=True, default=list, help_text="GPU models on the cluster's nodes, sorted"
+    )
 
     class Meta:
         model = Cluster
-        fields = [
-            "id", "name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "status",
-            "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test",
-            "last_connection_test_at", "registered_at", "deregistered_at", "node_count", "gpu_count", "operator_token",
-        ]
+        fields = ["id", "name", "status", "session_domain", "gpu_models", "node_count", "gpu_count", "registered_at", "deregistered_at"]
+        read_only_fields = fields
+
+
+#: Fields of a cluster only staff users see (``GET /api/v1/clusters`` answers them to staff alone).
+CLUSTER_STAFF_FIELDS = [
+    "apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
+    "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
+]
+
+
+class ClusterStaffSerializer(ClusterSerializer):
+    """Output of the clusters API for staff users: :class:`ClusterSerializer` plus ``CLUSTER_STAFF_FIELDS``.
+
+    Never includes the kubeconfig.
+    """
+
+    heartbeat_age_seconds = serializers.SerializerMethodField()
+    operator_token = serializers.SerializerMethodField()
+
+    class Meta(ClusterSerializer.Meta):
+        fields = [*ClusterSerializer.Meta.fields, *CLUSTER_STAFF_FIELDS]
         read_only_fields = fields
 
     def get_heartbeat_age_seconds(self, obj: Cluster) -> int | None:
@@ -76,7 +98,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    """Output of ``GET /api/v1/nodes``."""
+    """Output of ``GET /api/v1/nodes`` for every user (no labels: they describe the host, not the GPUs)."""
 
     cluster = serializers.CharField(source="cluster.public_id", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
@@ -84,12 +106,24 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["name", "cluster", "cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "gpu_count"]
+        fields = ["name", "cluster", "cluster_name", "gpu_mode", "ready", "last_seen_at", "gpu_count"]
+        read_only_fields = fields
+
+
+#: Fields of a node only staff users see.
+NODE_STAFF_FIELDS = ["labels", "inventory_error"]
+
+
+class NodeStaffSerializer(NodeSerializer):
+    """Output of ``GET /api/v1/nodes`` for staff users: :class:`NodeSerializer` plus ``NODE_STAFF_FIELDS``."""
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, *NODE_STAFF_FIELDS]
         read_only_fields = fields
 
 
 class GpuSerializer(serializers.ModelSerializer):
-    """Output of ``GET /api/v1/gpus``: one physical GPU (memory in MiB, cores in percent of one GPU)."""
+    """Output of ``GET /api/v1/gpus`` (every user): one physical GPU (memory in MiB, cores in percent of one GPU)."""
 
     cluster = serializers.CharField(source="cluster.public_id", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)

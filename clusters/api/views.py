@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -12,13 +12,24 @@ from clusters import selectors, services
 from clusters.api.serializers import (
     ClusterCreateSerializer,
     ClusterSerializer,
+    ClusterStaffSerializer,
     ClusterUpdateSerializer,
     GpuSerializer,
     NodeSerializer,
+    NodeStaffSerializer,
 )
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
+
+#: A cluster as staff see it, or as every other user does (fewer fields): the schema lists both.
+CLUSTER_OUT = PolymorphicProxySerializer(
+    component_name="ClusterOut", serializers=[ClusterStaffSerializer, ClusterSerializer], resource_type_field_name=None,
+)
+
+
+def _staff(request) -> bool:
+    return bool(request.user and request.user.is_staff)
 
 
 class IsStaffOrReadOnly(StaffWriteOrReadOnly):
@@ -28,36 +39,43 @@ class IsStaffOrReadOnly(StaffWriteOrReadOnly):
 
 
 class ClusterViewSet(viewsets.GenericViewSet):
-    """``/api/v1/clusters``: register, list, show, change, deregister, connection test."""
+    """``/api/v1/clusters``: register, list, show, change, deregister, connection test.
+
+    Staff users get :class:`ClusterStaffSerializer`, everyone else :class:`ClusterSerializer` (no apiserver,
+    identity, credential or operator token fields).
+    """
 
     serializer_class = ClusterSerializer
     permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
-    @extend_schema(responses=ClusterSerializer(many=True))
+    def get_serializer_class(self):  # noqa: D102
+        return ClusterStaffSerializer if _staff(self.request) else ClusterSerializer
+
+    @extend_schema(responses=CLUSTER_OUT)
     def list(self, request):
         """List clusters (``?status=`` filters)."""
         qs = selectors.cluster_list()
         if request.query_params.get("status"):
             qs = qs.filter(status=request.query_params["status"])
         page = self.paginate_queryset(qs)
-        return self.get_paginated_response(ClusterSerializer(page, many=True).data)
+        return self.get_paginated_response(self.get_serializer_class()(page, many=True).data)
 
-    @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterSerializer})
+    @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterStaffSerializer})
     def create(self, request):
         """Register a cluster after probing it (see docs/errors.md for every refusal)."""
         data = ClusterCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         cluster = services.cluster_register(**data.validated_data)
-        return Response(ClusterSerializer(selectors.cluster_get(public_id=cluster.public_id)).data, status=status.HTTP_201_CREATED)
+        return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=cluster.public_id)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses=ClusterSerializer)
+    @extend_schema(responses=CLUSTER_OUT)
     def retrieve(self, request, public_id: str):
         """Show one cluster."""
-        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+        return Response(self.get_serializer_class()(selectors.cluster_get(public_id=public_id)).data)
 
-    @extend_schema(request=ClusterUpdateSerializer, responses=ClusterSerializer)
+    @extend_schema(request=ClusterUpdateSerializer, responses=ClusterStaffSerializer)
     def partial_update(self, request, public_id: str):
         """Change ``session_domain``, ``ingress_node``, ``volume_storage_class`` and/or the ``kubeconfig``.
 
@@ -71,14 +89,14 @@ class ClusterViewSet(viewsets.GenericViewSet):
         services.cluster_update(
             cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}}, actor=f"api:{request.user.get_username()}",
         )
-        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+        return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data)
 
-    @extend_schema(responses=ClusterSerializer)
+    @extend_schema(responses=ClusterStaffSerializer)
     def destroy(self, request, public_id: str):
         """Deregister (refused with 409 ``cluster_busy`` while anything runs on it)."""
         cluster = selectors.cluster_get(public_id=public_id)
         services.cluster_deregister(cluster=cluster, actor=f"api:{request.user.get_username()}")
-        return Response(ClusterSerializer(selectors.cluster_get(public_id=public_id)).data)
+        return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path="connection-test")
@@ -88,11 +106,16 @@ class ClusterViewSet(viewsets.GenericViewSet):
         return Response(services.cluster_connection_test(cluster=cluster))
 
 
-@extend_schema(parameters=[CLUSTER_FILTER])
+@extend_schema(parameters=[CLUSTER_FILTER], responses=PolymorphicProxySerializer(
+    component_name="NodeOut", serializers=[NodeStaffSerializer, NodeSerializer], resource_type_field_name=None, many=True,
+))
 class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """``GET /api/v1/nodes[?cluster=]``: GPU nodes from the latest inventories."""
+    """``GET /api/v1/nodes[?cluster=]``: GPU nodes from the latest inventories (labels and errors for staff only)."""
 
     serializer_class = NodeSerializer
+
+    def get_serializer_class(self):  # noqa: D102
+        return NodeStaffSerializer if _staff(self.request) else NodeSerializer
 
     def get_queryset(self):  # noqa: D102
         return selectors.node_list(cluster=self.request.query_params.get("cluster"))
