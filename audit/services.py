@@ -24,10 +24,19 @@ from django.db.models import Model
 from audit import context
 from audit.models import AuditRecord
 
-#: One structured line per audit row (``extra={"audit": {...}}``, see :func:`log_facts`); never a secret.
+#: One structured line per audit row (``extra={"audit": {...}}``, see :func:`log_facts`); never a secret. The rows
+#: of :data:`LOGGER_ACTIONS` (the lines gShare wrote before the trail existed) keep this logger; every other row
+#: is logged on its child ``gshare.audit.trail``, so a handler on ``gshare.audit`` receives both.
 logger = logging.getLogger("gshare.audit")
+trail_logger = logging.getLogger("gshare.audit.trail")
 
 Action = AuditRecord.Action
+
+#: Actions whose line is on ``gshare.audit`` itself (alerting rules written for those lines keep matching).
+LOGGER_ACTIONS = frozenset({
+    Action.CLUSTER_UPDATE, Action.CLUSTER_DEREGISTER, Action.OPERATOR_TOKENS_REVOKE, Action.OPERATOR_TOKEN_EXCHANGE,
+    Action.OPERATOR_TOKEN_EXCHANGE_THROTTLED,
+})
 
 #: Fields whose values are secrets: a change is recorded as ``{"secret": true}``, never with a value.
 SECRET_FIELDS = frozenset({
@@ -236,8 +245,9 @@ def log_facts(record: AuditRecord) -> dict:
 
 
 def log_emit(record: AuditRecord, *, level: int = logging.INFO) -> None:
-    """Emit the ``gshare.audit`` line of ``record``: ``key=value`` pairs, the same facts in ``extra["audit"]``."""
+    """Emit the log line of ``record`` (``gshare.audit``, or ``gshare.audit.trail`` for actions not in
+    :data:`LOGGER_ACTIONS`): ``key=value`` pairs, the same facts in ``extra["audit"]``."""
     facts = log_facts(record)
     text = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}" for key, value in facts.items()
                     if not isinstance(value, dict))
-    logger.log(level, "%s", text, extra={"audit": facts})
+    (logger if record.action in LOGGER_ACTIONS else trail_logger).log(level, "%s", text, extra={"audit": facts})

@@ -7,7 +7,7 @@ cluster (``Cluster.operator_token_expires_at``: the latest expiry issued for the
 The operator's self-refresh (``POST /internal/v1/token``, :func:`operator_token_exchange`) is bounded: a
 token is exchanged only inside its refresh window (the last quarter of its life, as the operator's
 ``TokenRefresher`` does it), at most ``GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT`` times a minute per cluster,
-and every exchange is written to ``gshare.audit`` (ids only, never a token).
+and every exchange, mint and throttled minute is an audit row (ids only, never a token).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from django.core.cache import cache
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Greatest
 
+from audit.services import Action, audit_record
 from clusters.models import Cluster
 from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, sign_internal_jwt
 from gshare.exceptions import ApplicationError, Conflict, NotFound
@@ -31,8 +32,6 @@ from operator_agent.contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TO
 from operator_agent.token import REFRESH_FRACTION
 
 logger = logging.getLogger(__name__)
-#: Security-relevant actions, one structured line each (``extra={"audit": {...}}``); never a secret.
-audit = logging.getLogger("gshare.audit")
 
 MAX_TTL = 30 * 24 * 3600
 
@@ -163,6 +162,8 @@ def operator_token_mint(*, cluster_id: str, ttl: int | None = None) -> str:
         raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
     issued = operator_token_issue(cluster=cluster, ttl=ttl)
     operator_token_expiry_record(cluster=cluster, issued=issued)
+    audit_record(action=Action.OPERATOR_TOKEN_MINT, object_type="operator_token", object_id=issued.jti, cluster=cluster,
+                 details={"generation": issued.generation, "expires_at": issued.expires_at, "ttl": ttl})
     return issued.token
 
 
@@ -216,13 +217,9 @@ def _exchange_throttle(*, cluster: Cluster, now: float) -> None:
     if count <= limit:
         return
     retry_after = max(1, math.ceil((window + 1) * EXCHANGE_PERIOD - now))
-    if count == limit + 1:  # one line per cluster and minute, however hard it is hammered
-        facts = {"actor": f"operator:{cluster.public_id}", "action": "operator_token_exchange_throttled", "cluster": cluster.public_id,
-                 "cluster_name": cluster.name, "limit": limit}
-        audit.warning(
-            "actor=%s action=operator_token_exchange_throttled cluster=%s cluster_name=%s: more than %d exchanges this minute",
-            facts["actor"], cluster.public_id, cluster.name, limit, extra={"audit": facts},
-        )
+    if count == limit + 1:  # one row per cluster and minute, however hard it is hammered
+        audit_record(action=Action.OPERATOR_TOKEN_EXCHANGE_THROTTLED, obj=cluster, actor=f"operator:{cluster.public_id}",
+                     details={"limit": limit}, level=logging.WARNING)
     raise TokenRefreshThrottled(
         f"Cluster {cluster.name} ({cluster.public_id}) asked for more than {limit} operator tokens within a minute: "
         f"retry in {retry_after} s. A healthy operator exchanges its token once per token lifetime; more means several "
@@ -239,7 +236,7 @@ def operator_token_exchange(*, cluster: Cluster, claims: dict, now: float | None
     of its life left, plus the clock-skew allowance), and at most ``GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT``
     times a minute per cluster (every attempt counts). The new token has the cluster's current generation and
     ``GSHARE_OPERATOR_TOKEN_TTL`` seconds of life (never more); its expiry is recorded on the cluster. Every
-    exchange writes one ``gshare.audit`` line (cluster, old and new ``jti``, generation; never a token).
+    exchange writes one audit row (cluster, old and new ``jti``, generation; never a token).
 
     Args:
         cluster: the caller's cluster.
@@ -269,14 +266,9 @@ def operator_token_exchange(*, cluster: Cluster, claims: dict, now: float | None
         )
     issued = operator_token_issue(cluster=cluster)
     recorded = operator_token_expiry_record(cluster=cluster, issued=issued)
-    old_jti = claims.get("jti", "")
-    facts = {
-        "actor": f"operator:{cluster.public_id}", "action": "operator_token_exchange", "cluster": cluster.public_id, "cluster_name": cluster.name,
-        "old_jti": old_jti, "new_jti": issued.jti, "generation": issued.generation, "expires_at": issued.expires_at.isoformat(),
-        "old_expires_at": _utc(claims["exp"]).isoformat(), "recorded": recorded,
-    }
-    audit.info(
-        "actor=%s action=operator_token_exchange cluster=%s cluster_name=%s old_jti=%s new_jti=%s generation=%d expires_at=%s",
-        facts["actor"], cluster.public_id, cluster.name, old_jti, issued.jti, issued.generation, facts["expires_at"], extra={"audit": facts},
-    )
+    audit_record(action=Action.OPERATOR_TOKEN_EXCHANGE, object_type="operator_token", object_id=issued.jti, cluster=cluster,
+                 actor=f"operator:{cluster.public_id}", details={
+                     "old_jti": claims.get("jti", ""), "new_jti": issued.jti, "generation": issued.generation,
+                     "expires_at": issued.expires_at, "old_expires_at": _utc(claims["exp"]), "recorded": recorded,
+                 })
     return issued

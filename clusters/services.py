@@ -15,6 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from audit.services import Action, audit_record, created
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
@@ -23,10 +24,10 @@ from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
 
 logger = logging.getLogger(__name__)
-#: Security-relevant actions, one structured line each (``extra={"audit": {...}}``); never a secret.
-audit = logging.getLogger("gshare.audit")
 
 EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
+#: Fields of a new cluster in its ``cluster_register`` audit row (the kubeconfig as changed, without its value).
+REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "kubeconfig")
 #: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
 CREDENTIAL_FIELD = "kubeconfig"
 _INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
@@ -203,6 +204,8 @@ def cluster_register(
     try:
         with transaction.atomic():
             cluster.save()
+            audit_record(action=Action.CLUSTER_REGISTER, obj=cluster, changes=created({key: getattr(cluster, key) for key in REGISTERED_FIELDS}),
+                         details={"kube_system_uid": cluster.kube_system_uid, "kubernetes_version": cluster.kubernetes_version})
     except IntegrityError:
         # Two registrations (same name, same cluster or same session domain) raced past the check above: a
         # partial unique index let one through and made this one wait for it, so the check now names it.
@@ -242,8 +245,8 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
     cluster's, not the credential's: they are not re-checked (the connection test reports them).
 
     Every change is applied in one transaction with the cluster's row locked, after every check
-    passed: a refusal changes nothing. A change writes one ``gshare.audit`` line (``cluster_update``: the
-    fields changed, and for a new kubeconfig the apiserver it reaches; never the kubeconfig).
+    passed: a refusal changes nothing. A change writes one audit row in the same transaction (``cluster_update``:
+    the fields asked for, old and new, and for a new kubeconfig the apiserver it reaches; never the kubeconfig).
 
     Args:
         cluster: the cluster (not deregistered).
@@ -310,10 +313,17 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
                 refusal = _session_domain_change_refusal(cluster, fields["session_domain"])
                 if refusal is not None:
                     raise refusal
+            before = {key: getattr(cluster, key) for key in (*changes, "apiserver_url")}
             for key, value in fields.items():
                 setattr(cluster, key, value)
             cluster.full_clean(validate_constraints=False)
             cluster.save(update_fields=list(fields))
+            if changes:  # one audit row: the fields asked for (never the kubeconfig), and for a new kubeconfig the apiserver it reaches
+                audit_record(
+                    action=Action.CLUSTER_UPDATE, obj=cluster, actor=actor, changes={key: (before[key], getattr(cluster, key)) for key in sorted(changes)},
+                    details={"apiserver_url": cluster.apiserver_url, "old_apiserver_url": before["apiserver_url"],
+                             "kube_system_uid": cluster.kube_system_uid} if credential is not None else {},
+                )
     except IntegrityError:
         # Another cluster took the domain between the check and the save (the partial unique index decided).
         domain = fields.get("session_domain") or ""
@@ -321,17 +331,6 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
         if other is None:
             raise
         raise _session_domain_taken(domain, other) from None
-    if changes:
-        changed = sorted(set(changes) & {*EDITABLE_FIELDS, CREDENTIAL_FIELD})
-        facts = {"actor": actor, "action": "cluster_update", "cluster": cluster.public_id, "cluster_name": cluster.name, "fields": changed}
-        if credential is not None:
-            facts.update(apiserver_url=cluster.apiserver_url, kube_system_uid=cluster.kube_system_uid)
-        audit.info(
-            "actor=%s action=cluster_update cluster=%s cluster_name=%s fields=%s%s",
-            actor, cluster.public_id, cluster.name, ",".join(changed),
-            f" apiserver_url={cluster.apiserver_url}: the kubeconfig was replaced" if credential is not None else "",
-            extra={"audit": facts},
-        )
     if credential is not None:
         logger.info(
             "cluster credential changed: %s %s now reaches %s (kube-system uid %s, same cluster)",
@@ -463,7 +462,7 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     """Deregister a cluster: drop its nodes and devices, keep the row for history.
 
     From then on its operator tokens are refused with 401 and its name is free; its credential generation
-    is bumped too (audit line in ``gshare.audit``, action ``cluster_deregister``, by ``actor``). Idempotent.
+    is bumped too (audit row ``cluster_deregister`` by ``actor``, with the status change). Idempotent.
 
     Args:
         cluster: the cluster.
@@ -485,7 +484,7 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     GpuDevice.objects.filter(cluster=cluster).delete()
     Node.objects.filter(cluster=cluster).delete()
     # Every operator token issued for it is refused from now on (token_revoked), whatever its status check says.
-    credential_generation_bump(cluster=cluster, actor=actor, action="cluster_deregister")
+    credential_generation_bump(cluster=cluster, actor=actor, action="cluster_deregister", changes={"status": (cluster.status, Cluster.Status.DEREGISTERED)})
     cluster.status = Cluster.Status.DEREGISTERED
     cluster.deregistered_at = timezone.now()
     cluster.save(update_fields=["status", "deregistered_at"])

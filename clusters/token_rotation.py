@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import getpass
 import logging
 from dataclasses import dataclass
 from typing import NoReturn
@@ -29,6 +28,7 @@ from django.db.models import F
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
+from audit.services import Action, audit_record
 from clusters.kube import Deadline, DeadlineExceeded, api_client_for_cluster, tls_failure_detail
 from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
@@ -37,8 +37,6 @@ from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
 
 logger = logging.getLogger(__name__)
-#: Security-relevant actions, one structured line each (``extra={"audit": {...}}``); never a secret.
-audit = logging.getLogger("gshare.audit")
 
 #: Label put on a Secret the control plane creates (a Secret made by the operator chart keeps its own labels).
 MANAGED_BY_LABELS = {"app.kubernetes.io/part-of": "gshare", "app.kubernetes.io/managed-by": "gshare-control-plane"}
@@ -352,6 +350,9 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
             cluster, issued, code="token_push_revoked", attempted_at=attempted_at,
             detail="The cluster's operator tokens were revoked (or it was deregistered) while this token was pushed, so it is already refused: rotate again",
         )
+    audit_record(action=Action.OPERATOR_TOKEN_ROTATE, object_type="operator_token", object_id=issued.jti, cluster=cluster, details={
+        "generation": issued.generation, "expires_at": issued.expires_at, "kubernetes_secret": f"{namespace}/{name}", "secret_action": action,
+    })
     logger.info(
         "operator token rotated: cluster %s (%s), Secret %s/%s %s, generation %d, expires %s",
         cluster.public_id, cluster.name, namespace, name, action, issued.generation, issued.expires_at.isoformat(),
@@ -367,6 +368,8 @@ def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: st
     detail = detail.rstrip(".") + "."
     Cluster.objects.filter(pk=cluster.pk).update(operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error=detail)
     logger.warning("operator token rotation failed: cluster %s (%s): %s %s", cluster.public_id, cluster.name, code, detail)
+    audit_record(action=Action.OPERATOR_TOKEN_ROTATE_FAILED, object_type="operator_token", object_id=issued.jti, cluster=cluster,
+                 details={"generation": issued.generation, "code": code, "detail": detail[:500]}, level=logging.WARNING)
     result = TokenRotationResult(
         cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=Outcome.FAILED, generation=issued.generation,
         expires_at=cluster.operator_token_expires_at, code=code, detail=detail,
@@ -448,17 +451,18 @@ def operator_token_push_retry(*, cluster_id: str) -> TokenRotationResult | None:
 
 
 @transaction.atomic
-def credential_generation_bump(*, cluster: Cluster, actor: str, action: str) -> int:
+def credential_generation_bump(*, cluster: Cluster, actor: str, action: str, changes: dict | None = None) -> int:
     """Bump ``cluster``'s credential generation: every operator token issued before is refused from now on.
 
     One ``UPDATE ... SET credential_generation = credential_generation + 1`` (no lost update under
-    concurrency); the recorded token expiry is cleared (no valid token remains). Writes one ``gshare.audit``
-    line once the transaction commits.
+    concurrency); the recorded token expiry is cleared (no valid token remains). Writes one audit row (its
+    ``gshare.audit`` line once the transaction commits).
 
     Args:
         cluster: the cluster; its ``credential_generation`` and ``operator_token_expires_at`` are updated in place.
-        actor: who asked (``cli:<user>``, ``console:<user>``, ``api:<user>`` ...).
+        actor: who asked (``command:<name>``, ``console:<user>``, ``api:<user>`` ...).
         action: what (``operator_tokens_revoke``, ``cluster_deregister``).
+        changes: more changed fields for the audit row (``{field: (old, new)}``, e.g. the deregistration's status).
 
     Returns:
         The new generation.
@@ -466,11 +470,7 @@ def credential_generation_bump(*, cluster: Cluster, actor: str, action: str) -> 
     Cluster.objects.filter(pk=cluster.pk).update(credential_generation=F("credential_generation") + 1, operator_token_expires_at=None)
     generation = Cluster.objects.filter(pk=cluster.pk).values_list("credential_generation", flat=True).get()
     cluster.credential_generation, cluster.operator_token_expires_at = generation, None
-    facts = {"actor": actor, "action": action, "cluster": cluster.public_id, "cluster_name": cluster.name, "generation": generation}
-    transaction.on_commit(lambda: audit.info(
-        "actor=%s action=%s cluster=%s cluster_name=%s generation=%d: operator tokens of earlier generations are refused",
-        actor, action, cluster.public_id, cluster.name, generation, extra={"audit": facts},
-    ))
+    audit_record(action=action, obj=cluster, actor=actor, changes=changes, details={"generation": generation})
     return generation
 
 
@@ -495,11 +495,3 @@ def operator_tokens_revoke(*, cluster_id: str, actor: str) -> int:
         if cluster is None:
             raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
         return credential_generation_bump(cluster=cluster, actor=actor, action="operator_tokens_revoke")
-
-
-def cli_actor() -> str:
-    """``cli:<OS user>`` for the audit lines of management commands (``cli:unknown`` when it cannot be told)."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "cli:unknown"

@@ -1,5 +1,6 @@
-"""Console pages for storage pools and volumes (the "Resources → Volumes" group). Every change goes through the
-storage services, so the console and the API share one validation."""
+"""Console pages for storage pools and volumes (the "Resources → Volumes" group), and the read-only capacity readings
+and node disks the operators report. Every change goes through the storage services, so the console and the API
+share one validation."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
+from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.exceptions import ApplicationError
 from storage import services
 from storage.capacity import format_bytes
-from storage.models import GIB, StoragePool, Volume
+from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
 
 
 class StoragePoolForm(forms.ModelForm):
-    """The pool form: ``clean`` runs ``storage.services.pool_validate`` (the API's checks)."""
+    """The pool form: ``clean`` runs ``storage.services.pool_validate`` on the state ``pool_create`` / ``pool_update``
+    would save (the API's checks, on the same values the API would pass)."""
 
     class Meta:
         model = StoragePool
@@ -28,20 +31,27 @@ class StoragePoolForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
-        try:
+        with service_errors(self):
             services.pool_validate(
                 pool=self.instance if self.instance.pk else None,
                 name=data["name"], cluster=data["cluster"], storage_class=data["storage_class"], sharing=data["sharing"],
-                allowed_clusters=list(data.get("allowed_clusters") or []) if data["sharing"] == StoragePool.Sharing.SELECTED else [],
-                manual_capacity_gb=data.get("manual_capacity_gb"), storage_node=data.get("storage_node") or "",
+                allowed_clusters=self.allowed_clusters(), manual_capacity_gb=data.get("manual_capacity_gb"),
+                storage_node=data.get("storage_node") or "",
             )
-        except ApplicationError as exc:
-            raise ValidationError(exc.detail, code=exc.code) from None
         return data
+
+    def allowed_clusters(self) -> list:
+        """The allowed clusters the services get: those picked, as the API passes them (allowed clusters with sharing
+        ``all`` are refused, not dropped), except that switching an existing pool to ``all`` without touching them
+        clears them, as ``pool_update`` does."""
+        picked = list(self.cleaned_data.get("allowed_clusters") or [])
+        if self.instance.pk and "allowed_clusters" not in self.changed_data and self.cleaned_data["sharing"] == StoragePool.Sharing.ALL:
+            return []
+        return picked
 
 
 @admin.register(StoragePool)
-class StoragePoolAdmin(admin.ModelAdmin):
+class StoragePoolAdmin(ConsoleModelAdmin):
     """Storage pools: where each capacity number comes from, what is allocated; actions call the storage services."""
 
     form = StoragePoolForm
@@ -69,7 +79,7 @@ class StoragePoolAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         """Create or change the pool through ``pool_create`` / ``pool_update``."""
         data = form.cleaned_data
-        allowed = list(data.get("allowed_clusters") or [])
+        allowed = form.allowed_clusters()
         if change:
             changes = {name: data[name] for name in form.changed_data if name in services.POOL_EDITABLE_FIELDS}
             if "allowed_clusters" in changes:
@@ -79,8 +89,7 @@ class StoragePoolAdmin(admin.ModelAdmin):
             return
         pool = services.pool_create(
             name=data["name"], cluster=data["cluster"], storage_class=data["storage_class"], sharing=data["sharing"],
-            allowed_clusters=allowed if data["sharing"] == StoragePool.Sharing.SELECTED else [],
-            manual_capacity_gb=data.get("manual_capacity_gb"), storage_node=data.get("storage_node") or "",
+            allowed_clusters=allowed, manual_capacity_gb=data.get("manual_capacity_gb"), storage_node=data.get("storage_node") or "",
         )
         obj.pk, obj.public_id, obj.created_at = pool.pk, pool.public_id, pool.created_at
         obj._state.adding = False
@@ -142,7 +151,7 @@ class VolumeForm(forms.ModelForm):
 
 
 @admin.register(Volume)
-class VolumeAdmin(admin.ModelAdmin):
+class VolumeAdmin(ConsoleModelAdmin):
     """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate."""
 
     form = VolumeForm
@@ -188,3 +197,37 @@ class VolumeAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{volume.name} ({volume.public_id}): deleted", messages.SUCCESS)
             except ApplicationError as exc:
                 self.message_user(request, f"{volume.name} ({volume.public_id}): {exc.detail}", messages.ERROR)
+
+
+@admin.register(StorageCapacityReading)
+class StorageCapacityReadingAdmin(ReadOnlyModelAdmin):
+    """The latest CSIStorageCapacity reading per cluster and StorageClass (``POST /internal/v1/storage``); read-only."""
+
+    list_display = ["storage_class", "cluster", "capacity", "object_count", "read_at", "received_at"]
+    list_filter = ["cluster"]
+    list_select_related = ["cluster"]
+    search_fields = ["storage_class"]
+    fields = ["cluster", "storage_class", "capacity_bytes", "object_count", "read_at", "received_at"]
+    readonly_fields = fields
+
+    @admin.display(description="capacity", ordering="capacity_bytes")
+    def capacity(self, obj: StorageCapacityReading) -> str:
+        """The reading, e.g. ``2048 GiB``."""
+        return format_bytes(obj.capacity_bytes)
+
+
+@admin.register(NodeDisk)
+class NodeDiskAdmin(ReadOnlyModelAdmin):
+    """Nodes' system drives as the operators report them (the last capacity stand-in of a pool); read-only."""
+
+    list_display = ["node", "cluster", "disk", "read_at"]
+    list_filter = ["cluster"]
+    list_select_related = ["cluster"]
+    search_fields = ["node"]
+    fields = ["cluster", "node", "disk_bytes", "read_at"]
+    readonly_fields = fields
+
+    @admin.display(description="disk", ordering="disk_bytes")
+    def disk(self, obj: NodeDisk) -> str:
+        """The drive's size, e.g. ``100 GiB``."""
+        return format_bytes(obj.disk_bytes)

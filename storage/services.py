@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 from collections.abc import Iterable
 
 import kubernetes
@@ -36,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 #: Fields of ``pool_update``'s ``changes``.
 POOL_EDITABLE_FIELDS = ("name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node")
+
+#: A pool name: a DNS label (as ``POST /api/v1/storage/pools`` requires).
+_POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 #: PVC phases the operator reports -> volume status.
 _PVC_PHASES = {"Bound": Volume.Status.BOUND, "Pending": Volume.Status.PENDING, "Lost": Volume.Status.LOST}
@@ -148,7 +152,8 @@ def pool_validate(
         An unsaved ``StoragePool`` with the wanted fields (``allowed_clusters`` excepted: see ``pool_create``).
 
     Raises:
-        ApplicationError: ``invalid_request`` (400): ``allowed_clusters`` with sharing ``all``.
+        ApplicationError: ``invalid_request`` (400): a new name that is not a DNS label; ``allowed_clusters`` with
+            sharing ``all``.
         django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
         PoolNameTaken: ``pool_name_taken`` (409).
         Conflict: ``cluster_deregistered`` (409) for a deregistered cluster newly named as the pool's cluster or an
@@ -156,6 +161,10 @@ def pool_validate(
         PoolInUse: ``pool_in_use`` (409) when the pool holds volumes and the change would move it to another
             cluster or StorageClass, or stop sharing it with a cluster that holds one of its volumes' PVCs.
     """
+    # The API's serializer checks the same; this is the check the console's form reaches. A pool keeps a name it
+    # already has (one saved before the check) until it is renamed.
+    if (pool is None or name != pool.name) and not (isinstance(name, str) and _POOL_NAME.fullmatch(name)):
+        raise _invalid(f"name {str(name)[:70]!r} must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. nfs-a).")
     allowed = {c.pk: c for c in allowed_clusters if c.pk != cluster.pk}
     if sharing == StoragePool.Sharing.ALL and allowed:
         raise _invalid("allowed_clusters applies only with sharing 'selected': send sharing 'selected', or no allowed_clusters.")

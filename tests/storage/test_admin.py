@@ -1,4 +1,5 @@
-"""Console pages for storage: the Resources → Volumes group, constant queries, cluster filters, actions via services."""
+"""Console pages for storage: the Resources → Volumes group, constant queries, cluster filters, actions via services,
+forms that refuse what the API refuses, read-only capacity readings and node disks."""
 
 import pytest
 from django.db import connection
@@ -6,7 +7,8 @@ from django.test.utils import CaptureQueriesContext
 
 from storage import services
 from storage.models import GIB, StoragePool, Volume
-from tests.factories import ClusterFactory, SessionFactory, StorageCapacityReadingFactory, VolumeFactory
+from tests.console_checks import assert_read_only, page_text
+from tests.factories import ClusterFactory, NodeDiskFactory, SessionFactory, StorageCapacityReadingFactory, VolumeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +118,78 @@ def test_volume_quota_edit_goes_through_the_gate(console):
     grown = console.post(f"/storage/volume/{volume.pk}/change/", {"quota_gb": 50})
     assert grown.status_code == 302
     assert Volume.objects.get(pk=volume.pk).quota_gb == 50
+
+
+def test_capacity_readings_and_node_disks_are_read_only(console):
+    cluster = ClusterFactory()
+    reading = StorageCapacityReadingFactory(cluster=cluster)
+    disk = NodeDiskFactory(cluster=cluster)
+    assert_read_only(console, "/storage/storagecapacityreading/", reading)
+    assert_read_only(console, "/storage/nodedisk/", disk)
+    assert "2048 GiB" in console.get("/storage/storagecapacityreading/").content.decode()
+    assert "500 GiB" in console.get("/storage/nodedisk/").content.decode()
+
+
+@pytest.mark.parametrize("path", ["/storage/storagecapacityreading/", "/storage/nodedisk/"])
+def test_reading_pages_have_constant_queries(console, path):
+    counts = []
+    for _ in range(2):
+        cluster = ClusterFactory()
+        for name in ("nfs-a", "nfs-b", "nfs-c"):
+            StorageCapacityReadingFactory(cluster=cluster, storage_class=name)
+            NodeDiskFactory(cluster=cluster)
+        with CaptureQueriesContext(connection) as queries:
+            assert console.get(path).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+
+
+#: The phrase of both refusals of a pool name that is not a DNS label (the API's serializer, ``pool_validate``).
+NOT_A_DNS_LABEL = "must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. nfs-a)"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pool_form_refuses_what_the_api_refuses(console, http):
+    """Reproduced: the console saved a pool named ``Bad Name!`` that ``POST /api/v1/storage/pools`` refuses."""
+    cluster = ClusterFactory()
+    api = http.post("/api/v1/storage/pools", json={"name": "Bad Name!", "cluster": cluster.public_id, "storage_class": "nfs-a"})
+    assert api.status_code == 400 and api.json()["code"] == "invalid_request" and NOT_A_DNS_LABEL in api.json()["detail"]
+    form = {"name": "Bad Name!", "cluster": cluster.pk, "storage_class": "nfs-a", "sharing": "all", "manual_capacity_gb": 100, "storage_node": ""}
+    page = console.post("/storage/storagepool/add/", form)
+    assert page.status_code == 200 and NOT_A_DNS_LABEL in page_text(page)
+    assert not StoragePool.objects.exists()
+
+    other = ClusterFactory()
+    for body, refused in (({"storage_class": "NFS_A"}, 400), ({"sharing": "all", "allowed_clusters": [other.pk]}, 400)):
+        api_body = {**body, **({"allowed_clusters": [other.public_id]} if "allowed_clusters" in body else {})}
+        api = http.post("/api/v1/storage/pools", json={"name": "nas", "cluster": cluster.public_id, "storage_class": "nfs-a", **api_body})
+        assert api.status_code == refused, api.text
+        page = console.post("/storage/storagepool/add/", {**form, "name": "nas", **body})
+        assert page.status_code == 200 and "Please correct the error" in page_text(page)
+        assert not StoragePool.objects.exists()
+
+    ok = console.post("/storage/storagepool/add/", {**form, "name": "nas"})
+    assert ok.status_code == 302, page_text(ok)[:2000]
+    pool = StoragePool.objects.get(name="nas")
+    assert (pool.capacity_bytes, pool.capacity_source) == (100 * GIB, "manual")  # resolved by pool_create
+    renamed = console.post(f"/storage/storagepool/{pool.pk}/change/", {**form, "name": "Bad Name!"})
+    assert renamed.status_code == 200 and NOT_A_DNS_LABEL in page_text(renamed)
+    assert StoragePool.objects.get(pk=pool.pk).name == "nas"
+    api = http.patch(f"/api/v1/storage/pools/{pool.public_id}", json={"name": "Bad Name!"})
+    assert api.status_code == 400 and StoragePool.objects.get(pk=pool.pk).name == "nas"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_volume_form_refuses_what_the_api_refuses(console, http_user, plain_user):
+    cluster = ClusterFactory()
+    pool = services.pool_create(name="nas", cluster=cluster, storage_class="nfs-a", manual_capacity_gb=100)
+    volume = VolumeFactory(owner=plain_user, pool=pool, quota_gb=10)
+    for quota in (5, 500):  # shrink (409 volume_shrink_unsupported), past the pool (409 pool_full)
+        api = http_user.patch(f"/api/v1/storage/volumes/{volume.public_id}", json={"quota_gb": quota})
+        assert api.status_code == 409, api.text
+        page = console.post(f"/storage/volume/{volume.pk}/change/", {"quota_gb": quota})
+        assert page.status_code == 200 and api.json()["detail"] in page_text(page)
+        assert Volume.objects.get(pk=volume.pk).quota_gb == 10
+    ok = console.post(f"/storage/volume/{volume.pk}/change/", {"quota_gb": 20})
+    assert ok.status_code == 302
+    assert Volume.objects.get(pk=volume.pk).quota_gb == 20
