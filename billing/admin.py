@@ -14,7 +14,8 @@ from django.db.models import Count
 from django.template.response import TemplateResponse
 
 from billing import services
-from billing.models import CREDIT_PLACES, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.exceptions import ApplicationError
 
 
@@ -27,7 +28,8 @@ class GrantCreditsForm(forms.Form):
     """The "Grant credits" action's form. ``idempotency_key`` is generated when the page is shown, so submitting the
     same page twice (a double click, a browser retry) grants once."""
 
-    amount = forms.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, help_text="Credits for each selected account, > 0")
+    # Text, not a DecimalField: ``parse_amount`` judges it, so the console refuses what the grants API refuses, in its words.
+    amount = forms.CharField(max_length=60, help_text="Credits for each selected account, > 0, at most 6 decimal places")
     reason = forms.CharField(max_length=500, help_text="Why (shown in the ledger)")
     idempotency_key = forms.CharField(max_length=100, widget=forms.HiddenInput)
 
@@ -47,7 +49,7 @@ class CreditAccountForm(forms.ModelForm):
 
 
 @admin.register(CreditAccount)
-class CreditAccountAdmin(admin.ModelAdmin):
+class CreditAccountAdmin(ConsoleModelAdmin):
     """Accounts: balance (read-only: it moves only through the ledger), when it went below zero; grant credits."""
 
     form = CreditAccountForm
@@ -116,8 +118,9 @@ class CreditAccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
-    """The ledger: read-only (entries are written by the services only, and never changed or deleted)."""
+class LedgerEntryAdmin(ReadOnlyModelAdmin):
+    """The ledger: read-only (append-only; entries are written by grants and usage ingestion only, and never changed
+    or deleted)."""
 
     list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "window_start", "window_end",
                     "gpu_seconds", "reason", "created_by"]
@@ -126,22 +129,11 @@ class LedgerEntryAdmin(admin.ModelAdmin):
     search_fields = ["idempotency_key", "account__user__username", "session__public_id", "reason", "created_by"]
     show_full_result_count = False
 
-    def has_add_permission(self, request) -> bool:
-        """Entries are written by grants (the account action, the API) and usage ingestion only."""
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        """The ledger is append-only."""
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        """The ledger is append-only."""
-        return False
-
 
 @admin.register(UsageSample)
-class UsageSampleAdmin(admin.ModelAdmin):
-    """Usage samples as the operators reported them, with their price share and cost; read-only."""
+class UsageSampleAdmin(ReadOnlyModelAdmin):
+    """Usage samples as the operators reported them (``POST /internal/v1/usage`` only), with their price share and
+    cost; read-only: they are the evidence of what was charged."""
 
     list_display = ["sample_id", "cluster", "session", "device_uuid", "gpu_model", "start", "end", "share", "cost", "entry_id",
                     "received_at"]
@@ -150,21 +142,12 @@ class UsageSampleAdmin(admin.ModelAdmin):
     search_fields = ["sample_id", "session__public_id", "device_uuid"]
     show_full_result_count = False
 
-    def has_add_permission(self, request) -> bool:
-        """Samples arrive through ``POST /internal/v1/usage`` only."""
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        """Samples are evidence of what was charged: read-only."""
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        """Samples are evidence of what was charged: read-only."""
-        return False
-
 
 class PriceForm(forms.ModelForm):
-    """The price form: ``clean`` runs ``billing.services.price_validate`` (the amount rules of the services)."""
+    """The price form: ``clean`` runs ``billing.services.price_validate`` (the checks of ``price_set``)."""
+
+    # Text, not a DecimalField: ``parse_amount`` judges it (the same refusal, in the same words, as ``price_set``).
+    credits_per_gpu_hour = forms.CharField(max_length=60, help_text="Credits per GPU-hour, >= 0, at most 6 decimal places")
 
     class Meta:
         model = Price
@@ -174,20 +157,50 @@ class PriceForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
-        try:
-            services.price_validate(price=Price(gpu_model=data.get("gpu_model") or "", credits_per_gpu_hour=data["credits_per_gpu_hour"]))
-        except ApplicationError as exc:
-            raise ValidationError(exc.detail, code=exc.code) from None
+        gpu_model = self.instance.gpu_model if self.instance.pk else data.get("gpu_model") or ""
+        with service_errors(self, field="credits_per_gpu_hour"):
+            candidate = services.price_validate(price=Price(pk=self.instance.pk, gpu_model=gpu_model,
+                                                            credits_per_gpu_hour=data["credits_per_gpu_hour"]))
+            data["credits_per_gpu_hour"] = candidate.credits_per_gpu_hour
         return data
 
 
+class _PriceAndPolicyAdmin(ConsoleModelAdmin):
+    """Saves and deletes through the billing services (``save_model`` / ``delete_model`` / ``delete_queryset``)."""
+
+    def save_related(self, request, form, formsets, change):
+        """The service set every field, ``allowed_clusters`` included; nothing else is related."""
+
+    def _adopt(self, obj, saved) -> None:
+        """Make the admin's unsaved ``obj`` the row the service saved (its redirect and log entry need the pk)."""
+        for field in obj._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(saved, field.attname))
+        obj._state.adding = False
+
+    def delete_queryset(self, request, queryset):
+        """The changelist's delete action: each row through ``delete_model``."""
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
-    """Credits per GPU-hour per GPU model (the model as inventory reports it); the row without a model is the default."""
+class PriceAdmin(_PriceAndPolicyAdmin):
+    """Credits per GPU-hour per GPU model (the model as inventory reports it); the row without a model is the default.
+    Saved through ``price_set``, deleted through ``price_delete``."""
 
     form = PriceForm
     list_display = ["model", "credits_per_gpu_hour", "updated_at"]
     search_fields = ["gpu_model"]
+
+    def get_readonly_fields(self, request, obj=None):
+        """A price belongs to its model: the model is named when adding, then fixed (add a row for another model)."""
+        return ["gpu_model", "updated_at"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):  # noqa: D102
+        self._adopt(obj, services.price_set(gpu_model=obj.gpu_model, credits_per_gpu_hour=form.cleaned_data["credits_per_gpu_hour"]))
+
+    def delete_model(self, request, obj):  # noqa: D102
+        services.price_delete(price=obj)
 
     @admin.display(description="GPU model", ordering="gpu_model")
     def model(self, obj: Price) -> str:
@@ -195,8 +208,12 @@ class PriceAdmin(admin.ModelAdmin):
         return obj.gpu_model or "(default: every model without its own price)"
 
 
+#: The policy fields the console edits (``allowed_clusters`` aside), as ``policy_set`` takes them.
+_POLICY_FIELDS = ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")
+
+
 class PolicyForm(forms.ModelForm):
-    """The policy form: ``clean`` runs ``billing.services.policy_validate``."""
+    """The policy form: ``clean`` runs ``billing.services.policy_validate`` (the checks of ``policy_set``)."""
 
     class Meta:
         model = Policy
@@ -206,17 +223,16 @@ class PolicyForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
-        candidate = Policy(**{name: data.get(name) for name in ("user", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")})
-        try:
-            services.policy_validate(policy=candidate)
-        except ApplicationError as exc:
-            raise ValidationError(exc.detail, code=exc.code) from None
+        user = self.instance.user if self.instance.pk else data.get("user")
+        with service_errors(self):
+            services.policy_validate(policy=Policy(pk=self.instance.pk, user=user, **{name: data.get(name) for name in _POLICY_FIELDS}))
         return data
 
 
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin):
-    """Limits per user; the policy without a user is the default for users without their own."""
+class PolicyAdmin(_PriceAndPolicyAdmin):
+    """Limits per user; the policy without a user is the default for users without their own. Saved through
+    ``policy_set``, deleted through ``policy_delete``."""
 
     form = PolicyForm
     list_display = ["owner", "max_sessions", "max_gpus", "allowed", "min_balance_hours", "grace_seconds", "updated_at"]
@@ -226,6 +242,19 @@ class PolicyAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).annotate(_allowed=Count("allowed_clusters"))
+
+    def get_readonly_fields(self, request, obj=None):
+        """A policy belongs to its user (or is the default): named when adding, then fixed."""
+        return ["user", "updated_at"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):  # noqa: D102
+        data = form.cleaned_data
+        saved = services.policy_set(user=obj.user, allowed_clusters=list(data.get("allowed_clusters") or []),
+                                    **{name: data.get(name) for name in _POLICY_FIELDS})
+        self._adopt(obj, saved)
+
+    def delete_model(self, request, obj):  # noqa: D102
+        services.policy_delete(policy=obj)
 
     @admin.display(description="user", ordering="user__username")
     def owner(self, obj: Policy) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
@@ -260,6 +261,8 @@ def user_by_username(username) -> object:
 
 
 # --------------------------------------------------------------------------- prices and policies
+# The console's price and policy pages call these (there is no prices/policies API): each check runs in the
+# ``*_validate`` function, which the console's form calls first and the writing function calls again.
 
 
 @transaction.atomic
@@ -271,41 +274,99 @@ def price_set(*, gpu_model: str, credits_per_gpu_hour) -> Price:
         credits_per_gpu_hour: credits >= 0, at most 6 decimal places.
 
     Raises:
-        InvalidAmount: ``invalid_amount`` (400).
-        django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
+        As ``price_validate``.
     """
-    price_value = parse_amount(credits_per_gpu_hour, field="credits_per_gpu_hour", allow_zero=True)
     price = Price.objects.select_for_update().filter(gpu_model=gpu_model or "").first() or Price(gpu_model=gpu_model or "")
-    price.credits_per_gpu_hour = price_value
-    price.full_clean(validate_unique=False)
+    price.credits_per_gpu_hour = credits_per_gpu_hour
+    price_validate(price=price)
     price.save()
+    logger.info("price set: %s", price)
     return price
 
 
 def price_validate(*, price: Price) -> Price:
-    """Check a price row's fields (the console form's validation): the amount rules of ``price_set``.
+    """Check a price row's fields (``price_set`` and the console form): the amount rules, then the model's field
+    checks (not uniqueness: ``price_set`` updates the model's row). Normalises ``credits_per_gpu_hour`` to a Decimal.
 
     Raises:
         InvalidAmount: ``invalid_amount`` (400).
+        django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
     """
     price.credits_per_gpu_hour = parse_amount(price.credits_per_gpu_hour, field="credits_per_gpu_hour", allow_zero=True)
+    price.full_clean(validate_unique=False)
     return price
 
 
+@transaction.atomic
+def price_delete(*, price: Price) -> None:
+    """Delete a price: its model is charged the default price from now on (the default row's removal falls back to
+    ``GSHARE_BILLING_DEFAULT_PRICE``). Charges already in the ledger keep their price."""
+    Price.objects.filter(pk=price.pk).delete()
+    logger.info("price deleted: %s", price)
+
+
 def policy_validate(*, policy: Policy) -> Policy:
-    """Check a policy's fields (the console form's validation): ``max_sessions`` and ``max_gpus`` at least 1 when set
-    (empty: no limit), ``min_balance_hours`` at least 0.
+    """Check a policy's fields (``policy_set`` and the console form): ``max_sessions`` and ``max_gpus`` at least 1
+    when set (empty: no limit), ``min_balance_hours`` at least 0, then the model's field checks (not uniqueness:
+    ``policy_set`` updates the user's row). ``allowed_clusters`` is not checked (any cluster may be named).
 
     Raises:
         ApplicationError: ``invalid_request`` (400).
+        django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
     """
     for name in ("max_sessions", "max_gpus"):
         value = getattr(policy, name)
-        if value is not None and value < 1:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ApplicationError(f"{name} must be at least 1, or empty for no limit.", code="invalid_request")
-    if policy.min_balance_hours is None or policy.min_balance_hours < 0:
+    hours = policy.min_balance_hours
+    if not isinstance(hours, (int, Decimal)) or isinstance(hours, bool) or not Decimal(hours).is_finite() or hours < 0:
         raise ApplicationError("min_balance_hours must be at least 0.", code="invalid_request")
+    policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
+
+
+@transaction.atomic
+def policy_set(
+    *,
+    user=None,
+    max_sessions: int | None = None,
+    max_gpus: int | None = None,
+    allowed_clusters: Iterable[Cluster] = (),
+    min_balance_hours: Decimal = Decimal(1),
+    grace_seconds: int = 900,
+) -> Policy:
+    """Set the policy of ``user`` (None: the default policy for users without their own), creating its row when
+    missing; every field is replaced.
+
+    Args:
+        user: the user, or None for the default policy.
+        max_sessions: concurrent live sessions (None: unlimited).
+        max_gpus: GPUs across live sessions (None: unlimited).
+        allowed_clusters: clusters sessions may run on (empty: all).
+        min_balance_hours: hours of the requested resources the available balance must cover at admission.
+        grace_seconds: how long an account may stay below zero before its sessions are stopped.
+
+    Raises:
+        As ``policy_validate``.
+    """
+    rows = Policy.objects.select_for_update()
+    policy = (rows.filter(user__isnull=True) if user is None else rows.filter(user=user)).first() or Policy(user=user)
+    policy.max_sessions, policy.max_gpus = max_sessions, max_gpus
+    policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
+    policy_validate(policy=policy)
+    policy.save()
+    policy.allowed_clusters.set(list(allowed_clusters))
+    logger.info("policy set: %s (max_sessions=%s, max_gpus=%s, min_balance_hours=%s, grace_seconds=%s)",
+                policy, max_sessions, max_gpus, policy.min_balance_hours, grace_seconds)
+    return policy
+
+
+@transaction.atomic
+def policy_delete(*, policy: Policy) -> None:
+    """Delete a policy: its user falls back to the default policy (the default's removal falls back to the settings'
+    limits, ``billing.admission.settings_policy``)."""
+    Policy.objects.filter(pk=policy.pk).delete()
+    logger.info("policy deleted: %s", policy)
 
 
 # --------------------------------------------------------------------------- usage ingestion

@@ -1,6 +1,7 @@
 """Console pages for credits: constant queries, read-only balances and ledger, the "Grant credits" action (through
 credit_grant, once per form), prices and policies validated by the services."""
 
+import logging
 from datetime import timedelta
 from decimal import Decimal
 
@@ -9,8 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing import services
-from billing.models import CreditAccount, LedgerEntry, Policy, Price
+from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from gshare.exceptions import ApplicationError
 from tests.billing.conftest import T0, device, sample
+from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -145,3 +148,91 @@ def test_policy_form_uses_the_services_rules(console):
     assert default.status_code == 302
     second_default = console.post("/billing/policy/add/", {"min_balance_hours": "1", "grace_seconds": "900"})
     assert second_default.status_code == 200 and Policy.objects.filter(user__isnull=True).count() == 1
+
+
+# --------------------------------------------------------------------------- read-only records, forms through the services
+
+
+def test_ledger_entries_usage_samples_and_accounts_cannot_be_changed_or_deleted(console, lab_c1):
+    _grow(lab_c1)
+    assert_read_only(console, "/billing/ledgerentry/", LedgerEntry.objects.first())
+    assert_read_only(console, "/billing/usagesample/", UsageSample.objects.first())
+    account = CreditAccount.objects.get()
+    assert console.post(f"/billing/creditaccount/{account.pk}/delete/", {"post": "yes"}).status_code == 403
+    action = console.post("/billing/creditaccount/", {"action": "delete_selected", "_selected_action": [account.pk], "post": "yes", "index": 0})
+    assert action.status_code == 403
+    assert CreditAccount.objects.filter(pk=account.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_grant_form_refuses_what_the_grants_api_refuses(console, http):
+    user = UserFactory()
+    account = services.account_for(user)
+    for amount in ("0.0000001", "-1", "ten", "1000000000000"):
+        api = http.post("/api/v1/billing/grants", json={"user": user.username, "amount": amount, "reason": "x"},
+                        headers={"Idempotency-Key": f"api-{amount}"})
+        assert api.status_code == 400 and api.json()["code"] == "invalid_amount", api.text
+        page = console.post("/billing/creditaccount/", {"action": "grant_credits", "_selected_action": [account.pk], "apply": "1",
+                                                        "amount": amount, "reason": "x", "idempotency_key": f"console-{amount}"})
+        assert page.status_code == 200 and api.json()["detail"] in page_text(page)
+    assert not LedgerEntry.objects.exists()
+    done = console.post("/billing/creditaccount/", {"action": "grant_credits", "_selected_action": [account.pk], "apply": "1",
+                                                    "amount": "2.5", "reason": "course", "idempotency_key": "ok"}, follow=True)
+    assert "2.500000 credits granted" in page_text(done)
+    assert LedgerEntry.objects.get().idempotency_key == f"grant:console:ok:{user.pk}"
+
+
+def _refusal(call) -> str:
+    """The detail of the ApplicationError ``call()`` raises (the service's own words)."""
+    with pytest.raises(ApplicationError) as refused:
+        call()
+    return refused.value.detail
+
+
+def test_price_form_refuses_what_price_set_refuses_and_saves_and_deletes_through_it(console, caplog):
+    caplog.set_level(logging.INFO, logger="billing.services")
+    for value in ("-1", "0.0000001", "cheap", "1000000000000"):
+        detail = _refusal(lambda value=value: services.price_set(gpu_model="NVIDIA L4", credits_per_gpu_hour=value))
+        page = console.post("/billing/price/add/", {"gpu_model": "NVIDIA L4", "credits_per_gpu_hour": value})
+        assert page.status_code == 200 and detail in page_text(page), value
+    assert not Price.objects.exists()
+
+    assert console.post("/billing/price/add/", {"gpu_model": "NVIDIA L4", "credits_per_gpu_hour": "0.35"}).status_code == 302
+    price = Price.objects.get(gpu_model="NVIDIA L4")
+    assert price.credits_per_gpu_hour == Decimal("0.35") and "price set: NVIDIA L4" in caplog.text
+    page = console.get(f"/billing/price/{price.pk}/change/").content.decode()
+    assert 'name="gpu_model"' not in page  # a price belongs to its model
+    refused = console.post(f"/billing/price/{price.pk}/change/", {"credits_per_gpu_hour": "-2"})
+    assert refused.status_code == 200 and Price.objects.get(pk=price.pk).credits_per_gpu_hour == Decimal("0.35")
+    assert console.post(f"/billing/price/{price.pk}/change/", {"credits_per_gpu_hour": "0.5"}).status_code == 302
+    assert Price.objects.get(pk=price.pk).credits_per_gpu_hour == Decimal("0.5")
+
+    assert console.post(f"/billing/price/{price.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Price.objects.exists() and "price deleted: NVIDIA L4" in caplog.text
+    rows = [services.price_set(gpu_model=model, credits_per_gpu_hour=1) for model in ("Tesla T4", "")]
+    console.post("/billing/price/", {"action": "delete_selected", "_selected_action": [r.pk for r in rows], "post": "yes", "index": 0})
+    assert not Price.objects.exists() and "price deleted: Tesla T4" in caplog.text
+
+
+def test_policy_form_refuses_what_policy_set_refuses_and_saves_and_deletes_through_it(console, caplog):
+    caplog.set_level(logging.INFO, logger="billing.services")
+    user, cluster = UserFactory(), ClusterFactory()
+    form = {"user": user.pk, "max_sessions": "2", "max_gpus": "", "allowed_clusters": [cluster.pk], "min_balance_hours": "1", "grace_seconds": "900"}
+    for field, value, kwargs in (("max_sessions", "0", {"max_sessions": 0}), ("max_gpus", "0", {"max_gpus": 0})):
+        detail = _refusal(lambda kwargs=kwargs: services.policy_set(user=user, **kwargs))
+        page = console.post("/billing/policy/add/", {**form, field: value})
+        assert page.status_code == 200 and detail in page_text(page), field
+    assert not Policy.objects.exists()
+
+    assert console.post("/billing/policy/add/", form).status_code == 302
+    policy = Policy.objects.get(user=user)
+    assert (policy.max_sessions, policy.max_gpus, list(policy.allowed_clusters.all())) == (2, None, [cluster])
+    assert f"policy set: policy of {user}" in caplog.text
+    assert 'name="user"' not in console.get(f"/billing/policy/{policy.pk}/change/").content.decode()
+    changed = console.post(f"/billing/policy/{policy.pk}/change/", {**form, "max_gpus": "4", "allowed_clusters": []})
+    assert changed.status_code == 302
+    policy.refresh_from_db()
+    assert (policy.max_gpus, policy.allowed_clusters.count()) == (4, 0)
+
+    assert console.post(f"/billing/policy/{policy.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not Policy.objects.exists() and f"policy deleted: policy of {user}" in caplog.text
