@@ -10,6 +10,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import DateTimeRangeField, RangeBoundary, RangeOperators
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -130,12 +132,23 @@ class Policy(models.Model):
         return f"policy of {self.user}" if self.user_id else "default policy"
 
 
+class TsTzRange(models.Func):
+    """``tstzrange(lower, upper, bounds)``: the usage window as a range, for the exclusion constraint."""
+
+    function = "TSTZRANGE"
+    output_field = DateTimeRangeField()
+
+
 class UsageSample(models.Model):
     """One usage sample an operator reported (``POST /internal/v1/usage``); unique per ``(cluster, sample_id)``.
 
     ``start``/``end`` (UTC) bound the window; ``share`` is the fraction of the GPU the session holds
     (``max(gpu_memory_mib / device memory, gpu_cores / 100)``, 1 for a whole GPU) and ``cost`` (credits) what the
     window was charged, on the ledger entry ``entry``.
+
+    No two samples of one session and GPU cover the same instant (``usage_sample_no_overlap``: an exclusion
+    constraint on ``(session, device_uuid, tstzrange(start, end, '[)'))``, GiST with ``btree_gist``), so a GPU-second
+    is stored, and charged, once whatever writes the rows and however they race; windows that touch do not overlap.
     """
 
     # Every index costs each of the many inserts: ``cluster`` is served by the unique (cluster, sample_id) index and
@@ -158,5 +171,11 @@ class UsageSample(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["cluster", "sample_id"], name="usage_sample_unique_per_cluster"),
             models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="usage_sample_end_after_start"),
+            ExclusionConstraint(
+                name="usage_sample_no_overlap",
+                expressions=[("session", RangeOperators.EQUAL), ("device_uuid", RangeOperators.EQUAL),
+                             (TsTzRange("start", "end", RangeBoundary()), RangeOperators.OVERLAPS)],
+                violation_error_message="Another usage sample of this session and GPU covers part of this window.",
+            ),
         ]
         indexes = [models.Index(fields=["session", "start"], name="usage_session_start")]

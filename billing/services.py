@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
@@ -28,11 +28,19 @@ from django.utils import timezone
 
 from billing import pricing
 from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
-from billing.usage import Sample, invalid_sample, parse_samples
+from billing.usage import (
+    CLOCK_SKEW_SECONDS,
+    USAGE_DEVICE_NOT_ALLOCATED,
+    USAGE_WINDOW_BEFORE_SESSION,
+    USAGE_WINDOW_OVERLAP,
+    Sample,
+    invalid_sample,
+    parse_samples,
+)
 from clusters.models import Cluster, GpuDevice
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
-from sessions.models import Session
+from sessions.models import Allocation, Session
 
 logger = logging.getLogger(__name__)
 
@@ -387,7 +395,10 @@ _USAGE_COLUMNS = ("sample_id", "session_id", "device_uuid", "start", "finish", "
 _CHARGE_COLUMNS = ("id", "account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
                    "gpu_seconds", "reason")
 
-#: Moves the staged samples into the table; returns the ones really inserted (not already stored).
+#: Moves the staged samples into the table; returns the ones really inserted. No conflict target: ``DO NOTHING`` then
+#: skips a row that conflicts with any constraint, the unique ``(cluster_id, sample_id)`` (a replay) and the exclusion
+#: constraint ``usage_sample_no_overlap`` (a window of the same session and GPU stored meanwhile); PostgreSQL accepts
+#: exclusion constraints as arbiters of ``DO NOTHING`` only without a target. ``usage_ingest`` tells the two apart.
 _INSERT_SAMPLES = """
     WITH staged AS (DELETE FROM billing_usage_staging RETURNING *)
     INSERT INTO billing_usagesample
@@ -396,7 +407,7 @@ _INSERT_SAMPLES = """
     SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
            entry_id, %s
       FROM staged
-    ON CONFLICT (cluster_id, sample_id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING sample_id"""
 
 _INSERT_CHARGES = """
@@ -473,18 +484,43 @@ def _update_accounts(cursor, changed: list[tuple[int, Decimal, datetime | None]]
     cursor.execute(_UPDATE_ACCOUNTS, [_array(c[0] for c in changed), _array(c[1] for c in changed), _array(c[2] for c in changed)])
 
 
+#: The batch's sessions, each with the GPUs it holds: those placement reserved for it (``Allocation``, released when
+#: it ends) and those HAMi gave its Pod as the operator reported them (``Session.devices``, kept after it ends).
+_SESSIONS = f"""
+    SELECT s.public_id, s.id, s.cluster_id, s.owner_id, s.gpu_memory_mib, s.gpu_cores, s.created_at,
+           ARRAY(SELECT d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
+                  WHERE a.session_id = s.id
+                 UNION
+                 SELECT jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END))
+      FROM {Session._meta.db_table} s
+     WHERE s.public_id = ANY(%s::text[])"""
+
+
 def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list) -> tuple[dict, dict]:
-    """Look up the batch's sessions and GPUs (two queries); refuse foreign ones (403) and unknown sessions (400).
+    """Look up the batch's sessions and GPUs (two queries); refuse foreign ones (403), then (400, in index order)
+    unknown sessions, GPUs the session does not hold and windows that begin before the session.
+
+    A session holds the GPUs placement reserved for it and those the operator reported HAMi allocated to its Pod
+    (HAMi may pick other GPUs of the node than placement did; late samples of an ended session still count). A
+    window may begin at most ``CLOCK_SKEW_SECONDS`` before the session was created (``created_at``: its Pod cannot
+    run earlier; ``started_at``, the operator's first Running report, comes after the containers' start, where the
+    operator's first window begins, and is empty until that report arrives); the allowance is the clock skew between
+    the node and the control plane the endpoint already grants ahead of its clock.
 
     Returns:
         ``({session public id: (public id, pk, cluster pk, owner pk, gpu_memory_mib, gpu_cores)}, {uuid: (uuid,
         cluster pk, model, memory_mib)})``.
+
+    Raises:
+        Forbidden: ``forbidden_cluster_scope`` (403, ``index``).
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``; ``reason`` ``usage_device_not_allocated`` or
+            ``usage_window_before_session`` for those two).
     """
     with connection.cursor() as cursor:
         # One text[] literal per look-up: a thousand ids as one parameter, not a thousand parameters to quote.
-        cursor.execute(f"SELECT public_id, id, cluster_id, owner_id, gpu_memory_mib, gpu_cores FROM {Session._meta.db_table} "
-                       "WHERE public_id = ANY(%s::text[])", [_text_array({s.session_id for s in parsed})])
-        sessions = {row[0]: row for row in cursor.fetchall()}
+        cursor.execute(_SESSIONS, [_text_array({s.session_id for s in parsed})])
+        found = cursor.fetchall()
+        sessions = {row[0]: row[:6] for row in found}
         cursor.execute(f"SELECT uuid, cluster_id, model, memory_mib FROM {GpuDevice._meta.db_table} WHERE uuid = ANY(%s::text[])",
                        [_text_array({s.device_uuid for s in parsed})])
         devices = {row[0]: row for row in cursor.fetchall()}
@@ -504,11 +540,28 @@ def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list
             "own cluster's token, and that its inventory (PUT /internal/v1/inventory) lists the GPU.",
             code=FORBIDDEN_CLUSTER_SCOPE, extra={"index": sample.index},
         )
+    held = {row[0]: set(row[7]) for row in found}
+    earliest = {row[0]: row[6] - timedelta(seconds=CLOCK_SKEW_SECONDS) for row in found}
     for sample in parsed:
         if sample.session_id not in sessions:
             raise invalid_sample(
                 sample.index, samples[sample.index],
                 f"no session {sample.session_id!r} exists (session_id must be the GShareSession's gshare.io/session-id)",
+            )
+        if sample.device_uuid not in held[sample.session_id]:
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"GPU {sample.device_uuid} is not allocated to session {sample.session_id} (neither reserved for it nor reported "
+                "by the operator as HAMi's allocation to its Pod): only a GPU the session holds is charged to it",
+                reason=USAGE_DEVICE_NOT_ALLOCATED,
+            )
+        if sample.start < earliest[sample.session_id]:
+            created = earliest[sample.session_id] + timedelta(seconds=CLOCK_SKEW_SECONDS)
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"its window begins at {sample.start.isoformat()}, before the session {sample.session_id} was created "
+                f"({created:%Y-%m-%dT%H:%M:%SZ}, allowing {CLOCK_SKEW_SECONDS} s of clock skew): check the operator node's clock",
+                reason=USAGE_WINDOW_BEFORE_SESSION,
             )
     return sessions, devices
 
@@ -517,17 +570,20 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     """Store a batch of an operator's usage samples and charge them, exactly once per ``(cluster, sample_id)``.
 
     Every sample is checked first (``billing.usage.parse_samples``), then against the database: its session must be
-    a session of ``cluster`` and its device a GPU of ``cluster``. Refusals store nothing. Then, in one transaction and
+    a session of ``cluster`` and its device a GPU of ``cluster`` (403), a GPU the session holds, and its window may
+    not begin before the session (400, ``_scope_and_sessions``). Refusals store nothing. Then, in one transaction and
     a constant number of statements whatever the batch size:
 
-    1. the accounts of the batch's session owners are locked (primary-key order; created when missing);
+    1. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
+       those locks a new sample overlapping another of the same session and GPU is refused (``_refuse_overlaps``);
     2. one ledger entry id per session is drawn from the entries' sequence;
     3. the samples, each priced (share of its device, price of the device's model, window: ``billing.pricing``) and
        pointing at its session's entry id, are COPYed into a temporary staging table and moved with one ``INSERT
-       ... SELECT ... ON CONFLICT (cluster_id, sample_id) DO NOTHING RETURNING sample_id``: only the rows this batch
-       really inserted come back, so replayed, duplicated (also within the batch) and reordered samples are never
-       charged twice, even when two deliveries of one batch run at the same time (the unique index makes the second
-       wait for the first, then skip);
+       ... SELECT ... ON CONFLICT DO NOTHING RETURNING sample_id``: only the rows this batch really inserted come
+       back, so replayed, duplicated (also within the batch) and reordered samples are never charged twice, even when
+       two deliveries of one batch run at the same time (the unique index makes the second wait for the first, then
+       skip). A row skipped by the exclusion constraint ``usage_sample_no_overlap`` instead (an overlap the check did
+       not see) refuses the whole batch (``_refuse_skipped_overlaps``);
     4. one ``charge`` entry per session with new samples (window min(start)..max(end) of them, ``gpu_seconds`` =
        Σ share × seconds, amount = -Σ cost, idempotency key ``usage:<cluster>:<sha256 of the sorted new sample
        ids>``), COPYed and inserted the same way, and the accounts' new balances (the samples' foreign keys to their
@@ -543,7 +599,8 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
 
     Raises:
         BatchTooLarge: ``batch_too_large`` (400).
-        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session.
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session; with
+            ``reason`` ``usage_device_not_allocated``, ``usage_window_before_session`` or ``usage_window_overlap``.
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
     """
     parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS,
@@ -557,7 +614,6 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     for sample in parsed:
         unique.setdefault(sample.sample_id, sample)
     rows = list(unique.values())
-    _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
     prices = pricing.prices_by_model()
     pairs: dict[tuple[str, str], tuple[int, Decimal, Decimal, str]] = {}
     staged, priced_rows = [], []
@@ -583,6 +639,10 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:
         accounts = _lock_accounts(sorted({owners[pk] for pk in batch_sessions}))
+        # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no other
+        # batch of these sessions is between this check and the commit (the check before these locks let two concurrent
+        # batches both pass and both store one window under two ids).
+        stored_ids = _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
         _staging_tables(cursor)
         cursor.execute("SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('billing_ledgerentry', 'id')::regclass AS seq) q, "
                        "generate_series(1, %s)", [len(batch_sessions)])
@@ -592,6 +652,9 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         _copy(cursor, "billing_usage_staging", _USAGE_COLUMNS, staged)
         cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
         inserted = {row[0] for row in cursor.fetchall()}
+        if len(inserted) < len(rows) and any(r.sample_id not in inserted and r.sample_id not in stored_ids for r in rows):
+            _refuse_skipped_overlaps(cursor, cluster=cluster, rows=rows, inserted=inserted, stored_ids=stored_ids,
+                                     sessions=sessions, samples=samples)
         charged = _charge_new_samples(cursor, cluster=cluster, priced_rows=priced_rows, inserted=inserted, entry_ids=entry_ids,
                                       owners=owners, accounts=accounts, now=now)
     return {
@@ -601,23 +664,33 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     }
 
 
-def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> None:
+def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> set[str]:
     """Refuse (400, with the index) a new sample whose window overlaps another sample of the same session and GPU.
 
     Idempotency is by ``sample_id``; this closes the other way to charge a GPU-second twice: two samples with
     different ids for the same time (an operator that lost its state and re-sampled). Samples whose id is already
     stored are replays and are not checked. Windows that touch (one's end is the next one's start) do not overlap.
-    One query: the stored samples of the batch's sessions within the batch's time span.
+    One query: the stored samples of the batch's sessions within the batch's time span (per session, through the
+    GiST index of ``usage_sample_no_overlap``, whatever the session's history). Run it under the sessions' owners'
+    account locks, so no concurrent batch of these sessions can store a window after it looked; the exclusion
+    constraint holds regardless.
+
+    Returns:
+        The ``sample_id`` of the stored samples it read (the batch's replays are among them).
+
+    Raises:
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``, ``reason`` ``usage_window_overlap``).
     """
     if not rows:
-        return
+        return set()
     first, last = min(r.start for r in rows), max(r.end for r in rows)
     session_pks = sorted({sessions[r.session_id][1] for r in rows})
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT sample_id, session_id, device_uuid, start, "end" FROM {UsageSample._meta.db_table} '
-            'WHERE cluster_id = %s AND session_id = ANY(%s) AND start < %s AND "end" > %s',
-            [cluster.pk, session_pks, last, first],
+            f'SELECT u.sample_id, u.session_id, u.device_uuid, u.start, u."end" FROM unnest(%s::bigint[]) AS k(session_id) '
+            f"JOIN {UsageSample._meta.db_table} u ON u.session_id = k.session_id "
+            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)') WHERE u.cluster_id = %s",
+            [_array(session_pks), first, last, cluster.pk],
         )
         stored = cursor.fetchall()
     stored_ids = {row[0] for row in stored}
@@ -634,13 +707,44 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
         for window in intervals[1:]:
             if window[0] < reach[1] and (window[3] is not None or reach[3] is not None):
                 new, other = (window, reach) if window[3] is not None else (reach, window)
-                raise invalid_sample(
-                    new[3], samples[new[3]],
-                    f"its window {new[0].isoformat()} .. {new[1].isoformat()} overlaps sample {other[2]!r} of the same session "
-                    "and GPU: a GPU-second is charged once; resend with the original sample_id, or drop the overlapping sample",
-                )
+                raise _overlap(new[3], samples, start=new[0], end=new[1], other=other[2])
             if window[1] > reach[1]:
                 reach = window
+    return stored_ids
+
+
+def _overlap(index: int, samples: list, *, start: datetime, end: datetime, other: str | None):
+    other_text = f"sample {other!r}" if other is not None else "another sample"
+    return invalid_sample(
+        index, samples[index],
+        f"its window {start.isoformat()} .. {end.isoformat()} overlaps {other_text} of the same session and GPU: a GPU-second "
+        "is charged once; resend with the original sample_id, or drop the overlapping sample",
+        reason=USAGE_WINDOW_OVERLAP,
+    )
+
+
+def _refuse_skipped_overlaps(cursor, *, cluster, rows, inserted, stored_ids, sessions, samples) -> None:
+    """After the INSERT: samples it skipped that ``_refuse_overlaps`` did not know as stored. Those whose id is stored
+    now are replays (e.g. under another session); any other was skipped by ``usage_sample_no_overlap``, a window of
+    the same session and GPU that the check did not see. Refuse the batch (400, the first such index): nothing of it is
+    committed. Two queries, only when this happens (the check under the account locks leaves nothing for it)."""
+    unknown = [r for r in rows if r.sample_id not in inserted and r.sample_id not in stored_ids]
+    cursor.execute(f"SELECT sample_id FROM {UsageSample._meta.db_table} WHERE cluster_id = %s AND sample_id = ANY(%s::text[])",
+                   [cluster.pk, _text_array(r.sample_id for r in unknown)])
+    present = {row[0] for row in cursor.fetchall()}
+    skipped = [r for r in unknown if r.sample_id not in present]
+    if not skipped:
+        return
+    first = min(skipped, key=lambda r: r.index)
+    cursor.execute(
+        f"SELECT sample_id FROM {UsageSample._meta.db_table} WHERE session_id = %s AND device_uuid = %s "
+        "AND tstzrange(start, \"end\", '[)') && tstzrange(%s, %s, '[)') LIMIT 1",
+        [sessions[first.session_id][1], first.device_uuid, first.start, first.end],
+    )
+    other = cursor.fetchone()
+    logger.warning("usage batch of cluster %s: sample %r skipped by usage_sample_no_overlap past the overlap check",
+                   cluster.public_id, first.sample_id)
+    raise _overlap(first.index, samples, start=first.start, end=first.end, other=other[0] if other else None)
 
 
 def _charge_new_samples(cursor, *, cluster, priced_rows, inserted, entry_ids, owners, accounts, now) -> dict:

@@ -52,10 +52,26 @@ class Sample(NamedTuple):
     memory_used_mib: int | None
 
 
-def invalid_sample(index: int, sample, problem: str) -> InvalidUsageSample:
-    """The 400 for sample ``index``: names the sample (its ``sample_id`` when readable) and the problem."""
+#: ``reason`` of an ``invalid_usage_sample`` refusal that is about the usage, not the format (absent for malformed
+#: samples). The code stays ``invalid_usage_sample``: operators drop exactly that sample on that code and resend the
+#: rest, and would keep (and resend forever) a batch refused with any other 400 code.
+USAGE_WINDOW_OVERLAP = "usage_window_overlap"
+USAGE_WINDOW_BEFORE_SESSION = "usage_window_before_session"
+USAGE_DEVICE_NOT_ALLOCATED = "usage_device_not_allocated"
+
+
+def invalid_sample(index: int, sample, problem: str, *, reason: str | None = None) -> InvalidUsageSample:
+    """The 400 for sample ``index``: names the sample (its ``sample_id`` when readable) and the problem.
+
+    ``reason`` (one of the ``USAGE_*`` values above) is added to the body for refusals of well-formed samples."""
     name = sample.get("sample_id") if isinstance(sample, dict) else None
     label = f"samples[{index}]" + (f" (sample_id {name!r})" if isinstance(name, str) and len(name) <= MAX_ID_LENGTH else "")
+    if reason:
+        return InvalidUsageSample(
+            f"Usage sample {label} is refused: {problem}. Nothing of this batch was stored: drop that sample and send the "
+            "batch again.",
+            extra={"index": index, "reason": reason},
+        )
     return InvalidUsageSample(
         f"Usage sample {label} is malformed: {problem}. Nothing of this batch was stored: fix or drop that sample "
         "(upgrade the operator to match this control plane) and send the batch again.",

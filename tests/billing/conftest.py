@@ -11,6 +11,7 @@ from clusters import services as cluster_services
 from clusters.models import GpuDevice
 from clusters.operator_tokens import operator_token_mint
 from demo import fleet
+from sessions.models import Session
 from tests.conftest import Http
 from tests.factories import ClusterFactory, SessionFactory, UserFactory
 
@@ -37,6 +38,18 @@ def fleet_cluster_row(name: str):
 def device(cluster, model_prefix: str) -> GpuDevice:
     """The first GPU of ``cluster`` whose model starts with ``model_prefix``."""
     return GpuDevice.objects.filter(cluster=cluster, model__startswith=model_prefix).order_by("index", "pk").first()
+
+
+def metered_session(cluster, *, owner=None, gpus=None, **fields) -> Session:
+    """A Running session on ``cluster`` (``SessionFactory`` with ``fields``) that usage can be charged to: created a
+    day before ``T0`` (a window may not begin before its session) and holding ``gpus`` (``GpuDevice`` rows; all of the
+    cluster's by default) as the operator reports them (``Session.devices``)."""
+    session = SessionFactory(cluster=cluster, owner=owner or UserFactory(), **fields)
+    held = list(GpuDevice.objects.filter(cluster=cluster).order_by("pk")) if gpus is None else gpus
+    Session.objects.filter(pk=session.pk).update(created_at=T0 - timedelta(days=1), started_at=T0 - timedelta(days=1),
+                                                 devices=[g.uuid for g in held])
+    session.refresh_from_db()
+    return session
 
 
 def sample(session, gpu, *, start: datetime = T0, seconds: float = 60, sample_id: str | None = None, **extra) -> dict:
@@ -72,14 +85,14 @@ def owner():
 
 @pytest.fixture
 def whole_session(lab_c1, owner):
-    """A Running whole-GPU session on lab-c1."""
-    return SessionFactory(cluster=lab_c1, owner=owner)
+    """A Running whole-GPU session on lab-c1 (``metered_session``)."""
+    return metered_session(lab_c1, owner=owner)
 
 
 @pytest.fixture
 def shared_session(lab_c1, owner):
-    """A Running shared session on lab-c1: 20,000 MiB and 10 % cores per GPU."""
-    return SessionFactory(cluster=lab_c1, owner=owner, gpu_memory_mib=20000, gpu_cores=10)
+    """A Running shared session on lab-c1: 20,000 MiB and 10 % cores per GPU (``metered_session``)."""
+    return metered_session(lab_c1, owner=owner, gpu_memory_mib=20000, gpu_cores=10)
 
 
 @pytest.fixture

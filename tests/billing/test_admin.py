@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.exceptions import ApplicationError
-from tests.billing.conftest import T0, device, sample
+from tests.billing.conftest import T0, device, metered_session, sample
 from tests.console_checks import assert_read_only, page_text
-from tests.factories import ClusterFactory, SessionFactory, UserFactory
+from tests.factories import ClusterFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ def _grow(lab_c1=None):
     Policy.objects.create(user=user, max_sessions=2).allowed_clusters.set([ClusterFactory()])
     Price.objects.create(gpu_model=f"model-{user.pk}", credits_per_gpu_hour=Decimal(1))
     if lab_c1 is not None:
-        session = SessionFactory(cluster=lab_c1, owner=user)
+        session = metered_session(lab_c1, owner=user)
         services.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
                                                        for i in range(3)])
 

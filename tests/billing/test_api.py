@@ -220,9 +220,9 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
 
 def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, live_server):
     from clusters.operator_tokens import operator_token_mint
-    from tests.billing.conftest import sample
+    from tests.billing.conftest import metered_session, sample
 
-    session = SessionFactory(cluster=lab_c1, owner=plain_user)
+    session = metered_session(lab_c1, owner=plain_user)
     operator = Http(live_server.url, operator_token_mint(cluster_id=lab_c1.public_id))
     assert operator.post("/internal/v1/usage", json={"samples": [sample(session, device(lab_c1, "NVIDIA H100"))]}).status_code == 200
     entry = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"][0]

@@ -15,7 +15,7 @@ from billing import pricing, services
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_tokens import operator_token_mint
 from sessions.models import Session
-from tests.billing.conftest import T0, device, iso, sample
+from tests.billing.conftest import T0, device, iso, metered_session, sample
 from tests.conftest import Http
 from tests.factories import SessionFactory, UserFactory
 
@@ -89,8 +89,8 @@ def test_samples_are_stored_priced_and_charged_per_session(operator_c1, lab_c1, 
 def test_pricing_on_lab_c2_shares_of_an_h20_and_a_whole_t4(operator_c2, lab_c2, prices):
     user = UserFactory()
     h20, t4 = device(lab_c2, "NVIDIA H20"), device(lab_c2, "Tesla T4")
-    shared = SessionFactory(cluster=lab_c2, owner=user, gpu_memory_mib=4096, gpu_cores=None)
-    whole = SessionFactory(cluster=lab_c2, owner=user)
+    shared = metered_session(lab_c2, owner=user, gpu_memory_mib=4096, gpu_cores=None)
+    whole = metered_session(lab_c2, owner=user)
     answer = post(operator_c2, [sample(shared, h20, seconds=600), sample(whole, t4, seconds=600)]).json()
     # H20 registered at 258787 MiB: 4096 MiB is a share of 0.015828, priced at the default 1.2/h for 600 s.
     expected_h20 = pricing.window_cost(price=Decimal("1.2"), share=Decimal("0.015828"), seconds=600)
@@ -142,7 +142,7 @@ def test_concurrent_deliveries_of_one_batch_charge_once(live_server, lab_c1, pri
     token = operator_token_mint(cluster_id=lab_c1.public_id)
     users = [UserFactory() for _ in range(3)]
     gpus = list(lab_c1.devices.order_by("pk")[:6])
-    sessions = [SessionFactory(cluster=lab_c1, owner=users[i % 3]) for i in range(6)]
+    sessions = [metered_session(lab_c1, owner=users[i % 3]) for i in range(6)]
     batch = [sample(s, g, start=T0 + timedelta(minutes=m)) for m in range(20) for s, g in zip(sessions, gpus, strict=True)]
     answers, errors = [], []
     barrier = threading.Barrier(5)
@@ -278,7 +278,7 @@ def test_only_operator_tokens(live_server, staff_token):
 def _batch(lab_c1, n: int, *, offset: int = 0) -> list[dict]:
     users = [UserFactory() for _ in range(3)]
     gpus = list(lab_c1.devices.order_by("pk"))
-    sessions = [SessionFactory(cluster=lab_c1, owner=users[i % 3], gpu_memory_mib=8192 if i % 2 else None, gpu_cores=25 if i % 2 else None)
+    sessions = [metered_session(lab_c1, owner=users[i % 3], gpu_memory_mib=8192 if i % 2 else None, gpu_cores=25 if i % 2 else None)
                 for i in range(10)]
     return [sample(sessions[i % 10], gpus[i % len(gpus)], start=T0 + timedelta(minutes=offset + i // 10)) for i in range(n)]
 
@@ -326,7 +326,7 @@ def test_samples_charged_before_and_since_deleted_are_not_charged_again(lab_c1, 
     entry = LedgerEntry.objects.get()
     balance = CreditAccount.objects.get().balance
     UsageSample.objects.all().delete()
-    other = SessionFactory(cluster=lab_c1, owner=whole_session.owner)
+    other = metered_session(lab_c1, owner=whole_session.owner)
     result = services.usage_ingest(cluster=lab_c1, samples=[*batch, sample(other, h100)])
     assert result["accepted"] == 4 and result["charged"] == {other.public_id: "0.041667"}
     assert set(UsageSample.objects.filter(session=whole_session).values_list("entry_id", flat=True)) == {entry.pk}
