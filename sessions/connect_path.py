@@ -23,6 +23,7 @@ from urllib.parse import unquote_to_bytes
 SESSION_ID = re.compile(r"ses_[a-z0-9]{1,32}")
 # Encoded dot, slash, backslash or NUL (any case), a literal backslash, or an empty segment.
 _AMBIGUOUS = re.compile(r"%(?:2e|2f|5c|00)|\\|//", re.IGNORECASE)
+_CONTROL = re.compile(rb"[\x00-\x20\x7f]")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _SLASH, _DOT, _PERCENT, _QUESTION, _HASH = (ord(c) for c in "/.%?#")
 (_USUAL, _AFTER_SLASH, _AFTER_DOT, _AFTER_DOT_DOT, _QUOTED, _QUOTED_SECOND) = range(6)
@@ -49,8 +50,11 @@ def nginx_uri(request_uri: str) -> str | None:
         raw = request_uri.encode("latin-1")
     except UnicodeEncodeError:
         return None
-    if not raw.startswith(b"/") or any(b <= 0x20 or b == 0x7F for b in raw):
+    if not raw.startswith(b"/") or _CONTROL.search(raw):
         return None  # ngx_http_parse_request_line refuses these before any routing
+    path = raw.split(b"?", 1)[0]
+    if b"%" not in path and b"#" not in path and b"/." not in path and b"//" not in path:
+        return path.decode("latin-1")  # what nginx flags neither complex nor quoted is routed as written
     out = bytearray()
     state = quoted_state = _USUAL
     decoded = 0
@@ -173,7 +177,7 @@ def session_in_request_uri(request_uri: str) -> str:
     routed = nginx_uri(request_uri)
     if routed is None:
         raise PathRefused("a URI nginx refuses")
-    if routed != unquote_to_bytes(raw_path).decode("latin-1"):
+    if routed != unquote_to_bytes(raw_path.encode("latin-1")).decode("latin-1"):
         raise PathRefused("ambiguous path (nginx normalises it)")  # unreachable after the checks above; kept as the invariant
     segments = routed.split("/")
     if len(segments) < 3 or segments[0] != "" or segments[1] != "s" or not SESSION_ID.fullmatch(segments[2]):

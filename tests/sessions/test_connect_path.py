@@ -76,6 +76,7 @@ def test_nginx_uri_normalises_as_nginx(raw, routed):
         f"/s/{MINE}/lab/tree/notebook.ipynb?x=1",
         f"/s/{MINE}/?token=eyJ.abc.def",
         f"/s/{MINE}/api/contents/a%20b%C3%A9",
+        f"/s/{MINE}/api/contents/\xe9t\xe9",  # raw latin-1 bytes, as WSGI hands a header over
         f"/s/{MINE}/files/s",  # a file named "s" is no second /s/ segment
         f"/s/{MINE}/x?next=/../../s/{YOURS}/",  # the query is not routed
         f"/s/{MINE}/x#/../../s/{YOURS}/",
