@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from django.utils.html import format_html
 
 from clusters import services, token_rotation
 from clusters.models import Cluster, GpuDevice, Node
-from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
+from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.exceptions import ApplicationError
 
 
@@ -36,6 +38,33 @@ OPERATOR_TOKEN_FIELDS = [
 ]
 
 
+class ClusterForm(forms.ModelForm):
+    """The cluster form: once the fields are clean, the change is made by ``cluster_update`` (the API's PATCH), and its
+    refusal (``session_domain_taken``, ``cluster_has_live_sessions``, ...) is shown on the form with nothing changed.
+
+    The change is written during validation so that a refusal decided under the cluster's row lock is a form error,
+    not a 500; the console's change view runs in one transaction and this form has no inline forms that could fail
+    after it.
+    """
+
+    #: ``console:<username>``, set per request by :meth:`ClusterAdmin.get_form`.
+    actor = "console"
+
+    class Meta:
+        model = Cluster
+        fields = list(services.EDITABLE_FIELDS)
+
+    def _post_clean(self):
+        super()._post_clean()
+        if self.errors or self.instance.pk is None:
+            return
+        changes = {name: self.cleaned_data[name] for name in self.changed_data if name in services.EDITABLE_FIELDS}
+        if not changes:
+            return
+        with service_errors(self), transaction.atomic():
+            self.instance = services.cluster_update(cluster=self.instance, changes=changes, actor=self.actor)
+
+
 @admin.register(Cluster)
 class ClusterAdmin(ConsoleModelAdmin):
     """Clusters: status, heartbeat age, counts; actions call the cluster services."""
@@ -55,6 +84,7 @@ class ClusterAdmin(ConsoleModelAdmin):
         "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
+    form = ClusterForm
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).annotate(
@@ -69,10 +99,14 @@ class ClusterAdmin(ConsoleModelAdmin):
         """Rows are kept for history; use the *Deregister* action."""
         return False
 
+    def get_form(self, request, obj=None, **kwargs):  # noqa: D102
+        form = super().get_form(request, obj, **kwargs)
+        form.actor = _actor(request)
+        return form
+
     def save_model(self, request, obj, form, change):
-        """Save edits through ``cluster_update`` so the console and the API share one validation (and one audit line)."""
-        changed = {name: form.cleaned_data[name] for name in form.changed_data if name in services.EDITABLE_FIELDS}
-        services.cluster_update(cluster=obj, changes=changed, actor=_actor(request))
+        """Nothing to save: ``ClusterForm`` made the change through ``cluster_update`` (the API's validation and
+        audit row)."""
 
     @admin.display(description="heartbeat", ordering="last_heartbeat_at")
     def heartbeat_age(self, obj: Cluster) -> str:

@@ -11,8 +11,8 @@ from demo import fleet
 from gshare.exceptions import Conflict
 from sessions import services as session_services
 from sessions.models import Allocation, Session
-from tests.console_checks import assert_read_only
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.console_checks import assert_read_only, page_text
+from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -114,3 +114,25 @@ def test_console_cannot_delete_the_gpu_or_node_of_a_running_session(console):
         session_services.session_create(owner=user, image="img", gpus=8)
     assert refused.value.code == "no_capacity"
     assert list(Allocation.objects.values()) == reserved
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cluster_form_refuses_what_the_api_refuses(console, http):
+    """A refusal of ``cluster_update`` (decided under the cluster's row lock) is a form error, as in PATCH; it was a 500."""
+    cluster = ClusterFactory(session_domain="lab-c1.example.com")
+    ClusterFactory(session_domain="taken.example.com")
+    SessionFactory(cluster=cluster, phase="Running")
+    form = {"session_domain": "lab-c1.example.com", "ingress_node": "", "volume_storage_class": ""}
+    for domain in ("taken.example.com", "moved.example.com"):  # session_domain_taken, cluster_has_live_sessions (409)
+        api = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"session_domain": domain})
+        assert api.status_code == 409, api.text
+        page = console.post(f"/clusters/cluster/{cluster.pk}/change/", {**form, "session_domain": domain})
+        assert page.status_code == 200 and api.json()["detail"] in page_text(page)
+        cluster.refresh_from_db()
+        assert cluster.session_domain == "lab-c1.example.com"
+    bad = console.post(f"/clusters/cluster/{cluster.pk}/change/", {**form, "ingress_node": "Not A Node!"})
+    assert bad.status_code == 200 and http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"ingress_node": "Not A Node!"}).status_code == 400
+    ok = console.post(f"/clusters/cluster/{cluster.pk}/change/", {**form, "ingress_node": "gpu-h100-01"})
+    assert ok.status_code == 302
+    cluster.refresh_from_db()
+    assert cluster.ingress_node == "gpu-h100-01"
