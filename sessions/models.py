@@ -15,6 +15,10 @@ class Session(models.Model):
     ``gpu_memory_mib`` (MiB per GPU, HAMi ``nvidia.com/gpumem``) and ``gpu_cores`` (percent of one
     GPU, HAMi ``nvidia.com/gpucores``) are both null for whole-GPU sessions. Rows are kept after the
     session ends (and after its cluster is deregistered) so history stays readable.
+
+    The phase is also the outbox of the background work: ``Scheduled`` means "apply to the cluster is due",
+    ``Stopping`` "delete from the cluster is due"; ``sessions.reconcile`` publishes those tasks again when their
+    first publish was lost (docs/sessions.md).
     """
 
     class Phase(models.TextChoices):
@@ -47,6 +51,9 @@ class Session(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     last_status_at = models.DateTimeField(null=True, blank=True, help_text="observed_at of the last status report applied")
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was asked to stop (a session Stopping for long is published again by sessions.reconcile)"
+    )
     volumes = models.ManyToManyField("storage.Volume", blank=True, related_name="sessions",
                                      help_text="Volumes mounted at /data/<volume name>")
 

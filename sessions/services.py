@@ -7,17 +7,20 @@ the Celery tasks and the operator-facing views call them.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import kubernetes
+import redis
 import urllib3
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 from kubernetes.client.exceptions import ApiException
 
+from audit.services import Action, audit_record, created
 from billing import admission
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
@@ -58,7 +61,16 @@ def connect_cache_key(session_id: str) -> str:
 
 
 def _forget(session: Session) -> None:
-    transaction.on_commit(lambda: cache.delete(connect_cache_key(session.public_id)))
+    transaction.on_commit(lambda: _cache_delete(connect_cache_key(session.public_id)))
+
+
+def _cache_delete(key: str) -> None:
+    # After the commit: a Redis that is down (or silent past GSHARE_REDIS_TIMEOUT) must not fail a request whose
+    # change is already committed; the cached facts then expire on their own (GSHARE_CONNECT_CACHE_SECONDS).
+    try:
+        cache.delete(key)
+    except redis.RedisError as exc:
+        logger.warning("cache: could not drop %s (%s); it expires within %s s", key, exc, settings.GSHARE_CONNECT_CACHE_SECONDS)
 
 
 def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str]) -> None:
@@ -210,6 +222,10 @@ def session_create(
             raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
         if mounted:
             _mount(session=session, volumes=mounted, claims=claims, cluster_id=choice.cluster_id)
+        audit_record(action=Action.SESSION_CREATE, obj=session, changes=created({
+            "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": gpu_cores, "node": session.node,
+            "volumes": [v.public_id for v in mounted],
+        }), details={"owner": owner.get_username()})
         transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
     logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
     return session
@@ -297,10 +313,25 @@ def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool, b
     return "the fleet", ""
 
 
-def _enqueue(task_name: str, session_pk: int) -> None:
+def _enqueue(task_name: str, session_pk: int) -> bool:
+    """Publish ``sessions.apply`` or ``sessions.delete`` for a session (called after the commit).
+
+    The publish is bounded (``GSHARE_REDIS_TIMEOUT``, gshare/settings/celery.py). When the broker is down or does
+    not answer, the failure is logged, not raised: the row is committed, its phase says the work is still due,
+    and ``sessions_reconcile`` publishes it again.
+
+    Returns:
+        True when the task was published (or, in eager mode, ran).
+    """
     from sessions import tasks  # tasks import this module
 
-    {"sessions.apply": tasks.session_apply_task, "sessions.delete": tasks.session_delete_task}[task_name].delay(session_pk)
+    task = {"sessions.apply": tasks.session_apply_task, "sessions.delete": tasks.session_delete_task}[task_name]
+    try:
+        task.delay(session_pk)
+    except BrokerError as exc:
+        logger.warning("session #%s: could not publish %s (%s); sessions.reconcile publishes it again", session_pk, task_name, exc)
+        return False
+    return True
 
 
 def _release(session: Session) -> None:
@@ -433,9 +464,13 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.") -> Se
     session = Session.objects.select_for_update().get(pk=session.pk)
     if not session.is_live or session.phase == Session.Phase.STOPPING:
         return session
+    previous = session.phase
     session.phase = Session.Phase.STOPPING
     session.message = reason[:2000]
-    session.save(update_fields=["phase", "message"])
+    session.stop_requested_at = timezone.now()
+    session.save(update_fields=["phase", "message", "stop_requested_at"])
+    audit_record(action=Action.SESSION_STOP, obj=session, changes={"phase": (previous, session.phase)},
+                 details={"owner": session.owner.get_username(), "reason": session.message})
     _forget(session)
     transaction.on_commit(lambda: _enqueue("sessions.delete", session.pk))
     return session
@@ -467,6 +502,39 @@ def session_delete_remote(*, session: Session) -> Session:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
     return _terminate(session=session, message="Stopped on request.")
+
+
+def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]:
+    """Publish again the applies and deletes whose first publish was lost (the outbox relay; beat: every 30 s).
+
+    Due: sessions ``Scheduled`` (not applied to their cluster yet) created more than ``older_than`` seconds ago,
+    and sessions ``Stopping`` (GShareSession not deleted yet) asked to stop more than ``older_than`` seconds ago,
+    oldest first, at most ``limit`` of each. ``older_than`` should exceed a task's usual retry chain
+    (``sessions.tasks.RETRY``), so a task still retrying is rarely doubled. Idempotent: both tasks do nothing for
+    a session that moved on (a doubled task is harmless), and a run that finds nothing due publishes nothing. The first publish that fails
+    (broker still down) ends the run; the next run starts over.
+
+    Args:
+        older_than: seconds a session must have been due before it is published again.
+        limit: most sessions of each kind per run.
+
+    Returns:
+        ``{"apply": n, "delete": m, "unpublished": k}``: tasks published, and due sessions left for the next run.
+    """
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    scheduled = Session.objects.filter(phase=Session.Phase.SCHEDULED, created_at__lt=cutoff).order_by("created_at", "pk")
+    # Rows stopped before stop_requested_at existed have none: they are due too.
+    stopping = Session.objects.filter(phase=Session.Phase.STOPPING).filter(
+        Q(stop_requested_at__lt=cutoff) | Q(stop_requested_at__isnull=True)
+    ).order_by(F("stop_requested_at").asc(nulls_first=True), "pk")
+    due = [("sessions.apply", pk) for pk in scheduled.values_list("pk", flat=True)[:limit]]
+    due += [("sessions.delete", pk) for pk in stopping.values_list("pk", flat=True)[:limit]]
+    published = {"apply": 0, "delete": 0}
+    for done, (task_name, pk) in enumerate(due):
+        if not _enqueue(task_name, pk):
+            return {**published, "unpublished": len(due) - done}
+        published[task_name.removeprefix("sessions.")] += 1
+    return {**published, "unpublished": 0}
 
 
 @transaction.atomic

@@ -3,6 +3,7 @@
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from sessions import services
 from sessions.models import Session
@@ -52,3 +53,12 @@ def session_delete_task(self, session_pk: int) -> None:
             session=session, message=f"Stopped, but its GShareSession could not be deleted: {exc}. Delete it by hand."
         ),
     )
+
+
+@shared_task(name="sessions.reconcile", ignore_result=True)
+def sessions_reconcile_task() -> dict:
+    """Publish again the applies and deletes whose first publish was lost (beat: every 30 s; ``services.sessions_reconcile``)."""
+    result = services.sessions_reconcile(older_than=settings.GSHARE_SESSION_RECONCILE_AFTER)
+    if any(result.values()):
+        logger.info("sessions reconciled: %s", result)
+    return result

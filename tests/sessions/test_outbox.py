@@ -1,0 +1,197 @@
+"""A broker that is down or silent does not hold the API; the session rows are the outbox and ``sessions.reconcile`` relays them.
+
+Through HTTP on the live server, with Celery pointed at a loopback listener that accepts and never answers
+(``silent_listener``) or at a closed port, and NOT eager: the API answers within the publish bound and the session
+waits in its phase; then, with the broker working again (eager), the reconciler applies or deletes it on the
+emulated cluster.
+"""
+
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from gshare.celery import app
+from sessions import tasks
+from sessions.models import Session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GSS = ("gsharesessions", "gshare.io", "v1alpha1")
+#: What a request may take with the broker down: one GSHARE_REDIS_TIMEOUT (1 s) for the publish, plus the request
+#: itself on a loaded 2-core machine.
+BOUND = 3.0
+
+
+@pytest.fixture(autouse=True)
+def patient_probe(settings):
+    """The emulated apiservers get more than the test settings' 3 s: these tests time the API, not the probe."""
+    settings.GSHARE_PROBE_TIMEOUT = 10.0
+
+
+@pytest.fixture
+def broker():
+    """``point(url)``: send Celery's publishes to ``url``, not eagerly; the app's broker and eagerness come back after."""
+    saved = {"broker_url": app.conf.broker_url, "task_always_eager": app.conf.task_always_eager}
+
+    def drop_pools(close: bool) -> None:
+        if close and app._pool is not None:
+            app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    def point(url: str) -> None:
+        app.conf.update(broker_url=url, task_always_eager=False)
+        drop_pools(close=False)  # the working broker's pool stays registered in kombu for the restore
+
+    yield point
+    drop_pools(close=app.conf.broker_url != saved["broker_url"])
+    app.conf.update(saved)
+
+
+@pytest.fixture
+def closed_port() -> str:
+    """``host:port`` of a loopback port nothing listens on (a stopped Redis: connections are refused)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    host_port = f"127.0.0.1:{probe.getsockname()[1]}"
+    probe.close()
+    return host_port
+
+
+@pytest.fixture(params=["silent", "stopped"])
+def broker_down(request, broker):
+    """The broker as a listener that never answers, or as a closed port; yields ``restore()`` (eager again)."""
+    host_port = request.getfixturevalue("silent_listener" if request.param == "silent" else "closed_port")
+    saved = app.conf.broker_url
+    broker(f"redis://{host_port}/0")
+
+    def restore() -> None:
+        app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+        app.conf.update(broker_url=saved, task_always_eager=True)
+
+    return restore
+
+
+def timed(call):
+    started = time.monotonic()
+    response = call()
+    return response, time.monotonic() - started
+
+
+def start(http, **body):
+    return http.post("/api/v1/sessions", json={"image": "quay.io/jupyter/base-notebook", "gpus": 1, **body}, timeout=15)
+
+
+def backdate(**fields) -> None:
+    past = timezone.now() - timedelta(seconds=600)
+    Session.objects.update(**{field: past for field in fields})
+
+
+def test_create_answers_at_once_and_the_reconciler_applies_it_later(http, live_cluster, broker_down):
+    _, emulated = live_cluster("lab-c1")
+    response, took = timed(lambda: start(http, name="nb"))
+    assert response.status_code == 201, response.text
+    assert took < BOUND, f"POST took {took:.1f} s with the broker down"
+    body = response.json()
+    assert body["phase"] == "Scheduled" and body["url"]
+    listed, took = timed(lambda: http.get("/api/v1/clusters", timeout=15))
+    assert listed.status_code == 200 and took < BOUND
+    assert emulated.objects_of(*GSS) == []  # nothing reached the cluster yet
+
+    broker_down()
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}  # not due yet
+    backdate(created_at=True)
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 1, "delete": 0, "unpublished": 0}
+    shown = http.get(f"/api/v1/sessions/{body['id']}").json()
+    assert shown["phase"] == "Starting"
+    (gss,) = emulated.objects_of(*GSS)
+    assert gss["metadata"]["name"] == body["id"].replace("_", "-")
+    # Idempotent: nothing is due any more.
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
+    assert len(emulated.objects_of(*GSS)) == 1
+
+
+@pytest.mark.parametrize("cache_too", [False, True], ids=["broker", "broker-and-cache"])
+def test_stop_answers_at_once_and_the_reconciler_deletes_it_later(http, live_cluster, broker, silent_listener, settings, cache_too):
+    _, emulated = live_cluster("lab-c1")
+    session_id = start(http).json()["id"]  # eager: applied now
+    assert len(emulated.objects_of(*GSS)) == 1
+    broker(f"redis://{silent_listener}/0")
+    if cache_too:  # the same Redis holds the cache: dropping the connect facts after the commit must not wait either
+        settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://{silent_listener}/0"}}
+    response, took = timed(lambda: http.delete(f"/api/v1/sessions/{session_id}", timeout=15))
+    bound = BOUND + (1.0 if cache_too else 0.0)  # one more GSHARE_REDIS_TIMEOUT for the cache
+    assert response.status_code == 202 and took < bound, f"DELETE took {took:.1f} s with Redis silent"
+    assert response.json()["phase"] == "Stopping"
+    assert len(emulated.objects_of(*GSS)) == 1
+    assert Session.objects.get().stop_requested_at is not None
+
+    app.conf.update(task_always_eager=True)  # a working broker again (eager: the task runs here)
+    assert tasks.sessions_reconcile_task.delay().get()["delete"] == 0  # asked to stop just now: not due yet
+    backdate(stop_requested_at=True)
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 1, "unpublished": 0}
+    assert http.get(f"/api/v1/sessions/{session_id}").json()["phase"] == "Terminated"
+    assert emulated.objects_of(*GSS) == []
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
+
+
+def test_concurrent_requests_with_a_silent_broker_all_answer(live_server, staff_token, live_cluster, broker, silent_listener):
+    """Each request waits at most one publish bound, so a stall does not pile requests up behind each other."""
+    from tests.conftest import Http
+
+    live_cluster("lab-c1")
+    broker(f"redis://{silent_listener}/0")
+    results, errors = [], []
+    barrier = threading.Barrier(5)
+
+    def send(n: int) -> None:
+        client = Http(live_server.url, staff_token)
+        try:
+            barrier.wait()
+            call = (lambda: client.get("/api/v1/clusters", timeout=15)) if n == 0 else (lambda: start(client, name=f"nb{n}"))
+            results.append(timed(call))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert sorted(r.status_code for r, _ in results) == [200, 201, 201, 201, 201], [r.text for r, _ in results]
+    assert max(took for _, took in results) < 2 * BOUND, [round(took, 1) for _, took in results]
+    assert Session.objects.filter(phase=Session.Phase.SCHEDULED).count() == 4
+
+
+def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster, broker, silent_listener):
+    from sessions import services
+    from tests.factories import UserFactory
+
+    cluster, _ = live_cluster("lab-c1")
+    owner = UserFactory()
+    for n in range(3):
+        services.session_create(owner=owner, image="img", gpus=1, name=f"s{n}")  # eager: applied, then put back
+    Session.objects.update(phase=Session.Phase.SCHEDULED)
+    backdate(created_at=True)
+    broker(f"redis://{silent_listener}/0")
+    started = time.monotonic()
+    assert services.sessions_reconcile(older_than=90) == {"apply": 0, "delete": 0, "unpublished": 3}
+    assert time.monotonic() - started < BOUND  # one bounded publish, not one per due session
+
+
+@pytest.mark.django_db(transaction=False)  # the migration's rows; pytest-django runs these before the flushing tests
+def test_reconcile_schedule_is_created_by_migration():
+    task = PeriodicTask.objects.get(task="sessions.reconcile")
+    assert task.enabled and task.interval.every == 30 and task.interval.period == "seconds"
+    assert 0 < task.expire_seconds <= 30  # expires no later than its interval
