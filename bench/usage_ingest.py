@@ -1,7 +1,7 @@
 """Benchmark: usage ingestion (``POST /internal/v1/usage``) on a real gunicorn against a raw psycopg COPY.
 
     .venv/bin/python bench/usage_ingest.py [--samples 100000] [--batch 1000] [--sessions 100] [--workers 2] [--clients 4]
-                                           [--rounds 3]
+                                           [--rounds 3] [--quick]
 
 In a throwaway database (``gshare_bench``, see ``bench/_benchenv.py``) it creates a connected cluster with
 ``--sessions`` GPUs (H100 80GB and L4, as HAMi registers them), one Running session per GPU (half whole GPUs,
@@ -23,8 +23,13 @@ each of ``--rounds`` rounds (the medians are compared):
 A warm-up (two batches, not timed) lets every worker import, connect and authenticate first. Checks after each
 endpoint run: every sample stored once, the ledger's charges equal the samples' costs,
 and each balance equals the sum of its account's ledger. Last, a fifth of the batches is posted again and must
-store nothing (its rate is printed too). The ratio printed is (median endpoint samples/s) / (median COPY rows/s).
+store nothing (its rate is printed too), and a few of them under new ``sample_id``s (an operator re-sampling the same
+windows) must each be refused whole (400 ``invalid_usage_sample``, ``reason`` ``usage_window_overlap``), the books
+unchanged. The ratio printed is (median endpoint samples/s) / (median COPY rows/s).
 Goal (issue): at least 20,000 samples/s and a ratio of at least 0.3. Exit status 0 when both are met, 1 otherwise.
+
+``--quick`` (CI): one round of 5,000 samples over 20 sessions from 2 clients, a few seconds; it checks that the run
+itself works (every answer and check above) and gives no goal verdict.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded; the server is stopped and the database dropped at the end.
 """
@@ -101,6 +106,8 @@ def make_fleet(sessions: int) -> tuple[str, str, list[tuple[str, str]]]:
                 started_at=now)
         for i in range(sessions)
     ])
+    # Before every window the bench posts (the endpoint refuses a window that begins before its session).
+    Session.objects.filter(cluster=cluster).update(created_at=now - timedelta(days=20), started_at=now - timedelta(days=20))
     Allocation.objects.bulk_create([
         Allocation(session=s, device=d, memory_mib=d.memory_mib if s.gpu_memory_mib is None else s.gpu_memory_mib,
                    cores=100 if s.gpu_cores is None else s.gpu_cores, exclusive=s.gpu_memory_mib is None)
@@ -187,6 +194,19 @@ def check_books(expected: int) -> None:
                            f"for costs {costs}, {wrong} balance(s) off the ledger")
 
 
+def check_resampled_refused(port: int, token: str, bodies: list[bytes]) -> int:
+    """Post ``bodies`` again with every ``sample_id`` renamed (the same windows re-sampled under new ids): each must be
+    refused whole, 400 ``invalid_usage_sample`` with ``reason`` ``usage_window_overlap``. Returns how many were posted."""
+    for body in bodies:
+        samples = json.loads(body)["samples"]
+        renamed = json.dumps({"samples": [dict(s, sample_id=f"resampled:{s['sample_id']}") for s in samples]}).encode()
+        status, answer = post(port, renamed, token)
+        refusal = json.loads(answer) if status == 400 else {}
+        if (status, refusal.get("code"), refusal.get("reason")) != (400, "invalid_usage_sample", "usage_window_overlap"):
+            raise RuntimeError(f"re-sampled windows under new ids answered {status}: {answer[:500]!r}")
+    return len(bodies)
+
+
 def copy_baseline() -> tuple[float, int]:
     """Read the stored samples, empty the table, COPY them back with psycopg; (seconds of COPY + commit, rows)."""
     import psycopg
@@ -216,7 +236,10 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers (default 2)")
     parser.add_argument("--clients", type=int, default=4, help="client threads posting at once (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of endpoint then COPY; medians are compared (default 3)")
+    parser.add_argument("--quick", action="store_true", help="one short round (5,000 samples, 20 sessions): checks the run, no goal verdict (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.samples, args.batch, args.sessions, args.clients, args.rounds = 5000, 1000, 20, 2, 1
     if not 1 <= args.batch <= 5000 or args.samples < args.batch or args.sessions < 1 or args.rounds < 1:
         raise SystemExit("--batch must be 1..5000, --samples at least --batch, --sessions and --rounds at least 1")
 
@@ -255,6 +278,8 @@ def main() -> int:
             replay_seconds, replayed = run_load(port, token, replay, args.clients)
             if replayed:
                 raise RuntimeError(f"a replay was accepted again ({replayed} samples)")
+            resampled = check_resampled_refused(port, token, replay[:3])
+            check_books(args.samples)
         finally:
             stop_server(server)
 
@@ -271,7 +296,11 @@ def main() -> int:
     print(f"  endpoint (POST {USAGE_PATH}):  {rate:9.0f} samples/s  (rounds: {', '.join(f'{r:.0f}' for r in rates['endpoint'])})")
     print(f"  baseline (psycopg COPY, 1 stmt):  {copy_rate:9.0f} rows/s     (rounds: {', '.join(f'{r:.0f}' for r in rates['copy'])})")
     print(f"  replay of {len(replay)} batches (all duplicates): {replay_rate:9.0f} samples/s")
+    print(f"  re-sampled windows under new ids: {resampled} batches, each refused whole (400 usage_window_overlap)")
     print(f"  ratio endpoint/COPY: {ratio:.2f}")
+    if args.quick:
+        print("  quick run: no goal verdict")
+        return 0
     print(f"  goal: >= {GOAL_RATE:,.0f} samples/s and ratio >= {GOAL_RATIO}: {'MET' if met else 'MISSED'}")
     return 0 if met else 1
 
