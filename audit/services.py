@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Model
+from django.db.models import Model, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from audit import context
 from audit.models import AuditRecord
@@ -146,8 +147,12 @@ def created(values: Mapping) -> dict:
     return {name: (None, value) for name, value in values.items()}
 
 
-def _cluster_of(obj: Model | None, cluster) -> tuple[str, str]:
-    """``(public id, name)`` of the cluster a row is about ("" when none); one query only when not loaded."""
+def _cluster_of(obj: Model | None, cluster) -> tuple:
+    """``(public id, name)`` of the cluster a row is about ("" when none).
+
+    When ``obj`` names a cluster that is not loaded, two subqueries of the row's ``INSERT`` instead (no query of
+    their own; the saved row is read back only for its log line).
+    """
     if cluster is None and obj is not None:
         if obj._meta.label == "clusters.Cluster":
             cluster = obj
@@ -156,8 +161,9 @@ def _cluster_of(obj: Model | None, cluster) -> tuple[str, str]:
             if cluster is None:
                 from django.apps import apps
 
-                found = apps.get_model("clusters", "Cluster").objects.filter(pk=obj.cluster_id).values_list("public_id", "name").first()
-                return found or ("", "")
+                row = apps.get_model("clusters", "Cluster").objects.filter(pk=obj.cluster_id).order_by()
+                return (Coalesce(Subquery(row.values("public_id")[:1]), Value("")),
+                        Coalesce(Subquery(row.values("name")[:1]), Value("")))
     if cluster is None:
         return "", ""
     return cluster.public_id, cluster.name
@@ -220,6 +226,8 @@ def audit_record(
         source_address=scope.source_address if scope is not None else None,
     )
     record.save()
+    if not isinstance(cluster_id, str):
+        record._cluster_pending = True  # the subqueries' values are in the database, not on the instance yet
     transaction.on_commit(lambda: log_emit(record, level=level))
     return record
 
@@ -247,6 +255,9 @@ def log_facts(record: AuditRecord) -> dict:
 def log_emit(record: AuditRecord, *, level: int = logging.INFO) -> None:
     """Emit the log line of ``record`` (``gshare.audit``, or ``gshare.audit.trail`` for actions not in
     :data:`LOGGER_ACTIONS`): ``key=value`` pairs, the same facts in ``extra["audit"]``."""
+    if getattr(record, "_cluster_pending", False):
+        record.refresh_from_db(fields=["cluster", "cluster_name"])
+        record._cluster_pending = False
     facts = log_facts(record)
     text = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}" for key, value in facts.items()
                     if not isinstance(value, dict))

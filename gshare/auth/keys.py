@@ -33,6 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from audit.services import Action, audit_record
 from gshare.exceptions import ApplicationError
 from gshare.models import SigningKey
 
@@ -109,6 +110,11 @@ def _pem_pair(private: rsa.RSAPrivateKey) -> tuple[str, str]:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode()
     return private_pem, public_pem
+
+
+def _replaced_facts(replaced: list[SigningKey]) -> dict:
+    """Audit details of a rotation or an import: the kids that stopped signing and until when they verify."""
+    return {"replaced": [old.kid for old in replaced], "verify_until": replaced[0].retire_after if replaced else None}
 
 
 def _lock() -> None:
@@ -222,6 +228,7 @@ def signing_key_rotate(*, now: datetime | None = None) -> Rotation:
             "signing key rotated: %s is active; %s verify until %s",
             key.kid, ", ".join(k.kid for k in replaced), replaced[0].retire_after.isoformat(),
         )
+    audit_record(action=Action.SIGNING_KEY_ROTATE, obj=key, changes={"status": (None, key.status)}, details=_replaced_facts(replaced))
     return Rotation(active=key, created=True, replaced=replaced, retired=retired)
 
 
@@ -273,6 +280,9 @@ def signing_keys_retire(*, now: datetime | None = None) -> list[str]:
     with transaction.atomic():
         due = list(published.select_for_update().filter(retire_after__lte=now).values_list("pk", "kid"))
         SigningKey.objects.filter(pk__in=[pk for pk, _ in due]).update(status=SigningKey.Status.RETIRED, retired_at=now)
+        for _, kid in due:
+            audit_record(action=Action.SIGNING_KEY_RETIRE, object_type="signing_key", object_id=kid,
+                         changes={"status": (SigningKey.Status.PUBLISHED, SigningKey.Status.RETIRED)}, details={"retired_at": now})
     kids = [kid for _, kid in due]
     if kids:
         logger.info("signing keys retired (every token they signed has expired): %s", ", ".join(kids))
@@ -358,4 +368,6 @@ def signing_key_import(pem: bytes | str, *, now: datetime | None = None) -> Rota
     key = SigningKey(kid=secrets.token_hex(8), private_key_pem=private_pem, public_key_pem=public_pem, imported=True, created_at=now)
     replaced = _replace_active(key, now)
     logger.info("signing key imported: %s (%d bits) is active; replaced %s", key.kid, private.key_size, ", ".join(k.kid for k in replaced) or "none")
+    audit_record(action=Action.SIGNING_KEY_IMPORT, obj=key, changes={"status": (None, key.status)},
+                 details={**_replaced_facts(replaced), "bits": private.key_size})
     return Rotation(active=key, created=True, replaced=replaced)

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from audit.services import Action, audit_record
 from gshare.exceptions import ApplicationError, NotFound
 from gshare.models import ApiToken
 
@@ -46,6 +47,7 @@ def api_token_create(*, username: str, name: str = "default") -> tuple[ApiToken,
     row = ApiToken(user=user, name=name, key_id=key_id, token_hash=_digest(text))
     row.full_clean()
     row.save()
+    audit_record(action=Action.API_TOKEN_CREATE, obj=row, object_repr=f"{username}/{name}", details={"user": username, "name": name})
     return row, text
 
 
@@ -67,9 +69,13 @@ def api_token_authenticate(*, token: str) -> ApiToken:
     return row
 
 
+@transaction.atomic
 def api_token_revoke(*, token: ApiToken) -> ApiToken:
-    """Revoke an API token (idempotent): from now on it is refused with 401 ``api_token_invalid``."""
+    """Revoke an API token (idempotent): from now on it is refused with 401 ``api_token_invalid``. Audited once."""
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        username = token.user.get_username()
+        audit_record(action=Action.API_TOKEN_REVOKE, obj=token, object_repr=f"{username}/{token.name}", changes={"revoked_at": (None, token.revoked_at)},
+                     details={"user": username, "name": token.name})
     return token

@@ -123,7 +123,7 @@ def test_query_count_is_bounded(user):
     fleet(nodes=5, gpus=4)
     with CaptureQueriesContext(connection) as queries:
         services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=100)
-    assert len(queries) <= 10, [q["sql"][:80] for q in queries]
+    assert len(queries) <= 11, [q["sql"][:80] for q in queries]  # 11: the audit row (its cluster by subqueries, no query)
 
 
 @pytest.mark.django_db(transaction=True)

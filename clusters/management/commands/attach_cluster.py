@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
+from clusters.attach.fixes import invocation
 from clusters.attach.steps import Attach, AttachOptions, AttachStopped
 
 
@@ -26,13 +29,16 @@ class Command(BaseCommand):
         parser.add_argument("--skip-ingress", action="store_true", help="do not install ingress-nginx (the cluster has an ingress controller)")
         parser.add_argument("--operator-image", metavar="IMAGE", help="operator image repository:tag (default: the chart's)")
 
+    @command_actor
     def handle(self, *args, **options):  # noqa: D102
+        # "then re-run:" names what the user ran: `python manage.py attach_cluster ...`, or hack/attach-cluster.sh
+        # (which sets GSHARE_ATTACH_INVOKED_AS); nothing specific under call_command.
+        rerun, manage = invocation(argv=sys.argv, orig_argv=getattr(sys, "orig_argv", sys.argv), environ=os.environ)
         attach_options = AttachOptions(
             kubeconfig_path=options["kubeconfig"], name=options["name"], control_plane_url=options["control_plane"].rstrip("/"),
             session_domain=options["session_domain"], ingress_node=options["ingress_node"],
             storage_values_path=options["storage_values"], skip_ingress=options["skip_ingress"],
-            operator_image=options["operator_image"], argv=("python", "manage.py", "attach_cluster", *sys.argv[2:])
-            if len(sys.argv) > 1 and sys.argv[1] == "attach_cluster" else (),
+            operator_image=options["operator_image"], argv=rerun, manage=manage,
         )
         attach = Attach(attach_options, echo=lambda line: self.stdout.write(line))
         try:

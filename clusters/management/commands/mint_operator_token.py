@@ -3,6 +3,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
 from clusters.operator_tokens import operator_token_mint
 from gshare.exceptions import ApplicationError
 
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("cluster_id", help="The cluster's id (clu_...)")
         parser.add_argument("--ttl", type=int, default=settings.GSHARE_OPERATOR_TOKEN_TTL, help="Lifetime in seconds (default 604800 = 7 days)")
 
+    @command_actor
     def handle(self, *args, cluster_id: str, ttl: int, **options):  # noqa: D102
         try:
             token = operator_token_mint(cluster_id=cluster_id, ttl=ttl)

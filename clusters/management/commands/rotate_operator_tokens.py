@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
 from clusters.token_rotation import Outcome, operator_tokens_rotate
 from gshare.exceptions import ApplicationError
 
@@ -24,6 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="show what would be rotated; change nothing, dial nothing")
         parser.add_argument("--force", action="store_true", help="rotate every cluster, even those rotated in the last 12 h")
 
+    @command_actor
     def handle(self, *args, cluster_id: str | None, dry_run: bool, force: bool, **options):  # noqa: D102
         try:
             results = operator_tokens_rotate(cluster_id=cluster_id, dry_run=dry_run, force=force)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
 from demo.runner import DemoError, DemoOptions, run_demo
 from gshare.embedded import gshare_home
 
@@ -28,6 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--smoke", action="store_true", help="Wait for every inventory, print the state as JSON, stop, exit")
         parser.add_argument("--inventory-interval", type=int, default=10, help="Operators' inventory interval in seconds (default 10)")
 
+    @command_actor
     def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int, **options):  # noqa: D102
         signal.signal(signal.SIGTERM, _terminate)
         signal.signal(signal.SIGINT, _terminate)  # also when started from a shell that ignores SIGINT

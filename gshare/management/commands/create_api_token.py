@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
 from gshare.auth.tokens import api_token_create
 from gshare.exceptions import ApplicationError
 
@@ -15,6 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("--name", default="default", help="A label for the token (e.g. laptop, ci)")
 
+    @command_actor
     def handle(self, *args, username: str, name: str, **options):  # noqa: D102
         try:
             _, text = api_token_create(username=username, name=name)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.context import command_actor
 from gshare.auth.keys import MAX_KEY_FILE_BYTES, signing_key_import
 from gshare.exceptions import ApplicationError
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):  # noqa: D102
         parser.add_argument("--file", required=True, dest="path", help="Path of the PEM file (e.g. a mounted Secret)")
 
+    @command_actor
     def handle(self, *args, path: str, **options):  # noqa: D102
         try:
             with Path(path).open("rb") as handle:

@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
+from audit.context import command_actor
 from gshare.auth.keys import signing_key_rotate
 
 
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         "Keys already past that time are retired now."
     )
 
+    @command_actor
     def handle(self, *args, **options):  # noqa: D102
         rotation = signing_key_rotate()
         self.stdout.write(f"Signing key {rotation.active.kid} is active: new tokens are signed with it.")
