@@ -7,6 +7,13 @@ with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registratio
 server (gunicorn), a Celery worker and beat, and one real operator process per cluster with a
 token minted for it. It then waits until every cluster's inventory has arrived through its
 operator and writes the state file.
+
+Every run starts clean: what a previous run left under ``.gshare/demo/`` (each cluster's folder with
+its operator's usage queue, the logs, beat's schedule) is removed first. The web server is one, but
+seen under two names: ``http://localhost:<port>`` is the public side (console, API), where the
+internal plane answers 404, and ``http://127.0.0.1:<port>`` is the internal host
+(``GSHARE_INTERNAL_HOSTS``) the operators and the session Ingresses' connect verify use. A child that
+exits is started again with backoff (``demo.processes``) instead of stopping the demo.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -30,7 +38,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from demo import fleet
-from demo.processes import ProcessGroup, python_argv
+from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
 
 DEMO_DATABASE = "gshare_demo"
@@ -46,7 +54,7 @@ class DemoOptions:
     """Options of ``manage.py demo``.
 
     Attributes:
-        port: web server port on 127.0.0.1 (0 picks a free one).
+        port: web server port on 127.0.0.1 (0 picks a free one); public as ``localhost``, internal as ``127.0.0.1``.
         state_file: where the JSON state is written.
         smoke: wait for the inventories, print the state, stop everything, exit.
         inventory_interval: operators' inventory interval, seconds.
@@ -104,10 +112,30 @@ def _wait_for_file(path: Path, what: str, group: ProcessGroup, timeout: float = 
 
 
 def _check_children(group: ProcessGroup) -> None:
-    dead = group.dead()
-    if dead:
-        child = dead[0]
-        raise DemoError(f"{child.name} exited with code {child.process.returncode}; last lines of {child.log_path}:\n{child.log_tail()}")
+    """Start again the children that exited (with backoff, announced); DemoError when one keeps failing."""
+    try:
+        group.supervise()
+    except ChildFailed as exc:
+        raise DemoError(str(exc)) from None
+
+
+def _wipe_previous_run(workdir: Path) -> None:
+    """Remove what an earlier run left in ``workdir``: each cluster's folder (kubeconfig, tokens, and the operator's
+    usage queue, which belongs to that run's cluster id), the logs and beat's schedule."""
+    for spec in fleet.FLEET:
+        shutil.rmtree(workdir / spec.name, ignore_errors=True)
+    shutil.rmtree(workdir / "logs", ignore_errors=True)
+    for path in workdir.glob("celerybeat-schedule*"):
+        path.unlink(missing_ok=True)
+
+
+def _check_internal_plane(url: str, internal_url: str) -> None:
+    """The JWKS answers 404 on the public name and 200 on the internal one, or DemoError."""
+    path = "/.well-known/gshare-internal-jwks.json"
+    public, internal = requests.get(url + path, timeout=10), requests.get(internal_url + path, timeout=10)
+    if public.status_code != 404 or internal.status_code != 200:
+        raise DemoError(f"the internal plane is not closed on the public host: {url}{path} answered {public.status_code} (expected 404), "
+                        f"{internal_url}{path} answered {internal.status_code} (expected 200)")
 
 
 def _wait_for_http(url: str, group: ProcessGroup, timeout: float = 60.0) -> None:
@@ -130,7 +158,7 @@ def run_demo(options: DemoOptions) -> dict:
     Ctrl-C (or SIGTERM) and then stops everything.
 
     Returns:
-        ``{"url", "admin_user", "admin_password", "api_token", "clusters": [{"id", "name",
+        ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "clusters": [{"id", "name",
         "session_domain", "kubeconfig_path", "nodes", "gpus"}]}``.
 
     Raises:
@@ -144,8 +172,9 @@ def run_demo(options: DemoOptions) -> dict:
     from storage.services import pools_refresh_capacity
 
     workdir = gshare_home() / "demo"
-    group = ProcessGroup(log_dir=workdir / "logs")
     options.state_file.unlink(missing_ok=True)  # never leave a previous run's URL and credentials around
+    _wipe_previous_run(workdir)
+    group = ProcessGroup(log_dir=workdir / "logs", say=_say)
     try:
         _say("creating a fresh database and applying migrations")
         database_url = _fresh_database()
@@ -180,24 +209,24 @@ def run_demo(options: DemoOptions) -> dict:
             token_file = folder / "emulator-token"
             token_file.write_text(emulator_token)
             token_file.chmod(0o600)
-            group.start(
-                f"emulator-{spec.name}",
-                python_argv("-m", "demo.emulator", "--seed", str(seed), "--port", "0", "--ready-file", str(ready), "--token-file", str(token_file)),
-                env=dict(os.environ),
-                cwd=settings.BASE_DIR,
-            )
-            emulators[spec.name] = (folder, ready, emulator_token)
+            def emulator_argv(port: int, seed=seed, ready=ready, token_file=token_file) -> list[str]:
+                return python_argv("-m", "demo.emulator", "--seed", str(seed), "--port", str(port), "--ready-file", str(ready),
+                                   "--token-file", str(token_file))
+
+            child = group.start(f"emulator-{spec.name}", emulator_argv(0), env=dict(os.environ), cwd=settings.BASE_DIR)
+            emulators[spec.name] = (folder, ready, emulator_token, child, emulator_argv)
         allowlist = list(settings.GSHARE_LOOPBACK_ALLOWLIST)
         urls = {}
-        for name, (_folder, ready, _) in emulators.items():
+        for name, (_folder, ready, _, child, emulator_argv) in emulators.items():
             urls[name] = _wait_for_file(ready, f"the emulator of {name}", group)["url"]
             allowlist.append(urls[name].split("://", 1)[1])
+            child.argv = emulator_argv(urlsplit(urls[name]).port)  # a restart comes back where the kubeconfig points
         settings.GSHARE_LOOPBACK_ALLOWLIST = allowlist
 
         _say("registering the clusters (probe included)")
         clusters = []
         for spec in fleet.FLEET:
-            folder, _, emulator_token = emulators[spec.name]
+            folder, _, emulator_token, _, _ = emulators[spec.name]
             kubeconfig = _kubeconfig(spec.name, urls[spec.name], emulator_token)
             kubeconfig_path = folder / "kubeconfig.yaml"
             kubeconfig_path.write_text(kubeconfig)
@@ -221,17 +250,19 @@ def run_demo(options: DemoOptions) -> dict:
                            sharing="all", manual_capacity_gb=1024)
 
         port = options.port or _free_port()
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://localhost:{port}"  # the public side: console and API
+        internal_url = f"http://127.0.0.1:{port}"  # the internal host: operators, connect verify, JWKS
         child_env = {
             **os.environ,
             "DATABASE_URL": database_url,
             "REDIS_URL": settings.REDIS_URL,
             "GSHARE_LOOPBACK_ALLOWLIST": ",".join(allowlist),
             "DJANGO_SETTINGS_MODULE": "gshare.settings",
-            "GSHARE_CONTROL_PLANE_URL": url,
+            "GSHARE_CONTROL_PLANE_URL": internal_url,
+            "GSHARE_INTERNAL_HOSTS": "127.0.0.1",
             "PYTHONUNBUFFERED": "1",
         }
-        _say(f"starting the web server on {url}, a Celery worker and beat")
+        _say(f"starting the web server on 127.0.0.1:{port} ({url} public, {internal_url} internal), a Celery worker and beat")
         group.start(
             "web",
             python_argv("-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4",
@@ -244,6 +275,7 @@ def run_demo(options: DemoOptions) -> dict:
                                         "--schedule", str(workdir / "celerybeat-schedule")),
                     env=child_env, cwd=settings.BASE_DIR)
         _wait_for_http(f"{url}/healthz", group)
+        _check_internal_plane(url, internal_url)
 
         _say("starting one operator per cluster")
         for spec, cluster, kubeconfig_path, token_path in clusters:
@@ -253,7 +285,7 @@ def run_demo(options: DemoOptions) -> dict:
             }
             operator_env.update({
                 "GSHARE_CLUSTER_ID": cluster.public_id,
-                "GSHARE_CONTROL_PLANE_URL": url,
+                "GSHARE_CONTROL_PLANE_URL": internal_url,
                 "GSHARE_TOKEN_FILE": str(token_path),
                 "GSHARE_INVENTORY_INTERVAL": str(options.inventory_interval),
                 "GSHARE_VOLUME_STORAGE_CLASS": fleet.STORAGE_CLASS,
@@ -293,6 +325,7 @@ def run_demo(options: DemoOptions) -> dict:
         pool.refresh_from_db()
         state = {
             "url": url,
+            "internal_url": internal_url,
             "storage_pool": {"id": pool.public_id, "name": pool.name, "storage_class": pool.storage_class,
                              "capacity_bytes": pool.capacity_bytes, "source": pool.capacity_source},
             "admin_user": "admin",
@@ -322,6 +355,8 @@ def run_demo(options: DemoOptions) -> dict:
              f"{(pool.capacity_bytes or 0) / 2**40:.2f} TiB from {pool.capacity_source}")
         _say(f"console: {url}/  (user admin, password {password})")
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
+        _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")
+        _say(f"         curl {url}/.well-known/gshare-internal-jwks.json  -> 404;  curl {internal_url}/.well-known/gshare-internal-jwks.json  -> the JWKS")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")
         if options.smoke:
             return state

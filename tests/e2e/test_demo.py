@@ -1,4 +1,6 @@
-"""``manage.py demo``: it comes up with both clusters' inventories, and Ctrl-C stops every process it started."""
+"""``manage.py demo``: it comes up with both clusters' inventories, the internal plane answers only on the internal
+host, a child that exits is started again, two runs in a row in one checkout both work, and Ctrl-C stops every
+process it started."""
 
 import json
 import os
@@ -6,7 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -18,20 +23,51 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def demo_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "GSHARE_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "gshare.settings"}
+
+
+def start_demo(tmp_path: Path, state_file: Path) -> tuple[subprocess.Popen, Path, dict]:
+    """Start ``manage.py demo`` (not smoke); return ``(process, log path, state)`` once the state file is written."""
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "wb") as log:
+        demo = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", "0", "--state-file", str(state_file), "--inventory-interval", "2"],
+            cwd=ROOT, env=demo_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 150
+    while not state_file.exists() and time.monotonic() < deadline:
+        if demo.poll() is not None:
+            pytest.fail(log_path.read_text()[-3000:], pytrace=False)
+        time.sleep(0.5)
+    return demo, log_path, json.loads(state_file.read_text())
+
+
+def stop_demo(demo: subprocess.Popen) -> None:
+    """Ctrl-C: the demo exits 0 and every process it started is gone."""
+    children = psutil.Process(demo.pid).children(recursive=True)
+    demo.send_signal(signal.SIGINT)
+    assert demo.wait(60) == 0
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def operator_processes(demo: subprocess.Popen) -> dict[str, psutil.Process]:
+    """The demo's running operator processes by cluster id."""
+    found = {}
+    for process in psutil.Process(demo.pid).children(recursive=True):
+        try:
+            if process.cmdline()[-2:] == ["-m", "operator_agent"] and process.status() != psutil.STATUS_ZOMBIE:
+                found[process.environ()["GSHARE_CLUSTER_ID"]] = process
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def test_demo_runs_and_ctrl_c_stops_everything(tmp_path):
     state_file = tmp_path / "state.json"
-    env = {**os.environ, "GSHARE_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "gshare.settings"}
-    log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115
-    demo = subprocess.Popen(
-        [sys.executable, "manage.py", "demo", "--port", "0", "--state-file", str(state_file), "--inventory-interval", "2"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
+    demo, log_path, state = start_demo(tmp_path, state_file)
     try:
-        deadline = time.monotonic() + 150
-        while not state_file.exists() and time.monotonic() < deadline:
-            assert demo.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
-            time.sleep(0.5)
-        state = json.loads(state_file.read_text())
         assert [c["name"] for c in state["clusters"]] == [spec.name for spec in fleet.FLEET]
         for cluster in state["clusters"]:
             expected = fleet.expected_inventory(cluster["name"])
@@ -52,13 +88,86 @@ def test_demo_runs_and_ctrl_c_stops_everything(tmp_path):
         login = requests.get(f"{state['url']}/login/", timeout=10)
         assert login.status_code == 200 and "gShare console" in login.text
 
+        # The console and API are advertised on localhost, the operators' control plane is 127.0.0.1: one server,
+        # and the internal plane answers only under the internal name.
+        port = urlsplit(state["url"]).port
+        assert (state["url"], state["internal_url"]) == (f"http://localhost:{port}", f"http://127.0.0.1:{port}")
+        jwks = "/.well-known/gshare-internal-jwks.json"
+        public = requests.get(state["url"] + jwks, timeout=10)
+        assert public.status_code == 404 and public.json()["code"] == "not_found"
+        assert requests.get(state["internal_url"] + jwks, timeout=10).json()["keys"]
+        assert requests.put(state["url"] + "/internal/v1/inventory", json={"nodes": []}, timeout=10).status_code == 404
+        assert requests.put(state["internal_url"] + "/internal/v1/inventory", json={"nodes": []}, timeout=10).status_code == 401
+        assert {p.environ()["GSHARE_CONTROL_PLANE_URL"] for p in operator_processes(demo).values()} == {state["internal_url"]}
+
         children = psutil.Process(demo.pid).children(recursive=True)
         assert len(children) >= 2 + 3 + len(fleet.FLEET)  # emulators, web, worker, beat, operators
-        demo.send_signal(signal.SIGINT)
-        assert demo.wait(60) == 0
-        gone, alive = psutil.wait_procs(children, timeout=15)
-        assert not alive, [p.cmdline() for p in alive]
+        stop_demo(demo)
     finally:
         if demo.poll() is None:
             demo.kill()
-        log.close()
+
+
+def test_an_operator_that_exits_is_restarted_and_the_demo_keeps_running(tmp_path):
+    state_file = tmp_path / "state.json"
+    demo, log_path, state = start_demo(tmp_path, state_file)
+    try:
+        headers = {"Authorization": f"Bearer {state['api_token']}"}
+        victim, survivor = state["clusters"]
+        before = operator_processes(demo)
+        assert set(before) == {victim["id"], survivor["id"]}
+        others = {p.pid for p in psutil.Process(demo.pid).children()} - {before[victim["id"]].pid}
+
+        before[victim["id"]].kill()  # SIGKILL: no clean shutdown
+        back = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert demo.poll() is None, log_path.read_text()[-3000:]
+            back = operator_processes(demo).get(victim["id"])
+            if back and back.pid != before[victim["id"]].pid and f"restarted operator-{victim['name']}" in log_path.read_text():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"operator-{victim['name']} was not restarted:\n{log_path.read_text()[-3000:]}", pytrace=False)
+        output = log_path.read_text()
+        assert f"operator-{victim['name']} exited with code -9; restarting it in 1 s" in output
+        operator_log = Path(state["clusters"][0]["kubeconfig_path"]).parents[1] / "logs" / f"operator-{victim['name']}.log"
+        assert "[demo] restarting operator-" in operator_log.read_text()
+
+        # Nothing else was touched, and the restarted operator reports again (a fresh heartbeat after its start).
+        assert others <= {p.pid for p in psutil.Process(demo.pid).children()}
+        assert operator_processes(demo)[survivor["id"]].pid == before[survivor["id"]].pid
+        restarted_at = back.create_time()
+        deadline = time.monotonic() + 60
+        while True:
+            cluster = requests.get(f"{state['url']}/api/v1/clusters/{victim['id']}", headers=headers, timeout=10).json()
+            beat = cluster["last_heartbeat_at"]
+            if beat and datetime.fromisoformat(beat).timestamp() > restarted_at + 0.5:
+                break
+            assert time.monotonic() < deadline, f"no heartbeat of {victim['name']} after the restart: {cluster}"
+            time.sleep(0.5)
+        assert cluster["status"] == "connected"
+        assert state_file.exists() and demo.poll() is None
+        stop_demo(demo)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+
+
+def test_two_smoke_runs_in_a_row_in_one_checkout_both_pass(tmp_path):
+    """The second run must not inherit the first one's state (its operators' usage queues belong to the old cluster
+    ids: metering would stay off and no session would ever be charged)."""
+    state_file = tmp_path / "state.json"
+    results = []
+    for run in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "manage.py", "demo", "--smoke", "--port", "0", "--state-file", str(state_file), "--inventory-interval", "2"],
+            cwd=ROOT, env=demo_env(tmp_path), capture_output=True, text=True, timeout=280,
+        )
+        assert done.returncode == 0, f"run {run}:\n{done.stderr[-4000:]}"
+        results.append(json.loads(done.stdout))
+    first, second = results
+    assert {c["id"] for c in first["clusters"]}.isdisjoint({c["id"] for c in second["clusters"]})  # a fresh fleet each run
+    for state in results:
+        assert len(state["sessions"]) == len(fleet.FLEET)
+        assert all(s["phase"] == "Terminated" and Decimal(s["charged"]) <= 0 for s in state["sessions"])
