@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from jsonschema import Draft202012Validator
@@ -75,19 +75,41 @@ class StatusView(OperatorAPIView):
 
 @csrf_exempt
 def connect_verify(request):
-    """``/internal/connect/verify``: ingress-nginx ``auth-url``; answers 200 or 401 only, with no body."""
-    verdict = connect.verify(
-        original_url=request.headers.get("X-Original-URL", ""),
-        authorization=request.headers.get("Authorization", ""),
-        cookie=request.COOKIES.get(connect.COOKIE_NAME, ""),
-    )
-    response = HttpResponse(status=verdict.status)
+    """``/internal/connect/verify``: ingress-nginx ``auth-url``.
+
+    Answers 200 (with ``X-Auth-Request-User`` and maybe ``Set-Cookie``), 401 with ``{"code", "detail"}``
+    (``token_missing``, ``token_invalid``, ``connect_refused``), or 503 ``verify_unavailable`` with
+    ``Retry-After`` when it cannot decide; never anything else (nginx treats any other answer as an error).
+    """
+    try:
+        verdict = connect.verify(
+            original_url=request.headers.get("X-Original-URL", ""),
+            authorization=request.headers.get("Authorization", ""),
+            cookie=request.COOKIES.get(connect.COOKIE_NAME, ""),
+        )
+    except connect.VerifyUnavailable as exc:
+        logger.warning("connect verify unavailable: %s", exc.detail)
+        return _verify_unavailable(exc)
+    except Exception:  # a bug must not become a 500 page, nor a 2xx
+        logger.exception("connect verify failed")
+        return _verify_unavailable(connect.VerifyUnavailable(
+            f"Connect verification failed unexpectedly; retry in {connect.RETRY_AFTER_SECONDS} s. The control plane's log has the cause."
+        ))
     if verdict.status == 200:
+        response = HttpResponse(status=200)
         response["X-Auth-Request-User"] = verdict.user
         if verdict.set_cookie:
             name, value, path, max_age = verdict.set_cookie
             response.set_cookie(name, value, max_age=max_age, path=path, secure=True, httponly=True, samesite="Lax")
     else:
         logger.debug("connect refused: %s", verdict.reason)
+        response = JsonResponse({"code": verdict.code, "detail": connect.REFUSAL_DETAILS[verdict.code]}, status=verdict.status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _verify_unavailable(exc: connect.VerifyUnavailable) -> JsonResponse:
+    response = JsonResponse(exc.as_body(), status=exc.status)
+    response["Retry-After"] = str(exc.retry_after)
     response["Cache-Control"] = "no-store"
     return response

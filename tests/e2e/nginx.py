@@ -38,7 +38,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -167,6 +167,8 @@ def render_conf(
     auth_url: str,
     backend_url: str,
     catch_all: bool = True,
+    backends: Mapping[str, str] | None = None,
+    uri_echo_host: str | None = None,
 ) -> str:
     """The nginx.conf of the test ingress.
 
@@ -178,6 +180,8 @@ def render_conf(
         paths: session Ingress paths (``/s/<session id>/``, pathType Prefix).
         auth_url: the ``auth-url`` (``<control plane>/internal/connect/verify``).
         backend_url: where allowed requests go (the session pod's Service).
+        backends: per-path backends (``{path: url}``) overriding ``backend_url``: each session Ingress
+            routes to its own pod's Service, so a test can tell whose pod a request reached.
         catch_all: also serve the session locations in the ``default_server`` (any other ``Host``),
             so that a request with an unknown host still reaches the verify and is refused by the
             control plane, not merely unrouted by nginx (ingress-nginx's ``_`` server would answer
@@ -186,7 +190,7 @@ def render_conf(
     user = ""
     if os.geteuid() == 0:  # as root nginx would switch its workers to nobody, who cannot enter tmp_path
         user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
-    locations = "".join(_auth_block(p, auth_url) + _session_block(p, backend_url) for p in paths)
+    locations = "".join(_auth_block(p, auth_url) + _session_block(p, (backends or {}).get(p, backend_url)) for p in paths)
     servers = [(host, "") for host in hosts]
     if catch_all:
         servers.append(("_", " default_server"))
@@ -203,6 +207,16 @@ def render_conf(
 """
         for name, flags in servers
     )
+    if uri_echo_host:
+        blocks += f"""
+    server {{
+        listen 127.0.0.1:{port};
+        server_name {uri_echo_host};
+        location / {{
+            return 200 "$uri";
+        }}
+    }}
+"""
     return f"""# Rendered by tests/e2e/nginx.py after ingress-nginx's nginx.tmpl (auth-url Ingress).
 {user}
 worker_processes 1;

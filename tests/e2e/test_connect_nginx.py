@@ -10,10 +10,15 @@ TLS: nginx listens on plain http on loopback, so the harness writes the auth sub
 ``$scheme://$http_host$request_uri`` is on a cluster, where the ingress terminates TLS. The connect
 cookie is ``Secure``, so the test sends it back by hand in a ``Cookie`` header, as a browser would
 over https (``requests`` keeps Secure cookies off plain http).
+
+Hostile paths (``..``, ``%2e%2e``, ``%2f``, ``%5c``, ``//``, a second ``/s/<id>/``) are sent byte for
+byte with ``http.client`` (``requests``/urllib3 would resolve dot segments first, like ``curl`` without
+``--path-as-is``), to nginx routing each session's location to its own echo backend.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -27,11 +32,15 @@ import requests
 from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE
 from gshare.auth.keys import signing_key_ensure
 from operator_agent import contract
 from sessions import connect, services
+from sessions.connect_path import nginx_uri
 from sessions.manifests import session_path
 from sessions.models import Session
 from tests.e2e.nginx import ingress_nginx  # noqa: F401 -- the fixture
@@ -67,16 +76,30 @@ class _Echo(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def backend():
-    """The echo backend on ``127.0.0.1:<free port>``; ``backend.seen`` lists the paths it served."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    server.seen = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+def echo_backends():
+    """Factory: ``start() -> server``, an echo backend on ``127.0.0.1:<free port>``; ``server.seen`` lists the
+    paths it served. All are stopped at teardown."""
+    started = []
+
+    def start():
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+        server.seen = []
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in started:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def backend(echo_backends):
+    """One echo backend standing in for every session pod."""
+    return echo_backends()
 
 
 @pytest.fixture
@@ -132,6 +155,21 @@ def get(nginx, url: str, *, cookie: str | None = None, **headers) -> requests.Re
 
 def link(session) -> str:
     return services.session_connect(session=session, user=session.owner)
+
+
+def raw_get(nginx, host: str, request_uri: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET ``request_uri`` through nginx exactly as written (no dot-segment removal, no re-quoting)."""
+    conn = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=30)
+    try:
+        conn.putrequest("GET", request_uri, skip_host=True, skip_accept_encoding=True)
+        conn.putheader("Host", host)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
 
 
 def test_link_then_cookie_reach_the_session_pod_as_the_owner(stack, verdicts):
@@ -239,3 +277,115 @@ def test_no_token_is_refused(stack, verdicts):
     assert "Set-Cookie" not in response.headers
     assert verdicts == [(f"https://{DOMAIN}/s/{session.public_id}/lab", 401, "no valid connect token")]
     assert not stack["backend"].seen
+
+
+@pytest.fixture
+def two_owners(django_user_model, live_server, echo_backends, ingress_nginx):  # noqa: F811 -- the imported fixture
+    """Session S1 of ``anna`` and session M1 of ``bruno`` on one cluster, each Ingress routing to its own pod."""
+    cache.clear()
+    connect.clear_local_caches()
+    cluster = ClusterFactory(session_domain=DOMAIN)
+    anna = django_user_model.objects.create_user("anna")
+    bruno = django_user_model.objects.create_user("bruno")
+    s1 = Session.objects.create(owner=anna, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+    m1 = Session.objects.create(owner=bruno, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+    pods = {s1.public_id: echo_backends(), m1.public_id: echo_backends()}
+    live = urlsplit(live_server.url)
+    nginx = ingress_nginx(
+        hosts=[DOMAIN],
+        paths=[session_path(s1.public_id), session_path(m1.public_id)],
+        auth_url=f"http://127.0.0.1:{live.port}/internal/connect/verify",
+        backend_url="http://127.0.0.1:9",  # unused: every path has its own pod
+        backends={session_path(sid): f"http://127.0.0.1:{pod.server_address[1]}" for sid, pod in pods.items()},
+    )
+    return {"s1": s1, "m1": m1, "pods": pods, "nginx": nginx}
+
+
+def _attacks(m: str, s: str) -> dict[str, str]:
+    """Request URIs that nginx may route to S1's location (or that look like it), built from M1's path."""
+    return {
+        "dot-dot": f"/s/{m}/../../s/{s}/lab",
+        "dot-dot one level": f"/s/{m}/../{s}/lab",
+        "dot then dot-dot": f"/s/{m}/./../../s/{s}/lab",
+        "%2e%2e": f"/s/{m}/%2e%2e/%2e%2e/s/{s}/lab",
+        "%2E%2E": f"/s/{m}/%2E%2E/%2E%2E/s/{s}/lab",
+        "%2E": f"/s/{m}/.%2E/%2E./s/{s}/lab",
+        "%2f": f"/s/{m}/..%2f..%2fs/{s}/lab",
+        "%2F": f"/s/{m}/..%2F..%2Fs%2F{s}%2Flab",
+        "%2f after the id": f"/s/{m}%2f..%2f..%2fs%2f{s}/lab",
+        "%5c": f"/s/{m}/..%5c..%5cs%5c{s}%5clab",
+        "%5C": f"/s/{m}/..%5C..%5Cs/{s}/lab",
+        "backslash": f"/s/{m}/..\\..\\s\\{s}\\lab",
+        "//": f"/s/{m}//../../s/{s}/lab",
+        "// in front": f"//s/{m}/..//../s/{s}/lab",
+        "second /s/<id>/": f"/s/{m}/s/{s}/lab",
+        "second /s/ via ..;": f"/s/{m}/..;/../s/{s}/lab",
+        "double-encoded dots": f"/s/{m}/%252e%252e/%252e%252e/s/{s}/lab",
+        "mixed": f"/s/{m}/.%2e/%2E./%2fs/{s}/./lab?x=1",
+        "mixed with query": f"/s/{m}/%2e%2e%2f%2E%2E/s/{s}/lab?next=/s/{m}/",
+    }
+
+
+def test_attacker_with_a_token_for_his_session_never_reaches_another_session(two_owners, verdicts):
+    s1, m1, pods, nginx = two_owners["s1"], two_owners["m1"], two_owners["pods"], two_owners["nginx"]
+    token = link(m1).split("token=", 1)[1]
+
+    # The legitimate paths still work: each owner reaches their own pod as themselves.
+    status, _, body = raw_get(nginx, DOMAIN, f"/s/{m1.public_id}/lab", {"Authorization": f"Bearer {token}"})
+    assert (status, json.loads(body)["user"]) == (200, "bruno"), nginx.logs()
+    anna_url = link(s1)
+    status, _, body = raw_get(nginx, DOMAIN, urlsplit(anna_url).path + "?" + urlsplit(anna_url).query)
+    assert (status, json.loads(body)["user"]) == (200, "anna"), nginx.logs()
+    assert len(pods[s1.public_id].seen) == 1 and len(pods[m1.public_id].seen) == 1
+    verdicts.clear()
+
+    for name, uri in _attacks(m1.public_id, s1.public_id).items():
+        for where in ("bearer", "query"):
+            before = len(verdicts)
+            if where == "bearer":
+                status, _, _ = raw_get(nginx, DOMAIN, uri, {"Authorization": f"Bearer {token}"})
+            else:
+                status, _, _ = raw_get(nginx, DOMAIN, uri + ("&" if "?" in uri else "?") + f"token={token}")
+            assert status in (400, 401, 404), (name, where, status, nginx.logs())
+            assert pods[s1.public_id].seen == [f"{urlsplit(anna_url).path}?{urlsplit(anna_url).query}"], (name, where)
+            # Whenever nginx asked (it routed the request to a session location), the verify said 401 on the path.
+            for original_url, verdict, reason in verdicts[before:]:
+                assert (verdict, reason.split(":")[0]) == (401, "path refused"), (name, where, original_url, reason)
+            if nginx_uri(uri) is not None and nginx_uri(uri).startswith("/s/"):
+                assert len(verdicts) == before + 1 and status == 401, (name, where, status, verdicts[before:])
+    assert pods[m1.public_id].seen == [f"/s/{m1.public_id}/lab"]
+
+
+def test_verify_answers_401_json_for_each_hostile_path(two_owners, anon):
+    s1, m1 = two_owners["s1"], two_owners["m1"]
+    token = link(m1).split("token=", 1)[1]
+    for name, uri in _attacks(m1.public_id, s1.public_id).items():
+        response = anon.get(
+            "/internal/connect/verify",
+            headers={"X-Original-URL": f"https://{DOMAIN}{uri}", "X-Original-Method": "GET", "Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code == 401, (name, response.status_code)
+        assert response.json()["code"] == "connect_refused", name
+        assert "X-Auth-Request-User" not in response.headers, name
+
+
+URI_PIECES = [
+    "/", "/", "/", "s", "a", ".", "..", "%2e", "%2E", "%2f", "%2F", "%5c", "\\", "%25", "%23", "%3f", "%3F", "%00",
+    "%", "%4", "%zz", "?", "#", "+", "%73", "%41", "..;", "x.", ".x",
+]
+
+
+def test_nginx_uri_is_what_nginx_routes_on(ingress_nginx):  # noqa: F811 -- the imported fixture
+    """The control plane's port of nginx's URI parser against the real nginx's ``$uri`` (None where nginx answers 400)."""
+    nginx = ingress_nginx(
+        hosts=[], paths=[], auth_url="http://127.0.0.1:9/", backend_url="http://127.0.0.1:9", catch_all=False, uri_echo_host="uri.test",
+    )
+
+    @hypothesis_settings(max_examples=300, deadline=None, database=None)
+    @given(st.lists(st.sampled_from(URI_PIECES), max_size=12).map(lambda parts: "/" + "".join(parts)))
+    def same_as_nginx(request_uri):
+        status, _, body = raw_get(nginx, "uri.test", request_uri)
+        assert status in (200, 400), (request_uri, status)
+        assert nginx_uri(request_uri) == (body.decode("latin-1") if status == 200 else None), request_uri
+
+    same_as_nginx()

@@ -12,6 +12,9 @@ import json
 
 import pytest
 
+from sessions.models import Session
+from tests.factories import ClusterFactory
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PAYLOAD = {"iss": "gshare-control-plane", "sub": "operator:clu_x", "aud": "gshare-internal", "exp": 4102444800}
@@ -78,3 +81,19 @@ def test_operator_routes_answer_401_token_invalid_for_malformed_headers(anon, me
     for name, token in _all_tokens():
         response = anon.request(method, path, json=body, headers={"Authorization": f"Bearer {token}"})
         _assert_token_invalid(response, f"{method} {path}: {name}")
+
+
+def test_connect_verify_answers_401_token_invalid_for_malformed_headers(anon, django_user_model):
+    owner = django_user_model.objects.create_user("carol")
+    cluster = ClusterFactory(session_domain="gpu-a.example.com")
+    session = Session.objects.create(owner=owner, cluster=cluster, image="img", gpus=1, phase=Session.Phase.RUNNING)
+    url = f"https://gpu-a.example.com/s/{session.public_id}/lab"
+    for name, token in _all_tokens():
+        quoted = token.replace("\x00", "%00")
+        for where, headers in (
+            ("bearer", {"Authorization": f"Bearer {token}"}),
+            ("query", {"X-Original-URL": f"{url}?token={quoted}"}),
+            ("cookie", {"Cookie": f"gshare_connect={quoted}"}),
+        ):
+            response = anon.get("/internal/connect/verify", headers={"X-Original-URL": url, "X-Original-Method": "GET", **headers})
+            _assert_token_invalid(response, f"verify ({where}): {name}")

@@ -1,11 +1,13 @@
 """Connect tokens and ``/internal/connect/verify`` (the ingress-nginx auth-url), without nginx."""
 
+import socket
 import time
+from contextlib import contextmanager
 
 import jwt
 import pytest
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
@@ -79,6 +81,28 @@ def test_refusals(client, running, django_capture_on_commit_callbacks):
     assert verify(client, url).status_code == 401
 
 
+def test_refusals_are_json_with_a_code(client, running):
+    url = link(running)
+    token = url.split("token=")[1]
+    base = f"https://gpu-a.example.com/s/{running.public_id}/"
+    cases = [
+        (base, {}, "token_missing"),
+        (base, {"HTTP_AUTHORIZATION": "Bearer not-a-jwt"}, "token_invalid"),
+        (base + "?token=" + token[:-3] + "AAA", {}, "token_invalid"),
+        (url.replace("gpu-a.example.com", "gpu-b.example.com"), {}, "connect_refused"),
+        (f"https://gpu-a.example.com/s/{running.public_id}/../{running.public_id}/?token={token}", {}, "connect_refused"),
+        ("https://gpu-a.example.com/other", {}, "connect_refused"),
+        ("https://evil@gpu-a.example.com" + url.split("gpu-a.example.com", 1)[1], {}, "connect_refused"),
+        ("gpu-a.example.com/s/x/", {}, "connect_refused"),
+    ]
+    for original_url, headers, code in cases:
+        response = verify(client, original_url, **headers)
+        assert response.status_code == 401, original_url
+        assert response["Content-Type"] == "application/json" and response.json()["code"] == code, (original_url, response.content)
+        assert response["Cache-Control"] == "no-store" and not response.cookies
+    assert verify(client, url).status_code == 200  # the link itself still passes
+
+
 def test_only_owner_or_staff_get_links(running, django_user_model):
     stranger = django_user_model.objects.create_user("mallory")
     with pytest.raises(services.Forbidden):
@@ -112,3 +136,85 @@ def test_console_session_pages_have_constant_queries(client, running, django_use
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
     assert client.get(f"/gpu_sessions/session/{running.pk}/change/").status_code == 200
+
+
+# --- verify cannot decide: a fast 503, never a 500 or a 2xx ------------------------------------------------------
+
+
+def _verify_over_http(anon, session, token: str):
+    started = time.monotonic()
+    response = anon.get(
+        "/internal/connect/verify",
+        headers={
+            "X-Original-URL": f"https://gpu-a.example.com/s/{session.public_id}/lab",
+            "X-Original-Method": "GET",
+            "Authorization": f"Bearer {token}",
+        },
+        timeout=10,
+    )
+    return response, time.monotonic() - started
+
+
+def _assert_unavailable(response, elapsed):
+    assert response.status_code == 503, (response.status_code, response.text[:300])
+    assert int(response.headers["Retry-After"]) >= 1
+    assert response.headers["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert body["code"] == "verify_unavailable" and body["detail"]
+    assert "X-Auth-Request-User" not in response.headers
+    assert elapsed < 2.0, elapsed
+
+
+@pytest.fixture
+def closed_port() -> str:
+    """``127.0.0.1:<port>`` where nothing listens (connections are refused)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    host_port = f"127.0.0.1:{probe.getsockname()[1]}"
+    probe.close()
+    return host_port
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("redis_at", ["silent", "closed"])
+def test_verify_answers_a_fast_503_when_redis_does_not_answer(running, anon, settings, silent_listener, closed_port, redis_at):
+    token = link(running).split("token=")[1]
+    connect.clear_local_caches()
+    target = silent_listener if redis_at == "silent" else closed_port
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://{target}/0"}}
+    for _ in range(2):  # the second call goes through the same bounded client
+        response, elapsed = _verify_over_http(anon, running, token)
+        _assert_unavailable(response, elapsed)
+
+
+@contextmanager
+def _table_locked(model):
+    """Hold an ACCESS EXCLUSIVE lock on ``model``'s table from another connection (a stuck migration, a slow database)."""
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(f'LOCK TABLE "{model._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
+    from gshare.models import SigningKey
+
+    token = link(running).split("token=")[1]
+    connect.clear_local_caches()  # the signing key is looked up again
+    with _table_locked(SigningKey):
+        response, elapsed = _verify_over_http(anon, running, token)
+        _assert_unavailable(response, elapsed)
+    response, _ = _verify_over_http(anon, running, token)
+    assert response.status_code == 200 and response.headers["X-Auth-Request-User"] == "carol"  # decides again at once
+
+    cache.clear()
+    connect.clear_local_caches()
+    with _table_locked(Session):  # the session's facts must come from the database
+        response, elapsed = _verify_over_http(anon, running, token)
+        _assert_unavailable(response, elapsed)
