@@ -156,13 +156,17 @@ Body::
 
     {"read_at": RFC 3339 UTC,
      "storage_classes": [{"storage_class": "nfs-a", "capacity_bytes": int | null, "objects": int}],
+     "existing_storage_classes": ["local-path", "nfs-a"],
      "volumes": [{"volume_id": "vol_...", "claim_name": "gshare-vol-...", "phase": one of VOLUME_PHASES,
                   "volume_name": "pvc-..." or "", "message": str}],
      "nodes": [{"name": "node-1", "disk_bytes": int}]}
 
 ``capacity_bytes`` is the *largest* ``capacity`` among the StorageClass's CSIStorageCapacity objects (one per
 topology segment, all describing the same server: never their sum), ``null`` when none publishes one;
-``objects`` counts them. ``volumes`` lists every PVC of the session namespace labelled ``VOLUME_ID_LABEL``;
+``objects`` counts them. ``existing_storage_classes`` names every StorageClass object of the cluster (sorted); the
+control plane uses a pool on the cluster only when the pool's StorageClass is among them. It is optional: an operator
+that cannot list StorageClasses (or predates the field) leaves it out, and nothing is then known. ``volumes`` lists
+every PVC of the session namespace labelled ``VOLUME_ID_LABEL``;
 ``message`` says why a volume is not usable (the PVC's newest event while ``Pending``, or the ``FailedMount``
 event of a pod stuck mounting it), ``""`` otherwise. ``disk_bytes`` is the node's ``ephemeral-storage`` capacity.
 """

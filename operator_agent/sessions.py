@@ -105,6 +105,7 @@ from operator_agent.k8s.manifests import (
     session_service,
     session_volumes,
 )
+from operator_agent.storage import session_volume_wait
 
 __all__ = [
     "FIELD_MANAGER",
@@ -515,10 +516,22 @@ class SessionReconciler:
         new = session_status_from_pod(pod, status, pod_name=f"pod {self.namespace}/{name}")
         if new is None:
             return None
+        new = self._with_volume_wait(gss, new)
         if status.get("observedAt") and _essence(new) == _essence(status):
             self.reporter.observe(status_report(gss["spec"]["sessionId"], status))
             return status
         return self._write_status(gss, new)
+
+    def _with_volume_wait(self, gss: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        """A Pending session with volumes whose PVCs are not all bound: its message says which volume it waits for and
+        why, first (``operator_agent.storage.session_volume_wait``: e.g. a StorageClass missing on this cluster)."""
+        volumes = (gss.get("spec") or {}).get("volumes") or []
+        if new["phase"] != PHASE_PENDING or not volumes:
+            return new
+        waiting = session_volume_wait(self.core.api_client, self.namespace, volumes, **self._timeout_kwargs)
+        if not waiting:
+            return new
+        return {**new, "message": _cut(f"waiting for {waiting}" + (f" ({new['message']})" if new.get("message") else ""))}
 
     def _write_status(self, gss: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
         previous = gss.get("status") or {}

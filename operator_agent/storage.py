@@ -4,6 +4,7 @@ Every ``GSHARE_VOLUME_SYNC_INTERVAL`` seconds (default 60) the operator reads, t
 
 * every ``CSIStorageCapacity`` object (``storage.k8s.io/v1``, all namespaces: the CSI driver's
   external-provisioner publishes them in its own namespace);
+* every ``StorageClass`` (its name: the control plane uses a pool here only where its StorageClass exists);
 * the PersistentVolumeClaims of the session namespace labelled ``gshare.io/volume-id`` (the volumes this
   cluster holds), the Events about them and, for pods mounting them that are stuck in ``ContainerCreating``,
   the pods' ``FailedMount`` Events;
@@ -13,6 +14,7 @@ and reports (shape in ``operator_agent.contract.STORAGE_PATH``)::
 
     {"read_at": "2026-11-29T16:00:00.123456Z",
      "storage_classes": [{"storage_class": "gshare-nfs", "capacity_bytes": 1722936950784, "objects": 2}],
+     "existing_storage_classes": ["gshare-nfs", "local-path"],
      "volumes": [{"volume_id": "vol_...", "claim_name": "gshare-vol-...", "phase": "Bound",
                   "volume_name": "pvc-...", "message": ""}],
      "nodes": [{"name": "gpu-h100-01", "disk_bytes": 1888223903744}]}
@@ -34,6 +36,8 @@ Rules (pure functions, tested on real object shapes in ``tests/fixtures/k8s-obje
   not found``, ``ExternalProvisioning``: ``Waiting for a volume to be created …``, ``ClaimLost`` …); else ``""``.
   Events are matched to the current object by ``involvedObject.uid`` when both carry one (a PVC deleted and
   created again under the same name does not inherit its predecessor's events).
+* ``existing_storage_classes``: the names of every StorageClass, sorted. Left out of the report when they cannot be
+  listed (e.g. 403 from an older chart's RBAC): the control plane then knows nothing, rather than "none".
 * ``nodes``: every Node that has an ``ephemeral-storage`` capacity, in bytes.
 * One entry per volume id: should two PVCs carry the same ``gshare.io/volume-id``, the ``Bound`` one (else the newest)
   is reported and the other logged. Should the control plane refuse the report with 403 ``forbidden_cluster_scope``
@@ -84,13 +88,16 @@ from operator_agent.control_plane import (
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "collect_storage",
+    "existing_storage_classes",
     "node_disks",
     "parse_quantity",
     "report_storage",
     "run_volume_sync",
     "storage_class_readings",
+    "session_volume_wait",
     "storage_report",
     "volume_reports",
+    "volume_wait_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -257,17 +264,29 @@ def _one_per_volume(reports: list[dict]) -> list[dict]:
     return [{k: v for k, v in report.items() if k != "_created"} for report in chosen.values()]
 
 
+def existing_storage_classes(classes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``existing_storage_classes`` of the report: the names of StorageClass objects (JSON), sorted, each once."""
+    return sorted({name for obj in classes if (name := (obj.get("metadata") or {}).get("name"))})
+
+
 def storage_report(*, read_at: datetime.datetime, capacities: Iterable[Mapping[str, Any]],
                    pvcs: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
                    pods: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, Any]],
-                   own_class: str | None = None) -> dict[str, Any]:
-    """The body of ``POST /internal/v1/storage`` from the objects read at ``read_at`` (see the module docstring)."""
-    return {
+                   own_class: str | None = None, classes: Iterable[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The body of ``POST /internal/v1/storage`` from the objects read at ``read_at`` (see the module docstring).
+
+    ``classes``: the StorageClass objects, or None when they could not be listed (``existing_storage_classes`` is
+    then left out).
+    """
+    report: dict[str, Any] = {
         "read_at": format_time(read_at),
         "storage_classes": storage_class_readings(capacities, own_class=own_class),
-        "volumes": volume_reports(pvcs, events, pods),
-        "nodes": node_disks(nodes),
     }
+    if classes is not None:
+        report["existing_storage_classes"] = existing_storage_classes(classes)
+    report["volumes"] = volume_reports(pvcs, events, pods)
+    report["nodes"] = node_disks(nodes)
+    return report
 
 
 def format_time(moment: datetime.datetime) -> str:
@@ -364,6 +383,106 @@ def _cut(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
 
 
+_CLASS_NOT_FOUND = re.compile(r'storageclass\.storage\.k8s\.io "([^"]+)" not found')
+
+
+def volume_wait_message(volumes: Iterable[Mapping[str, Any]], pvcs: Mapping[str, Mapping[str, Any] | None],
+                        events: Iterable[Mapping[str, Any]], missing_classes: Iterable[str] = ()) -> str:
+    """Which volumes a session waits for and why: what its status message says while its PVCs are not bound.
+
+    Args:
+        volumes: the GShareSession's ``spec.volumes`` (``volumeId``, ``name``, ``claimName``, ``storageClassName``).
+        pvcs: claim name -> the PVC as JSON, or None when it does not exist.
+        events: Events about those PVCs (others are ignored).
+        missing_classes: StorageClasses read and found absent on this cluster.
+
+    Returns:
+        For each volume whose PVC is missing or not ``Bound``: ``volume <name> (<volumeId>): PVC <claim> is
+        <phase>: storageclass "x" not found on this cluster`` when its StorageClass is missing, else ``...: <newest
+        event about it> (<reason>)`` when there is one; joined with ``"; "``; ``""`` when every PVC is bound.
+    """
+    missing = set(missing_classes)
+    by_claim: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") == "PersistentVolumeClaim" and involved.get("name"):
+            by_claim[involved["name"]].append(event)
+    waits = []
+    for volume in volumes:
+        claim = volume.get("claimName") or ""
+        pvc = pvcs.get(claim)
+        phase = ((pvc or {}).get("status") or {}).get("phase") or VOLUME_PHASE_PENDING
+        if pvc is not None and phase == VOLUME_PHASE_BOUND:
+            continue
+        text = f"volume {volume.get('name')} ({volume.get('volumeId')}): PVC {claim} "
+        text += "does not exist yet" if pvc is None else f"is {phase}"
+        newest = _newest(_about(by_claim.get(claim, []), ((pvc or {}).get("metadata") or {}).get("uid")))
+        storage_class = _claim_class(volume, pvc)
+        if storage_class in missing:
+            text += f': storageclass "{storage_class}" not found on this cluster'
+        elif newest and newest.get("message"):
+            message = _CLASS_NOT_FOUND.sub(r'storageclass "\1" not found on this cluster', str(newest["message"]))
+            text += f": {message}" + (f" ({newest['reason']})" if newest.get("reason") else "")
+        waits.append(text)
+    return _cut("; ".join(waits))
+
+
+def _claim_class(volume: Mapping[str, Any], pvc: Mapping[str, Any] | None) -> str:
+    return str(((pvc or {}).get("spec") or {}).get("storageClassName") or volume.get("storageClassName") or "")
+
+
+def session_volume_wait(api_client: kubernetes.client.ApiClient, namespace: str, volumes: Iterable[Mapping[str, Any]],
+                        **kwargs: Any) -> str:
+    """``volume_wait_message`` of a session's ``spec.volumes``: reads each PVC and, for one not bound, its StorageClass
+    (a 404 is the reason, at once, without waiting for the PV controller's event) and the Events about it
+    (``kwargs``: e.g. ``_request_timeout``).
+
+    Raises:
+        kubernetes.client.exceptions.ApiException (other than 404; a 403 on the StorageClass is ignored), urllib3
+        errors: a read failed.
+    """
+    core = kubernetes.client.CoreV1Api(api_client)
+    storage = kubernetes.client.StorageV1Api(api_client)
+    volumes = list(volumes)
+    pvcs: dict[str, dict | None] = {}
+    events: list[dict] = []
+    classes: dict[str, bool] = {}
+    for volume in volumes:
+        claim = volume.get("claimName") or ""
+        if not claim or claim in pvcs:
+            continue
+        try:
+            response = core.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False, **kwargs)
+            try:
+                pvcs[claim] = json.loads(response.data or b"{}")
+            finally:
+                response.release_conn()
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+            pvcs[claim] = None
+        if ((pvcs[claim] or {}).get("status") or {}).get("phase") == VOLUME_PHASE_BOUND:
+            continue
+        events += _list_all(core.list_namespaced_event, namespace,
+                            field_selector=f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={claim}", **kwargs)
+        storage_class = _claim_class(volume, pvcs[claim])
+        if storage_class and storage_class not in classes:
+            classes[storage_class] = _storage_class_exists(storage, storage_class, kwargs)
+    return volume_wait_message(volumes, pvcs, events, missing_classes=[name for name, found in classes.items() if not found])
+
+
+def _storage_class_exists(storage: kubernetes.client.StorageV1Api, name: str, kwargs: Mapping[str, Any]) -> bool:
+    """False only when the apiserver answers 404 (a 403 from an older chart's RBAC: assumed present)."""
+    try:
+        storage.read_storage_class(name, _preload_content=False, **kwargs).release_conn()
+    except kubernetes.client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return False
+        if exc.status != 403:
+            raise
+    return True
+
+
 # --------------------------------------------------------------------------- reading the cluster
 
 
@@ -373,10 +492,11 @@ def collect_storage(api_client: kubernetes.client.ApiClient, *, namespace: str, 
     """Read the cluster and return the ``POST /internal/v1/storage`` body (``storage_report``).
 
     Lists CSIStorageCapacity objects in all namespaces (a cluster that does not serve them, before 1.24,
-    has none), the PVCs of ``namespace`` labelled ``gshare.io/volume-id`` and, when there are any, the
-    namespace's PVC Events, FailedMount Events and Pods, and every Node; reads ``own_class`` (a warning is
-    logged when that StorageClass does not exist). Objects are read as the apiserver's
-    JSON (no client models), so the pure functions see exactly what the fixtures hold.
+    has none), every StorageClass (a refused list leaves ``existing_storage_classes`` out), the PVCs of
+    ``namespace`` labelled ``gshare.io/volume-id`` and, when there are any, the namespace's PVC Events,
+    FailedMount Events and Pods, and every Node; a warning is logged when ``own_class`` does not exist.
+    Objects are read as the apiserver's JSON (no client models), so the pure functions see exactly what the
+    fixtures hold.
 
     Raises:
         kubernetes.client.exceptions.ApiException, urllib3 errors: a list failed (e.g. 403: RBAC).
@@ -401,10 +521,32 @@ def collect_storage(api_client: kubernetes.client.ApiClient, *, namespace: str, 
                             field_selector=f"involvedObject.kind=Pod,reason={FAILED_MOUNT_REASON}", **timeout)
         pods = _list_all(core.list_namespaced_pod, namespace, **timeout)
     nodes = _list_all(core.list_node, **timeout)
+    classes = _list_storage_classes(storage, timeout)
     if own_class:
-        _check_own_class(storage, own_class, timeout)
+        if classes is None:
+            _check_own_class(storage, own_class, timeout)
+        elif own_class not in existing_storage_classes(classes):
+            _warn_own_class_missing(own_class)
     return storage_report(read_at=read_at, capacities=capacities, pvcs=pvcs, events=events, pods=pods, nodes=nodes,
-                          own_class=own_class)
+                          own_class=own_class, classes=classes)
+
+
+def _list_storage_classes(storage: kubernetes.client.StorageV1Api, timeout: Mapping[str, Any]) -> list[dict] | None:
+    """Every StorageClass, or None when the apiserver refuses the list (403: an older chart's RBAC): then nothing is
+    reported about them, which the control plane reads as "unknown", never as "none"."""
+    try:
+        return _list_all(storage.list_storage_class, **timeout)
+    except kubernetes.client.exceptions.ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        logger.warning("volume sync: cannot list StorageClasses (%s %s): the control plane is not told which exist here; "
+                       "grant the operator `list` on storageclasses.storage.k8s.io (charts/gshare-operator)", exc.status, exc.reason)
+        return None
+
+
+def _warn_own_class_missing(own_class: str) -> None:
+    logger.warning("GSHARE_VOLUME_STORAGE_CLASS names StorageClass %s, which does not exist on this cluster: "
+                   "PVCs of volumes on it stay Pending until it is created (or the setting is corrected)", own_class)
 
 
 def _check_own_class(storage: kubernetes.client.StorageV1Api, own_class: str, timeout: Mapping[str, Any]) -> None:
@@ -416,8 +558,7 @@ def _check_own_class(storage: kubernetes.client.StorageV1Api, own_class: str, ti
         response.release_conn()
     except kubernetes.client.exceptions.ApiException as exc:
         if exc.status == 404:
-            logger.warning("GSHARE_VOLUME_STORAGE_CLASS names StorageClass %s, which does not exist on this cluster: "
-                           "PVCs of volumes on it stay Pending until it is created (or the setting is corrected)", own_class)
+            _warn_own_class_missing(own_class)
         else:
             logger.debug("cannot read StorageClass %s: %s %s", own_class, exc.status, exc.reason)
 

@@ -627,7 +627,10 @@ def test_a_volume_that_cannot_bind_keeps_the_session_pending_with_the_reason(clu
     pending = wait_for("a Pending report naming the claim", lambda: [
         r for r in control_plane.reports(session_id) if "unbound immediate PersistentVolumeClaims" in r["message"]])
     assert pending[-1]["phase"] == "Pending"
-    assert pending[-1]["message"].startswith("not scheduled (Unschedulable): 0/3 nodes are available: pod has unbound")
+    # Which volume it waits for and why come first (the StorageClass is read at once), then the scheduler's words.
+    assert pending[-1]["message"].startswith('waiting for volume data (vol_data): PVC gshare-vol-unbound is Pending: '
+                                             'storageclass "no-such-class" not found on this cluster (not scheduled '
+                                             "(Unschedulable): 0/3 nodes are available: pod has unbound")
     claim = claims(cluster)["gshare-vol-unbound"]
     assert claim["status"]["phase"] == "Pending"
     events = wait_for("the PV controller's event", lambda: [

@@ -26,13 +26,16 @@ from operator_agent.contract import STORAGE_PATH, VOLUME_ID_LABEL, VOLUME_PHASES
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.storage import (
     collect_storage,
+    existing_storage_classes,
     node_disks,
     parse_quantity,
     report_storage,
     run_volume_sync,
+    session_volume_wait,
     storage_class_readings,
     storage_report,
     volume_reports,
+    volume_wait_message,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s-objects"
@@ -301,6 +304,12 @@ def test_report_shape():
     assert report["volumes"][0]["volume_id"] == "vol_a1"
     assert report["nodes"][0]["disk_bytes"] == 3750157048 * KI
     json.dumps(report)
+    # With the StorageClasses listed they are named (sorted, each once); not listed, the key is left out (unknown).
+    classes = [{"metadata": {"name": n}} for n in ("local-path", "gshare-nfs", "local-path")]
+    listed = storage_report(read_at=READ_AT, capacities=[], pvcs=[], events=[], pods=[], nodes=[], classes=classes)
+    assert list(listed) == ["read_at", "storage_classes", "existing_storage_classes", "volumes", "nodes"]
+    assert listed["existing_storage_classes"] == existing_storage_classes(classes) == ["gshare-nfs", "local-path"]
+    assert existing_storage_classes([]) == []
 
 
 # --------------------------------------------------------------------------- against the emulator
@@ -361,6 +370,21 @@ def test_collect_storage_from_the_emulated_fleet(cluster):
                     "message": 'storageclass.storage.k8s.io "nfs-a" not found'}
     assert [n["name"] for n in report["nodes"]] == sorted(n.name for n in fleet.cluster_spec("lab-c1").nodes)
     assert all(n["disk_bytes"] == 3750157048 * KI for n in report["nodes"])
+    assert report["existing_storage_classes"] == [fleet.STORAGE_CLASS]
+
+
+def test_a_cluster_attached_without_storage_reports_no_storage_class(caplog):
+    objects = [o for o in fleet.cluster_objects("lab-c2") if o["kind"] != "StorageClass"]
+    with EmulatedCluster(objects, version=fleet.cluster_version("lab-c2")) as bare:
+        api = kubernetes.config.new_client_from_config_dict(bare.kubeconfig("lab-c3"))
+        with caplog.at_level("WARNING", logger="operator_agent.storage"):
+            report = collect_storage(api, namespace=NAMESPACE, own_class=fleet.STORAGE_CLASS)
+        api.close()
+        paths = [r["path"] for r in bare.requests_seen()]
+    assert report["existing_storage_classes"] == []  # listed, and none: not "unknown"
+    assert f"StorageClass {fleet.STORAGE_CLASS}, which does not exist" in caplog.text
+    assert "/apis/storage.k8s.io/v1/storageclasses" in paths
+    assert not [p for p in paths if p.startswith("/apis/storage.k8s.io/v1/storageclasses/")]  # the list answers it
 
 
 def test_collect_storage_without_volumes_reads_no_events_or_pods(cluster):
@@ -479,6 +503,50 @@ def test_one_report_per_volume_id():
     assert [r["claim_name"] for r in volume_reports([older, newer], [], [])] == ["gshare-vol-new"]
     assert [r["claim_name"] for r in volume_reports([older, bound, newer], [], [])] == ["gshare-vol-bound"]
     assert set(volume_reports([bound], [], [])[0]) == {"volume_id", "claim_name", "phase", "volume_name", "message"}
+
+
+# --------------------------------------------------------------------------- why a session waits for its volumes
+
+
+def spec_volume(name: str, claim: str, storage_class: str = "gshare-nfs") -> dict:
+    return {"volumeId": f"vol_{name}", "name": name, "claimName": claim, "storageClassName": storage_class,
+            "size": "10Gi", "mountPath": f"/data/{name}"}
+
+
+def test_volume_wait_message_names_each_volume_not_bound_and_why():
+    volumes = [spec_volume("bound", "gshare-vol-bound"), spec_volume("nosc", "gshare-vol-nosc", "nfs-a"),
+               spec_volume("slow", "gshare-vol-slow"), spec_volume("gone", "gshare-vol-gone")]
+    pending = pvc("gshare-vol-nosc", phase="Pending")
+    pending["spec"]["storageClassName"] = "nfs-a"
+    pvcs = {"gshare-vol-bound": pvc("gshare-vol-bound", volume_name="pvc-1"), "gshare-vol-nosc": pending,
+            "gshare-vol-slow": pvc("gshare-vol-slow", phase="Pending"), "gshare-vol-gone": None}
+    events = [event("PersistentVolumeClaim", "gshare-vol-slow", "ExternalProvisioning", "Waiting for a volume to be created",
+                    "2026-11-29T15:59:00Z"),
+              event("PersistentVolumeClaim", "gshare-vol-nosc", "ProvisioningFailed",
+                    'storageclass.storage.k8s.io "nfs-a" not found', "2026-11-29T15:59:00Z")]
+    assert volume_wait_message(volumes, pvcs, events, missing_classes=["nfs-a"]) == (
+        'volume nosc (vol_nosc): PVC gshare-vol-nosc is Pending: storageclass "nfs-a" not found on this cluster; '
+        "volume slow (vol_slow): PVC gshare-vol-slow is Pending: Waiting for a volume to be created (ExternalProvisioning); "
+        "volume gone (vol_gone): PVC gshare-vol-gone does not exist yet")
+    # The PV controller's event says it too when the class was not read.
+    assert volume_wait_message(volumes[1:2], pvcs, events) == (
+        'volume nosc (vol_nosc): PVC gshare-vol-nosc is Pending: storageclass "nfs-a" not found on this cluster '
+        "(ProvisioningFailed)")
+    assert volume_wait_message(volumes[:1], pvcs, events) == ""
+
+
+def test_session_volume_wait_reads_the_claims_and_their_storage_class(cluster):
+    api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab-c1"))
+    core = kubernetes.client.CoreV1Api(api)
+    create_claim(core, "gshare-vol-good", "vol_good")
+    create_claim(core, "gshare-vol-nosc", "vol_nosc", storage_class="nfs-a")
+    wait_for(lambda: any(p["metadata"]["name"] == "gshare-vol-good" and p["status"]["phase"] == "Bound"
+                         for p in cluster.objects_of("persistentvolumeclaims")))
+    volumes = [spec_volume("good", "gshare-vol-good"), spec_volume("nosc", "gshare-vol-nosc", "nfs-a")]
+    message = session_volume_wait(api, NAMESPACE, volumes, _request_timeout=5)
+    assert message == 'volume nosc (vol_nosc): PVC gshare-vol-nosc is Pending: storageclass "nfs-a" not found on this cluster'
+    assert session_volume_wait(api, NAMESPACE, volumes[:1]) == ""
+    api.close()
 
 
 def test_a_missing_own_storage_class_is_logged(cluster, caplog):
