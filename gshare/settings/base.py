@@ -88,6 +88,8 @@ if not env.str("DATABASE_URL", default=""):
     env.ENVIRON["DATABASE_URL"] = embedded.embedded_database_url()
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)
+# A database host that drops packets must not hold a request (connect verify answers 503 fast) for the OS's TCP timeout.
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5))
 
 # Redis: REDIS_URL, else the embedded Redis.
 if not env.str("REDIS_URL", default=""):
