@@ -16,7 +16,8 @@ break on cluster name, node name and GPU index, so the same state gives the same
 The caller holds row locks on the candidate clusters (see ``sessions.services.session_create``).
 
 Volumes narrow the candidate clusters before that query (``volume_clusters``): a volume whose PVC is
-on a cluster keeps its sessions there, and a pool is only used by the clusters it is shared with.
+on a cluster keeps its sessions there, a pool is only used by the clusters it is shared with, and only
+where its StorageClass exists (``storage.capacity.pools_usability``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from django.db import connection
 
 from clusters.models import node_summary_update_sql
 from gshare.exceptions import Conflict
-from storage.capacity import pool_clusters
-from storage.models import StoragePool
+from storage.capacity import pool_clusters, pools_usability
+from storage.models import StoragePool, Volume
 
 
 @dataclass(frozen=True)
@@ -282,14 +283,15 @@ def _pool_clusters(pool) -> frozenset[int] | None:
 def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
     """The clusters a session mounting ``volumes`` may be placed on, or None when they do not restrict it.
 
-    Pure: no query, given volumes with ``cluster``, ``pool``, ``pool.cluster`` and
-    ``pool.allowed_clusters`` loaded (``sessions.selectors.session_volumes``). ``session_create``
-    filters its candidate clusters with the result before locking them, so the fit query and the
-    locks are those of any placement.
+    Given volumes with ``cluster``, ``pool``, ``pool.cluster`` and ``pool.allowed_clusters`` loaded
+    (``sessions.selectors.session_volumes``): no query when every volume is bound, else one (where
+    their pools are usable). ``session_create`` filters its candidate clusters with the result before
+    locking them, so the fit query and the locks are those of any placement.
 
     Rules: a volume whose PVC is on cluster A (``Volume.cluster``) keeps the session on A; every
     volume's pool must be shared with the session's cluster (the pool's own cluster, sharing
-    ``all``, or one of its ``allowed_clusters``).
+    ``all``, or one of its ``allowed_clusters``); and a volume not bound yet (its PVC is still to be
+    provisioned) only goes where its pool's StorageClass exists (``pools_usability``).
 
     Args:
         volumes: the session's volumes.
@@ -302,7 +304,9 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
         Conflict: 409 ``volumes_on_different_clusters`` (two volumes held by different clusters);
             409 ``volume_on_another_cluster`` (pinned to B, a volume is on A: the detail names A and
             the fix); 409 ``volume_pool_not_shared`` (no cluster the session could use may use the
-            pool of one of its volumes; the detail names the pool).
+            pool of one of its volumes; the detail names the pool); 409 ``volume_not_mountable`` (the
+            pool's StorageClass is missing on every cluster the session could use: the detail names them,
+            the class and the fix).
     """
     holders: dict[int, object] = {}
     for volume in sorted(volumes, key=lambda v: v.name):
@@ -330,6 +334,12 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
         allowed, scope = frozenset({holder_id}), f"cluster {held.name} ({held.public_id}), which holds volume {volume.name}"
     elif pinned is not None:
         allowed, scope = frozenset({pinned.pk}), f"cluster {pinned.name} ({pinned.public_id})"
+    # Only volumes whose PVC is still to be provisioned (or is stuck) need their pool's StorageClass where they go.
+    unbound: dict[int, object] = {}
+    for volume in sorted(volumes, key=lambda v: v.name):
+        if volume.status != Volume.Status.BOUND:
+            unbound.setdefault(volume.pool_id, volume)
+    usability = pools_usability(v.pool for v in unbound.values()) if unbound else {}
     seen: set[int] = set()
     for volume in sorted(volumes, key=lambda v: v.name):
         pool = volume.pool
@@ -338,6 +348,7 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
         seen.add(pool.pk)
         shared = _pool_clusters(pool)
         if shared is None:
+            allowed = _mountable(unbound.get(pool.pk), usability.get(pool.pk), allowed, scope)
             continue
         narrowed = shared if allowed is None else allowed & shared
         if not narrowed:
@@ -348,5 +359,36 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
                 f"to share the pool (`PATCH /api/v1/storage/pools/{pool.public_id}`).",
                 code="volume_pool_not_shared",
             )
-        allowed, scope = narrowed, f"the clusters pool {pool.name} is shared with"
+        allowed, scope = _mountable(unbound.get(pool.pk), usability.get(pool.pk), narrowed, scope), f"the clusters pool {pool.name} is shared with"
     return allowed
+
+
+def _mountable(volume, usability, allowed: frozenset[int] | None, scope: str) -> frozenset[int] | None:
+    """``allowed`` without the clusters that lack the StorageClass of ``volume``'s pool (``volume``: the first
+    volume of that pool not bound yet, ``usability`` its pool's ``PoolUsability``; both None when every volume of
+    the pool is bound). Raises 409 ``volume_not_mountable`` when no cluster is left."""
+    if usability is None or not usability.unusable:
+        return allowed
+    unusable = usability.unusable
+    base = allowed if allowed is not None else usability.usable_ids | frozenset(unusable)
+    kept = base - frozenset(unusable)
+    if kept:
+        return kept
+    pool = volume.pool
+    lacking = [unusable[pk] for pk in sorted(base, key=lambda pk: unusable[pk].cluster.name)]
+    names = ", ".join(u.cluster.name for u in lacking)
+    elsewhere = sorted(u.cluster.name for u in usability.uses if u.usable)
+    if volume.cluster_id is not None:
+        fix = (f"its PVC on {volume.cluster.name} cannot be provisioned there: delete the volume "
+               f"(`DELETE /api/v1/storage/volumes/{volume.public_id}`) and create it on a pool usable elsewhere")
+    elif elsewhere:
+        fix = f"start the session on {', '.join(elsewhere)} (`\"cluster\"`) or leave `cluster` out"
+    else:
+        fix = "use a volume on another pool (`GET /api/v1/storage/pools` shows each pool's usable_on)"
+    raise Conflict(
+        f"Volume {volume.name} ({volume.public_id}) is on storage pool {pool.name} ({pool.public_id}), whose StorageClass "
+        f"{pool.storage_class} does not exist on {scope}: {'; '.join(u.reason for u in lacking[:3])}. Its PVC would wait there "
+        f"forever. Fix: {fix}, or ask an administrator to create StorageClass {pool.storage_class} on {names} (docs/storage.md).",
+        code="volume_not_mountable",
+        extra={"clusters": [u.cluster.public_id for u in lacking[:10]], "storage_class": pool.storage_class},
+    )

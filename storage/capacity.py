@@ -1,4 +1,4 @@
-"""Where a pool's capacity number comes from, and which clusters may use a pool (reads only).
+"""Where a pool's capacity number comes from, which clusters may use a pool, and where it is usable (reads only).
 
 Precedence, first that applies (docs/storage.md):
 
@@ -13,6 +13,10 @@ Precedence, first that applies (docs/storage.md):
 4. ``none``: unknown; the capacity gate refuses volumes on such a pool (``pool_capacity_unknown``).
 
 Units are bytes; GiB = 2^30 bytes.
+
+Usable (``pools_usability``): a cluster its sharing names can mount a pool's volumes only where the pool's
+StorageClass exists; what exists is what the cluster's operator last listed (``ClusterStorageClasses``). A cluster
+whose operator never listed its StorageClasses is assumed to have it (nothing is known; operators before the list).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from django.db.models import Q, prefetch_related_objects
 from django.utils import timezone
 
 from clusters.models import Cluster
-from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool
+from storage.models import GIB, ClusterStorageClasses, NodeDisk, StorageCapacityReading, StoragePool
 
 Source = StoragePool.Source
 
@@ -205,3 +209,98 @@ def pool_capacity(*, pool: StoragePool, now: datetime.datetime | None = None) ->
         A ``CapacityResolution(capacity_bytes, source, note, readings)``.
     """
     return pools_capacity([pool], now=now)[pool.pk]
+
+
+# --------------------------------------------------------------------------- where a pool is usable
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """Whether one cluster can mount the volumes of one pool.
+
+    Attributes:
+        cluster: the ``Cluster``.
+        usable: False only when the cluster's operator listed its StorageClasses and the pool's is not among them.
+        reason: one sentence saying why (what was reported, how long ago).
+    """
+
+    cluster: Cluster
+    usable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class PoolUsability:
+    """Every cluster a pool's sharing names (``pool_clusters``), by name, each usable or not.
+
+    Attributes:
+        uses: one ``PoolUse`` per cluster, sorted by cluster name.
+    """
+
+    uses: tuple[PoolUse, ...]
+
+    @property
+    def usable_ids(self) -> frozenset[int]:
+        """Primary keys of the clusters that can mount its volumes."""
+        return frozenset(u.cluster.pk for u in self.uses if u.usable)
+
+    @property
+    def unusable(self) -> dict[int, PoolUse]:
+        """Cluster primary key -> ``PoolUse`` of the clusters its sharing names that lack its StorageClass."""
+        return {u.cluster.pk: u for u in self.uses if not u.usable}
+
+    def use_on(self, cluster_id: int) -> PoolUse | None:
+        """The ``PoolUse`` of one cluster, or None when the pool's sharing does not name it."""
+        return next((u for u in self.uses if u.cluster.pk == cluster_id), None)
+
+
+def storage_class_use(*, storage_class: str, cluster: Cluster, inventory: ClusterStorageClasses | None,
+                      now: datetime.datetime) -> PoolUse:
+    """Whether ``storage_class`` exists on ``cluster`` according to its operator's last list (``inventory``)."""
+    if inventory is None:
+        return PoolUse(cluster, True, f"the operator of {cluster.name} has not listed its StorageClasses (not yet, or it is older "
+                                      f"than this control plane): StorageClass {storage_class} is assumed to exist there")
+    age = _age_seconds(inventory.read_at, now)
+    if storage_class in inventory.names:
+        return PoolUse(cluster, True, f"StorageClass {storage_class} exists on {cluster.name} (listed by its operator {age} s ago)")
+    listed = ", ".join(inventory.names[:10]) + (", ..." if len(inventory.names) > 10 else "") if inventory.names else "none"
+    return PoolUse(cluster, False, f'storageclass "{storage_class}" not found on {cluster.name} (its operator listed {listed} '
+                                   f"{age} s ago)")
+
+
+def cluster_storage_classes(cluster_ids: Iterable[int] | None = None) -> dict[int, ClusterStorageClasses]:
+    """Cluster primary key -> its operator's last StorageClass list (one query; all clusters when ``cluster_ids`` is None)."""
+    qs = ClusterStorageClasses.objects.all()
+    if cluster_ids is not None:
+        qs = qs.filter(cluster_id__in=list(cluster_ids))
+    return {row.cluster_id: row for row in qs}
+
+
+def pools_usability(pools: Iterable[StoragePool], *, now: datetime.datetime | None = None) -> dict[int, PoolUsability]:
+    """Where each pool is usable: every cluster its sharing names, with whether its StorageClass exists there.
+
+    Two queries whatever the number of pools: the clusters (registered, plus the pools' own clusters) with their
+    operators' StorageClass lists, and the pools' allowed clusters unless prefetched.
+
+    Returns:
+        pool primary key -> ``PoolUsability``.
+    """
+    pools = list(pools)
+    if not pools:
+        return {}
+    now = now or timezone.now()
+    prefetch_related_objects([p for p in pools if p.sharing == StoragePool.Sharing.SELECTED], "allowed_clusters")
+    own = {p.cluster_id for p in pools}
+    clusters = {
+        c.pk: c for c in Cluster.objects.filter(~Q(status=Cluster.Status.DEREGISTERED) | Q(pk__in=own)).select_related("storage_class_inventory")
+    }
+    registered = {pk for pk, c in clusters.items() if c.status != Cluster.Status.DEREGISTERED}
+    result = {}
+    for pool in pools:
+        ids = pool_clusters(pool, registered=registered)
+        named = sorted((clusters[pk] for pk in ids if pk in clusters), key=lambda c: (c.name, c.pk))
+        result[pool.pk] = PoolUsability(tuple(
+            storage_class_use(storage_class=pool.storage_class, cluster=c, inventory=getattr(c, "storage_class_inventory", None), now=now)
+            for c in named
+        ))
+    return result

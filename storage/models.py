@@ -9,6 +9,7 @@ lives on one pool; the operator of the cluster a session lands on creates its Pe
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -90,6 +91,27 @@ class StorageCapacityReading(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "storage_class"], name="storage_reading_unique_per_class")]
+
+
+class ClusterStorageClasses(models.Model):
+    """The StorageClasses that exist on a cluster, as its operator last listed them (``existing_storage_classes`` of
+    ``POST /internal/v1/storage``).
+
+    A pool is usable by a cluster only where its ``storage_class`` is among ``names`` (``storage.capacity``). No row:
+    the cluster's operator never sent the list (none yet, or an operator older than the field), so nothing is known.
+    """
+
+    cluster = models.OneToOneField("clusters.Cluster", on_delete=models.CASCADE, related_name="storage_class_inventory")
+    names = ArrayField(models.CharField(max_length=253), default=list, blank=True, help_text="StorageClass names, sorted")
+    read_at = models.DateTimeField(help_text="When the operator listed them (UTC)")
+    received_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "cluster's StorageClasses"
+        verbose_name_plural = "clusters' StorageClasses"
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}: {', '.join(self.names) or 'none'}"
 
 
 class NodeDisk(models.Model):

@@ -38,13 +38,14 @@ from django.db import connection, transaction
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
+from audit.services import Action, audit_record
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
 from sessions.models import Session
-from storage.capacity import pool_clusters
+from storage.capacity import pool_clusters, pools_usability
 from storage.models import Volume
 from storage.services import volume_move_check_enabled
 
@@ -212,6 +213,14 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
             "pick a cluster it is shared with.",
             code="volume_pool_not_shared",
         )
+    use = pools_usability([volume.pool])[volume.pool.pk].use_on(target.pk)
+    if use is not None and not use.usable:
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) cannot be mounted on cluster {target.name}: {use.reason}. Fix: ask an "
+            f"administrator to create StorageClass {volume.pool.storage_class} on {target.name} (docs/storage.md), then move it, "
+            f"or pick a cluster where pool {volume.pool.name} is usable (`GET /api/v1/storage/pools/{volume.pool.public_id}`: usable_on).",
+            code="volume_not_mountable",
+        )
     if not volume.claim_name:
         raise Conflict(f"Volume {volume.name} has no PVC name recorded: nothing to move.", code="volume_not_placed")
     # A volume left "moving" by a move that died (its advisory lock is gone, we hold it now): the operator's
@@ -234,6 +243,7 @@ def _finish(*, volume: Volume, target: Cluster, pv_name: str, source: Cluster) -
     volume.pv_name = pv_name
     volume.status_message = f"Moved from cluster {source.name}; waiting for the operator of {target.name} to report the PVC."
     volume.save(update_fields=["cluster", "status", "pv_name", "status_message"])
+    audit_record(action=Action.VOLUME_MOVE, obj=volume, cluster=target, changes={"cluster": (source, target)}, details={"pv_name": pv_name})
     return volume
 
 
@@ -255,7 +265,8 @@ def volume_move(*, volume: Volume, cluster: Cluster) -> Volume:
         Conflict: 409 ``volume_move_disabled`` (the setting is off); ``volume_moving`` (another move of it
             runs); ``volume_in_use`` (a live session mounts it); ``volume_not_placed`` (it has no PVC yet:
             nothing to move); ``volume_already_there``; ``cluster_unavailable`` (the target is deregistered);
-            ``volume_pool_not_shared`` (its pool is not shared with the target);
+            ``volume_pool_not_shared`` (its pool is not shared with the target); ``volume_not_mountable`` (the
+            pool's StorageClass is missing on the target, as its operator listed them);
             ``volume_not_bound`` (the PVC on A is not bound to a PersistentVolume yet);
             ``volume_source_unsupported`` (A's PersistentVolume is neither CSI nor NFS).
         NotFound: 404 ``volume_not_found`` (it was deleted).

@@ -9,7 +9,7 @@ from django.db.models.functions import Coalesce
 
 from clusters.models import Cluster
 from gshare.exceptions import NotFound
-from storage.capacity import pool_clusters, pools_capacity, registered_cluster_ids
+from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, registered_cluster_ids
 from storage.models import GIB, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
@@ -20,7 +20,8 @@ def pool_list(*, cluster: Cluster | None = None) -> QuerySet[StoragePool]:
     that are not deleted) and ``volume_count``, ordered by name.
 
     Args:
-        cluster: only the pools this cluster may use (``storage.capacity.pool_clusters``).
+        cluster: only the pools this cluster may use (``storage.capacity.pool_clusters``) whose StorageClass exists
+            there, as far as its operator listed them (``storage.capacity.pools_usability``; one more query).
     """
     qs = (
         StoragePool.objects.select_related("cluster")
@@ -34,6 +35,9 @@ def pool_list(*, cluster: Cluster | None = None) -> QuerySet[StoragePool]:
             allowed = StoragePool.allowed_clusters.through.objects.filter(cluster=cluster).values("storagepool_id")
             usable |= Q(sharing=StoragePool.Sharing.ALL) | Q(sharing=StoragePool.Sharing.SELECTED, pk__in=allowed)
         qs = qs.filter(usable)
+        listed = cluster_storage_classes([cluster.pk]).get(cluster.pk)
+        if listed is not None:
+            qs = qs.filter(storage_class__in=listed.names)
     return qs
 
 
@@ -101,7 +105,8 @@ def volume_get(*, user, public_id: str, include_deleted: bool = False) -> Volume
 def storage_summary(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> dict:
     """The fleet's storage at a glance, every pool resolved now, fleet-wide (docs/storage.md#summary).
 
-    Without ``cluster``: every pool. With it: the pools that cluster may use (``pool_clusters``), each still resolved
+    Without ``cluster``: every pool. With it: the pools that cluster may use (``pool_list``: shared with it, and its
+    StorageClass exists there as far as its operator listed them), each still resolved
     from every cluster's readings; ``shared_across_clusters`` is then true for a pool whose own cluster is another one.
     Without it, a pool is ``shared_across_clusters`` when more clusters than its own may use it.
 

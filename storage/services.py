@@ -22,16 +22,17 @@ from django.db.models import Sum
 from django.utils import timezone
 from kubernetes.client.exceptions import ApiException
 
+from audit.services import Action, audit_record, created, diff, snapshot
 from clusters.kube import Deadline, api_client_for_cluster
 from clusters.models import Cluster
-from clusters.probe import ClusterUnreachable
+from clusters.probe import ClusterAuthFailed, ClusterUnreachable
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
 from sessions.models import Session
-from storage.capacity import CapacityResolution, format_bytes, pools_capacity, registered_cluster_ids
+from storage.capacity import CapacityResolution, PoolUsability, format_bytes, pools_capacity, pools_usability, registered_cluster_ids
 from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look
 from storage.capacity import pool_clusters as pool_clusters  # re-exported (placement imports it)
-from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
+from storage.models import GIB, ClusterStorageClasses, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,25 @@ class VolumeMoveDisabled(Conflict):
     code = "volume_move_disabled"
 
 
+class StorageClassMissing(ApplicationError):
+    """400: the pool's StorageClass does not exist on the pool's cluster (read through its apiserver)."""
+
+    code = "storage_class_missing"
+    status = 400
+
+
+class PoolChanged(Conflict):
+    """409: another change moved the pool to another cluster or StorageClass while this one was being checked."""
+
+    code = "pool_changed"
+
+
+class VolumeNotMountable(Conflict):
+    """409: the volume's pool is not usable where the volume would be mounted (its StorageClass is missing there)."""
+
+    code = "volume_not_mountable"
+
+
 class VolumeDeleteFailed(ApplicationError):
     """502: the holding cluster's apiserver refused to delete the volume's PVC (other than 404)."""
 
@@ -143,10 +163,13 @@ def pool_validate(
     allowed_clusters: Iterable[Cluster] = (),
     manual_capacity_gb: int | None = None,
     storage_node: str = "",
+    check_storage_class: bool = True,
 ) -> StoragePool:
     """Check a pool's wanted state (a new pool with ``pool=None``, else a change of ``pool``); write nothing.
 
-    The one validation of ``pool_create``, ``pool_update`` and the console's form.
+    The one validation of ``pool_create``, ``pool_update`` and the console's form. Last, for a new pool or a new
+    cluster or StorageClass (and ``check_storage_class``), the StorageClass is read on the pool's cluster through its
+    apiserver (``pool_check_storage_class``): call it with no row lock held.
 
     Returns:
         An unsaved ``StoragePool`` with the wanted fields (``allowed_clusters`` excepted: see ``pool_create``).
@@ -160,6 +183,7 @@ def pool_validate(
             allowed one.
         PoolInUse: ``pool_in_use`` (409) when the pool holds volumes and the change would move it to another
             cluster or StorageClass, or stop sharing it with a cluster that holds one of its volumes' PVCs.
+        StorageClassMissing, ClusterAuthFailed, ClusterUnreachable, KubeconfigError: as ``pool_check_storage_class``.
     """
     # The API's serializer checks the same; this is the check the console's form reaches. A pool keeps a name it
     # already has (one saved before the check) until it is renamed.
@@ -207,7 +231,56 @@ def pool_validate(
                     f"Pool {pool.name} ({pool.public_id}) would no longer be shared with clusters that hold its volumes' "
                     f"PVCs ({held}). Keep those clusters allowed, or delete the volumes first.",
                 )
+    if check_storage_class and (pool is None or cluster.pk != pool.cluster_id or storage_class != pool.storage_class):
+        pool_check_storage_class(cluster=cluster, storage_class=storage_class)
     return candidate
+
+
+def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
+    """Read StorageClass ``storage_class`` on ``cluster`` through its kubeconfig; refuse when it does not exist there.
+
+    One apiserver call, bounded as a whole by ``GSHARE_PROBE_TIMEOUT`` seconds (``Deadline.call``). Call it with no
+    row lock held (it may wait that long).
+
+    Raises:
+        StorageClassMissing: ``storage_class_missing`` (400): the apiserver answered 404; the detail names the
+            cluster and the class.
+        ClusterAuthFailed: ``cluster_auth_failed`` (400): the apiserver answered 401 or 403.
+        ClusterUnreachable: ``cluster_unreachable`` (504): no complete answer in time, or another error status.
+        KubeconfigError: ``kubeconfig_invalid`` (400): the stored kubeconfig cannot be used.
+    """
+    timeout = settings.GSHARE_PROBE_TIMEOUT
+    where = f"cluster {cluster.name} ({cluster.public_id})"
+    deadline = Deadline(timeout)
+    api = api_client_for_cluster(cluster)
+    try:
+        with api:
+            deadline.call(kubernetes.client.StorageV1Api(api).read_storage_class, storage_class)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise StorageClassMissing(
+                f'StorageClass "{storage_class}" does not exist on {where}, so no volume of this pool could be provisioned there. '
+                f"Fix: name the StorageClass the storage server's CSI driver installed on {cluster.name} (`kubectl get storageclass`), "
+                "or install it there first (docs/storage.md).",
+                extra={"cluster": cluster.public_id, "storage_class": storage_class},
+            ) from None
+        if exc.status in (401, 403):
+            raise ClusterAuthFailed(
+                f"The apiserver of {where} answered {exc.status} ({exc.reason}) to reading StorageClass {storage_class}: its "
+                "kubeconfig's credentials are refused or may not read StorageClasses. Fix: grant `get` on "
+                "storageclasses.storage.k8s.io to the control plane's ServiceAccount (docs/attach-a-cluster.md), or register "
+                f"a fresh kubeconfig (`PATCH /api/v1/clusters/{cluster.public_id}`)."
+            ) from None
+        raise ClusterUnreachable(
+            f"The apiserver of {where} answered {exc.status} ({exc.reason}) to reading StorageClass {storage_class}, so it "
+            f"could not be checked; nothing was changed. Fix: check the cluster (`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
+        ) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ClusterUnreachable(
+            f"The apiserver of {where} at {cluster.apiserver_url} did not answer within {timeout:g} s ({type(exc).__name__}), "
+            f"so StorageClass {storage_class} could not be checked there; nothing was changed. Fix: check the cluster "
+            f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
+        ) from None
 
 
 def _pool_store_capacity(pools: list[StoragePool], *, now: datetime.datetime | None = None) -> int:
@@ -229,7 +302,6 @@ def _pool_store_capacity(pools: list[StoragePool], *, now: datetime.datetime | N
     return changed
 
 
-@transaction.atomic
 def pool_create(
     *,
     name: str,
@@ -255,43 +327,36 @@ def pool_create(
         The new ``StoragePool`` with its capacity resolved and stored.
 
     Raises:
-        As ``pool_validate``.
+        As ``pool_validate`` (which reads the StorageClass on ``cluster``: 400 ``storage_class_missing``).
     """
     allowed_clusters = list(allowed_clusters)
+    # Validated before the transaction: the StorageClass check waits on the cluster's apiserver.
     pool = pool_validate(
         name=name, cluster=cluster, storage_class=storage_class, sharing=sharing, allowed_clusters=allowed_clusters,
         manual_capacity_gb=manual_capacity_gb, storage_node=storage_node,
     )
-    try:
-        with transaction.atomic():
-            pool.save()
-    except IntegrityError:
-        raise PoolNameTaken(f"A storage pool is already named {name!r}: choose another name.") from None
-    if sharing == StoragePool.Sharing.SELECTED:
-        pool.allowed_clusters.set([c for c in allowed_clusters if c.pk != cluster.pk])
-    _pool_store_capacity([pool])
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                pool.save()
+        except IntegrityError:
+            raise PoolNameTaken(f"A storage pool is already named {name!r}: choose another name.") from None
+        if sharing == StoragePool.Sharing.SELECTED:
+            pool.allowed_clusters.set([c for c in allowed_clusters if c.pk != cluster.pk])
+        _pool_store_capacity([pool])
+        audit_record(action=Action.POOL_CREATE, obj=pool, changes=created(_pool_audit(pool)))
     logger.info("storage pool created: %s %s (%s on %s, sharing %s)", pool.public_id, pool.name, storage_class, cluster.name, sharing)
     return pool
 
 
-@transaction.atomic
-def pool_update(*, pool: StoragePool, changes: dict) -> StoragePool:
-    """Change a pool's fields (``POOL_EDITABLE_FIELDS``), all or nothing, with its row locked; re-resolve its capacity.
+def _pool_audit(pool: StoragePool) -> dict:
+    """A pool's fields as its audit rows show them (the clusters by id)."""
+    return {**snapshot(pool, ("name", "cluster", "storage_class", "sharing", "manual_capacity_gb", "storage_node")),
+            "allowed_clusters": sorted(c.public_id for c in pool.allowed_clusters.all())}
 
-    Switching ``sharing`` to ``all`` clears ``allowed_clusters``.
 
-    Args:
-        pool: the pool.
-        changes: field -> new value (``cluster`` a ``Cluster``, ``allowed_clusters`` a list of ``Cluster``).
-
-    Raises:
-        ApplicationError: ``invalid_request`` (400) for a field that cannot be changed.
-        As ``pool_validate``.
-    """
-    unknown = set(changes) - set(POOL_EDITABLE_FIELDS)
-    if unknown:
-        raise _invalid(f"Only {', '.join(POOL_EDITABLE_FIELDS)} can be changed; not {', '.join(sorted(unknown))}.")
-    pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=pool.pk)
+def _pool_state(pool: StoragePool, changes: dict) -> dict:
+    """``pool``'s fields with ``changes`` applied: the keyword arguments of ``pool_validate``."""
     state = {
         "name": pool.name, "cluster": pool.cluster, "storage_class": pool.storage_class, "sharing": pool.sharing,
         "allowed_clusters": list(pool.allowed_clusters.all()), "manual_capacity_gb": pool.manual_capacity_gb,
@@ -301,7 +366,49 @@ def pool_update(*, pool: StoragePool, changes: dict) -> StoragePool:
         state["allowed_clusters"] = []
     state.update(changes)
     state["allowed_clusters"] = list(state["allowed_clusters"] or [])
-    candidate = pool_validate(pool=pool, **state)
+    return state
+
+
+def pool_update(*, pool: StoragePool, changes: dict) -> StoragePool:
+    """Change a pool's fields (``POOL_EDITABLE_FIELDS``), all or nothing, with its row locked; re-resolve its capacity.
+
+    Switching ``sharing`` to ``all`` clears ``allowed_clusters``. A new cluster or StorageClass is checked on the
+    cluster's apiserver first, without the lock; the locked row then decides the rest.
+
+    Args:
+        pool: the pool.
+        changes: field -> new value (``cluster`` a ``Cluster``, ``allowed_clusters`` a list of ``Cluster``).
+
+    Raises:
+        ApplicationError: ``invalid_request`` (400) for a field that cannot be changed.
+        PoolChanged: ``pool_changed`` (409): another change gave the pool another cluster or StorageClass meanwhile.
+        As ``pool_validate`` (400 ``storage_class_missing`` for a StorageClass missing on the pool's cluster).
+    """
+    unknown = set(changes) - set(POOL_EDITABLE_FIELDS)
+    if unknown:
+        raise _invalid(f"Only {', '.join(POOL_EDITABLE_FIELDS)} can be changed; not {', '.join(sorted(unknown))}.")
+    current = StoragePool.objects.select_related("cluster").get(pk=pool.pk)
+    wanted = _pool_state(current, changes)
+    checked = (wanted["cluster"].pk, wanted["storage_class"])
+    if checked == (current.cluster_id, current.storage_class):
+        checked = None
+    pool_validate(pool=current, **wanted)  # reads the StorageClass when cluster or class change: no lock held yet
+    with transaction.atomic():
+        return _pool_update_locked(pool=current, changes=changes, checked=checked)
+
+
+def _pool_update_locked(*, pool: StoragePool, changes: dict, checked: tuple[int, str] | None) -> StoragePool:
+    """``pool_update`` under the pool's row lock; ``checked`` is the (cluster pk, StorageClass) already checked."""
+    pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=pool.pk)
+    before = _pool_audit(pool)
+    state = _pool_state(pool, changes)
+    pair = (state["cluster"].pk, state["storage_class"])
+    if pair != (pool.cluster_id, pool.storage_class) and pair != checked:
+        raise PoolChanged(
+            f"Pool {pool.name} ({pool.public_id}) was given another cluster or StorageClass while this change was being "
+            "checked; nothing was changed. Fix: read it again (`GET /api/v1/storage/pools/<id>`) and retry."
+        )
+    candidate = pool_validate(pool=pool, **state, check_storage_class=False)
     fields = ["name", "cluster", "storage_class", "sharing", "manual_capacity_gb", "storage_node"]
     for name in fields:
         setattr(pool, name, getattr(candidate, name))
@@ -312,6 +419,8 @@ def pool_update(*, pool: StoragePool, changes: dict) -> StoragePool:
         raise PoolNameTaken(f"A storage pool is already named {pool.name!r}: choose another name.") from None
     pool.allowed_clusters.set([c for c in state["allowed_clusters"] if c.pk != pool.cluster_id] if pool.sharing == StoragePool.Sharing.SELECTED else [])
     _pool_store_capacity([pool])
+    if changed := diff(before, _pool_audit(pool)):
+        audit_record(action=Action.POOL_UPDATE, obj=pool, changes=changed)
     return pool
 
 
@@ -331,6 +440,7 @@ def pool_delete(*, pool: StoragePool) -> None:
             f"Pool {pool.name} ({pool.public_id}) still holds {count} volume(s) ({sample}{', ...' if count > 5 else ''}): "
             "delete them first (`DELETE /api/v1/storage/volumes/<id>`), then the pool.",
         )
+    audit_record(action=Action.POOL_DELETE, obj=pool, changes={name: (value, None) for name, value in _pool_audit(pool).items()})
     Volume.objects.filter(pool=pool).delete()  # only deleted volumes are left: their PVCs are gone
     pool.delete()
     logger.info("storage pool deleted: %s %s", pool.public_id, pool.name)
@@ -364,16 +474,20 @@ def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
     CONFLICT DO UPDATE``; a row already newer than the report is kept), and applies each listed PVC's phase to the
     cluster's volume: ``Bound`` -> ``bound``, ``Pending`` -> ``pending`` (with the event message), ``Lost`` ->
     ``lost``, with ``pv_name`` and ``status_reported_at``. Volumes unknown, deleted, held by no cluster yet, being
-    moved, or already updated by a newer report are ignored (counted).
+    moved, or already updated by a newer report are ignored (counted). ``existing_storage_classes``, when sent,
+    replaces the cluster's ``ClusterStorageClasses`` (where its pools are usable; a newer list is kept); a pending
+    volume whose pool's StorageClass is missing here gets a message that says so and names the cluster.
 
     Args:
         cluster: the cluster named in the operator token.
         report: validated body: ``{"read_at": datetime (UTC), "storage_classes": [{"storage_class", "capacity_bytes",
-            "objects"}], "volumes": [{"volume_id", "claim_name", "phase", "volume_name", "message"}], "nodes":
-            [{"name", "disk_bytes"}]}`` (lists may be absent). A ``read_at`` in the future counts as now.
+            "objects"}], "existing_storage_classes": [name, ...], "volumes": [{"volume_id", "claim_name", "phase",
+            "volume_name", "message"}], "nodes": [{"name", "disk_bytes"}]}`` (every key but ``read_at`` may be
+            absent). A ``read_at`` in the future counts as now.
 
     Returns:
-        ``{"storage_classes": n, "volumes": applied, "volumes_ignored": n, "nodes": n}``.
+        ``{"storage_classes": n, "existing_storage_classes": n or None when not sent, "volumes": applied,
+        "volumes_ignored": n, "nodes": n}``.
 
     Raises:
         Forbidden: ``forbidden_cluster_scope`` (403) when a listed volume's PVC is held by another cluster; nothing
@@ -385,7 +499,8 @@ def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
     ids = sorted({v["volume_id"] for v in volume_reports})
     volumes = {
         v.public_id: v
-        for v in Volume.objects.select_for_update().filter(public_id__in=ids).exclude(status=Volume.Status.DELETED).order_by("pk")
+        for v in Volume.objects.select_for_update(of=("self",)).select_related("pool").filter(public_id__in=ids)
+        .exclude(status=Volume.Status.DELETED).order_by("pk")
     } if ids else {}
     foreign = [vid for vid, v in volumes.items() if v.cluster_id is not None and v.cluster_id != cluster.pk]
     if foreign:
@@ -395,6 +510,7 @@ def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
             code=FORBIDDEN_CLUSTER_SCOPE,
         )
 
+    existing = report.get("existing_storage_classes")
     changed = []
     for item in volume_reports:
         volume = volumes.get(item["volume_id"])
@@ -406,7 +522,10 @@ def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
         ):
             continue
         volume.status = _PVC_PHASES[item["phase"]]
-        volume.status_message = (item.get("message") or "")[:4000]
+        message = item.get("message") or ""
+        if volume.status != Volume.Status.BOUND:
+            message = _class_missing_message(volume=volume, cluster=cluster, existing=existing, event=message)
+        volume.status_message = message[:4000]
         volume.pv_name = item.get("volume_name") or ""
         volume.status_reported_at = read_at
         changed.append(volume)
@@ -438,12 +557,36 @@ def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
     ]
     if disks:
         NodeDisk.objects.bulk_create(disks, update_conflicts=True, unique_fields=["cluster", "node"], update_fields=["disk_bytes", "read_at"])
+    if existing is not None and not ClusterStorageClasses.objects.filter(cluster=cluster, read_at__gt=read_at).exists():
+        ClusterStorageClasses.objects.bulk_create(
+            [ClusterStorageClasses(cluster=cluster, names=sorted(existing), read_at=read_at)],
+            update_conflicts=True, unique_fields=["cluster"], update_fields=["names", "read_at", "received_at"],
+        )
     return {
         "storage_classes": len(classes),
+        "existing_storage_classes": None if existing is None else len(existing),
         "volumes": len(changed),
         "volumes_ignored": len(volume_reports) - len(changed),
         "nodes": len(nodes),
     }
+
+
+#: The PV controller's ``ProvisioningFailed`` message for a PVC naming a StorageClass that does not exist.
+_CLASS_NOT_FOUND = re.compile(r'storageclass\.storage\.k8s\.io "([^"]+)" not found')
+
+
+def _class_missing_message(*, volume: Volume, cluster: Cluster, existing: list[str] | None, event: str) -> str:
+    """A pending volume's message: when its pool's StorageClass is missing on ``cluster`` (not in the operator's list
+    ``existing``, or the PVC's event says so), a sentence naming the class, the cluster and the fix, then ``event``."""
+    storage_class = volume.pool.storage_class
+    found = _CLASS_NOT_FOUND.search(event)
+    if not ((existing is not None and storage_class not in existing) or (found and found.group(1) == storage_class)):
+        return event
+    return (
+        f'storageclass "{storage_class}" not found on {cluster.name}: the PVC {volume.claim_name} of volume {volume.name} '
+        f"cannot be provisioned there. Fix: create StorageClass {storage_class} on {cluster.name} (the CSI driver of "
+        f"pool {volume.pool.name}, docs/storage.md), or delete the volume." + (f" (event: {event})" if event else "")
+    )
 
 
 # --------------------------------------------------------------------------- volumes
@@ -534,8 +677,35 @@ def _name_taken(name: str) -> VolumeNameTaken:
     )
 
 
-def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None = None) -> Volume:
+def _not_mountable(pools: list[StoragePool], usability: dict[int, PoolUsability], *, cluster: Cluster | None, named: bool) -> VolumeNotMountable:
+    """Why no pool of ``pools`` can provision a volume on ``cluster`` (or on any cluster), and the fix."""
+    where = f"cluster {cluster.name} ({cluster.public_id})" if cluster is not None else "any cluster"
+    reasons = []
+    for pool in pools[:5]:
+        use = usability[pool.pk].use_on(cluster.pk) if cluster is not None else None
+        if cluster is not None and use is None:
+            why = f"it is not shared with {cluster.name}"
+        else:
+            uses = [use] if use is not None else list(usability[pool.pk].uses)
+            why = "; ".join(u.reason for u in uses[:3]) + ("; ..." if len(uses) > 3 else "") if uses else "no cluster may use it"
+        reasons.append(f"pool {pool.name} ({pool.public_id}): {why}")
+    subject = f"Storage pool {pools[0].name} ({pools[0].public_id}) cannot" if named else "No storage pool can"
+    listing = f"`GET /api/v1/storage/pools?cluster={cluster.public_id}`" if cluster is not None else "`GET /api/v1/storage/pools`"
+    missing = sorted({pool.storage_class for pool in pools})
+    return VolumeNotMountable(
+        f"{subject} provision a volume on {where}, so a session mounting it would wait for its PVC forever: "
+        f"{'; '.join(reasons)}. Fix: pick a pool usable there ({listing} shows each pool's usable_on), or ask an "
+        f"administrator to create StorageClass {', '.join(missing)} on {cluster.name if cluster is not None else 'a cluster sharing the pool'} "
+        "(docs/storage.md).",
+        extra={"cluster": cluster.public_id if cluster is not None else None, "pools": [p.public_id for p in pools[:5]]},
+    )
+
+
+def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None = None, cluster: Cluster | None = None) -> Volume:
     """Create a volume after the capacity gate, on ``pool`` or, when none is named, on the pool with most free room.
+
+    Only pools usable where the volume will be mounted count (``storage.capacity.pools_usability``: shared with the
+    cluster and its StorageClass exists there): on ``cluster`` when given, else on at least one cluster.
 
     The gate: the quota plus the quotas of the volumes already on the pool (not deleted) must not exceed the pool's
     capacity, resolved now (``pool_capacity``). Without a pool, the bound is the largest free room of a SINGLE pool,
@@ -548,6 +718,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         name: a DNS label, unique among the owner's volumes that are not deleted (mount path ``/data/<name>``).
         quota_gb: size, GiB (2^30 bytes), at least 1.
         pool: the pool, or None to let the service pick.
+        cluster: where the volume will be mounted (its first session's cluster), or None for anywhere.
 
     Returns:
         The new ``Volume`` (status ``available``; ``claim_name`` ``gshare-vol-...``).
@@ -557,6 +728,8 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
         VolumeNameTaken: ``volume_name_taken`` (409).
         NoStoragePool: ``no_storage_pool`` (409).
+        VolumeNotMountable: ``volume_not_mountable`` (409): ``pool`` (or, without one, every pool) is not usable on
+            ``cluster`` (without one: on any cluster); the detail names the cluster, the StorageClass and the fix.
         PoolCapacityUnknown: ``pool_capacity_unknown`` (409).
         PoolFull: ``pool_full`` (409).
     """
@@ -572,11 +745,17 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
             locked = list(locked)
             if pool is not None and not locked:
                 raise NotFound(f"Storage pool {pool.public_id} no longer exists: list pools with `GET /api/v1/storage/pools`.", code="pool_not_found")
-            chosen = _gate(locked, quota_gb * GIB, named=pool is not None)
+            usability = pools_usability(locked)
+            usable = [p for p in locked if (cluster.pk in usability[p.pk].usable_ids if cluster is not None else usability[p.pk].usable_ids)]
+            if locked and not usable:
+                raise _not_mountable(locked, usability, cluster=cluster, named=pool is not None)
+            chosen = _gate(usable, quota_gb * GIB, named=pool is not None)
             volume = Volume(owner=owner, name=name, quota_gb=quota_gb, pool=chosen)
             volume.claim_name = volume_claim_name(volume.public_id)
             volume.full_clean(validate_constraints=False)
             volume.save()
+            audit_record(action=Action.VOLUME_CREATE, obj=volume, changes=created({"name": name, "quota_gb": quota_gb, "pool": chosen}),
+                         details={"owner": owner.get_username()})
     except IntegrityError:
         raise _name_taken(name) from None
     logger.info("volume created: %s %s (%d GiB) on pool %s for %s", volume.public_id, name, quota_gb, chosen.name, owner)
@@ -609,6 +788,7 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
     if quota_gb == volume.quota_gb:
         return volume
     _gate([pool], quota_gb * GIB, named=True, exclude_volume=volume.pk)
+    audit_record(action=Action.VOLUME_UPDATE, obj=volume, changes={"quota_gb": (volume.quota_gb, quota_gb)})
     volume.quota_gb = quota_gb
     volume.save(update_fields=["quota_gb"])
     logger.info("volume quota raised: %s to %d GiB", volume.public_id, quota_gb)
@@ -685,6 +865,7 @@ def volume_delete(*, volume: Volume) -> Volume:
         volume.cluster = cluster
         if cluster.status != Cluster.Status.DEREGISTERED:
             _pvc_delete(volume)
+    audit_record(action=Action.VOLUME_DELETE, obj=volume, changes={"status": (volume.status, Volume.Status.DELETED)})
     volume.status = Volume.Status.DELETED
     volume.deleted_at = timezone.now()
     volume.save(update_fields=["status", "deleted_at"])

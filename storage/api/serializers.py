@@ -43,8 +43,17 @@ class CapacitySerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField(allow_null=True)
 
 
+class PoolUseSerializer(serializers.Serializer):
+    """One cluster in a pool's ``usable_on`` / ``not_usable_on``."""
+
+    cluster = serializers.CharField(source="cluster.public_id", help_text="Cluster id (clu_...)")
+    name = serializers.CharField(source="cluster.name", help_text="Cluster name")
+    reason = serializers.CharField(help_text="Why: what that cluster's operator listed, and when")
+
+
 class PoolSerializer(serializers.ModelSerializer):
-    """Output of the pools API."""
+    """Output of the pools API. ``usable_on`` / ``not_usable_on`` need ``context["usability"]``
+    (``storage.capacity.pools_usability`` of the pools serialized: one computation per page)."""
 
     id = serializers.CharField(source="public_id", read_only=True)
     cluster = serializers.CharField(source="cluster.public_id", read_only=True)
@@ -52,14 +61,30 @@ class PoolSerializer(serializers.ModelSerializer):
     capacity = serializers.SerializerMethodField()
     allocated_bytes = serializers.SerializerMethodField()
     volumes = serializers.IntegerField(source="volume_count", read_only=True, default=0)
+    usable_on = serializers.SerializerMethodField()
+    not_usable_on = serializers.SerializerMethodField()
 
     class Meta:
         model = StoragePool
         fields = [
             "id", "name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node",
-            "capacity", "allocated_bytes", "volumes", "created_at",
+            "capacity", "allocated_bytes", "volumes", "usable_on", "not_usable_on", "created_at",
         ]
         read_only_fields = fields
+
+    def _uses(self, obj: StoragePool, usable: bool) -> list[dict]:
+        usability = self.context["usability"][obj.pk]
+        return PoolUseSerializer([u for u in usability.uses if u.usable is usable], many=True).data
+
+    @extend_schema_field(PoolUseSerializer(many=True))
+    def get_usable_on(self, obj: StoragePool) -> list[dict]:
+        """The clusters its sharing names where its StorageClass exists (or is not known not to), by name."""
+        return self._uses(obj, True)
+
+    @extend_schema_field(PoolUseSerializer(many=True))
+    def get_not_usable_on(self, obj: StoragePool) -> list[dict]:
+        """The clusters its sharing names whose operator listed StorageClasses without its own, by name."""
+        return self._uses(obj, False)
 
     def get_allowed_clusters(self, obj: StoragePool) -> list[str]:
         """Ids (``clu_...``) of the clusters besides its own allowed with sharing ``selected`` (prefetched)."""
@@ -84,6 +109,8 @@ class VolumeCreateSerializer(serializers.Serializer):
     quota_gb = StrictIntegerField(min_value=1, help_text="Size, GiB (2^30 bytes)")
     pool = serializers.CharField(max_length=32, required=False, allow_null=True, default=None,
                                  help_text="Pool id (pool_...); omitted: the pool with the most free room")
+    cluster = serializers.CharField(max_length=253, required=False, allow_null=True, default=None,
+                                    help_text=f"Where it will be mounted: only pools usable there are used. {CLUSTER_REF_HELP}")
 
 
 class VolumeUpdateSerializer(serializers.Serializer):

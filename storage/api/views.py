@@ -20,6 +20,7 @@ from storage.api.serializers import (
     VolumeSerializer,
     VolumeUpdateSerializer,
 )
+from storage.capacity import pools_usability
 from storage.move import volume_move
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
@@ -29,6 +30,13 @@ class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     """Anyone authenticated may read; only staff may change storage pools."""
 
     message = "Only staff users may change storage pools: ask an operator of this control plane."
+
+
+def _pool_data(pools, *, many: bool = False):
+    """Serialized pool(s), with where each is usable computed once for all of them."""
+    listed = list(pools) if many else [pools]
+    data = PoolSerializer(listed, many=True, context={"usability": pools_usability(listed)}).data
+    return data if many else data[0]
 
 
 def _pool_changes(data: dict) -> dict:
@@ -56,7 +64,7 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         ref = request.query_params.get("cluster")
         pools = selectors.pool_list(cluster=selectors.cluster_by_ref(ref) if ref else None)
         page = self.paginate_queryset(pools)
-        return self.get_paginated_response(PoolSerializer(page, many=True).data)
+        return self.get_paginated_response(_pool_data(page, many=True))
 
     @extend_schema(request=PoolCreateSerializer, responses={201: PoolSerializer})
     def create(self, request):
@@ -64,12 +72,12 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         data = PoolCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         pool = services.pool_create(**_pool_changes(data.validated_data))
-        return Response(PoolSerializer(selectors.pool_get(public_id=pool.public_id)).data, status=status.HTTP_201_CREATED)
+        return Response(_pool_data(selectors.pool_get(public_id=pool.public_id)), status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=PoolSerializer)
     def retrieve(self, request, public_id: str):
         """Show one pool."""
-        return Response(PoolSerializer(selectors.pool_get(public_id=public_id)).data)
+        return Response(_pool_data(selectors.pool_get(public_id=public_id)))
 
     @extend_schema(request=PoolUpdateSerializer, responses=PoolSerializer)
     def partial_update(self, request, public_id: str):
@@ -79,7 +87,7 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         data = PoolUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         services.pool_update(pool=pool, changes={**_pool_changes(data.validated_data), **{key: request.data[key] for key in extra}})
-        return Response(PoolSerializer(selectors.pool_get(public_id=public_id)).data)
+        return Response(_pool_data(selectors.pool_get(public_id=public_id)))
 
     def destroy(self, request, public_id: str):
         """Delete a pool (staff); refused with 409 ``pool_in_use`` while volumes live on it."""
@@ -125,12 +133,15 @@ class VolumeViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=VolumeCreateSerializer, responses={201: VolumeSerializer})
     def create(self, request):
-        """Create a volume after the capacity gate (409 ``pool_full``, ``pool_capacity_unknown``, ``volume_name_taken``)."""
+        """Create a volume after the capacity gate (409 ``pool_full``, ``pool_capacity_unknown``, ``volume_name_taken``,
+        ``volume_not_mountable``)."""
         data = VolumeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        pool_id = data.validated_data["pool"]
+        pool_id, cluster_ref = data.validated_data["pool"], data.validated_data["cluster"]
         pool = selectors.pool_get(public_id=pool_id) if pool_id else None
-        volume = services.volume_create(owner=request.user, name=data.validated_data["name"], quota_gb=data.validated_data["quota_gb"], pool=pool)
+        cluster = selectors.cluster_by_ref(cluster_ref) if cluster_ref else None
+        volume = services.volume_create(owner=request.user, name=data.validated_data["name"], quota_gb=data.validated_data["quota_gb"],
+                                        pool=pool, cluster=cluster)
         return Response(VolumeSerializer(selectors.volume_get(user=request.user, public_id=volume.public_id)).data, status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, public_id: str):

@@ -34,6 +34,12 @@ STORAGE_REPORT_SCHEMA = {
                 },
             },
         },
+        # Optional: an operator older than the field does not send it, and nothing is then known of its StorageClasses.
+        "existing_storage_classes": {
+            "type": "array",
+            "maxItems": 1000,
+            "items": {"type": "string", "minLength": 1, "maxLength": 253},
+        },
         "volumes": {
             "type": "array",
             "maxItems": 5000,
@@ -69,7 +75,7 @@ _validator = Draft202012Validator(STORAGE_REPORT_SCHEMA)
 def storage_report_errors(body) -> list[str]:
     """Readable problems with a storage report (empty when valid): schema errors with their JSON path, text
     PostgreSQL cannot store, a ``read_at`` that is not a zoned ISO 8601 time, and duplicates (a StorageClass, a
-    volume or a node listed twice)."""
+    volume or a node listed twice, a name twice in ``existing_storage_classes``)."""
     problems = []
     for error in sorted(_validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:10]:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
@@ -87,6 +93,11 @@ def storage_report_errors(body) -> list[str]:
             if item[field] in seen:
                 problems.append(f"{key}[{index}].{field}: {item[field]!r} appears twice")
             seen.add(item[field])
+    seen = set()
+    for index, name in enumerate(body.get("existing_storage_classes") or []):
+        if name in seen:
+            problems.append(f"existing_storage_classes[{index}]: {name!r} appears twice")
+        seen.add(name)
     return problems[:10]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from storage import services
 from storage.models import StoragePool, Volume
-from tests.factories import ClusterFactory
+from tests.storage.kube import pool_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +23,7 @@ def refused(response, field: str) -> None:
 
 @pytest.mark.parametrize("value", REFUSED)
 def test_pool_capacity_must_be_a_json_number(http, value):
-    cluster = ClusterFactory()
+    cluster = pool_cluster()  # its apiserver serves nfs-a: registration reads the StorageClass
     body = {"name": "nfs-a", "cluster": cluster.public_id, "storage_class": "nfs-a"}
     refused(http.post("/api/v1/storage/pools", json={**body, "manual_capacity_gb": value}), "manual_capacity_gb")
     assert not StoragePool.objects.exists()
@@ -36,7 +36,7 @@ def test_pool_capacity_must_be_a_json_number(http, value):
 
 @pytest.mark.parametrize("value", REFUSED)
 def test_volume_quota_must_be_a_json_number(http_user, value):
-    services.pool_create(name="p", cluster=ClusterFactory(), storage_class="nfs-a", manual_capacity_gb=100)
+    services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=100)
     refused(http_user.post("/api/v1/storage/volumes", json={"name": "v", "quota_gb": value}), "quota_gb")
     assert not Volume.objects.exists()
     created = http_user.post("/api/v1/storage/volumes", json={"name": "v", "quota_gb": 10})

@@ -1,18 +1,25 @@
 """Sessions that mount volumes, through HTTP against emulated clusters: stickiness, first placement, pool
-sharing, ownership, the GShareSession's ``spec.volumes``, a race for a new volume, and the query count."""
+sharing, only where the pool's StorageClass exists, ownership, the GShareSession's ``spec.volumes``, a race for a
+new volume, and the query count."""
 
 import threading
 import time
 
+import kubernetes
 import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from clusters import services as cluster_services
 from clusters.models import Cluster
+from clusters.operator_tokens import operator_token_mint
+from demo import fleet
 from gshare.exceptions import Conflict
+from operator_agent.storage import collect_storage
 from sessions import placement, services
 from sessions.models import Session
-from storage.models import StoragePool, Volume
+from storage.models import ClusterStorageClasses, StoragePool, Volume
+from tests.conftest import Http, kubeconfig_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -133,6 +140,62 @@ def test_a_pool_is_used_only_by_the_clusters_it_is_shared_with(http_user, plain_
     assert "private" in response.json()["detail"] and "lab-c1" in response.json()["detail"]
 
 
+def register(fleet_cluster, name, *, like, objects=None):
+    """An emulated cluster of the demo fleet (``like``), registered as ``name`` with that cluster's inventory."""
+    emulated = fleet_cluster(like, objects=objects)
+    cluster = cluster_services.cluster_register(name=name, kubeconfig=kubeconfig_text(emulated), session_domain=f"{name}.gshare.localhost")
+    cluster_services.inventory_apply(cluster=cluster, nodes=fleet.expected_inventory(like)["snapshot"]["nodes"])
+    cluster.refresh_from_db()
+    return cluster, emulated
+
+
+def volume_sync(live_server, cluster, emulated):
+    """What the cluster's operator reports: its storage read with the operator's code, posted with its token."""
+    with kubernetes.config.new_client_from_config_dict(emulated.kubeconfig("lab")) as api:
+        report = collect_storage(api, namespace="gshare-sessions", own_class=fleet.STORAGE_CLASS)
+    answer = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id)).post("/internal/v1/storage", json=report)
+    assert answer.status_code == 200, answer.text
+
+
+def test_sessions_mount_volumes_only_where_the_pools_storage_class_exists(http_user, plain_user, fleet_cluster, live_server):
+    """Reproduced: a cluster attached without storage joined the `sharing: all` pool, a session mounting a new volume
+    of it was placed there and waited in Starting forever (unbound immediate PersistentVolumeClaims)."""
+    c1, e1 = register(fleet_cluster, "lab-c1", like="lab-c1")
+    c3, e3 = register(fleet_cluster, "lab-c3", like="lab-c2", objects=[o for o in fleet.cluster_objects("lab-c2") if o["kind"] != "StorageClass"])
+    for cluster, emulated in ((c1, e1), (c3, e3)):
+        volume_sync(live_server, cluster, emulated)
+    assert ClusterStorageClasses.objects.get(cluster=c3).names == []
+    pool = make_pool(c1, storage_class=fleet.STORAGE_CLASS)
+    vol = make_volume(plain_user, pool)
+    # lab-c3 is the busier cluster, so binpack puts a session without volumes there...
+    assert start(http_user, cluster="lab-c3", gpu_memory_mib=1000).status_code == 201
+    assert start(http_user, gpu_memory_mib=1000).json()["cluster"] == c3.public_id
+    # ...and one mounting the new volume where its pool's StorageClass exists.
+    placed = start(http_user, gpu_memory_mib=1000, volumes=[vol.public_id])
+    assert placed.status_code == 201 and placed.json()["cluster"] == c1.public_id, placed.text
+    before = Session.objects.count()
+
+    fresh = make_volume(plain_user, pool, name="fresh")
+    refused = start(http_user, volumes=[fresh.public_id], cluster="lab-c3")
+    assert refused.status_code == 409, refused.text
+    body = refused.json()
+    assert body["code"] == "volume_not_mountable" and body["clusters"] == [c3.public_id]
+    assert f"Volume fresh ({fresh.public_id}) is on storage pool tank ({pool.public_id})" in body["detail"]
+    assert f'storageclass "{fleet.STORAGE_CLASS}" not found on lab-c3' in body["detail"]
+    assert "start the session on lab-c1" in body["detail"] and f"create StorageClass {fleet.STORAGE_CLASS} on lab-c3" in body["detail"]
+    # A volume whose PVC lab-c3 holds but cannot provision (left by the bug): refused, with the way out.
+    stuck = make_volume(plain_user, pool, name="stuck", cluster=c3, status=Volume.Status.PENDING)
+    refused = start(http_user, volumes=[stuck.public_id])
+    assert refused.status_code == 409 and refused.json()["code"] == "volume_not_mountable", refused.text
+    assert f"DELETE /api/v1/storage/volumes/{stuck.public_id}" in refused.json()["detail"]
+    assert Session.objects.count() == before
+    fresh.refresh_from_db()
+    assert fresh.cluster_id is None
+    # A bound volume on lab-c3 has its PersistentVolume already: its sessions still go there.
+    bound = make_volume(plain_user, pool, name="bound", cluster=c3)
+    assert start(http_user, gpu_memory_mib=1000, volumes=[bound.public_id]).json()["cluster"] == c3.public_id
+
+
 def test_volumes_of_others_deleted_or_unknown_are_not_found(http, http_user, plain_user, staff_user, two):
     c1, _, _ = two
     pool = make_pool(c1)
@@ -232,7 +295,8 @@ def test_the_query_count_does_not_grow_with_the_number_of_volumes(django_user_mo
         counts.append(len(queries))
         assert session.volumes.count() == len(volumes)
     assert counts[1] == counts[2], counts
-    # The volumes and their pools' clusters (2), their row locks, the claim of the new ones, the session's links.
+    # The volumes and their pools' clusters (2), where those pools are usable (1), their row locks, the claim of the new
+    # ones, the session's links.
     assert counts[1] <= counts[0] + 5, counts
     assert Session.objects.get(volumes=eight[0]).cluster == c2  # held by v3 on beta
     assert set(Volume.objects.filter(pk__in=[v.pk for v in eight]).values_list("cluster", flat=True)) == {c2.pk}

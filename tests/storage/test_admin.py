@@ -9,6 +9,7 @@ from storage import services
 from storage.models import GIB, StoragePool, Volume
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, NodeDiskFactory, SessionFactory, StorageCapacityReadingFactory, VolumeFactory
+from tests.storage.kube import pool_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ def console(client, staff_user):
 
 
 def _grow():
-    cluster = ClusterFactory()
+    cluster = pool_cluster()
     pool = services.pool_create(name=f"pool-{cluster.name}", cluster=cluster, storage_class="nfs-a", manual_capacity_gb=100)
     for _ in range(3):
         VolumeFactory(pool=pool, cluster=cluster, quota_gb=5)
@@ -66,7 +67,7 @@ def test_refresh_capacity_action_calls_the_service(console):
 
 
 def test_capacity_fields_are_read_only_and_pool_add_goes_through_the_service(console):
-    cluster = ClusterFactory()
+    cluster = pool_cluster()
     page = console.get("/storage/storagepool/add/").content.decode()
     assert 'name="capacity_bytes"' not in page and 'name="capacity_source"' not in page
     response = console.post("/storage/storagepool/add/", {
@@ -151,7 +152,7 @@ NOT_A_DNS_LABEL = "must be 1-63 lowercase letters, digits or '-', starting and e
 @pytest.mark.django_db(transaction=True)
 def test_pool_form_refuses_what_the_api_refuses(console, http):
     """Reproduced: the console saved a pool named ``Bad Name!`` that ``POST /api/v1/storage/pools`` refuses."""
-    cluster = ClusterFactory()
+    cluster = pool_cluster()
     api = http.post("/api/v1/storage/pools", json={"name": "Bad Name!", "cluster": cluster.public_id, "storage_class": "nfs-a"})
     assert api.status_code == 400 and api.json()["code"] == "invalid_request" and NOT_A_DNS_LABEL in api.json()["detail"]
     form = {"name": "Bad Name!", "cluster": cluster.pk, "storage_class": "nfs-a", "sharing": "all", "manual_capacity_gb": 100, "storage_node": ""}
@@ -181,7 +182,7 @@ def test_pool_form_refuses_what_the_api_refuses(console, http):
 
 @pytest.mark.django_db(transaction=True)
 def test_volume_form_refuses_what_the_api_refuses(console, http_user, plain_user):
-    cluster = ClusterFactory()
+    cluster = pool_cluster()
     pool = services.pool_create(name="nas", cluster=cluster, storage_class="nfs-a", manual_capacity_gb=100)
     volume = VolumeFactory(owner=plain_user, pool=pool, quota_gb=10)
     for quota in (5, 500):  # shrink (409 volume_shrink_unsupported), past the pool (409 pool_full)

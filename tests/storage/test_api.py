@@ -11,12 +11,14 @@ from clusters.operator_tokens import operator_token_mint
 from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
 from tests.conftest import Http
 from tests.factories import ClusterFactory, SessionFactory, StoragePoolFactory, UserFactory, VolumeFactory
+from tests.storage.kube import pool_cluster, reachable
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TIB = 1024 * GIB
 
 
 def create_pool(http, cluster, name="nfs-a", **extra):
+    reachable(cluster)  # registration reads the StorageClass on the pool's cluster
     body = {"name": name, "cluster": cluster.public_id, "storage_class": "nfs-a", **extra}
     response = http.post("/api/v1/storage/pools", json=body)
     assert response.status_code == 201, response.text
@@ -121,8 +123,8 @@ def test_summary_fleet_wide_and_per_cluster(http_user):
     c1, c2, c3 = ClusterFactory(name="lab-c1"), ClusterFactory(name="lab-c2"), ClusterFactory(name="lab-c3")
     from storage import services
 
-    shared = services.pool_create(name="shared", cluster=c1, storage_class="nfs-a", manual_capacity_gb=2048)
-    own = services.pool_create(name="own", cluster=c2, storage_class="nfs-b", sharing="selected", manual_capacity_gb=4096)
+    shared = services.pool_create(name="shared", cluster=reachable(c1), storage_class="nfs-a", manual_capacity_gb=2048)
+    own = services.pool_create(name="own", cluster=reachable(c2), storage_class="nfs-b", sharing="selected", manual_capacity_gb=4096)
     VolumeFactory(pool=own, quota_gb=1000)
     fleet = http_user.get("/api/v1/storage/summary").json()
     assert fleet["cluster"] is None
@@ -149,7 +151,7 @@ def test_summary_fleet_wide_and_per_cluster(http_user):
 def test_volume_create_list_show(http_user, plain_user):
     from storage import services
 
-    pool = services.pool_create(name="p", cluster=ClusterFactory(), storage_class="nfs-a", manual_capacity_gb=100)
+    pool = services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=100)
     response = http_user.post("/api/v1/storage/volumes", json={"name": "datasets", "quota_gb": 10})
     assert response.status_code == 201, response.text
     volume = response.json()
@@ -166,7 +168,7 @@ def test_volume_create_list_show(http_user, plain_user):
 def test_volume_refusals(http_user):
     from storage import services
 
-    services.pool_create(name="p", cluster=ClusterFactory(), storage_class="nfs-a", manual_capacity_gb=100)
+    services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=100)
     http_user.post("/api/v1/storage/volumes", json={"name": "datasets", "quota_gb": 10})
     taken = http_user.post("/api/v1/storage/volumes", json={"name": "datasets", "quota_gb": 10})
     assert taken.status_code == 409 and taken.json()["code"] == "volume_name_taken"
@@ -209,7 +211,7 @@ def test_pool_capacity_unknown_and_no_pool(http, http_user, settings):
 def test_quota_grows_through_the_gate_and_never_shrinks(http_user):
     from storage import services
 
-    services.pool_create(name="p", cluster=ClusterFactory(), storage_class="nfs-a", manual_capacity_gb=100)
+    services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=100)
     volume = http_user.post("/api/v1/storage/volumes", json={"name": "v", "quota_gb": 50}).json()
     path = f"/api/v1/storage/volumes/{volume['id']}"
     shrink = http_user.patch(path, json={"quota_gb": 10})
@@ -291,7 +293,7 @@ def test_list_query_count_does_not_grow(client, staff_token, path):
     counts = []
     for round_ in range(2):
         for i in range(3):
-            cluster = ClusterFactory()
+            cluster = pool_cluster()
             pool = services.pool_create(name=f"p-{round_}-{i}", cluster=cluster, storage_class=f"nfs-{i}", sharing="selected",
                                         allowed_clusters=[ClusterFactory()], manual_capacity_gb=100, storage_node="nas")
             StorageCapacityReading.objects.create(cluster=cluster, storage_class=f"nfs-{i}", capacity_bytes=GIB, read_at=timezone.now())
@@ -333,7 +335,7 @@ def test_pool_on_a_deregistered_cluster_is_refused(http):
 def test_a_stated_capacity_beyond_a_bigint_is_refused_not_500(http):
     from storage.models import MAX_CAPACITY_GB
 
-    cluster = ClusterFactory()
+    cluster = pool_cluster()
     response = http.post("/api/v1/storage/pools", json={"name": "huge", "cluster": cluster.public_id, "storage_class": "nfs-a",
                                                         "manual_capacity_gb": MAX_CAPACITY_GB + 1})
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"

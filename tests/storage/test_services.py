@@ -26,14 +26,16 @@ from tests.factories import (
     UserFactory,
     VolumeFactory,
 )
+from tests.storage.kube import pool_cluster, reachable
 
 pytestmark = pytest.mark.django_db
 TIB = 1024 * GIB
 
 
 def make_pool(*, manual_gb=None, sharing="all", allowed=(), storage_node="", cluster=None, name=None, storage_class="nfs-a"):
-    """A pool created through the service (its capacity resolved and stored)."""
-    cluster = cluster or ClusterFactory()
+    """A pool created through the service (its capacity resolved and stored) on a cluster whose apiserver serves its
+    StorageClass (``tests.storage.kube``)."""
+    cluster = reachable(cluster) if cluster is not None else pool_cluster()
     return services.pool_create(
         name=name or f"pool-{StoragePool.objects.count()}", cluster=cluster, storage_class=storage_class, sharing=sharing,
         allowed_clusters=list(allowed), manual_capacity_gb=manual_gb, storage_node=storage_node,
