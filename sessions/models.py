@@ -56,6 +56,10 @@ class Session(models.Model):
     )
     volumes = models.ManyToManyField("storage.Volume", blank=True, related_name="sessions",
                                      help_text="Volumes mounted at /data/<volume name>")
+    idempotency_key = models.CharField(max_length=150, blank=True, default="",
+                                       help_text="The Idempotency-Key it was created with (unique per owner), or empty")
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="",
+                                           help_text="SHA-256 of the create request of idempotency_key: a retry must match it")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -65,6 +69,9 @@ class Session(models.Model):
             models.CheckConstraint(
                 condition=Q(gpu_cores__isnull=True) | (Q(gpu_cores__gte=1) & Q(gpu_cores__lte=100)),
                 name="session_gpu_cores_percent",
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"], condition=~Q(idempotency_key=""), name="session_idempotency_key_once_per_owner"
             ),
         ]
 

@@ -6,6 +6,8 @@ the Celery tasks and the operator-facing views call them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from datetime import datetime, timedelta
 
@@ -22,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from audit.services import Action, audit_record, created
 from billing import admission
+from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
@@ -159,6 +162,86 @@ def session_create(
             409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
             ``volume_pool_not_shared`` (see ``placement.volume_clusters``).
     """
+    return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
+                   name=name, volumes=volumes)[0]
+
+
+def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
+    """``session_create`` once per ``(owner, idempotency_key)``: a retry gets the first session back.
+
+    The key is checked under the owner's credit account lock (the lock every ``session_create`` of that owner
+    takes first), so concurrent requests with one key create one session and the others return it; the
+    unique constraint ``session_idempotency_key_once_per_owner`` is the database's last word. A request that was
+    refused (e.g. 409 ``no_capacity``) stored nothing, so its retry is tried again.
+
+    Args:
+        owner: the requesting user.
+        idempotency_key: the caller's key (1 to 150 printable characters, e.g. a UUID).
+        **request: the keyword arguments of ``session_create`` (``image``, ``gpus``, ...).
+
+    Returns:
+        ``(session, created)``: ``created`` is False when the key named an existing session of the same request.
+
+    Raises:
+        InvalidSessionRequest: 400 ``invalid_request`` for a malformed key; and everything ``session_create`` raises.
+        IdempotencyKeyReused: 409 ``idempotency_key_reused`` when the key names a session of another request
+            (the body adds ``session``, its id).
+    """
+    key = idempotency_key.strip() if isinstance(idempotency_key, str) else ""
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise InvalidSessionRequest(f"The Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters (e.g. a UUID).")
+    idempotency = (key, _fingerprint(request))
+    replayed = _replayed(owner=owner, idempotency=idempotency)
+    if replayed is not None:
+        return replayed, False
+    try:
+        return _create(owner=owner, idempotency=idempotency, **request)
+    except IntegrityError:
+        replayed = _replayed(owner=owner, idempotency=idempotency)  # written by a request that did not wait for our lock
+        if replayed is None:
+            raise
+        return replayed, False
+
+
+def _fingerprint(request: dict) -> str:
+    """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
+    canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
+    if isinstance(canonical["volumes"], list | tuple):
+        canonical["volumes"] = sorted(map(str, canonical["volumes"]))
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_REQUEST_DEFAULTS = {"image": None, "gpus": None, "gpu_memory_mib": None, "gpu_cores": None, "cluster": None, "name": "", "volumes": []}
+
+
+def _replayed(*, owner, idempotency: tuple[str, str]) -> Session | None:
+    """The session ``owner`` created with this key, or None; refused when it was created for another request."""
+    key, fingerprint = idempotency
+    session = Session.objects.filter(owner=owner, idempotency_key=key).only("pk", "public_id", "request_fingerprint").first()
+    if session is None:
+        return None
+    if session.request_fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            f"The Idempotency-Key {key!r} was already used for session {session.public_id} with another request: send a new "
+            "key for a new session, or the same request again to get that session back.",
+            extra={"session": session.public_id},
+        )
+    return session
+
+
+def _create(
+    *,
+    owner,
+    image: str,
+    gpus: int,
+    gpu_memory_mib: int | None = None,
+    gpu_cores: int | None = None,
+    cluster: str | None = None,
+    name: str = "",
+    volumes: list[str] | None = None,
+    idempotency: tuple[str, str] | None = None,
+) -> tuple[Session, bool]:
+    """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
     volumes = list(volumes or [])
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
     pinned = _pinned_cluster(cluster) if cluster else None
@@ -169,6 +252,11 @@ def session_create(
     with transaction.atomic():
         # Lock order: credit account, then clusters, then volumes (billing.admission).
         account = admission.account_lock(user=owner)
+        if idempotency is not None:
+            # Under the owner's lock: a request with the same key that held it before us has committed by now.
+            replayed = _replayed(owner=owner, idempotency=idempotency)
+            if replayed is not None:
+                return replayed, False
         policy = admission.policy_for(owner)
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
@@ -205,6 +293,8 @@ def session_create(
             cluster_id=choice.cluster_id,
             node=choice.node_name,
             phase=Session.Phase.SCHEDULED,
+            idempotency_key=idempotency[0] if idempotency else "",
+            request_fingerprint=idempotency[1] if idempotency else "",
         )
         # Field checks only: ranges were validated above, and the database enforces the constraints.
         session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
@@ -228,7 +318,7 @@ def session_create(
         }), details={"owner": owner.get_username()})
         transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
     logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
-    return session
+    return session, True
 
 
 def _refuse_moving(moving: list[Volume]) -> None:

@@ -29,14 +29,24 @@ class SessionViewSet(viewsets.GenericViewSet):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(SessionSerializer(page, many=True).data)
 
-    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
+    @extend_schema(
+        request=SessionCreateSerializer, responses={201: SessionSerializer, 200: SessionSerializer},
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", str, location=OpenApiParameter.HEADER, required=False,
+            description="Unique per session (e.g. a UUID): a retry with the same key and body returns the first session (200), never a second one",
+        )],
+    )
     def create(self, request):
-        """Start a session: placed now, applied to its cluster in the background."""
+        """Start a session: placed now, applied to its cluster in the background. 201, or 200 for a retry of an ``Idempotency-Key``."""
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        session = services.session_create(owner=request.user, **data.validated_data)
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            session, created = services.session_create(owner=request.user, **data.validated_data), True
+        else:
+            session, created = services.session_create_idempotent(owner=request.user, idempotency_key=key, **data.validated_data)
         session = selectors.session_get(user=request.user, public_id=session.public_id)
-        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def retrieve(self, request, public_id: str):
         """Show one session (node and devices once the operator reported them)."""
