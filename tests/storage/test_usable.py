@@ -226,3 +226,28 @@ def test_a_volume_is_not_moved_where_it_cannot_be_mounted(http, http_user, plain
     volume.refresh_from_db()
     assert (volume.cluster_id, volume.status) == (c1.pk, Volume.Status.BOUND)
     assert not [r for r in e3.requests_seen() if r["method"] != "GET"]  # nothing was written on lab-c3
+
+
+def test_a_pool_moved_while_its_new_cluster_was_checked_is_not_changed(http, clusters, monkeypatch):
+    """The StorageClass is read before the pool's row is locked; should another change give the pool another
+    cluster meanwhile, the checked (cluster, StorageClass) is not the one that would be stored: refused, nothing
+    more changed."""
+    from storage import services
+
+    (c1, e1), (c3, _) = clusters["lab-c1"], clusters["lab-c3"]
+    pool = register_pool(http, c1).json()
+    e1.add({**next(o for o in fleet.cluster_objects("lab-c1") if o["kind"] == "StorageClass"), "metadata": {"name": "nfs-b"}})
+    real = services.pool_check_storage_class
+
+    def meanwhile(**kwargs):
+        real(**kwargs)
+        StoragePool.objects.filter(public_id=pool["id"]).update(cluster=c3)  # another change, committed meanwhile
+
+    monkeypatch.setattr(services, "pool_check_storage_class", meanwhile)
+    refused = http.patch(f"/api/v1/storage/pools/{pool['id']}", json={"storage_class": "nfs-b"})
+    assert refused.status_code == 409 and refused.json()["code"] == "pool_changed", refused.text
+    stored = StoragePool.objects.get(public_id=pool["id"])
+    assert (stored.cluster_id, stored.storage_class) == (c3.pk, CLASS)  # nfs-b was checked on lab-c1, not lab-c3
+    monkeypatch.setattr(services, "pool_check_storage_class", real)
+    StoragePool.objects.filter(public_id=pool["id"]).update(cluster=c1)
+    assert http.patch(f"/api/v1/storage/pools/{pool['id']}", json={"storage_class": "nfs-b"}).json()["storage_class"] == "nfs-b"
