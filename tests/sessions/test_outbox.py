@@ -119,6 +119,17 @@ def test_create_answers_at_once_and_the_reconciler_applies_it_later(http, live_c
     assert len(emulated.objects_of(*GSS)) == 1
 
 
+def test_a_retry_during_an_outage_with_an_idempotency_key_gets_the_same_session(http, live_cluster, broker, silent_listener):
+    live_cluster("lab-c1")
+    broker(f"redis://{silent_listener}/0")
+    body = {"image": "quay.io/jupyter/base-notebook", "gpus": 1}
+    first = http.post("/api/v1/sessions", json=body, headers={"Idempotency-Key": "retry-me"}, timeout=15)
+    again = http.post("/api/v1/sessions", json=body, headers={"Idempotency-Key": "retry-me"}, timeout=15)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"] and again.json()["phase"] == "Scheduled"
+    assert Session.objects.count() == 1
+
+
 @pytest.mark.parametrize("cache_too", [False, True], ids=["broker", "broker-and-cache"])
 def test_stop_answers_at_once_and_the_reconciler_deletes_it_later(http, live_cluster, broker, silent_listener, settings, cache_too):
     _, emulated = live_cluster("lab-c1")
