@@ -122,24 +122,22 @@ def _change(field: str, pair) -> dict:
 
 
 def snapshot(obj: Model, fields: Iterable[str]) -> dict:
-    """``{field: value}`` of ``obj`` for ``fields`` (a foreign key as the related object's id: no query).
+    """``{field: value}`` of ``obj`` for ``fields`` (a foreign key as the related object, loaded if need be).
 
-    For :func:`diff`; many-to-many fields are left to the caller (``list(obj.<m2m>.all())``).
+    For :func:`diff` and :func:`created`; many-to-many fields are left to the caller.
     """
-    values = {}
-    for name in fields:
-        field = obj._meta.get_field(name)
-        if field.many_to_one or field.one_to_one:
-            related = obj._state.fields_cache.get(name)
-            values[name] = related if related is not None else getattr(obj, field.attname)
-        else:
-            values[name] = getattr(obj, name)
-    return values
+    return {name: getattr(obj, name) for name in fields}
 
 
 def diff(before: Mapping, after: Mapping) -> dict:
     """``{field: (old, new)}`` for the fields whose values differ between two :func:`snapshot`\\ s."""
-    return {name: (before.get(name), after[name]) for name in after if plain(before.get(name)) != plain(after[name])}
+    return {name: (before.get(name), after[name]) for name in after if not _same(before.get(name), after[name])}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Decimal | int) and isinstance(b, Decimal | int) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b  # 1 and 1.000 are one amount
+    return plain(a) == plain(b)
 
 
 def created(values: Mapping) -> dict:

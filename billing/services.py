@@ -26,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from audit.services import Action, audit_record, created, diff, snapshot
 from billing import pricing
 from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from billing.usage import (
@@ -251,6 +252,10 @@ def credit_grant(*, user, amount, reason: str, idempotency_key: str, created_by:
             account=account_for(user), kind=LedgerEntry.Kind.GRANT, amount=amount, idempotency_key=f"grant:{key}",
             reason=(reason or "")[:500], created_by=created_by,
         )
+        if created:
+            audit_record(action=Action.CREDIT_GRANT, obj=entry, object_repr=f"grant to {user.get_username()}", actor=created_by,
+                         changes={"balance": (entry.balance_after - entry.amount, entry.balance_after)},
+                         details={"user": user.get_username(), "amount": entry.amount, "reason": entry.reason, "idempotency_key": key})
     if created:
         logger.info("credits granted: %s to %s by %s (entry %s)", amount, user, created_by, entry.pk)
     return entry, created
@@ -285,9 +290,13 @@ def price_set(*, gpu_model: str, credits_per_gpu_hour) -> Price:
         As ``price_validate``.
     """
     price = Price.objects.select_for_update().filter(gpu_model=gpu_model or "").first() or Price(gpu_model=gpu_model or "")
+    adding, before = price._state.adding, price.credits_per_gpu_hour
     price.credits_per_gpu_hour = credits_per_gpu_hour
     price_validate(price=price)
     price.save()
+    if adding or price.credits_per_gpu_hour != before:
+        audit_record(action=Action.PRICE_CREATE if adding else Action.PRICE_UPDATE, obj=price, object_repr=price.gpu_model or "(default)",
+                     changes={"credits_per_gpu_hour": (None if adding else before, price.credits_per_gpu_hour)})
     logger.info("price set: %s", price)
     return price
 
@@ -309,6 +318,8 @@ def price_validate(*, price: Price) -> Price:
 def price_delete(*, price: Price) -> None:
     """Delete a price: its model is charged the default price from now on (the default row's removal falls back to
     ``GSHARE_BILLING_DEFAULT_PRICE``). Charges already in the ledger keep their price."""
+    audit_record(action=Action.PRICE_DELETE, obj=price, object_repr=price.gpu_model or "(default)",
+                 changes={"credits_per_gpu_hour": (price.credits_per_gpu_hour, None)})
     Price.objects.filter(pk=price.pk).delete()
     logger.info("price deleted: %s", price)
 
@@ -359,20 +370,37 @@ def policy_set(
     """
     rows = Policy.objects.select_for_update()
     policy = (rows.filter(user__isnull=True) if user is None else rows.filter(user=user)).first() or Policy(user=user)
+    before = None if policy._state.adding else _policy_audit(policy)
     policy.max_sessions, policy.max_gpus = max_sessions, max_gpus
     policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
     policy_validate(policy=policy)
     policy.save()
     policy.allowed_clusters.set(list(allowed_clusters))
+    after = _policy_audit(policy)
+    if before is None or (after_changes := diff(before, after)):
+        audit_record(action=Action.POLICY_CREATE if before is None else Action.POLICY_UPDATE, obj=policy, object_repr=_policy_name(policy),
+                     changes=created(after) if before is None else after_changes)
     logger.info("policy set: %s (max_sessions=%s, max_gpus=%s, min_balance_hours=%s, grace_seconds=%s)",
                 policy, max_sessions, max_gpus, policy.min_balance_hours, grace_seconds)
     return policy
+
+
+def _policy_audit(policy: Policy) -> dict:
+    """A policy's limits as its audit rows show them (the allowed clusters by id)."""
+    return {**snapshot(policy, ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")),
+            "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
+
+
+def _policy_name(policy: Policy) -> str:
+    return f"policy of {policy.user.get_username()}" if policy.user_id else "(default)"
 
 
 @transaction.atomic
 def policy_delete(*, policy: Policy) -> None:
     """Delete a policy: its user falls back to the default policy (the default's removal falls back to the settings'
     limits, ``billing.admission.settings_policy``)."""
+    audit_record(action=Action.POLICY_DELETE, obj=policy, object_repr=_policy_name(policy),
+                 changes={name: (value, None) for name, value in _policy_audit(policy).items()})
     Policy.objects.filter(pk=policy.pk).delete()
     logger.info("policy deleted: %s", policy)
 
