@@ -8,4 +8,7 @@ set -eu
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
+# The command's "then re-run:" line names this script as it was run, not manage.py.
+GSHARE_ATTACH_INVOKED_AS="$0"
+export GSHARE_ATTACH_INVOKED_AS
 exec "$PY" "$ROOT/manage.py" attach_cluster "$@"

@@ -25,7 +25,15 @@ logger = logging.getLogger(__name__)
 
 
 class HelmInstallFailed(Exception):
-    """Helm refused or failed the install/upgrade; ``str()`` is Helm's message (values redacted)."""
+    """Helm refused or failed the install/upgrade; ``str()`` is Helm's message (values redacted).
+
+    ``unreachable`` is True when the apiserver is what failed (the budget ran out, or Helm says the cluster
+    is unreachable), not the chart.
+    """
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable or "kubernetes cluster unreachable" in message.lower()
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 30
     worker.start()
     worker.join(timeout + 5)
     if worker.is_alive():
-        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)")
+        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)", unreachable=True)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
@@ -161,7 +169,7 @@ def _install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 3
                     result = config.install(chart, release.release, release.values, create_namespace=True, **options)
                     action = "installed"
     except helm.HelmCancelledError:
-        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)") from None
+        raise HelmInstallFailed(f"it did not finish within {timeout} s (the apiserver stopped answering?)", unreachable=True) from None
     except helm.HelmError as exc:
         raise HelmInstallFailed(redact(str(exc), release)[:600]) from None
     finally:

@@ -35,7 +35,7 @@ from django.utils import timezone
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from clusters.attach import checks, releases
+from clusters.attach import checks, fixes, releases
 from clusters.attach.helm import HelmInstallFailed, install_release
 from clusters.kube import Deadline, api_client_for_kubeconfig
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
@@ -97,7 +97,8 @@ class AttachOptions:
         storage_values_path: ``--storage-values``: democratic-csi NFS values file, or None.
         skip_ingress: ``--skip-ingress``: the cluster already runs an ingress controller.
         operator_image: ``--operator-image``: image of the operator, or None for the chart's default.
-        argv: the command line, for "re-run" hints.
+        argv: the command line as the user ran it, for "then re-run:" (``clusters.attach.fixes.invocation``).
+        manage: the prefix that runs another manage.py command, for fixes that name one.
     """
 
     kubeconfig_path: str
@@ -109,6 +110,7 @@ class AttachOptions:
     skip_ingress: bool = False
     operator_image: str | None = None
     argv: tuple[str, ...] = ()
+    manage: tuple[str, ...] = ("python", "manage.py")
 
 
 @dataclass
@@ -210,12 +212,16 @@ class Attach:
             raise self._stop(f"{server} stopped answering ({type(exc).__name__})",
                              f"check it is reachable from the control plane: curl -k --max-time 10 {server}/version") from None
         except ApplicationError as exc:
-            raise self._stop(f"{exc} (code {exc.code})", "see docs/errors.md for this code") from None
+            raise self._stop(f"{exc} (code {exc.code})", f"do what the message says (code {exc.code}, docs/errors.md)") from None
         except ValidationError as exc:
             raise self._stop(f"invalid value: {'; '.join(exc.messages)}", "correct the flag and re-run") from None
 
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
+
+    def _manage(self, *command: str) -> str:
+        """A manage.py command line run the way this one was (same interpreter and manage.py)."""
+        return shlex.join([*self.options.manage, *command])
 
     def _check_inputs(self) -> None:
         """Refuse malformed flags before anything touches the cluster."""
@@ -227,7 +233,7 @@ class Attach:
                 validator(value)
             except ValidationError:
                 raise self._stop(f"{flag} {value!r} is not a lowercase DNS name ({validator.message})",
-                                 f"pass a valid {flag}") from None
+                                 f"pass a valid {flag}: it {validator.message}") from None
         url = urllib.parse.urlsplit(options.control_plane_url)
         if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in options.control_plane_url):
             raise self._stop(f"--control-plane {options.control_plane_url!r} is not an http(s) URL",
@@ -246,9 +252,10 @@ class Attach:
                 if isinstance(exc, UnicodeDecodeError):
                     reason = "not UTF-8 text"
                 elif isinstance(exc, yaml.YAMLError):
-                    reason = "not valid YAML"
+                    mark = getattr(exc, "problem_mark", None)
+                    reason = "not valid YAML" + (f" (line {mark.line + 1})" if mark is not None else "")
                 raise self._stop(f"cannot use --storage-values {path}: {reason}",
-                                 f"check the file (democratic-csi NFS values, see docs/attach.md#storage): ls -l {shlex.quote(path)}") from None
+                                 fixes.unreadable_file_fix(exc, path=path, flag="--storage-values")) from None
             try:
                 self.state.storage = releases.storage_plan(values, path)
             except ApplicationError as exc:
@@ -264,12 +271,11 @@ class Attach:
             text = _read_text(path, MAX_KUBECONFIG_BYTES)
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else ("not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc))
-            raise self._stop(f"cannot use --kubeconfig {path}: {reason}", f"check the path and the file: ls -l {shlex.quote(path)}") from None
+            raise self._stop(f"cannot use --kubeconfig {path}: {reason}", fixes.unreadable_file_fix(exc, path=path, flag="--kubeconfig")) from None
         try:
             valid = validate_kubeconfig(text, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
         except KubeconfigError as exc:
-            raise self._stop(f"{exc} (code {exc.code})", "write a kubeconfig with inline credentials: "
-                             "kubectl config view --raw --minify --flatten > cluster.kubeconfig") from None
+            raise self._stop(f"{exc} (code {exc.code})", fixes.kubeconfig_fix(exc, text=text, path=path)) from None
         self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
         with _api(self.state) as api:
             try:
@@ -289,8 +295,9 @@ class Attach:
         self.state.git_version = version.git_version
         self.state.nodes = nodes
         if self.options.ingress_node not in {n.metadata.name for n in nodes}:
+            listed = ", ".join(sorted(n.metadata.name for n in nodes)[:20])
             raise self._stop(f"--ingress-node {self.options.ingress_node} is not a node of this cluster",
-                             "pick one of: kubectl get nodes -o name")
+                             f"pass one of its nodes as --ingress-node (the one the session domain's DNS points at): {listed}")
         return f"ok: Kubernetes {version.git_version} at {valid.server}, {len(nodes)} nodes"
 
     # ----------------------------------------------------------------- check pods
@@ -437,9 +444,9 @@ class Attach:
             result = install_release(self.state.kubeconfig, release, timeout=settings.GSHARE_ATTACH_HELM_TIMEOUT)
         except HelmInstallFailed as exc:
             source = f"--repo {release.repo_url} --version {release.version}" if release.repo_url else ""
-            raise self._stop(f"Helm could not install {release.what} (release {release.release} in {release.namespace}): {exc}",
-                             f"check the chart can be fetched and rendered: helm template {release.release} {release.chart} {source}".strip()
-                             ) from None
+            fix = (f"check it is reachable from the control plane: curl -k --max-time 10 {self.state.server}/version" if exc.unreachable
+                   else f"check the chart can be fetched and rendered: helm template {release.release} {release.chart} {source}".strip())
+            raise self._stop(f"Helm could not install {release.what} (release {release.release} in {release.namespace}): {exc}", fix) from None
         return f"{release.what}: release {release.release} {result.action} (revision {result.revision})"
 
     # ----------------------------------------------------------------- 4
@@ -505,7 +512,11 @@ class Attach:
                 # A rotated credential (or the same cluster at a new address): PATCH's rules, same-cluster check included.
                 changes["kubeconfig"] = self.state.kubeconfig
             if changes:
-                existing = services.cluster_update(cluster=existing, changes=changes)
+                try:
+                    existing = services.cluster_update(cluster=existing, changes=changes)
+                except ApplicationError as exc:
+                    raise self._stop(f"the registration of {existing.name} ({existing.public_id}) could not be updated: {exc} (code {exc.code})",
+                                     fixes.registration_fix(exc, rerun=self.options.argv, session_domain=existing.session_domain)) from None
             self.state.cluster = existing
             updated = f", updated {', '.join(sorted(changes))}" if changes else ""
             return f"ok: already registered as {existing.public_id} (kept{updated})"
@@ -514,7 +525,7 @@ class Attach:
                                                 session_domain=self.options.session_domain,
                                                 ingress_node=self.options.ingress_node, volume_storage_class=storage_class)
         except ApplicationError as exc:
-            raise self._stop(f"registration refused: {exc} (code {exc.code})", "see docs/errors.md for this code") from None
+            raise self._stop(f"registration refused: {exc} (code {exc.code})", fixes.registration_fix(exc, rerun=self.options.argv)) from None
         except Exception as exc:  # django ValidationError on a malformed field
             raise self._stop(f"registration refused: {exc}", "check --name, --session-domain and --ingress-node") from None
         self.state.cluster = cluster
@@ -534,11 +545,11 @@ class Attach:
             operator_token_push(cluster)
         except Exception as exc:
             raise self._stop(f"could not write the operator token Secret: {exc}",
-                             f"retry the token alone: python manage.py rotate_operator_tokens --cluster {cluster.public_id}") from None
+                             f"retry the token alone: {self._manage('rotate_operator_tokens', '--cluster', cluster.public_id)}") from None
         cluster.refresh_from_db()
         if cluster.operator_token_rotation_error:
             raise self._stop(f"could not write the operator token Secret: {cluster.operator_token_rotation_error}",
-                             f"retry the token alone: python manage.py rotate_operator_tokens --cluster {cluster.public_id}")
+                             f"retry the token alone: {self._manage('rotate_operator_tokens', '--cluster', cluster.public_id)}")
         try:
             release = releases.operator_release(cluster_id=cluster.public_id, control_plane_url=self.options.control_plane_url,
                                                 image=self.options.operator_image,
@@ -589,7 +600,8 @@ class Attach:
         hard = {name: detail for name, detail in failed.items() if name != "operator_reporting"}
         if hard:
             name, detail = next(iter(hard.items()))
-            raise self._stop(f"connection test: {name} failed: {detail}", "fix it as the message says")
+            # The connection test's sentences name their fix (clusters.probe); print it as the fix.
+            raise self._stop(f"connection test: {name} failed: {detail}", detail)
         deadline = time.monotonic() + settings.GSHARE_ATTACH_INVENTORY_TIMEOUT
         while True:
             cluster.refresh_from_db()

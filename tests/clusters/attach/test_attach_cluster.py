@@ -8,30 +8,89 @@ process that reports to the live server.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
+from clusters.attach.fixes import INVOKED_AS_ENV
 from clusters.models import Cluster
 from demo import fleet
 from tests.conftest import FIXTURES
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
+ROOT = Path(__file__).resolve().parents[3]
 
-def attach(kubeconfig_path, live_server, *extra, name="lab-c1", ingress_node="lab-c1-cp-01"):
-    """Run the command; returns (stdout, stderr, CommandError or None)."""
-    out, err = io.StringIO(), io.StringIO()
+
+class Run(NamedTuple):
+    """One run of the command: its output, its error, and the re-run line it must print (the command as run)."""
+
+    out: str
+    err: str
+    error: CommandError | None
+    rerun: str
+
+
+@contextlib.contextmanager
+def invoked(via: str, args: list[str]):
+    """Make the process look as if the user ran the command from a shell, ``via`` ``manage`` (``python manage.py
+    attach_cluster ...``) or ``hack`` (``hack/attach-cluster.sh ...``, which execs manage.py with
+    GSHARE_ATTACH_INVOKED_AS set); yields the re-run line that invocation must get."""
+    saved = sys.argv, sys.orig_argv, os.environ.get(INVOKED_AS_ENV)
+    if via == "manage":
+        sys.argv, sys.orig_argv = ["manage.py", "attach_cluster", *args], ["python", "manage.py", "attach_cluster", *args]
+        os.environ.pop(INVOKED_AS_ENV, None)
+        expected = ["python", "manage.py", "attach_cluster", *args]
+    else:
+        manage = str(ROOT / "manage.py")
+        sys.argv, sys.orig_argv = [manage, "attach_cluster", *args], [sys.executable, manage, "attach_cluster", *args]
+        os.environ[INVOKED_AS_ENV] = "hack/attach-cluster.sh"
+        expected = ["hack/attach-cluster.sh", *args]
     try:
-        call_command("attach_cluster", "--kubeconfig", str(kubeconfig_path), "--name", name, "--control-plane", live_server.url,
-                     "--session-domain", f"{name}.gpu.example.org", "--ingress-node", ingress_node, *extra, stdout=out, stderr=err)
-        error = None
-    except CommandError as exc:
-        error = exc
-    return out.getvalue(), err.getvalue(), error
+        yield shlex.join(expected)
+    finally:
+        sys.argv, sys.orig_argv = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop(INVOKED_AS_ENV, None)
+        else:
+            os.environ[INVOKED_AS_ENV] = saved[2]
+
+
+def run_command(args: list[str], via: str = "manage") -> Run:
+    out, err = io.StringIO(), io.StringIO()
+    with invoked(via, args) as rerun:
+        try:
+            call_command("attach_cluster", *args, stdout=out, stderr=err)
+            error = None
+        except CommandError as exc:
+            error = exc
+    return Run(out.getvalue(), err.getvalue(), error, rerun)
+
+
+def attach(kubeconfig_path, live_server, *extra, name="lab-c1", ingress_node="lab-c1-cp-01", session_domain=None, via="manage") -> Run:
+    """Run the command as ``via`` (``manage`` or ``hack``) would."""
+    return run_command(["--kubeconfig", str(kubeconfig_path), "--name", name, "--control-plane", live_server.url,
+                        "--session-domain", session_domain or f"{name}.gpu.example.org", "--ingress-node", ingress_node, *extra], via)
+
+
+def fix_of(run: Run) -> str:
+    """The fix a stopped run printed; asserts exit code 1 and that the fix is followed by the re-run line of the
+    command exactly as it was run."""
+    assert run.error is not None and run.error.returncode == 1, run.out + run.err
+    head = "The attach stopped. To fix it:\n"
+    assert head in run.err, run.err
+    fix, separator, rest = run.err.split(head, 1)[1].partition("\nthen re-run: ")
+    assert separator and rest.splitlines()[0] == run.rerun, run.err
+    return fix
 
 
 def helm_releases(emulated) -> dict[str, list[dict]]:
@@ -52,7 +111,7 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     kubelet = operator_kubelet(emulated, kubeconfig_path)
 
-    out, err, error = attach(kubeconfig_path, live_server)
+    out, err, error, _ = attach(kubeconfig_path, live_server)
     assert error is None, out + err
     lines = [line for line in out.splitlines() if line.startswith("[")]
     assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/9" + "]" for n in range(1, 10)]
@@ -93,7 +152,7 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
         ("deployments", "apps", "v1"), ("daemonsets", "apps", "v1"), ("runtimeclasses", "node.k8s.io", "v1"),
         ("namespaces", "", "v1"), ("secrets", "", "v1"), ("customresourcedefinitions", "apiextensions.k8s.io", "v1"))}
 
-    out2, err2, error2 = attach(kubeconfig_path, live_server)
+    out2, err2, error2, _ = attach(kubeconfig_path, live_server, via="hack")
     assert error2 is None, out2 + err2
     assert "already registered as " + cluster.public_id in out2
     assert "0 node(s) labelled" in out2 and "RuntimeClass nvidia present" in out2
@@ -109,13 +168,13 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
 def test_rerun_rolls_the_operator_forward_to_a_new_image(attach_settings, bare_cluster, operator_kubelet, live_server):
     emulated, kubeconfig_path = bare_cluster("lab-c2")
     operator_kubelet(emulated, kubeconfig_path)
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress", name="lab-c2", ingress_node="lab-c2-server-01")
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress", name="lab-c2", ingress_node="lab-c2-server-01")
     assert error is None, out + err
     assert "skipped (--skip-ingress)" in out
     # k3s reports v1.34.1+k3s1: the kube-scheduler tag drops the +k3s1 suffix.
     scheduler = next(d for d in emulated.objects_of("deployments", "apps") if d["metadata"]["name"] == "hami-scheduler")
     assert scheduler["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v1.34.1")
-    out2, err2, error2 = attach(kubeconfig_path, live_server, "--skip-ingress", "--operator-image", "ghcr.io/gshare/gshare:9.9.9",
+    out2, err2, error2, _ = attach(kubeconfig_path, live_server, "--skip-ingress", "--operator-image", "ghcr.io/gshare/gshare:9.9.9",
                                 name="lab-c2", ingress_node="lab-c2-server-01")
     assert error2 is None, out2 + err2
     assert "gShare operator: release gshare-operator upgraded (revision 2)" in out2
@@ -124,23 +183,32 @@ def test_rerun_rolls_the_operator_forward_to_a_new_image(attach_settings, bare_c
     assert "ingress-nginx" not in helm_releases(emulated)
 
 
-@pytest.mark.parametrize(("facts", "problem", "fix"), [
-    ({"nvidia_smi": None}, "the NVIDIA driver is not installed", "install the NVIDIA driver"),
+DRIVER_FIX = ("install the NVIDIA driver (Ubuntu: sudo ubuntu-drivers install --gpgpu; RHEL: sudo dnf module install "
+              "nvidia-driver:latest-dkms), then reboot the node")
+RUNTIME_FIX = "sudo nvidia-ctk runtime configure --runtime=containerd && sudo systemctl restart containerd"
+
+
+@pytest.mark.parametrize(("facts", "problem", "fix", "wrong"), [
+    ({"nvidia_smi": None}, "the NVIDIA driver is not installed", DRIVER_FIX, ["nvidia-container-toolkit", "nvidia-ctk"]),
     ({"nvidia_smi_error": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
                           "the latest NVIDIA driver is installed and running."},
-     "the NVIDIA driver is not working", "then reboot the node"),
-    ({"nvidia_ctk": None}, "the NVIDIA Container Toolkit is not installed", "install nvidia-container-toolkit"),
-    ({"containerd_nvidia_runtime": None}, "containerd has no nvidia runtime registered",
-     "sudo nvidia-ctk runtime configure --runtime=containerd && sudo systemctl restart containerd"),
+     "the NVIDIA driver is not working", DRIVER_FIX, ["nvidia-container-toolkit", "nvidia-ctk"]),
+    ({"nvidia_ctk": None}, "the NVIDIA Container Toolkit is not installed", "install nvidia-container-toolkit", ["NVIDIA driver", "reboot"]),
+    ({"containerd_nvidia_runtime": None}, "containerd has no nvidia runtime registered", RUNTIME_FIX,
+     ["NVIDIA driver", "install nvidia-container-toolkit", "reboot"]),
 ], ids=["driver-missing", "driver-broken", "toolkit-missing", "runtime-missing"])
-def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, bare_cluster, live_server, facts, problem, fix):
+def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, bare_cluster, live_server, facts, problem, fix, wrong):
     emulated, kubeconfig_path = bare_cluster("lab-c1", **{"gpu-v100-01": facts})
-    out, err, error = attach(kubeconfig_path, live_server)
+    run = attach(kubeconfig_path, live_server)
+    out, error = run.out, run.error
     assert error is not None and error.returncode == 1
     assert f"gpu-v100-01: {problem}" in str(error)
     assert "[2/9] GPU node prerequisites ... FAILED" in out
     assert "[3/9]" not in out
-    assert fix in err and "then re-run:" in err
+    (line,) = fix_of(run).splitlines()  # one problem, one fix: this one, for that node
+    assert line.startswith(f"on gpu-v100-01: {fix}") and not [w for w in wrong if w in line], line
+    if fix == "install nvidia-container-toolkit":  # then registered with containerd, which needs the toolkit
+        assert line.endswith(f"then: {RUNTIME_FIX}")
     assert "gpu-h100-01" not in str(error)  # the prepared node is not blamed
     assert not Cluster.objects.exists()
     assert emulated.objects_of("runtimeclasses", "node.k8s.io") == []
@@ -149,10 +217,18 @@ def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, ba
     # Fix the node and run again: the attach goes past step 2 (and stops at step 9: no operator runs here).
     attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5
     emulated.set_host("gpu-v100-01", fleet.cluster_hosts("lab-c1")["gpu-v100-01"])
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress")
-    assert "[2/9] GPU node prerequisites ... ok" in out, out + err
-    assert "[9/9] connection test and first inventory ... FAILED: the operator has sent no inventory" in out
-    assert "kubectl -n gshare-system logs deploy/gshare-operator" in err
+    run = attach(kubeconfig_path, live_server, "--skip-ingress", via="hack")
+    assert "[2/9] GPU node prerequisites ... ok" in run.out, run.out + run.err
+    assert "[9/9] connection test and first inventory ... FAILED: the operator has sent no inventory" in run.out
+    assert fix_of(run) == f"see why: kubectl -n gshare-system logs deploy/gshare-operator (it must reach {live_server.url})"
+
+
+def test_a_chart_that_cannot_be_fetched_stops_at_step_4_with_the_helm_check(attach_settings, bare_cluster, live_server, chart_repo):
+    attach_settings.GSHARE_ATTACH_HAMI_CHART_VERSION = "2.7.99"  # not in the repository
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    run = attach(kubeconfig_path, live_server, "--skip-ingress")
+    assert "[4/9] HAMi ... FAILED: Helm could not install" in run.out, run.out + run.err
+    assert fix_of(run) == f"check the chart can be fetched and rendered: helm template hami hami --repo {chart_repo} --version 2.7.99"
 
 
 def storage_values(tmp_path, server="nas.lab.example.org", nfsvers3=True) -> str:
@@ -172,7 +248,7 @@ def test_storage_values_install_democratic_csi_with_capacity_and_point_the_opera
     kubelet = operator_kubelet(emulated, kubeconfig_path)
     values_path = storage_values(tmp_path)
     secret = yaml.safe_load(open(values_path))["driver"]["config"]["sshConnection"]["privateKey"]
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", values_path)
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", values_path)
     assert error is None, out + err
     assert "NFSv3 server reachable from 3 node(s)" in out
     drivers = emulated.objects_of("csidrivers", "storage.k8s.io")
@@ -183,20 +259,23 @@ def test_storage_values_install_democratic_csi_with_capacity_and_point_the_opera
     assert secret.strip()[:20] not in out + err  # the values file's secrets are never printed
 
 
-@pytest.mark.parametrize(("facts", "problem", "fix"), [
+@pytest.mark.parametrize(("facts", "problem", "fix", "other_fix", "via"), [
     ({"mount_nfs": None, "reachable": ["nas.lab.example.org:2049", "nas.lab.example.org:111", "nas.lab.example.org:20048"]},
-     "no NFS client (mount.nfs missing)", "nfs-common"),
+     "no NFS client (mount.nfs missing)", "on gpu-h100-01: sudo apt-get install -y nfs-common", "open TCP", "manage"),
     ({"reachable": ["nas.lab.example.org:2049"]}, "cannot reach nas.lab.example.org:111, nas.lab.example.org:20048",
-     "open TCP 2049, 111, 20048 on nas.lab.example.org"),
+     "open TCP 2049, 111, 20048 on nas.lab.example.org to gpu-h100-01", "nfs-common", "hack"),
 ], ids=["no-nfs-client", "nfsv3-ports-closed"])
-def test_storage_prerequisites_stop_at_step_8(attach_settings, bare_cluster, live_server, tmp_path, facts, problem, fix):
+def test_storage_prerequisites_stop_at_step_8(attach_settings, bare_cluster, live_server, tmp_path, facts, problem, fix, other_fix, via):
     emulated, kubeconfig_path = bare_cluster("lab-c1", **{"gpu-h100-01": facts, "gpu-v100-01": {"reachable": facts["reachable"]},
                                                           "lab-c1-cp-01": {"reachable": facts["reachable"]}})
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", storage_values(tmp_path))
+    run = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", storage_values(tmp_path), via=via)
+    error = run.error
     assert error is not None
     assert f"gpu-h100-01: {problem}" in str(error)
-    assert "[8/9] storage ... FAILED" in out
-    assert fix in err
+    assert "[8/9] storage ... FAILED" in run.out
+    lines = fix_of(run).splitlines()  # one per node with a problem, each the fix of its own problem
+    assert fix in lines[0] and not [line for line in lines if other_fix in line], lines
+    assert len(lines) == str(error).count(problem.split(",")[0])
     assert "democratic-csi" not in json.dumps(helm_releases(emulated))
 
 
@@ -204,18 +283,72 @@ def test_nfsv4_needs_only_port_2049(attach_settings, bare_cluster, operator_kube
     emulated, kubeconfig_path = bare_cluster("lab-c1", **{n.name: {"reachable": ["nas.lab.example.org:2049"]}
                                                           for n in fleet.cluster_spec("lab-c1").nodes})
     operator_kubelet(emulated, kubeconfig_path)
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", storage_values(tmp_path, nfsvers3=False))
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress", "--storage-values", storage_values(tmp_path, nfsvers3=False))
     assert error is None, out + err
     assert "NFSv4 server reachable" in out
 
 
+def kubeconfig_fixture(tmp_path, name: str) -> Path:
+    path = tmp_path / "cluster.kubeconfig"
+    path.write_text((FIXTURES / "kubeconfig" / name).read_text())
+    return path
+
+
 def test_a_loopback_kubeconfig_is_refused_at_step_1_like_registration(settings, tmp_path, live_server):
-    path = tmp_path / "kubeconfig"
-    path.write_text((FIXTURES / "kubeconfig/k3s.yaml").read_text())  # server https://127.0.0.1:6443
-    out, err, error = attach(path, live_server)
-    assert error is not None and "kubeconfig_localhost" in str(error)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in out
-    assert "kubectl config view --raw --minify --flatten" in err
+    path = kubeconfig_fixture(tmp_path, "k3s.yaml")  # server https://127.0.0.1:6443, cluster entry "default"
+    run = attach(path, live_server)
+    assert run.error is not None and "kubeconfig_localhost" in str(run.error)
+    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    fix = fix_of(run)
+    # The fix changes the server address (what was wrong), in the file the command reads; exporting the same
+    # kubeconfig again (`kubectl config view --flatten`) would keep 127.0.0.1.
+    assert f"kubectl --kubeconfig {path} config set-cluster default --server=https://<reachable-host>:6443" in fix.splitlines()
+    assert f"sed 's/127.0.0.1/<server-node-address>/' > {path}" in fix and "/etc/rancher/k3s/k3s.yaml" in fix
+    assert "--flatten" not in fix and "view" not in fix
+
+
+@pytest.mark.parametrize(("fixture", "code", "fix_lines", "wrong"), [
+    ("eks-exec-aws-eks-get-token.yaml", "kubeconfig_exec_forbidden", [
+        "kubectl -n kube-system create serviceaccount gshare-attach",
+        "kubectl create clusterrolebinding gshare-attach --clusterrole=cluster-admin --serviceaccount=kube-system:gshare-attach",
+        "kubectl --kubeconfig {path} config set-context --current --user=gshare-attach",
+    ], ["--flatten", "--server="]),
+    ("oidc-auth-provider.yaml", "kubeconfig_exec_forbidden", [
+        "kubectl --kubeconfig {path} config set-credentials gshare-attach --token=\"$(kubectl -n kube-system get secret gshare-attach-token "
+        "-o jsonpath='{{.data.token}}' | base64 -d)\"",
+    ], ["--flatten", "--server="]),
+    ("ca-file-paths-minikube.yaml", "kubeconfig_local_file", [
+        "kubectl --kubeconfig {path} config view --raw --minify --flatten > {path}.inline && mv {path}.inline {path}",
+    ], ["serviceaccount", "--server="]),
+    ("kubectl-config-view-redacted.yaml", "kubeconfig_invalid", [
+        "kubectl config view --raw --minify --flatten > {path}",
+    ], ["serviceaccount", "--server=", "use-context"]),
+    ("multi-context-empty-current-context.yaml", "kubeconfig_invalid", [
+        "kubectl --kubeconfig {path} config get-contexts", "kubectl --kubeconfig {path} config use-context <context>",
+    ], ["serviceaccount", "--server=", "--flatten"]),
+], ids=["exec", "auth-provider", "file-paths", "redacted", "no-current-context"])
+def test_each_refused_kubeconfig_gets_the_fix_for_its_problem(tmp_path, live_server, fixture, code, fix_lines, wrong):
+    path = kubeconfig_fixture(tmp_path, fixture)
+    run = attach(path, live_server, via="hack")
+    assert run.error is not None and f"(code {code})" in str(run.error)
+    fix = fix_of(run)
+    for line in fix_lines:
+        assert line.format(path=path) in fix.splitlines(), fix
+    assert not [w for w in wrong if w in fix], fix
+
+
+def test_a_token_file_is_replaced_by_the_token_itself(tmp_path, live_server):
+    config = yaml.safe_load((FIXTURES / "kubeconfig" / "token-auth.yaml").read_text())
+    user = config["users"][0]
+    user["user"] = {"tokenFile": "/var/run/secrets/token"}
+    path = tmp_path / "cluster.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    run = attach(path, live_server)
+    assert "(code kubeconfig_local_file)" in str(run.error)
+    assert fix_of(run).splitlines()[1:] == [
+        f"kubectl --kubeconfig {path} config set-credentials {user['name']} --token=\"$(cat /var/run/secrets/token)\"",
+        f"kubectl --kubeconfig {path} config unset users.{user['name']}.tokenFile",
+    ]
 
 
 def test_an_apiserver_that_never_answers_stops_at_step_1(settings, tmp_path, live_server, silent_listener):
@@ -224,9 +357,9 @@ def test_an_apiserver_that_never_answers_stops_at_step_1(settings, tmp_path, liv
     settings.GSHARE_PROBE_TIMEOUT = 1.0
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(silent_kubeconfig(silent_listener)))
-    out, err, error = attach(path, live_server)
-    assert error is not None and "did not answer" in str(error)
-    assert "curl -k --max-time 10" in err
+    run = attach(path, live_server, via="hack")
+    assert run.error is not None and "did not answer" in str(run.error)
+    assert fix_of(run) == f"check it is reachable from the control plane: curl -k --max-time 10 http://{silent_listener}/version"
     assert not Cluster.objects.exists()
 
 
@@ -234,49 +367,71 @@ def mutations(emulated) -> list[dict]:
     return [r for r in emulated.requests_seen() if r["method"] not in ("GET",)]
 
 
-@pytest.mark.parametrize(("flag", "value", "problem"), [
-    ("--name", "Bad_Name!", "--name 'Bad_Name!' is not a lowercase DNS name"),
-    ("--session-domain", "BAD DOMAIN", "--session-domain 'BAD DOMAIN' is not a lowercase DNS name"),
-    ("--control-plane", "javascript:alert(1)", "is not an http(s) URL"),
-    ("--operator-image", "UPPER/Case:tag!!", "is not an image reference"),
+@pytest.mark.parametrize(("flag", "value", "problem", "fix", "via"), [
+    ("--name", "Bad_Name!", "--name 'Bad_Name!' is not a lowercase DNS name",
+     "pass a valid --name: it must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit, e.g. gpu-a", "manage"),
+    ("--session-domain", "BAD DOMAIN", "--session-domain 'BAD DOMAIN' is not a lowercase DNS name",
+     "pass a valid --session-domain: it must be a lowercase DNS name (RFC 1123), e.g. gpu-a.example.com", "hack"),
+    ("--control-plane", "javascript:alert(1)", "is not an http(s) URL",
+     "pass the control plane's URL as the cluster's pods reach it, e.g. https://gshare.example.org", "manage"),
+    ("--operator-image", "UPPER/Case:tag!!", "is not an image reference",
+     "pass --operator-image as registry/repository:tag, e.g. ghcr.io/gshare/gshare:0.2.0", "hack"),
 ])
-def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem):
+def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem,
+                                                                          fix, via):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.example.org",
             "--ingress-node": "lab-c1-cp-01", "--kubeconfig": str(kubeconfig_path), flag: value}
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.raises(CommandError) as caught:
-        call_command("attach_cluster", *[part for item in args.items() for part in item], stdout=out, stderr=err)
-    assert problem in str(caught.value)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in out.getvalue()
+    run = run_command([part for item in args.items() for part in item], via)
+    assert run.error is not None and problem in str(run.error)
+    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    assert fix_of(run) == fix
     assert mutations(emulated) == [] and not Cluster.objects.exists()
 
 
-@pytest.mark.parametrize(("content", "problem"), [
-    (b"\xff\xfe\x00not utf-8", "not UTF-8 text"),
-    (b"a: [unclosed", "not valid YAML"),
-    (b"x" * (1024 * 1024 + 10), "larger than 1024 KiB"),
-])
-def test_unusable_storage_values_files_stop_at_step_1(attach_settings, bare_cluster, live_server, tmp_path, content, problem):
+def test_an_ingress_node_that_is_not_a_node_is_answered_with_the_nodes(attach_settings, bare_cluster, live_server):
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    run = attach(kubeconfig_path, live_server, ingress_node="gpu-a-cp-01")
+    assert "--ingress-node gpu-a-cp-01 is not a node of this cluster" in str(run.error)
+    nodes = ", ".join(sorted(n.name for n in fleet.cluster_spec("lab-c1").nodes))
+    assert fix_of(run) == f"pass one of its nodes as --ingress-node (the one the session domain's DNS points at): {nodes}"
+
+
+@pytest.mark.parametrize(("content", "problem", "fix"), [
+    (b"\xff\xfe\x00not utf-8", "not UTF-8 text", "save the values as UTF-8 text: iconv -f <its encoding> -t UTF-8 {p} > {p}.utf8 && mv {p}.utf8 {p}"),
+    (b"a: [unclosed", "not valid YAML (line 1)",
+     "correct the YAML at line 1 of {p} (democratic-csi's examples/*-nfs.yaml layout, see docs/attach.md#storage)"),
+    (b"x" * (1024 * 1024 + 10), "larger than 1024 KiB", "pass only democratic-csi's values in {p} (its examples/*-nfs.yaml are a few KiB)"),
+    (None, "No such file or directory",
+     "pass the path of a file this user can read (a relative path is read from the directory the command runs in): ls -l {p}"),
+], ids=["not-utf8", "not-yaml", "too-large", "missing"])
+def test_unusable_storage_values_files_stop_at_step_1(attach_settings, bare_cluster, live_server, tmp_path, content, problem, fix):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     path = tmp_path / "values.yaml"
-    path.write_bytes(content)
-    out, err, error = attach(kubeconfig_path, live_server, "--storage-values", str(path))
-    assert error is not None and problem in str(error)
-    assert "[1/9]" in out and mutations(emulated) == []
+    if content is not None:
+        path.write_bytes(content)
+    run = attach(kubeconfig_path, live_server, "--storage-values", str(path), via="hack")
+    assert run.error is not None and problem in str(run.error)
+    assert "[1/9]" in run.out and mutations(emulated) == []
+    assert fix_of(run) == fix.format(p=path)
 
 
-def test_a_non_utf8_kubeconfig_stops_at_step_1(live_server, tmp_path):
+@pytest.mark.parametrize(("content", "problem", "fix"), [
+    (b"\xff\xfe\x00", "not UTF-8 text", "export the kubeconfig as text: kubectl config view --raw --minify --flatten > {p}"),
+    (b"x" * (256 * 1024 + 1), "larger than 256 KiB", "export only this cluster's context: kubectl config view --raw --minify --flatten > {p}"),
+], ids=["not-utf8", "too-large"])
+def test_an_unusable_kubeconfig_file_stops_at_step_1(live_server, tmp_path, content, problem, fix):
     path = tmp_path / "kubeconfig"
-    path.write_bytes(b"\xff\xfe\x00")
-    out, err, error = attach(path, live_server)
-    assert error is not None and "not UTF-8 text" in str(error)
+    path.write_bytes(content)
+    run = attach(path, live_server)
+    assert run.error is not None and problem in str(run.error)
+    assert fix_of(run) == fix.format(p=path)
 
 
 def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_settings, bare_cluster, operator_kubelet, live_server, tmp_path):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     operator_kubelet(emulated, kubeconfig_path)
-    out, err, error = attach(kubeconfig_path, live_server, "--skip-ingress")
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress")
     assert error is None, out + err
     cluster = Cluster.objects.get(name="lab-c1")
 
@@ -286,7 +441,7 @@ def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_se
     config["contexts"][0]["name"] = config["current-context"] = "rotated@lab-c1"
     rotated = tmp_path / "rotated.kubeconfig"
     rotated.write_text(yaml.safe_dump(config))
-    out, err, error = attach(rotated, live_server, "--skip-ingress")
+    out, err, error, _ = attach(rotated, live_server, "--skip-ingress")
     assert error is None, out + err
     assert f"already registered as {cluster.public_id} (kept, updated kubeconfig)" in out
     cluster.refresh_from_db()
@@ -296,12 +451,75 @@ def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_se
 def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings, bare_cluster, operator_kubelet, live_server):
     first, first_path = bare_cluster("lab-c1")
     operator_kubelet(first, first_path)
-    out, err, error = attach(first_path, live_server, "--skip-ingress")
+    out, err, error, _ = attach(first_path, live_server, "--skip-ingress")
     assert error is None, out + err
+    registered = Cluster.objects.get(name="lab-c1")
     other, other_path = bare_cluster("lab-c2")
-    out, err, error = attach(other_path, live_server, "--skip-ingress", name="lab-c1", ingress_node="lab-c2-server-01")
-    assert error is not None and "the name lab-c1 is registered for another cluster" in str(error)
-    assert "[6/9] register with the control plane ... FAILED" in out
+    run = attach(other_path, live_server, "--skip-ingress", name="lab-c1", ingress_node="lab-c2-server-01", via="hack")
+    assert run.error is not None and "the name lab-c1 is registered for another cluster" in str(run.error)
+    assert "[6/9] register with the control plane ... FAILED" in run.out
+    assert fix_of(run) == f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{registered.public_id}"
+
+
+def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cluster, live_server):
+    from tests.factories import ClusterFactory, SessionFactory
+
+    attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5  # no operator runs here: each successful run stops at step 9
+    emulated, path = bare_cluster("lab-c1")
+
+    # Another cluster serves sessions at the hostname.
+    holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.example.org")
+    run = attach(path, live_server, "--skip-ingress")
+    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
+    assert fix_of(run) == (
+        f"cluster holder ({holder.public_id}) serves sessions at that hostname: pass another --session-domain (its DNS name must "
+        f"point at --ingress-node), or first give the other cluster another one: PATCH /api/v1/clusters/{holder.public_id} "
+        '{"session_domain": "<hostname>"}')
+    assert not Cluster.objects.filter(name="lab-c1").exists()
+
+    # Registered at another hostname; then the same cluster under another name is refused, naming the registration.
+    run = attach(path, live_server, "--skip-ingress", session_domain="lab-c1.other.example.org")
+    assert "[6/9] register with the control plane ... ok: registered as" in run.out, run.out + run.err
+    cluster = Cluster.objects.get(name="lab-c1")
+    run = attach(path, live_server, "--skip-ingress", name="lab-c1-copy", session_domain="copy.example.org", via="hack")
+    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code cluster_already_registered)" in str(run.error)
+    assert fix_of(run).splitlines() == [
+        f"this cluster is already registered as lab-c1 ({cluster.public_id}). To repair or update that registration, run:",
+        run.rerun.replace("--name lab-c1-copy", "--name lab-c1"),
+        f"or, to register it under the new name, deregister it first: DELETE /api/v1/clusters/{cluster.public_id} (staff API token)",
+    ]
+    assert list(Cluster.objects.values_list("name", flat=True).order_by("name")) == ["holder", "lab-c1"]
+
+    # A new --session-domain while a session lives there: the update is refused, naming the session.
+    session = SessionFactory(cluster=cluster)
+    run = attach(path, live_server, "--skip-ingress", session_domain="lab-c1.new.example.org")
+    assert "(code cluster_has_live_sessions)" in str(run.error) and session.public_id in str(run.error)
+    assert fix_of(run).splitlines() == [
+        f"stop the cluster's live sessions first (DELETE /api/v1/sessions/<id> for each of: {session.public_id}), or wait until they end",
+        "or keep the current session domain: " + run.rerun.replace("lab-c1.new.example.org", "lab-c1.other.example.org"),
+    ]
+    cluster.refresh_from_db()
+    assert cluster.session_domain == "lab-c1.other.example.org"
+
+
+@pytest.mark.parametrize("via", ["manage.py", "hack/attach-cluster.sh"])
+def test_the_rerun_line_is_the_command_the_user_ran(tmp_path, via):
+    """A real process started the way a user starts it (no call_command): the re-run line is what was typed."""
+    import subprocess
+
+    path = kubeconfig_fixture(tmp_path, "k3s.yaml")
+    flags = ["--kubeconfig", str(path), "--name", "lab-c1", "--control-plane", "https://gshare.example.org",
+             "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01"]
+    argv = [sys.executable, "manage.py", "attach_cluster", *flags] if via == "manage.py" else ["hack/attach-cluster.sh", *flags]
+    env = {k: v for k, v in os.environ.items() if k != INVOKED_AS_ENV} | {"PYTHON": sys.executable}
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "(code kubeconfig_localhost)" in result.stdout
+    fix, _, rest = result.stderr.split("The attach stopped. To fix it:\n", 1)[1].partition("\nthen re-run: ")
+    assert rest.splitlines()[0] == shlex.join(argv)
+    assert f"kubectl --kubeconfig {path} config set-cluster default --server=https://<reachable-host>:6443" in fix
+    if via != "manage.py":
+        assert "manage.py" not in rest.splitlines()[0]
 
 
 class SilentAfter:
@@ -373,9 +591,9 @@ def test_an_apiserver_that_goes_silent_mid_attach_stops_it_with_a_fix(attach_set
         path = tmp_path / "proxied.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         started = time.monotonic()
-        out, err, error = attach(path, live_server, "--skip-ingress")
+        run = attach(path, live_server, "--skip-ingress")
         assert time.monotonic() - started < 30
-        assert error is not None and "FAILED" in out and ("stopped answering" in str(error) or "did not answer" in str(error))
-        assert "curl -k --max-time 10" in err
+        assert run.error is not None and "FAILED" in run.out and ("stopped answering" in str(run.error) or "did not answer" in str(run.error))
+        assert fix_of(run) == f"check it is reachable from the control plane: curl -k --max-time 10 https://127.0.0.1:{proxy.port}/version"
     finally:
         proxy.close()
