@@ -9,11 +9,12 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
+from django.utils.html import format_html_join
 
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.exceptions import ApplicationError
 from storage import services
-from storage.capacity import format_bytes
+from storage.capacity import format_bytes, pools_usability
 from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
@@ -62,9 +63,9 @@ class StoragePoolAdmin(ConsoleModelAdmin):
     filter_horizontal = ["allowed_clusters"]
     fields = [
         "public_id", "name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node",
-        "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "created_at",
+        "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "usable_on", "created_at",
     ]
-    readonly_fields = ["public_id", "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "created_at"]
+    readonly_fields = ["public_id", "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "usable_on", "created_at"]
     actions = ["refresh_capacity", "delete_pools"]
 
     def get_queryset(self, request):  # noqa: D102
@@ -111,6 +112,14 @@ class StoragePoolAdmin(ConsoleModelAdmin):
     def volumes(self, obj: StoragePool) -> int:
         """Volumes on it that are not deleted."""
         return obj._volumes
+
+    @admin.display(description="usable on")
+    def usable_on(self, obj: StoragePool) -> str:
+        """Each cluster its sharing names, usable or not (its StorageClass there), with the reason (change page only)."""
+        if not obj.pk:
+            return "-"
+        uses = pools_usability([obj])[obj.pk].uses
+        return format_html_join("", "<div>{} {}: {}</div>", (("usable on" if u.usable else "NOT usable on", u.cluster.name, u.reason) for u in uses))
 
     @admin.action(description="Refresh capacity now", permissions=["change"])
     def refresh_capacity(self, request, queryset):

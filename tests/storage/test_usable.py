@@ -251,3 +251,19 @@ def test_a_pool_moved_while_its_new_cluster_was_checked_is_not_changed(http, clu
     monkeypatch.setattr(services, "pool_check_storage_class", real)
     StoragePool.objects.filter(public_id=pool["id"]).update(cluster=c1)
     assert http.patch(f"/api/v1/storage/pools/{pool['id']}", json={"storage_class": "nfs-b"}).json()["storage_class"] == "nfs-b"
+
+
+def test_the_console_pool_page_shows_where_it_is_usable(client, staff_user, http, live_server, clusters, tmp_path):
+    (c1, e1), (c3, e3) = clusters["lab-c1"], clusters["lab-c3"]
+    register_pool(http, c1)
+    for cluster, emulated in ((c1, e1), (c3, e3)):
+        volume_sync(live_server, cluster, emulated, tmp_path)
+    client.force_login(staff_user)
+    page = client.get(f"/storage/storagepool/{StoragePool.objects.get().pk}/change/").content.decode()
+    assert f"usable on lab-c1: StorageClass {CLASS} exists on lab-c1" in page
+    assert "NOT usable on lab-c3: storageclass &quot;gshare-nfs&quot; not found on lab-c3" in page
+    # The console's form refuses a StorageClass the cluster lacks with the API's words, and stores nothing.
+    form = {"name": "nas-c3", "cluster": c3.pk, "storage_class": CLASS, "sharing": "all", "manual_capacity_gb": 100, "storage_node": ""}
+    refused = client.post("/storage/storagepool/add/", form)
+    assert refused.status_code == 200 and f"StorageClass &quot;{CLASS}&quot; does not exist on cluster lab-c3" in refused.content.decode()
+    assert StoragePool.objects.count() == 1
