@@ -327,3 +327,51 @@ def test_a_volume_move_over_http(http_user, plain_user, fleet_cluster, settings)
     assert (row.actor, row.object_id, row.cluster, row.source_address) == ("api:alice", volume.public_id, b.public_id, "127.0.0.1")
     assert row.changes == {"cluster": {"old": a.public_id, "new": b.public_id}}
     assert row.details["pv_name"] == Volume.objects.get(pk=volume.pk).pv_name
+
+
+# --------------------------------------------------------------------------- a real worker
+
+
+@pytest.fixture
+def worker():
+    """A real Celery worker (a thread of this process, solo pool) on the test's Redis; tasks are published, not eager."""
+    from celery.contrib.testing.worker import start_worker
+
+    celery_app.loader.import_default_modules()
+    eager, celery_app.conf.task_always_eager = celery_app.conf.task_always_eager, False
+    celery_app.control.purge()
+    try:
+        with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+            yield
+    finally:
+        celery_app.conf.task_always_eager = eager
+
+
+def wait_for(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = rows(action)
+        if len(found) >= count:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{action}: {len(rows(action))} row(s) after {timeout} s, expected {count}")
+
+
+def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_beat(http, fleet_cluster, worker):
+    from audit.context import actor_scope
+    from clusters.tasks import retry_operator_token_push
+
+    cluster_id = register(http, fleet_cluster("lab-c1"))
+    Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed before")
+    with actor_scope("console:admin"):
+        retry_operator_token_push.delay(cluster_id)  # as the console's "rotate" retry would be queued
+    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 1)] == ["console:admin"]
+
+    Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed again")
+    beat("clusters.rotate_operator_tokens")
+    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 2)] == ["console:admin", "beat:clusters.rotate_operator_tokens"]
+
+    retry_operator_token_push.delay(cluster_id)  # queued with no actor: nothing to retry, and no row
+    Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed a third time")
+    retry_operator_token_push.delay(cluster_id)
+    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 3)][2] == "system"
