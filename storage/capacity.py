@@ -231,7 +231,7 @@ class PoolUse:
 
 @dataclass(frozen=True)
 class PoolUsability:
-    """Every cluster a pool's sharing names (``pool_clusters``), by name, each usable or not.
+    """Every registered cluster a pool's sharing names (``pool_clusters``), by name, each usable or not.
 
     Attributes:
         uses: one ``PoolUse`` per cluster, sorted by cluster name.
@@ -277,10 +277,11 @@ def cluster_storage_classes(cluster_ids: Iterable[int] | None = None) -> dict[in
 
 
 def pools_usability(pools: Iterable[StoragePool], *, now: datetime.datetime | None = None) -> dict[int, PoolUsability]:
-    """Where each pool is usable: every cluster its sharing names, with whether its StorageClass exists there.
+    """Where each pool is usable: every registered cluster its sharing names, with whether its StorageClass exists
+    there (a deregistered cluster mounts nothing: left out).
 
-    Two queries whatever the number of pools: the clusters (registered, plus the pools' own clusters) with their
-    operators' StorageClass lists, and the pools' allowed clusters unless prefetched.
+    Two queries whatever the number of pools: the registered clusters with their operators' StorageClass lists, and
+    the pools' allowed clusters unless prefetched.
 
     Returns:
         pool primary key -> ``PoolUsability``.
@@ -290,11 +291,8 @@ def pools_usability(pools: Iterable[StoragePool], *, now: datetime.datetime | No
         return {}
     now = now or timezone.now()
     prefetch_related_objects([p for p in pools if p.sharing == StoragePool.Sharing.SELECTED], "allowed_clusters")
-    own = {p.cluster_id for p in pools}
-    clusters = {
-        c.pk: c for c in Cluster.objects.filter(~Q(status=Cluster.Status.DEREGISTERED) | Q(pk__in=own)).select_related("storage_class_inventory")
-    }
-    registered = {pk for pk, c in clusters.items() if c.status != Cluster.Status.DEREGISTERED}
+    clusters = {c.pk: c for c in Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).select_related("storage_class_inventory")}
+    registered = set(clusters)
     result = {}
     for pool in pools:
         ids = pool_clusters(pool, registered=registered)

@@ -15,8 +15,8 @@ from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
 from gshare.exceptions import Conflict
 from storage import services, tasks
-from storage.capacity import pool_capacity, pool_clusters
-from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
+from storage.capacity import pool_capacity, pool_clusters, pools_usability
+from storage.models import GIB, ClusterStorageClasses, StorageCapacityReading, StoragePool, Volume
 from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import (
     ClusterFactory,
@@ -58,6 +58,26 @@ def test_pool_clusters_selected_is_its_own_and_the_allowed():
     pool = make_pool(cluster=own, sharing="selected", allowed=[allowed])
     assert pool_clusters(pool) == {own.pk, allowed.pk}
     assert outsider.pk not in pool_clusters(pool)
+
+
+def test_pools_usability_per_cluster_in_two_queries(django_assert_num_queries):
+    own, bare, silent = ClusterFactory(name="a-own"), ClusterFactory(name="b-bare"), ClusterFactory(name="c-silent")
+    ClusterFactory(name="d-gone", status=Cluster.Status.DEREGISTERED)
+    now = timezone.now()
+    ClusterStorageClasses.objects.create(cluster=own, names=["nfs-a", "nfs-b"], read_at=now)
+    ClusterStorageClasses.objects.create(cluster=bare, names=["local-path"], read_at=now - timedelta(seconds=30))
+    shared, selected = make_pool(cluster=own), make_pool(cluster=own, sharing="selected", allowed=[bare], storage_class="nfs-b")
+    pools = list(StoragePool.objects.filter(pk__in=[shared.pk, selected.pk]).order_by("pk"))
+    with django_assert_num_queries(2):  # the clusters with their lists, the allowed clusters
+        usability = pools_usability(pools, now=now)
+    uses = usability[shared.pk].uses
+    assert [(u.cluster.name, u.usable) for u in uses] == [("a-own", True), ("b-bare", False), ("c-silent", True)]
+    assert uses[0].reason == "StorageClass nfs-a exists on a-own (listed by its operator 0 s ago)"
+    assert uses[1].reason == 'storageclass "nfs-a" not found on b-bare (its operator listed local-path 30 s ago)'
+    assert "has not listed its StorageClasses" in uses[2].reason  # nothing known: assumed there
+    assert usability[shared.pk].usable_ids == {own.pk, silent.pk} and set(usability[shared.pk].unusable) == {bare.pk}
+    assert [(u.cluster.name, u.usable) for u in usability[selected.pk].uses] == [("a-own", True), ("b-bare", False)]
+    assert usability[selected.pk].use_on(silent.pk) is None
 
 
 # --------------------------------------------------------------------------- capacity resolution
