@@ -11,7 +11,6 @@ from rest_framework import exceptions, permissions, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from gshare.exceptions import ApplicationError
 
@@ -63,6 +62,10 @@ def exception_handler(exc, context):
             {"code": "invalid_request", "detail": "; ".join(messages), "errors": exc.detail},
             status=status.HTTP_400_BAD_REQUEST,
         )
+    # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module's SafeJSONParser) when it is
+    # imported, so importing it while DRF imports this module for DEFAULT_PAGINATION_CLASS is a circular import.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
