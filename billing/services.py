@@ -96,8 +96,12 @@ def parse_amount(value, *, field: str = "amount", allow_zero: bool = False, allo
     """
     if isinstance(value, bool) or not isinstance(value, (Decimal, int, float, str)):
         raise InvalidAmount(f"{field} must be a decimal number of credits, e.g. \"10.5\"; got {type(value).__name__}.")
+    text = None if isinstance(value, Decimal) else str(value).strip()
+    # Decimal() also reads other scripts' digits ("١٢" is 12); credits are written in ASCII digits only.
+    if text is not None and not text.isascii():
+        raise InvalidAmount(f"{field} must be written with ASCII digits, e.g. \"10.5\"; got {text[:40]!r}.")
     try:
-        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+        amount = value if text is None else Decimal(text)
     except InvalidOperation:
         raise InvalidAmount(f"{field} must be a decimal number of credits, e.g. \"10.5\"; got {str(value)[:40]!r}.") from None
     if not amount.is_finite():

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+from functools import wraps
+
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from gshare.auth.internal_jwt import public_jwks
 
 
-@require_GET
+def _get_only(view):
+    """GET and HEAD only, answering any other method 405 ``method_not_allowed`` in JSON (Django's own 405 is empty).
+
+    The views take no cookies or form posts, so they are CSRF-exempt: a POST gets the JSON 405, not Django's HTML
+    CSRF page.
+    """
+
+    @csrf_exempt
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            response = JsonResponse({"code": "method_not_allowed", "detail": f"Method {request.method[:20]!r} not allowed: use GET."},
+                                    status=405)
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@_get_only
 def jwks(request):
     """``GET /.well-known/gshare-internal-jwks.json``: public keys of every published signing key."""
     response = JsonResponse(public_jwks())
@@ -17,7 +39,7 @@ def jwks(request):
     return response
 
 
-@require_GET
+@_get_only
 def healthz(request):
     """``GET /healthz``: 200 ``{"status": "ok"}`` when the database answers."""
     with connection.cursor() as cursor:
@@ -25,11 +47,13 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
+@csrf_exempt
 def ping(request):
     """``/internal/ping``: 204 with no body, no database and no auth (the baseline of ``bench/connect_verify.py``)."""
     return HttpResponse(status=204)
 
 
+@csrf_exempt
 def json_not_found(request, *args):
     """Any unknown path under ``/api/`` or ``/internal/``: 404 ``not_found`` in JSON (not the console's login page)."""
     return JsonResponse(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 
 from django.contrib.auth import get_user_model
@@ -26,6 +27,10 @@ class InvalidApiToken(ApplicationError):
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+_KEY_ID = re.compile(r"[0-9a-f]{1,16}")
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @transaction.atomic
@@ -58,7 +63,8 @@ def api_token_authenticate(*, token: str) -> ApiToken:
         InvalidApiToken: malformed, unknown, revoked, or the user is inactive.
     """
     parts = token.split("_", 2)
-    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+    # The shape is checked before any query: a NUL or a huge key id would otherwise reach PostgreSQL (a 500).
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not _KEY_ID.fullmatch(parts[1]) or not _SECRET.fullmatch(parts[2]):
         raise InvalidApiToken("That is not a gShare API token: create one with `manage.py create_api_token <username>`.")
     row = ApiToken.objects.select_related("user").filter(key_id=parts[1], revoked_at__isnull=True).first()
     if row is None or not hmac.compare_digest(row.token_hash, _digest(token)) or not row.user.is_active:

@@ -67,7 +67,7 @@ class PoolSerializer(serializers.ModelSerializer):
     class Meta:
         model = StoragePool
         fields = [
-            "id", "name", "cluster", "storage_class", "sharing", "allowed_clusters", "manual_capacity_gb", "storage_node",
+            "id", "name", "cluster", "sharing", "allowed_clusters", "manual_capacity_gb",
             "capacity", "allocated_bytes", "volumes", "usable_on", "not_usable_on", "created_at",
         ]
         read_only_fields = fields
@@ -100,6 +100,15 @@ class PoolSerializer(serializers.ModelSerializer):
     def get_allocated_bytes(self, obj: StoragePool) -> int:
         """Sum of the quotas of the volumes on it that are not deleted, bytes."""
         return int(getattr(obj, "allocated_gb", 0) or 0) * GIB
+
+
+class PoolStaffSerializer(PoolSerializer):
+    """The pools API for staff: also the wiring (StorageClass and storage node), which researchers do not need."""
+
+    class Meta(PoolSerializer.Meta):
+        fields = [*PoolSerializer.Meta.fields[:3], "storage_class", *PoolSerializer.Meta.fields[3:6], "storage_node",
+                  *PoolSerializer.Meta.fields[6:]]
+        read_only_fields = fields
 
 
 class VolumeCreateSerializer(serializers.Serializer):

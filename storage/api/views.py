@@ -13,6 +13,7 @@ from storage import selectors, services
 from storage.api.serializers import (
     PoolCreateSerializer,
     PoolSerializer,
+    PoolStaffSerializer,
     PoolUpdateSerializer,
     SummarySerializer,
     VolumeCreateSerializer,
@@ -32,10 +33,11 @@ class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     message = "Only staff users may change storage pools: ask an operator of this control plane."
 
 
-def _pool_data(pools, *, many: bool = False):
-    """Serialized pool(s), with where each is usable computed once for all of them."""
+def _pool_data(pools, *, request, many: bool = False):
+    """Serialized pool(s), with where each is usable computed once for all of them (staff: with the wiring)."""
     listed = list(pools) if many else [pools]
-    data = PoolSerializer(listed, many=True, context={"usability": pools_usability(listed)}).data
+    serializer = PoolStaffSerializer if request.user.is_staff else PoolSerializer
+    data = serializer(listed, many=True, context={"usability": pools_usability(listed)}).data
     return data if many else data[0]
 
 
@@ -64,7 +66,7 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         ref = request.query_params.get("cluster")
         pools = selectors.pool_list(cluster=selectors.cluster_by_ref(ref) if ref else None)
         page = self.paginate_queryset(pools)
-        return self.get_paginated_response(_pool_data(page, many=True))
+        return self.get_paginated_response(_pool_data(page, request=request, many=True))
 
     @extend_schema(request=PoolCreateSerializer, responses={201: PoolSerializer})
     def create(self, request):
@@ -72,12 +74,12 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         data = PoolCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         pool = services.pool_create(**_pool_changes(data.validated_data))
-        return Response(_pool_data(selectors.pool_get(public_id=pool.public_id)), status=status.HTTP_201_CREATED)
+        return Response(_pool_data(selectors.pool_get(public_id=pool.public_id), request=request), status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=PoolSerializer)
     def retrieve(self, request, public_id: str):
         """Show one pool."""
-        return Response(_pool_data(selectors.pool_get(public_id=public_id)))
+        return Response(_pool_data(selectors.pool_get(public_id=public_id), request=request))
 
     @extend_schema(request=PoolUpdateSerializer, responses=PoolSerializer)
     def partial_update(self, request, public_id: str):
@@ -87,7 +89,7 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         data = PoolUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         services.pool_update(pool=pool, changes={**_pool_changes(data.validated_data), **{key: request.data[key] for key in extra}})
-        return Response(_pool_data(selectors.pool_get(public_id=public_id)))
+        return Response(_pool_data(selectors.pool_get(public_id=public_id), request=request))
 
     def destroy(self, request, public_id: str):
         """Delete a pool (staff); refused with 409 ``pool_in_use`` while volumes live on it."""
