@@ -188,7 +188,7 @@ def run_demo(options: DemoOptions) -> dict:
         from billing.services import credit_grant
 
         credit_grant(user=get_user_model().objects.get(username="admin"), amount=Decimal(1000), reason="demo credits",
-                     idempotency_key="demo-initial-grant", created_by="demo")
+                     idempotency_key="demo-initial-grant", created_by="command:demo")
         from billing.services import price_set
 
         demo_prices = {"H100": "4.0", "H20": "3.0", "V100": "1.5", "T4": "0.5"}  # credits per GPU-hour, illustrative
