@@ -30,6 +30,7 @@ from tests.charts.rendering import (
 )
 
 SOURCE_RANGE_ANNOTATION = "nginx.ingress.kubernetes.io/whitelist-source-range"
+UPSTREAM_VHOST_ANNOTATION = "nginx.ingress.kubernetes.io/upstream-vhost"
 INTERNAL_PATHS = {"/internal", "/.well-known"}
 
 #: The control plane's secret settings and the values naming the Secret each one comes from.
@@ -445,6 +446,52 @@ def test_the_source_range_annotation_cannot_be_overridden_through_annotations():
     values = merged(CONTROL_PLANE_VALUES, merged(INTERNAL_PLANE, {"ingress": {"internalPlane": {"annotations": {SOURCE_RANGE_ANNOTATION: "0.0.0.0/0"}}}}))
     [ingress] = internal_ingresses(render_control_plane(values))
     assert ingress["metadata"]["annotations"][SOURCE_RANGE_ANNOTATION] == INTERNAL_PLANE["ingress"]["internalPlane"]["sourceRange"]
+
+
+@pytest.mark.parametrize("values", [
+    CONTROL_PLANE_VALUES,
+    merged(CONTROL_PLANE_VALUES, INTERNAL_PLANE),
+    CONTROL_PLANE_FULL_VALUES,
+    merged(without(CONTROL_PLANE_VALUES, "ingress.host"),
+           merged(INTERNAL_PLANE, {"ingress": {"enabled": False, "internalPlane": {"host": "internal.example.com"}}})),
+], ids=["default", "one-host", "own-host", "internal-plane-only"])
+def test_every_ingress_sends_the_api_its_own_host_whatever_the_client_sent(values):
+    """upstream-vhost: ingress-nginx sends ``Host: <the Ingress's host>`` on each of that Ingress's locations, so the api
+    judges the host nginx routed on (an absolute-form request line picks the server) and never the client's Host or
+    X-Forwarded-Host (tests/e2e/test_internal_plane_nginx.py sends both through a real nginx)."""
+    ingresses = of_kind(render_control_plane(values), "Ingress")
+    assert ingresses
+    for ingress in ingresses:
+        [host] = {rule["host"] for rule in ingress["spec"]["rules"]}
+        assert ingress["metadata"]["annotations"][UPSTREAM_VHOST_ANNOTATION] == host, ingress["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("values_key", "template"), [
+    ({"annotations": {UPSTREAM_VHOST_ANNOTATION: "gshare-api.gshare.svc"}}, "ingress.annotations"),
+    ({"internalPlane": {"annotations": {UPSTREAM_VHOST_ANNOTATION: "gshare-api"}}}, "ingress.internalPlane.annotations"),
+], ids=["public", "internal"])
+def test_another_upstream_vhost_in_annotations_fails(values_key, template):
+    values = merged(CONTROL_PLANE_VALUES, merged(INTERNAL_PLANE, {"ingress": values_key}))
+    message = expect_render_error(render_control_plane, values)
+    assert f"{template} sets {UPSTREAM_VHOST_ANNOTATION} to " in message
+    assert "the chart sets it to the Ingress's own host gshare.example.com" in message and "Remove it" in message
+
+
+def test_an_upstream_vhost_equal_to_the_host_is_accepted():
+    host = CONTROL_PLANE_VALUES["ingress"]["host"]
+    values = merged(CONTROL_PLANE_VALUES, {"ingress": {"annotations": {UPSTREAM_VHOST_ANNOTATION: host}}})
+    [ingress] = of_kind(render_control_plane(values), "Ingress")
+    assert ingress["metadata"]["annotations"][UPSTREAM_VHOST_ANNOTATION] == host
+
+
+def test_the_forwarded_host_never_counts():
+    """ingress-nginx passes the client's X-Forwarded-Host on (and with use-forwarded-headers makes it $best_http_host);
+    only Host, which upstream-vhost sets, may decide the internal hosts. No settings module sets USE_X_FORWARDED_HOST
+    (so Django's default, False, holds whatever the chart's values say) and the chart sets no such variable."""
+    sources = "\n".join(p.read_text() for p in Path(gshare.settings.__file__).parent.glob("*.py"))
+    assert "USE_X_FORWARDED_HOST" not in sources
+    names = {entry["name"] for _, c in containers(render_control_plane(CONTROL_PLANE_FULL_VALUES)) for entry in c.get("env", [])}
+    assert not [n for n in names if "FORWARDED" in n]
 
 
 def test_internal_plane_source_range_may_be_a_list():

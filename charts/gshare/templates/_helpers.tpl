@@ -62,6 +62,23 @@ app.kubernetes.io/part-of: gshare
 {{- .Values.ingress.internalPlane.host | default .Values.ingress.host -}}
 {{- end -}}
 
+{{/*
+The upstream-vhost annotation of an Ingress of host .host, as YAML: ingress-nginx then sends the api `Host: <.host>`
+on every location of that Ingress instead of the client's Host header (or, with use-forwarded-headers, its
+X-Forwarded-Host), so the api judges the host nginx routed the request by (GSHARE_INTERNAL_HOSTS) and never a
+name the client chose. On a host two Ingresses share, each location keeps its own Ingress's annotations. Fails
+when .annotations (the values at .value) set another upstream-vhost.
+*/}}
+{{- define "gshare.vhostAnnotations" -}}
+{{- $key := "nginx.ingress.kubernetes.io/upstream-vhost" -}}
+{{- with (get .annotations $key) -}}
+{{- if ne (toString .) $.host -}}
+{{- fail (printf "%s sets %s to %q: the chart sets it to the Ingress's own host %s, so that the api judges the host ingress-nginx routed the request by, never a Host header the client chose. Remove it (docs/install.md, \"The internal plane\")." $.value $key (toString .) $.host) -}}
+{{- end -}}
+{{- end -}}
+{{- dict $key .host | toYaml -}}
+{{- end -}}
+
 {{/* The api Service's in-cluster DNS names: <svc>, <svc>.<namespace>, <svc>.<namespace>.svc, <svc>.<namespace>.svc.<clusterDomain>. */}}
 {{- define "gshare.serviceHosts" -}}
 {{- $svc := include "gshare.apiServiceName" . -}}
