@@ -1,165 +1,110 @@
-"""The internal plane through a REAL nginx configured as ingress-nginx renders the control-plane chart's Ingresses.
+"""The internal plane through a REAL nginx configured as ingress-nginx configures itself from the control-plane
+chart's rendered Ingresses (tests/e2e/ingress_nginx_conf.py has how and the ingress-nginx sources it follows).
 
-Path of every request: test client -> nginx -> pytest-django's ``live_server`` (the api), with nginx's
-``Host`` passed through as ingress-nginx does (``proxy_set_header Host $best_http_host``, which is
-``$http_host`` without ``use-forwarded-headers``). Three server names, one per way the chart can be set up:
+Path of every request: test client -> nginx -> pytest-django's ``live_server`` (the api), whose
+``GSHARE_INTERNAL_HOSTS`` and ``ALLOWED_HOSTS`` are the ones the chart sets (the pod IP being ``POD_IP``).
+Three releases of the chart, one per way it can be set up, each on hosts of its own in one nginx:
 
-* ``gshare.example.com``: the public Ingress alone (``/`` to the api), the internal plane being on a host of
-  its own. Its ``/internal`` and ``/.well-known`` reach the api, which answers 404 there.
-* ``gshare-internal.example.com``: the internal-plane Ingress (``/internal`` and ``/.well-known`` only, with
-  ``whitelist-source-range``); any other path is ingress-nginx's default backend (404).
-* ``gshare-one.example.com``: both Ingresses on one host (``internalPlane.host`` empty), merged by ingress-nginx
-  into one server: ``/`` from the public Ingress, ``/internal`` and ``/.well-known`` from the internal one,
-  with its source range. That host is internal for the api; the restriction is nginx's.
+* own host: the public Ingress on ``gshare.example.com`` (``/`` to the api) and the internal-plane Ingress on
+  ``gshare-internal.example.com`` (``/internal`` and ``/.well-known`` only, ``whitelist-source-range``; any other
+  path is ingress-nginx's default backend, 404). On the public host the internal routes reach the api, which
+  answers 404 there.
+* default (``internalPlane.enabled: false``): the public Ingress on ``gshare-default.example.com`` alone; the
+  clusters use the api Service's in-cluster names.
+* one host: both Ingresses on ``gshare-one.example.com``, merged by ingress-nginx into one server: ``/`` from the
+  public Ingress, ``/internal`` and ``/.well-known`` from the internal one, with its source range. That host is
+  internal for the api; the restriction is nginx's.
 
-ingress-nginx renders a Prefix path ``/internal`` as ``location /internal/`` plus ``location = /internal``
-(``updateServerLocations`` in ``internal/ingress/controller/controller.go``) and ``whitelist-source-range``
-as ``allow <cidr>; ... deny all;`` inside each location of that Ingress. The source range here is
-``127.0.0.1/32`` (the clusters); the outsider is a client bound to ``127.0.0.2``.
+The source range is ``127.0.0.1/32`` (the clusters); the outsider is a client bound to ``127.0.0.2``. Both
+ingress-nginx modes run: ``$best_http_host`` (the ``Host`` it forwards, unless ``upstream-vhost`` says
+otherwise) is the client's ``Host``, or with ``use-forwarded-headers: true`` the client's ``X-Forwarded-Host``.
 """
 
 from __future__ import annotations
 
-import grp
 import http.client
 import json
-import os
-import pwd
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from clusters.models import Node
 from clusters.operator_tokens import operator_token_mint
-from tests.e2e.nginx import Nginx, nginx_binary
+from tests.charts.rendering import CONTROL_PLANE_VALUES, containers, env_of, merged, of_kind, render_control_plane
+from tests.e2e import ingress_nginx_conf
+from tests.e2e.nginx import Nginx
 from tests.factories import ClusterFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PUBLIC = "gshare.example.com"
 INTERNAL = "gshare-internal.example.com"
+DEFAULT = "gshare-default.example.com"
 ONE_HOST = "gshare-one.example.com"
 CLUSTERS = "127.0.0.1"  # the source range (/32): the data-plane clusters' egress address
 OUTSIDER = "127.0.0.2"  # any other address
-INTERNAL_PREFIXES = ("/internal", "/.well-known")
+POD_IP = "10.42.0.7"
+SOURCE_RANGE = f"{CLUSTERS}/32"
+INVENTORY_PATH, VERIFY, JWKS = "/internal/v1/inventory", "/internal/connect/verify", "/.well-known/gshare-internal-jwks.json"
+INTERNAL_ROUTES = (INVENTORY_PATH, VERIFY, JWKS)
 INVENTORY = {"nodes": [{"name": "gpu-1", "ready": True, "devices": [
     {"uuid": "GPU-1", "index": 0, "model": "NVIDIA A100", "memory_mib": 40960, "split_count": 4, "cores": 100, "health": True},
 ]}]}
 
-
-def _proxy(api: str, allow: str | None = None) -> str:
-    """The body of an Ingress location to the api Service (ingress-nginx's proxy headers, trimmed)."""
-    acl = f"allow {allow}/32;\n            deny all;\n" if allow else ""
-    return f"""{acl}
-            proxy_set_header Host                   $http_host;
-            proxy_set_header X-Request-ID           $req_id;
-            proxy_set_header X-Real-IP              $remote_addr;
-            proxy_set_header X-Forwarded-For        $remote_addr;
-            proxy_set_header X-Forwarded-Host       $http_host;
-            proxy_set_header X-Forwarded-Port       443;
-            proxy_set_header X-Forwarded-Proto      https;
-            proxy_set_header X-Scheme               https;
-            proxy_set_header Proxy                  "";
-            client_max_body_size                    32m;
-            proxy_http_version                      1.1;
-            proxy_pass {api};
-"""
+#: The chart's values of each setup (on top of the minimal values, whose controlPlaneUrl is the api Service's name).
+SETUPS = {
+    "own-host": {"controlPlaneUrl": f"https://{INTERNAL}",
+                 "ingress": {"host": PUBLIC, "internalPlane": {"enabled": True, "host": INTERNAL, "sourceRange": SOURCE_RANGE}}},
+    "default": {"ingress": {"host": DEFAULT}},
+    "one-host": {"controlPlaneUrl": f"https://{ONE_HOST}", "ingress": {"host": ONE_HOST, "internalPlane": {"enabled": True, "sourceRange": SOURCE_RANGE}}},
+}
+#: Hosts whose public Ingress has no source range: the api's host check is all that guards the internal routes there.
+PUBLIC_ONLY_HOSTS = (PUBLIC, DEFAULT)
 
 
-def _internal_locations(api: str) -> str:
-    """The internal-plane Ingress's locations: each Prefix path as ``/p/`` and ``= /p``, each with the source range."""
-    return "".join(
-        f"""
-        location {prefix}/ {{{_proxy(api, allow=CLUSTERS)}        }}
-        location = {prefix} {{{_proxy(api, allow=CLUSTERS)}        }}
-"""
-        for prefix in INTERNAL_PREFIXES
-    )
+@dataclass
+class Chart:
+    """The Ingresses of every setup, and the union of their internal and allowed hosts (pod IP filled in)."""
+
+    ingresses: list[dict]
+    internal_hosts: list[str]
+    allowed_hosts: list[str]
 
 
-def render_conf(prefix: Path, port: int, api: str) -> str:
-    """nginx.conf: the three servers of the module docstring and ingress-nginx's catch-all default server."""
-    user = ""
-    if os.geteuid() == 0:  # as root nginx would switch its workers to nobody, who cannot enter tmp_path
-        user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
-    default_backend = "\n        location / {\n            return 404;\n        }\n"
-    servers = {
-        PUBLIC: f"\n        location / {{{_proxy(api)}        }}\n",
-        INTERNAL: _internal_locations(api) + default_backend,
-        ONE_HOST: _internal_locations(api) + f"\n        location / {{{_proxy(api)}        }}\n",
-    }
-    blocks = "".join(
-        f"\n    server {{\n        listen 127.0.0.1:{port};\n        server_name {name};\n{body}    }}\n" for name, body in servers.items()
-    )
-    blocks += f"\n    server {{\n        listen 127.0.0.1:{port} default_server;\n        server_name _;\n{default_backend}    }}\n"
-    return f"""# Rendered by tests/e2e/test_internal_plane_nginx.py after ingress-nginx's nginx.tmpl (the control-plane chart's Ingresses).
-{user}
-worker_processes 1;
-pid {prefix}/nginx.pid;
-lock_file {prefix}/nginx.lock;
-error_log {prefix}/error.log info;
-
-events {{
-    worker_connections 256;
-}}
-
-http {{
-    client_body_temp_path {prefix}/client-body;
-    proxy_temp_path       {prefix}/proxy-temp;
-    fastcgi_temp_path     {prefix}/fastcgi-temp;
-    uwsgi_temp_path       {prefix}/uwsgi-temp;
-    scgi_temp_path        {prefix}/scgi-temp;
-    types {{ }}
-    default_type text/html;
-    log_format upstreaminfo '$remote_addr "$host" "$request" $status upstream=$upstream_status';
-    access_log {prefix}/access.log upstreaminfo;
-    server_tokens off;
-
-    map $http_x_request_id $req_id {{
-        default   $http_x_request_id;
-        ""        $request_id;
-    }}
-{blocks}}}
-"""
+def _setting(objects: list[dict], name: str) -> list[str]:
+    [value] = {env_of(c)[name]["value"] for _, c in containers(objects)}
+    return value.replace("$(POD_IP)", POD_IP).split(",")
 
 
-@pytest.fixture
-def nginx(tmp_path, live_server, settings):
-    """nginx on ``127.0.0.1:<free port>`` in front of the live server, whose internal hosts are the internal ones."""
-    settings.GSHARE_INTERNAL_HOSTS = [INTERNAL, ONE_HOST]  # what the chart sets for each of the two layouts
-    binary = nginx_binary()
-    prefix = tmp_path / "nginx"
-    prefix.mkdir()
+@pytest.fixture(scope="module")
+def chart() -> Chart:
+    ingresses, internal, allowed = [], [], []
+    for values in SETUPS.values():
+        objects = render_control_plane(merged(CONTROL_PLANE_VALUES, values))
+        ingresses += of_kind(objects, "Ingress")
+        internal += [h for h in _setting(objects, "GSHARE_INTERNAL_HOSTS") if h not in internal]
+        allowed += [h for h in _setting(objects, "DJANGO_ALLOWED_HOSTS") if h not in allowed]
+    assert not set(PUBLIC_ONLY_HOSTS) & set(internal)
+    return Chart(ingresses, internal, allowed)
+
+
+@pytest.fixture(params=[False], ids=["plain"])
+def nginx(request, tmp_path, live_server, settings, chart):
+    """nginx in front of the live server, configured from the chart's Ingresses; ``request.param`` (indirect
+    parametrization) is ingress-nginx's ``use-forwarded-headers``."""
+    settings.GSHARE_INTERNAL_HOSTS = chart.internal_hosts
+    settings.ALLOWED_HOSTS = chart.allowed_hosts
     api = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    for _ in range(3):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        conf = prefix / "nginx.conf"
-        conf.write_text(render_conf(prefix, port, api))
-        with open(prefix / "stderr.log", "wb") as stderr:
-            process = subprocess.Popen([binary, "-p", f"{prefix}/", "-c", str(conf), "-e", str(prefix / "error.log"), "-g", "daemon off;"],
-                                       stdin=subprocess.DEVNULL, stdout=stderr, stderr=subprocess.STDOUT)
-        running = Nginx(prefix=prefix, port=port, process=process, conf=conf)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        if process.poll() is None:
-            yield running
-            running.stop()
-            return
-        if "Address already in use" not in running.logs():
-            break
-    pytest.fail(f"nginx did not start:\n{running.logs()}", pytrace=False)
+    running = ingress_nginx_conf.start(
+        tmp_path / "nginx",
+        lambda prefix, port: ingress_nginx_conf.render_conf(chart.ingresses, prefix=prefix, port=port, api=api, use_forwarded_headers=request.param),
+    )
+    yield running
+    running.stop()
+
+
+BOTH_MODES = pytest.mark.parametrize("nginx", [False, True], ids=["plain", "use-forwarded-headers"], indirect=True)
 
 
 @dataclass
@@ -172,18 +117,23 @@ class Answer:
         return json.loads(self.body)
 
 
-def send(nginx: Nginx, method: str, host: str, path: str, *, source: str = CLUSTERS, token: str | None = None, body=None) -> Answer:
-    """``method`` ``path`` with ``Host: host`` to nginx, from the loopback address ``source``."""
+def send(nginx: Nginx, method: str, host: str, path: str, *, source: str = CLUSTERS, token: str | None = None, body=None,
+         target: str | None = None, headers: dict[str, str] | None = None) -> Answer:
+    """``method`` ``path`` with ``Host: host`` to nginx, from the loopback address ``source``.
+
+    ``target`` replaces the request line's target (e.g. the absolute form ``http://<host><path>``); ``headers`` are
+    added as given.
+    """
     connection = http.client.HTTPConnection("127.0.0.1", nginx.port, timeout=30, source_address=(source, 0))
-    headers = {"Host": host}
+    sent = {"Host": host, **(headers or {})}
     if token:
-        headers["Authorization"] = f"Bearer {token}"
+        sent["Authorization"] = f"Bearer {token}"
     payload = None
     if body is not None:
         payload = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
+        sent["Content-Type"] = "application/json"
     try:
-        connection.request(method, path, body=payload, headers=headers)
+        connection.request(method, target or path, body=payload, headers=sent)
         response = connection.getresponse()
         answer = Answer(response.status, response.read(), response.getheader("Content-Type", ""))
     finally:
@@ -206,17 +156,72 @@ def operator():
 
 def test_on_the_public_host_the_internal_routes_reach_the_api_and_answer_404(nginx, operator):
     cluster, token = operator
-    for source in (CLUSTERS, OUTSIDER):  # the public Ingress has no source range: the api's host check decides
-        assert api_not_found(send(nginx, "PUT", PUBLIC, "/internal/v1/inventory", source=source, token=token, body=INVENTORY))
-        assert api_not_found(send(nginx, "GET", PUBLIC, "/internal/connect/verify", source=source))
-        assert api_not_found(send(nginx, "GET", PUBLIC, "/.well-known/gshare-internal-jwks.json", source=source))
+    for host in PUBLIC_ONLY_HOSTS:
+        for source in (CLUSTERS, OUTSIDER):  # the public Ingress has no source range: the api's host check decides
+            assert api_not_found(send(nginx, "PUT", host, "/internal/v1/inventory", source=source, token=token, body=INVENTORY))
+            assert api_not_found(send(nginx, "GET", host, "/internal/connect/verify", source=source))
+            assert api_not_found(send(nginx, "GET", host, "/.well-known/gshare-internal-jwks.json", source=source))
+        # The public host itself works: health, the API (refusing no token), the console.
+        assert send(nginx, "GET", host, "/healthz", source=OUTSIDER).status == 200
+        assert send(nginx, "GET", host, "/api/v1/clusters", source=OUTSIDER).status == 401
+        assert send(nginx, "GET", host, "/login/", source=OUTSIDER).status == 200
     assert not Node.objects.filter(cluster=cluster).exists()
-    # The public host itself works: health, the API (refusing no token), the console.
-    assert send(nginx, "GET", PUBLIC, "/healthz", source=OUTSIDER).status == 200
-    assert send(nginx, "GET", PUBLIC, "/api/v1/clusters", source=OUTSIDER).status == 401
-    assert send(nginx, "GET", PUBLIC, "/login/", source=OUTSIDER).status == 200
 
 
+def spoofed_hosts(internal_hosts: list[str]) -> list[str]:
+    """Every internal host the chart sets, as given, in upper case, and with a port."""
+    return [variant for host in internal_hosts for variant in (host, host.upper(), f"{host}:80", f"{host.upper()}:8443")]
+
+
+@BOTH_MODES
+def test_a_spoofed_host_on_a_public_host_never_opens_the_internal_routes(nginx, operator, chart):
+    """The request line names a public host, so nginx serves it from that host's server (no source range); the
+    ``Host`` header (or, with use-forwarded-headers, ``X-Forwarded-Host``) names an internal host. The public
+    Ingress's upstream-vhost makes the api judge the host nginx routed on: 404, and no inventory written."""
+    cluster, token = operator
+    opened = []
+    for public in PUBLIC_ONLY_HOSTS:
+        for spoof in spoofed_hosts(chart.internal_hosts):
+            shapes = {
+                "absolute-form": {"host": spoof, "target": f"http://{public}{{path}}"},
+                "x-forwarded-host": {"host": public, "headers": {"X-Forwarded-Host": spoof}},
+                "both": {"host": spoof, "target": f"http://{public}{{path}}", "headers": {"X-Forwarded-Host": f"{spoof}, {public}"}},
+            }
+            for shape, how in shapes.items():
+                for path in INTERNAL_ROUTES:
+                    method, extra = ("PUT", {"token": token, "body": INVENTORY}) if path == INVENTORY_PATH else ("GET", {})
+                    target = how.get("target", "").format(path=path) or None
+                    answer = send(nginx, method, how["host"], path, source=OUTSIDER, target=target, headers=how.get("headers"), **extra)
+                    if not api_not_found(answer):
+                        opened.append((public, spoof, shape, path, answer.status))
+    assert opened == [], f"internal routes answered on a public host: {opened[:10]} ({len(opened)} in all)"
+    assert not Node.objects.filter(cluster=cluster).exists()
+
+
+@BOTH_MODES
+def test_on_one_host_a_spoofed_host_does_not_lift_the_source_range(nginx, chart):
+    for spoof in spoofed_hosts(chart.internal_hosts):
+        for path in INTERNAL_ROUTES:
+            answer = send(nginx, "GET", spoof, path, source=OUTSIDER, target=f"http://{ONE_HOST}{path}", headers={"X-Forwarded-Host": spoof})
+            assert answer.status == 403, (spoof, path)
+
+
+@BOTH_MODES
+def test_the_clusters_reach_the_internal_host_whatever_host_header_they_send(nginx, operator):
+    """The internal Ingress's upstream-vhost: the api sees the internal host for every request nginx routed there."""
+    cluster, token = operator
+    for host, headers in ((PUBLIC, {}), (f"{INTERNAL.upper()}:443", {}), (INTERNAL, {"X-Forwarded-Host": PUBLIC})):
+        sent = {"host": host, "headers": headers}
+        jwks = send(nginx, "GET", path=JWKS, target=f"http://{INTERNAL}{JWKS}", **sent)
+        assert jwks.status == 200 and jwks.json()["keys"], (sent, jwks.body)
+        assert send(nginx, "GET", path=VERIFY, target=f"http://{INTERNAL}{VERIFY}", **sent).status == 401, sent
+        applied = send(nginx, "PUT", path=INVENTORY_PATH, target=f"http://{INTERNAL}{INVENTORY_PATH}", token=token, body=INVENTORY, **sent)
+        assert applied.status == 200, (sent, applied.body)
+        assert send(nginx, "GET", path=VERIFY, target=f"http://{INTERNAL}{VERIFY}", source=OUTSIDER, **sent).status == 403, sent
+    assert Node.objects.filter(cluster=cluster).count() == 1
+
+
+@BOTH_MODES
 def test_on_the_internal_host_the_clusters_get_the_internal_routes_as_before(nginx, operator):
     cluster, token = operator
     assert send(nginx, "PUT", INTERNAL, "/internal/v1/inventory", body=INVENTORY).status == 401
@@ -236,6 +241,7 @@ def test_the_internal_host_serves_nothing_else_and_nobody_else(nginx):
     assert send(nginx, "GET", INTERNAL, "/internal/connect/verify", source=OUTSIDER).status == 403
 
 
+@BOTH_MODES
 def test_on_one_host_for_both_the_merged_source_range_guards_the_internal_routes(nginx, operator):
     cluster, token = operator
     jwks = send(nginx, "GET", ONE_HOST, "/.well-known/gshare-internal-jwks.json")
