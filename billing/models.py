@@ -132,6 +132,10 @@ class Policy(models.Model):
         return f"policy of {self.user}" if self.user_id else "default policy"
 
 
+#: The exclusion constraint that keeps two samples of one session and GPU from covering the same instant.
+USAGE_OVERLAP_CONSTRAINT = "usage_sample_no_overlap"
+
+
 class TsTzRange(models.Func):
     """``tstzrange(lower, upper, bounds)``: the usage window as a range, for the exclusion constraint."""
 
@@ -172,7 +176,7 @@ class UsageSample(models.Model):
             models.UniqueConstraint(fields=["cluster", "sample_id"], name="usage_sample_unique_per_cluster"),
             models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="usage_sample_end_after_start"),
             ExclusionConstraint(
-                name="usage_sample_no_overlap",
+                name=USAGE_OVERLAP_CONSTRAINT,
                 expressions=[("session", RangeOperators.EQUAL), ("device_uuid", RangeOperators.EQUAL),
                              (TsTzRange("start", "end", RangeBoundary()), RangeOperators.OVERLAPS)],
                 violation_error_message="Another usage sample of this session and GPU covers part of this window.",

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing import pricing
-from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from billing.usage import (
     CLOCK_SKEW_SECONDS,
     USAGE_DEVICE_NOT_ALLOCATED,
@@ -60,6 +60,13 @@ class BalanceOutOfRange(ApplicationError):
     """409: the entry would move the balance beyond what ``numeric(18, 6)`` holds."""
 
     code = "balance_out_of_range"
+    status = 409
+
+
+class UsageConflict(ApplicationError):
+    """409: a window of the batch was stored by another writer while the batch was being written; nothing was stored."""
+
+    code = "usage_conflict"
     status = 409
 
 
@@ -427,10 +434,11 @@ _USAGE_COLUMNS = ("sample_id", "session_id", "device_uuid", "start", "finish", "
 _CHARGE_COLUMNS = ("id", "account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
                    "gpu_seconds", "reason")
 
-#: Moves the staged samples into the table; returns the ones really inserted. No conflict target: ``DO NOTHING`` then
-#: skips a row that conflicts with any constraint, the unique ``(cluster_id, sample_id)`` (a replay) and the exclusion
-#: constraint ``usage_sample_no_overlap`` (a window of the same session and GPU stored meanwhile); PostgreSQL accepts
-#: exclusion constraints as arbiters of ``DO NOTHING`` only without a target. ``usage_ingest`` tells the two apart.
+#: Moves the staged samples into the table; returns the ones really inserted (not already stored). The conflict target
+#: is the unique ``(cluster_id, sample_id)`` only: a row that overlaps another window of its session and GPU raises the
+#: exclusion violation of ``usage_sample_no_overlap`` instead of being skipped like a replay. (Without a target,
+#: ``DO NOTHING`` would skip those rows too, but PostgreSQL then searches the GiST index once more for every row before
+#: inserting it: about twice the constraint's cost per batch.)
 _INSERT_SAMPLES = """
     WITH staged AS (DELETE FROM billing_usage_staging RETURNING *)
     INSERT INTO billing_usagesample
@@ -439,7 +447,7 @@ _INSERT_SAMPLES = """
     SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
            entry_id, %s
       FROM staged
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (cluster_id, sample_id) DO NOTHING
     RETURNING sample_id"""
 
 _INSERT_CHARGES = """
@@ -611,11 +619,12 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     2. one ledger entry id per session is drawn from the entries' sequence;
     3. the samples, each priced (share of its device, price of the device's model, window: ``billing.pricing``) and
        pointing at its session's entry id, are COPYed into a temporary staging table and moved with one ``INSERT
-       ... SELECT ... ON CONFLICT DO NOTHING RETURNING sample_id``: only the rows this batch really inserted come
-       back, so replayed, duplicated (also within the batch) and reordered samples are never charged twice, even when
-       two deliveries of one batch run at the same time (the unique index makes the second wait for the first, then
-       skip). A row skipped by the exclusion constraint ``usage_sample_no_overlap`` instead (an overlap the check did
-       not see) refuses the whole batch (``_refuse_skipped_overlaps``);
+       ... SELECT ... ON CONFLICT (cluster_id, sample_id) DO NOTHING RETURNING sample_id``: only the rows this batch
+       really inserted come back, so replayed, duplicated (also within the batch) and reordered samples are never
+       charged twice, even when two deliveries of one batch run at the same time (the unique index makes the second
+       wait for the first, then skip). A row the exclusion constraint ``usage_sample_no_overlap`` refuses (an overlap
+       the check did not see: only a writer that does not take the account locks can cause one) rolls the whole
+       batch back; the check then runs again and names the sample (400), or the batch is refused as a conflict (409);
     4. one ``charge`` entry per session with new samples (window min(start)..max(end) of them, ``gpu_seconds`` =
        Σ share × seconds, amount = -Σ cost, idempotency key ``usage:<cluster>:<sha256 of the sorted new sample
        ids>``), COPYed and inserted the same way, and the accounts' new balances (the samples' foreign keys to their
@@ -634,6 +643,7 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session; with
             ``reason`` ``usage_device_not_allocated``, ``usage_window_before_session`` or ``usage_window_overlap``.
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
+        UsageConflict: ``usage_conflict`` (409): the constraint refused a window the check did not find again; retry.
     """
     parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS,
                            max_age_seconds=settings.GSHARE_USAGE_MAX_AGE_SECONDS)
@@ -669,26 +679,35 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     owners = {row[1]: row[3] for row in sessions.values()}
     public_ids = {row[1]: row[0] for row in sessions.values()}
     now = timezone.now()
-    with transaction.atomic(), connection.cursor() as cursor:
-        accounts = _lock_accounts(sorted({owners[pk] for pk in batch_sessions}))
-        # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no other
-        # batch of these sessions is between this check and the commit (the check before these locks let two concurrent
-        # batches both pass and both store one window under two ids).
-        stored_ids = _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
-        _staging_tables(cursor)
-        cursor.execute("SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('billing_ledgerentry', 'id')::regclass AS seq) q, "
-                       "generate_series(1, %s)", [len(batch_sessions)])
-        entry_ids = dict(zip(batch_sessions, sorted(row[0] for row in cursor.fetchall()), strict=True))
-        for row, (_, session_pk, *_rest) in zip(staged, priced_rows, strict=True):
-            row[10] = entry_ids[session_pk]
-        _copy(cursor, "billing_usage_staging", _USAGE_COLUMNS, staged)
-        cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
-        inserted = {row[0] for row in cursor.fetchall()}
-        if len(inserted) < len(rows) and any(r.sample_id not in inserted and r.sample_id not in stored_ids for r in rows):
-            _refuse_skipped_overlaps(cursor, cluster=cluster, rows=rows, inserted=inserted, stored_ids=stored_ids,
-                                     sessions=sessions, samples=samples)
-        charged = _charge_new_samples(cursor, cluster=cluster, priced_rows=priced_rows, inserted=inserted, entry_ids=entry_ids,
-                                      owners=owners, accounts=accounts, now=now)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            accounts = _lock_accounts(sorted({owners[pk] for pk in batch_sessions}))
+            # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no
+            # other batch of these sessions is between this check and the commit (the check before these locks let two
+            # concurrent batches both pass and both store one window under two ids).
+            _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
+            _staging_tables(cursor)
+            cursor.execute("SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('billing_ledgerentry', 'id')::regclass AS seq) q, "
+                           "generate_series(1, %s)", [len(batch_sessions)])
+            entry_ids = dict(zip(batch_sessions, sorted(row[0] for row in cursor.fetchall()), strict=True))
+            for row, (_, session_pk, *_rest) in zip(staged, priced_rows, strict=True):
+                row[10] = entry_ids[session_pk]
+            _copy(cursor, "billing_usage_staging", _USAGE_COLUMNS, staged)
+            cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
+            inserted = {row[0] for row in cursor.fetchall()}
+            charged = _charge_new_samples(cursor, cluster=cluster, priced_rows=priced_rows, inserted=inserted, entry_ids=entry_ids,
+                                          owners=owners, accounts=accounts, now=now)
+    except IntegrityError as exc:
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != USAGE_OVERLAP_CONSTRAINT:
+            raise
+        # The database's last word: a window of these sessions and GPUs was stored past the check (by a writer that
+        # does not take the account locks). Nothing of the batch was committed; the check now sees that window.
+        logger.warning("usage batch of cluster %s refused by %s past the overlap check", cluster.public_id, USAGE_OVERLAP_CONSTRAINT)
+        _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
+        raise UsageConflict(
+            "Another writer stored usage of this batch's sessions and GPUs while it was being written; nothing of this "
+            "batch was stored. Send it again.",
+        ) from exc
     return {
         "accepted": len(inserted),
         "duplicates": len(parsed) - len(inserted),
@@ -696,38 +715,35 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     }
 
 
-def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> set[str]:
+def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> None:
     """Refuse (400, with the index) a new sample whose window overlaps another sample of the same session and GPU.
 
     Idempotency is by ``sample_id``; this closes the other way to charge a GPU-second twice: two samples with
     different ids for the same time (an operator that lost its state and re-sampled). Samples whose id is already
     stored are replays and are not checked. Windows that touch (one's end is the next one's start) do not overlap.
     One query: the stored samples of the batch's sessions within the batch's time span (per session, through the
-    GiST index of ``usage_sample_no_overlap``, whatever the session's history). Run it under the sessions' owners'
-    account locks, so no concurrent batch of these sessions can store a window after it looked; the exclusion
-    constraint holds regardless.
-
-    Returns:
-        The ``sample_id`` of the stored samples it read (the batch's replays are among them).
+    GiST index of ``usage_sample_no_overlap``, whatever the session's history), under the same condition as that
+    constraint. Run it under the sessions' owners' account locks, so no concurrent batch of these sessions can store
+    a window after it looked; the constraint holds regardless.
 
     Raises:
         InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``, ``reason`` ``usage_window_overlap``).
     """
     if not rows:
-        return set()
+        return
     first, last = min(r.start for r in rows), max(r.end for r in rows)
     session_pks = sorted({sessions[r.session_id][1] for r in rows})
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT u.sample_id, u.session_id, u.device_uuid, u.start, u."end" FROM unnest(%s::bigint[]) AS k(session_id) '
+            f'SELECT u.cluster_id, u.sample_id, u.session_id, u.device_uuid, u.start, u."end" FROM unnest(%s::bigint[]) AS k(session_id) '
             f"JOIN {UsageSample._meta.db_table} u ON u.session_id = k.session_id "
-            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)') WHERE u.cluster_id = %s",
-            [_array(session_pks), first, last, cluster.pk],
+            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)')",
+            [_array(session_pks), first, last],
         )
         stored = cursor.fetchall()
-    stored_ids = {row[0] for row in stored}
+    stored_ids = {row[1] for row in stored if row[0] == cluster.pk}
     windows: dict[tuple[int, str], list[tuple]] = {}
-    for sample_id, session_pk, device_uuid, start, end in stored:
+    for _, sample_id, session_pk, device_uuid, start, end in stored:
         windows.setdefault((session_pk, device_uuid), []).append((start, end, sample_id, None))
     for sample in rows:
         if sample.sample_id not in stored_ids:
@@ -739,44 +755,14 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
         for window in intervals[1:]:
             if window[0] < reach[1] and (window[3] is not None or reach[3] is not None):
                 new, other = (window, reach) if window[3] is not None else (reach, window)
-                raise _overlap(new[3], samples, start=new[0], end=new[1], other=other[2])
+                raise invalid_sample(
+                    new[3], samples[new[3]],
+                    f"its window {new[0].isoformat()} .. {new[1].isoformat()} overlaps sample {other[2]!r} of the same session "
+                    "and GPU: a GPU-second is charged once; resend with the original sample_id, or drop the overlapping sample",
+                    reason=USAGE_WINDOW_OVERLAP,
+                )
             if window[1] > reach[1]:
                 reach = window
-    return stored_ids
-
-
-def _overlap(index: int, samples: list, *, start: datetime, end: datetime, other: str | None):
-    other_text = f"sample {other!r}" if other is not None else "another sample"
-    return invalid_sample(
-        index, samples[index],
-        f"its window {start.isoformat()} .. {end.isoformat()} overlaps {other_text} of the same session and GPU: a GPU-second "
-        "is charged once; resend with the original sample_id, or drop the overlapping sample",
-        reason=USAGE_WINDOW_OVERLAP,
-    )
-
-
-def _refuse_skipped_overlaps(cursor, *, cluster, rows, inserted, stored_ids, sessions, samples) -> None:
-    """After the INSERT: samples it skipped that ``_refuse_overlaps`` did not know as stored. Those whose id is stored
-    now are replays (e.g. under another session); any other was skipped by ``usage_sample_no_overlap``, a window of
-    the same session and GPU that the check did not see. Refuse the batch (400, the first such index): nothing of it is
-    committed. Two queries, only when this happens (the check under the account locks leaves nothing for it)."""
-    unknown = [r for r in rows if r.sample_id not in inserted and r.sample_id not in stored_ids]
-    cursor.execute(f"SELECT sample_id FROM {UsageSample._meta.db_table} WHERE cluster_id = %s AND sample_id = ANY(%s::text[])",
-                   [cluster.pk, _text_array(r.sample_id for r in unknown)])
-    present = {row[0] for row in cursor.fetchall()}
-    skipped = [r for r in unknown if r.sample_id not in present]
-    if not skipped:
-        return
-    first = min(skipped, key=lambda r: r.index)
-    cursor.execute(
-        f"SELECT sample_id FROM {UsageSample._meta.db_table} WHERE session_id = %s AND device_uuid = %s "
-        "AND tstzrange(start, \"end\", '[)') && tstzrange(%s, %s, '[)') LIMIT 1",
-        [sessions[first.session_id][1], first.device_uuid, first.start, first.end],
-    )
-    other = cursor.fetchone()
-    logger.warning("usage batch of cluster %s: sample %r skipped by usage_sample_no_overlap past the overlap check",
-                   cluster.public_id, first.sample_id)
-    raise _overlap(first.index, samples, start=first.start, end=first.end, other=other[0] if other else None)
 
 
 def _charge_new_samples(cursor, *, cluster, priced_rows, inserted, entry_ids, owners, accounts, now) -> dict:

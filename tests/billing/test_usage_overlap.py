@@ -157,30 +157,49 @@ def test_the_database_refuses_an_overlapping_row_written_directly(lab_c1, whole_
     assert UsageSample.objects.count() == 5
 
 
+def _skip_the_check(monkeypatch, times: int) -> None:
+    """Make ``_refuse_overlaps`` pass its next ``times`` calls without looking, as if a writer had slipped past it."""
+    real, calls = services._refuse_overlaps, []
+
+    def check(**kwargs):
+        calls.append(1)
+        return None if len(calls) <= times else real(**kwargs)
+
+    monkeypatch.setattr(services, "_refuse_overlaps", check)
+
+
 def test_an_overlap_the_check_did_not_see_is_refused_by_the_database(operator_c1, lab_c1, whole_session, prices, monkeypatch):
-    """The check under the account lock is what answers; the constraint is the last word. Without the check (as if a
-    writer had slipped past it), the insert skips the overlapping row and the batch is refused whole: 400, nothing
-    stored or charged."""
+    """The check under the account locks is what answers; the constraint is the last word. When the check misses an
+    overlap (as if a writer had slipped past it), the constraint refuses the row, the whole batch rolls back, and the
+    check run again names the sample: 400, nothing stored or charged."""
     h100 = device(lab_c1, "NVIDIA H100")
     assert operator_c1.post("/internal/v1/usage", json={"samples": [sample(whole_session, h100, sample_id="first")]}).status_code == 200
     before = (list(LedgerEntry.objects.values_list("id", "amount")), CreditAccount.objects.get().balance, UsageSample.objects.count())
-    monkeypatch.setattr(services, "_refuse_overlaps", lambda **kwargs: set())
     batch = [sample(whole_session, h100, start=T0 + timedelta(minutes=1), sample_id="next"),
              sample(whole_session, h100, start=T0 + timedelta(seconds=30), sample_id="re-sampled")]
+    _skip_the_check(monkeypatch, times=1)
     response = operator_c1.post("/internal/v1/usage", json={"samples": batch})
     assert response.status_code == 400, response.text
     body = response.json()
     assert (body["code"], body["index"], body["reason"]) == ("invalid_usage_sample", 1, "usage_window_overlap")
+    assert "overlaps sample 'first'" in body["detail"]
     assert (list(LedgerEntry.objects.values_list("id", "amount")), CreditAccount.objects.get().balance, UsageSample.objects.count()) == before
     # Two new samples of one batch that overlap each other: the constraint sees the first while inserting the second.
     inside = [sample(whole_session, h100, start=T0 + timedelta(minutes=20), sample_id="a"),
               sample(whole_session, h100, start=T0 + timedelta(minutes=20, seconds=30), sample_id="b")]
+    _skip_the_check(monkeypatch, times=1)
     response = operator_c1.post("/internal/v1/usage", json={"samples": inside})
     assert (response.status_code, response.json().get("index")) == (400, 1), response.text
+    # If the check cannot find it again either, the batch is refused as a conflict to retry (409), still whole.
+    _skip_the_check(monkeypatch, times=2)
+    response = operator_c1.post("/internal/v1/usage", json={"samples": batch})
+    assert (response.status_code, response.json()["code"]) == (409, "usage_conflict"), response.text
+    assert UsageSample.objects.count() == 1
     # A replay is still a duplicate.
+    monkeypatch.undo()
     answer = operator_c1.post("/internal/v1/usage", json={"samples": [sample(whole_session, h100, sample_id="first")]}).json()
     assert (answer["accepted"], answer["duplicates"]) == (0, 1)
-    assert UsageSample.objects.count() == 1
+    assert (list(LedgerEntry.objects.values_list("id", "amount")), CreditAccount.objects.get().balance, UsageSample.objects.count()) == before
 
 
 # --------------------------------------------------------------------------- samples must fit their session
