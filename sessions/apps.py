@@ -8,3 +8,13 @@ class GpuSessionsConfig(AppConfig):
     label = "gpu_sessions"
     verbose_name = "GPU sessions"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        """Drop a user's cached connect facts whenever the user is saved or deleted (``sessions.connect.user_changed``)."""
+        from django.conf import settings
+        from django.db.models.signals import post_delete, post_save
+
+        from sessions import connect
+
+        post_save.connect(connect.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="gshare-connect-user-saved")
+        post_delete.connect(connect.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="gshare-connect-user-deleted")

@@ -5,26 +5,39 @@ ingress-nginx (``nginx.ingress.kubernetes.io/auth-url``) sends a subrequest to
 with ``X-Original-URL`` (the full original URL) and ``X-Original-Method``; a 2xx lets the request
 through (``X-Auth-Request-User`` is copied to the pod by ``auth-response-headers``), 401/403 refuses it.
 
-Where the connect token is read, in order:
+Connect tokens are RS256 JWTs (audience ``gshare-connect``) of two uses, claim ``use``:
 
-1. ``Authorization: Bearer <token>`` (API clients);
-2. the ``token`` query parameter of ``X-Original-URL`` (the link from ``POST .../connect``);
-3. the ``gshare_connect`` cookie, set on the first visit by the verify answer's ``Set-Cookie``,
-   which ingress-nginx passes to the browser when the Ingress has
-   ``nginx.ingress.kubernetes.io/auth-always-set-cookie: "true"`` (its ``auth_request_set
-   $auth_cookie $upstream_http_set_cookie; add_header Set-Cookie $auth_cookie``).
+* ``link``: minted by :func:`link_token_sign` for ``POST /api/v1/sessions/{id}/connect``, valid
+  ``GSHARE_CONNECT_TOKEN_TTL`` (minutes);
+* ``cookie``: minted here from a link token only, valid until ``auth_time`` (the link's ``iat``) plus
+  ``GSHARE_CONNECT_COOKIE_TTL``. It is never renewed: only a new link (an API call by an active user)
+  gives a new cookie.
 
-The cookie holds a longer-lived connect token (``GSHARE_CONNECT_COOKIE_TTL``) scoped to the
-session's path, so the link's token (a few minutes) is not needed after the first visit.
+Where a token is read, in this order; the first one that is valid *for its place* decides, the others
+are ignored:
 
-Per request: at most one cached lookup of the session's facts. Both caches below are per process
-(``cachetools.TTLCache``, thread-safe behind a lock):
+1. ``Authorization: Bearer <token>``: a link token (API clients);
+2. the ``token`` query parameter of ``X-Original-URL``: a link token; the answer sets the cookie;
+3. the ``gshare_connect`` cookie: a cookie token. The verify answer's ``Set-Cookie`` reaches the
+   browser through ``nginx.ingress.kubernetes.io/auth-always-set-cookie: "true"`` (its
+   ``auth_request_set $auth_cookie $upstream_http_set_cookie; add_header Set-Cookie $auth_cookie``).
+
+A cookie token as ``?token=`` or Bearer, a link token as the cookie, or a token without ``use``
+counts as no token there.
+
+Per request: at most one cached lookup of the session's facts and one of the token user's facts.
+Both caches below are per process (``cachetools.TTLCache``, thread-safe behind a lock):
 
 * verified tokens, until the token expires (at most ``TOKEN_CACHE_SECONDS``): a browser sends the
   same cookie on every request, so the RS256 check runs once per token and process;
-* session facts, for ``FACTS_CACHE_SECONDS`` (1 s), in front of the Django cache on Redis (filled
-  from the database on a miss and invalidated by the session services on every phase change). A
-  stopped session is therefore refused everywhere at most 1 s after the stop.
+* facts (a session's phase, host and owner; a user's ``is_active`` and ``is_staff``), for
+  ``FACTS_CACHE_SECONDS`` (1 s), in front of the Django cache on Redis (filled from the database on a
+  miss, kept ``GSHARE_CONNECT_CACHE_SECONDS``). The session services drop a session's facts on every
+  phase change and a user's save drops the user's (:func:`facts_forget`, which leaves a short-lived
+  tombstone so that a verify that read the database before the change cannot put the old facts
+  back). A stopped session or a deactivated user is therefore refused everywhere at most 1 s after
+  the change commits; a change that bypasses ``save()`` (``QuerySet.update``, SQL), or one made while
+  Redis is unreachable, within ``GSHARE_CONNECT_CACHE_SECONDS`` + 1 s.
 
 The path is judged as nginx routes it (``sessions.connect_path``): the session id comes from the
 normalised path, and a path that could be read two ways (``..``, ``%2e``, ``%2f``, ``%5c``, ``//``, a
@@ -40,6 +53,7 @@ an error page and never a 2xx.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -52,6 +66,8 @@ import redis
 from cachetools import TTLCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.cache import cache as default_cache
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.redis import RedisCache
@@ -63,12 +79,23 @@ from gshare.exceptions import ApplicationError
 from sessions.connect_path import PathRefused, session_in_request_uri
 from sessions.manifests import session_path
 from sessions.models import Session
-from sessions.services import connect_cache_key
 
 logger = logging.getLogger(__name__)
 
 COOKIE_NAME = "gshare_connect"
+#: ``use`` claim of the token in a connect link (``?token=``, or Bearer).
+USE_LINK = "link"
+#: ``use`` claim of the token in the ``gshare_connect`` cookie.
+USE_COOKIE = "cookie"
+#: Which token use each place accepts.
+_ACCEPTS = {"bearer": USE_LINK, "query": USE_LINK, "cookie": USE_COOKIE}
 _MISSING = "-"
+#: What :func:`facts_forget` leaves in Redis: "read the database, and do not cache what you read".
+_TOMBSTONE = "~"
+_USER_SUBJECT = re.compile(r"user:([0-9]{1,18})")
+#: Lifetime of a tombstone, seconds: far longer than a verify's read-then-cache window (a statement of at most
+#: ``DATABASE_TIMEOUT_MS`` and a Redis call of at most ``CACHE_TIMEOUT_SECONDS``).
+TOMBSTONE_SECONDS = 10
 _NO_ENTRY = object()
 _KEY_TTL = 60.0
 TOKEN_CACHE_SECONDS = 60.0
@@ -104,6 +131,62 @@ def clear_local_caches() -> None:
         _tokens.clear()
         _facts.clear()
         _keys.clear()
+
+
+def connect_cache_key(session_id: str) -> str:
+    """Cache key of the connect-verify facts of a session (``ses_...``)."""
+    return f"gshare:connect:{session_id}"
+
+
+def user_cache_key(user_pk: int) -> str:
+    """Cache key of the connect-verify facts of a user (its primary key)."""
+    return f"gshare:connect:user:{user_pk}"
+
+
+def facts_forget(key: str) -> None:
+    """Drop cached connect facts (call it after the commit of the change).
+
+    Leaves a tombstone for ``TOMBSTONE_SECONDS`` instead of deleting the key: a verify that read the
+    database just before the commit caches with ``add`` (only into an empty key), so it cannot put the
+    old facts back for ``GSHARE_CONNECT_CACHE_SECONDS``. A Redis that is down (or silent past
+    ``GSHARE_REDIS_TIMEOUT``) is logged, never raised: the change is committed, and the cached facts
+    expire on their own within ``GSHARE_CONNECT_CACHE_SECONDS``.
+
+    Args:
+        key: :func:`connect_cache_key` or :func:`user_cache_key`.
+    """
+    try:
+        default_cache.set(key, _TOMBSTONE, TOMBSTONE_SECONDS)
+    except redis.RedisError as exc:
+        logger.warning("cache: could not drop %s (%s); it expires within %s s", key, exc, settings.GSHARE_CONNECT_CACHE_SECONDS)
+
+
+def user_changed(sender, instance, using: str = "default", **kwargs) -> None:
+    """``post_save``/``post_delete`` receiver of the user model: drop the user's connect facts once the change commits.
+
+    A cache invalidation, not a rule: it is what makes a deactivation (or a loss of staff) refuse that
+    user's connect cookies within ``FACTS_CACHE_SECONDS`` rather than ``GSHARE_CONNECT_CACHE_SECONDS``.
+    Connected in ``sessions.apps``.
+    """
+    key = user_cache_key(instance.pk)
+    transaction.on_commit(lambda: facts_forget(key), using=using)
+
+
+def link_token_sign(*, user, session_id: str, host: str) -> str:
+    """Sign the token of a connect link (``use: "link"``, ``GSHARE_CONNECT_TOKEN_TTL`` seconds).
+
+    Args:
+        user: who connects (``sub`` = ``user:<pk>``, ``name`` = the username).
+        session_id: the session (``sid``, ``ses_...``).
+        host: the session's ``session_domain`` (``host``).
+
+    Returns:
+        The compact JWS.
+    """
+    return sign_internal_jwt(
+        f"user:{user.pk}", settings.GSHARE_CONNECT_TOKEN_TTL, audience=CONNECT_AUDIENCE,
+        claims={"sid": session_id, "name": user.get_username(), "host": host, "use": USE_LINK},
+    )
 
 
 @contextmanager
@@ -168,11 +251,12 @@ class Verdict:
     """The answer to ingress-nginx.
 
     Attributes:
-        status: 200 or 401.
+        status: 200, 401 or 403.
         user: username for ``X-Auth-Request-User`` when allowed.
         set_cookie: ``(name, value, path, max_age seconds)`` to set on the browser, or None.
         reason: why it was refused (logged, never sent: it would tell a prober which check failed).
-        code: the error code of a refusal (``token_missing``, ``token_invalid`` or ``connect_refused``).
+        code: the error code of a refusal (401 ``token_missing``, ``token_invalid`` or ``connect_refused``;
+            403 ``connect_forbidden``).
     """
 
     status: int
@@ -185,15 +269,17 @@ class Verdict:
 #: The ``detail`` sentence of each refusal code (the body of a 401; nginx shows the browser its own page).
 REFUSAL_DETAILS = {
     "token_missing": "No connect token: open the session from its link (`POST /api/v1/sessions/{id}/connect` or the console).",
-    "token_invalid": "The connect token is malformed, expired or not signed by this control plane: get a new link "
-    "(`POST /api/v1/sessions/{id}/connect`).",
+    "token_invalid": "The connect token is malformed, expired, not signed by this control plane, or not one for where it "
+    "was sent (a cookie token as ?token= or Bearer, a link token as the cookie): get a new link (`POST /api/v1/sessions/{id}/connect`).",
     "connect_refused": "This request may not reach this session (another session's token, a session that is not running, "
     "another host, or a path that is not plainly under /s/<session id>/): open the session from its own link.",
+    "connect_forbidden": "The user of this connect token is deactivated, or no longer the session's owner or staff: "
+    "ask an administrator to reactivate the account, then open the session from a new link.",
 }
 
 
 def _refused(code: str, reason: str) -> Verdict:
-    return Verdict(401, reason=reason, code=code)
+    return Verdict(403 if code == "connect_forbidden" else 401, reason=reason, code=code)
 
 
 def _public_key(kid: str):
@@ -210,30 +296,51 @@ def _public_key(kid: str):
     return key
 
 
-def _session_facts(session_id: str) -> dict | None:
+def _cached_facts(local_key, key: str, load) -> dict | None:
+    """Facts from the process cache, else Redis, else ``load()`` (the database); None when there is no such row.
+
+    What is read from the database goes into Redis with ``add``, so it never replaces a tombstone
+    (:func:`facts_forget`) written after the read; under a tombstone it is not cached in Redis at all.
+    """
     with _lock:
-        local = _facts.get(session_id)
+        local = _facts.get(local_key)
     if local is not None:
         return None if local == _MISSING else local
-    key = connect_cache_key(session_id)
     cache = _cache()
     with _dependency("cache"):
         facts = cache.get(key)
-    if facts is None:
+    if facts is None or facts == _TOMBSTONE:
+        forgotten = facts == _TOMBSTONE
         with _database():
-            row = (
-                Session.objects.filter(public_id=session_id)
-                .values("phase", "cluster__session_domain", "owner_id")
-                .first()
-            )
-        facts = _MISSING if row is None else {"phase": row["phase"], "host": row["cluster__session_domain"], "owner": row["owner_id"]}
-        try:
-            cache.set(key, facts, settings.GSHARE_CONNECT_CACHE_SECONDS)
-        except _UNAVAILABLE as exc:  # the facts just read from the database still decide this request
-            logger.warning("connect verify could not cache the facts of %s: %s", session_id, type(exc).__name__)
+            facts = load()
+        if not forgotten:
+            try:
+                cache.add(key, facts, settings.GSHARE_CONNECT_CACHE_SECONDS)
+            except _UNAVAILABLE as exc:  # the facts just read from the database still decide this request
+                logger.warning("connect verify could not cache the facts of %s: %s", key, type(exc).__name__)
     with _lock:
-        _facts[session_id] = facts
+        _facts[local_key] = facts
     return None if facts == _MISSING else facts
+
+
+def _session_facts(session_id: str) -> dict | None:
+    """``{"phase", "host", "owner"}`` of a session, or None."""
+
+    def load():
+        row = Session.objects.filter(public_id=session_id).values("phase", "cluster__session_domain", "owner_id").first()
+        return _MISSING if row is None else {"phase": row["phase"], "host": row["cluster__session_domain"], "owner": row["owner_id"]}
+
+    return _cached_facts(session_id, connect_cache_key(session_id), load)
+
+
+def _user_facts(user_pk: int) -> dict | None:
+    """``{"active", "staff"}`` of a user, or None."""
+
+    def load():
+        row = get_user_model().objects.filter(pk=user_pk).values("is_active", "is_staff").first()
+        return _MISSING if row is None else {"active": row["is_active"], "staff": row["is_staff"]}
+
+    return _cached_facts(("user", user_pk), user_cache_key(user_pk), load)
 
 
 def _decode(token: str) -> dict | None:
@@ -285,6 +392,48 @@ def _split_original_url(original_url: str) -> tuple[str, str]:
     return host, "/" + path
 
 
+def _misfit(claims: dict, where: str) -> str:
+    """Why a verified connect token may not be used ``where`` (``bearer``, ``query``, ``cookie``), or ``""``.
+
+    A link token needs its ``iat`` (the cookie's ``auth_time``); a cookie token an ``auth_time`` not in the
+    future and no older than ``GSHARE_CONNECT_COOKIE_TTL`` (whatever its ``exp``: it cannot outlive its link's
+    bound, not even with a lowered setting); both a subject ``user:<pk>``.
+    """
+    use = claims.get("use")
+    if use != _ACCEPTS[where]:
+        return f"{use if use in (USE_LINK, USE_COOKIE) else 'unmarked'} token as {where}"
+    if not isinstance(claims.get("sub"), str) or not _USER_SUBJECT.fullmatch(claims["sub"]):
+        return "subject is not a user"
+    stamp = claims.get("iat" if use == USE_LINK else "auth_time")
+    if not isinstance(stamp, int) or isinstance(stamp, bool):
+        return "no iat" if use == USE_LINK else "no auth_time"
+    if use == USE_COOKIE:
+        now = time.time()
+        if stamp > now + settings.GSHARE_JWT_LEEWAY:
+            return "auth_time in the future"
+        if stamp + settings.GSHARE_CONNECT_COOKIE_TTL <= now:
+            return "cookie past its lifetime"
+    return ""
+
+
+def _cookie(claims: dict, session_id: str, host: str) -> tuple[str, str, str, int] | None:
+    """The cookie for a link token's first visits: ``(name, token, path, max_age)``, or None past the link's bound.
+
+    Its token ends ``GSHARE_CONNECT_COOKIE_TTL`` after the link was minted (``auth_time`` = the link's
+    ``iat``), however late or often the link is opened.
+    """
+    auth_time = claims["iat"]
+    ttl = auth_time + settings.GSHARE_CONNECT_COOKIE_TTL - int(time.time())
+    if ttl <= 0:
+        return None
+    with _database():  # the active signing key
+        token = sign_internal_jwt(
+            claims["sub"], ttl, audience=CONNECT_AUDIENCE,
+            claims={"sid": session_id, "name": claims.get("name", ""), "host": host, "use": USE_COOKIE, "auth_time": auth_time},
+        )
+    return COOKIE_NAME, token, session_path(session_id), ttl
+
+
 def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> Verdict:
     """Decide whether a request to a session may pass.
 
@@ -295,9 +444,11 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
 
     Returns:
         200 when the path is plainly under one session as nginx routes it (``sessions.connect_path``),
-        the token is valid and names that session, the session is Running and the original host is the
-        session's cluster ``session_domain``; 401 otherwise (``token_missing``, ``token_invalid``,
-        ``connect_refused``).
+        a token valid for where it was sent (a link token as Bearer or ``?token=``, a cookie token as the
+        cookie; the first such in that order decides) names that session, the session is Running, the
+        original host is the session's cluster ``session_domain`` and the token's user is active and the
+        session's owner or staff; a link token in ``?token=`` also sets the cookie. 401 ``token_missing``,
+        ``token_invalid`` or ``connect_refused``, or 403 ``connect_forbidden`` (the user) otherwise.
 
     Raises:
         VerifyUnavailable: the database or Redis is unreachable or too slow to decide (503).
@@ -311,15 +462,22 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
     from_query = parse_qs(query).get("token", [""])[0]
     scheme, _, bearer = authorization.partition(" ")
     candidates = [bearer.strip() if scheme.lower() == "bearer" else "", from_query, cookie]
-    claims, source = None, ""
+    claims, source, misfits = None, "", []
     for token, where in zip(candidates, ("bearer", "query", "cookie"), strict=True):
-        if token:
-            claims = _decode(token)
-            if claims is not None:
-                source = where
-                break
+        if not token:
+            continue
+        decoded = _decode(token)
+        if decoded is None:
+            continue
+        misfit = _misfit(decoded, where)
+        if misfit:
+            misfits.append(misfit)
+            continue
+        claims, source = decoded, where
+        break
     if claims is None:
-        return _refused("token_invalid" if any(candidates) else "token_missing", "no valid connect token")
+        reason = "no valid connect token" + (f" ({'; '.join(misfits)})" if misfits else "")
+        return _refused("token_invalid" if any(candidates) else "token_missing", reason)
     if claims.get("sid") != session_id:
         return _refused("connect_refused", "token for another session")
     facts = _session_facts(session_id)
@@ -327,13 +485,11 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
         return _refused("connect_refused", "session not running")
     if not host or host != (facts["host"] or "").lower() or claims.get("host", host) != host:
         return _refused("connect_refused", "wrong host")
-    set_cookie = None
-    if source == "query":
-        ttl = settings.GSHARE_CONNECT_COOKIE_TTL
-        with _database():  # the active signing key
-            cookie_token = sign_internal_jwt(
-                claims["sub"], ttl, audience=CONNECT_AUDIENCE,
-                claims={"sid": session_id, "name": claims.get("name", ""), "host": host},
-            )
-        set_cookie = (COOKIE_NAME, cookie_token, session_path(session_id), ttl)
+    user_pk = int(_USER_SUBJECT.fullmatch(claims["sub"]).group(1))
+    user = _user_facts(user_pk)
+    if user is None or not user["active"]:
+        return _refused("connect_forbidden", "user deactivated or gone")
+    if user_pk != facts["owner"] and not user["staff"]:
+        return _refused("connect_forbidden", "user neither the owner nor staff")
+    set_cookie = _cookie(claims, session_id, host) if source == "query" else None
     return Verdict(200, user=claims.get("name", ""), set_cookie=set_cookie)

@@ -12,10 +12,8 @@ import logging
 from datetime import datetime, timedelta
 
 import kubernetes
-import redis
 import urllib3
 from django.conf import settings
-from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Prefetch, Q
 from django.utils import timezone
@@ -27,10 +25,9 @@ from billing import admission
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from operator_agent import contract
-from sessions import placement, selectors
+from sessions import connect, placement, selectors
 from sessions.manifests import gshare_session_manifest, session_url
 from sessions.models import Allocation, Session
 from storage.models import Volume
@@ -58,22 +55,9 @@ class InvalidSessionRequest(ApplicationError):
     status = 400
 
 
-def connect_cache_key(session_id: str) -> str:
-    """Cache key of the connect-verify facts of a session (see ``sessions.connect``)."""
-    return f"gshare:connect:{session_id}"
-
-
 def _forget(session: Session) -> None:
-    transaction.on_commit(lambda: _cache_delete(connect_cache_key(session.public_id)))
-
-
-def _cache_delete(key: str) -> None:
-    # After the commit: a Redis that is down (or silent past GSHARE_REDIS_TIMEOUT) must not fail a request whose
-    # change is already committed; the cached facts then expire on their own (GSHARE_CONNECT_CACHE_SECONDS).
-    try:
-        cache.delete(key)
-    except redis.RedisError as exc:
-        logger.warning("cache: could not drop %s (%s); it expires within %s s", key, exc, settings.GSHARE_CONNECT_CACHE_SECONDS)
+    # After the commit (connect.facts_forget never raises: the change is committed whatever Redis does).
+    transaction.on_commit(lambda: connect.facts_forget(connect.connect_cache_key(session.public_id)))
 
 
 def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str]) -> None:
@@ -694,8 +678,9 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
 def session_connect(*, session: Session, user) -> str:
     """Mint a connect link for ``session``: its URL with a short-lived connect token.
 
-    The token (RS256, audience ``gshare-connect``, ``GSHARE_CONNECT_TOKEN_TTL`` seconds) names the
-    session (``sid``), the user (``sub`` = ``user:<pk>``, ``name``) and the host it is valid on.
+    The token (RS256, audience ``gshare-connect``, ``use: "link"``, ``GSHARE_CONNECT_TOKEN_TTL`` seconds) names
+    the session (``sid``), the user (``sub`` = ``user:<pk>``, ``name``) and the host it is valid on
+    (``sessions.connect.link_token_sign``).
 
     Raises:
         Forbidden: 403 ``forbidden`` when ``user`` is neither the owner nor staff.
@@ -706,10 +691,5 @@ def session_connect(*, session: Session, user) -> str:
     url = session_url(session)
     if not session.is_live or url is None:
         raise Conflict(f"Session {session.public_id} is {session.phase}: start a new session.", code="session_not_running")
-    token = sign_internal_jwt(
-        f"user:{user.pk}",
-        settings.GSHARE_CONNECT_TOKEN_TTL,
-        audience=CONNECT_AUDIENCE,
-        claims={"sid": session.public_id, "name": user.get_username(), "host": session.cluster.session_domain},
-    )
+    token = connect.link_token_sign(user=user, session_id=session.public_id, host=session.cluster.session_domain)
     return f"{url}?token={token}"
