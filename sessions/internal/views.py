@@ -77,8 +77,8 @@ class StatusView(OperatorAPIView):
 def connect_verify(request):
     """``/internal/connect/verify``: ingress-nginx ``auth-url``.
 
-    Answers 200 (with ``X-Auth-Request-User`` and maybe ``Set-Cookie``), 401 with ``{"code", "detail"}``
-    (``token_missing``, ``token_invalid``, ``connect_refused``), or 503 ``verify_unavailable`` with
+    Answers 200 (with ``X-Auth-Request-User`` and maybe ``Set-Cookie``), 401 or 403 with ``{"code", "detail"}``
+    (``token_missing``, ``token_invalid``, ``connect_refused``; ``connect_forbidden``), or 503 ``verify_unavailable`` with
     ``Retry-After`` when it cannot decide; never anything else (nginx treats any other answer as an error).
     """
     try:

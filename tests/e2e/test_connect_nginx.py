@@ -270,6 +270,38 @@ def test_terminated_session_is_refused_even_with_its_cookie(stack):
     assert len(stack["backend"].seen) == 2
 
 
+def test_a_cookie_is_never_renewed_and_ends_when_its_user_is_deactivated(stack, verdicts):
+    session, nginx, backend = stack["session"], stack["nginx"], stack["backend"]
+    first = get(nginx, link(session))
+    assert first.status_code == 200 and first.json()["user"] == "carol", nginx.logs()
+    cookie = SimpleCookie()
+    cookie.load(first.headers["Set-Cookie"])
+    token = cookie[connect.COOKIE_NAME].value
+    sent = f"{connect.COOKIE_NAME}={token}"
+    page = f"https://{DOMAIN}/s/{session.public_id}/lab"
+    assert get(nginx, page, cookie=sent).status_code == 200
+    served = len(backend.seen)
+
+    # The cookie's token as the link: refused, and no fresh cookie reaches the client.
+    renew = get(nginx, f"https://{DOMAIN}/s/{session.public_id}/?token={token}")
+    assert renew.status_code == 401 and "Set-Cookie" not in renew.headers
+    assert verdicts[-1][1:] == (401, "no valid connect token (cookie token as query)")
+    # With the cookie sent as well, the request passes on the cookie, still without a new one.
+    both = get(nginx, f"https://{DOMAIN}/s/{session.public_id}/?token={token}", cookie=sent)
+    assert both.status_code == 200 and "Set-Cookie" not in both.headers
+    assert len(backend.seen) == served + 1
+
+    owner = session.owner
+    owner.is_active = False
+    owner.save()  # the console's change form does the same; the user's cached facts are dropped on commit
+    time.sleep(connect.FACTS_CACHE_SECONDS + 0.2)  # each server process may keep the facts this long
+    assert get(nginx, page, cookie=sent).status_code == 403
+    assert verdicts[-1][1:] == (403, "user deactivated or gone")
+    late = get(nginx, link(session))  # a link minted before the deactivation: refused too, and no cookie
+    assert late.status_code == 403 and "Set-Cookie" not in late.headers
+    assert len(backend.seen) == served + 1
+
+
 def test_no_token_is_refused(stack, verdicts):
     session, nginx = stack["session"], stack["nginx"]
     response = get(nginx, f"https://{DOMAIN}/s/{session.public_id}/lab")
