@@ -7,8 +7,10 @@ cluster, a Running session on it and a connect token (``sessions.services.sessio
 ``python -m gunicorn gshare.wsgi --workers 2`` on a free loopback port against that database and
 Redis database 15, and load-tests, with the same client and in the same run:
 
-* ``GET /internal/connect/verify`` with ``X-Original-URL: https://<session_domain>/s/<id>/`` and
-  ``Authorization: Bearer <token>`` (answer 200): one RS256 signature check and one cached lookup;
+* ``GET /internal/connect/verify`` with ``X-Original-URL: https://<session_domain>/s/<id>/`` and the
+  ``gshare_connect`` cookie (answer 200), what a browser sends on every request: one RS256 signature
+  check per token and process, and the cached facts of the session and of its user. The cookie is the
+  one the verify sets when the link (``?token=``) is opened, once, before the measurements;
 * ``GET /internal/ping`` (answer 204): the same Django stack (middleware, URL routing) doing nothing,
   the baseline.
 
@@ -18,7 +20,7 @@ two endpoints for ``--rounds`` rounds; the medians are compared. The ratio print
 (verify requests/s) / (ping requests/s). Goal (issue): ratio >= 0.7.
 
 ``--quick`` (CI): one round of 300 requests per endpoint with the Python client, a few seconds; it checks that
-the run itself works (verify answers 200, a tampered token 401) and gives no goal verdict.
+the run itself works (the link sets a cookie, verify answers 200 to it, a tampered cookie 401) and gives no goal verdict.
 
 Traffic goes to 127.0.0.1 only; every loop is bounded; the server is stopped and the database
 dropped at the end.
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -109,8 +112,8 @@ def wrk_load(wrk: str, port: int, path: str, headers: dict[str, str], seconds: f
     return float(rate.group(1))
 
 
-def make_session() -> tuple[str, str, str]:
-    """Create a user, a connected cluster and a Running session on it; return (host, session id, connect token)."""
+def make_session() -> tuple[str, str, str, int]:
+    """Create a user, a connected cluster and a Running session on it; return (host, session id, link token, user pk)."""
     from django.contrib.auth import get_user_model
 
     from clusters.models import Cluster
@@ -126,7 +129,7 @@ def make_session() -> tuple[str, str, str]:
                                      phase=Session.Phase.RUNNING)
     link = session_connect(session=session, user=owner)
     token = parse_qs(urlsplit(link).query)["token"][0]
-    return cluster.session_domain, session.public_id, token
+    return cluster.session_domain, session.public_id, token, owner.pk
 
 
 def main() -> int:
@@ -147,21 +150,27 @@ def main() -> int:
     with bench_environment() as env, tempfile.TemporaryDirectory(prefix="gshare-bench-") as tmp:
         from django.core.cache import cache
 
-        from sessions.services import connect_cache_key
+        from sessions.connect import COOKIE_NAME, connect_cache_key, user_cache_key
 
-        host, session_id, token = make_session()
-        verify_headers = {"X-Original-URL": f"https://{host}/s/{session_id}/", "Authorization": f"Bearer {token}"}
+        host, session_id, token, owner_pk = make_session()
+        page = f"https://{host}/s/{session_id}/"
         port = free_port()
         logfile = Path(tmp) / "gunicorn.log"
         server = start_server(port, env, WORKERS, logfile)
         log(f"gunicorn ({WORKERS} workers) on 127.0.0.1:{port}")
         try:
+            status, headers = request(port, "/internal/connect/verify", {"X-Original-URL": f"{page}?token={token}"})
+            cookie = SimpleCookie(headers.get("Set-Cookie", ""))
+            if status != 200 or COOKIE_NAME not in cookie:
+                raise RuntimeError(f"the link answered {status} {headers}: no cookie to measure with\n{logfile.read_text()[-3000:]}")
+            value = cookie[COOKIE_NAME].value
+            verify_headers = {"X-Original-URL": page, "Cookie": f"{COOKIE_NAME}={value}"}
             status, headers = request(port, "/internal/connect/verify", verify_headers)
-            if status != 200 or headers.get("X-Auth-Request-User") != "bench-owner":
+            if status != 200 or headers.get("X-Auth-Request-User") != "bench-owner" or "Set-Cookie" in headers:
                 raise RuntimeError(f"verify answered {status} {headers}: the benchmark would measure a refusal\n{logfile.read_text()[-3000:]}")
-            refused = request(port, "/internal/connect/verify", {**verify_headers, "Authorization": f"Bearer {token[:-4]}AAAA"})[0]
+            refused = request(port, "/internal/connect/verify", {**verify_headers, "Cookie": f"{COOKIE_NAME}={value[:-4]}AAAA"})[0]
             if refused != 401:
-                raise RuntimeError(f"verify answered {refused} to a tampered token (expected 401)")
+                raise RuntimeError(f"verify answered {refused} to a tampered cookie (expected 401)")
             endpoints = {"ping": ("/internal/ping", {}, 204), "verify": ("/internal/connect/verify", verify_headers, 200)}
 
             def measure(name: str, warmup: bool = False) -> float:
@@ -182,7 +191,7 @@ def main() -> int:
         finally:
             stop_server(server)
             try:
-                cache.delete(connect_cache_key(session_id))
+                cache.delete_many([connect_cache_key(session_id), user_cache_key(owner_pk)])
             except Exception as exc:  # cleanup must not hide the first error
                 log(f"could not delete the cache key: {exc}")
 

@@ -126,7 +126,7 @@ class VerifyUnavailable(ApplicationError):
 
 
 def clear_local_caches() -> None:
-    """Forget every per-process cached token, session fact and public key (tests; key retirement)."""
+    """Forget every per-process cached token, session and user fact and public key (tests; key retirement)."""
     with _lock:
         _tokens.clear()
         _facts.clear()
