@@ -31,17 +31,12 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import socket
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.nginx import START_TIMEOUT, Nginx, nginx_binary
+from tests.e2e.nginx import Nginx, run_nginx
 
 NGINX_ANNOTATION = "nginx.ingress.kubernetes.io/"
 SOURCE_RANGE = NGINX_ANNOTATION + "whitelist-source-range"
@@ -208,33 +203,5 @@ http {{
 
 
 def start(prefix: Path, render: Callable[[Path, int], str]) -> Nginx:
-    """Write ``<prefix>/nginx.conf`` = ``render(prefix, port)`` for a free loopback port and run nginx in the foreground.
-
-    Retries on another port when the chosen one was taken in between; fails the test with nginx's logs when it
-    does not come up. The caller stops it (``Nginx.stop``).
-    """
-    binary = nginx_binary()
-    prefix.mkdir(parents=True, exist_ok=True)
-    logs = ""
-    for _ in range(3):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        conf = prefix / "nginx.conf"
-        conf.write_text(render(prefix, port))
-        with open(prefix / "stderr.log", "wb") as stderr:
-            process = subprocess.Popen([binary, "-p", f"{prefix}/", "-c", str(conf), "-e", str(prefix / "error.log"), "-g", "daemon off;"],
-                                       stdin=subprocess.DEVNULL, stdout=stderr, stderr=subprocess.STDOUT)
-        running = Nginx(prefix=prefix, port=port, process=process, conf=conf)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return running
-            except OSError:
-                time.sleep(0.05)
-        running.stop()
-        logs = running.logs()
-        if "Address already in use" not in logs:
-            break
-    pytest.fail(f"nginx did not start:\n{logs}", pytrace=False)
+    """Run nginx with ``render(prefix, port)`` as its configuration (``tests.e2e.nginx.run_nginx``)."""
+    return run_nginx(prefix, render)

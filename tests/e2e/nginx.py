@@ -38,7 +38,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -300,11 +300,11 @@ class Nginx:
                 self.process.wait(timeout=5)
 
 
-def start_nginx(prefix: Path, **conf) -> Nginx:
-    """Write ``<prefix>/nginx.conf`` (see :func:`render_conf`) and start nginx in the foreground.
+def run_nginx(prefix: Path, render: Callable[[Path, int], str]) -> Nginx:
+    """Write ``<prefix>/nginx.conf`` = ``render(prefix, port)`` for a free loopback port and run nginx in the foreground.
 
-    Retries on another free port when the chosen one was taken in between; fails the test with
-    nginx's logs when it does not come up.
+    Retries on another free port when the chosen one was taken in between; fails the test with nginx's logs when it
+    does not come up. The caller stops it (``Nginx.stop``).
     """
     binary = nginx_binary()
     prefix.mkdir(parents=True, exist_ok=True)
@@ -312,13 +312,12 @@ def start_nginx(prefix: Path, **conf) -> Nginx:
     for _ in range(3):
         port = _free_port()
         conf_path = prefix / "nginx.conf"
-        conf_path.write_text(render_conf(prefix=prefix, port=port, **conf))
-        stderr = open(prefix / "stderr.log", "wb")  # noqa: SIM115 -- handed to the child
-        process = subprocess.Popen(
-            [binary, "-p", f"{prefix}/", "-c", str(conf_path), "-e", str(prefix / "error.log"), "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=stderr, stderr=subprocess.STDOUT,
-        )
-        stderr.close()
+        conf_path.write_text(render(prefix, port))
+        with open(prefix / "stderr.log", "wb") as stderr:
+            process = subprocess.Popen(
+                [binary, "-p", f"{prefix}/", "-c", str(conf_path), "-e", str(prefix / "error.log"), "-g", "daemon off;"],
+                stdin=subprocess.DEVNULL, stdout=stderr, stderr=subprocess.STDOUT,
+            )
         nginx = Nginx(prefix=prefix, port=port, process=process, conf=conf_path)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline and process.poll() is None:
@@ -332,6 +331,11 @@ def start_nginx(prefix: Path, **conf) -> Nginx:
         if "Address already in use" not in last:
             break
     pytest.fail(f"nginx did not start (exit code {process.returncode}).\n{last}", pytrace=False)
+
+
+def start_nginx(prefix: Path, **conf) -> Nginx:
+    """Start nginx with the session-Ingress configuration of :func:`render_conf` (``conf`` are its arguments)."""
+    return run_nginx(prefix, lambda prefix_, port: render_conf(prefix=prefix_, port=port, **conf))
 
 
 @pytest.fixture
