@@ -195,7 +195,7 @@ class NodeAdmin(ReadOnlyModelAdmin):
     list_filter = ["cluster", "ready", "gpu_mode"]
     list_select_related = ["cluster"]
     search_fields = ["name"]
-    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"]
+    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since"]
     fields = readonly_fields
 
     def get_queryset(self, request):  # noqa: D102
@@ -221,5 +221,6 @@ class GpuDeviceAdmin(ReadOnlyModelAdmin):
     list_filter = ["cluster", "model", "health"]
     list_select_related = ["cluster", "node"]
     search_fields = ["uuid", "model"]
-    readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"]
+    readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at",
+                       "missing_since"]
     fields = readonly_fields

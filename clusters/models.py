@@ -109,6 +109,9 @@ class Node(models.Model):
     by ``sessions.placement.usage_recompute`` (from ``sessions.Allocation``), always under the
     cluster's row lock. Rows written any other way (fixtures, a bulk load) must be followed by
     ``usage_recompute()``.
+
+    A node left out of a snapshot while a live session holds one of its GPUs is kept, not ready, with
+    ``missing_since`` set and only those GPUs (see ``GpuDevice``).
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
@@ -121,6 +124,10 @@ class Node(models.Model):
         max_length=500, blank=True, default="", help_text="Why the operator could not decode this node's HAMi annotation"
     )
     last_seen_at = models.DateTimeField()
+    missing_since = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="Left out of the operator's snapshots since then but kept (not ready) while a live session holds one of its GPUs",
+    )
     load = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Reservations on this node's GPUs (sum of their used_count)")
     free_devices = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Healthy GPUs of this node with nothing reserved on them")
     open_devices = models.PositiveIntegerField(
@@ -207,6 +214,12 @@ class GpuDevice(models.Model):
     its reservations (nothing is evicted) and takes no new one until enough are released: the fit
     query checks ``used + asked <= capacity``, and ``session_create`` refuses to commit a
     reservation that leaves one of its GPUs over capacity.
+
+    A GPU left out of a snapshot while a live session holds it (a reservation, or HAMi's allocation
+    as the operator reported it) is not deleted, which would drop the reservation and free the GPU
+    for a second placement: it is kept with ``missing_since`` set and ``health`` false, so placement
+    passes over it, until a snapshot lists it again (matched by UUID, reservations intact) or one
+    comes after its sessions ended (``clusters.services.inventory_apply``). A ``Node`` likewise.
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
@@ -220,6 +233,10 @@ class GpuDevice(models.Model):
     health = models.BooleanField(default=True)
     mode = models.CharField(max_length=32, blank=True, default="")
     last_seen_at = models.DateTimeField()
+    missing_since = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="Left out of the operator's snapshots since then but kept (health false) while a live session holds it",
+    )
     used_count = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Live reservations on this GPU")
     used_memory_mib = models.PositiveBigIntegerField(default=0, db_default=0, editable=False, help_text="MiB reserved on this GPU")
     used_cores = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Core percent reserved on this GPU")
