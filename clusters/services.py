@@ -6,6 +6,7 @@ the management commands and the Celery tasks call them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -565,20 +566,80 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
 
 @dataclass(frozen=True)
 class InventoryResult:
-    """Counts after an inventory snapshot was applied (nodes and GPUs now on record, and removed)."""
+    """Counts after an inventory snapshot was applied: nodes and GPUs in the snapshot, those removed, and
+    those kept although missing from it (``missing_since``) because live sessions hold them."""
 
     nodes: int
     gpus: int
     nodes_removed: int
     gpus_removed: int
+    nodes_missing: int = 0
+    gpus_missing: int = 0
+
+
+#: What an inventory does with the nodes and GPUs of the cluster that the snapshot left out (``%(uuids)s``,
+#: ``%(names)s``: what it lists). A GPU a live session holds (a reservation of placement, or HAMi's allocation as
+#: the operator reported it in ``Session.devices``) is kept, marked missing (``health`` false, so placement passes
+#: over it; its ``used_*`` counters untouched, as its reservations are); every other one is deleted, with any
+#: reservation of an ended session left on it. A node is kept (not ready) while it has a kept GPU, else deleted.
+#: The GPUs a snapshot moved off a node were moved by the upsert before this runs. Raw SQL because it is one
+#: statement (the query count stays constant); the foreign keys are deferred, so the deletes need no order.
+#: Built from the models on first use (``clusters`` does not import ``sessions``: the relation reaches it).
+_MISSING_SQL = """
+WITH gone AS (
+    SELECT d.id, d.node_id,
+           EXISTS (SELECT 1 FROM {allocation} a JOIN {session} s ON s.id = a.session_id
+                    WHERE a.device_id = d.id AND s.phase <> ALL(%(final)s::text[]))
+           OR EXISTS (SELECT 1 FROM {session} s
+                       WHERE s.cluster_id = %(cluster)s AND s.phase <> ALL(%(final)s::text[])
+                         AND jsonb_typeof(s.devices) = 'array' AND s.devices ? d.uuid) AS held
+      FROM clusters_gpudevice d
+     WHERE d.cluster_id = %(cluster)s AND d.uuid <> ALL(%(uuids)s::text[])
+),
+gone_nodes AS (
+    SELECT n.id, EXISTS (SELECT 1 FROM gone g WHERE g.node_id = n.id AND g.held) AS held
+      FROM clusters_node n
+     WHERE n.cluster_id = %(cluster)s AND n.name <> ALL(%(names)s::text[])
+),
+stale AS (DELETE FROM {allocation} a USING gone g WHERE a.device_id = g.id AND NOT g.held),
+gpus_removed AS (DELETE FROM clusters_gpudevice d USING gone g WHERE d.id = g.id AND NOT g.held RETURNING d.id),
+gpus_kept AS (
+    UPDATE clusters_gpudevice d SET health = FALSE, missing_since = COALESCE(d.missing_since, %(now)s)
+      FROM gone g WHERE d.id = g.id AND g.held AND (d.health OR d.missing_since IS NULL)
+),
+nodes_removed AS (DELETE FROM clusters_node n USING gone_nodes g WHERE n.id = g.id AND NOT g.held RETURNING n.id),
+nodes_kept AS (
+    UPDATE clusters_node n SET ready = FALSE, missing_since = COALESCE(n.missing_since, %(now)s)
+      FROM gone_nodes g WHERE n.id = g.id AND g.held AND (n.ready OR n.missing_since IS NULL)
+)
+SELECT (SELECT COUNT(*) FROM nodes_removed), (SELECT COUNT(*) FROM gpus_removed),
+       (SELECT COUNT(*) FROM gone_nodes WHERE held), (SELECT COUNT(*) FROM gone WHERE held)
+"""
+
+
+@functools.cache
+def _missing_statement() -> tuple[str, tuple[str, ...]]:
+    """``_MISSING_SQL`` with the reservation and session tables filled in, and the final session phases."""
+    allocation = GpuDevice._meta.get_field("allocations").related_model
+    session = allocation._meta.get_field("session").related_model
+    sql = _MISSING_SQL.format(allocation=allocation._meta.db_table, session=session._meta.db_table)
+    return sql, tuple(str(phase) for phase in session.TERMINAL_PHASES)
 
 
 @transaction.atomic
 def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
     """Replace a cluster's nodes and GPU devices with a full snapshot from its operator.
 
-    Upserts with ``INSERT ... ON CONFLICT DO UPDATE`` and deletes what is gone, in one transaction
+    Upserts with ``INSERT ... ON CONFLICT DO UPDATE`` and removes what is gone, in one transaction
     and a constant number of queries, whatever the number of nodes (asserted in the tests).
+
+    What is gone is deleted, except a GPU a live session (not Terminated or Failed) holds, by a
+    reservation or as HAMi's allocation reported by the operator: deleting it would drop the
+    reservation (the GPU would come back free and be placed twice) and refuse its usage samples. It
+    is kept with ``missing_since`` set and ``health`` false (placement skips it), and its node, if the
+    node is gone too, is kept not ready with ``missing_since`` set. A later snapshot that lists them
+    again matches them by UUID and name (reservations and counters intact, ``missing_since`` cleared);
+    one that still leaves them out after their sessions ended deletes them.
 
     Args:
         cluster: the cluster named in the operator token.
@@ -586,17 +647,20 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             "model", "memory_mib", "split_count", "cores", "health", "mode"?}]}``.
 
     Returns:
-        An ``InventoryResult``.
+        An ``InventoryResult``: ``nodes_removed`` / ``gpus_removed`` count deleted nodes and GPUs
+        (never the reservations deleted with them); ``nodes_missing`` / ``gpus_missing`` those kept.
 
     Raises:
         Forbidden: ``forbidden_cluster_scope`` (403) when a GPU UUID in the snapshot belongs to
-            another cluster; nothing is changed.
+            another cluster (a kept, missing GPU still belongs to its cluster); nothing is changed.
         Conflict: ``cluster_deregistered`` (409) if the cluster was deregistered meanwhile.
     """
     with connection.cursor() as cursor:
         # One fleet-wide lock: a GPU UUID's owner is checked and upserted atomically, so two operators
         # reporting the same UUID at once cannot both succeed (HAMi UUIDs are fleet-unique).
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_INVENTORY_LOCK_ID])
+    # The cluster's row lock also keeps its sessions' reservations from changing meanwhile (placement and the
+    # release paths take it first), so which missing GPUs are held cannot change under this transaction.
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.status == Cluster.Status.DEREGISTERED:
         raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")
@@ -622,19 +686,19 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             ready=bool(node.get("ready")),
             inventory_error=(node.get("hami_error") or "")[:500],
             last_seen_at=now,
+            missing_since=None,
         )
         for node in nodes
     ]
     names = [row.name for row in node_rows]
-    gpus_removed, _ = GpuDevice.objects.filter(cluster=cluster).exclude(uuid__in=uuids).delete()
-    _, removed_by_model = Node.objects.filter(cluster=cluster).exclude(name__in=names).delete()
-    nodes_removed = removed_by_model.get(Node._meta.label, 0)
+    # Upserts first, removals after: a GPU that moved off a node that is gone is on its new node by then, so
+    # deleting the old node cannot take it (and its reservations) along.
     if node_rows:
         Node.objects.bulk_create(
             node_rows,
             update_conflicts=True,
             unique_fields=["cluster", "name"],
-            update_fields=["cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at"],
+            update_fields=["cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since"],
         )
     device_rows = [
         GpuDevice(
@@ -649,6 +713,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             health=bool(device["health"]),
             mode=device.get("mode") or "",
             last_seen_at=now,
+            missing_since=None,
         )
         for row, node in zip(node_rows, nodes, strict=True)
         for device in node["devices"]
@@ -659,14 +724,18 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             update_conflicts=True,
             unique_fields=["uuid"],
             # Never the usage counters (used_*): they belong to placement and the reservations.
-            update_fields=["node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at"],
+            update_fields=["node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at", "missing_since"],
         )
+    sql, final = _missing_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"cluster": cluster.pk, "uuids": uuids, "names": names, "final": list(final), "now": now})
+        nodes_removed, gpus_removed, nodes_missing, gpus_missing = cursor.fetchone()
     restores_connected = _reporting_restores_connected(cluster)
     # One statement for two things, so the query count stays what it was: the heartbeat, and
     # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
-    # for every node of the cluster. GPUs may have gone (their reservations went with them), moved to
-    # another node, changed health, or come new; rows already right are not written. The cluster's
-    # row lock, held since the start, keeps reservations from changing meanwhile.
+    # for every node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone
+    # missing (health false), moved to another node, changed health, or come new; rows already right
+    # are not written. The cluster's row lock, held since the start, keeps reservations from changing meanwhile.
     summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
     with connection.cursor() as cursor:
         cursor.execute(
@@ -676,7 +745,10 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
             """,
             {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None},
         )
-    return InventoryResult(nodes=len(node_rows), gpus=len(device_rows), nodes_removed=nodes_removed, gpus_removed=gpus_removed)
+    return InventoryResult(
+        nodes=len(node_rows), gpus=len(device_rows), nodes_removed=nodes_removed, gpus_removed=gpus_removed,
+        nodes_missing=nodes_missing, gpus_missing=gpus_missing,
+    )
 
 
 def _reporting_restores_connected(cluster: Cluster) -> bool:

@@ -32,7 +32,7 @@ class InventoryView(OperatorAPIView):
     """``PUT /internal/v1/inventory``: a full snapshot of the cluster's GPU nodes and devices."""
 
     def put(self, request):
-        """Apply the snapshot; answer counts, server time and when to report next."""
+        """Apply the snapshot; answer counts (``*_missing``: left out but kept, live sessions hold them) and server time."""
         problems = inventory_errors(request.data)
         if problems:
             raise ApplicationError(
@@ -46,6 +46,8 @@ class InventoryView(OperatorAPIView):
             "gpus": result.gpus,
             "nodes_removed": result.nodes_removed,
             "gpus_removed": result.gpus_removed,
+            "nodes_missing": result.nodes_missing,
+            "gpus_missing": result.gpus_missing,
             "server_time": timezone.now().isoformat(),
         })
 

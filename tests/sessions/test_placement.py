@@ -265,14 +265,21 @@ def test_inventory_never_overwrites_counters_and_keeps_nodes_right(user):
     before = stored()
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster))  # same inventory again
     assert stored() == before == recount()
-    # A GPU with a reservation disappears: the reservation goes with it, the node's summary follows.
+    # A GPU with a live reservation disappears: it is kept, missing and unhealthy (placement skips it), with the
+    # reservation; the node's summary follows. Once the session ended, the next snapshot removes it.
     gone = whole.allocations.get().device
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, drop={gone.uuid}))
-    assert not Allocation.objects.filter(session=whole).exists()
+    assert Allocation.objects.filter(session=whole, device=gone).exists()
+    assert stored() == recount()
+    node = Node.objects.get(cluster=cluster)
+    assert (node.load, node.free_devices) == (2, 1)
+    assert shared.allocations.get().device.used_count == 1
+    services.session_fail(session=whole, message="test")
+    cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, drop={gone.uuid}))
+    assert not GpuDevice.objects.filter(pk=gone.pk).exists()
     assert stored() == recount()
     node = Node.objects.get(cluster=cluster)
     assert (node.load, node.free_devices) == (1, 1)
-    assert shared.allocations.get().device.used_count == 1
 
 
 def test_inventory_may_shrink_a_gpu_below_what_is_reserved(user):
