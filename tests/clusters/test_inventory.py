@@ -372,3 +372,16 @@ def test_query_count_does_not_grow_with_nodes_when_gpus_are_kept():
         Allocation.objects.all().delete()
     assert counts[10] == counts[500], counts
     assert counts[500] <= 12
+
+
+def test_a_gpu_moved_off_a_removed_node_keeps_its_reservation(http, lab):
+    _, operator, nodes = lab
+    session = start_session(http)
+    gpu = held_gpu(session["id"])
+    moved = without(nodes, node_names={gpu.node.name})
+    (other,) = moved["nodes"]
+    other["devices"].append({**next(d for n in nodes for d in n["devices"] if d["uuid"] == gpu.uuid), "index": 9})
+    body = operator.put("/internal/v1/inventory", json=moved).json()
+    assert (body["nodes_removed"], body["gpus_removed"], body["nodes_missing"], body["gpus_missing"]) == (1, 7, 0, 0)
+    now = held_gpu(session["id"])
+    assert now.pk == gpu.pk and now.node.name == other["name"] and now.used_count == 1
