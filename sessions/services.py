@@ -471,7 +471,9 @@ def session_apply(*, session: Session) -> Session:
 
     Transient failures (apiserver unreachable, 5xx, 429) raise ``TransientApplyError`` so the Celery
     task retries with backoff; anything else fails the session with a message naming the cause.
-    Does nothing for a session that is no longer Scheduled.
+    Does nothing for a session that is no longer Scheduled. A session stopped while the PATCH was in flight
+    (Stopping, Terminated or Failed after it) gets its GShareSession deleted again at once, since the stop's
+    delete may have come first and found nothing; if that delete fails, ``sessions_reconcile`` re-issues it.
     """
     session = (
         Session.objects.select_related("cluster", "owner")
@@ -510,7 +512,25 @@ def session_apply(*, session: Session) -> Session:
     updated = Session.objects.filter(pk=session.pk, phase=Session.Phase.SCHEDULED).update(phase=Session.Phase.STARTING)
     if updated:
         session.phase = Session.Phase.STARTING
+        return session
+    session.phase = Session.objects.filter(pk=session.pk).values_list("phase", flat=True).get()
+    if session.phase in _ENDED:
+        # Stopped while the PATCH was in flight: the stop's delete may have found nothing (404) and counted it done, and
+        # the object exists now. Delete it again; if the apiserver does not answer, sessions_reconcile re-issues it.
+        try:
+            _delete_object(session)
+        except TransientApplyError as exc:
+            logger.warning("session %s ended during its apply; its GShareSession is deleted later by sessions.reconcile: %s",
+                           session.public_id, exc)
     return session
+
+
+#: Phases of a session whose GShareSession must not stay on its cluster.
+_ENDED = (Session.Phase.STOPPING, Session.Phase.TERMINATED, Session.Phase.FAILED)
+
+#: How long after its end a session stopped before it ran keeps getting its GShareSession deleted again by
+#: ``sessions_reconcile`` (an apply in flight at the stop lands within its retry chain, ``sessions.tasks.RETRY``).
+REDELETE_WINDOW = timedelta(minutes=10)
 
 
 class TransientApplyError(Exception):
@@ -557,25 +577,36 @@ def session_delete_remote(*, session: Session) -> Session:
         TransientApplyError: the apiserver did not answer; the task retries.
     """
     session = Session.objects.select_related("cluster").get(pk=session.pk)
-    if session.cluster is not None and session.cluster.status != Cluster.Status.DEREGISTERED:
-        api, custom, timeout = _custom_objects(session.cluster, settings.GSHARE_PROBE_TIMEOUT)
-        try:
-            with api:
-                custom.delete_namespaced_custom_object(
-                    group=contract.GSHARE_API_GROUP,
-                    version=contract.GSHARE_API_VERSION,
-                    namespace=settings.GSHARE_SESSION_NAMESPACE,
-                    plural=contract.GSHARE_SESSION_PLURAL,
-                    name=contract.session_object_name(session.public_id),
-                    propagation_policy="Foreground",
-                    _request_timeout=timeout,
-                )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise TransientApplyError(f"deleting the GShareSession answered {exc.status} ({exc.reason})") from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
+    _delete_object(session)
     return _terminate(session=session, message="Stopped on request.")
+
+
+def _delete_object(session: Session) -> None:
+    """Delete the session's GShareSession (bounded by ``GSHARE_PROBE_TIMEOUT``; 404 counts as done; no row lock held).
+
+    Raises:
+        TransientApplyError: the apiserver did not answer or refused.
+    """
+    cluster = session.cluster
+    if cluster is None or cluster.status == Cluster.Status.DEREGISTERED:
+        return
+    api, custom, timeout = _custom_objects(cluster, settings.GSHARE_PROBE_TIMEOUT)
+    try:
+        with api:
+            custom.delete_namespaced_custom_object(
+                group=contract.GSHARE_API_GROUP,
+                version=contract.GSHARE_API_VERSION,
+                namespace=settings.GSHARE_SESSION_NAMESPACE,
+                plural=contract.GSHARE_SESSION_PLURAL,
+                name=contract.session_object_name(session.public_id),
+                propagation_policy="Foreground",
+                _request_timeout=timeout,
+            )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise TransientApplyError(f"deleting the GShareSession answered {exc.status} ({exc.reason})") from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
 
 
 def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]:
@@ -583,6 +614,8 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
 
     Due: sessions ``Scheduled`` (not applied to their cluster yet) created more than ``older_than`` seconds ago,
     and sessions ``Stopping`` (GShareSession not deleted yet) asked to stop more than ``older_than`` seconds ago,
+    and (deleted again, counted in ``delete``) sessions stopped before they ran that ended more than ``older_than``
+    seconds but less than ``REDELETE_WINDOW`` ago (an apply in flight at the stop may have re-created the object),
     oldest first, at most ``limit`` of each. ``older_than`` should exceed a task's usual retry chain
     (``sessions.tasks.RETRY``), so a task still retrying is rarely doubled. Idempotent: both tasks do nothing for
     a session that moved on (a doubled task is harmless), and a run that finds nothing due publishes nothing. The first publish that fails
@@ -601,8 +634,15 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
     stopping = Session.objects.filter(phase=Session.Phase.STOPPING).filter(
         Q(stop_requested_at__lt=cutoff) | Q(stop_requested_at__isnull=True)
     ).order_by(F("stop_requested_at").asc(nulls_first=True), "pk")
+    # Stopped before they ran: an apply in flight at the stop may have created the GShareSession after the stop's
+    # delete (session_apply deletes it again; this covers that delete failing). Deleting again is harmless (404).
+    ended = Session.objects.filter(
+        phase__in=Session.TERMINAL_PHASES, stop_requested_at__isnull=False, started_at__isnull=True,
+        ended_at__lt=cutoff, ended_at__gte=cutoff - REDELETE_WINDOW,
+    ).order_by("ended_at", "pk")
     due = [("sessions.apply", pk) for pk in scheduled.values_list("pk", flat=True)[:limit]]
     due += [("sessions.delete", pk) for pk in stopping.values_list("pk", flat=True)[:limit]]
+    due += [("sessions.delete", pk) for pk in ended.values_list("pk", flat=True)[:limit]]
     published = {"apply": 0, "delete": 0}
     for done, (task_name, pk) in enumerate(due):
         if not _enqueue(task_name, pk):

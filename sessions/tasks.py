@@ -46,7 +46,10 @@ def session_apply_task(self, session_pk: int) -> None:
 
 @shared_task(name="sessions.delete", bind=True, ignore_result=True, max_retries=RETRY["max_retries"])
 def session_delete_task(self, session_pk: int) -> None:
-    """Delete a stopping session's GShareSession; after the last retry it is marked Failed with a message to delete it by hand."""
+    """Delete a stopping session's GShareSession; after the last retry it is marked Failed with a message to delete it by hand.
+
+    For a session that already ended (``sessions.reconcile`` deleting again what a late apply may have created) only the delete runs.
+    """
     _run_with_retries(
         self, session_pk, services.session_delete_remote,
         lambda session, exc: services.session_fail(
