@@ -32,6 +32,7 @@ from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, CreditAccount, Led
 from billing.usage import (
     CLOCK_SKEW_SECONDS,
     USAGE_DEVICE_NOT_ALLOCATED,
+    USAGE_WINDOW_AFTER_SESSION,
     USAGE_WINDOW_BEFORE_SESSION,
     USAGE_WINDOW_OVERLAP,
     Sample,
@@ -531,21 +532,24 @@ _SESSIONS = f"""
            ARRAY(SELECT d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
                   WHERE a.session_id = s.id
                  UNION
-                 SELECT jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END))
+                 SELECT jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END)),
+           s.ended_at
       FROM {Session._meta.db_table} s
      WHERE s.public_id = ANY(%s::text[])"""
 
 
 def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list) -> tuple[dict, dict]:
     """Look up the batch's sessions and GPUs (two queries); refuse foreign ones (403), then (400, in index order)
-    unknown sessions, GPUs the session does not hold and windows that begin before the session.
+    unknown sessions, GPUs the session does not hold and windows that begin before the session or after it ended.
 
     A session holds the GPUs placement reserved for it and those the operator reported HAMi allocated to its Pod
     (HAMi may pick other GPUs of the node than placement did; late samples of an ended session still count). A
     window may begin at most ``CLOCK_SKEW_SECONDS`` before the session was created (``created_at``: its Pod cannot
     run earlier; ``started_at``, the operator's first Running report, comes after the containers' start, where the
     operator's first window begins, and is empty until that report arrives); the allowance is the clock skew between
-    the node and the control plane the endpoint already grants ahead of its clock.
+    the node and the control plane the endpoint already grants ahead of its clock. Likewise a window may begin at most
+    ``CLOCK_SKEW_SECONDS`` after the session ended (``ended_at``): late samples of a window that began while it ran
+    still count, usage reported for later (the GPU may be another session's by then) is refused.
 
     Returns:
         ``({session public id: (public id, pk, cluster pk, owner pk, gpu_memory_mib, gpu_cores)}, {uuid: (uuid,
@@ -553,8 +557,8 @@ def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list
 
     Raises:
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``).
-        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``; ``reason`` ``usage_device_not_allocated`` or
-            ``usage_window_before_session`` for those two).
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``; ``reason`` ``usage_device_not_allocated``,
+            ``usage_window_before_session`` or ``usage_window_after_session`` for those three).
     """
     with connection.cursor() as cursor:
         # One text[] literal per look-up: a thousand ids as one parameter, not a thousand parameters to quote.
@@ -582,6 +586,7 @@ def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list
         )
     held = {row[0]: set(row[7]) for row in found}
     earliest = {row[0]: row[6] - timedelta(seconds=CLOCK_SKEW_SECONDS) for row in found}
+    latest = {row[0]: row[8] + timedelta(seconds=CLOCK_SKEW_SECONDS) for row in found if row[8] is not None}
     for sample in parsed:
         if sample.session_id not in sessions:
             raise invalid_sample(
@@ -603,6 +608,16 @@ def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list
                 f"({created:%Y-%m-%dT%H:%M:%SZ}, allowing {CLOCK_SKEW_SECONDS} s of clock skew): check the operator node's clock",
                 reason=USAGE_WINDOW_BEFORE_SESSION,
             )
+        last = latest.get(sample.session_id)
+        if last is not None and sample.start > last:
+            ended = last - timedelta(seconds=CLOCK_SKEW_SECONDS)
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"its window begins at {sample.start.isoformat()}, after the session {sample.session_id} ended "
+                f"({ended:%Y-%m-%dT%H:%M:%SZ}, allowing {CLOCK_SKEW_SECONDS} s of clock skew): an ended session is not charged "
+                "for later usage; check the operator node's clock",
+                reason=USAGE_WINDOW_AFTER_SESSION,
+            )
     return sessions, devices
 
 
@@ -611,7 +626,7 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
 
     Every sample is checked first (``billing.usage.parse_samples``), then against the database: its session must be
     a session of ``cluster`` and its device a GPU of ``cluster`` (403), a GPU the session holds, and its window may
-    not begin before the session (400, ``_scope_and_sessions``). Refusals store nothing. Then, in one transaction and
+    not begin before the session or after it ended (400, ``_scope_and_sessions``). Refusals store nothing. Then, in one transaction and
     a constant number of statements whatever the batch size:
 
     1. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
@@ -641,7 +656,8 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     Raises:
         BatchTooLarge: ``batch_too_large`` (400).
         InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session; with
-            ``reason`` ``usage_device_not_allocated``, ``usage_window_before_session`` or ``usage_window_overlap``.
+            ``reason`` ``usage_device_not_allocated``, ``usage_window_before_session``, ``usage_window_after_session`` or
+            ``usage_window_overlap``.
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
         UsageConflict: ``usage_conflict`` (409): the constraint refused a window the check did not find again; retry.
     """

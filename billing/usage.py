@@ -38,7 +38,7 @@ class BatchTooLarge(ApplicationError):
 
 
 class Sample(NamedTuple):
-    """One validated sample. ``start``/``end`` are aware datetimes; ``micros`` is ``end - start`` in microseconds;
+    """One validated sample. ``start``/``end`` are aware datetimes in UTC (whatever offset the operator sent); ``micros`` is ``end - start`` in microseconds;
     ``gpu_util_percent`` is the number's text (stored as ``numeric(6, 2)``)."""
 
     index: int
@@ -58,6 +58,7 @@ class Sample(NamedTuple):
 USAGE_WINDOW_OVERLAP = "usage_window_overlap"
 USAGE_WINDOW_BEFORE_SESSION = "usage_window_before_session"
 USAGE_DEVICE_NOT_ALLOCATED = "usage_device_not_allocated"
+USAGE_WINDOW_AFTER_SESSION = "usage_window_after_session"
 
 
 def invalid_sample(index: int, sample, problem: str, *, reason: str | None = None) -> InvalidUsageSample:
@@ -105,6 +106,19 @@ def _time(value) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
+def _offset_in_whole_minutes(raw: str) -> bool:
+    """Whether the zone of ISO time ``raw`` (which ``fromisoformat`` read as aware) is ``Z`` or written in hours and minutes.
+
+    An offset with seconds (``+00:00:00.9``) is not ISO 8601 / RFC 3339, and Python 3.11 reads a sub-second one
+    as UTC (``-00:00:00.9`` too), so its instant cannot be trusted; PostgreSQL could not store it either."""
+    last = raw[-1]
+    if last == "Z" or last == "z":
+        return True
+    # The offset's sign is the last + or - (a date's hyphens all come before index 9); with it, ±HH:MM is 6 characters.
+    sign = max(raw.rfind("+"), raw.rfind("-"))
+    return sign <= 8 or len(raw) - sign <= 6
+
+
 #: Seconds a sample's end may lie ahead of the control plane's clock.
 CLOCK_SKEW_SECONDS = 300
 
@@ -115,7 +129,8 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
 
     Each sample is ``{"sample_id", "session_id", "device_uuid", "start", "end", "gpu_util_percent"?,
     "memory_used_mib"?}``: ids are strings of 1 to 128 characters; ``start``/``end`` ISO 8601 times with a zone
-    (``2026-11-29T16:00:00Z``), ``end`` after ``start`` and at most ``max_window_seconds`` later, the window
+    (``2026-11-29T16:00:00Z``; an offset in whole minutes, up to ±23:59, is converted to UTC; one with seconds is
+    refused), ``end`` after ``start`` and at most ``max_window_seconds`` later, the window
     within ``max_age_seconds`` before ``now`` and ``CLOCK_SKEW_SECONDS`` after it (UTC; a year-10000 window
     would otherwise be stored and could not be read back);
     ``gpu_util_percent`` a number 0 to 100 or null; ``memory_used_mib`` a whole number >= 0 or null.
@@ -167,6 +182,12 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
             key, raw = ("start", start_raw) if start is None else ("end", end_raw)
             shown = repr(raw) if type(raw) is not str or len(raw) <= _MAX_TIME_LENGTH else repr(raw[:_MAX_TIME_LENGTH] + "...")
             raise invalid_sample(index, sample, f"{key} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {shown}")
+        if not (_offset_in_whole_minutes(start_raw) and _offset_in_whole_minutes(end_raw)):
+            key, raw = ("start", start_raw) if not _offset_in_whole_minutes(start_raw) else ("end", end_raw)
+            raise invalid_sample(
+                index, sample,
+                f"{key} has a UTC offset with seconds ({raw!r}); send UTC (2026-11-29T16:00:00Z) or an offset in whole minutes (+05:30)",
+            )
         try:
             start_utc, end_utc = start.astimezone(UTC), end.astimezone(UTC)
         except OverflowError:
@@ -178,7 +199,7 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
                 f"(GSHARE_USAGE_MAX_AGE_SECONDS ago) and {latest:%Y-%m-%dT%H:%M:%SZ} (now plus {CLOCK_SKEW_SECONDS} s of clock "
                 "skew): check the operator node's clock",
             )
-        delta = end - start
+        delta = end_utc - start_utc
         micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
         if micros <= 0:
             raise invalid_sample(index, sample, f"end ({end_raw}) must be after start ({start_raw})")
@@ -197,5 +218,7 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
         memory = sample.get("memory_used_mib")
         if memory is not None and (type(memory) is not int or not 0 <= memory <= _MAX_INT):
             raise invalid_sample(index, sample, f"memory_used_mib must be a whole number of MiB, at least 0, or null; got {memory!r}"[:300])
-        append(Sample(index, sample_id, session_id, device_uuid, start, end, micros, util, memory))
+        # The UTC values go on (checks, COPY, range queries): PostgreSQL allows offsets of at most 15:59, so the text
+        # of a +20:00 time would fail the batch with a 500 (and the operator would resend it forever).
+        append(Sample(index, sample_id, session_id, device_uuid, start_utc, end_utc, micros, util, memory))
     return parsed
