@@ -626,8 +626,8 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
 
     Every sample is checked first (``billing.usage.parse_samples``), then against the database: its session must be
     a session of ``cluster`` and its device a GPU of ``cluster`` (403), a GPU the session holds, and its window may
-    not begin before the session or after it ended (400, ``_scope_and_sessions``). Refusals store nothing. Then, in one transaction and
-    a constant number of statements whatever the batch size:
+    not begin before the session or after it ended (400, ``_scope_and_sessions``). Refusals store nothing. Then, in
+    one transaction and a constant number of statements whatever the batch size:
 
     1. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
        those locks a new sample overlapping another of the same session and GPU is refused (``_refuse_overlaps``);

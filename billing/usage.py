@@ -38,8 +38,8 @@ class BatchTooLarge(ApplicationError):
 
 
 class Sample(NamedTuple):
-    """One validated sample. ``start``/``end`` are aware datetimes in UTC (whatever offset the operator sent); ``micros`` is ``end - start`` in microseconds;
-    ``gpu_util_percent`` is the number's text (stored as ``numeric(6, 2)``)."""
+    """One validated sample. ``start``/``end`` are aware datetimes in UTC (whatever offset the operator sent);
+    ``micros`` is ``end - start`` in microseconds; ``gpu_util_percent`` is the number's text (stored as ``numeric(6, 2)``)."""
 
     index: int
     sample_id: str
