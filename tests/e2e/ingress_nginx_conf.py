@@ -28,15 +28,12 @@ fails the test, so a chart change is rendered here or refused, never silently dr
 
 from __future__ import annotations
 
-import grp
-import os
-import pwd
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.nginx import Nginx, run_nginx
+from tests.e2e.nginx import Nginx, conf_head, run_nginx
 
 NGINX_ANNOTATION = "nginx.ingress.kubernetes.io/"
 SOURCE_RANGE = NGINX_ANNOTATION + "whitelist-source-range"
@@ -132,9 +129,6 @@ def _location_body(location: Location, api: str) -> str:
 def render_conf(ingresses: list[dict[str, Any]], *, prefix: Path, port: int, api: str, use_forwarded_headers: bool = False) -> str:
     """nginx.conf serving ``ingresses`` on ``127.0.0.1:port`` to ``api`` (``http://127.0.0.1:<port>``), plus ingress-nginx's
     catch-all server (404). ``use_forwarded_headers`` is the ingress-nginx ConfigMap key of that name."""
-    user = ""
-    if os.geteuid() == 0:  # as root nginx would switch its workers to nobody, who cannot enter tmp_path
-        user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
     if use_forwarded_headers:  # lua_ingress.rewrite: the first entry of X-Forwarded-Host when the client sent one
         best_http_host = """
     map $http_x_forwarded_host $best_http_host {
@@ -166,22 +160,7 @@ def render_conf(ingresses: list[dict[str, Any]], *, prefix: Path, port: int, api
     }}
 """
     return f"""# Rendered by tests/e2e/ingress_nginx_conf.py after ingress-nginx's nginx.tmpl (use-forwarded-headers: {str(use_forwarded_headers).lower()}).
-{user}
-worker_processes 1;
-pid {prefix}/nginx.pid;
-lock_file {prefix}/nginx.lock;
-error_log {prefix}/error.log info;
-
-events {{
-    worker_connections 256;
-}}
-
-http {{
-    client_body_temp_path {prefix}/client-body;
-    proxy_temp_path       {prefix}/proxy-temp;
-    fastcgi_temp_path     {prefix}/fastcgi-temp;
-    uwsgi_temp_path       {prefix}/uwsgi-temp;
-    scgi_temp_path        {prefix}/scgi-temp;
+{conf_head(prefix)}
     types {{ }}
     default_type text/html;
     log_format upstreaminfo '$remote_addr "$host" "$http_host" "$http_x_forwarded_host" "$request" $status upstream=$upstream_status';

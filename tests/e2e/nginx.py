@@ -158,6 +158,30 @@ def _session_block(path: str, backend_url: str) -> str:
 """
 
 
+def conf_head(prefix: Path) -> str:
+    """The top of an nginx.conf running unprivileged-safe in ``prefix``: worker user (as root), pid, logs, temp paths,
+    and the opening of the ``http`` block (the caller closes it)."""
+    user = ""
+    if os.geteuid() == 0:  # as root nginx would switch its workers to nobody, who cannot enter tmp_path
+        user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
+    return f"""{user}
+worker_processes 1;
+pid {prefix}/nginx.pid;
+lock_file {prefix}/nginx.lock;
+error_log {prefix}/error.log info;
+
+events {{
+    worker_connections 256;
+}}
+
+http {{
+    client_body_temp_path {prefix}/client-body;
+    proxy_temp_path       {prefix}/proxy-temp;
+    fastcgi_temp_path     {prefix}/fastcgi-temp;
+    uwsgi_temp_path       {prefix}/uwsgi-temp;
+    scgi_temp_path        {prefix}/scgi-temp;"""
+
+
 def render_conf(
     *,
     prefix: Path,
@@ -187,9 +211,6 @@ def render_conf(
             control plane, not merely unrouted by nginx (ingress-nginx's ``_`` server would answer
             404 from its default backend).
     """
-    user = ""
-    if os.geteuid() == 0:  # as root nginx would switch its workers to nobody, who cannot enter tmp_path
-        user = f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
     locations = "".join(_auth_block(p, auth_url) + _session_block(p, (backends or {}).get(p, backend_url)) for p in paths)
     servers = [(host, "") for host in hosts]
     if catch_all:
@@ -218,23 +239,7 @@ def render_conf(
     }}
 """
     return f"""# Rendered by tests/e2e/nginx.py after ingress-nginx's nginx.tmpl (auth-url Ingress).
-{user}
-worker_processes 1;
-pid {prefix}/nginx.pid;
-lock_file {prefix}/nginx.lock;
-error_log {prefix}/error.log info;
-
-events {{
-    worker_connections 256;
-}}
-
-http {{
-    client_body_temp_path {prefix}/client-body;
-    proxy_temp_path       {prefix}/proxy-temp;
-    fastcgi_temp_path     {prefix}/fastcgi-temp;
-    uwsgi_temp_path       {prefix}/uwsgi-temp;
-    scgi_temp_path        {prefix}/scgi-temp;
-
+{conf_head(prefix)}
     types {{ }}
     default_type text/html;
 
