@@ -345,6 +345,11 @@ def worker():
             yield
     finally:
         celery_app.conf.task_always_eager = eager
+        # The worker's pool marks the whole process as one where joining a result blocks, and nothing unmarks it:
+        # later tests' eager tasks (a task that runs another) would then refuse with "Never call result.get()".
+        from celery.result import _set_task_join_will_block
+
+        _set_task_join_will_block(False)
 
 
 def wait_for(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
