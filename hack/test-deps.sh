@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The Debian packages the test suite drives for real (tests/e2e/nginx.py runs nginx). `make test` calls this
-# first: as root it installs what is missing; otherwise it stops at once with the exact command to run.
+# The Debian packages the test suite drives for real (tests/e2e/nginx.py runs nginx, tests/console/ drives
+# Chromium through Playwright). `make test` calls this first: as root it installs what is missing; otherwise it
+# stops at once with the exact command to run.
 set -euo pipefail
 
 # command to look for -> Debian package that provides it
 declare -A needed=(
   [nginx]=nginx
+  [chromium]=chromium
 )
 paths="$PATH:/usr/sbin:/sbin:/usr/local/sbin"
 

@@ -59,6 +59,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "gshare.console.scope.ClusterScopeMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "gshare.middleware.AuditActorMiddleware",
 ]
@@ -76,6 +77,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "gshare.console.scope.console_scope",
             ],
         },
     },
