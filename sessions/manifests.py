@@ -25,10 +25,12 @@ def session_path(session_id: str) -> str:
 
 
 def session_url(session) -> str | None:
-    """``https://<cluster session_domain>/s/<session id>/``, or None while the session has no cluster."""
+    """``https://<cluster session_domain>/s/<session id>/`` (``:<GSHARE_SESSION_PORT>`` after the domain when set), or
+    None while the session has no cluster."""
     if session.cluster is None or not session.cluster.session_domain:
         return None
-    return f"{settings.GSHARE_SESSION_SCHEME}://{session.cluster.session_domain}{session_path(session.public_id)}"
+    port = f":{settings.GSHARE_SESSION_PORT}" if settings.GSHARE_SESSION_PORT else ""
+    return f"{settings.GSHARE_SESSION_SCHEME}://{session.cluster.session_domain}{port}{session_path(session.public_id)}"
 
 
 def volume_mount_path(name: str) -> str:

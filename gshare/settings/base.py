@@ -134,7 +134,9 @@ WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["gshare.auth.authentication.ApiTokenAuthentication"],
+    # Bearer API tokens first, then the console's login session (CSRF enforced on unsafe methods) for browser use.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["gshare.auth.authentication.ApiTokenAuthentication",
+                                       "gshare.auth.authentication.ConsoleSessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["gshare.api.SafeJSONParser"],
@@ -150,6 +152,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "gShare control plane API",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The API documentation's assets come from drf-spectacular-sidecar, served by the project (never a CDN).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 CACHES = {
@@ -193,6 +199,11 @@ GSHARE_SESSION_NAMESPACE = env.str("GSHARE_SESSION_NAMESPACE", default="gshare-s
 GSHARE_CONTROL_PLANE_URL = env.str("GSHARE_CONTROL_PLANE_URL", default="http://127.0.0.1:8000")
 #: Scheme of session URLs (``https://<session_domain>/s/<id>/``).
 GSHARE_SESSION_SCHEME = env.str("GSHARE_SESSION_SCHEME", default="https")
+#: Port of session URLs (``<scheme>://<session_domain>:<port>/s/<id>/``); 0 leaves it out (the scheme's default port).
+#: The demo sets it to its loopback ingress's port; a cluster's ingress serves 443.
+GSHARE_SESSION_PORT = env.int("GSHARE_SESSION_PORT", default=0)
+if not 0 <= GSHARE_SESSION_PORT <= 65535:
+    raise ImproperlyConfigured("GSHARE_SESSION_PORT must be a TCP port (1-65535), or 0 for the scheme's default.")
 #: Lifetime of a connect link's token, seconds.
 GSHARE_CONNECT_TOKEN_TTL = env.int("GSHARE_CONNECT_TOKEN_TTL", default=300)
 #: Lifetime of the connect cookie set on the first visit, seconds.
