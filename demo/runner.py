@@ -4,9 +4,12 @@ Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (emb
 migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
 ``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included), the web
-server (gunicorn), a Celery worker and beat, and one real operator process per cluster with a
-token minted for it. It then waits until every cluster's inventory has arrived through its
-operator and writes the state file.
+server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
+token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
+session Ingresses, on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a stand-in
+page for each session pod). It then waits until every cluster's inventory has arrived through its
+operator and writes the state file. Besides the staff user ``admin`` it creates a researcher
+``alice`` (not staff) with credits, for the console's researcher side.
 
 Every run starts clean: what a previous run left under ``.gshare/demo/`` (each cluster's folder with
 its operator's usage queue, the logs, beat's schedule) is removed first. The web server is one, but
@@ -42,6 +45,9 @@ from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
 
 DEMO_DATABASE = "gshare_demo"
+#: The demo's researcher (not staff) and the credits granted to them.
+RESEARCHER = "alice"
+RESEARCHER_CREDITS = 200
 READY_TIMEOUT = 90.0
 
 
@@ -55,6 +61,8 @@ class DemoOptions:
 
     Attributes:
         port: web server port on 127.0.0.1 (0 picks a free one); public as ``localhost``, internal as ``127.0.0.1``.
+            The clusters' ingress listens on the next port (``port + 1``), or on a free one with ``port`` 0 or when
+            that one is taken.
         state_file: where the JSON state is written.
         smoke: wait for the inventories, print the state, stop everything, exit.
         inventory_interval: operators' inventory interval, seconds.
@@ -74,6 +82,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ingress_port(web_port: int) -> int:
+    """The demo ingress's port: ``web_port + 1`` when free, else (or with ``web_port`` 0) any free port."""
+    if web_port and web_port < 65535:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", web_port + 1))
+                return web_port + 1
+            except OSError:
+                pass
+    return _free_port()
 
 
 def _database_url_with_name(url: str, name: str) -> str:
@@ -158,8 +178,9 @@ def run_demo(options: DemoOptions) -> dict:
     Ctrl-C (or SIGTERM) and then stops everything.
 
     Returns:
-        ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "clusters": [{"id", "name",
-        "session_domain", "kubeconfig_path", "nodes", "gpus"}]}``.
+        ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "researcher_user", "researcher_password",
+        "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "session_host" (domain:port),
+        "ingress_url", "kubeconfig_path", "nodes", "gpus"}]}``.
 
     Raises:
         DemoError: a step failed; every process started so far has been stopped.
@@ -189,6 +210,10 @@ def run_demo(options: DemoOptions) -> dict:
 
         credit_grant(user=get_user_model().objects.get(username="admin"), amount=Decimal(1000), reason="demo credits",
                      idempotency_key="demo-initial-grant", created_by="command:demo")
+        researcher_password = secrets.token_urlsafe(12)
+        researcher = get_user_model().objects.create_user(RESEARCHER, f"{RESEARCHER}@gshare.localhost", researcher_password)
+        credit_grant(user=researcher, amount=Decimal(RESEARCHER_CREDITS), reason="demo credits",
+                     idempotency_key="demo-researcher-grant", created_by="command:demo")
         from billing.services import price_set
 
         demo_prices = {"H100": "4.0", "H20": "3.0", "V100": "1.5", "T4": "0.5"}  # credits per GPU-hour, illustrative
@@ -252,6 +277,22 @@ def run_demo(options: DemoOptions) -> dict:
         port = options.port or _free_port()
         url = f"http://localhost:{port}"  # the public side: console and API
         internal_url = f"http://127.0.0.1:{port}"  # the internal host: operators, connect verify, JWKS
+
+        ingress_port = _ingress_port(options.port)
+        _say(f"starting the clusters' ingress on 127.0.0.1:{ingress_port} "
+             f"({', '.join(f'http://{spec.name}.gshare.localhost:{ingress_port}' for spec, *_ in clusters)})")
+        ingress_config, ingress_ready = workdir / "ingress.json", workdir / "ingress-ready.json"
+        ingress_ready.unlink(missing_ok=True)
+        ingress_config.write_text(json.dumps({"clusters": [
+            {"name": spec.name, "session_domain": cluster.session_domain, "kubeconfig": str(kubeconfig_path)}
+            for spec, cluster, kubeconfig_path, _ in clusters
+        ]}, indent=2))
+        group.start("ingress", python_argv("-m", "demo.ingress", "--config", str(ingress_config), "--port", str(ingress_port),
+                                           "--ready-file", str(ingress_ready)),
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=settings.BASE_DIR)
+        ingress_url = _wait_for_file(ingress_ready, "the clusters' ingress", group)["url"]
+        # Session URLs and connect links: http, on the demo ingress's port (GSHARE_SESSION_PORT).
+        settings.GSHARE_SESSION_SCHEME, settings.GSHARE_SESSION_PORT = "http", ingress_port
         child_env = {
             **os.environ,
             "DATABASE_URL": database_url,
@@ -260,6 +301,8 @@ def run_demo(options: DemoOptions) -> dict:
             "DJANGO_SETTINGS_MODULE": "gshare.settings",
             "GSHARE_CONTROL_PLANE_URL": internal_url,
             "GSHARE_INTERNAL_HOSTS": "127.0.0.1",
+            "GSHARE_SESSION_SCHEME": "http",
+            "GSHARE_SESSION_PORT": str(ingress_port),
             "PYTHONUNBUFFERED": "1",
         }
         _say(f"starting the web server on 127.0.0.1:{port} ({url} public, {internal_url} internal), a Celery worker and beat")
@@ -331,11 +374,16 @@ def run_demo(options: DemoOptions) -> dict:
             "admin_user": "admin",
             "admin_password": password,
             "api_token": api_token,
+            "researcher_user": RESEARCHER,
+            "researcher_password": researcher_password,
+            "ingress": {"url": ingress_url, "port": ingress_port},
             "clusters": [
                 {
                     "id": cluster.public_id,
                     "name": spec.name,
-                    "session_domain": f"{spec.name}.gshare.localhost",
+                    "session_domain": cluster.session_domain,
+                    "session_host": f"{cluster.session_domain}:{ingress_port}",
+                    "ingress_url": f"http://{cluster.session_domain}:{ingress_port}",
                     "kubeconfig_path": str(kubeconfig_path),
                     "nodes": counts[cluster.public_id][0],
                     "gpus": counts[cluster.public_id][1],
@@ -345,7 +393,7 @@ def run_demo(options: DemoOptions) -> dict:
         }
         if options.smoke:
             _say("smoke: starting a session on each cluster and waiting until both are Running")
-            state["sessions"] = _smoke_sessions(url, api_token, state["clusters"], group)
+            state["sessions"] = _smoke_sessions(url, api_token, state["clusters"], group, ingress_url)
         options.state_file.parent.mkdir(parents=True, exist_ok=True)
         options.state_file.write_text(json.dumps(state, indent=2) + "\n")
         options.state_file.chmod(0o600)
@@ -353,7 +401,9 @@ def run_demo(options: DemoOptions) -> dict:
         _say(f"ready: {summary}")
         _say(f"storage: pool {pool.name} ({fleet.STORAGE_CLASS}, shared by every cluster): "
              f"{(pool.capacity_bytes or 0) / 2**40:.2f} TiB from {pool.capacity_source}")
-        _say(f"console: {url}/  (user admin, password {password})")
+        _say(f"console: {url}/  (user admin, password {password}; researcher {RESEARCHER}, password {researcher_password})")
+        _say("sessions: " + ", ".join(f"{c['ingress_url']}/s/<session id>/" for c in state["clusters"])
+             + f"  (each cluster's ingress, on 127.0.0.1:{ingress_port}; Open in the console gives the link)")
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
         _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")
         _say(f"         curl {url}/.well-known/gshare-internal-jwks.json  -> 404;  curl {internal_url}/.well-known/gshare-internal-jwks.json  -> the JWKS")
@@ -372,14 +422,59 @@ def run_demo(options: DemoOptions) -> dict:
             options.state_file.unlink(missing_ok=True)
 
 
-def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup) -> list[dict]:
-    """Start one session per cluster through the API, wait until Running, check its URL's host, stop it.
+def _through_ingress(ingress_url: str, link: str, cookie: str = "") -> requests.Response:
+    """GET ``link`` (``http://<session host>/s/...``) through the demo ingress, as a browser resolving ``*.localhost``
+    to loopback sends it (``requests`` resolves no ``*.localhost`` name, and keeps a Secure cookie off plain http)."""
+    parts = urlsplit(link)
+    headers = {"Host": parts.netloc, **({"Cookie": cookie} if cookie else {})}
+    target = ingress_url + parts.path + (f"?{parts.query}" if parts.query else "")
+    return requests.get(target, headers=headers, timeout=30, allow_redirects=False)
+
+
+def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group: ProcessGroup) -> dict:
+    """Open ``session``'s connect link through the demo ingress: its stand-in page and the connect cookie, then the
+    cookie alone.
 
     Returns:
-        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated).
+        ``{"link", "status", "cookie_status", "page_has_volume"}`` (the link keeps its token: the caller checks the
+        link is refused once the session has stopped).
 
     Raises:
-        DemoError: a session did not reach Running (or Terminated) in time, or its URL is on another host.
+        DemoError: the link or the cookie did not reach the session's page.
+    """
+    response = requests.post(f"{url}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=30)
+    if response.status_code != 200:
+        raise DemoError(f"a connect link for {session['id']} answered {response.status_code}: {response.text[:300]}")
+    link = response.json()["url"]
+    deadline = time.monotonic() + 30
+    while True:  # the ingress lists the cluster's Ingresses every second
+        page = _through_ingress(ingress_url, link)
+        if page.status_code != 404 or time.monotonic() > deadline:
+            break
+        _check_children(group)
+        time.sleep(0.5)
+    cookie = page.headers.get("Set-Cookie", "").split(";", 1)[0]
+    if page.status_code != 200 or session["id"] not in page.text or not cookie.startswith("gshare_connect="):
+        raise DemoError(f"opening {session['id']} through the ingress ({urlsplit(link).netloc}) answered {page.status_code} "
+                        f"{'with' if cookie else 'without'} the connect cookie: {page.text[:300]}")
+    again = _through_ingress(ingress_url, f"{link.split('?', 1)[0]}lab", cookie=cookie)
+    if again.status_code != 200 or session["id"] not in again.text:
+        raise DemoError(f"the connect cookie of {session['id']} did not reach its page: {again.status_code} {again.text[:300]}")
+    return {"link": link, "status": page.status_code, "cookie_status": again.status_code,
+            "page_has_volume": "/data/" in page.text}
+
+
+def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup, ingress_url: str) -> list[dict]:
+    """Start one session per cluster through the API, wait until Running, check its URL's host, open the first
+    through the clusters' ingress (page and cookie), stop them, and check that link is refused.
+
+    Returns:
+        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated); the first also
+        has ``"opened": {"status", "cookie_status", "page_has_volume", "refused_after_stop"}``.
+
+    Raises:
+        DemoError: a session did not reach Running (or Terminated) in time, its URL is on another host, it did not
+            open through the ingress, or its link still opened after it stopped.
     """
     headers = {"Authorization": f"Bearer {api_token}"}
     api = f"{url}/api/v1/sessions"
@@ -421,6 +516,8 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         results.append({"id": body["id"], "cluster": body["cluster"], "url": body["url"], "node": running["node"],
                         "devices": running["devices"], "phase": running["phase"]})
     _say("smoke: " + ", ".join(f"{r['id']} Running on {r['node']} ({r['url']})" for r in results))
+    opened = _smoke_open(url, headers, ingress_url, results[0], group)
+    _say(f"smoke: {results[0]['id']} opened through the ingress of {clusters[0]['name']}: its page and the connect cookie")
     deadline = time.monotonic() + 60
     while True:
         volume = requests.get(f"{volumes_api}/{volume['id']}", headers=headers, timeout=10).json()
@@ -453,6 +550,13 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         requests.delete(f"{api}/{result['id']}", headers=headers, timeout=30)
     for result in results:
         result["phase"] = wait_for(result["id"], {"Terminated"})["phase"]
+    deadline = time.monotonic() + 30
+    while (refused := _through_ingress(ingress_url, opened["link"]).status_code) not in (401, 403, 404):
+        if time.monotonic() > deadline:
+            raise DemoError(f"the link of the stopped session {results[0]['id']} still answers {refused}")
+        time.sleep(0.5)
+    _say(f"smoke: the link of the stopped {results[0]['id']} is refused ({refused})")
+    results[0]["opened"] = {**{k: v for k, v in opened.items() if k != "link"}, "refused_after_stop": refused}
     return results
 
 
