@@ -2,28 +2,84 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
 from django.db.models import Count
+from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from clusters import services, token_rotation
+from clusters import console, services, token_rotation
 from clusters.models import Cluster, GpuDevice, Node
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
+from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
 
 
 def _age(value) -> str:
     if value is None:
         return "never"
-    seconds = int((timezone.now() - value).total_seconds())
+    seconds = max(0, int((timezone.now() - value).total_seconds()))
     if seconds < 120:
         return f"{seconds} s ago"
     if seconds < 7200:
         return f"{seconds // 60} min ago"
-    return f"{seconds // 3600} h ago"
+    if seconds < 172800:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} d ago"
+
+
+def _age_html(value):
+    """``12 s ago`` with the full UTC time on hover (``never`` when there is none)."""
+    if value is None:
+        return mark_safe('<span class="gs-muted">never</span>')
+    utc = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return format_html('<time class="gs-age" datetime="{}" title="{}">{}</time>', value.isoformat(), utc, _age(value))
+
+
+def _bar(meter: console.Meter, *, caption: str | None = None):
+    """A labelled percent bar (``role=meter`` with its numbers, so it reads the same without the picture)."""
+    return format_html(
+        '<div class="gs-meter gs-{}" role="meter" aria-label="{}" aria-valuemin="0" aria-valuemax="{}" aria-valuenow="{}" title="{}">'
+        '<div class="gs-meter-head"><span class="gs-meter-label">{}</span><span class="gs-meter-value">{}</span></div>'
+        '<div class="gs-meter-track"><div class="gs-meter-fill" style="width: {}%"></div></div></div>',
+        meter.level, meter.label, meter.total, meter.used, f"{meter.label}: {meter.text} reserved ({meter.percent} %)",
+        meter.label, caption or meter.text, meter.percent,
+    )
+
+
+def _label_chips(labels: dict | None, *, limit: int | None = None):
+    """Kubernetes labels as ``key=value`` chips; past ``limit``, one "+N more" chip listing the rest on hover."""
+    pairs = console.node_labels(labels)
+    if not pairs:
+        return mark_safe('<span class="gs-muted">none</span>')
+    shown, rest = (pairs, []) if limit is None else (pairs[:limit], pairs[limit:])
+    chips = format_html_join(
+        "", '<span class="gs-chip" title="{0}={1}"><span class="gs-chip-key">{0}</span>{2}</span>',
+        ((k, v, format_html('<span class="gs-chip-value">{}</span>', v) if v else "") for k, v in shown),
+    )
+    more = ""
+    if rest:
+        more = format_html('<span class="gs-chip gs-chip-more" title="{}">+{} more</span>', ", ".join(f"{k}={v}" for k, v in rest), len(rest))
+    return format_html('<div class="gs-chips">{}{}</div>', chips, more)
+
+
+#: Badge colour of each cluster status.
+STATUS_BADGES = {
+    Cluster.Status.CONNECTED: "ok", Cluster.Status.DEGRADED: "warn", Cluster.Status.UNREACHABLE: "bad",
+    Cluster.Status.PENDING: "info", Cluster.Status.DEREGISTERED: "off",
+}
+
+
+class ConsoleCss:
+    """The stylesheet of the Resources pages (cards, bars, badges, chips), served by the project."""
+
+    css = {"all": ["console/gpus.css"]}
 
 
 def _actor(request) -> str:
@@ -66,12 +122,15 @@ class ClusterForm(forms.ModelForm):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(ConsoleModelAdmin):
-    """Clusters: status, heartbeat age, counts; actions call the cluster services."""
+class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
+    """Clusters: status badge, heartbeat age, counts; actions call the cluster services. With a cluster chosen in
+    the top bar the list shows that cluster only."""
 
     list_display = [
-        "name", "public_id", "status", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "operator_token",
+        "name", "public_id", "status_badge", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "operator_token",
     ]
+    list_display_links = ["name"]
+    Media = ConsoleCss
     list_filter = ["status"]
     search_fields = ["name", "public_id"]
     fields = [
@@ -91,6 +150,10 @@ class ClusterAdmin(ConsoleModelAdmin):
             _node_count=Count("nodes", distinct=True), _gpu_count=Count("devices", distinct=True)
         )
 
+    def narrow_to_cluster(self, qs, cluster: Cluster):
+        """The chosen cluster's own row."""
+        return qs.filter(pk=cluster.pk)
+
     def has_add_permission(self, request) -> bool:
         """Clusters are added through ``POST /api/v1/clusters`` (the probe needs the kubeconfig)."""
         return False
@@ -108,20 +171,29 @@ class ClusterAdmin(ConsoleModelAdmin):
         """Nothing to save: ``ClusterForm`` made the change through ``cluster_update`` (the API's validation and
         audit row)."""
 
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Cluster):
+        """The status as a coloured badge (the long label on hover)."""
+        return format_html(
+            '<span class="gs-badge gs-badge-{}" title="{}">{}</span>', STATUS_BADGES.get(obj.status, "info"), obj.get_status_display(), obj.status
+        )
+
     @admin.display(description="heartbeat", ordering="last_heartbeat_at")
-    def heartbeat_age(self, obj: Cluster) -> str:
-        """How long ago the operator last reported."""
-        return _age(obj.last_heartbeat_at)
+    def heartbeat_age(self, obj: Cluster):
+        """How long ago the operator last reported (the UTC time on hover)."""
+        return _age_html(obj.last_heartbeat_at)
 
     @admin.display(description="nodes", ordering="_node_count")
-    def node_count(self, obj: Cluster) -> int:
-        """GPU nodes in the latest inventory."""
-        return obj._node_count
+    def node_count(self, obj: Cluster):
+        """GPU nodes in the latest inventory, linked to Node management narrowed to the cluster."""
+        url = reverse("admin:clusters_node_changelist")
+        return format_html('<a href="{}?cluster={}">{}</a>', url, obj.public_id, obj._node_count)
 
     @admin.display(description="GPUs", ordering="_gpu_count")
-    def gpu_count(self, obj: Cluster) -> int:
-        """GPUs in the latest inventory."""
-        return obj._gpu_count
+    def gpu_count(self, obj: Cluster):
+        """GPUs in the latest inventory, linked to GPU management narrowed to the cluster."""
+        url = reverse("admin:clusters_gpudevice_changelist")
+        return format_html('<a href="{}?cluster={}">{}</a>', url, obj.public_id, obj._gpu_count)
 
     @admin.display(description="operator token", ordering="operator_token_expires_at")
     def operator_token(self, obj: Cluster) -> str:
@@ -131,7 +203,7 @@ class ClusterAdmin(ConsoleModelAdmin):
         if not state.warning:
             return expires
         label = "rotation failed" if state.last_rotation_error else expires
-        return format_html('<span title="{}" style="color: #ba2121">⚠ {}</span>', state.warning, label)
+        return format_html('<span class="gs-warning" title="{}">⚠ {}</span>', state.warning, label)
 
     @admin.display(description="operator token warning")
     def operator_token_warning(self, obj: Cluster) -> str:
@@ -185,42 +257,227 @@ class ClusterAdmin(ConsoleModelAdmin):
                 self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
 
 
-@admin.register(Node)
-class NodeAdmin(ReadOnlyModelAdmin):
-    """GPU nodes, read-only: the operator's inventory owns them. Deleting one here would delete the reservations of the
-    sessions on its GPUs (and the operator would report the node again moments later), so the console cannot; a node
-    that is gone disappears with the next inventory snapshot, and deregistering the cluster drops the rest."""
+class NodeGpusFilter(admin.SimpleListFilter):
+    """Nodes by what their GPUs can still take (the placement summary)."""
 
-    list_display = ["name", "cluster", "gpu_mode", "ready", "gpus", "seen", "inventory_error"]
-    list_filter = ["cluster", "ready", "gpu_mode"]
-    list_select_related = ["cluster"]
-    search_fields = ["name"]
-    readonly_fields = ["cluster", "name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since"]
+    title = "GPUs"
+    parameter_name = "gpus"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        return [("free", "With a free GPU"), ("open", "Open for shares"), ("full", "Full (nothing open)")]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        if self.value() == "free":
+            return queryset.filter(free_devices__gt=0)
+        if self.value() == "open":
+            return queryset.filter(open_devices__gt=0)
+        if self.value() == "full":
+            return queryset.filter(open_devices=0, free_devices=0)
+        return queryset
+
+
+@admin.register(Node)
+class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
+    """Node management: GPU nodes, read-only (the operator's inventory owns them). Deleting one here would delete the
+    reservations of the sessions on its GPUs (and the operator would report the node again moments later), so the
+    console cannot; a node that is gone disappears with the next inventory snapshot, and deregistering the cluster
+    drops the rest.
+
+    Each row: ready, HAMi mode, GPUs (count, free, open for shares), load (the busier of memory and cores reserved),
+    labels as chips, last report age, and a link to the node's GPU cards. Sums are annotations
+    (:func:`clusters.console.node_rows`): the page's queries do not grow with its rows.
+    """
+
+    cluster_lookup = "cluster"
+    list_display = ["node_name", "cluster_link", "ready_badge", "hami_mode", "gpus", "free", "open_for_shares", "load", "label_chips", "seen", "cards"]
+    list_display_links = ["node_name"]
+    list_filter = ["ready", "gpu_mode", NodeGpusFilter]
+    search_fields = ["name", "cluster__name"]
+    ordering = ["cluster_name", "name"]
+    readonly_fields = ["cluster", "name", "all_labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since",
+                       "free_devices", "open_devices"]
     fields = readonly_fields
+    list_per_page = 50
+    Media = ConsoleCss
+
+    #: Chips shown in a row before "+N more" (the rest on hover; all on the node's page).
+    LABELS_SHOWN = 6
 
     def get_queryset(self, request):  # noqa: D102
-        return super().get_queryset(request).annotate(_gpus=Count("devices"))
+        return console.node_rows(super().get_queryset(request))
 
-    @admin.display(description="GPUs", ordering="_gpus")
+    def changelist_view(self, request, extra_context=None):
+        """Django's changelist, titled "Node management"."""
+        return super().changelist_view(request, {"title": "Node management", **(extra_context or {})})
+
+    @admin.display(description="node", ordering="name")
+    def node_name(self, obj: Node):
+        """The node's name; a warning when the operator could not read its HAMi annotation or lost it."""
+        notes = []
+        if obj.inventory_error:
+            notes.append(format_html('<span class="gs-badge gs-badge-bad" title="{}">inventory error</span>', obj.inventory_error))
+        if obj.missing_since:
+            notes.append(format_html('<span class="gs-badge gs-badge-warn" title="missing since {}">missing</span>',
+                                     obj.missing_since.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")))
+        return format_html('<span class="gs-nowrap">{}</span>{}', obj.name, format_html_join("", " {}", ((n,) for n in notes)))
+
+    @admin.display(description="cluster", ordering="cluster_name")
+    def cluster_link(self, obj: Node):
+        """The node's cluster, linked to its page."""
+        return format_html('<a class="gs-nowrap" href="{}">{}</a>', reverse("admin:clusters_cluster_change", args=[obj.cluster_id]), obj.cluster.name)
+
+    @admin.display(description="ready", ordering="ready")
+    def ready_badge(self, obj: Node):
+        """Ready or not, as a badge."""
+        return format_html('<span class="gs-badge gs-badge-{}">{}</span>', "ok" if obj.ready else "bad", "Ready" if obj.ready else "Not ready")
+
+    @admin.display(description="HAMi mode", ordering="gpu_mode")
+    def hami_mode(self, obj: Node):
+        """The node's ``gshare.io/gpu-mode`` label (``hami-core``, ...), or a dash."""
+        if not obj.gpu_mode:
+            return mark_safe('<span class="gs-muted">—</span>')
+        return format_html('<code class="gs-mode">{}</code>', obj.gpu_mode)
+
+    @admin.display(description="GPUs", ordering="gpu_total")
     def gpus(self, obj: Node) -> int:
         """GPUs on this node."""
-        return obj._gpus
+        return obj.gpu_total
 
-    @admin.display(description="last seen", ordering="last_seen_at")
-    def seen(self, obj: Node) -> str:
-        """How long ago the node was last reported."""
-        return _age(obj.last_seen_at)
+    @admin.display(description="free", ordering="free_devices")
+    def free(self, obj: Node) -> int:
+        """Healthy GPUs with nothing reserved on them."""
+        return obj.free_devices
+
+    @admin.display(description="open for shares", ordering="open_devices")
+    def open_for_shares(self, obj: Node) -> int:
+        """Healthy GPUs a share may still go to (not held whole, split count not reached)."""
+        return obj.open_devices
+
+    @admin.display(description="load")
+    def load(self, obj: Node):
+        """The busier of memory and cores reserved, as a percent bar (both on hover)."""
+        meter = console.node_load(obj)
+        if meter.total == 0:
+            return mark_safe('<span class="gs-muted">no GPUs</span>')
+        return _bar(meter, caption=f"{meter.label.lower()} {meter.percent} %")
+
+    @admin.display(description="labels")
+    def label_chips(self, obj: Node):
+        """A few of the node's Kubernetes labels as ``key=value`` chips (gShare, GPU and HAMi ones first), the rest
+        as "+N more" (listed on hover and on the node's page)."""
+        return _label_chips(obj.labels, limit=self.LABELS_SHOWN)
+
+    @admin.display(description="labels")
+    def all_labels(self, obj: Node):
+        """Every label of the node, as chips."""
+        return _label_chips(obj.labels)
+
+    @admin.display(description="last report", ordering="last_seen_at")
+    def seen(self, obj: Node):
+        """How long ago the node was last reported (the UTC time on hover)."""
+        return _age_html(obj.last_seen_at)
+
+    @admin.display(description="")
+    def cards(self, obj: Node):
+        """A link to GPU management filtered to this node."""
+        url = reverse("admin:clusters_gpudevice_changelist")
+        return format_html('<a class="gs-link-button" href="{}?node={}">GPU cards&nbsp;→</a>', url, obj.pk)
+
+
+class GpuUseFilter(admin.SimpleListFilter):
+    """GPUs by whether a live session holds them."""
+
+    title = "use"
+    parameter_name = "use"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        return [("free", "Free"), ("in_use", "In use")]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        if self.value() in ("free", "in_use"):
+            return console.gpus_in_use(queryset, self.value() == "in_use")
+        return queryset
+
+
+class GpuHealthFilter(admin.SimpleListFilter):
+    """GPUs by the health the operator reported."""
+
+    title = "health"
+    parameter_name = "health"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        return [("healthy", "Healthy"), ("unhealthy", "Unhealthy")]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        if self.value() in ("healthy", "unhealthy"):
+            return queryset.filter(health=self.value() == "healthy")
+        return queryset
+
+
+class GpuNodeFilter(admin.SimpleListFilter):
+    """The GPUs of one node (``?node=<id>``, the link from Node management). Lists only the chosen node: a fleet's
+    thousand nodes would not fit a sidebar, and the search box finds the rest."""
+
+    title = "node"
+    parameter_name = "node"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        value = self.value()
+        if not value:
+            return []
+        node = Node.objects.filter(pk=value).values_list("pk", "name", "cluster_name").first() if value.isdigit() else None
+        if node is None:
+            return [(value, "unknown node")]
+        return [(str(node[0]), f"{node[1]} ({node[2]})")]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(node_id=int(value)) if value.isdigit() else queryset.none()
+
+
+class GpuCardList(ChangeList):
+    """Django's changelist (search, filters, pagination) whose page of GPUs is also given as ``cards``, with
+    ``summary`` (:func:`clusters.console.gpu_summary`) over every GPU the filters keep."""
+
+    def get_results(self, request):  # noqa: D102
+        super().get_results(request)
+        self.cards = [console.gpu_card(device) for device in self.result_list]
+        self.summary = console.gpu_summary(self.queryset)
 
 
 @admin.register(GpuDevice)
-class GpuDeviceAdmin(ReadOnlyModelAdmin):
-    """GPUs, read-only: the operator's inventory owns them, and deleting one would delete the reservations placement
-    made on it (see :class:`NodeAdmin`)."""
+class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
+    """GPU management: one card per GPU (``templates/admin/clusters/gpudevice/change_list.html``), read-only: the
+    operator's inventory owns them, and deleting one would delete the reservations placement made on it (see
+    :class:`NodeAdmin`).
 
+    A card: model, index, short UUID (whole on hover, copy button), node, health; bars for memory, cores and HAMi
+    split slots reserved; the sessions holding it. Two queries for the page's cards whatever their number
+    (:func:`clusters.console.gpu_card_queryset`).
+    """
+
+    cluster_lookup = "cluster"
     list_display = ["uuid", "model", "cluster", "node", "index", "memory_mib", "split_count", "cores", "health", "mode"]
-    list_filter = ["cluster", "model", "health"]
-    list_select_related = ["cluster", "node"]
-    search_fields = ["uuid", "model"]
+    list_filter = ["model", GpuHealthFilter, GpuUseFilter, GpuNodeFilter]
+    search_fields = ["uuid", "model", "node__name"]
+    ordering = ["cluster__name", "node__name", "index"]
+    list_per_page = 48
     readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at",
-                       "missing_since"]
+                       "missing_since", "used_count", "used_memory_mib", "used_cores", "used_exclusive"]
     fields = readonly_fields
+
+    class Media:
+        css = ConsoleCss.css
+        js = ["console/copy.js"]
+
+    def get_queryset(self, request):  # noqa: D102
+        return console.gpu_card_queryset(super().get_queryset(request))
+
+    def get_changelist(self, request, **kwargs):  # noqa: D102
+        return GpuCardList
+
+    def changelist_view(self, request, extra_context=None):
+        """Django's changelist, titled "GPU management", rendered as cards."""
+        return super().changelist_view(request, {"title": "GPU management", **(extra_context or {})})

@@ -1,0 +1,206 @@
+"""Read side of the console's Resources pages: GPU cards (GPU management), node rows (Node management) and the
+filters they use. No writes here; the admin classes in ``clusters/admin.py`` render what these return.
+
+Every selector keeps the page's queries bounded: one query for the page's GPUs (node and cluster joined), one for
+their live allocations with session and owner, whatever the number of cards; node rows carry their sums as
+annotations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from clusters.models import GpuDevice, Node
+from sessions.models import Allocation, Session
+
+#: An allocation that still holds its GPU: its session has not ended (Terminated/Failed release it).
+LIVE_ALLOCATION = ~Q(session__phase__in=Session.TERMINAL_PHASES) & Q(session__ended_at__isnull=True)
+
+
+def live_allocations() -> QuerySet[Allocation]:
+    """Allocations of sessions not ended, with session and owner joined, oldest session first."""
+    return (
+        Allocation.objects.filter(LIVE_ALLOCATION)
+        .select_related("session__owner")
+        .only(
+            "id", "device_id", "memory_mib", "cores", "exclusive",
+            "session__id", "session__public_id", "session__name", "session__phase", "session__owner__username",
+        )
+        .order_by("session__created_at", "session__id")
+    )
+
+
+def gpu_card_queryset(qs: QuerySet[GpuDevice]) -> QuerySet[GpuDevice]:
+    """``qs`` with what a GPU card reads: node and cluster joined, the live allocations prefetched as
+    ``live_allocations`` (a list on each GPU, with session and owner), ordered by cluster, node, index."""
+    return qs.select_related("node", "cluster").prefetch_related(
+        Prefetch("allocations", queryset=live_allocations(), to_attr="live_allocations")
+    )
+
+
+def gpus_in_use(qs: QuerySet[GpuDevice], in_use: bool) -> QuerySet[GpuDevice]:
+    """GPUs of ``qs`` with (``in_use``) or without a live allocation."""
+    held = Exists(Allocation.objects.filter(LIVE_ALLOCATION, device=OuterRef("pk")))
+    return qs.filter(held) if in_use else qs.exclude(held)
+
+
+def gpu_summary(qs: QuerySet[GpuDevice]) -> dict[str, int]:
+    """Totals over the GPUs of ``qs`` (the whole filtered list, not a page), in one query.
+
+    Returns:
+        ``{"gpus", "healthy", "in_use", "free"}``; ``free`` counts healthy GPUs no live session holds.
+    """
+    held = Exists(Allocation.objects.filter(LIVE_ALLOCATION, device=OuterRef("pk")))
+    totals = qs.order_by().annotate(_held=held).aggregate(
+        gpus=Count("pk"),
+        healthy=Count("pk", filter=Q(health=True)),
+        in_use=Count("pk", filter=Q(_held=True)),
+        free=Count("pk", filter=Q(health=True, _held=False)),
+    )
+    return {k: int(v) for k, v in totals.items()}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A session holding a GPU: ``share`` is ``"whole"`` or e.g. ``"20,480 MiB · 30 %"``."""
+
+    session_pk: int
+    public_id: str
+    name: str
+    phase: str
+    owner: str
+    whole: bool
+    memory_mib: int
+    cores: int
+
+    @property
+    def share(self) -> str:
+        """What the session holds of the GPU, as shown on the card."""
+        if self.whole:
+            return "whole"
+        return f"{self.memory_mib:,} MiB · {self.cores} %"
+
+
+@dataclass(frozen=True)
+class Meter:
+    """One bar of a card: ``used`` of ``total`` in ``unit`` (``percent`` 0-100, capped, for the bar's width)."""
+
+    label: str
+    used: int
+    total: int
+    unit: str = ""
+
+    @property
+    def percent(self) -> int:
+        """Share of the total in use, 0-100 (100 when over capacity)."""
+        if self.total <= 0:
+            return 100 if self.used else 0
+        return min(100, round(100 * self.used / self.total))
+
+    @property
+    def level(self) -> str:
+        """``low`` / ``mid`` / ``high`` / ``full``: the bar's colour."""
+        p = self.percent
+        return "full" if p >= 100 else "high" if p >= 80 else "mid" if p >= 50 else "low"
+
+    @property
+    def text(self) -> str:
+        """``40,000 / 81,559 MiB``: used of total, with thousands separators."""
+        return f"{self.used:,} / {self.total:,}" + (f" {self.unit}" if self.unit else "")
+
+    @property
+    def over(self) -> bool:
+        """More reserved than the GPU now registers (the operator lowered its capacity)."""
+        return self.used > self.total
+
+
+@dataclass
+class GpuCard:
+    """What one GPU card shows (see :func:`gpu_card`)."""
+
+    device: GpuDevice
+    memory: Meter
+    cores: Meter
+    slots: Meter
+    holders: list[Holder] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        """``unhealthy``, ``whole`` (held by one session alone), ``shared``, ``full`` (no split left) or ``free``."""
+        if not self.device.health:
+            return "unhealthy"
+        if any(h.whole for h in self.holders):
+            return "whole"
+        if self.holders:
+            return "full" if self.slots.used >= self.slots.total else "shared"
+        return "free"
+
+    @property
+    def short_uuid(self) -> str:
+        """``GPU-1a2b3c4d``: the UUID's first group (the whole one goes in the title and the copy button)."""
+        uuid = self.device.uuid
+        head, _, rest = uuid.partition("-")
+        if head.upper() == "GPU" and rest:
+            return f"{head}-{rest.split('-', 1)[0]}"
+        return uuid[:12]
+
+
+def gpu_card(device: GpuDevice) -> GpuCard:
+    """The card of ``device`` (from :func:`gpu_card_queryset`: reads its prefetched ``live_allocations``, no query).
+
+    Memory and cores reserved are the sums of the live allocations (a whole-GPU allocation reserves the GPU's
+    memory and its 100 % of cores); slots used is their number, of HAMi's ``split_count``.
+    """
+    allocations = getattr(device, "live_allocations", None)
+    if allocations is None:
+        allocations = list(live_allocations().filter(device=device))
+    holders = [
+        Holder(
+            session_pk=a.session.pk, public_id=a.session.public_id, name=a.session.name, phase=a.session.phase,
+            owner=a.session.owner.username, whole=a.exclusive, memory_mib=a.memory_mib, cores=a.cores,
+        )
+        for a in allocations
+    ]
+    return GpuCard(
+        device=device,
+        memory=Meter("Memory", sum(a.memory_mib for a in allocations), device.memory_mib, "MiB"),
+        cores=Meter("Cores", sum(a.cores for a in allocations), device.cores, "%"),
+        slots=Meter("Slots", len(allocations), device.split_count),
+        holders=holders,
+    )
+
+
+def node_rows(qs: QuerySet[Node]) -> QuerySet[Node]:
+    """``qs`` annotated for Node management: ``gpu_total``, ``memory_total_mib``, ``memory_reserved_mib``,
+    ``cores_total``, ``cores_reserved`` (sums over the node's GPUs, one join), cluster joined.
+
+    Free and open GPUs are the node's placement summary (``Node.free_devices``, ``Node.open_devices``), which
+    ``sessions.placement.usage_recompute`` keeps equal to its allocations.
+    """
+    return qs.select_related("cluster").annotate(
+        gpu_total=Count("devices"),
+        memory_total_mib=Coalesce(Sum("devices__memory_mib"), 0),
+        memory_reserved_mib=Coalesce(Sum("devices__used_memory_mib"), 0),
+        cores_total=Coalesce(Sum("devices__cores"), 0),
+        cores_reserved=Coalesce(Sum("devices__used_cores"), 0),
+    )
+
+
+def node_load(node: Node) -> Meter:
+    """The busier of memory and cores reserved on ``node`` (annotated by :func:`node_rows`), as one bar."""
+    memory = Meter("Memory", int(node.memory_reserved_mib), int(node.memory_total_mib), "MiB")
+    cores = Meter("Cores", int(node.cores_reserved), int(node.cores_total), "%")
+    return memory if memory.percent >= cores.percent else cores
+
+
+#: Labels shown first on a node (the ones placement and HAMi act on), before the rest in name order.
+PRIORITY_LABEL_PREFIXES = ("gshare.io/", "gpu", "nvidia.com/", "hami.io/", "node.kubernetes.io/instance-type")
+
+
+def node_labels(labels: dict | None) -> list[tuple[str, str]]:
+    """``labels`` as ``(key, value)`` pairs: gShare, GPU and HAMi labels first, then by key."""
+    items = [(str(k), "" if v is None else str(v)) for k, v in (labels or {}).items()]
+    return sorted(items, key=lambda kv: (not kv[0].startswith(PRIORITY_LABEL_PREFIXES), kv[0]))
