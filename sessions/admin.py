@@ -1,13 +1,24 @@
-"""Console pages for sessions and their GPU reservations (read-only records; the Stop action calls the session service)."""
+"""Console pages for sessions and their GPU reservations.
+
+Sessions (for researchers: **My sessions**, their own only, ``OwnObjectsAdmin``): phase badge, owner, cluster, node,
+GPUs, started (UTC), cost so far, URL, and per-row Open and Stop; the Start session form and the session page that
+follows a new session until it runs (views in ``sessions/console.py``). Rows are history, never edited or deleted
+here. Reservations and suggested images are staff pages.
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.views.decorators.http import require_GET, require_POST
 
-from gshare.console.options import ReadOnlyModelAdmin
-from sessions import services
+from gshare.console.access import OwnObjectsAdmin, is_researcher
+from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
+from gshare.console.scope import ClusterScopedAdmin
+from sessions import console, console_selectors, services
 from sessions.manifests import session_url
-from sessions.models import Allocation, Session
+from sessions.models import Allocation, Session, SuggestedImage
 
 
 class AllocationInline(admin.TabularInline):
@@ -27,31 +38,162 @@ class AllocationInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(ReadOnlyModelAdmin):
-    """Sessions: phase, where they run, their URL; read-only (a session is never deleted here: that would drop its GPU
-    reservations while its pod runs). The Stop action stops them through ``session_stop``."""
+class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
+    """Sessions: phase, where they run, what they cost so far, their URL; Open, Stop and Start session.
 
-    list_display = ["public_id", "owner", "cluster", "phase", "node", "gpus", "gpu_memory_mib", "gpu_cores", "created_at"]
-    list_filter = ["cluster", "phase"]
+    Read-only records (a session is never deleted here: that would drop its GPU reservations while its pod runs);
+    Start, Open and Stop call the session services. Researchers see, start, open and stop their own only; staff
+    need the ``add_session`` / ``change_session`` permissions to start / stop, and may open any running session.
+    The list narrows to the console's cluster.
+    """
+
+    cluster_lookup = "cluster"
+    owner_lookup = "owner"
+    researcher_title = "My sessions"
+    researcher_order = 10
+    list_display = ["public_id", "phase_badge", "owner", "cluster", "node", "gpus_asked", "started", "cost", "url_link"]
+    list_display_links = ["public_id"]
+    list_filter = ["phase", "cluster"]
     list_select_related = ["owner", "cluster"]
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
-        "public_id", "name", "owner", "cluster", "requested_cluster", "url", "image", "gpus", "gpu_memory_mib", "gpu_cores",
-        "phase", "node", "devices", "volumes", "message", "created_at", "started_at", "ended_at", "last_status_at",
+        "public_id", "name", "owner", "cluster", "requested_cluster", "url_link", "image", "gpus", "gpu_memory_mib", "gpu_cores",
+        "phase_badge", "node", "devices", "volumes", "message", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
     actions = ["stop"]
+    change_list_template = "admin/gpu_sessions/session/change_list.html"
+    change_form_template = "admin/gpu_sessions/session/change_form.html"
+
+    def get_queryset(self, request):  # noqa: D102
+        return console_selectors.with_cost_so_far(super().get_queryset(request))
+
+    def list_title(self, request) -> str:
+        """"My sessions" for a researcher, "Sessions" for staff."""
+        return "My sessions" if is_researcher(request.user) else "Sessions"
 
     def has_stop_permission(self, request) -> bool:
-        """Stopping changes the session: it needs the permission to change sessions. (Sessions are started through
-        ``POST /api/v1/sessions``, placement needs the request; rows are history, never deleted.)"""
-        return self.model_permission(request, "change")
+        """Researchers stop their own sessions (the queryset holds no other); staff need the permission to change
+        sessions."""
+        return is_researcher(request.user) or self.model_permission(request, "change")
+
+    def has_start_permission(self, request) -> bool:
+        """Researchers start their own sessions; staff need the permission to add sessions."""
+        return is_researcher(request.user) or self.model_permission(request, "add")
+
+    def get_list_display(self, request):
+        """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
+        may_stop = self.has_stop_permission(request)
+        changelist = reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist")
+
+        @admin.display(description="Actions")
+        def row_actions(obj: Session) -> str:
+            # Buttons of the changelist's own form (one form, CSRF included): formaction sends it to the row's URL.
+            buttons = []
+            if console.can_open(obj):
+                buttons.append(("open", "Open", "gs-open"))
+            if may_stop and console.can_stop(obj):
+                buttons.append(("stop", "Stop", "gs-stop"))
+            if not buttons:
+                return "-"
+            return format_html_join(
+                " ", '<button type="submit" class="gs-button {}" formaction="{}" formmethod="post" name="next" value="{}" '
+                'aria-label="{} {}">{}</button>',
+                ((css, reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[obj.pk]), changelist, label,
+                  obj.public_id, label) for verb, label, css in buttons),
+            )
+
+        return [*self.list_display, row_actions]
+
+    def get_urls(self):
+        """The admin's URLs with ``start/``, ``<id>/open/``, ``<id>/stop/`` and ``<id>/status/`` first."""
+        wrap = self.admin_site.admin_view
+
+        def start(request):
+            return console.start_view(self, request)
+
+        def open_(request, object_id):
+            return console.open_view(self, request, object_id)
+
+        def stop(request, object_id):
+            return console.stop_view(self, request, object_id)
+
+        def status(request, object_id):
+            return console.status_view(self, request, object_id)
+
+        return [
+            path("start/", wrap(start), name="gpu_sessions_session_start"),
+            path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
+            path("<path:object_id>/stop/", wrap(require_POST(stop)), name="gpu_sessions_session_stop"),
+            path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        """The list, titled "My sessions" for researchers, with the Start session button."""
+        extra_context = {**(extra_context or {}), "title": self.list_title(request),
+                         "can_start": self.has_start_permission(request)}
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The session's page, with Open and Stop, following the session (status poll) until it runs or ends."""
+        session = self.get_object(request, object_id)
+        extra = {}
+        if session is not None:
+            extra = {
+                "session": session, "can_open": console.can_open(session),
+                "can_stop": console.can_stop(session) and self.has_stop_permission(request),
+                "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
+            }
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    @admin.display(description="phase", ordering="phase")
+    def phase_badge(self, obj: Session) -> str:
+        """The phase as a coloured badge."""
+        return format_html('<span class="gs-phase gs-phase-{}" data-phase="{}">{}</span>', obj.phase.lower(), obj.phase, obj.phase)
+
+    @admin.display(description="GPUs", ordering="gpus")
+    def gpus_asked(self, obj: Session) -> str:
+        """``2 whole`` or ``1 × 4000 MiB, 25% cores`` (a HAMi share of each GPU)."""
+        if obj.whole_gpus:
+            return f"{obj.gpus} whole"
+        share = ", ".join(part for part in (
+            f"{obj.gpu_memory_mib} MiB" if obj.gpu_memory_mib is not None else "",
+            f"{obj.gpu_cores}% cores" if obj.gpu_cores is not None else "",
+        ) if part)
+        return f"{obj.gpus} × {share}"
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: Session) -> str:
+        """When its pod started running (UTC), or "not yet"."""
+        return console.utc(obj.started_at) or ("not yet" if obj.is_live else "never")
+
+    @admin.display(description="created")
+    def created(self, obj: Session) -> str:  # noqa: D102
+        return console.utc(obj.created_at)
+
+    @admin.display(description="ended")
+    def ended(self, obj: Session) -> str:  # noqa: D102
+        return console.utc(obj.ended_at) or "-"
+
+    @admin.display(description="last status")
+    def last_status(self, obj: Session) -> str:  # noqa: D102
+        return console.utc(obj.last_status_at) or "-"
+
+    @admin.display(description="cost so far (credits)", ordering="cost_so_far")
+    def cost(self, obj: Session) -> str:
+        """Credits charged to the session so far (``console_selectors.with_cost_so_far``)."""
+        value = getattr(obj, "cost_so_far", None)
+        if value is None:
+            value = console_selectors.cost_so_far(obj)
+        return format_html('<span class="gs-credits">{}</span>', f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0")
 
     @admin.display(description="URL")
-    def url(self, obj: Session) -> str:
-        """Where the session is served."""
-        return session_url(obj) or "-"
+    def url_link(self, obj: Session) -> str:
+        """Where the session is served (the connect path at its cluster's session domain), as a link."""
+        url = session_url(obj)
+        return format_html('<a href="{}" rel="noopener noreferrer">{}</a>', url, url) if url else "-"
 
     @admin.action(description="Stop", permissions=["stop"])
     def stop(self, request, queryset):
@@ -59,6 +201,16 @@ class SessionAdmin(ReadOnlyModelAdmin):
         for session in queryset:
             services.session_stop(session=session)
         self.message_user(request, f"{queryset.count()} session(s) stopping", messages.SUCCESS)
+
+
+@admin.register(SuggestedImage)
+class SuggestedImageAdmin(ConsoleModelAdmin):
+    """Images suggested on the Start session form (staff keep the list; any other image may still be typed)."""
+
+    list_display = ["image", "description", "position"]
+    list_editable = ["description", "position"]
+    search_fields = ["image", "description"]
+    ordering = ["position", "image"]
 
 
 @admin.register(Allocation)

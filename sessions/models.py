@@ -113,3 +113,17 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} on {self.device_id}"
+
+
+class SuggestedImage(models.Model):
+    """A container image staff suggest on the console's Start session form (any other image may still be typed)."""
+
+    image = models.CharField(max_length=512, unique=True, help_text="Image reference, e.g. quay.io/jupyter/pytorch-notebook:cuda12-latest")
+    description = models.CharField(max_length=200, blank=True, default="", help_text="Shown next to the image in the suggestions")
+    position = models.PositiveSmallIntegerField(default=0, help_text="Order in the suggestions (lowest first)")
+
+    class Meta:
+        ordering = ["position", "image"]
+
+    def __str__(self) -> str:
+        return self.image

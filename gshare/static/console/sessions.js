@@ -1,0 +1,48 @@
+/* The console's session pages (no framework, no CDN).
+ * - A session page marked data-gs-follow polls its status URL every 2 s while the session is on its way (or
+ *   stopping) and reloads once the phase changes, so Open and Stop appear when it runs.
+ * - The Start session form: its submit button is disabled after the first click (the form's idempotency key
+ *   makes a second submit harmless anyway), and the share fields dim while "Whole GPUs" is chosen. */
+(function () {
+  "use strict";
+
+  function follow(section) {
+    var url = section.getAttribute("data-gs-follow");
+    var phase = section.getAttribute("data-gs-phase");
+    var badge = document.getElementById("gs-phase");
+    var message = document.getElementById("gs-message");
+    function poll() {
+      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" }, cache: "no-store" })
+        .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
+        .then(function (s) {
+          if (message) { message.textContent = s.message || ""; }
+          if (s.phase !== phase) { window.location.reload(); return; }
+          if (s.follow) { window.setTimeout(poll, 2000); }
+        })
+        .catch(function () { window.setTimeout(poll, 4000); });
+    }
+    if (badge) { badge.setAttribute("aria-live", "polite"); }
+    window.setTimeout(poll, 2000);
+  }
+
+  function startForm(form) {
+    var body = document.body;
+    function shade() {
+      var whole = form.querySelector("input[name=share][value=whole]");
+      body.classList.toggle("gs-whole", Boolean(whole && whole.checked));
+    }
+    form.addEventListener("change", shade);
+    shade();
+    form.addEventListener("submit", function () {
+      var button = form.querySelector("[data-gs-once]");
+      if (button) { window.setTimeout(function () { button.disabled = true; }, 0); }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var section = document.querySelector("[data-gs-follow]");
+    if (section) { follow(section); }
+    var form = document.getElementById("gs-start-form");
+    if (form) { startForm(form); }
+  });
+})();

@@ -1,0 +1,197 @@
+"""The console's session pages beyond the list: the Start session form, Open, Stop, and the live status the
+session page follows (``SessionAdmin.get_urls`` in ``sessions/admin.py`` routes them).
+
+Every one of them calls the same service as the API (``session_create_idempotent``, ``session_connect``,
+``session_stop``); a refusal (``ApplicationError``) is shown with the API's ``code`` and sentence, never a 500.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from gshare.exceptions import ApplicationError
+from sessions import console_selectors, services
+from sessions.manifests import session_url
+from sessions.models import Session
+
+#: Phases the session page keeps following (its status is polled until the session runs or ends).
+FOLLOWED_PHASES = (Session.Phase.PENDING, Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.STOPPING)
+
+
+def utc(value: datetime | None) -> str:
+    """``2026-12-01 11:40:05 UTC`` (empty for None)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
+
+
+def can_open(session: Session) -> bool:
+    """Whether Open is offered: the session runs and has a URL (``session_connect`` decides for good)."""
+    return session.phase == Session.Phase.RUNNING and session.cluster_id is not None
+
+
+def can_stop(session: Session) -> bool:
+    """Whether Stop is offered: the session is live and not already stopping."""
+    return session.is_live and session.phase != Session.Phase.STOPPING
+
+
+class _AnyVolumeIds(forms.MultipleChoiceField):
+    """The form lists the user's own volumes, but any id posted goes to the service, which answers
+    ``volume_not_found`` for one that is not theirs (the API's refusal, rather than "not a valid choice")."""
+
+    def valid_value(self, value) -> bool:  # noqa: D102
+        return True
+
+
+class StartSessionForm(forms.Form):
+    """The Start session form: the fields of ``POST /api/v1/sessions`` and a per-form idempotency key.
+
+    Ranges (GPUs, MiB, cores %) are checked by the service, as for the API, so its refusal and code are shown.
+    """
+
+    WHOLE, SHARE = "whole", "share"
+
+    image = forms.CharField(max_length=512, help_text="A suggestion from the list, or any image reference.")
+    name = forms.CharField(max_length=63, required=False, help_text="Optional label.")
+    gpus = forms.IntegerField(label="GPUs", initial=1, help_text="How many GPUs (1 to 16).")
+    share = forms.ChoiceField(
+        label="Each GPU", choices=[(WHOLE, "Whole GPUs (each one yours alone)"), (SHARE, "A share of each GPU (HAMi)")],
+        initial=WHOLE, widget=forms.RadioSelect,
+    )
+    gpu_memory_mib = forms.IntegerField(label="GPU memory (MiB per GPU)", required=False, help_text="For a share: MiB of each GPU's memory.")
+    gpu_cores = forms.IntegerField(label="GPU cores (% of one GPU)", required=False, help_text="For a share: 1 to 100 percent of each GPU's cores.")
+    cluster = forms.CharField(required=False, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
+    volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
+    idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
+
+    def __init__(self, *args, owner, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+        self.refusal: ApplicationError | None = None
+        self.suggestions = console_selectors.suggested_images()
+        self.fields["image"].widget.attrs.update({"list": "gs-suggested-images", "autocomplete": "off", "size": 60,
+                                                  "placeholder": self.suggestions[0].image if self.suggestions else "quay.io/jupyter/base-notebook"})
+        self.fields["gpus"].widget.attrs.update({"min": 1, "max": services.MAX_GPUS})
+        self.fields["gpu_memory_mib"].widget.attrs.update({"min": 1, "step": 1})
+        self.fields["gpu_cores"].widget.attrs.update({"min": 1, "max": 100})
+        self.fields["cluster"].widget.choices = [("", "Automatic")] + [
+            (c.public_id, f"{c.name}: {c.get_status_display().split(' (')[0].lower()}") for c in console_selectors.start_clusters()
+        ]
+        self.fields["volumes"].choices = [
+            (v.public_id, f"{v.name} ({v.quota_gb} GiB{', on ' + v.cluster.name if v.cluster_id else ''})")
+            for v in console_selectors.start_volumes(owner=owner)
+        ]
+        if not self.is_bound:
+            self.initial.setdefault("idempotency_key", uuid.uuid4().hex)
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if data.get("share") == self.WHOLE:
+            data["gpu_memory_mib"] = data["gpu_cores"] = None
+        elif data.get("share") == self.SHARE and data.get("gpu_memory_mib") is None and data.get("gpu_cores") is None:
+            self.add_error("gpu_memory_mib", "A share needs GPU memory (MiB), GPU cores (%), or both; or choose whole GPUs.")
+        return data
+
+    def request(self) -> dict:
+        """The keyword arguments of ``session_create`` this (valid) form asks for."""
+        data = self.cleaned_data
+        return {
+            "image": data["image"], "name": data.get("name") or "", "gpus": data["gpus"], "gpu_memory_mib": data["gpu_memory_mib"],
+            "gpu_cores": data["gpu_cores"], "cluster": data.get("cluster") or None, "volumes": list(data.get("volumes") or []),
+        }
+
+    def start(self) -> Session | None:
+        """Start the session (``session_create_idempotent`` with the form's key: a double submit gets the first
+        session back). Returns the session, or None when the form is invalid or the service refused (``refusal``)."""
+        if not self.is_valid():
+            return None
+        try:
+            session, _ = services.session_create_idempotent(owner=self.owner, idempotency_key=self.cleaned_data["idempotency_key"],
+                                                            **self.request())
+        except ApplicationError as exc:
+            self.refusal = exc
+            return None
+        return session
+
+
+def _back(request, session: Session, admin) -> HttpResponseRedirect:
+    """To the posted ``next`` (a console path) or the session's page."""
+    target = request.POST.get("next") or ""
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        target = reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk])
+    return HttpResponseRedirect(target)
+
+
+def _session_or_404(admin, request, object_id: str) -> Session:
+    # ``OwnObjectsAdmin.get_object``: a researcher gets 404 for another user's session; staff for a missing one.
+    session = admin.get_object(request, object_id)
+    if session is None:
+        raise Http404("No such session.")
+    return session
+
+
+def start_view(admin, request):
+    """``<sessions>/start/``: the Start session form; on success, to the session's page."""
+    if not admin.has_start_permission(request):
+        raise PermissionDenied
+    if request.method == "POST":
+        form = StartSessionForm(request.POST, owner=request.user)
+        session = form.start()
+        if session is not None:
+            messages.success(request, f"Session {session.public_id} placed on {session.cluster.name if session.cluster else '-'}: "
+                                      "this page follows it until it runs.")
+            return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk]))
+    else:
+        form = StartSessionForm(owner=request.user)
+    context = {
+        **admin.admin_site.each_context(request),
+        "opts": admin.opts, "title": "Start session", "form": form, "refusal": form.refusal,
+        "list_title": admin.list_title(request), "media": admin.media + form.media,
+    }
+    return TemplateResponse(request, "admin/gpu_sessions/session/start.html", context)
+
+
+def open_view(admin, request, object_id: str):
+    """POST ``<session>/open/``: mint a connect link (``session_connect``) and send the browser there, to the
+    session's own cluster hostname; refused (a message, back to the page) when the session does not run."""
+    session = _session_or_404(admin, request, object_id)
+    try:
+        url = services.session_connect(session=session, user=request.user)
+    except ApplicationError as exc:
+        admin.message_user(request, f"Cannot open {session.public_id} ({exc.code}): {exc.detail}", messages.ERROR)
+        return _back(request, session, admin)
+    response = HttpResponseRedirect(url)
+    response["Cache-Control"] = "no-store"  # the link carries a token
+    return response
+
+
+def stop_view(admin, request, object_id: str):
+    """POST ``<session>/stop/``: ``session_stop`` (idempotent); 403 without the right to stop sessions."""
+    session = _session_or_404(admin, request, object_id)
+    if not admin.has_stop_permission(request):
+        raise PermissionDenied
+    try:
+        session = services.session_stop(session=session)
+    except ApplicationError as exc:
+        admin.message_user(request, f"Cannot stop {session.public_id} ({exc.code}): {exc.detail}", messages.ERROR)
+        return _back(request, session, admin)
+    admin.message_user(request, f"Session {session.public_id} is {session.phase}.", messages.SUCCESS)
+    return _back(request, session, admin)
+
+
+def status_view(admin, request, object_id: str):
+    """GET ``<session>/status/``: what the session page follows: ``{"id", "phase", "message", "node", "url",
+    "started_at", "ended_at", "follow", "can_open", "can_stop"}`` (times UTC)."""
+    session = _session_or_404(admin, request, object_id)
+    return JsonResponse({
+        "id": session.public_id, "phase": session.phase, "message": session.message, "node": session.node,
+        "url": session_url(session), "started_at": utc(session.started_at), "ended_at": utc(session.ended_at),
+        "follow": session.phase in FOLLOWED_PHASES, "can_open": can_open(session), "can_stop": can_stop(session),
+    }, headers={"Cache-Control": "no-store"})

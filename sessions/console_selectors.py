@@ -1,0 +1,53 @@
+"""Read queries of the console's session pages (the Sessions / My sessions list, the Start session form)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db.models import DecimalField, OuterRef, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+
+from billing.models import CREDIT_PLACES, LedgerEntry
+from clusters.models import Cluster
+from sessions.models import Session, SuggestedImage
+from storage.models import Volume
+from storage.selectors import volume_list
+
+_CREDITS = DecimalField(max_digits=18, decimal_places=CREDIT_PLACES)
+
+
+def with_cost_so_far(qs: QuerySet[Session]) -> QuerySet[Session]:
+    """``qs`` annotated with ``cost_so_far``: credits charged to each session so far (``Decimal``, 0 when none).
+
+    It is minus the sum of the ledger entries naming the session (charges are negative; a refund or adjustment
+    of the session counts against them), one correlated subquery in the list's own query (the ``ledger_session``
+    index serves it), so the number of queries does not grow with the rows.
+    """
+    charged = (
+        LedgerEntry.objects.filter(session=OuterRef("pk")).order_by().values("session")
+        .annotate(total=Sum("amount")).values("total")
+    )
+    zero = Value(Decimal(0), output_field=_CREDITS)
+    return qs.annotate(cost_so_far=Value(Decimal(0), output_field=_CREDITS) - Coalesce(Subquery(charged, output_field=_CREDITS), zero))
+
+
+def cost_so_far(session: Session) -> Decimal:
+    """Credits charged to ``session`` so far (one query): see :func:`with_cost_so_far`."""
+    return with_cost_so_far(Session.objects.filter(pk=session.pk)).values_list("cost_so_far", flat=True).get()
+
+
+def suggested_images() -> list[SuggestedImage]:
+    """The images staff suggest on the Start session form, in their order (one query)."""
+    return list(SuggestedImage.objects.all())
+
+
+def start_clusters() -> list[Cluster]:
+    """Clusters a session may be pinned to on the Start session form: every cluster not deregistered, by name
+    (an unreachable or pending one is listed with its status, and the service refuses it with ``cluster_unavailable``)."""
+    return list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name").only("public_id", "name", "status"))
+
+
+def start_volumes(*, owner) -> list[Volume]:
+    """``owner``'s own live volumes (not deleted), by name, with the cluster holding each: what the Start session
+    form offers to mount (staff too see only their own: a session mounts its owner's volumes)."""
+    return list(volume_list(user=owner).filter(owner=owner).order_by("name", "id"))
