@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from audit.models import AuditRecord
+from gshare.console.scope import ClusterScopedAdmin
 
 #: Actor kinds (the part before ``:``) offered by the "actor kind" filter.
 ACTOR_KINDS = [
@@ -30,8 +31,9 @@ class ActorKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(AuditRecord)
-class AuditRecordAdmin(admin.ModelAdmin):
-    """Who did what: filter by actor, action, cluster and time; nothing can be added, changed or deleted."""
+class AuditRecordAdmin(ClusterScopedAdmin, admin.ModelAdmin):
+    """Who did what: filter by actor, action, cluster and time; nothing can be added, changed or deleted. Narrowed to
+    a cluster: the rows about it (by its id, whatever its name was then)."""
 
     list_display = ["at", "actor", "action", "object_type", "object_id", "object_repr", "cluster_name", "changed_fields", "source_address"]
     list_filter = [ActorKindFilter, ("actor", admin.AllValuesFieldListFilter), "action", ("cluster_name", admin.AllValuesFieldListFilter),
@@ -42,6 +44,10 @@ class AuditRecordAdmin(admin.ModelAdmin):
               "source_address"]
     readonly_fields = fields
     show_full_result_count = False
+
+    def narrow_to_cluster(self, qs, cluster):
+        """Rows about ``cluster``: ``AuditRecord.cluster`` holds its public id (rows outlive their cluster)."""
+        return qs.filter(cluster=cluster.public_id)
 
     @admin.display(description="fields changed")
     def changed_fields(self, obj: AuditRecord) -> str:

@@ -16,6 +16,7 @@ from django.template.response import TemplateResponse
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
+from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
 
 
@@ -118,10 +119,12 @@ class CreditAccountAdmin(ConsoleModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(ReadOnlyModelAdmin):
+class LedgerEntryAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """The ledger: read-only (append-only; entries are written by grants and usage ingestion only, and never changed
-    or deleted)."""
+    or deleted). Narrowed to a cluster: the entries of its sessions (grants and other entries without a session are
+    hidden then)."""
 
+    cluster_lookup = "session__cluster"
     list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "window_start", "window_end",
                     "gpu_seconds", "reason", "created_by"]
     list_select_related = ["account__user", "session"]
@@ -131,7 +134,7 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
 
 
 @admin.register(UsageSample)
-class UsageSampleAdmin(ReadOnlyModelAdmin):
+class UsageSampleAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """Usage samples as the operators reported them (``POST /internal/v1/usage`` only), with their price share and
     cost; read-only: they are the evidence of what was charged."""
 

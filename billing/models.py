@@ -73,6 +73,8 @@ class LedgerEntry(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = "ledger entry"
+        verbose_name_plural = "ledger entries"
         ordering = ["-id"]
         indexes = [models.Index(fields=["account", "-id"], name="ledger_account_recent"),
                    models.Index(fields=["session"], name="ledger_session")]
@@ -97,6 +99,8 @@ class Price(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = "GPU price"
+        verbose_name_plural = "GPU prices"
         ordering = ["gpu_model"]
 
     def __str__(self) -> str:

@@ -243,6 +243,8 @@ class GpuDevice(models.Model):
     used_exclusive = models.BooleanField(default=False, db_default=False, editable=False, help_text="Held whole by one session")
 
     class Meta:
+        verbose_name = "GPU device"
+        verbose_name_plural = "GPU devices"
         ordering = ["cluster_id", "node_id", "index"]
         constraints = [
             models.CheckConstraint(condition=Q(split_count__gte=1), name="gpu_split_count_positive"),

@@ -12,8 +12,9 @@ from django.db.models.functions import Coalesce
 from django.utils.html import format_html_join
 
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
+from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
-from storage import services
+from storage import selectors, services
 from storage.capacity import format_bytes, pools_usability
 from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
@@ -52,8 +53,9 @@ class StoragePoolForm(forms.ModelForm):
 
 
 @admin.register(StoragePool)
-class StoragePoolAdmin(ConsoleModelAdmin):
-    """Storage pools: where each capacity number comes from, what is allocated; actions call the storage services."""
+class StoragePoolAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
+    """Storage pools: where each capacity number comes from, what is allocated; actions call the storage services.
+    Narrowed to a cluster: the pools it may use by their sharing (``storage.selectors.pools_shared_with``)."""
 
     form = StoragePoolForm
     list_display = ["name", "public_id", "cluster", "storage_class", "sharing", "capacity", "capacity_source", "allocated", "volumes", "capacity_updated_at"]
@@ -67,6 +69,9 @@ class StoragePoolAdmin(ConsoleModelAdmin):
     ]
     readonly_fields = ["public_id", "capacity", "capacity_source", "capacity_note", "capacity_updated_at", "usable_on", "created_at"]
     actions = ["refresh_capacity", "delete_pools"]
+
+    def narrow_to_cluster(self, qs, cluster):  # noqa: D102
+        return qs.filter(selectors.pools_shared_with(cluster))
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).annotate(
@@ -160,7 +165,7 @@ class VolumeForm(forms.ModelForm):
 
 
 @admin.register(Volume)
-class VolumeAdmin(ConsoleModelAdmin):
+class VolumeAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate."""
 
     form = VolumeForm
@@ -209,7 +214,7 @@ class VolumeAdmin(ConsoleModelAdmin):
 
 
 @admin.register(StorageCapacityReading)
-class StorageCapacityReadingAdmin(ReadOnlyModelAdmin):
+class StorageCapacityReadingAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """The latest CSIStorageCapacity reading per cluster and StorageClass (``POST /internal/v1/storage``); read-only."""
 
     list_display = ["storage_class", "cluster", "capacity", "object_count", "read_at", "received_at"]
@@ -226,7 +231,7 @@ class StorageCapacityReadingAdmin(ReadOnlyModelAdmin):
 
 
 @admin.register(NodeDisk)
-class NodeDiskAdmin(ReadOnlyModelAdmin):
+class NodeDiskAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """Nodes' system drives as the operators report them (the last capacity stand-in of a pool); read-only."""
 
     list_display = ["node", "cluster", "disk", "read_at"]

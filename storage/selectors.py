@@ -30,15 +30,22 @@ def pool_list(*, cluster: Cluster | None = None) -> QuerySet[StoragePool]:
         .order_by("name", "id")
     )
     if cluster is not None:
-        usable = Q(cluster=cluster)
-        if cluster.status != Cluster.Status.DEREGISTERED:
-            allowed = StoragePool.allowed_clusters.through.objects.filter(cluster=cluster).values("storagepool_id")
-            usable |= Q(sharing=StoragePool.Sharing.ALL) | Q(sharing=StoragePool.Sharing.SELECTED, pk__in=allowed)
-        qs = qs.filter(usable)
+        qs = qs.filter(pools_shared_with(cluster))
         listed = cluster_storage_classes([cluster.pk]).get(cluster.pk)
         if listed is not None:
             qs = qs.filter(storage_class__in=listed.names)
     return qs
+
+
+def pools_shared_with(cluster: Cluster) -> Q:
+    """The pools ``cluster`` may use by their sharing, as a filter: its own pools, and, unless it is deregistered,
+    the pools shared with every cluster or selected for it (``storage.capacity.pool_clusters``' rule). Whether the
+    pool's StorageClass exists there is not checked (:func:`pool_list` does that on top)."""
+    usable = Q(cluster=cluster)
+    if cluster.status != Cluster.Status.DEREGISTERED:
+        allowed = StoragePool.allowed_clusters.through.objects.filter(cluster=cluster).values("storagepool_id")
+        usable |= Q(sharing=StoragePool.Sharing.ALL) | Q(sharing=StoragePool.Sharing.SELECTED, pk__in=allowed)
+    return usable
 
 
 def pool_get(*, public_id: str) -> StoragePool:

@@ -3,6 +3,7 @@
 from .base import *  # noqa: F401,F403
 from .billing import *  # noqa: F401,F403
 from .celery import *  # noqa: F401,F403
+from .console import *  # noqa: F401,F403
 from .jwt import *  # noqa: F401,F403
 from .logging import *  # noqa: F401,F403
 from .operator_tokens import *  # noqa: F401,F403

@@ -1,0 +1,62 @@
+"""Template tags of the console's chrome: the Cluster selector's "narrowed to" line, list titles and breadcrumbs in
+the navigation's words (``{% load console %}``)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django import template
+from django.urls import reverse
+
+from gshare.console.scope import PARAM, ClusterScopedAdmin, console_cluster
+from gshare.console.site import NAV_LABELS, nav_label, section_of
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def console_narrowed(context, cl):
+    """The cluster the changelist ``cl`` is narrowed to, or None (not narrowed, or a list that does not narrow)."""
+    request = context.get("request")
+    if request is None or cl is None or not isinstance(cl.model_admin, ClusterScopedAdmin):
+        return None
+    return console_cluster(request)
+
+
+@register.simple_tag(takes_context=True)
+def console_all_clusters_url(context) -> str:
+    """The current URL with ``?cluster=all`` (the scope middleware stores it and comes back here without it); the
+    page number is dropped, since the wider list pages differently."""
+    request = context["request"]
+    params = request.GET.copy()
+    for name in (PARAM, "p"):
+        params.pop(name, None)
+    return f"{request.path}?{urlencode([*params.lists(), (PARAM, ['all'])], doseq=True)}"
+
+
+@register.simple_tag
+def console_list_title(cl, title: str = "") -> str:
+    """A changelist's title: the navigation's label where it has its own (``Node management``), else ``title``
+    (Django's "Select … to change", or what the admin class passed)."""
+    if cl is None:
+        return title
+    label = NAV_LABELS.get((cl.opts.app_label, cl.opts.model_name))
+    if label and (not title or title == cl.title):
+        return label
+    return title or cl.title
+
+
+@register.simple_tag
+def console_section(opts) -> dict | None:
+    """``{"name", "url"}`` of the navigation section listing the model ``opts`` (its ``_meta``), or None."""
+    found = section_of(opts)
+    if found is None:
+        return None
+    slug, title = found
+    return {"name": title, "url": reverse("admin:console_section", kwargs={"section": slug})}
+
+
+@register.simple_tag
+def console_nav_label(opts) -> str:
+    """The navigation's name for a model's list (``GPU management``, ``Ledger entries``...)."""
+    return nav_label(opts)
