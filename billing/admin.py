@@ -9,12 +9,14 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.db.models import Count
 from django.template.response import TemplateResponse
 
-from billing import services
+from billing import admission, selectors, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
@@ -50,8 +52,17 @@ class CreditAccountForm(forms.ModelForm):
 
 
 @admin.register(CreditAccount)
-class CreditAccountAdmin(ConsoleModelAdmin):
-    """Accounts: balance (read-only: it moves only through the ledger), when it went below zero; grant credits."""
+class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
+    """Accounts: balance (read-only: it moves only through the ledger), when it went below zero; grant credits.
+
+    A researcher's **My credits** (the list's address): their balance, holds, available credits, burn per hour, their
+    policy's limits and their ledger entries, read-only (:meth:`my_credits_view`)."""
+
+    owner_lookup = "user"
+    researcher_title = "My credits"
+    researcher_order = 30
+    #: Ledger entries per page of *My credits*.
+    my_ledger_page_size = 50
 
     form = CreditAccountForm
     list_display = ["user", "balance", "below_zero_since", "created_at"]
@@ -61,11 +72,47 @@ class CreditAccountAdmin(ConsoleModelAdmin):
     readonly_fields = ["balance", "below_zero_since", "created_at"]
     actions = ["grant_credits"]
 
+    def changelist_view(self, request, extra_context=None):
+        """Staff: Django's list of accounts. A researcher: :meth:`my_credits_view` (a POST, as no action is offered
+        to them, answers 403)."""
+        if is_researcher(request.user):
+            if request.method != "GET":
+                raise PermissionDenied
+            return self.my_credits_view(request)
+        return super().changelist_view(request, extra_context)
+
+    def my_credits_view(self, request):
+        """*My credits*: ``billing.selectors.account_summary`` (balance, holds, available, burn per hour), the policy
+        that applies (``billing.admission.policy_for``) and ``billing.selectors.ledger_list`` newest first, paged by
+        ``?p=`` (a constant number of queries per page)."""
+        from clusters.models import Cluster
+
+        user = request.user
+        summary = selectors.account_summary(user)
+        policy = admission.policy_for(user)
+        allowed = None
+        if policy.allowed_clusters is not None:
+            allowed = list(Cluster.objects.filter(pk__in=policy.allowed_clusters).order_by("name").values_list("name", flat=True))
+        paginator = Paginator(selectors.ledger_list(user=user), self.my_ledger_page_size)
+        page = paginator.get_page(request.GET.get("p"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": self.researcher_title,
+            "subtitle": None,
+            "opts": self.opts,
+            "summary": summary,
+            "policy": policy,
+            "allowed_clusters": allowed,
+            "page": page,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/billing/creditaccount/my_credits.html", context)
+
     def get_fields(self, request, obj=None):  # noqa: D102
-        return ["user"] if obj is None else ["user", "balance", "below_zero_since", "created_at"]
+        return ["user"] if obj is None else self.researcher_fields(request, obj, ["user", "balance", "below_zero_since", "created_at"])
 
     def get_readonly_fields(self, request, obj=None):  # noqa: D102
-        return self.readonly_fields if obj is None else ["user", *self.readonly_fields]
+        return self.readonly_fields if obj is None else self.researcher_fields(request, obj, ["user", *self.readonly_fields])
 
     def has_change_permission(self, request, obj=None) -> bool:
         """Accounts are read-only: credits move with the *Grant credits* action (or ``POST /api/v1/billing/grants``)."""

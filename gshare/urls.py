@@ -1,8 +1,8 @@
-"""URL map: the console (admin), the public API, the operator API, the JWKS."""
+"""URL map: the console (admin), the public API and its documentation, the operator API, the JWKS."""
 
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gshare import views
 from sessions.internal.views import connect_verify
@@ -14,6 +14,8 @@ api_v1 = [
     path("", include("billing.api.urls")),
     path("", include("audit.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    # The browsable documentation (Swagger UI, its assets from drf-spectacular-sidecar): linked from the console.
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 internal_v1 = [

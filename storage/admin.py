@@ -11,6 +11,8 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils.html import format_html_join
 
+from clusters.models import Cluster
+from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
@@ -164,9 +166,46 @@ class VolumeForm(forms.ModelForm):
         return data
 
 
+class VolumeCreateForm(forms.ModelForm):
+    """A researcher's new volume: name, quota and, optionally, the pool and the cluster it will be mounted on.
+    ``clean`` creates it through ``storage.services.volume_create`` for ``owner`` (set by ``VolumeAdmin.get_form``:
+    the requesting user), so the capacity gate and the name rules are the API's; a refusal is shown on the form."""
+
+    storage_pool = forms.ModelChoiceField(queryset=StoragePool.objects.order_by("name"), required=False, label="Storage pool",
+                                          empty_label="Automatic (the pool with most free room)")
+    mount_cluster = forms.ModelChoiceField(queryset=Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name"),
+                                           required=False, label="Mounted on", empty_label="Any cluster",
+                                           help_text="The cluster its first session will run on: only pools usable there are taken")
+    owner = None
+
+    class Meta:
+        model = Volume
+        fields = ["name", "quota_gb"]
+        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); mounted at /data/<name>"}
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        with service_errors(self, field="quota_gb"):
+            # The console's add view runs in one transaction: a later failure undoes this too.
+            self.instance = services.volume_create(owner=self.owner, name=data["name"], quota_gb=data["quota_gb"],
+                                                   pool=data.get("storage_pool"), cluster=data.get("mount_cluster"))
+        return data
+
+
 @admin.register(Volume)
-class VolumeAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
-    """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate."""
+class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
+    """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate.
+
+    A researcher's **My volumes**: their own volumes only; they create one (``volume_create``, owner themselves), raise
+    its quota (``volume_update_quota``) and delete it when no live session mounts it (``volume_delete``), like staff."""
+
+    owner_lookup = "owner"
+    researcher_title = "My volumes"
+    researcher_order = 20
+    researcher_can_add = True
+    researcher_can_change = True
 
     form = VolumeForm
     list_display = ["name", "public_id", "owner", "quota_gb", "pool", "cluster", "status", "short_status_message", "created_at"]
@@ -181,20 +220,45 @@ class VolumeAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     actions = ["delete_volumes"]
 
     def has_add_permission(self, request) -> bool:
-        """Volumes are created by their owners through ``POST /api/v1/storage/volumes``."""
-        return False
+        """Volumes are created by their owners: here (a researcher's own) or through ``POST /api/v1/storage/volumes``."""
+        return is_researcher(request.user)
+
+    def get_list_display(self, request):  # noqa: D102
+        display = super().get_list_display(request)
+        return [name for name in display if name != "owner"] if is_researcher(request.user) else display
+
+    def get_list_filter(self, request):
+        """Researchers filter their volumes by status only (the pool and cluster filters list every pool and cluster)."""
+        return ["status"] if is_researcher(request.user) else super().get_list_filter(request)
+
+    def get_fields(self, request, obj=None):  # noqa: D102
+        return ["name", "quota_gb", "storage_pool", "mount_cluster"] if obj is None else super().get_fields(request, obj)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        """The add page's form is :class:`VolumeCreateForm`, owned by the requesting user; the change page's the quota."""
+        if obj is not None:
+            return super().get_form(request, obj, change, **kwargs)
+        kwargs["form"] = VolumeCreateForm
+        kwargs["fields"] = VolumeCreateForm.Meta.fields
+        form = super().get_form(request, obj, change, **kwargs)
+        form.owner = request.user  # a class made for this request by modelform_factory
+        return form
+
+    def save_related(self, request, form, formsets, change):
+        """Nothing is related: the services saved the volume."""
 
     def has_delete_permission(self, request, obj=None) -> bool:
         """Use the *Delete* action: it goes through ``volume_delete`` (PVC first, the row is kept)."""
         return False
 
     def get_readonly_fields(self, request, obj=None):  # noqa: D102
-        if obj is not None and obj.status == Volume.Status.DELETED:
-            return self.fields
-        return self.readonly_fields
+        if obj is None:
+            return []
+        return self.researcher_fields(request, obj, self.fields if obj.status == Volume.Status.DELETED else self.readonly_fields)
 
     def save_model(self, request, obj, form, change):
-        """The quota was changed by ``volume_update_quota`` in the form's ``clean``."""
+        """Nothing to save: the form's ``clean`` created the volume (``volume_create``) or raised its quota
+        (``volume_update_quota``)."""
 
     @admin.display(description="status message")
     def short_status_message(self, obj: Volume) -> str:
