@@ -171,3 +171,83 @@ def test_two_smoke_runs_in_a_row_in_one_checkout_both_pass(tmp_path):
     for state in results:
         assert len(state["sessions"]) == len(fleet.FLEET)
         assert all(s["phase"] == "Terminated" and Decimal(s["charged"]) <= 0 for s in state["sessions"])
+        # Each cluster's ingress is listed, and the smoke opened its first session through it (page, then the cookie
+        # alone), and its link was refused once the session stopped.
+        port = state["ingress"]["port"]
+        assert [(c["session_host"], c["ingress_url"]) for c in state["clusters"]] == [
+            (f"{c['session_domain']}:{port}", f"http://{c['session_domain']}:{port}") for c in state["clusters"]
+        ]
+        assert all(urlsplit(s["url"]).netloc == f"{urlsplit(s['url']).hostname}:{port}" for s in state["sessions"])
+        opened = state["sessions"][0]["opened"]
+        assert (opened["status"], opened["cookie_status"], opened["page_has_volume"]) == (200, 200, True)
+        assert opened["refused_after_stop"] in (401, 403, 404)
+        assert state["researcher_user"] == "alice" and state["researcher_password"]
+
+
+def _ingress_process(demo: subprocess.Popen) -> psutil.Process | None:
+    for process in psutil.Process(demo.pid).children(recursive=True):
+        try:
+            if process.cmdline()[1:3] == ["-m", "demo.ingress"] and process.status() != psutil.STATUS_ZOMBIE:
+                return process
+        except (psutil.NoSuchProcess, IndexError):
+            continue
+    return None
+
+
+def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_port(tmp_path):
+    state_file = tmp_path / "state.json"
+    demo, log_path, state = start_demo(tmp_path, state_file)
+    try:
+        ingress = state["ingress"]["url"]
+        port = state["ingress"]["port"]
+        assert ingress == f"http://127.0.0.1:{port}"
+        assert [c["ingress_url"] for c in state["clusters"]] == [f"http://{spec.name}.gshare.localhost:{port}" for spec in fleet.FLEET]
+
+        def get(host: str, path: str) -> requests.Response:
+            return requests.get(ingress + path, headers={"Host": host}, timeout=10)
+
+        for cluster in state["clusters"]:  # no session yet: the default backend's 404 on each cluster's host
+            answer = get(cluster["session_host"], "/s/ses_abc/")
+            assert (answer.status_code, answer.text) == (404, "default backend - 404")
+        assert get(f"elsewhere.gshare.localhost:{port}", "/").status_code == 404
+
+        # A session on lab-c2 opens through lab-c2's host, and not through lab-c1's.
+        headers = {"Authorization": f"Bearer {state['api_token']}"}
+        c1, c2 = state["clusters"]
+        created = requests.post(f"{state['url']}/api/v1/sessions", headers=headers, timeout=30, json={
+            "image": "quay.io/jupyter/base-notebook", "gpus": 1, "gpu_memory_mib": 2048, "gpu_cores": 20, "cluster": c2["id"]})
+        assert created.status_code == 201, created.text
+        session = created.json()
+        assert session["url"] == f"{c2['ingress_url']}/s/{session['id']}/"
+        deadline = time.monotonic() + 90
+        while requests.get(f"{state['url']}/api/v1/sessions/{session['id']}", headers=headers, timeout=10).json()["phase"] != "Running":
+            assert time.monotonic() < deadline, "the session did not reach Running"
+            time.sleep(0.5)
+        link = urlsplit(requests.post(f"{state['url']}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=10).json()["url"])
+        deadline = time.monotonic() + 30
+        while (page := get(c2["session_host"], f"{link.path}?{link.query}")).status_code == 404:
+            assert time.monotonic() < deadline, "the session's Ingress was not routed"
+            time.sleep(0.5)
+        assert page.status_code == 200 and session["id"] in page.text and "gshare_connect=" in page.headers["Set-Cookie"]
+        assert get(c1["session_host"], f"{link.path}?{link.query}").status_code == 404  # lab-c1's ingress has no such Ingress
+
+        # Killed, the ingress is started again on the same port (the session URLs carry it).
+        before = _ingress_process(demo)
+        before.kill()
+        deadline = time.monotonic() + 60
+        while not ((after := _ingress_process(demo)) and after.pid != before.pid and "restarted ingress" in log_path.read_text()):
+            assert time.monotonic() < deadline and demo.poll() is None, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if get(c2["session_host"], f"{link.path}?{link.query}").status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "the restarted ingress does not serve the session"
+            time.sleep(0.5)
+        stop_demo(demo)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
