@@ -15,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import re_path, reverse
 from django.utils.text import capfirst
 
-from gshare.console.access import ConsoleAuthenticationForm
+from gshare.console.access import ConsoleAuthenticationForm, is_researcher, researcher_app_list
 
 #: ``(slug, title, [(app_label, model_name), ...])``: the sections, in order, and their pages, in order. A registered
 #: model not listed here joins its app's section (:data:`APP_SECTIONS`) after the listed ones; a model of an app not
@@ -105,6 +105,8 @@ class ConsoleSite(admin.AdminSite):
             Django's ``app_list`` shape: ``[{"name", "app_label", "app_url", "has_module_perms", "models": [...]}]``;
             ``app_label`` of a section is its slug.
         """
+        if app_label is None and is_researcher(request.user):
+            return researcher_app_list(self, request)  # one section of their own pages: My sessions, My volumes...
         section_slugs = {slug for slug, _title, _models in SECTIONS}
         if app_label is not None and app_label not in section_slugs:
             return super().get_app_list(request, app_label)
