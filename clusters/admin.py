@@ -42,13 +42,14 @@ def _age_html(value):
     return format_html('<time class="gs-age" datetime="{}" title="{}">{}</time>', value.isoformat(), utc, _age(value))
 
 
-def _bar(meter: console.Meter, *, caption: str | None = None):
-    """A labelled percent bar (``role=meter`` with its numbers, so it reads the same without the picture)."""
+def _bar(meter: console.Meter, *, caption: str | None = None, compact: bool = False):
+    """A labelled percent bar (``role=meter`` with its numbers, so it reads the same without the picture); ``compact``
+    shows the caption alone (the label is in it)."""
     return format_html(
-        '<div class="gs-meter gs-{}" role="meter" aria-label="{}" aria-valuemin="0" aria-valuemax="{}" aria-valuenow="{}" title="{}">'
+        '<div class="gs-meter gs-{}{}" role="meter" aria-label="{}" aria-valuemin="0" aria-valuemax="{}" aria-valuenow="{}" title="{}">'
         '<div class="gs-meter-head"><span class="gs-meter-label">{}</span><span class="gs-meter-value">{}</span></div>'
         '<div class="gs-meter-track"><div class="gs-meter-fill" style="width: {}%"></div></div></div>',
-        meter.level, meter.label, meter.total, meter.used, f"{meter.label}: {meter.text} reserved ({meter.percent} %)",
+        meter.level, " gs-compact" if compact else "", meter.label, meter.total, meter.used, f"{meter.label}: {meter.text} reserved ({meter.percent} %)",
         meter.label, caption or meter.text, meter.percent,
     )
 
@@ -66,7 +67,7 @@ def _label_chips(labels: dict | None, *, limit: int | None = None):
     more = ""
     if rest:
         more = format_html('<span class="gs-chip gs-chip-more" title="{}">+{} more</span>', ", ".join(f"{k}={v}" for k, v in rest), len(rest))
-    return format_html('<div class="gs-chips">{}{}</div>', chips, more)
+    return format_html('<div class="gs-chips{}">{}{}</div>', " gs-chips-all" if limit is None else "", chips, more)
 
 
 #: Badge colour of each cluster status.
@@ -257,6 +258,22 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
                 self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
 
 
+class NodeModeFilter(admin.SimpleListFilter):
+    """Nodes by HAMi mode (the ``gshare.io/gpu-mode`` label; "unset" for nodes without it)."""
+
+    title = "HAMi mode"
+    parameter_name = "mode"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        modes = Node.objects.order_by("gpu_mode").values_list("gpu_mode", flat=True).distinct()
+        return [(mode or "-", mode or "unset") for mode in modes]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        if self.value() is None:
+            return queryset
+        return queryset.filter(gpu_mode="" if self.value() == "-" else self.value())
+
+
 class NodeGpusFilter(admin.SimpleListFilter):
     """Nodes by what their GPUs can still take (the placement summary)."""
 
@@ -289,9 +306,9 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """
 
     cluster_lookup = "cluster"
-    list_display = ["node_name", "cluster_link", "ready_badge", "hami_mode", "gpus", "free", "open_for_shares", "load", "label_chips", "seen", "cards"]
-    list_display_links = ["node_name"]
-    list_filter = ["ready", "gpu_mode", NodeGpusFilter]
+    list_display = ["node_name", "ready_badge", "gpus", "free", "open_for_shares", "load_bar", "label_chips", "seen", "cards"]
+    list_display_links = None  # node_name links the node itself (and its cluster: no nested links)
+    list_filter = ["ready", NodeModeFilter, NodeGpusFilter]
     search_fields = ["name", "cluster__name"]
     ordering = ["cluster_name", "name"]
     readonly_fields = ["cluster", "name", "all_labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since",
@@ -301,7 +318,7 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     Media = ConsoleCss
 
     #: Chips shown in a row before "+N more" (the rest on hover; all on the node's page).
-    LABELS_SHOWN = 6
+    LABELS_SHOWN = 5
 
     def get_queryset(self, request):  # noqa: D102
         return console.node_rows(super().get_queryset(request))
@@ -312,24 +329,26 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.display(description="node", ordering="name")
     def node_name(self, obj: Node):
-        """The node's name; a warning when the operator could not read its HAMi annotation or lost it."""
+        """The node's name and its cluster (linked); a warning when the operator could not read its HAMi annotation or lost it."""
         notes = []
         if obj.inventory_error:
             notes.append(format_html('<span class="gs-badge gs-badge-bad" title="{}">inventory error</span>', obj.inventory_error))
         if obj.missing_since:
             notes.append(format_html('<span class="gs-badge gs-badge-warn" title="missing since {}">missing</span>',
                                      obj.missing_since.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")))
-        return format_html('<span class="gs-nowrap">{}</span>{}', obj.name, format_html_join("", " {}", ((n,) for n in notes)))
+        cluster = format_html('<a href="{}">{}</a>', reverse("admin:clusters_cluster_change", args=[obj.cluster_id]), obj.cluster.name)
+        return format_html(
+            '<span class="gs-node-cell"><a class="gs-nowrap gs-node" href="{}">{}</a><span class="gs-sub">on {}{}</span></span>',
+            reverse("admin:clusters_node_change", args=[obj.pk]), obj.name, cluster, format_html_join("", " {}", ((n,) for n in notes)),
+        )
 
-    @admin.display(description="cluster", ordering="cluster_name")
-    def cluster_link(self, obj: Node):
-        """The node's cluster, linked to its page."""
-        return format_html('<a class="gs-nowrap" href="{}">{}</a>', reverse("admin:clusters_cluster_change", args=[obj.cluster_id]), obj.cluster.name)
-
-    @admin.display(description="ready", ordering="ready")
+    @admin.display(description="ready · HAMi mode", ordering="ready")
     def ready_badge(self, obj: Node):
-        """Ready or not, as a badge."""
-        return format_html('<span class="gs-badge gs-badge-{}">{}</span>', "ok" if obj.ready else "bad", "Ready" if obj.ready else "Not ready")
+        """Ready or not, as a badge, over the node's HAMi mode."""
+        return format_html(
+            '<span class="gs-node-cell"><span class="gs-badge gs-badge-{}">{}</span>{}</span>',
+            "ok" if obj.ready else "bad", "Ready" if obj.ready else "Not ready", self.hami_mode(obj),
+        )
 
     @admin.display(description="HAMi mode", ordering="gpu_mode")
     def hami_mode(self, obj: Node):
@@ -354,12 +373,12 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
         return obj.open_devices
 
     @admin.display(description="load")
-    def load(self, obj: Node):
+    def load_bar(self, obj: Node):
         """The busier of memory and cores reserved, as a percent bar (both on hover)."""
         meter = console.node_load(obj)
         if meter.total == 0:
             return mark_safe('<span class="gs-muted">no GPUs</span>')
-        return _bar(meter, caption=f"{meter.label.lower()} {meter.percent} %")
+        return _bar(meter, caption=f"{meter.percent} % {meter.label.lower()}", compact=True)
 
     @admin.display(description="labels")
     def label_chips(self, obj: Node):

@@ -200,7 +200,11 @@ def node_load(node: Node) -> Meter:
 PRIORITY_LABEL_PREFIXES = ("gshare.io/", "gpu", "nvidia.com/", "hami.io/", "node.kubernetes.io/instance-type")
 
 
+#: Labels that repeat what the row already says (the node's name), shown last.
+LAST_LABELS = frozenset({"kubernetes.io/hostname"})
+
+
 def node_labels(labels: dict | None) -> list[tuple[str, str]]:
     """``labels`` as ``(key, value)`` pairs: gShare, GPU and HAMi labels first, then by key."""
     items = [(str(k), "" if v is None else str(v)) for k, v in (labels or {}).items()]
-    return sorted(items, key=lambda kv: (not kv[0].startswith(PRIORITY_LABEL_PREFIXES), kv[0]))
+    return sorted(items, key=lambda kv: (not kv[0].startswith(PRIORITY_LABEL_PREFIXES), kv[0] in LAST_LABELS, kv[0]))
