@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Value
+from django.db import connection, transaction
+from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Value, Window
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -195,20 +195,24 @@ def gpus_tile(*, cluster: Cluster | None = None) -> GpusTile:
     Returns:
         A :class:`GpusTile`. One query.
     """
-    any_allocation = Exists(Allocation.objects.filter(device=OuterRef("pk")))
-    exclusive = Exists(Allocation.objects.filter(device=OuterRef("pk"), exclusive=True))
-    qs = GpuDevice.objects.all()
-    if cluster is not None:
-        qs = qs.filter(cluster=cluster)
-    rows = (
-        qs.order_by().values("model").annotate(
-            total=Count("id"),
-            healthy=Count("id", filter=Q(health=True)),
-            whole=Count("id", filter=Q(exclusive)),
-            shared=Count("id", filter=Q(any_allocation) & ~Q(exclusive)),
-            free=Count("id", filter=Q(health=True) & ~Q(any_allocation)),
-        ).order_by("model")
-    )
+    # One pass over the GPUs joined to their allocations summed per GPU (a hash join): cheaper than an EXISTS per
+    # GPU, whose cost estimate also makes PostgreSQL JIT-compile the query.
+    sql = f"""
+        SELECT d.model,
+               COUNT(*),
+               COUNT(*) FILTER (WHERE d.health),
+               COUNT(*) FILTER (WHERE a.exclusive),
+               COUNT(*) FILTER (WHERE a.device_id IS NOT NULL AND NOT a.exclusive),
+               COUNT(*) FILTER (WHERE d.health AND a.device_id IS NULL)
+          FROM {GpuDevice._meta.db_table} d
+          LEFT JOIN (SELECT device_id, BOOL_OR(exclusive) AS exclusive FROM {Allocation._meta.db_table} GROUP BY device_id) a
+            ON a.device_id = d.id
+         {"WHERE d.cluster_id = %s" if cluster is not None else ""}
+         GROUP BY d.model
+         ORDER BY d.model"""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [cluster.pk] if cluster is not None else [])
+        rows = [dict(zip(("model", "total", "healthy", "whole", "shared", "free"), row, strict=True)) for row in cursor.fetchall()]
     by_model = [GpuCounts(**row) for row in rows]
     total = GpuCounts(model="", **{k: sum(getattr(r, k) for r in by_model) for k in ("total", "healthy", "whole", "shared", "free")})
     return GpusTile(by_model=by_model, total=total)
@@ -296,15 +300,15 @@ class CreditsTile:
         return [(name, credits_text(balance)) for name, balance in self.lowest]
 
 
-def burn_per_hour(*, cluster: Cluster | None = None, prices: dict[str, Decimal] | None = None) -> tuple[Decimal, int]:
-    """Credits per hour the Running sessions (of ``cluster``, or all) cost now, and how many they are.
+def burn_per_hour(*, cluster: Cluster | None = None, prices: dict[str, Decimal] | None = None) -> Decimal:
+    """Credits per hour the Running sessions (of ``cluster``, or all) cost now.
 
     The same sum as ``billing.selectors.session_hourly_cost`` over each session (each GPU's ``share × price``
     rounded to 0.000001 credits; a session without reservations ``gpus × share × the default price``), computed
     from one grouped query: identical terms are counted, not read one by one.
 
     Returns:
-        ``(credits per hour, running sessions)``. Two queries (three without ``prices``).
+        Credits per hour (``Decimal``). One query (two without ``prices``).
     """
     if prices is None:
         prices = pricing.prices_by_model()
@@ -324,26 +328,33 @@ def burn_per_hour(*, cluster: Cluster | None = None, prices: dict[str, Decimal] 
         else:
             share = pricing.gpu_share(device_memory_mib=device_memory, gpu_memory_mib=memory, gpu_cores=cores)
             total += row["terms"] * pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
-    sessions = running.count()
-    return total, sessions
+    return total
 
 
-def credits_tile(*, cluster: Cluster | None = None, threshold: Decimal | None = None) -> CreditsTile:
+def credits_tile(*, cluster: Cluster | None = None, threshold: Decimal | None = None, running: int | None = None) -> CreditsTile:
     """Burn per hour now (:func:`burn_per_hour`) and the credit accounts below ``threshold`` (default the setting
     ``GSHARE_CONSOLE_LOW_BALANCE``); with ``cluster``, only the accounts of users with a live session on it.
 
+    Args:
+        running: how many Running sessions the burn is of, when the caller counted them (the sessions tile); None
+            counts them (one more query).
+
     Returns:
-        A :class:`CreditsTile`. Four or five queries.
+        A :class:`CreditsTile`. Three queries (four without ``running``).
     """
     threshold = low_balance_threshold() if threshold is None else threshold
-    burn, running = burn_per_hour(cluster=cluster)
+    burn = burn_per_hour(cluster=cluster)
+    if running is None:
+        running = _sessions_of(cluster).filter(phase=Session.Phase.RUNNING).count()
     accounts = CreditAccount.objects.filter(balance__lt=threshold)
     if cluster is not None:
         live_here = _sessions_of(cluster).filter(owner=OuterRef("user")).exclude(phase__in=Session.TERMINAL_PHASES)
         accounts = accounts.filter(Exists(live_here))
-    lowest = list(accounts.order_by("balance", "id").values_list("user__username", "balance")[:LOW_ACCOUNTS_SHOWN])
-    low_count = len(lowest) if len(lowest) < LOW_ACCOUNTS_SHOWN else accounts.count()
-    return CreditsTile(burn_per_hour=burn, running=running, threshold=threshold, low_count=low_count, lowest=lowest)
+    # The window counts every matching account before the LIMIT: the count and the lowest in one query.
+    rows = list(accounts.annotate(matching=Window(Count("id"))).order_by("balance", "id")
+                .values_list("user__username", "balance", "matching")[:LOW_ACCOUNTS_SHOWN])
+    return CreditsTile(burn_per_hour=burn, running=running, threshold=threshold, low_count=rows[0][2] if rows else 0,
+                       lowest=[(name, balance) for name, balance, _ in rows])
 
 
 # --------------------------------------------------------------------------- storage
@@ -438,26 +449,33 @@ class HourBucket:
     credits_burned: Decimal
 
 
-_RESERVED_SQL = """
-    WITH b AS (
-        SELECT g AS start, LEAST(g + interval '1 hour', %(now)s) AS stop
-          FROM generate_series(%(first)s::timestamptz, %(last)s::timestamptz, interval '1 hour') g
+#: One query for both series, one pass over the sessions (not one per hour). Each session's time, clipped to the
+#: window, is hour ``i`` (where it begins) to hour ``j`` (where it ends): its part of hour ``i`` (``head``), its
+#: part of hour ``j`` when that is another hour (``tail``), and the whole hours between, summed in Python from
+#: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``).
+_CHART_SQL = """
+    WITH k AS (
+        SELECT gpus, c, e,
+               FLOOR(EXTRACT(EPOCH FROM c - %(first)s) / 3600)::int AS i,
+               FLOOR(EXTRACT(EPOCH FROM e - %(first)s) / 3600)::int AS j
+          FROM (SELECT s.gpus, GREATEST(s.created_at, %(first)s) AS c, LEAST(COALESCE(s.ended_at, %(now)s), %(now)s) AS e
+                  FROM gpu_sessions_session s
+                 WHERE s.cluster_id IS NOT NULL {session_cluster}
+                   AND s.created_at < %(now)s AND (s.ended_at IS NULL OR s.ended_at > %(first)s)) clipped
+         WHERE e > c
     )
-    SELECT b.start,
-           COALESCE(SUM(s.gpus * EXTRACT(EPOCH FROM LEAST(b.stop, COALESCE(s.ended_at, %(now)s)) - GREATEST(b.start, s.created_at))), 0)
-             / GREATEST(EXTRACT(EPOCH FROM b.stop - b.start), 1)
-      FROM b
-      LEFT JOIN gpu_sessions_session s
-        ON s.cluster_id IS NOT NULL {cluster}
-       AND s.created_at < b.stop AND COALESCE(s.ended_at, %(now)s) > b.start
-     GROUP BY b.start, b.stop
-     ORDER BY b.start"""
-
-_BURNED_SQL = """
-    SELECT date_trunc('hour', COALESCE(e.window_end, e.created_at) AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', -SUM(e.amount)
-      FROM billing_ledgerentry e {join}
-     WHERE e.kind = 'charge' AND COALESCE(e.window_end, e.created_at) >= %(first)s {cluster}
-     GROUP BY 1"""
+    SELECT 'head', i, SUM(gpus * EXTRACT(EPOCH FROM LEAST(e, %(first)s + (i + 1) * interval '1 hour') - c)) FROM k GROUP BY i
+    UNION ALL
+    SELECT 'tail', j, SUM(gpus * EXTRACT(EPOCH FROM e - (%(first)s + j * interval '1 hour'))) FROM k WHERE j > i GROUP BY j
+    UNION ALL
+    SELECT 'open', i + 1, SUM(gpus) FROM k WHERE j > i + 1 GROUP BY i
+    UNION ALL
+    SELECT 'close', j, SUM(gpus) FROM k WHERE j > i + 1 GROUP BY j
+    UNION ALL
+    SELECT 'burned', FLOOR(EXTRACT(EPOCH FROM COALESCE(e.window_end, e.created_at) - %(first)s) / 3600)::int, -SUM(e.amount)
+      FROM billing_ledgerentry e {ledger_join}
+     WHERE e.kind = 'charge' AND COALESCE(e.window_end, e.created_at) >= %(first)s {ledger_cluster}
+     GROUP BY 2"""
 
 
 def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None = None, hours: int = CHART_HOURS) -> list[HourBucket]:
@@ -469,32 +487,34 @@ def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None
     hour (their creation time for a charge without a window), refunds not deducted.
 
     Returns:
-        ``hours`` :class:`HourBucket` rows, oldest first. Two queries.
+        ``hours`` :class:`HourBucket` rows, oldest first. One query, one pass over the sessions.
     """
     now = now or timezone.now()
     last = now.astimezone(datetime.UTC).replace(minute=0, second=0, microsecond=0)
     first = last - datetime.timedelta(hours=hours - 1)
-    params = {"now": now, "first": first, "last": last}
+    params: dict = {"now": now, "first": first}
+    sql = _CHART_SQL.format(
+        session_cluster="AND s.cluster_id = %(cluster)s" if cluster else "",
+        ledger_join="JOIN gpu_sessions_session ls ON ls.id = e.session_id" if cluster else "",
+        ledger_cluster="AND ls.cluster_id = %(cluster)s" if cluster else "",
+    )
     if cluster is not None:
         params["cluster"] = cluster.pk
+    parts: dict[str, dict[int, Decimal]] = {"head": {}, "tail": {}, "open": {}, "close": {}, "burned": {}}
     with connection.cursor() as cursor:
-        cursor.execute(_RESERVED_SQL.format(cluster="AND s.cluster_id = %(cluster)s" if cluster else ""), params)
-        reserved = {start: Decimal(value) for start, value in cursor.fetchall()}
-        cursor.execute(
-            _BURNED_SQL.format(
-                join="JOIN gpu_sessions_session s ON s.id = e.session_id" if cluster else "",
-                cluster="AND s.cluster_id = %(cluster)s" if cluster else "",
-            ),
-            params,
-        )
-        burned = {start: Decimal(value) for start, value in cursor.fetchall()}
-    buckets = []
+        cursor.execute(sql, params)
+        for part, hour, value in cursor.fetchall():
+            parts[part][hour] = Decimal(value)
+    buckets, whole = [], Decimal(0)
     for i in range(hours):
         start = first + datetime.timedelta(hours=i)
+        whole += parts["open"].get(i, 0) - parts["close"].get(i, 0)  # GPUs held through all of hour i
+        seconds = (min(start + datetime.timedelta(hours=1), now) - start).total_seconds()
+        gpu_seconds = parts["head"].get(i, 0) + parts["tail"].get(i, 0) + whole * 3600
         buckets.append(HourBucket(
             start=start,
-            gpus_reserved=reserved.get(start, Decimal(0)).quantize(Decimal("0.01")),
-            credits_burned=burned.get(start, _ZERO).quantize(CREDITS),
+            gpus_reserved=(Decimal(gpu_seconds) / Decimal(max(seconds, 1))).quantize(Decimal("0.01")),
+            credits_burned=parts["burned"].get(i, _ZERO).quantize(CREDITS),
         ))
     return buckets
 
@@ -525,16 +545,21 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
     """Every tile and the chart for ``cluster`` (or all clusters), judged at ``now``.
 
     Returns:
-        A :class:`Dashboard`. A fixed number of queries (about sixteen), whatever the fleet's size.
+        A :class:`Dashboard`. A fixed number of queries (thirteen), whatever the fleet's size.
     """
     now = now or timezone.now()
-    return Dashboard(
-        cluster=cluster,
-        now=now,
-        clusters=clusters_tile(cluster=cluster, now=now),
-        gpus=gpus_tile(cluster=cluster),
-        sessions=sessions_tile(cluster=cluster, now=now),
-        credits=credits_tile(cluster=cluster),
-        storage=storage_tile(cluster=cluster, now=now),
-        chart=usage_chart(cluster=cluster, now=now),
-    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        # These aggregates read a few thousand rows each; PostgreSQL's JIT, which their cost estimates switch on,
+        # spends longer compiling them than running them (tens of milliseconds). Off for this transaction only.
+        cursor.execute("SET LOCAL jit = off")
+        sessions = sessions_tile(cluster=cluster, now=now)
+        return Dashboard(
+            cluster=cluster,
+            now=now,
+            clusters=clusters_tile(cluster=cluster, now=now),
+            gpus=gpus_tile(cluster=cluster),
+            sessions=sessions,
+            credits=credits_tile(cluster=cluster, running=sessions.running),
+            storage=storage_tile(cluster=cluster, now=now),
+            chart=usage_chart(cluster=cluster, now=now),
+        )

@@ -247,6 +247,29 @@ def test_usage_chart_hourly_gpus_reserved_and_credits_burned(db):
     assert re.findall(r"https?://", svg) == ["http://"]  # the SVG namespace only, never a URL to load
 
 
+def test_usage_chart_matches_the_hour_by_hour_overlap(db):
+    """The one-pass sum (head, tail, whole hours between) equals each session's overlap with each hour."""
+    import random
+
+    rng = random.Random(11)
+    now = datetime.datetime(2026, 12, 1, 12, 40, 17, tzinfo=datetime.UTC)
+    cluster, owner = ClusterFactory(name="lab-r"), UserFactory(username="rand")
+    spans = []
+    for _ in range(40):
+        created = now - datetime.timedelta(seconds=rng.randint(0, 30 * 3600))
+        ended = None if rng.random() < 0.3 else min(now, created + datetime.timedelta(seconds=rng.randint(1, 12 * 3600)))
+        gpus = rng.randint(1, 4)
+        session = SessionFactory(owner=owner, cluster=cluster, gpus=gpus, phase=Session.Phase.RUNNING if ended is None else Session.Phase.TERMINATED,
+                                 ended_at=ended)
+        Session.objects.filter(pk=session.pk).update(created_at=created)
+        spans.append((created, ended or now, gpus))
+    for bucket in usage_chart(now=now):
+        stop = min(bucket.start + datetime.timedelta(hours=1), now)
+        held = sum(g * max(0.0, (min(stop, e) - max(bucket.start, c)).total_seconds()) for c, e, g in spans)
+        expected = Decimal(held) / Decimal((stop - bucket.start).total_seconds())
+        assert abs(bucket.gpus_reserved - expected) <= Decimal("0.006"), bucket
+
+
 def test_nice_ceiling():
     assert [nice_ceiling(Decimal(v)) for v in ("0", "0.3", "1", "2.5", "7", "11", "480")] == [
         Decimal(1), Decimal("0.5"), Decimal(1), Decimal(5), Decimal(10), Decimal(20), Decimal(500)]
