@@ -76,6 +76,9 @@ class ApiTokenAdmin(OwnObjectsAdmin, ReadOnlyModelAdmin):
             return True
         return self.model_permission(request, "change")
 
+    def add_view(self, request, form_url="", extra_context=None):  # noqa: D102
+        return super().add_view(request, form_url, {"title": "Create API token", **(extra_context or {})})
+
     def save_model(self, request, obj, form, change):
         """Create the token through ``api_token_create`` for the requesting user; its text goes, encrypted, to the
         login session for the next page (:meth:`created_view`) and nowhere else."""

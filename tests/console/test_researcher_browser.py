@@ -50,7 +50,7 @@ def test_a_researcher_from_login_to_token_and_volume(live_server, console_users,
     # An API token, shown once.
     page.goto(f"{base}/gshare/apitoken/")
     assert page.locator("h1").first.inner_text() == "My API tokens" and "bob-laptop" not in page.content()
-    page.click(".object-tools a.addlink")
+    page.click("text=Create API token")
     page.fill("#id_name", "my-laptop")
     page.click("input[name=_save]")
     page.wait_for_load_state()
