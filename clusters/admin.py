@@ -122,6 +122,19 @@ class ClusterForm(forms.ModelForm):
             self.instance = services.cluster_update(cluster=self.instance, changes=changes, actor=self.actor)
 
 
+class ClusterStatusFilter(admin.SimpleListFilter):
+    """Clusters by status, named as the status badges name them."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        return [(value, value) for value in Cluster.Status.values]
+
+    def queryset(self, request, queryset):  # noqa: D102
+        return queryset.filter(status=self.value()) if self.value() in Cluster.Status.values else queryset
+
+
 @admin.register(Cluster)
 class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     """Clusters: status badge, heartbeat age, counts; actions call the cluster services. With a cluster chosen in
@@ -131,8 +144,8 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
         "name", "public_id", "status_badge", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "operator_token",
     ]
     list_display_links = ["name"]
+    list_filter = [ClusterStatusFilter]
     Media = ConsoleCss
-    list_filter = ["status"]
     search_fields = ["name", "public_id"]
     fields = [
         "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
@@ -154,6 +167,10 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     def narrow_to_cluster(self, qs, cluster: Cluster):
         """The chosen cluster's own row."""
         return qs.filter(pk=cluster.pk)
+
+    def changelist_view(self, request, extra_context=None):
+        """Django's changelist (actions kept), titled "Clusters"."""
+        return super().changelist_view(request, {"title": "Clusters", **(extra_context or {})})
 
     def has_add_permission(self, request) -> bool:
         """Clusters are added through ``POST /api/v1/clusters`` (the probe needs the kubeconfig)."""

@@ -248,3 +248,13 @@ def test_browser_cluster_selector_narrows_nodes_and_gpus_and_stays_chosen(live_s
     with page.expect_navigation():
         page.locator(f'a[href="/clusters/gpudevice/?node={fleet["node"].pk}"]').click()
     assert len(page.locator(".gs-card").all()) == 4 and _card_nodes(page) == {"gpu-a1"}
+
+
+def test_browser_cluster_list_fits_and_keeps_its_actions(live_server, console_users, page, fleet):
+    Cluster.objects.filter(pk=fleet["b"].pk).update(status=Cluster.Status.DEGRADED, last_heartbeat_at=timezone.now())
+    login(page, live_server.url, "admin", console_users["admin"][1])
+    page.goto(f"{live_server.url}/clusters/cluster/")
+    shot(page, "console-clusters")
+    assert page.locator("#changelist .results").evaluate("e => e.scrollWidth <= e.clientWidth"), "a Clusters column is cut off at 1400 px"
+    assert page.locator(".gs-badge", has_text="degraded").is_visible()
+    assert "Run the connection test" in page.locator("select[name=action]").inner_text()
