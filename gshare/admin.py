@@ -76,8 +76,11 @@ class ApiTokenAdmin(OwnObjectsAdmin, ReadOnlyModelAdmin):
             return True
         return self.model_permission(request, "change")
 
-    def add_view(self, request, form_url="", extra_context=None):  # noqa: D102
-        return super().add_view(request, form_url, {"title": "Create API token", **(extra_context or {})})
+    def add_view(self, request, form_url="", extra_context=None):
+        """The add page, titled "Create API token", with a single Save button."""
+        # One button: whatever is pressed, the next page is the one showing the token (response_add).
+        context = {"title": "Create API token", "show_save_and_add_another": False, "show_save_and_continue": False}
+        return super().add_view(request, form_url, {**context, **(extra_context or {})})
 
     def save_model(self, request, obj, form, change):
         """Create the token through ``api_token_create`` for the requesting user; its text goes, encrypted, to the

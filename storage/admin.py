@@ -181,7 +181,9 @@ class VolumeCreateForm(forms.ModelForm):
     class Meta:
         model = Volume
         fields = ["name", "quota_gb"]
-        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); mounted at /data/<name>"}
+        labels = {"quota_gb": "Size (GiB)"}
+        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); sessions mount it at /data/ followed by this name",
+                      "quota_gb": "The PVC's request; it can grow later, never shrink"}
 
     def clean(self):  # noqa: D102
         data = super().clean()

@@ -419,7 +419,11 @@ def test_my_volumes_lists_only_mine_without_owner_or_fleet_filters(as_alice, wor
 
 def test_my_api_tokens_shown_once_then_never_again(as_alice, world, live_server, caplog):
     caplog.set_level("DEBUG")
-    created = as_alice.post("/gshare/apitoken/add/", {"name": "notebook-client"})
+    form = as_alice.get("/gshare/apitoken/add/").content.decode()
+    assert "<title>Create API token |" in form and 'name="_save"' in form
+    assert 'name="_addanother"' not in form and 'name="_continue"' not in form
+    # Whatever button was pressed, the next page is the one that shows the token.
+    created = as_alice.post("/gshare/apitoken/add/", {"name": "notebook-client", "_continue": "1"})
     assert created.status_code == 302
     row = ApiToken.objects.get(name="notebook-client")
     assert row.user == world["alice"] and created["Location"] == f"/gshare/apitoken/{row.pk}/created/"
