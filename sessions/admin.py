@@ -51,7 +51,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     owner_lookup = "owner"
     researcher_title = "My sessions"
     researcher_order = 10
-    list_display = ["public_id", "phase_badge", "owner", "cluster", "node", "gpus_asked", "started", "cost", "url_link"]
+    list_display = ["public_id", "phase_badge", "owner", "cluster_name", "node", "gpus_asked", "started", "cost", "url_link"]
     list_display_links = ["public_id"]
     list_filter = ["phase", "cluster"]
     list_select_related = ["owner", "cluster"]
@@ -153,6 +153,13 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         """The phase as a coloured badge."""
         return format_html('<span class="gs-phase gs-phase-{}" data-phase="{}">{}</span>', obj.phase.lower(), obj.phase, obj.phase)
 
+    @admin.display(description="cluster", ordering="cluster__name")
+    def cluster_name(self, obj: Session) -> str:
+        """The cluster's name (its id on hover)."""
+        if obj.cluster is None:
+            return "-"
+        return format_html('<span title="{}">{}</span>', obj.cluster.public_id, obj.cluster.name)
+
     @admin.display(description="GPUs", ordering="gpus")
     def gpus_asked(self, obj: Session) -> str:
         """``2 whole`` or ``1 × 4000 MiB, 25% cores`` (a HAMi share of each GPU)."""
@@ -166,8 +173,12 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.display(description="started", ordering="started_at")
     def started(self, obj: Session) -> str:
-        """When its pod started running (UTC), or "not yet"."""
-        return console.utc(obj.started_at) or ("not yet" if obj.is_live else "never")
+        """When its pod started running (UTC; date over time in the list), or "not yet"."""
+        text = console.utc(obj.started_at)
+        if not text:
+            return "not yet" if obj.is_live else "never"
+        day, time = text.split(" ", 1)
+        return format_html('<span class="gs-day">{}</span> <span class="gs-time">{}</span>', day, time)
 
     @admin.display(description="created")
     def created(self, obj: Session) -> str:  # noqa: D102
@@ -181,19 +192,23 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     def last_status(self, obj: Session) -> str:  # noqa: D102
         return console.utc(obj.last_status_at) or "-"
 
-    @admin.display(description="cost so far (credits)", ordering="cost_so_far")
+    @admin.display(description="cost so far", ordering="cost_so_far")
     def cost(self, obj: Session) -> str:
         """Credits charged to the session so far (``console_selectors.with_cost_so_far``)."""
         value = getattr(obj, "cost_so_far", None)
         if value is None:
             value = console_selectors.cost_so_far(obj)
-        return format_html('<span class="gs-credits">{}</span>', f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0")
+        text = f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0"
+        return format_html('<span class="gs-credits" title="{} credits">{}</span>', text, text)
 
     @admin.display(description="URL")
     def url_link(self, obj: Session) -> str:
-        """Where the session is served (the connect path at its cluster's session domain), as a link."""
+        """Where the session is served (the connect path at its cluster's session domain), as a link (the
+        whole URL on hover; Open adds the connect token)."""
         url = session_url(obj)
-        return format_html('<a href="{}" rel="noopener noreferrer">{}</a>', url, url) if url else "-"
+        if not url:
+            return "-"
+        return format_html('<a href="{}" title="{}" class="gs-url" rel="noopener noreferrer">URL</a>', url, url)
 
     @admin.action(description="Stop", permissions=["stop"])
     def stop(self, request, queryset):

@@ -105,8 +105,8 @@ def test_list_shows_phase_owner_cluster_node_gpus_started_cost_and_url(console):
     text = page_text(console.get(LIST))
     assert '<span class="gs-phase gs-phase-running" data-phase="Running">Running</span>' in text
     assert '<span class="gs-phase gs-phase-starting" data-phase="Starting">Starting</span>' in text
-    for expected in ("bob", "lab-c1", "gpu-node-a", "2 × 4000 MiB, 25% cores", "2026-12-01 09:30:05 UTC", "11.250125",
-                     f'href="https://lab-c1.gshare.localhost/s/{session.public_id}/"', "Cost so far (credits)"):
+    for expected in ("bob", "lab-c1", "gpu-node-a", "2 × 4000 MiB, 25% cores", "2026-12-01</span> <span class=\"gs-time\">09:30:05 UTC", "11.250125",
+                     f'href="https://lab-c1.gshare.localhost/s/{session.public_id}/"', "Cost so far", "11.250125 credits"):
         assert expected in text, expected
     # Open only for the Running one; Stop for both (live, not stopping); the bulk Stop action stays.
     assert text.count(f'formaction="/gpu_sessions/session/{session.pk}/open/"') == 1
