@@ -335,7 +335,7 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     Media = ConsoleCss
 
     #: Chips shown in a row before "+N more" (the rest on hover; all on the node's page).
-    LABELS_SHOWN = 5
+    LABELS_SHOWN = 4
 
     def get_queryset(self, request):  # noqa: D102
         return console.node_rows(super().get_queryset(request))

@@ -196,15 +196,28 @@ def node_load(node: Node) -> Meter:
     return memory if memory.percent >= cores.percent else cores
 
 
-#: Labels shown first on a node (the ones placement and HAMi act on), before the rest in name order.
-PRIORITY_LABEL_PREFIXES = ("gshare.io/", "gpu", "nvidia.com/", "hami.io/", "node.kubernetes.io/instance-type")
-
+#: Labels shown first on a node, in this order: what an operator picks a node by (HAMi mode, GPU product, count and
+#: memory from GPU feature discovery, instance type, zone). Then other gShare and HAMi labels, then the rest by key.
+PREFERRED_LABELS = (
+    "gshare.io/gpu-mode", "nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
+    "node.kubernetes.io/instance-type", "topology.kubernetes.io/zone", "gpu",
+)
+PRIORITY_LABEL_PREFIXES = ("gshare.io/", "hami.io/")
 
 #: Labels that repeat what the row already says (the node's name), shown last.
 LAST_LABELS = frozenset({"kubernetes.io/hostname"})
 
 
 def node_labels(labels: dict | None) -> list[tuple[str, str]]:
-    """``labels`` as ``(key, value)`` pairs: gShare, GPU and HAMi labels first, then by key."""
+    """``labels`` as ``(key, value)`` pairs: :data:`PREFERRED_LABELS` first in their order, then other gShare and
+    HAMi labels, then the rest by key (the hostname last)."""
     items = [(str(k), "" if v is None else str(v)) for k, v in (labels or {}).items()]
-    return sorted(items, key=lambda kv: (not kv[0].startswith(PRIORITY_LABEL_PREFIXES), kv[0] in LAST_LABELS, kv[0]))
+    rank = {key: n for n, key in enumerate(PREFERRED_LABELS)}
+
+    def order(kv: tuple[str, str]):
+        key = kv[0]
+        if key in rank:
+            return (0, rank[key], key)
+        return (1 if key.startswith(PRIORITY_LABEL_PREFIXES) else 3 if key in LAST_LABELS else 2, 0, key)
+
+    return sorted(items, key=order)

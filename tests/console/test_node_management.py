@@ -102,10 +102,10 @@ def test_a_node_without_gpus_or_mode(console, fleet):
 def test_labels_are_chips_not_json(console, fleet):
     cell = _cell(_row_html(console.get(URL), fleet["node"]), "label_chips")
     assert "{" not in cell and "&quot;" not in cell
-    # gShare / GPU labels first; five chips, then "+3 more" listing the rest on hover.
+    # What an operator picks a node by first; four chips, then "+4 more" listing the rest on hover.
     keys = re.findall(r'<span class="gs-chip-key">([^<]+)</span>', cell)
-    assert keys[:3] == ["gpu", "gshare.io/gpu-mode", "nvidia.com/gpu.product"] and len(keys) == 5
-    assert "+3 more" in cell
+    assert keys == ["gshare.io/gpu-mode", "nvidia.com/gpu.product", "topology.kubernetes.io/zone", "gpu"]
+    assert "+4 more" in cell and "kubernetes.io/hostname=gpu-a1" in cell
     assert '<span class="gs-chip-value">hami-core</span>' in cell
     # The node's own page shows every label as a chip.
     change = page_text(console.get(f"{URL}{fleet['node'].pk}/change/"))
@@ -258,3 +258,31 @@ def test_browser_cluster_list_fits_and_keeps_its_actions(live_server, console_us
     assert page.locator("#changelist .results").evaluate("e => e.scrollWidth <= e.clientWidth"), "a Clusters column is cut off at 1400 px"
     assert page.locator(".gs-badge", has_text="degraded").is_visible()
     assert "Run the connection test" in page.locator("select[name=action]").inner_text()
+
+
+def test_browser_demo_fleet_fits_1400_px(live_server, console_users, page):
+    """The demo's two clusters as their operators report them (real HAMi registrations, GPU feature discovery labels),
+    with a whole-GPU session and two shares: every card and every node column fits a 1400 px screen."""
+    from clusters import services as cluster_services
+    from demo import fleet as demo_fleet
+
+    for name in ("lab-c1", "lab-c2"):
+        cluster = ClusterFactory(name=name)
+        cluster_services.inventory_apply(cluster=cluster, nodes=demo_fleet.expected_inventory(name)["snapshot"]["nodes"])
+    h100 = list(GpuDevice.objects.filter(node__name="gpu-h100-01").order_by("index"))
+    _hold("alice-demo", h100[0])
+    _hold("bob", h100[1], memory_mib=40000, cores=30)
+    _hold("carol", h100[1], memory_mib=20000, cores=25)
+    login(page, live_server.url, "admin", console_users["admin"][1])
+    for path, name in (("/clusters/gpudevice/", "console-gpus-demo"), (URL, "console-nodes-demo")):
+        page.goto(f"{live_server.url}{path}")
+        shot(page, name)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), f"{path} scrolls sideways"
+        results = page.locator("#changelist .results, #changelist .gs-cards").first
+        assert results.evaluate("e => e.scrollWidth <= e.clientWidth"), f"{path}: something is cut off at 1400 px"
+    assert page.locator("#result_list .gs-chip-more").count() >= 1
+    page.goto(f"{live_server.url}/clusters/gpudevice/")
+    uuids = page.locator(".gs-uuid code")
+    assert uuids.count() == 19
+    truncated = uuids.evaluate_all("codes => codes.filter(c => c.scrollWidth > c.clientWidth).map(c => c.textContent)")
+    assert truncated == [], f"short UUIDs cut off: {truncated}"
