@@ -159,6 +159,12 @@ def test_researchers_get_no_dashboard(fleet, client):
     assert 'id="dashboard"' not in response.content.decode()
 
 
+def test_an_empty_fleet(admin_client):
+    page = admin_client.get("/").content.decode()
+    assert "No cluster is registered yet" in page and "No storage pool is registered yet" in page
+    assert _stat(page, "total") == "0" and _stat(page, "burn") == "0" and _stat(page, "capacity") == "unknown"
+
+
 def _stat(page: str, name: str) -> str:
     match = re.search(rf'data-stat="{name}"[^>]*>([^<]*)<', page)
     assert match, f"no {name} on the page"
@@ -332,12 +338,26 @@ def test_browser_cluster_selector_narrows_the_tiles(live_server, console_users, 
         for i in range(gpus):
             GpuDeviceFactory(node=node, index=i)
     StoragePoolFactory(name="nfs-a", cluster=a, manual_capacity_gb=2048)
-    SessionFactory(cluster=b, owner=console_users["alice"][0])
-
+    alice = console_users["alice"][0]
+    account = _account(alice, "42")
+    Price.objects.create(gpu_model=H100, credits_per_gpu_hour=Decimal("4"))
+    # A day's history for the chart: sessions begun hours ago (some ended), and their ledger charges.
+    for hours_ago, cluster, ended in ((20, a, 14), (12, a, 3), (9, b, None), (5, a, None), (2, a, None)):
+        session = SessionFactory(cluster=cluster, owner=alice, phase=Session.Phase.RUNNING if ended is None else Session.Phase.TERMINATED,
+                                 ended_at=None if ended is None else now - datetime.timedelta(hours=ended))
+        Session.objects.filter(pk=session.pk).update(created_at=now - datetime.timedelta(hours=hours_ago))
+        for h in range(hours_ago, ended or 0, -1):
+            LedgerEntry.objects.create(account=account, kind="charge", amount=Decimal("-4"), balance_after=Decimal(0), session=session,
+                                       idempotency_key=f"{session.public_id}-{h}", window_end=now - datetime.timedelta(hours=h - 1))
+        if ended is None:
+            device = GpuDevice.objects.filter(cluster=cluster, allocations__isnull=True).order_by("pk").first()
+            Allocation.objects.create(session=session, device=device, memory_mib=81559, cores=100, exclusive=True)
     login(page, live_server.url, "admin", console_users["admin"][1])
     page.goto(live_server.url + "/")
     tile = page.locator("#tile-gpus")
     assert tile.locator('[data-stat="total"]').inner_text() == "6"
+    assert tile.locator('[data-stat="whole"]').inner_text() == "3"
+    assert page.locator('#tile-credits [data-stat="burn"]').inner_text() == "12"  # three H100s held whole, 4 credits/h each
     chart = page.get_by_role("img", name=re.compile("^GPUs reserved and credits burned per hour, last 24 hours, all clusters"))
     assert chart.count() == 1 and chart.bounding_box()["width"] > 400
 
@@ -351,6 +371,7 @@ def test_browser_cluster_selector_narrows_the_tiles(live_server, console_users, 
     page.wait_for_load_state()
     assert "Narrowed to cluster" in page.locator("#dashboard-scope").inner_text()
     assert tile.locator('[data-stat="total"]').inner_text() == "2"
+    assert tile.locator('[data-stat="whole"]').inner_text() == "1"
     assert page.locator('#tile-sessions [data-stat="running"]').inner_text() == "1"
     storage = page.locator("#tile-storage")
     assert "shared across clusters" in storage.inner_text()
