@@ -57,8 +57,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     list_select_related = ["owner", "cluster"]
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
-        "public_id", "name", "owner", "cluster", "requested_cluster", "url_link", "image", "gpus", "gpu_memory_mib", "gpu_cores",
-        "phase_badge", "node", "devices", "volumes", "message", "cost", "created", "started", "ended", "last_status",
+        "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
+        "gpu_devices", "volumes", "message", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -209,6 +209,17 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         if not url:
             return "-"
         return format_html('<a href="{}" title="{}" class="gs-url" rel="noopener noreferrer">URL</a>', url, url)
+
+    @admin.display(description="URL")
+    def url_full(self, obj: Session) -> str:
+        """The session's URL, whole, as a link (its page)."""
+        url = session_url(obj)
+        return format_html('<a href="{}" rel="noopener noreferrer">{}</a>', url, url) if url else "-"
+
+    @admin.display(description="GPU devices")
+    def gpu_devices(self, obj: Session) -> str:
+        """The GPU UUIDs HAMi allocated, as the operator reported them."""
+        return ", ".join(map(str, obj.devices or [])) or "-"
 
     @admin.action(description="Stop", permissions=["stop"])
     def stop(self, request, queryset):

@@ -104,6 +104,7 @@ def test_staff_starts_a_pinned_session_opens_it_through_the_ingress_and_stops_it
                                   screenshot="console-start-session")
     _wait_running(page)
     expect(page.locator(".gs-session-buttons .gs-stop")).to_be_visible()
+    shot(page, "console-session-page")
     session_page = page.url
 
     page.goto(f"{base}{LIST}")
@@ -153,3 +154,23 @@ def test_researcher_logs_in_starts_and_opens_their_session(demo, page):
     assert session_host in {c["session_host"] for c in demo["clusters"]}, session_host
     _open(page, session_id, session_host)
     expect(page.locator("body")).to_contain_text(demo["researcher_user"])
+
+
+def test_a_refusal_shows_the_apis_code_on_the_form(demo, page):
+    base = demo["url"]
+    login(page, base, demo["admin_user"], demo["admin_password"])
+    page.goto(f"{base}{LIST}start/")
+    page.fill("#id_image", "quay.io/jupyter/base-notebook")
+    page.check("input[name=share][value=share]")
+    page.fill("#id_gpu_cores", "150")
+    page.select_option("#id_cluster", value=demo["clusters"][0]["id"])
+    page.get_by_role("button", name="Start session").click()
+    alert = page.get_by_role("alert")
+    expect(alert.locator(".gs-refusal-code")).to_have_text("invalid_request")
+    expect(alert).to_contain_text("gpu_cores must be a percentage of one GPU from 1 to 100")
+    expect(alert).to_contain_text("Nothing was started.")
+    # The form keeps what was asked, with the same idempotency key, to fix and send again.
+    expect(page.locator("#id_gpu_cores")).to_have_value("150")
+    page.fill("#id_gpu_cores", "200")
+    page.get_by_role("button", name="Start session").click()
+    expect(page.get_by_role("alert").locator(".gs-refusal-code")).to_have_text("invalid_request")
