@@ -328,8 +328,8 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     list_filter = ["ready", NodeModeFilter, NodeGpusFilter]
     search_fields = ["name", "cluster__name"]
     ordering = ["cluster_name", "name"]
-    readonly_fields = ["cluster", "name", "all_labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since",
-                       "free_devices", "open_devices"]
+    readonly_fields = ["cluster", "name", "ready", "gpu_mode", "gpus", "free", "open_for_shares", "load_bar", "cards", "all_labels",
+                       "inventory_error", "last_seen_at", "missing_since"]
     fields = readonly_fields
     list_per_page = 50
     Media = ConsoleCss
@@ -413,7 +413,7 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
         """How long ago the node was last reported (the UTC time on hover)."""
         return _age_html(obj.last_seen_at)
 
-    @admin.display(description="")
+    @admin.display(description="GPU cards")
     def cards(self, obj: Node):
         """A link to GPU management filtered to this node."""
         url = reverse("admin:clusters_gpudevice_changelist")
@@ -500,8 +500,8 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["uuid", "model", "node__name"]
     ordering = ["cluster__name", "node__name", "index"]
     list_per_page = 48
-    readonly_fields = ["cluster", "node", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at",
-                       "missing_since", "used_count", "used_memory_mib", "used_cores", "used_exclusive"]
+    readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "reserved",
+                       "holding_sessions", "last_seen_at", "missing_since"]
     fields = readonly_fields
 
     class Media:
@@ -513,6 +513,24 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     def get_changelist(self, request, **kwargs):  # noqa: D102
         return GpuCardList
+
+    @admin.display(description="reserved")
+    def reserved(self, obj: GpuDevice):
+        """The card's three bars: memory, cores and HAMi split slots reserved by live sessions."""
+        card = console.gpu_card(obj)
+        return format_html('<div class="gs-meters gs-detail-meters">{}{}{}</div>', _bar(card.memory), _bar(card.cores), _bar(card.slots))
+
+    @admin.display(description="sessions on this GPU")
+    def holding_sessions(self, obj: GpuDevice):
+        """The live sessions holding the GPU: id (linked), owner, share."""
+        holders = console.gpu_card(obj).holders
+        if not holders:
+            return mark_safe('<span class="gs-muted">none</span>')
+        rows = format_html_join(
+            "", '<li><a class="gs-session" href="{}">{}</a><span class="gs-owner">{} · {}</span><span class="gs-share">{}</span></li>',
+            ((reverse("admin:gpu_sessions_session_change", args=[h.session_pk]), h.public_id, h.owner, h.phase, h.share) for h in holders),
+        )
+        return format_html('<div class="gs-holders gs-detail-holders"><ul>{}</ul></div>', rows)
 
     def changelist_view(self, request, extra_context=None):
         """Django's changelist, titled "GPU management", rendered as cards."""

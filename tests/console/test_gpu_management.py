@@ -242,3 +242,22 @@ def test_browser_copy_button_copies_the_whole_uuid(live_server, console_users, c
     button.click()
     page.wait_for_function("document.querySelector('.gs-copied') !== null")
     assert page.evaluate("navigator.clipboard.readText()") == uuid
+
+
+def test_browser_gpu_and_node_pages_are_read_only(live_server, console_users, page, fleet):
+    login(page, live_server.url, "admin", console_users["admin"][1])
+    page.goto(f"{live_server.url}{URL}{fleet['shared_gpu'].pk}/change/")
+    shot(page, "console-gpu-detail")
+    assert page.locator("input[name=_save]").count() == 0 and page.locator("a.deletelink").count() == 0
+    page.goto(f"{live_server.url}/clusters/node/{fleet['node'].pk}/change/")
+    shot(page, "console-node-detail")
+    assert page.locator(".gs-chips-all .gs-chip").count() == 2
+    assert page.locator("input[name=_save]").count() == 0
+
+
+def test_gpu_page_shows_its_reservations_and_sessions(console, fleet):
+    text = page_text(console.get(f"{URL}{fleet['shared_gpu'].pk}/change/"))
+    assert f"60,000 / {H100_MIB:,} MiB" in text and "50 / 100 %" in text and "2 / 10" in text
+    assert f'href="/gpu_sessions/session/{fleet["share"].pk}/change/"' in text and "carol · Running" in text
+    node = page_text(console.get(f"/clusters/node/{fleet['node'].pk}/change/"))
+    assert f'href="/clusters/gpudevice/?node={fleet["node"].pk}"' in node and "nvidia.com/gpu.product" in node
