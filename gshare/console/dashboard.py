@@ -452,16 +452,22 @@ class HourBucket:
 #: One query for both series, one pass over the sessions (not one per hour). Each session's time, clipped to the
 #: window, is hour ``i`` (where it begins) to hour ``j`` (where it ends): its part of hour ``i`` (``head``), its
 #: part of hour ``j`` when that is another hour (``tail``), and the whole hours between, summed in Python from
-#: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``).
+#: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``), looked up
+#: through the recent sessions (the ledger's session index) rather than by reading the whole ledger: a usage window
+#: ends at most a few minutes after its session (docs/billing.md), so an hour's margin finds every charge.
 _CHART_SQL = """
-    WITH k AS (
+    WITH recent AS (
+        SELECT s.id, s.gpus, s.created_at, s.ended_at
+          FROM gpu_sessions_session s
+         WHERE s.cluster_id IS NOT NULL {session_cluster}
+           AND (s.ended_at IS NULL OR s.ended_at > %(first)s - interval '1 hour')
+    ),
+    k AS (
         SELECT gpus, c, e,
                FLOOR(EXTRACT(EPOCH FROM c - %(first)s) / 3600)::int AS i,
                FLOOR(EXTRACT(EPOCH FROM e - %(first)s) / 3600)::int AS j
-          FROM (SELECT s.gpus, GREATEST(s.created_at, %(first)s) AS c, LEAST(COALESCE(s.ended_at, %(now)s), %(now)s) AS e
-                  FROM gpu_sessions_session s
-                 WHERE s.cluster_id IS NOT NULL {session_cluster}
-                   AND s.created_at < %(now)s AND (s.ended_at IS NULL OR s.ended_at > %(first)s)) clipped
+          FROM (SELECT gpus, GREATEST(created_at, %(first)s) AS c, LEAST(COALESCE(ended_at, %(now)s), %(now)s) AS e
+                  FROM recent WHERE created_at < %(now)s) clipped
          WHERE e > c
     )
     SELECT 'head', i, SUM(gpus * EXTRACT(EPOCH FROM LEAST(e, %(first)s + (i + 1) * interval '1 hour') - c)) FROM k GROUP BY i
@@ -473,8 +479,9 @@ _CHART_SQL = """
     SELECT 'close', j, SUM(gpus) FROM k WHERE j > i + 1 GROUP BY j
     UNION ALL
     SELECT 'burned', FLOOR(EXTRACT(EPOCH FROM COALESCE(e.window_end, e.created_at) - %(first)s) / 3600)::int, -SUM(e.amount)
-      FROM billing_ledgerentry e {ledger_join}
-     WHERE e.kind = 'charge' AND COALESCE(e.window_end, e.created_at) >= %(first)s {ledger_cluster}
+      FROM billing_ledgerentry e
+     WHERE e.session_id IN (SELECT id FROM recent)
+       AND e.kind = 'charge' AND COALESCE(e.window_end, e.created_at) >= %(first)s
      GROUP BY 2"""
 
 
@@ -493,11 +500,7 @@ def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None
     last = now.astimezone(datetime.UTC).replace(minute=0, second=0, microsecond=0)
     first = last - datetime.timedelta(hours=hours - 1)
     params: dict = {"now": now, "first": first}
-    sql = _CHART_SQL.format(
-        session_cluster="AND s.cluster_id = %(cluster)s" if cluster else "",
-        ledger_join="JOIN gpu_sessions_session ls ON ls.id = e.session_id" if cluster else "",
-        ledger_cluster="AND ls.cluster_id = %(cluster)s" if cluster else "",
-    )
+    sql = _CHART_SQL.format(session_cluster="AND s.cluster_id = %(cluster)s" if cluster else "")
     if cluster is not None:
         params["cluster"] = cluster.pk
     parts: dict[str, dict[int, Decimal]] = {"head": {}, "tail": {}, "open": {}, "close": {}, "burned": {}}
