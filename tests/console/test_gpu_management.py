@@ -226,7 +226,7 @@ def test_browser_card_shows_the_session_on_it(live_server, console_users, page, 
     assert box and box["height"] < 30, box
     # Nothing cut off at 1400 px: the page does not scroll sideways.
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-    shot(page, "console-gpus")
+    shot(page, "console-gpus-card")
     card.get_by_role("link", name=fleet["share"].public_id).click()
     page.wait_for_load_state()
     assert f"/gpu_sessions/session/{fleet['share'].pk}/change/" in page.url

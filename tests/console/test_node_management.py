@@ -217,7 +217,7 @@ def test_browser_cluster_selector_narrows_nodes_and_gpus_and_stays_chosen(live_s
     login(page, base, "admin", console_users["admin"][1])
     page.goto(f"{base}{URL}")
     assert _node_names(page) == {"gpu-a1", "gpu-a2", "gpu-b1"}
-    shot(page, "console-nodes")
+    shot(page, "console-nodes-scope")
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "Node management scrolls sideways at 1400 px"
     results = page.locator("#changelist .results")
     assert results.evaluate("e => e.scrollWidth <= e.clientWidth"), "a Node management column is cut off at 1400 px"
@@ -274,7 +274,7 @@ def test_browser_demo_fleet_fits_1400_px(live_server, console_users, page):
     _hold("bob", h100[1], memory_mib=40000, cores=30)
     _hold("carol", h100[1], memory_mib=20000, cores=25)
     login(page, live_server.url, "admin", console_users["admin"][1])
-    for path, name in (("/clusters/gpudevice/", "console-gpus-demo"), (URL, "console-nodes-demo")):
+    for path, name in (("/clusters/gpudevice/", "console-gpus"), (URL, "console-nodes")):
         page.goto(f"{live_server.url}{path}")
         shot(page, name)
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), f"{path} scrolls sideways"
