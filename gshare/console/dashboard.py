@@ -152,11 +152,17 @@ def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | No
         token = operator_token_state(c, now=now).warning
         if token:
             warnings.append(token)
-        if not reporting:
-            since = f"for {age(heartbeat_age)} (last report {utc(c.last_heartbeat_at)})" if heartbeat_age is not None else "yet"
+        if not reporting and heartbeat_age is None:
             warnings.append(
-                f"The operator has not reported {since}: its callbacks are refused or it is not running. Check its pod "
-                "(`kubectl -n gshare-system logs deploy/gshare-operator`); a 401 there (token_revoked, expired) is fixed by "
+                "Its operator has not reported yet: install it (docs/attach-a-cluster.md), then check its pod "
+                "(`kubectl -n gshare-system logs deploy/gshare-operator`) and its token "
+                f"(`manage.py rotate_operator_tokens --cluster {c.public_id}`)."
+            )
+        elif not reporting:
+            warnings.append(
+                f"The operator has not reported for {age(heartbeat_age)} (last report {utc(c.last_heartbeat_at)}): its "
+                "callbacks are refused or it is not running. Check its pod (`kubectl -n gshare-system logs "
+                "deploy/gshare-operator`); a 401 there (token_revoked, expired) is fixed by "
                 f"`manage.py rotate_operator_tokens --cluster {c.public_id}`."
             )
         rows.append(ClusterRow(cluster=c, heartbeat_age=heartbeat_age, reporting=reporting, warnings=tuple(warnings)))
