@@ -502,3 +502,21 @@ def test_session_rows_of_others_are_not_in_my_sessions(as_alice, world):
     assert page.status_code == 200
     assert {s.owner_id for s in page.context["cl"].queryset} == {world["alice"].pk}
     assert Session.objects.filter(owner=world["bob"]).exists()
+
+
+@pytest.mark.parametrize("path", ["/storage/volume/", "/gshare/apitoken/", "/gpu_sessions/session/"])
+def test_my_lists_queries_do_not_grow_with_rows(as_alice, world, path):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    counts = []
+    for batch in range(2):
+        for i in range(10):
+            tag = f"more-{batch}-{i}"
+            VolumeFactory(owner=world["alice"], pool=world["pool"], name=tag)
+            api_token_create(username="alice", name=tag)
+            SessionFactory(owner=world["alice"], cluster=world["cluster"], name=tag)
+        with CaptureQueriesContext(connection) as queries:
+            assert as_alice.get(path).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
