@@ -9,6 +9,7 @@ here. Reservations and suggested images are staff pages.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_GET, require_POST
@@ -55,6 +56,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     list_display_links = ["public_id"]
     list_filter = ["phase", "cluster"]
     list_select_related = ["owner", "cluster"]
+    list_per_page = 50
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
@@ -86,6 +88,9 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
         may_stop = self.has_stop_permission(request)
         changelist = reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist")
+        # One reverse per page, not two per row: the row's pk goes where the placeholder is.
+        urls = {verb: reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[0]).replace("/0/", "/{}/")
+                for verb in ("open", "stop")}
 
         @admin.display(description="Actions")
         def row_actions(obj: Session) -> str:
@@ -100,11 +105,16 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
             return format_html_join(
                 " ", '<button type="submit" class="gs-button {}" formaction="{}" formmethod="post" name="next" value="{}" '
                 'aria-label="{} {}">{}</button>',
-                ((css, reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[obj.pk]), changelist, label,
-                  obj.public_id, label) for verb, label, css in buttons),
+                ((css, urls[verb].format(obj.pk), changelist, label, obj.public_id, label) for verb, label, css in buttons),
             )
 
         return [*self.list_display, row_actions]
+
+    def action_checkbox(self, obj: Session) -> str:
+        """The row's action checkbox, as Django renders it, without a widget template per row (the header's
+        select-all box is Django's, by this method's name)."""
+        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
+                           'aria-label="Select this object for an action - {}">', ACTION_CHECKBOX_NAME, obj.pk, obj.public_id)
 
     def get_urls(self):
         """The admin's URLs with ``start/``, ``<id>/open/``, ``<id>/stop/`` and ``<id>/status/`` first."""
