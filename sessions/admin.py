@@ -71,6 +71,17 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     def get_queryset(self, request):  # noqa: D102
         return console_selectors.with_cost_so_far(super().get_queryset(request))
 
+    def get_readonly_fields(self, request, obj=None):
+        """The session page's fields; for a researcher the owner and clusters as plain names (the user and cluster
+        pages are staff pages)."""
+        if not is_researcher(request.user):
+            return self.readonly_fields
+        plain = {"owner": "owner_name", "cluster": "cluster_name", "requested_cluster": "requested_cluster_name"}
+        return [plain.get(name, name) for name in self.readonly_fields]
+
+    def get_fields(self, request, obj=None):  # noqa: D102
+        return self.get_readonly_fields(request, obj)
+
     def list_title(self, request) -> str:
         """"My sessions" for a researcher, "Sessions" for staff."""
         return "My sessions" if is_researcher(request.user) else "Sessions"
@@ -169,6 +180,14 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         if obj.cluster is None:
             return "-"
         return format_html('<span title="{}">{}</span>', obj.cluster.public_id, obj.cluster.name)
+
+    @admin.display(description="owner")
+    def owner_name(self, obj: Session) -> str:  # noqa: D102
+        return obj.owner.get_username()
+
+    @admin.display(description="requested cluster")
+    def requested_cluster_name(self, obj: Session) -> str:  # noqa: D102
+        return obj.requested_cluster.name if obj.requested_cluster_id else "automatic"
 
     @admin.display(description="GPUs", ordering="gpus")
     def gpus_asked(self, obj: Session) -> str:

@@ -138,12 +138,6 @@ def test_staff_starts_a_pinned_session_opens_it_through_the_ingress_and_stops_it
     assert bare.status_code in (401, 403, 404) and session_id not in bare.text, bare.status_code
 
 def test_researcher_logs_in_starts_and_opens_their_session(demo, page):
-    from django.contrib.admin import AdminSite
-
-    from gshare.console.site import ConsoleSite
-
-    if ConsoleSite.has_permission is AdminSite.has_permission:
-        pytest.skip("needs h6's ConsoleSite.has_permission (researchers log in to the console)")
     base = demo["url"]
     login(page, base, demo["researcher_user"], demo["researcher_password"])
     page.goto(f"{base}{LIST}")

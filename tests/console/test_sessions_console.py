@@ -36,19 +36,9 @@ def console(client, staff_user):
 
 
 @pytest.fixture
-def researcher_console(client, plain_user, monkeypatch):
-    """The test client logged in as the researcher ``alice`` (not staff).
-
-    Depends on h6's ``ConsoleSite.has_permission`` letting any active user into the console; until it is on main the
-    site's own rule is replaced here by that one (any active user), so the session pages' own checks are what is
-    tested.
-    """
-    from django.contrib.admin import AdminSite
-
-    from gshare.console.site import ConsoleSite
-
-    if ConsoleSite.has_permission is AdminSite.has_permission:  # h6's change not on main yet
-        monkeypatch.setattr(ConsoleSite, "has_permission", lambda self, request: request.user.is_active and request.user.is_authenticated)
+def researcher_console(client, plain_user):
+    """The test client logged in as the researcher ``alice`` (not staff; ``ConsoleSite.has_permission`` lets any
+    active user into the console)."""
     client.force_login(plain_user)
     return client
 
@@ -347,7 +337,10 @@ def test_researcher_sees_only_their_own_sessions(researcher_console, plain_user)
     text = page_text(response)
     assert "My sessions" in text and mine.public_id in text and theirs.public_id not in text
     assert f"/{mine.pk}/stop/" in text and f"/{mine.pk}/open/" in text and "Start session" in text
-    assert researcher_console.get(f"{LIST}{mine.pk}/change/").status_code == 200
+    page = researcher_console.get(f"{LIST}{mine.pk}/change/")
+    assert page.status_code == 200
+    # No link to a staff page (the user's, the cluster's): those answer 403 to a researcher.
+    assert "/auth/user/" not in page_text(page) and "/clusters/cluster/" not in page_text(page)
     assert researcher_console.get(f"{LIST}{theirs.pk}/change/").status_code == 404
     assert researcher_console.get(f"{LIST}{theirs.pk}/status/").status_code == 404
 
