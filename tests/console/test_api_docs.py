@@ -110,7 +110,7 @@ def test_internal_routes_never_take_a_session_cookie(live_server, console_users,
     assert response.json()["code"] == "token_missing"
 
 
-def test_docs_render_in_the_browser_without_a_cdn(live_server, console_users, page):
+def test_docs_render_in_the_browser_without_a_cdn(live_server, console_users, page, pool):
     login(page, live_server.url, "alice", console_users["alice"][1])
     page.click("#api-docs-link")
     page.wait_for_url(f"{live_server.url}/api/v1/docs/")
@@ -124,3 +124,14 @@ def test_docs_render_in_the_browser_without_a_cdn(live_server, console_users, pa
         return [r.status, await r.json()];
     }""")
     assert answer[0] == 200 and answer[1]["user"] == "alice"
+
+    # Try it out on a write: Swagger UI sends the CSRF token with the login session, so the volume is created.
+    operation = page.locator(".opblock-post", has=page.locator(".opblock-summary-path", has_text=re.compile(r"^/api/v1/storage/volumes/?$")))
+    operation.locator(".opblock-summary").click()
+    operation.locator("button.try-out__btn").click()
+    operation.locator("textarea.body-param__text").fill('{"name": "from-swagger", "quota_gb": 3}')
+    operation.locator("button.execute").click()
+    status = operation.locator(".live-responses-table tbody .response-col_status").first
+    status.wait_for()
+    assert status.inner_text().strip().startswith("201"), operation.locator(".live-responses-table").inner_text()
+    assert Volume.objects.get(name="from-swagger").owner == console_users["alice"][0]
