@@ -13,17 +13,16 @@ def audit_list(
     *,
     actor: str | None = None,
     action: str | None = None,
-    cluster: str | None = None,
     object_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> QuerySet[AuditRecord]:
-    """Audit rows, newest first, filtered (every filter optional; all of them apply together).
+    """Audit rows, newest first, filtered (every filter optional; all of them apply together; the API's ``?cluster=``:
+    ``audit.api.filters.AuditFilter``).
 
     Args:
         actor: an actor exactly (``api:alice``), or every actor of a kind when it ends with ``:`` (``beat:``).
         action: an action (``cluster_update``).
-        cluster: rows about this cluster, by public id (``clu_...``) or by its name at the time of the row.
         object_id: rows about this object (``ses_...``, ``vol_...``, a signing key's kid ...).
         since: rows written at or after this moment (aware).
         until: rows written before this moment (aware).
@@ -36,8 +35,6 @@ def audit_list(
         qs = qs.filter(actor__startswith=actor) if actor.endswith(":") else qs.filter(actor=actor)
     if action:
         qs = qs.filter(action=action)
-    if cluster:
-        qs = qs.filter(cluster=cluster) if cluster.startswith("clu_") else qs.filter(cluster_name=cluster)
     if object_id:
         qs = qs.filter(object_id=object_id)
     if since is not None:

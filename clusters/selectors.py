@@ -33,23 +33,11 @@ def cluster_get(*, public_id: str) -> Cluster:
     return cluster
 
 
-def node_list(*, cluster: str | None = None) -> QuerySet[Node]:
-    """GPU nodes with their cluster and ``gpu_count``; ``cluster`` filters by public id or name."""
-    qs = Node.objects.select_related("cluster").annotate(gpu_count=Count("devices")).order_by("cluster__name", "name")
-    if cluster:
-        qs = qs.filter(cluster__in=_cluster_filter(cluster))
-    return qs
+def node_list() -> QuerySet[Node]:
+    """GPU nodes with their cluster and ``gpu_count`` (the API's ``?cluster=``: ``clusters.filters.NodeFilter``)."""
+    return Node.objects.select_related("cluster").annotate(gpu_count=Count("devices")).order_by("cluster__name", "name")
 
 
-def gpu_list(*, cluster: str | None = None) -> QuerySet[GpuDevice]:
-    """GPU devices with node and cluster; ``cluster`` filters by public id or name."""
-    qs = GpuDevice.objects.select_related("node", "cluster").order_by("cluster__name", "node__name", "index")
-    if cluster:
-        qs = qs.filter(cluster__in=_cluster_filter(cluster))
-    return qs
-
-
-def _cluster_filter(value: str) -> QuerySet[Cluster]:
-    if value.startswith("clu_"):
-        return Cluster.objects.filter(public_id=value)
-    return Cluster.objects.filter(name=value).exclude(status=Cluster.Status.DEREGISTERED)
+def gpu_list() -> QuerySet[GpuDevice]:
+    """GPU devices with node and cluster (the API's ``?cluster=``: ``clusters.filters.GpuFilter``)."""
+    return GpuDevice.objects.select_related("node", "cluster").order_by("cluster__name", "node__name", "index")

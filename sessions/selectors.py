@@ -9,13 +9,9 @@ from sessions.models import Session
 from storage.models import Volume
 
 
-def session_list(*, user, cluster: str | None = None, phase: str | None = None) -> QuerySet[Session]:
-    """Sessions visible to ``user`` (their own; staff see all), with cluster and owner joined.
-
-    Args:
-        cluster: filter by cluster id (``clu_...``) or name.
-        phase: filter by phase (``Running``...).
-    """
+def session_list(*, user) -> QuerySet[Session]:
+    """Sessions visible to ``user`` (their own; staff see all), with cluster and owner joined (the API's
+    ``?cluster=`` and ``?phase=``: ``sessions.api.filters.SessionFilter``)."""
     qs = (
         Session.objects.select_related("cluster", "owner")
         .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")))
@@ -23,10 +19,6 @@ def session_list(*, user, cluster: str | None = None, phase: str | None = None) 
     )
     if not user.is_staff:
         qs = qs.filter(owner=user)
-    if cluster:
-        qs = qs.filter(cluster__public_id=cluster) if cluster.startswith("clu_") else qs.filter(cluster__name=cluster)
-    if phase:
-        qs = qs.filter(phase=phase)
     return qs
 
 

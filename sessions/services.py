@@ -25,6 +25,7 @@ from billing import admission
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
 from clusters.kube import api_client_for_cluster
 from clusters.models import Cluster
+from clusters.refs import cluster_by_ref
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from operator_agent import contract
 from sessions import connect, placement, selectors
@@ -81,11 +82,7 @@ def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: i
 
 
 def _pinned_cluster(cluster_ref: str) -> Cluster:
-    qs = Cluster.objects.all()
-    cluster = (qs.filter(public_id=cluster_ref) if cluster_ref.startswith("clu_") else
-               qs.filter(name=cluster_ref).exclude(status=Cluster.Status.DEREGISTERED)).first()
-    if cluster is None:
-        raise NotFound(f"No cluster is named or has the id {cluster_ref!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+    cluster = cluster_by_ref(cluster_ref)
     if cluster.status in (Cluster.Status.DEREGISTERED, Cluster.Status.UNREACHABLE, Cluster.Status.PENDING) or not cluster.session_domain:
         why = "has no session_domain" if not cluster.session_domain else f"is {cluster.status}"
         raise Conflict(

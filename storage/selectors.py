@@ -8,6 +8,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from clusters.models import Cluster
+from clusters.refs import cluster_by_ref  # noqa: F401 (re-exported: request bodies name clusters by the same rule)
 from gshare.exceptions import NotFound
 from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, registered_cluster_ids
 from storage.models import GIB, StoragePool, Volume
@@ -29,11 +30,16 @@ def pool_list(*, cluster: Cluster | None = None) -> QuerySet[StoragePool]:
         .annotate(allocated_gb=Coalesce(Sum("volumes__quota_gb", filter=_LIVE), 0), volume_count=Count("volumes", filter=_LIVE))
         .order_by("name", "id")
     )
-    if cluster is not None:
-        qs = qs.filter(pools_shared_with(cluster))
-        listed = cluster_storage_classes([cluster.pk]).get(cluster.pk)
-        if listed is not None:
-            qs = qs.filter(storage_class__in=listed.names)
+    return pools_usable_on(qs, cluster) if cluster is not None else qs
+
+
+def pools_usable_on(qs: QuerySet[StoragePool], cluster: Cluster) -> QuerySet[StoragePool]:
+    """``qs`` narrowed to the pools ``cluster`` may use (:func:`pools_shared_with`) whose StorageClass exists there, as
+    far as its operator listed them (one query for the listing)."""
+    qs = qs.filter(pools_shared_with(cluster))
+    listed = cluster_storage_classes([cluster.pk]).get(cluster.pk)
+    if listed is not None:
+        qs = qs.filter(storage_class__in=listed.names)
     return qs
 
 
@@ -60,28 +66,12 @@ def pool_get(*, public_id: str) -> StoragePool:
     return pool
 
 
-def cluster_by_ref(ref: str) -> Cluster:
-    """A cluster by public id (``clu_...``) or name (registered clusters only).
-
-    Raises:
-        NotFound: ``cluster_not_found`` (404).
-    """
-    qs = Cluster.objects.all()
-    cluster = (qs.filter(public_id=ref) if ref.startswith("clu_") else qs.filter(name=ref).exclude(status=Cluster.Status.DEREGISTERED)).first()
-    if cluster is None:
-        raise NotFound(f"No cluster is named or has the id {ref!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
-    return cluster
-
-
-def volume_list(
-    *, user, owner: str | None = None, cluster: str | None = None, pool: str | None = None, include_deleted: bool = False
-) -> QuerySet[Volume]:
-    """Volumes visible to ``user``: their own; staff see all. Deleted volumes only with ``include_deleted``.
+def volume_list(*, user, owner: str | None = None, include_deleted: bool = False) -> QuerySet[Volume]:
+    """Volumes visible to ``user``: their own; staff see all. Deleted volumes only with ``include_deleted``
+    (the API's ``?cluster=`` and ``?pool=``: ``storage.api.filters.VolumeFilter``).
 
     Args:
         owner: staff only: filter by the owner's username.
-        cluster: filter by the cluster holding the PVC (id ``clu_...`` or name).
-        pool: filter by pool id (``pool_...``).
     """
     qs = Volume.objects.select_related("owner", "pool", "cluster").order_by("-created_at", "-id")
     if not include_deleted:
@@ -90,10 +80,6 @@ def volume_list(
         qs = qs.filter(owner=user)
     elif owner:
         qs = qs.filter(owner__username=owner)
-    if cluster:
-        qs = qs.filter(cluster__public_id=cluster) if cluster.startswith("clu_") else qs.filter(cluster__name=cluster)
-    if pool:
-        qs = qs.filter(pool__public_id=pool)
     return qs
 
 

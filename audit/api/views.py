@@ -6,6 +6,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, viewsets
 
 from audit import selectors
+from audit.api.filters import AuditFilter
 from audit.api.serializers import AuditRecordSerializer
 from gshare.api import Pagination, query_time
 
@@ -22,7 +23,7 @@ class IsStaff(permissions.BasePermission):
 @extend_schema(parameters=[
     OpenApiParameter("actor", str, description="Only rows of this actor (api:alice); ending with ':' every actor of that kind (beat:)"),
     OpenApiParameter("action", str, description="Only rows of this action (cluster_update, session_stop, ...)"),
-    OpenApiParameter("cluster", str, description="Only rows about this cluster: id (clu_...) or name"),
+    OpenApiParameter("cluster", str, description=AuditFilter.base_filters["cluster"].extra["help_text"]),
     OpenApiParameter("object", str, description="Only rows about this object: its id (ses_..., vol_..., a signing key's kid)"),
     OpenApiParameter("since", str, description="Only rows written at or after this ISO 8601 time (with a zone)"),
     OpenApiParameter("until", str, description="Only rows written before this ISO 8601 time (with a zone)"),
@@ -37,11 +38,11 @@ class AuditViewSet(viewsets.GenericViewSet):
     def get_queryset(self):  # noqa: D102
         params = self.request.query_params
         return selectors.audit_list(
-            actor=params.get("actor") or None, action=params.get("action") or None, cluster=params.get("cluster") or None,
-            object_id=params.get("object") or None, since=query_time(self.request, "since"), until=query_time(self.request, "until"),
+            actor=params.get("actor") or None, action=params.get("action") or None, object_id=params.get("object") or None,
+            since=query_time(self.request, "since"), until=query_time(self.request, "until"),
         )
 
     def list(self, request):
         """List rows (two queries: the count and the page)."""
-        page = self.paginate_queryset(self.get_queryset())
+        page = self.paginate_queryset(AuditFilter(request.query_params, queryset=self.get_queryset()).qs)
         return self.get_paginated_response(AuditRecordSerializer(page, many=True).data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -18,9 +19,12 @@ from clusters.api.serializers import (
     NodeSerializer,
     NodeStaffSerializer,
 )
+from clusters.filters import HELP as CLUSTER_HELP
+from clusters.filters import GpuFilter, NodeFilter
+from clusters.models import GpuDevice, Node
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
-CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
+CLUSTER_FILTER = OpenApiParameter("cluster", str, description=CLUSTER_HELP)
 
 #: A cluster as staff see it, or as every other user does (fewer fields): the schema lists both.
 CLUSTER_OUT = PolymorphicProxySerializer(
@@ -113,12 +117,15 @@ class NodeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """``GET /api/v1/nodes[?cluster=]``: GPU nodes from the latest inventories (labels and errors for staff only)."""
 
     serializer_class = NodeSerializer
+    queryset = Node.objects.none()  # the model, for the schema; get_queryset reads the selector
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = NodeFilter
 
     def get_serializer_class(self):  # noqa: D102
         return NodeStaffSerializer if _staff(self.request) else NodeSerializer
 
     def get_queryset(self):  # noqa: D102
-        return selectors.node_list(cluster=self.request.query_params.get("cluster"))
+        return selectors.node_list()
 
 
 @extend_schema(parameters=[CLUSTER_FILTER])
@@ -126,6 +133,9 @@ class GpuViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """``GET /api/v1/gpus[?cluster=]``: GPU devices from the latest inventories."""
 
     serializer_class = GpuSerializer
+    queryset = GpuDevice.objects.none()  # the model, for the schema; get_queryset reads the selector
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = GpuFilter
 
     def get_queryset(self):  # noqa: D102
-        return selectors.gpu_list(cluster=self.request.query_params.get("cluster"))
+        return selectors.gpu_list()

@@ -7,11 +7,14 @@ from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from clusters.filters import HELP as CLUSTER_HELP
 from sessions import selectors, services
+from sessions.api.filters import SessionFilter
 from sessions.api.serializers import SessionCreateSerializer, SessionSerializer
 
 
-@extend_schema(parameters=[OpenApiParameter("cluster", str), OpenApiParameter("phase", str)])
+@extend_schema(parameters=[OpenApiParameter("cluster", str, description=CLUSTER_HELP),
+                           OpenApiParameter("phase", str, description=SessionFilter.base_filters["phase"].extra["help_text"])])
 class SessionViewSet(viewsets.GenericViewSet):
     """``/api/v1/sessions``: start, list, show, stop, connect. Users see their own; staff see all."""
 
@@ -20,13 +23,11 @@ class SessionViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):  # noqa: D102
-        return selectors.session_list(
-            user=self.request.user, cluster=self.request.query_params.get("cluster"), phase=self.request.query_params.get("phase")
-        )
+        return selectors.session_list(user=self.request.user)
 
     def list(self, request):
         """List sessions (``?cluster=``, ``?phase=``)."""
-        page = self.paginate_queryset(self.get_queryset())
+        page = self.paginate_queryset(SessionFilter(request.query_params, queryset=self.get_queryset()).qs)
         return self.get_paginated_response(SessionSerializer(page, many=True).data)
 
     @extend_schema(

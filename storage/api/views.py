@@ -7,9 +7,12 @@ from rest_framework import permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from clusters.filters import HELP as CLUSTER_HELP
+from clusters.filters import cluster_param
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 from gshare.exceptions import ApplicationError
 from storage import selectors, services
+from storage.api.filters import PoolFilter, VolumeFilter
 from storage.api.serializers import (
     PoolCreateSerializer,
     PoolSerializer,
@@ -24,7 +27,7 @@ from storage.api.serializers import (
 from storage.capacity import pools_usability
 from storage.move import volume_move
 
-CLUSTER_FILTER = OpenApiParameter("cluster", str, description="Cluster id (clu_...) or name")
+CLUSTER_FILTER = OpenApiParameter("cluster", str, description=CLUSTER_HELP)
 
 
 class IsStaffOrReadOnly(StaffWriteOrReadOnly):
@@ -59,12 +62,11 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
-    @extend_schema(parameters=[OpenApiParameter("cluster", str, description="Pools usable by this cluster (id or name)")],
+    @extend_schema(parameters=[OpenApiParameter("cluster", str, description=PoolFilter.base_filters["cluster"].extra["help_text"])],
                    responses=PoolSerializer(many=True))
     def list(self, request):
         """List pools with their stored capacity (``?cluster=``: the pools that cluster may use)."""
-        ref = request.query_params.get("cluster")
-        pools = selectors.pool_list(cluster=selectors.cluster_by_ref(ref) if ref else None)
+        pools = PoolFilter(request.query_params, queryset=selectors.pool_list()).qs
         page = self.paginate_queryset(pools)
         return self.get_paginated_response(_pool_data(page, request=request, many=True))
 
@@ -107,9 +109,7 @@ class StorageSummaryViewSet(viewsets.GenericViewSet):
     @extend_schema(responses=SummarySerializer)
     def list(self, request):
         """The summary (see docs/storage.md#summary for the exact meaning of each number)."""
-        ref = request.query_params.get("cluster")
-        cluster = selectors.cluster_by_ref(ref) if ref else None
-        return Response(SummarySerializer(selectors.storage_summary(cluster=cluster)).data)
+        return Response(SummarySerializer(selectors.storage_summary(cluster=cluster_param(request.query_params))).data)
 
 
 @extend_schema(parameters=[
@@ -125,12 +125,11 @@ class VolumeViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):  # noqa: D102
-        params = self.request.query_params
-        return selectors.volume_list(user=self.request.user, owner=params.get("owner"), cluster=params.get("cluster"), pool=params.get("pool"))
+        return selectors.volume_list(user=self.request.user, owner=self.request.query_params.get("owner"))
 
     def list(self, request):
         """List volumes (``?cluster=``, ``?pool=``, staff: ``?owner=``); deleted volumes are not listed."""
-        page = self.paginate_queryset(self.get_queryset())
+        page = self.paginate_queryset(VolumeFilter(request.query_params, queryset=self.get_queryset()).qs)
         return self.get_paginated_response(VolumeSerializer(page, many=True).data)
 
     @extend_schema(request=VolumeCreateSerializer, responses={201: VolumeSerializer})
