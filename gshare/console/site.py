@@ -51,6 +51,7 @@ NAV_LABELS: dict[tuple[str, str], str] = {
     ("clusters", "node"): "Node management",
     ("clusters", "gpudevice"): "GPU management",
     ("gshare", "apitoken"): "API tokens",
+    ("gpu_sessions", "allocation"): "GPU reservations",
 }
 
 

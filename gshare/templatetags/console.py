@@ -9,7 +9,7 @@ from django import template
 from django.urls import reverse
 
 from gshare.console.scope import PARAM, ClusterScopedAdmin, console_cluster
-from gshare.console.site import NAV_LABELS, nav_label, section_of
+from gshare.console.site import nav_label, section_of
 
 register = template.Library()
 
@@ -36,13 +36,12 @@ def console_all_clusters_url(context) -> str:
 
 @register.simple_tag
 def console_list_title(cl, title: str = "") -> str:
-    """A changelist's title: the navigation's label where it has its own (``Node management``), else ``title``
-    (Django's "Select … to change", or what the admin class passed)."""
+    """A changelist's title: the list's name in the navigation (``Node management``, ``Ledger entries``) in place of
+    Django's "Select … to change"; a title the admin class passed, and a popup's "Select …", are kept."""
     if cl is None:
         return title
-    label = NAV_LABELS.get((cl.opts.app_label, cl.opts.model_name))
-    if label and (not title or title == cl.title):
-        return label
+    if (not title or title == cl.title) and not cl.is_popup:
+        return nav_label(cl.opts)
     return title or cl.title
 
 
