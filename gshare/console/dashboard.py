@@ -19,6 +19,7 @@ Definitions (docs/console.md#the-dashboard):
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -27,6 +28,8 @@ from django.db import connection
 from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Value, Window
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 
 from billing import pricing
 from billing.models import CREDITS, CreditAccount
@@ -44,6 +47,7 @@ DEFAULT_LOW_BALANCE = Decimal(10)
 #: How many of the lowest accounts the credits tile names.
 LOW_ACCOUNTS_SHOWN = 5
 CHART_HOURS = 24
+_CODE = re.compile(r"`([^`]+)`")
 _ZERO = Decimal(0).quantize(CREDITS)
 
 
@@ -117,6 +121,11 @@ class ClustersTile:
     def warnings(self) -> list[tuple[Cluster, str]]:
         """``(cluster, sentence)`` for every warning of every cluster."""
         return [(row.cluster, w) for row in self.rows for w in row.warnings]
+
+    @property
+    def warnings_html(self) -> list[tuple[Cluster, SafeString]]:
+        """:attr:`warnings` as HTML: the sentence escaped, its `commands` as ``<code>``."""
+        return [(c, mark_safe(_CODE.sub(r"<code>\1</code>", escape(w)))) for c, w in self.warnings]  # noqa: S308 - escaped first
 
 
 def _count_of(model, **where) -> Subquery:

@@ -140,6 +140,7 @@ def test_the_page_shows_the_tiles_and_narrows_to_the_chosen_cluster(fleet, admin
     assert _stat(page, "total") == "6" and _stat(page, "whole") == "1" and _stat(page, "shared") == "2"
     assert _stat(page, "burn") == "10"
     assert "UTC" in page and "lab-b" in page
+    assert f"<code>manage.py rotate_operator_tokens --cluster {fleet['b'].public_id}</code>" in page
     assert "N O D E S" not in page
     response = admin_client.get("/?cluster=lab-a", follow=True)
     assert response.redirect_chain and response.redirect_chain[-1][0] == "/"
