@@ -46,8 +46,9 @@ class _AnyVolumeIds(forms.MultipleChoiceField):
     """The form lists the user's own volumes, but any id posted goes to the service, which answers
     ``volume_not_found`` for one that is not theirs (the API's refusal, rather than "not a valid choice")."""
 
-    def valid_value(self, value) -> bool:  # noqa: D102
-        return True
+    def valid_value(self, value) -> bool:
+        """Any printable id of at most 64 characters (what a volume id column holds); the service says whose it is."""
+        return isinstance(value, str) and 0 < len(value) <= 64 and value.isprintable()
 
 
 class StartSessionForm(forms.Form):
@@ -65,9 +66,10 @@ class StartSessionForm(forms.Form):
         label="Each GPU", choices=[(WHOLE, "Whole GPUs (each one yours alone)"), (SHARE, "A share of each GPU (HAMi)")],
         initial=WHOLE, widget=forms.RadioSelect,
     )
-    gpu_memory_mib = forms.IntegerField(label="GPU memory (MiB per GPU)", required=False, help_text="For a share: MiB of each GPU's memory.")
+    gpu_memory_mib = forms.IntegerField(label="GPU memory (MiB per GPU)", required=False, max_value=2**31 - 1,
+                                        help_text="For a share: MiB of each GPU's memory.")
     gpu_cores = forms.IntegerField(label="GPU cores (% of one GPU)", required=False, help_text="For a share: 1 to 100 percent of each GPU's cores.")
-    cluster = forms.CharField(required=False, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
+    cluster = forms.CharField(required=False, max_length=100, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
     volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
 

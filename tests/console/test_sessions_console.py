@@ -377,3 +377,29 @@ def test_researcher_list_queries_do_not_grow_with_rows(researcher_console, plain
             assert researcher_console.get(LIST).status_code == 200
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+@pytest.mark.parametrize("fields", [
+    {"volumes": ["vol_\x00"]}, {"volumes": ["v" * 65]}, {"image": "a\x00b"}, {"cluster": "lab\x00"},
+    {"idempotency_key": "k\x00"}, {"share": "share", "gpu_memory_mib": str(2**63)}, {"gpus": "1e3"}, {"share": "half"},
+])
+def test_malformed_form_input_is_a_form_error_never_a_500(console, staff_user, fields):
+    fleet()
+    grant(staff_user)
+    response = console.post(START, start_form(**fields))
+    assert response.status_code == 200 and "errorlist" in response.content.decode()
+    assert Session.objects.count() == 0
+
+
+def test_open_and_stop_of_a_missing_or_malformed_id_answer_404(console):
+    for object_id in ("999999", "abc", "%00"):
+        expected = (400, 404) if object_id == "%00" else (404,)  # a NUL in the path is refused before the console
+        assert console.post(f"{LIST}{object_id}/open/").status_code in expected
+        assert console.post(f"{LIST}{object_id}/stop/").status_code in expected
+        assert console.get(f"{LIST}{object_id}/status/").status_code in expected
+
+
+def test_stop_goes_back_to_the_console_only(console):
+    session = SessionFactory(cluster=fleet())
+    response = console.post(f"{LIST}{session.pk}/stop/", {"next": "https://evil.example/"})
+    assert response["Location"] == f"{LIST}{session.pk}/change/"
