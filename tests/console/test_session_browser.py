@@ -144,7 +144,7 @@ def test_researcher_logs_in_starts_and_opens_their_session(demo, page):
     expect(page.get_by_role("heading", name=re.compile("My sessions"))).to_be_visible()
     session_id = _start_from_form(page, base, image="quay.io/jupyter/base-notebook", cluster=None)
     _wait_running(page)
-    session_host = urlsplit(page.locator(".field-url_link a").get_attribute("href")).netloc
+    session_host = urlsplit(page.locator(".field-url_full a").get_attribute("href")).netloc
     assert session_host in {c["session_host"] for c in demo["clusters"]}, session_host
     _open(page, session_id, session_host)
     expect(page.locator("body")).to_contain_text(demo["researcher_user"])
