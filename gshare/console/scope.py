@@ -12,11 +12,14 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.http import HttpResponseRedirect
+from django.utils.encoding import iri_to_uri
 
 from clusters.models import Cluster
 from clusters.refs import clusters_matching
 
 SESSION_KEY = "console_cluster"
+#: Longer than any cluster id or name (names are DNS labels, at most 63 characters).
+MAX_REF = 200
 PARAM = "cluster"
 ALL = ("", "all")
 #: Paths that are not console pages (the API, the internal plane, the connect path): never scoped, never redirected.
@@ -50,15 +53,27 @@ def set_console_cluster(request, ref: str) -> Cluster | None:
     ref = (ref or "").strip()
     cluster = None
     if ref.lower() not in ALL:
-        cluster = clusters_matching(ref).exclude(status=Cluster.Status.DEREGISTERED).first()
+        # A NUL byte (which PostgreSQL refuses in a query) or a ref longer than any id or name names no cluster.
+        if "\x00" not in ref and len(ref) <= MAX_REF:
+            cluster = clusters_matching(ref).exclude(status=Cluster.Status.DEREGISTERED).first()
         if cluster is None:
-            messages.warning(request, f"No registered cluster is named or has the id {ref!r}: showing all clusters.")
+            shown = ref if len(ref) <= 80 else ref[:79] + "…"
+            messages.warning(request, f"No registered cluster is named or has the id {shown!r}: showing all clusters.")
     if cluster is None:
         request.session.pop(SESSION_KEY, None)
     else:
         request.session[SESSION_KEY] = cluster.public_id
     request._console_cluster = cluster
     return cluster
+
+
+def same_site_path(request) -> str:
+    """The request's path, percent-encoded, made safe to send back as a redirect: a path beginning with ``//`` or
+    ``/\\`` (``/%2Fevil.example/``) would be read by browsers as another host, so its leading slashes collapse."""
+    path = iri_to_uri(request.path)
+    if path.startswith(("//", "/\\")):
+        path = "/" + path.lstrip("/\\")
+    return path
 
 
 class ClusterScopeMiddleware:
@@ -80,7 +95,7 @@ class ClusterScopeMiddleware:
             rest = request.GET.copy()
             rest.pop(PARAM)
             query = urlencode(list(rest.lists()), doseq=True)
-            return HttpResponseRedirect(request.path + (f"?{query}" if query else ""))
+            return HttpResponseRedirect(same_site_path(request) + (f"?{query}" if query else ""))
         return self.get_response(request)
 
 

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 from django import template
 from django.urls import reverse
 
-from gshare.console.scope import PARAM, ClusterScopedAdmin, console_cluster
+from gshare.console.scope import PARAM, ClusterScopedAdmin, console_cluster, same_site_path
 from gshare.console.site import nav_label, section_of
 
 register = template.Library()
@@ -25,13 +25,14 @@ def console_narrowed(context, cl):
 
 @register.simple_tag(takes_context=True)
 def console_all_clusters_url(context) -> str:
-    """The current URL with ``?cluster=all`` (the scope middleware stores it and comes back here without it); the
-    page number is dropped, since the wider list pages differently."""
+    """The current page with ``?cluster=all`` (the scope middleware stores it and comes back here without it), as a
+    path the browser cannot read as another host (``same_site_path``); the page number is dropped, since the wider
+    list pages differently."""
     request = context["request"]
     params = request.GET.copy()
     for name in (PARAM, "p"):
         params.pop(name, None)
-    return f"{request.path}?{urlencode([*params.lists(), (PARAM, ['all'])], doseq=True)}"
+    return f"{same_site_path(request)}?{urlencode([*params.lists(), (PARAM, ['all'])], doseq=True)}"
 
 
 @register.simple_tag

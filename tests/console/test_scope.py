@@ -195,3 +195,26 @@ def test_times_carry_their_zone(console, two):
     _audit(two[0])
     text = page_text(console.get("/audit/auditrecord/"))
     assert timezone.now().strftime("%Y-%m-%d") in text and " UTC" in text
+
+
+@pytest.mark.parametrize("path", ["/%2Fevil.example/", "/%2F%2Fevil.example/", "/%5Cevil.example/"])
+def test_the_redirect_never_leaves_the_site(console, two, path):
+    location = console.get(path, {"cluster": "lab-c1", "o": "1"})["Location"]
+    assert location.startswith("/") and not location.startswith(("//", "/\\")), location
+    assert location.endswith("evil.example/?o=1")
+
+
+def test_a_ref_naming_no_cluster_warns_and_shows_all(console, two):
+    console.get("/?cluster=lab-c1")
+    response = console.get("/", {"cluster": "x" * 10_000}, follow=True)
+    assert response.redirect_chain == [("/", 302)]
+    assert "x" * 79 + "…': showing all clusters." in page_text(response)  # the ref shortened in the message
+    assert SESSION_KEY not in console.session
+
+
+@pytest.mark.parametrize("ref", ["\x00", "lab-c1\x00", "all\x00"])
+def test_a_nul_in_the_ref_is_refused_before_the_scope(console, two, ref):
+    console.get("/?cluster=lab-c1")
+    response = console.get("/", {"cluster": ref})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"  # gshare.middleware's NUL rule
+    assert console.session[SESSION_KEY] == two[0].public_id
