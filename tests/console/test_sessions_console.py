@@ -403,3 +403,15 @@ def test_stop_goes_back_to_the_console_only(console):
     session = SessionFactory(cluster=fleet())
     response = console.post(f"{LIST}{session.pk}/stop/", {"next": "https://evil.example/"})
     assert response["Location"] == f"{LIST}{session.pk}/change/"
+
+
+def test_staff_keep_the_suggested_images(console):
+    assert console.get("/gpu_sessions/suggestedimage/").status_code == 200
+    response = console.post("/gpu_sessions/suggestedimage/add/", {"image": "registry.example/lab/nb:2", "description": "lab", "position": 5})
+    assert response.status_code == 302 and SuggestedImage.objects.filter(image="registry.example/lab/nb:2").exists()
+    assert "registry.example/lab/nb:2" in page_text(console.get(START))
+
+
+def test_researchers_cannot_reach_the_suggested_images(researcher_console):
+    assert researcher_console.get("/gpu_sessions/suggestedimage/").status_code == 403
+    assert researcher_console.get("/gpu_sessions/suggestedimage/add/").status_code == 403
