@@ -52,8 +52,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     owner_lookup = "owner"
     researcher_title = "My sessions"
     researcher_order = 10
-    list_display = ["public_id", "phase_badge", "owner", "cluster_name", "node", "gpus_asked", "started", "cost", "url_link"]
-    list_display_links = ["public_id"]
+    list_display = ["session_id", "phase_badge", "owner", "cluster_name", "node", "gpus_asked", "started", "cost", "url_link"]
+    list_display_links = ["session_id"]
     list_filter = ["phase", "cluster"]
     list_select_related = ["owner", "cluster"]
     list_per_page = 50
@@ -168,6 +168,11 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
             }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    @admin.display(description="session", ordering="public_id")
+    def session_id(self, obj: Session) -> str:
+        """The session's id (``ses_...``), the link to its page."""
+        return obj.public_id
 
     @admin.display(description="phase", ordering="phase")
     def phase_badge(self, obj: Session) -> str:

@@ -112,7 +112,6 @@ def test_staff_starts_a_pinned_session_opens_it_through_the_ingress_and_stops_it
     expect(row.locator(".gs-phase")).to_have_text("Running")
     expect(row.locator("td.field-cluster_name")).to_contain_text(cluster["name"])
     expect(row.get_by_role("button", name=f"Open {session_id}")).to_be_visible()
-    shot(page, "console-sessions")
 
     page.goto(session_page)
     link = _open(page, session_id, cluster["session_host"])
@@ -168,3 +167,9 @@ def test_a_refusal_shows_the_apis_code_on_the_form(demo, page):
     page.fill("#id_gpu_cores", "200")
     page.get_by_role("button", name="Start session").click()
     expect(page.get_by_role("alert").locator(".gs-refusal-code")).to_have_text("invalid_request")
+
+    # The list, last in the module: by now it holds the sessions of the tests above (one stopped, the researcher's
+    # running, with what their usage cost so far).
+    page.goto(f"{base}{LIST}")
+    expect(page.locator("#result_list tbody tr").first).to_be_visible()
+    shot(page, "console-sessions")
