@@ -6,8 +6,10 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django import template
+from django.contrib import admin
 from django.urls import reverse
 
+from gshare.console.access import RESEARCHER_SECTION, is_researcher
 from gshare.console.scope import PARAM, ClusterScopedAdmin, console_cluster, same_site_path
 from gshare.console.site import nav_label, section_of
 
@@ -46,17 +48,18 @@ def console_list_title(cl, title: str = "") -> str:
     return title or cl.title
 
 
-@register.simple_tag
-def console_section(opts) -> dict | None:
-    """``{"name", "url"}`` of the navigation section listing the model ``opts`` (its ``_meta``), or None."""
+@register.simple_tag(takes_context=True)
+def console_crumbs(context, opts) -> dict:
+    """The breadcrumbs above a model's pages in the navigation's words: ``{"section": {"name", "url"} or None,
+    "label"}``, e.g. Resources › GPU management; for a researcher, their own section and the page's name there
+    (My gShare › My volumes)."""
+    request = context.get("request")
+    if request is not None and is_researcher(request.user):
+        model_admin = admin.site._registry.get(opts.model)
+        return {"section": {"name": RESEARCHER_SECTION, "url": reverse("admin:index")},
+                "label": getattr(model_admin, "researcher_title", "") or nav_label(opts)}
     found = section_of(opts)
-    if found is None:
-        return None
-    slug, title = found
-    return {"name": title, "url": reverse("admin:console_section", kwargs={"section": slug})}
-
-
-@register.simple_tag
-def console_nav_label(opts) -> str:
-    """The navigation's name for a model's list (``GPU management``, ``Ledger entries``...)."""
-    return nav_label(opts)
+    section = None
+    if found is not None:
+        section = {"name": found[1], "url": reverse("admin:console_section", kwargs={"section": found[0]})}
+    return {"section": section, "label": nav_label(opts)}

@@ -175,3 +175,20 @@ def test_browser_wide_lists_fit_1400px(live_server, console_users, page):
         assert layout["lastVisible"], (url, layout)  # the right-hand column is reachable, not cut off
     page.goto(f"{live_server.url}/billing/ledgerentry/")
     shot(page, "console-ledger")
+
+
+@pytest.mark.django_db
+def test_detail_pages_breadcrumbs_name_the_section_and_list(console, client, plain_user):
+    from tests.factories import GpuDeviceFactory
+
+    gpu = GpuDeviceFactory()
+    text = page_text(console.get(f"/clusters/gpudevice/{gpu.pk}/change/"))
+    crumbs = text[text.index('<div class="breadcrumbs">'):text.index("</div>", text.index('<div class="breadcrumbs">'))]
+    assert '<a href="/resources/">Resources</a>' in crumbs
+    assert '<a href="/clusters/gpudevice/">GPU management</a>' in crumbs and "Clusters" not in crumbs
+    volume = VolumeFactory(owner=plain_user)
+    client.force_login(plain_user)
+    mine = page_text(client.get("/storage/volume/"))
+    crumbs = mine[mine.index('<div class="breadcrumbs">'):mine.index("</div>", mine.index('<div class="breadcrumbs">'))]
+    assert '<a href="/">My gShare</a>' in crumbs and "My volumes" in crumbs and "Resources" not in crumbs
+    assert "My gShare" in page_text(client.get(f"/storage/volume/{volume.pk}/change/"))
