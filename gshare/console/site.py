@@ -79,6 +79,8 @@ class ConsoleSite(admin.AdminSite):
     site_header = "gShare console"
     site_title = "gShare console"
     index_title = "Fleet"
+    #: No "View site" link: the console is the site.
+    site_url = None
     login_form = ConsoleAuthenticationForm
 
     def has_permission(self, request) -> bool:
@@ -166,6 +168,8 @@ class ConsoleSite(admin.AdminSite):
         """The console's home: for staff, the dashboard (``gshare.console.dashboard``: tiles, the 24-hour chart, the
         fleet table) narrowed to the top bar's cluster; below it, the navigation, for everyone."""
         context = dict(extra_context or {})
+        if not request.user.is_staff:
+            context.setdefault("title", "My gShare")
         if request.user.is_staff:
             from gshare.console.charts import usage_chart_svg
             from gshare.console.dashboard import dashboard
