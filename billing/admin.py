@@ -69,6 +69,7 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
     list_select_related = ["user"]
     list_filter = [("below_zero_since", admin.EmptyFieldListFilter)]
     search_fields = ["user__username", "user__email"]
+    ordering = ["user__username", "id"]
     readonly_fields = ["balance", "below_zero_since", "created_at"]
     actions = ["grant_credits"]
 
