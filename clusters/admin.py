@@ -92,6 +92,7 @@ def _actor(request) -> str:
 OPERATOR_TOKEN_FIELDS = [
     "operator_token_warning", "credential_generation", "operator_token_expires_at", "operator_token_rotated_at",
     "operator_token_rotation_attempted_at", "operator_token_rotation_error",
+    "operator_refused_since", "operator_refused_at", "operator_refused_reason",
 ]
 
 
@@ -220,7 +221,7 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
         expires = f"expires {state.expires_at:%Y-%m-%d %H:%M} UTC" if state.expires_at else "no token"
         if not state.warning:
             return expires
-        label = "rotation failed" if state.last_rotation_error else expires
+        label = "callbacks refused" if state.refused_since else "rotation failed" if state.last_rotation_error else expires
         return format_html('<span class="gs-warning" title="{}">⚠ {}</span>', state.warning, label)
 
     @admin.display(description="operator token warning")

@@ -69,6 +69,17 @@ class Cluster(models.Model):
     )
     operator_token_rotation_attempted_at = models.DateTimeField(null=True, blank=True, editable=False, help_text="When the last rotation was tried")
     operator_token_rotation_error = models.TextField(blank=True, default="", editable=False, help_text="Why the last rotation failed (empty when it succeeded)")
+    operator_refused_since = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="Since when the operator's callbacks are refused (its validly signed token refused: expired, revoked...); cleared when one is accepted",
+    )
+    operator_refused_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Latest refused callback on record (recorded at most once a minute)"
+    )
+    operator_refused_reason = models.CharField(
+        max_length=32, blank=True, default="", editable=False,
+        help_text="Why the latest callback was refused: token_expired, token_revoked, cluster_deregistered, ... (a code, never the token)",
+    )
 
     class Meta:
         ordering = ["name", "id"]

@@ -32,6 +32,7 @@ from audit.services import Action, audit_record
 from clusters.kube import Deadline, DeadlineExceeded, api_client_for_cluster, tls_failure_detail
 from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
+from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
@@ -108,12 +109,16 @@ class OperatorTokenState:
         rotated_at: when a rotation last wrote a token into the cluster's Secret (None: never).
         last_rotation_error: why the last rotation failed ("" when it succeeded or never ran).
         warning: None, or a sentence naming the problem and the fix.
+        refused_since: since when the operator's callbacks are refused (``clusters.operator_refusals``), or None.
+        refused_reason: the latest refusal's reason code (``token_expired``, ``token_revoked``, ...), or "".
     """
 
     expires_at: datetime.datetime | None
     rotated_at: datetime.datetime | None
     last_rotation_error: str
     warning: str | None
+    refused_since: datetime.datetime | None = None
+    refused_reason: str = ""
 
 
 def _rotate_command(cluster: Cluster) -> str:
@@ -136,9 +141,11 @@ def _duration(seconds: float) -> str:
 def operator_token_state(cluster: Cluster, *, now: datetime.datetime | None = None) -> OperatorTokenState:
     """The operator token facts of ``cluster`` and a warning when something needs doing. No query.
 
-    A warning is given (never for a deregistered cluster) when the last rotation failed, when no token is
-    on record (never issued through the control plane, or revoked), when the newest token has expired, or
-    when it expires within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE`` seconds (default 3 days).
+    A warning is given (never for a deregistered cluster) when the operator's callbacks are being refused
+    (``Cluster.operator_refused_since``: "Operator callbacks refused since <time> UTC (<reason>): <fix>", followed
+    by any of the warnings below), when the last rotation failed, when no token is on record (never
+    issued through the control plane, or revoked), when the newest token has expired, or when it expires within
+    ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE`` seconds (default 3 days).
 
     Args:
         cluster: the cluster (its loaded fields are used as they are).
@@ -150,6 +157,7 @@ def operator_token_state(cluster: Cluster, *, now: datetime.datetime | None = No
     now = now or timezone.now()
     expires_at = cluster.operator_token_expires_at
     error = cluster.operator_token_rotation_error
+    refused_since, refused_reason = cluster.operator_refused_since, cluster.operator_refused_reason
     warning = None
     if cluster.status != Cluster.Status.DEREGISTERED:
         if error:
@@ -177,9 +185,34 @@ def operator_token_state(cluster: Cluster, *, now: datetime.datetime | None = No
                 f"The operator token expires at {_when(expires_at)} (in {_duration((expires_at - now).total_seconds())}) and "
                 f"has not been renewed: check that Celery beat and a worker run, then run {_rotate_command(cluster)}."
             )
+        if refused_since is not None:
+            # The refusal is what stops the operator now, so it comes first; the warning about the token on record
+            # (or the failed rotation, which says why the fix may fail again) follows it.
+            refused = _refused_warning(cluster, since=refused_since, reason=refused_reason)
+            warning = f"{refused} {warning}" if warning else refused
     return OperatorTokenState(
-        expires_at=expires_at, rotated_at=cluster.operator_token_rotated_at, last_rotation_error=error, warning=warning
+        expires_at=expires_at, rotated_at=cluster.operator_token_rotated_at, last_rotation_error=error, warning=warning,
+        refused_since=refused_since, refused_reason=refused_reason,
     )
+
+
+def _refused_warning(cluster: Cluster, *, since: datetime.datetime, reason: str) -> str:
+    """"Operator callbacks refused since <time> UTC (<reason>): <fix>." for a cluster with recorded refusals."""
+    code = reason or "refused"
+    meaning = REFUSAL_MEANINGS.get(reason)
+    latest = cluster.operator_refused_at
+    detail = f"{code}: {meaning}" if meaning else code
+    if latest and latest != since:
+        detail += f"; latest at {_when(latest)}"
+    sentence = (
+        f"Operator callbacks refused since {_when(since)} ({detail}): rotate the operator token with "
+        f"{_rotate_command(cluster)} or the console's “Rotate the operator token now” action; the operator picks the new "
+        "token up without a restart."
+    )
+    rotated = cluster.operator_token_rotated_at
+    if rotated and latest and rotated > latest:
+        sentence += f" A token was pushed at {_when(rotated)}, after the latest refusal: this clears at the operator's next accepted callback."
+    return sentence
 
 
 def operator_token_rotation_due(cluster: Cluster, *, now: datetime.datetime | None = None) -> tuple[bool, str]:

@@ -63,7 +63,13 @@ class Session(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["cluster", "phase"]), models.Index(fields=["owner", "phase"])]
+        indexes = [
+            models.Index(fields=["cluster", "phase"]),
+            models.Index(fields=["owner", "phase"]),
+            # The console's sessions tile and 24-hour chart read live and recently ended sessions
+            # (``ended_at IS NULL OR ended_at > ...``): a B-tree keeps NULLs, so one index serves both arms.
+            models.Index(fields=["ended_at"], name="session_ended_at_idx"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="session_gpus_positive"),
             models.CheckConstraint(

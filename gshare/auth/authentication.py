@@ -94,15 +94,26 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
     operator, the token of an unknown or deregistered cluster (``cluster_deregistered``), and a token
     whose credential generation (claim ``gen``, absent = 1) is not the cluster's current one
     (``token_revoked``).
+
+    A refused token whose signature verified names its cluster truthfully: the refusal and its reason are
+    recorded on that cluster (``clusters.operator_refusals``, at most once a minute), and the next accepted
+    callback clears them. A token whose signature does not verify records nothing.
     """
 
     def authenticate(self, request):  # noqa: D102
         from clusters.models import Cluster
+        from clusters.operator_refusals import RefusalReason, operator_refusal_clear, operator_refusal_record
 
         token = _bearer(request)
         if not token:
             raise InvalidInternalToken("Send the operator token as `Authorization: Bearer <token>`.", code="token_missing")
-        claims = verify_internal_jwt(token, OPERATOR_AUDIENCE)
+        try:
+            claims = verify_internal_jwt(token, OPERATOR_AUDIENCE)
+        except InvalidInternalToken as exc:
+            signed_subject = (exc.signed_claims or {}).get("sub")
+            if isinstance(signed_subject, str) and signed_subject.startswith("operator:"):
+                operator_refusal_record(reason=exc.refusal, cluster_id=signed_subject.removeprefix("operator:"))
+            raise
         subject = claims.get("sub", "")
         if not subject.startswith("operator:"):
             raise InvalidInternalToken("This token is not an operator token: mint one with `manage.py mint_operator_token <cluster_id>`.")
@@ -112,6 +123,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
                 "This operator token names a cluster this control plane does not know: mint one with `manage.py mint_operator_token <cluster_id>`."
             )
         if cluster.status == Cluster.Status.DEREGISTERED:
+            operator_refusal_record(reason=RefusalReason.CLUSTER_DEREGISTERED, cluster=cluster)
             raise InvalidInternalToken(
                 "The cluster of this operator token is deregistered or unknown: register the cluster again and mint a new token.",
                 code="cluster_deregistered",
@@ -119,17 +131,20 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
         # The generation is compared with the row loaded above: no query of its own.
         generation = claims.get(OPERATOR_TOKEN_GENERATION_CLAIM, 1)
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+            operator_refusal_record(reason=RefusalReason.TOKEN_MALFORMED, cluster=cluster)
             raise InvalidInternalToken(
                 f"This operator token's `{OPERATOR_TOKEN_GENERATION_CLAIM}` claim is malformed: mint a new one with "
                 f"`manage.py mint_operator_token {cluster.public_id}`."
             )
         if generation != cluster.credential_generation:
+            operator_refusal_record(reason=RefusalReason.TOKEN_REVOKED, cluster=cluster)
             raise InvalidInternalToken(
                 f"This operator token was revoked (it carries credential generation {generation}; cluster {cluster.name} is at "
                 f"generation {cluster.credential_generation}): push a new token with "
                 f"`manage.py rotate_operator_tokens --cluster {cluster.public_id}`.",
                 code=TOKEN_REVOKED,
             )
+        operator_refusal_clear(cluster)
         return OperatorPrincipal(cluster=cluster, claims=claims), claims
 
     def authenticate_header(self, request) -> str:  # noqa: D102

@@ -33,10 +33,30 @@ KID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class InvalidInternalToken(ApplicationError):
-    """401: the token is missing, malformed, expired, tampered with, or for another audience."""
+    """401: the token is missing, malformed, expired, tampered with, or for another audience.
+
+    Attributes:
+        signed_claims: None, or the claims of a token whose signature verified with a published key but which
+            was refused for its claims (expired, not yet valid, another audience or issuer, a claim missing): only
+            then can its ``sub`` be trusted to name the caller (``OperatorTokenAuthentication`` records the
+            refusal on that cluster). A forged or unparsable token never has them.
+        refusal: with ``signed_claims``, the reason code (:data:`CLAIM_REFUSALS`), else "".
+    """
 
     code = "token_invalid"
     status = 401
+    signed_claims: dict | None = None
+    refusal: str = ""
+
+
+#: Reason codes of a validly signed token refused for its claims (``InvalidInternalToken.refusal``); any other
+#: claim failure is ``token_malformed``.
+CLAIM_REFUSALS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
+    (jwt.ExpiredSignatureError, "token_expired"),
+    (jwt.ImmatureSignatureError, "token_not_yet_valid"),
+    (jwt.InvalidAudienceError, "token_wrong_audience"),
+    (jwt.InvalidIssuerError, "token_wrong_issuer"),
+)
 
 
 def sign_internal_jwt(subject: str, ttl: int = 604800, *, audience: str = OPERATOR_AUDIENCE, claims: dict | None = None) -> str:
@@ -131,12 +151,32 @@ def verify_internal_jwt(token: str, audience: str) -> dict:
             leeway=settings.GSHARE_JWT_LEEWAY,
             options={"require": ["iss", "sub", "aud", "iat", "nbf", "exp", "jti"]},
         )
-    except jwt.ExpiredSignatureError:
-        raise InvalidInternalToken("The token has expired: rotate it (`manage.py mint_operator_token <cluster_id>`).") from None
-    except jwt.InvalidAudienceError:
-        raise InvalidInternalToken(f"The token is not meant for this endpoint (audience must be `{audience}`).") from None
     except jwt.PyJWTError as exc:
-        raise InvalidInternalToken(f"The token was refused ({type(exc).__name__}): mint a new one with `manage.py mint_operator_token`.") from None
+        if isinstance(exc, jwt.ExpiredSignatureError):
+            refused = InvalidInternalToken("The token has expired: rotate it (`manage.py mint_operator_token <cluster_id>`).")
+        elif isinstance(exc, jwt.InvalidAudienceError):
+            refused = InvalidInternalToken(f"The token is not meant for this endpoint (audience must be `{audience}`).")
+        else:
+            refused = InvalidInternalToken(f"The token was refused ({type(exc).__name__}): mint a new one with `manage.py mint_operator_token`.")
+        # A bad signature or an unreadable token says nothing about who sent it; a claim failure may come from
+        # a token this control plane signed, which the signature alone proves (checked again, explicitly).
+        if not isinstance(exc, jwt.DecodeError):
+            refused.signed_claims = _signature_verified_claims(token, key.public_key_pem)
+            if refused.signed_claims is not None:
+                refused.refusal = next((code for kind, code in CLAIM_REFUSALS if isinstance(exc, kind)), "token_malformed")
+        raise refused from None
+
+
+def _signature_verified_claims(token: str, public_key_pem: str) -> dict | None:
+    """The claims of ``token`` when its RS256 signature verifies with ``public_key_pem`` (no claim is checked), else None."""
+    try:
+        claims = jwt.decode(token, public_key_pem, algorithms=[ALGORITHM], options={
+            "verify_signature": True, "verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False,
+            "verify_iss": False, "verify_sub": False, "verify_jti": False, "require": [],
+        })
+    except jwt.PyJWTError:
+        return None
+    return claims if isinstance(claims, dict) else None
 
 
 def public_jwks() -> dict:

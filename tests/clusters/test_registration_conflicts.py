@@ -12,7 +12,7 @@ from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Session
 from tests.conftest import Http, kubeconfig_text
-from tests.factories import ClusterFactory
+from tests.factories import KUBECONFIG, ClusterFactory
 from tests.sessions import conftest as sessions_conftest
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,15 +190,21 @@ def test_the_migration_names_duplicates_registered_before_the_rule_instead_of_fa
         executor.migrate([("clusters", target)])
 
     migrate("0007_cluster_name_validator")
+    # Rows of 0007's schema go in through 0007's model: today's model names columns added since.
+    old_cluster = MigrationExecutor(connection).loader.project_state(("clusters", "0007_cluster_name_validator")).apps.get_model("clusters", "Cluster")
+
+    def old_row(**fields):
+        return old_cluster.objects.create(apiserver_url="http://127.0.0.1:9", kubeconfig=KUBECONFIG, status="connected", **fields)
+
     try:
-        original = ClusterFactory(name="lab-c1", kube_system_uid="uid-1", session_domain="gpu.example.com")
-        copy = ClusterFactory(name="lab-c1-copy", kube_system_uid="uid-1", session_domain="gpu.example.com")
+        original = old_row(name="lab-c1", kube_system_uid="uid-1", session_domain="gpu.example.com")
+        copy = old_row(name="lab-c1-copy", kube_system_uid="uid-1", session_domain="gpu.example.com")
         with pytest.raises(RuntimeError) as refused:
             migrate("0008_unique_identity_and_session_domain")
         message = str(refused.value)
         assert f"lab-c1 ({original.public_id}), lab-c1-copy ({copy.public_id}) reach the same cluster (kube-system uid uid-1)" in message
         assert "share the session domain gpu.example.com" in message and "DELETE /api/v1/clusters/<id>" in message
-        Cluster.objects.filter(pk=copy.pk).update(status=Cluster.Status.DEREGISTERED)
+        old_cluster.objects.filter(pk=copy.pk).update(status=Cluster.Status.DEREGISTERED)
     finally:  # back to the newest migration (not only 0008): the tests after this one need every column
         (latest,) = MigrationExecutor(connection).loader.graph.leaf_nodes("clusters")
         migrate(latest[1])
