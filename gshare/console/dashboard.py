@@ -137,10 +137,11 @@ def _count_of(model, **where) -> Subquery:
 def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> ClustersTile:
     """The registered clusters (only ``cluster`` when given), by name, with node and GPU counts and warnings.
 
-    Warnings: the operator token's (``clusters.token_rotation.operator_token_state``: rotation failed, none on
-    record, expired or expiring within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE``; an operator whose token is revoked or
-    expired has its callbacks refused with 401), and an operator that has not reported within
-    ``GSHARE_HEARTBEAT_STALE_SECONDS`` (a refused callback or a stopped operator look the same from here).
+    Warnings: the operator token's (``clusters.token_rotation.operator_token_state``: callbacks refused since a
+    time, for a reason, as recorded by ``clusters.operator_refusals``; rotation failed, none on record, expired or
+    expiring within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE``), and an operator that has not reported within
+    ``GSHARE_HEARTBEAT_STALE_SECONDS`` (without a refusal on record: it is stopped, cannot reach the control plane,
+    or sends a token no published key verifies).
 
     Returns:
         A :class:`ClustersTile`. One query.
