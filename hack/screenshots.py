@@ -8,8 +8,10 @@ Through the demo's API it first creates a volume and starts one GPU session per 
 volume), waits until they are Running, the volume is bound and the ledger holds their first usage charges; then it
 logs into the console as ``admin`` with Playwright driving Debian's Chromium (``apt-get install chromium``:
 ``playwright install`` downloads a browser build of its own, which this project does not rely on) and saves one
-1400x900 PNG per page in ``--out``; at the end it stops the sessions. Every request goes to the demo on loopback: the
-browser is started with its background networking off and any request to another host is aborted.
+1400x900 PNG per page in ``--out``, opens a session (its cluster's stand-in page), then logs in as the demo's
+researcher, starts a session from **Start session** and shows their **My sessions**; at the end it stops the
+sessions. Every request goes to the demo on loopback (``*.localhost`` included: the session hosts): the browser is
+started with its background networking off and any request to another host is aborted.
 """
 
 from __future__ import annotations
@@ -36,17 +38,21 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 #: (file name, console path, what the page must show): one screenshot each, in README order.
 PAGES = [
-    ("console-home.png", "/", "#fleet"),
-    ("clusters.png", "/clusters/cluster/", "#result_list"),
-    ("nodes.png", "/clusters/node/", "#result_list"),
-    ("gpu-devices.png", "/clusters/gpudevice/", "#result_list"),
-    ("gpu-sessions.png", "/gpu_sessions/session/", "#result_list"),
+    ("console-home.png", "/", "#dashboard"),
+    ("gpu-management.png", "/clusters/gpudevice/", "#content-main"),
+    ("node-management.png", "/clusters/node/", "#result_list"),
+    ("sessions.png", "/gpu_sessions/session/", "#result_list"),
+    ("start-session.png", "/gpu_sessions/session/start/", "#gs-start-form"),
     ("storage-pools.png", "/storage/storagepool/", "#result_list"),
-    ("volumes.png", "/storage/volume/", "#result_list"),
-    ("credit-accounts.png", "/billing/creditaccount/", "#result_list"),
     ("ledger.png", "/billing/ledgerentry/", "#result_list"),
     ("audit-trail.png", "/audit/auditrecord/", "#result_list"),
 ]
+
+
+def _is_loopback(host: str | None) -> bool:
+    # Session pages live at <cluster>.gshare.localhost, which browsers resolve to loopback.
+    host = (host or "").lower()
+    return host in LOOPBACK or host.endswith(".localhost")
 
 
 class ScreenshotError(RuntimeError):
@@ -78,9 +84,12 @@ def prepare_fleet(state: dict, sessions: list[str]) -> None:
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {state['api_token']}"
     response = http.post(f"{api}/storage/volumes", json={"name": "datasets", "quota_gb": 100}, timeout=30)
-    if response.status_code != 201:
+    if response.status_code == 409 and response.json().get("code") == "volume_name_taken":  # a second run on one demo
+        volume = next(v for v in http.get(f"{api}/storage/volumes", timeout=30).json()["results"] if v["name"] == "datasets")
+    elif response.status_code != 201:
         raise ScreenshotError(f"POST /storage/volumes answered {response.status_code}: {response.text[:300]}")
-    volume = response.json()
+    else:
+        volume = response.json()
     for index, cluster in enumerate(state["clusters"]):
         body = {"name": f"notebook-{cluster['name']}", "image": "quay.io/jupyter/base-notebook", "gpus": 1,
                 "gpu_memory_mib": 4096, "gpu_cores": 25, "cluster": cluster["id"]}
@@ -114,7 +123,7 @@ def stop_sessions(state: dict, sessions: list[str]) -> None:
 
 
 def _loopback_only(route: Route) -> None:
-    if urlsplit(route.request.url).hostname in LOOPBACK:
+    if _is_loopback(urlsplit(route.request.url).hostname):
         route.continue_()
     else:
         route.abort()
@@ -138,14 +147,7 @@ def take_screenshots(state: dict, out: Path) -> list[Path]:
             context.route("**/*", _loopback_only)
             # The console's navigation sidebar closed (Django admin keeps that choice in localStorage): the tables get its width.
             context.add_init_script("window.localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
-            page = context.new_page()
-            page.goto(f"{state['url']}/login/")
-            page.fill("#id_username", state["admin_user"])
-            page.fill("#id_password", state["admin_password"])
-            page.click("input[type=submit]")
-            page.wait_for_load_state()
-            if urlsplit(page.url).path.startswith("/login"):
-                raise ScreenshotError(f"logging in as {state['admin_user']} failed: still on {page.url}")
+            page = _login(context, state["url"], state["admin_user"], state["admin_password"])
             for name, path, selector in PAGES:
                 response = page.goto(f"{state['url']}{path}")
                 if response is None or response.status != 200 or urlsplit(page.url).path != path:
@@ -156,9 +158,64 @@ def take_screenshots(state: dict, out: Path) -> list[Path]:
                 page.screenshot(path=str(target), full_page=False)
                 written.append(target)
                 print(f"screenshots: {target}", file=sys.stderr)
+            # Open on the first session of the list: the browser lands on the cluster's own host (the demo's ingress).
+            page.goto(f"{state['url']}/gpu_sessions/session/")
+            page.locator("#result_list button.gs-open").first.click()
+            page.wait_for_load_state()
+            if not (urlsplit(page.url).hostname or "").endswith(".localhost"):
+                raise ScreenshotError(f"Open did not land on a session host: {page.url}")
+            written.append(_save(page, out / "session-open.png"))
+            # The researcher's console: only their own sections.
+            if state.get("researcher_user"):
+                researcher = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+                researcher.route("**/*", _loopback_only)
+                mine = _login(researcher, state["url"], state["researcher_user"], state["researcher_password"])
+                _start_from_the_form(mine, state["url"])
+                mine.goto(f"{state['url']}/gpu_sessions/session/")
+                written.append(_save(mine, out / "researcher-sessions.png"))
+                mine.locator("#result_list button.gs-stop").first.click()
+                mine.wait_for_load_state()
         finally:
             browser.close()
     return written
+
+
+def _login(context, url: str, username: str, password: str):
+    """A new page of ``context`` logged into the console as ``username``. Raises ScreenshotError if the login fails."""
+    page = context.new_page()
+    page.goto(f"{url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_load_state()
+    if urlsplit(page.url).path.startswith("/login"):
+        raise ScreenshotError(f"logging in as {username} failed: still on {page.url}")
+    return page
+
+
+def _start_from_the_form(page, url: str) -> None:
+    """Start a session as the logged-in user through **Start session** (a HAMi share of one GPU) and wait until the
+    session's page says Running. Raises ScreenshotError if it is refused or does not run in 90 s."""
+    page.goto(f"{url}/gpu_sessions/session/start/")
+    page.fill("#id_image", "quay.io/jupyter/base-notebook")
+    page.fill("#id_gpus", "1")
+    page.check("input[name=share][value=share]")
+    page.fill("#id_gpu_memory_mib", "8192")
+    page.fill("#id_gpu_cores", "50")
+    page.click("button.gs-start")
+    page.wait_for_load_state()
+    if page.locator("#gs-phase").count() == 0:
+        raise ScreenshotError(f"Start session was refused: {page.locator('#content-main').inner_text()[:300]}")
+    try:
+        page.wait_for_selector("#gs-phase[data-phase=Running]", timeout=90_000)
+    except Exception as exc:  # Playwright's TimeoutError
+        raise ScreenshotError(f"the session started from the form is not Running: {exc}") from exc
+
+
+def _save(page, target: Path) -> Path:
+    page.screenshot(path=str(target), full_page=False)
+    print(f"screenshots: {target}", file=sys.stderr)
+    return target
 
 
 def shrink(files: list[Path]) -> None:
