@@ -11,7 +11,9 @@ What it does, after ingress-nginx (``nginx.tmpl`` and ``internal/ingress/control
 same Ingress against a real nginx rendered that way, ``tests/e2e/nginx.py``):
 
 * the ``Host`` header's name (port dropped) picks the cluster whose ``session_domain`` it is (DNS points each
-  session domain at one cluster's ingress); an unknown host gets the default backend's 404;
+  session domain at one cluster's ingress); an unknown host gets the default backend's 404; a ``Host`` that is not
+  ``name[:port]`` (a path, ``?``, ``#``, ``@``, a backslash, a space, a control character), or two of them, gets 400,
+  as nginx's ``ngx_http_validate_host`` answers (stricter: nginx lets ``?#@`` through);
 * it keeps that cluster's Ingress objects of class ``nginx`` (a list every ``POLL_SECONDS`` on the emulated
   apiserver, as a controller's informer would hold them); a ``Prefix`` path ``/p/`` is nginx's
   ``location /p/`` plus ``location = /p``; the exact match wins, else the longest prefix, matched on the URI
@@ -29,7 +31,8 @@ same Ingress against a real nginx rendered that way, ``tests/e2e/nginx.py``):
 * the backend: the session pod's stand-in page (``demo.session_page``); no Running pod behind the Service is
   ingress-nginx's 503.
 
-Request lines are logged without their query string: a connect link's ``?token=`` is a secret.
+Request lines are logged without their query string, and the Host as its valid host name only: a connect link's
+``?token=`` is a secret.
 
 Run it: ``python -m demo.ingress --config ingress.json --port 0 --ready-file ready.json`` with
 ``{"clusters": [{"name", "session_domain", "kubeconfig"}]}`` (the kubeconfig file of each emulated cluster).
@@ -57,7 +60,7 @@ import requests
 import yaml
 
 from demo import session_page
-from sessions.connect_path import nginx_uri
+from sessions.connect_path import host_of_authority, nginx_uri
 
 logger = logging.getLogger("demo.ingress")
 
@@ -282,8 +285,14 @@ class DemoIngress:
                 cluster.refresh()
 
     def handle(self, method: str, host_header: str, request_uri: str, headers: list[tuple[str, str]], client_ip: str) -> Answer:
-        """Answer one request as ingress-nginx would (see the module docstring)."""
-        hostname = (urlsplit(f"//{host_header}").hostname or "").lower() if host_header else ""
+        """Answer one request as ingress-nginx would (see the module docstring).
+
+        A ``Host`` that is not ``name[:port]`` (``sessions.connect_path.host_of_authority``) is a 400, as nginx's
+        ``ngx_http_validate_host`` answers: routing reads its name, the verify its whole value, and the two must agree.
+        """
+        hostname = host_of_authority(host_header) if host_header else ""
+        if hostname is None:
+            return _error(400)
         cluster = self.clusters.get(hostname)
         if cluster is None:
             return _default_backend()
@@ -297,7 +306,7 @@ class DemoIngress:
         always_cookie = location.annotations.get(AUTH_ALWAYS_SET_COOKIE, "").lower() == "true"
         cookie, upstream_headers = None, []
         if auth_url:
-            verdict = _auth_subrequest(auth_url, method=method, host_header=host_header, request_uri=request_uri,
+            verdict = _auth_subrequest(auth_url, method=method, host=host_header, request_uri=request_uri,
                                        headers=headers, client_ip=client_ip)
             cookie = verdict.header("Set-Cookie")
             if not 200 <= verdict.status < 300:
@@ -325,16 +334,19 @@ class _Verdict:
         return next((value for key, value in self.headers if key.lower() == name.lower()), "")
 
 
-def _auth_subrequest(auth_url: str, *, method: str, host_header: str, request_uri: str, headers: list[tuple[str, str]],
+def _auth_subrequest(auth_url: str, *, method: str, host: str, request_uri: str, headers: list[tuple[str, str]],
                      client_ip: str) -> _Verdict:
-    """GET ``auth_url`` with the client's headers and ingress-nginx's (no body); status 502 when it cannot be reached."""
+    """GET ``auth_url`` with the client's headers and ingress-nginx's (no body); status 502 when it cannot be reached.
+
+    ``host`` is the client's ``Host`` once validated as ``name[:port]`` (``DemoIngress.handle``), never a raw one.
+    """
     parts = urlsplit(auth_url)
     sent = [(name, value) for name, value in headers if name.lower() not in _NOT_TO_AUTH]
     request_id = next((v for k, v in headers if k.lower() == "x-request-id"), "") or uuid.uuid4().hex
     sent += [
         ("Host", parts.hostname or ""),  # ingress-nginx: the auth URL's host name, without the port
         ("X-Request-ID", request_id),
-        ("X-Original-URL", f"http://{host_header}{request_uri}"),  # $scheme://$http_host$request_uri; no TLS here
+        ("X-Original-URL", f"http://{host}{request_uri}"),  # $scheme://$http_host$request_uri; no TLS here
         ("X-Original-Method", method),
         ("X-Sent-From", "nginx-ingress-controller"),
         ("X-Real-IP", client_ip),
@@ -394,8 +406,11 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 remaining -= len(chunk)
         try:
-            answer = self.controller.handle(self.command, self.headers.get("Host", ""), self.path,
-                                            list(self.headers.items()), self.client_address[0])
+            if len(self.headers.get_all("Host") or []) > 1:
+                answer = _error(400)  # nginx: "client sent duplicate host header"
+            else:
+                answer = self.controller.handle(self.command, self.headers.get("Host", ""), self.path,
+                                                list(self.headers.items()), self.client_address[0])
         except Exception:  # a bug here must be a 500, as nginx would answer, never a dropped connection
             logger.exception("demo ingress failed on %s", self.path.split("?", 1)[0])
             answer = _error(500)
@@ -410,9 +425,11 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _serve  # noqa: N815 -- http.server's names
 
     def log_request(self, code="-", size="-") -> None:
-        # Never the query string: a connect link carries its token there.
+        # Never the query string, nor the raw Host (a hostile one carries a path and a token): only its valid host name.
         path = self.path.split("?", 1)[0]
-        logger.info('%s "%s" "%s %s" %s', self.client_address[0], self.headers.get("Host", ""), self.command, path, code)
+        headers = getattr(self, "headers", None)  # absent when the request line itself was refused
+        hostname = host_of_authority(headers.get("Host", "")) if headers is not None else None
+        logger.info('%s "%s" "%s %s" %s', self.client_address[0], hostname or "-", self.command, path, code)
 
     def log_message(self, format, *args) -> None:  # noqa: A002 -- http.server's signature
         logger.info("%s %s", self.client_address[0], (format % args).split("?", 1)[0])

@@ -59,7 +59,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import jwt
 import redis
@@ -76,7 +76,7 @@ from django.db import DatabaseError, InterfaceError, connection, transaction
 from gshare.auth.internal_jwt import ALGORITHM, CONNECT_AUDIENCE, InvalidInternalToken, sign_internal_jwt, token_kid
 from gshare.auth.keys import signing_keys_published
 from gshare.exceptions import ApplicationError
-from sessions.connect_path import PathRefused, session_in_request_uri
+from sessions.connect_path import PathRefused, host_of_authority, session_in_request_uri
 from sessions.manifests import session_path
 from sessions.models import Session
 
@@ -377,18 +377,18 @@ def _split_original_url(original_url: str) -> tuple[str, str]:
     """``X-Original-URL`` (``https://<Host header><raw request URI>``) -> ``(lowercase hostname, request URI)``.
 
     Raises:
-        PathRefused: not ``http(s)://<host><path>``, or a host with userinfo or odd characters.
+        PathRefused: not ``http(s)://<host><path>``, or an authority that is not a valid host[:port]
+            (``sessions.connect_path.host_of_authority``: userinfo, ``? # \\ %``, spaces, a bad port).
     """
     scheme, sep, rest = original_url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         raise PathRefused("not an http(s) URL")
     netloc, slash, path = rest.partition("/")
-    if not slash or not netloc or any(c in netloc for c in "@?#\\ \t"):
+    if not slash:
         raise PathRefused("not a session path")
-    try:
-        host = (urlsplit(f"//{netloc}").hostname or "").lower()
-    except ValueError:
-        raise PathRefused("unparsable host") from None
+    host = host_of_authority(netloc)
+    if host is None:  # userinfo, a query or fragment before the path, odd characters: not what nginx routed on
+        raise PathRefused("not a valid host[:port]")
     return host, "/" + path
 
 

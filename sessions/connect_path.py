@@ -25,6 +25,9 @@ SESSION_ID = re.compile(r"ses_[a-z0-9]{1,32}")
 _AMBIGUOUS = re.compile(r"%(?:2e|2f|5c|00)|\\|//", re.IGNORECASE)
 _CONTROL = re.compile(rb"[\x00-\x20\x7f]")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+# A Host header (or URL authority) that is ``name[:port]`` and nothing else: printable ASCII without a path, query,
+# fragment, userinfo or escape character in the name (or a bracketed IPv6 literal), and a port of digits only.
+_AUTHORITY = re.compile(r"(?P<name>\[[0-9A-Fa-f:.]+\]|(?:(?![/\\?#@:\[\]%])[\x21-\x7e])+)(?::[0-9]{1,5})?")
 _SLASH, _DOT, _PERCENT, _QUESTION, _HASH = (ord(c) for c in "/.%?#")
 (_USUAL, _AFTER_SLASH, _AFTER_DOT, _AFTER_DOT_DOT, _QUOTED, _QUOTED_SECOND) = range(6)
 
@@ -152,6 +155,28 @@ def nginx_uri(request_uri: str) -> str | None:
         elif state == _AFTER_DOT_DOT and not climb():
             return None
     return out.decode("latin-1")
+
+
+def host_of_authority(authority: str) -> str | None:
+    """The lowercase host name of a ``Host`` header (or a URL's authority) that is plainly ``name[:port]``.
+
+    nginx's ``ngx_http_validate_host`` (``src/http/ngx_http_request.c``) answers 400 to a Host with a ``/``, a
+    control character, a space or ``..``; this is stricter (no ``\\ ? # @ %`` either, a port of digits only), so
+    that what routes a request (the host name) and what the verify reads (``X-Original-URL``, built from the raw
+    Host) cannot be two different things: ``Host: h/s/<mine>/?token=...&`` would otherwise put a path of its own
+    in front of the real request URI.
+
+    Args:
+        authority: the header's value as sent, e.g. ``lab-c1.gshare.localhost:8443`` or ``[::1]:80``.
+
+    Returns:
+        The host name without its port (brackets dropped, lowercase), or None when it is not a valid host[:port].
+    """
+    match = _AUTHORITY.fullmatch(authority)
+    if match is None or ".." in match["name"]:
+        return None
+    name = match["name"]
+    return (name[1:-1] if name.startswith("[") else name).lower()
 
 
 def session_in_request_uri(request_uri: str) -> str:
