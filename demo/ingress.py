@@ -28,6 +28,10 @@ same Ingress against a real nginx rendered that way, ``tests/e2e/nginx.py``):
 * ``auth-response-headers``: those headers of the verify answer go to the backend (the client cannot set them);
   ``auth-always-set-cookie: "true"``: the verify answer's ``Set-Cookie`` goes to the browser whatever the
   backend answers (without it, only with a 200/201/204/206/30x);
+* a client silent for ``CLIENT_TIMEOUT`` (nginx's ``client_header_timeout``/``client_body_timeout``) is dropped; a
+  ``Content-Length`` above ``MAX_BODY_BYTES`` (nginx's default ``client_max_body_size 1m``) is a 413, its body
+  unread, and one that is not digits a 400. The session Ingresses' ``proxy-body-size: "0"`` (no limit) is not
+  honoured here: the stand-in page reads no body, so a demo has nothing to upload;
 * the backend: the session pod's stand-in page (``demo.session_page``); no Running pod behind the Service is
   ingress-nginx's 503.
 
@@ -45,6 +49,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -74,6 +79,10 @@ POLL_SECONDS = 1.0
 #: ingress-nginx's ``proxy-connect-timeout`` default, and a read bound for the auth subrequest, seconds.
 AUTH_CONNECT_TIMEOUT = 5.0
 AUTH_READ_TIMEOUT = 60.0
+#: nginx's ``client_header_timeout``/``client_body_timeout`` default, seconds: a client silent that long is dropped.
+CLIENT_TIMEOUT = 60.0
+#: nginx's ``client_max_body_size`` default (``1m``): a request announcing a larger body is a 413, its body unread.
+MAX_BODY_BYTES = 1024 * 1024
 #: Statuses after which ingress-nginx's ``add_header Set-Cookie $auth_cookie`` (without ``always``) applies.
 _ADD_HEADER_STATUSES = {200, 201, 204, 206, 301, 302, 303, 304, 307, 308}
 # Not passed on to the auth subrequest: hop-by-hop headers, and what ingress-nginx's auth location overrides or blanks.
@@ -82,8 +91,9 @@ _NOT_TO_AUTH = {
     "host", "x-original-url", "x-original-method", "x-sent-from", "x-real-ip", "x-forwarded-for",
     "x-auth-request-redirect", "x-request-id", "x-forwarded-proto",
 }
+_DIGITS = re.compile(r"[0-9]{1,19}")
 _REASONS = {
-    400: "Bad Request", 401: "Authorization Required", 403: "Forbidden", 404: "Not Found",
+    400: "Bad Request", 401: "Authorization Required", 403: "Forbidden", 404: "Not Found", 413: "Request Entity Too Large",
     500: "Internal Server Error", 503: "Service Temporarily Unavailable",
 }
 
@@ -236,9 +246,12 @@ class DemoIngress:
         host: address to listen on (loopback).
         port: TCP port (0: a free one; see ``port`` once started).
         poll_seconds: how often each cluster's Ingresses are listed.
+        client_timeout: seconds a client may stay silent while sending its request (headers or body) before its
+            connection is closed.
     """
 
-    def __init__(self, clusters: list[ClusterIngress], host: str = "127.0.0.1", port: int = 0, poll_seconds: float = POLL_SECONDS):
+    def __init__(self, clusters: list[ClusterIngress], host: str = "127.0.0.1", port: int = 0, poll_seconds: float = POLL_SECONDS,
+                 client_timeout: float = CLIENT_TIMEOUT):
         self.clusters = {c.session_domain.lower(): c for c in clusters}
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
@@ -247,6 +260,7 @@ class DemoIngress:
 
         class Handler(_Handler):
             controller = ingress
+            timeout = client_timeout  # StreamRequestHandler: the socket's timeout, on every read and write
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
@@ -398,9 +412,16 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True  # a chunked body is not read: do not reuse the connection
-        elif length and length.isdigit():
+        elif length is not None and not _DIGITS.fullmatch(length):
+            self.close_connection = True
+            return self._answer(_error(400))  # nginx: "client sent invalid Content-Length header"
+        elif length:
             remaining = int(length)
-            while remaining > 0:  # proxy-body-size 0: any size; the stand-in page does not read it
+            if remaining > MAX_BODY_BYTES:
+                self.close_connection = True  # the body is not read: the connection cannot be reused
+                return self._answer(_error(413))
+            # A silent client raises TimeoutError after ``timeout`` seconds; http.server then closes the connection.
+            while remaining > 0:  # the stand-in page does not read the body
                 chunk = self.rfile.read(min(remaining, 65536))
                 if not chunk:
                     break
@@ -414,6 +435,9 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:  # a bug here must be a 500, as nginx would answer, never a dropped connection
             logger.exception("demo ingress failed on %s", self.path.split("?", 1)[0])
             answer = _error(500)
+        self._answer(answer)
+
+    def _answer(self, answer: Answer) -> None:
         self.send_response(answer.status, _REASONS.get(answer.status))
         for name, value in answer.headers:
             self.send_header(name, value)
