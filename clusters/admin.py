@@ -6,7 +6,6 @@ from datetime import UTC
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
 from django.db import transaction
 from django.db.models import Count
 from django.urls import reverse
@@ -15,6 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from clusters import console, services, token_rotation
+from clusters.admin_cards import GpuCardList
 from clusters.models import Cluster, GpuDevice, Node
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
@@ -474,16 +474,6 @@ class GpuNodeFilter(admin.SimpleListFilter):
         return queryset.filter(node_id=int(value)) if value.isdigit() else queryset.none()
 
 
-class GpuCardList(ChangeList):
-    """Django's changelist (search, filters, pagination) whose page of GPUs is also given as ``cards``, with
-    ``summary`` (:func:`clusters.console.gpu_summary`) over every GPU the filters keep."""
-
-    def get_results(self, request):  # noqa: D102
-        super().get_results(request)
-        self.cards = [console.gpu_card(device) for device in self.result_list]
-        self.summary = console.gpu_summary(self.queryset)
-
-
 @admin.register(GpuDevice)
 class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """GPU management: one card per GPU (``templates/admin/clusters/gpudevice/change_list.html``), read-only: the
@@ -499,7 +489,7 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     list_display = ["uuid", "model", "cluster", "node", "index", "memory_mib", "split_count", "cores", "health", "mode"]
     list_filter = ["model", GpuHealthFilter, GpuUseFilter, GpuNodeFilter]
     search_fields = ["uuid", "model", "node__name"]
-    ordering = ["cluster__name", "node__name", "index"]
+    ordering = ["node__cluster_name", "node__name", "index"]  # the node keeps its cluster's name: no join to sort
     list_per_page = 48
     readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "reserved",
                        "holding_sessions", "last_seen_at", "missing_since"]

@@ -9,8 +9,9 @@ annotations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Sum
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from clusters.models import GpuDevice, Node
@@ -35,8 +36,9 @@ def live_allocations() -> QuerySet[Allocation]:
 
 def gpu_card_queryset(qs: QuerySet[GpuDevice]) -> QuerySet[GpuDevice]:
     """``qs`` with what a GPU card reads: node and cluster joined, the live allocations prefetched as
-    ``live_allocations`` (a list on each GPU, with session and owner), ordered by cluster, node, index."""
-    return qs.select_related("node", "cluster").prefetch_related(
+    ``live_allocations`` (a list on each GPU, with session and owner), ordered by cluster, node, index. The
+    cluster's kubeconfig is not read: never shown, and decrypting it per card was a third of the page's time."""
+    return qs.select_related("node", "cluster").defer("cluster__kubeconfig").prefetch_related(
         Prefetch("allocations", queryset=live_allocations(), to_attr="live_allocations")
     )
 
@@ -53,13 +55,16 @@ def gpu_summary(qs: QuerySet[GpuDevice]) -> dict[str, int]:
     Returns:
         ``{"gpus", "healthy", "in_use", "free"}``; ``free`` counts healthy GPUs no live session holds.
     """
-    held = Exists(Allocation.objects.filter(LIVE_ALLOCATION, device=OuterRef("pk")))
-    totals = qs.order_by().annotate(_held=held).aggregate(
-        gpus=Count("pk"),
-        healthy=Count("pk", filter=Q(health=True)),
-        in_use=Count("pk", filter=Q(_held=True)),
-        free=Count("pk", filter=Q(health=True, _held=False)),
-    )
+    # Counted by (health, held): ``IN (live allocations' GPUs)`` is one hashed subplan, evaluated once per GPU as a
+    # group key. An EXISTS per GPU ran one index probe per GPU (8,000 on a big fleet) and its cost estimate made
+    # PostgreSQL JIT-compile the query; a FILTER per count repeated the subplan.
+    held = ExpressionWrapper(Q(pk__in=Allocation.objects.filter(LIVE_ALLOCATION).values("device_id")), output_field=BooleanField())
+    totals = {"gpus": 0, "healthy": 0, "in_use": 0, "free": 0}
+    for row in qs.order_by().annotate(_held=held).values("health", "_held").annotate(n=Count("pk")):
+        totals["gpus"] += row["n"]
+        totals["healthy"] += row["n"] if row["health"] else 0
+        totals["in_use"] += row["n"] if row["_held"] else 0
+        totals["free"] += row["n"] if row["health"] and not row["_held"] else 0
     return {k: int(v) for k, v in totals.items()}
 
 
@@ -93,20 +98,20 @@ class Meter:
     total: int
     unit: str = ""
 
-    @property
+    @cached_property
     def percent(self) -> int:
         """Share of the total in use, 0-100 (100 when over capacity)."""
         if self.total <= 0:
             return 100 if self.used else 0
         return min(100, round(100 * self.used / self.total))
 
-    @property
+    @cached_property
     def level(self) -> str:
         """``low`` / ``mid`` / ``high`` / ``full``: the bar's colour."""
         p = self.percent
         return "full" if p >= 100 else "high" if p >= 80 else "mid" if p >= 50 else "low"
 
-    @property
+    @cached_property
     def text(self) -> str:
         """``40,000 / 81,559 MiB``: used of total, with thousands separators."""
         return f"{self.used:,} / {self.total:,}" + (f" {self.unit}" if self.unit else "")
@@ -128,6 +133,11 @@ class GpuCard:
     holders: list[Holder] = field(default_factory=list)
 
     @property
+    def meters(self) -> tuple[Meter, Meter, Meter]:
+        """The card's bars in their order: memory, cores, slots."""
+        return (self.memory, self.cores, self.slots)
+
+    @cached_property
     def state(self) -> str:
         """``unhealthy``, ``whole`` (held by one session alone), ``shared``, ``full`` (no split left) or ``free``."""
         if not self.device.health:
