@@ -30,10 +30,12 @@ Both caches below are per process (``cachetools.TTLCache``, thread-safe behind a
 
 * verified tokens, until the token expires (at most ``TOKEN_CACHE_SECONDS``): a browser sends the
   same cookie on every request, so the RS256 check runs once per token and process;
-* facts (a session's phase, host and owner; a user's ``is_active`` and ``is_staff``), for
+* facts (a session's phase, host and owner; a user's ``is_active`` and whether they may open anyone's session,
+  ``sessions.permissions.may_open_any_session``: superuser, or staff with ``gpu_sessions.change_session``), for
   ``FACTS_CACHE_SECONDS`` (1 s), in front of the Django cache on Redis (filled from the database on a
   miss, kept ``GSHARE_CONNECT_CACHE_SECONDS``). The session services drop a session's facts on every
-  phase change and a user's save drops the user's (:func:`facts_forget`, which leaves a short-lived
+  phase change, and a user's save or a change of their groups or permissions drops the user's
+  (:func:`user_changed`, :func:`permissions_changed`; :func:`facts_forget`, which leaves a short-lived
   tombstone so that a verify that read the database before the change cannot put the old facts
   back). A stopped session or a deactivated user is therefore refused everywhere at most 1 s after
   the change commits; a change that bypasses ``save()`` (``QuerySet.update``, SQL), or one made while
@@ -79,6 +81,7 @@ from gshare.exceptions import ApplicationError
 from sessions.connect_path import PathRefused, host_of_authority, session_in_request_uri
 from sessions.manifests import session_path
 from sessions.models import Session
+from sessions.permissions import may_open_any_session
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +167,53 @@ def facts_forget(key: str) -> None:
 def user_changed(sender, instance, using: str = "default", **kwargs) -> None:
     """``post_save``/``post_delete`` receiver of the user model: drop the user's connect facts once the change commits.
 
-    A cache invalidation, not a rule: it is what makes a deactivation (or a loss of staff) refuse that
+    A cache invalidation, not a rule: it is what makes a deactivation (or a loss of superuser or staff) refuse that
     user's connect cookies within ``FACTS_CACHE_SECONDS`` rather than ``GSHARE_CONNECT_CACHE_SECONDS``.
     Connected in ``sessions.apps``.
     """
     key = user_cache_key(instance.pk)
     transaction.on_commit(lambda: facts_forget(key), using=using)
+
+
+def _users_whose_permissions_changed(instance, action: str, model, pk_set) -> set[int]:
+    """The users whose permissions an ``m2m_changed`` of users' groups, users' or groups' permissions may change."""
+    from django.contrib.auth.models import Group, Permission
+
+    user_model = get_user_model()
+    users = set(pk_set or ()) if model is user_model else set()
+    if isinstance(instance, user_model):
+        users.add(instance.pk)
+    elif isinstance(instance, Group):  # its members (still there at pre_clear; a removed member is in pk_set)
+        users.update(user_model.objects.filter(groups=instance).values_list("pk", flat=True))
+    elif isinstance(instance, Permission):
+        holders = user_model.objects.filter(user_permissions=instance) | user_model.objects.filter(groups__permissions=instance)
+        users.update(holders.values_list("pk", flat=True))
+        if model is Group and pk_set:
+            users.update(user_model.objects.filter(groups__in=pk_set).values_list("pk", flat=True))
+    return users
+
+
+def permissions_changed(sender, instance, action: str, model=None, pk_set=None, using: str = "default", **kwargs) -> None:
+    """``m2m_changed`` receiver of ``User.groups``, ``User.user_permissions`` and ``Group.permissions``: drop the
+    connect facts of every user concerned once the change commits.
+
+    The facts hold whether a user may open anyone's session (``sessions.permissions.may_open_any_session``), so a
+    permission or group taken away refuses their connect cookies within ``FACTS_CACHE_SECONDS``. A change these
+    signals do not see (a ``Permission`` deleted, SQL) is bounded by ``GSHARE_CONNECT_CACHE_SECONDS`` + 1 s.
+    Connected in ``sessions.apps``.
+    """
+    if action in ("pre_clear", "post_add", "post_remove"):
+        _forget_users(_users_whose_permissions_changed(instance, action, model, pk_set), using)
+
+
+def group_deleted(sender, instance, using: str = "default", **kwargs) -> None:
+    """``pre_delete`` receiver of ``Group``: its memberships go without an ``m2m_changed``; drop its members' facts."""
+    _forget_users(set(get_user_model().objects.filter(groups=instance).values_list("pk", flat=True)), using)
+
+
+def _forget_users(users: set[int], using: str) -> None:
+    keys = [user_cache_key(pk) for pk in sorted(users)]
+    transaction.on_commit(lambda: [facts_forget(key) for key in keys], using=using)
 
 
 def link_token_sign(*, user, session_id: str, host: str) -> str:
@@ -273,7 +317,8 @@ REFUSAL_DETAILS = {
     "was sent (a cookie token as ?token= or Bearer, a link token as the cookie): get a new link (`POST /api/v1/sessions/{id}/connect`).",
     "connect_refused": "This request may not reach this session (another session's token, a session that is not running, "
     "another host, or a path that is not plainly under /s/<session id>/): open the session from its own link.",
-    "connect_forbidden": "The user of this connect token is deactivated, or no longer the session's owner or staff: "
+    "connect_forbidden": "The user of this connect token is deactivated, or no longer the session's owner or allowed to "
+    "open any session (staff with the permission to change sessions): "
     "ask an administrator to reactivate the account, then open the session from a new link.",
 }
 
@@ -334,11 +379,11 @@ def _session_facts(session_id: str) -> dict | None:
 
 
 def _user_facts(user_pk: int) -> dict | None:
-    """``{"active", "staff"}`` of a user, or None."""
+    """``{"active", "open_any"}`` of a user (``open_any``: ``sessions.permissions.may_open_any_session``), or None."""
 
     def load():
-        row = get_user_model().objects.filter(pk=user_pk).values("is_active", "is_staff").first()
-        return _MISSING if row is None else {"active": row["is_active"], "staff": row["is_staff"]}
+        user = get_user_model().objects.filter(pk=user_pk).first()
+        return _MISSING if user is None else {"active": user.is_active, "open_any": may_open_any_session(user)}
 
     return _cached_facts(("user", user_pk), user_cache_key(user_pk), load)
 
@@ -447,7 +492,7 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
         a token valid for where it was sent (a link token as Bearer or ``?token=``, a cookie token as the
         cookie; the first such in that order decides) names that session, the session is Running, the
         original host is the session's cluster ``session_domain`` and the token's user is active and the
-        session's owner or staff; a link token in ``?token=`` also sets the cookie. 401 ``token_missing``,
+        session's owner or may open any session (``sessions.permissions``); a link token in ``?token=`` also sets the cookie. 401 ``token_missing``,
         ``token_invalid`` or ``connect_refused``, or 403 ``connect_forbidden`` (the user) otherwise.
 
     Raises:
@@ -489,7 +534,7 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
     user = _user_facts(user_pk)
     if user is None or not user["active"]:
         return _refused("connect_forbidden", "user deactivated or gone")
-    if user_pk != facts["owner"] and not user["staff"]:
-        return _refused("connect_forbidden", "user neither the owner nor staff")
+    if user_pk != facts["owner"] and not user.get("open_any"):  # .get: facts cached before this key refuse
+        return _refused("connect_forbidden", "user neither the owner nor allowed to open any session")
     set_cookie = _cookie(claims, session_id, host) if source == "query" else None
     return Verdict(200, user=claims.get("name", ""), set_cookie=set_cookie)

@@ -22,6 +22,7 @@ from gshare.exceptions import ApplicationError
 from sessions import console_selectors, services
 from sessions.manifests import session_url
 from sessions.models import Session
+from sessions.permissions import may_open_session
 
 #: Phases the session page keeps following (its status is polled until the session runs or ends).
 FOLLOWED_PHASES = (Session.Phase.PENDING, Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.STOPPING)
@@ -162,8 +163,11 @@ def start_view(admin, request):
 
 def open_view(admin, request, object_id: str):
     """POST ``<session>/open/``: mint a connect link (``session_connect``) and send the browser there, to the
-    session's own cluster hostname; refused (a message, back to the page) when the session does not run."""
+    session's own cluster hostname; refused (a message, back to the page) when the session does not run; 403
+    without the right to open it (its owner, or ``may_open_any_session``: staff holding ``change_session``)."""
     session = _session_or_404(admin, request, object_id)
+    if not may_open_session(request.user, session):  # a researcher's own session (another's is a 404 above)
+        raise PermissionDenied
     try:
         url = services.session_connect(session=session, user=request.user)
     except ApplicationError as exc:
@@ -190,8 +194,10 @@ def stop_view(admin, request, object_id: str):
 
 def status_view(admin, request, object_id: str):
     """GET ``<session>/status/``: what the session page follows: ``{"id", "phase", "message", "node", "url",
-    "started_at", "ended_at", "follow", "can_open", "can_stop"}`` (times UTC)."""
+    "started_at", "ended_at", "follow", "can_open", "can_stop"}`` (times UTC); 403 without the right to view it."""
     session = _session_or_404(admin, request, object_id)
+    if not admin.has_view_permission(request, session):
+        raise PermissionDenied
     return JsonResponse({
         "id": session.public_id, "phase": session.phase, "message": session.message, "node": session.node,
         "url": session_url(session), "started_at": utc(session.started_at), "ended_at": utc(session.ended_at),

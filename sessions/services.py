@@ -31,6 +31,7 @@ from operator_agent import contract
 from sessions import connect, placement, selectors
 from sessions.manifests import gshare_session_manifest, session_url
 from sessions.models import Allocation, Session
+from sessions.permissions import may_open_session
 from storage.models import Volume
 from storage.services import volume_claim_name
 
@@ -720,11 +721,12 @@ def session_connect(*, session: Session, user) -> str:
     (``sessions.connect.link_token_sign``).
 
     Raises:
-        Forbidden: 403 ``forbidden`` when ``user`` is neither the owner nor staff.
+        Forbidden: 403 ``forbidden`` when ``user`` is neither the owner nor allowed to open any session
+            (``sessions.permissions.may_open_any_session``: staff with ``gpu_sessions.change_session``, superusers).
         Conflict: 409 ``session_not_running`` when the session has ended or has no URL yet.
     """
-    if session.owner_id != user.pk and not user.is_staff:
-        raise Forbidden("Only the session's owner (or staff) may connect to it.", code="forbidden")
+    if not may_open_session(user, session):
+        raise Forbidden("Only the session's owner (or staff allowed to change sessions) may connect to it.", code="forbidden")
     url = session_url(session)
     if not session.is_live or url is None:
         raise Conflict(f"Session {session.public_id} is {session.phase}: start a new session.", code="session_not_running")

@@ -108,6 +108,12 @@ def test_only_owner_or_staff_get_links(running, django_user_model):
     with pytest.raises(services.Forbidden):
         services.session_connect(session=running, user=stranger)
     admin = django_user_model.objects.create_user("root", is_staff=True)
+    with pytest.raises(services.Forbidden):  # staff alone: not without the permission to change sessions
+        services.session_connect(session=running, user=admin)
+    from django.contrib.auth.models import Permission
+
+    admin.user_permissions.add(Permission.objects.get(content_type__app_label="gpu_sessions", codename="change_session"))
+    admin = django_user_model.objects.get(pk=admin.pk)  # has_perm caches the permissions on the instance
     assert services.session_connect(session=running, user=admin).startswith("https://gpu-a.example.com/")
 
 

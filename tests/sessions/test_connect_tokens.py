@@ -176,7 +176,10 @@ def test_a_deactivated_user_is_refused_within_the_bound_and_again_allowed_when_r
 
 
 def test_staff_who_lose_staff_or_the_account_are_refused(client, running, django_user_model, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import Permission
+
     admin = django_user_model.objects.create_user("root", is_staff=True)
+    admin.user_permissions.add(Permission.objects.get(content_type__app_label="gpu_sessions", codename="change_session"))  # staff alone may not open others'
     _, cookie = open_link(client, running, user=admin)
     client.cookies[connect.COOKIE_NAME] = cookie
     response = verify(client, base(running))
