@@ -165,12 +165,13 @@ class ConsoleSite(admin.AdminSite):
         return HttpResponseRedirect(reverse("admin:console_section", kwargs={"section": section}, current_app=self.name))
 
     def index(self, request, extra_context=None):
-        """The console's home: for staff, the dashboard (``gshare.console.dashboard``: tiles, the 24-hour chart, the
-        fleet table) narrowed to the top bar's cluster; below it, the navigation, for everyone."""
+        """The console's home: for staff who may view clusters (``clusters.view_cluster``; superusers may), the
+        dashboard (``gshare.console.dashboard``: tiles, the 24-hour chart, the fleet table) narrowed to the top bar's
+        cluster; below it, the navigation, for everyone."""
         context = dict(extra_context or {})
         if not request.user.is_staff:
             context.setdefault("title", "My gShare")
-        if request.user.is_staff:
+        if request.user.is_staff and request.user.has_perm("clusters.view_cluster"):  # the tiles show the fleet
             from gshare.console.charts import usage_chart_svg
             from gshare.console.dashboard import dashboard
             from gshare.console.scope import console_cluster

@@ -124,3 +124,16 @@ def test_the_connect_api_refuses_staff_without_the_permission(client, bare_staff
     token = api_token_create(username=bare_staff.username)[1]
     response = client.post(f"/api/v1/sessions/{running.public_id}/connect", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 403 and response.json()["code"] == "forbidden"
+
+
+def test_staff_without_the_cluster_permission_see_no_dashboard(client, bare_staff):
+    ClusterFactory(name="lab-secret-fleet")
+    client.force_login(bare_staff)
+    page = client.get("/")
+    # (the top bar's cluster selector names the clusters to every user, researchers too: by design)
+    assert page.status_code == 200
+    assert b'id="dashboard"' not in page.content and b'class="gs-tiles"' not in page.content
+    assert b'id="dashboard-chart"' not in page.content
+    bare_staff.user_permissions.add(Permission.objects.get(content_type__app_label="clusters", codename="view_cluster"))
+    page = client.get("/")
+    assert page.status_code == 200 and b'id="dashboard"' in page.content and b'class="gs-tiles"' in page.content
