@@ -8,18 +8,28 @@ here. Reservations and suggested images are staff pages.
 
 from __future__ import annotations
 
+import html
+
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from gshare.console.access import OwnObjectsAdmin, is_researcher
+from gshare.console.changelist import LeanChangeList
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
 from gshare.console.scope import ClusterScopedAdmin
 from sessions import console, console_selectors, services
 from sessions.manifests import session_url
 from sessions.models import Allocation, Session, SuggestedImage
+
+
+def _esc(value) -> str:
+    """``value`` HTML-escaped, as Django's ``escape`` does it (``html.escape`` of its text) without its lazy-string
+    wrapper: the list's columns escape a dozen values a row, and the wrapper was most of their cost."""
+    return html.escape(str(value))
 
 
 class AllocationInline(admin.TabularInline):
@@ -38,6 +48,16 @@ class AllocationInline(admin.TabularInline):
         return False
 
 
+class ClusterListFilter(admin.RelatedFieldListFilter):
+    """Django's filter by cluster, reading the clusters without their kubeconfigs (never shown; each is decrypted
+    when read)."""
+
+    def field_choices(self, field, request, model_admin):  # noqa: D102
+        qs = field.related_model._default_manager.defer("kubeconfig")
+        ordering = self.field_admin_ordering(field, request, model_admin)
+        return [(c.pk, str(c)) for c in (qs.order_by(*ordering) if ordering else qs)]
+
+
 @admin.register(Session)
 class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     """Sessions: phase, where they run, what they cost so far, their URL; Open, Stop and Start session.
@@ -54,7 +74,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     researcher_order = 10
     list_display = ["session_id", "phase_badge", "owner", "cluster_name", "node", "gpus_asked", "started", "cost", "url_link"]
     list_display_links = ["session_id"]
-    list_filter = ["phase", "cluster"]
+    list_filter = ["phase", ("cluster", ClusterListFilter)]
     list_select_related = ["owner", "cluster"]
     list_per_page = 50
     search_fields = ["public_id", "name", "owner__username", "image"]
@@ -69,7 +89,14 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     change_form_template = "admin/gpu_sessions/session/change_form.html"
 
     def get_queryset(self, request):  # noqa: D102
-        return console_selectors.with_cost_so_far(super().get_queryset(request))
+        # The cluster's kubeconfig is never shown: not decrypting it once per row (a third of the list's time).
+        qs = super().get_queryset(request).select_related("owner", "cluster").defer("cluster__kubeconfig")
+        return console_selectors.with_cost_so_far(qs)
+
+    def get_changelist(self, request, **kwargs):
+        """Django's changelist counting once and sorting the page on its ordering's columns alone
+        (``gshare.console.changelist.LeanChangeList``)."""
+        return LeanChangeList
 
     def get_readonly_fields(self, request, obj=None):
         """The session page's fields; for a researcher the owner and clusters as plain names (the user and cluster
@@ -98,7 +125,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     def get_list_display(self, request):
         """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
         may_stop = self.has_stop_permission(request)
-        changelist = reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist")
+        next_url = _esc(reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist"))
         # One reverse per page, not two per row: the row's pk goes where the placeholder is.
         urls = {verb: reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[0]).replace("/0/", "/{}/")
                 for verb in ("open", "stop")}
@@ -113,19 +140,20 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
                 buttons.append(("stop", "Stop", "gs-stop"))
             if not buttons:
                 return "-"
-            return format_html_join(
-                " ", '<button type="submit" class="gs-button {}" formaction="{}" formmethod="post" name="next" value="{}" '
-                'aria-label="{} {}">{}</button>',
-                ((css, urls[verb].format(obj.pk), changelist, label, obj.public_id, label) for verb, label, css in buttons),
-            )
+            public_id = _esc(obj.public_id)
+            return mark_safe(" ".join(  # noqa: S308 - every value escaped
+                f'<button type="submit" class="gs-button {css}" formaction="{_esc(urls[verb].format(obj.pk))}" formmethod="post" '
+                f'name="next" value="{next_url}" aria-label="{label} {public_id}">{label}</button>'
+                for verb, label, css in buttons
+            ))
 
         return [*self.list_display, row_actions]
 
     def action_checkbox(self, obj: Session) -> str:
         """The row's action checkbox, as Django renders it, without a widget template per row (the header's
         select-all box is Django's, by this method's name)."""
-        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" '
-                           'aria-label="Select this object for an action - {}">', ACTION_CHECKBOX_NAME, obj.pk, obj.public_id)
+        return mark_safe(f'<input type="checkbox" name="{ACTION_CHECKBOX_NAME}" value="{obj.pk}" class="action-select" '  # noqa: S308
+                         f'aria-label="Select this object for an action - {_esc(obj.public_id)}">')
 
     def get_urls(self):
         """The admin's URLs with ``start/``, ``<id>/open/``, ``<id>/stop/`` and ``<id>/status/`` first."""
@@ -177,14 +205,15 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     @admin.display(description="phase", ordering="phase")
     def phase_badge(self, obj: Session) -> str:
         """The phase as a coloured badge."""
-        return format_html('<span class="gs-phase gs-phase-{}" data-phase="{}">{}</span>', obj.phase.lower(), obj.phase, obj.phase)
+        phase = _esc(obj.phase)
+        return mark_safe(f'<span class="gs-phase gs-phase-{phase.lower()}" data-phase="{phase}">{phase}</span>')  # noqa: S308
 
     @admin.display(description="cluster", ordering="cluster__name")
     def cluster_name(self, obj: Session) -> str:
         """The cluster's name (its id on hover)."""
         if obj.cluster is None:
             return "-"
-        return format_html('<span title="{}">{}</span>', obj.cluster.public_id, obj.cluster.name)
+        return mark_safe(f'<span title="{_esc(obj.cluster.public_id)}">{_esc(obj.cluster.name)}</span>')  # noqa: S308
 
     @admin.display(description="owner")
     def owner_name(self, obj: Session) -> str:  # noqa: D102
@@ -212,7 +241,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         if not text:
             return "not yet" if obj.is_live else "never"
         day, time = text.split(" ", 1)
-        return format_html('<span class="gs-day">{}</span> <span class="gs-time">{}</span>', day, time)
+        return mark_safe(f'<span class="gs-day">{_esc(day)}</span> <span class="gs-time">{_esc(time)}</span>')  # noqa: S308
 
     @admin.display(description="created")
     def created(self, obj: Session) -> str:  # noqa: D102
@@ -232,8 +261,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         value = getattr(obj, "cost_so_far", None)
         if value is None:
             value = console_selectors.cost_so_far(obj)
-        text = f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0"
-        return format_html('<span class="gs-credits" title="{} credits">{}</span>', text, text)
+        text = _esc(f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0")
+        return mark_safe(f'<span class="gs-credits" title="{text} credits">{text}</span>')  # noqa: S308
 
     @admin.display(description="URL")
     def url_link(self, obj: Session) -> str:
@@ -242,7 +271,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         url = session_url(obj)
         if not url:
             return "-"
-        return format_html('<a href="{}" title="{}" class="gs-url" rel="noopener noreferrer">URL</a>', url, url)
+        url = _esc(url)
+        return mark_safe(f'<a href="{url}" title="{url}" class="gs-url" rel="noopener noreferrer">URL</a>')  # noqa: S308
 
     @admin.display(description="URL")
     def url_full(self, obj: Session) -> str:

@@ -108,6 +108,14 @@ class ConsoleSite(admin.AdminSite):
             Django's ``app_list`` shape: ``[{"name", "app_label", "app_url", "has_module_perms", "models": [...]}]``;
             ``app_label`` of a section is its slug.
         """
+        # Once per request and label: the index page asks twice (the sidebar's ``available_apps`` and its own list),
+        # and each build checks every registered model's permissions and reverses its URLs.
+        memo = request.__dict__.setdefault("_console_app_lists", {})
+        if app_label not in memo:
+            memo[app_label] = self._app_list(request, app_label)
+        return memo[app_label]
+
+    def _app_list(self, request, app_label=None):
         if app_label is None and is_researcher(request.user):
             return researcher_app_list(self, request)  # one section of their own pages: My sessions, My volumes...
         section_slugs = {slug for slug, _title, _models in SECTIONS}
