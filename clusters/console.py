@@ -158,27 +158,47 @@ class GpuCard:
         return uuid[:12]
 
 
-def gpu_card(device: GpuDevice) -> GpuCard:
-    """The card of ``device`` (from :func:`gpu_card_queryset`: reads its prefetched ``live_allocations``, no query).
+def live_holders(device_ids: list[int]) -> dict[int, list[Holder]]:
+    """The sessions holding each of ``device_ids`` (live allocations, oldest session first), by GPU id: one query of
+    plain rows, for a page of cards (no model instances to build).
+
+    Returns:
+        ``{device_id: [Holder, ...]}``; a GPU no live session holds is absent.
+    """
+    rows = (
+        Allocation.objects.filter(LIVE_ALLOCATION, device_id__in=device_ids).order_by("session__created_at", "session__id")
+        .values_list("device_id", "session_id", "session__public_id", "session__name", "session__phase", "session__owner__username",
+                     "exclusive", "memory_mib", "cores")
+    )
+    holders: dict[int, list[Holder]] = {}
+    for device_id, *holder in rows:
+        holders.setdefault(device_id, []).append(Holder(*holder))
+    return holders
+
+
+def gpu_card(device: GpuDevice, holders: list[Holder] | None = None) -> GpuCard:
+    """The card of ``device``: its ``holders`` when given (:func:`live_holders`), else from its prefetched
+    ``live_allocations`` (:func:`gpu_card_queryset`, no query), else one query.
 
     Memory and cores reserved are the sums of the live allocations (a whole-GPU allocation reserves the GPU's
     memory and its 100 % of cores); slots used is their number, of HAMi's ``split_count``.
     """
-    allocations = getattr(device, "live_allocations", None)
-    if allocations is None:
-        allocations = list(live_allocations().filter(device=device))
-    holders = [
-        Holder(
-            session_pk=a.session.pk, public_id=a.session.public_id, name=a.session.name, phase=a.session.phase,
-            owner=a.session.owner.username, whole=a.exclusive, memory_mib=a.memory_mib, cores=a.cores,
-        )
-        for a in allocations
-    ]
+    if holders is None:
+        allocations = getattr(device, "live_allocations", None)
+        if allocations is None:
+            allocations = list(live_allocations().filter(device=device))
+        holders = [
+            Holder(
+                session_pk=a.session.pk, public_id=a.session.public_id, name=a.session.name, phase=a.session.phase,
+                owner=a.session.owner.username, whole=a.exclusive, memory_mib=a.memory_mib, cores=a.cores,
+            )
+            for a in allocations
+        ]
     return GpuCard(
         device=device,
-        memory=Meter("Memory", sum(a.memory_mib for a in allocations), device.memory_mib, "MiB"),
-        cores=Meter("Cores", sum(a.cores for a in allocations), device.cores, "%"),
-        slots=Meter("Slots", len(allocations), device.split_count),
+        memory=Meter("Memory", sum(h.memory_mib for h in holders), device.memory_mib, "MiB"),
+        cores=Meter("Cores", sum(h.cores for h in holders), device.cores, "%"),
+        slots=Meter("Slots", len(holders), device.split_count),
         holders=holders,
     )
 

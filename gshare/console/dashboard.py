@@ -18,12 +18,15 @@ Definitions (docs/console.md#the-dashboard):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import logging
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Value, Window
 from django.db.models.functions import Coalesce
@@ -47,6 +50,10 @@ DEFAULT_LOW_BALANCE = Decimal(10)
 #: How many of the lowest accounts the credits tile names.
 LOW_ACCOUNTS_SHOWN = 5
 CHART_HOURS = 24
+#: Seconds the slow, slowly-changing parts (the chart, the credits and storage tiles) may be reused across requests
+#: (setting ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS``; 0 turns it off, as the tests do).
+DEFAULT_CACHE_SECONDS = 3
+log = logging.getLogger(__name__)
 _CODE = re.compile(r"`([^`]+)`")
 _ZERO = Decimal(0).quantize(CREDITS)
 
@@ -134,7 +141,8 @@ def _count_of(model, **where) -> Subquery:
     return Coalesce(Subquery(qs, output_field=IntegerField()), Value(0))
 
 
-def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> ClustersTile:
+def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | None = None,
+                  gpu_counts: dict[int, int] | None = None) -> ClustersTile:
     """The registered clusters (only ``cluster`` when given), by name, with node and GPU counts and warnings.
 
     Warnings: the operator token's (``clusters.token_rotation.operator_token_state``: callbacks refused since a
@@ -143,18 +151,25 @@ def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | No
     ``GSHARE_HEARTBEAT_STALE_SECONDS`` (without a refusal on record: it is stopped, cannot reach the control plane,
     or sends a token no published key verifies).
 
+    Args:
+        gpu_counts: GPUs per cluster id when the caller counted them (:attr:`GpusTile.by_cluster`); None counts them
+            here (a correlated count per cluster over its GPUs, the query's largest part).
+
     Returns:
         A :class:`ClustersTile`. One query.
     """
     now = now or timezone.now()
-    qs = Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).defer("kubeconfig").annotate(
-        node_count=_count_of(Node), ready_nodes=_count_of(Node, ready=True), gpu_count=_count_of(GpuDevice),
-    ).order_by("name", "id")
+    counts_of = {"node_count": _count_of(Node), "ready_nodes": _count_of(Node, ready=True)}
+    if gpu_counts is None:
+        counts_of["gpu_count"] = _count_of(GpuDevice)
+    qs = Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).defer("kubeconfig").annotate(**counts_of).order_by("name", "id")
     if cluster is not None:
         qs = qs.filter(pk=cluster.pk)
     stale = settings.GSHARE_HEARTBEAT_STALE_SECONDS
     rows, counts = [], {s: 0 for s in ("connected", "degraded", "unreachable", "pending")}
     for c in qs:
+        if gpu_counts is not None:
+            c.gpu_count = gpu_counts.get(c.pk, 0)
         counts[c.status] = counts.get(c.status, 0) + 1
         heartbeat_age = (now - c.last_heartbeat_at).total_seconds() if c.last_heartbeat_at else None
         reporting = heartbeat_age is not None and heartbeat_age <= stale
@@ -196,10 +211,12 @@ class GpuCounts:
 
 @dataclass(frozen=True)
 class GpusTile:
-    """``by_model`` (sorted by model) and their sum ``total``."""
+    """``by_model`` (sorted by model), their sum ``total``, and ``by_cluster``: GPUs per cluster id (the fleet
+    table's GPU column, counted in the same pass)."""
 
     by_model: list[GpuCounts]
     total: GpuCounts
+    by_cluster: dict[int, int] = field(default_factory=dict)
 
 
 def gpus_tile(*, cluster: Cluster | None = None) -> GpusTile:
@@ -209,12 +226,12 @@ def gpus_tile(*, cluster: Cluster | None = None) -> GpusTile:
     An unhealthy GPU with an allocation counts as reserved (and not healthy), never as free.
 
     Returns:
-        A :class:`GpusTile`. One query.
+        A :class:`GpusTile` (with the GPUs per cluster). One query.
     """
     # One pass over the GPUs joined to their allocations summed per GPU (a hash join): cheaper than an EXISTS per
     # GPU, whose cost estimate also makes PostgreSQL JIT-compile the query.
     sql = f"""
-        SELECT d.model,
+        SELECT d.model, d.cluster_id,
                COUNT(*),
                COUNT(*) FILTER (WHERE d.health),
                COUNT(*) FILTER (WHERE a.exclusive),
@@ -224,14 +241,20 @@ def gpus_tile(*, cluster: Cluster | None = None) -> GpusTile:
           LEFT JOIN (SELECT device_id, BOOL_OR(exclusive) AS exclusive FROM {Allocation._meta.db_table} GROUP BY device_id) a
             ON a.device_id = d.id
          {"WHERE d.cluster_id = %s" if cluster is not None else ""}
-         GROUP BY d.model
-         ORDER BY d.model"""
+         GROUP BY d.model, d.cluster_id"""
+    keys = ("total", "healthy", "whole", "shared", "free")
+    models: dict[str, dict[str, int]] = {}
+    by_cluster: dict[int, int] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, [cluster.pk] if cluster is not None else [])
-        rows = [dict(zip(("model", "total", "healthy", "whole", "shared", "free"), row, strict=True)) for row in cursor.fetchall()]
-    by_model = [GpuCounts(**row) for row in rows]
+        for model, cluster_id, *numbers in cursor.fetchall():
+            sums = models.setdefault(model, dict.fromkeys(keys, 0))
+            for key, n in zip(keys, numbers, strict=True):
+                sums[key] += n
+            by_cluster[cluster_id] = by_cluster.get(cluster_id, 0) + numbers[0]
+    by_model = [GpuCounts(model=model, **models[model]) for model in sorted(models)]
     total = GpuCounts(model="", **{k: sum(getattr(r, k) for r in by_model) for k in ("total", "healthy", "whole", "shared", "free")})
-    return GpusTile(by_model=by_model, total=total)
+    return GpusTile(by_model=by_model, total=total, by_cluster=by_cluster)
 
 
 # --------------------------------------------------------------------------- sessions
@@ -470,7 +493,9 @@ class HourBucket:
 #: part of hour ``j`` when that is another hour (``tail``), and the whole hours between, summed in Python from
 #: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``), looked up
 #: through the recent sessions (the ledger's session index) rather than by reading the whole ledger: a usage window
-#: ends at most a few minutes after its session (docs/billing.md), so an hour's margin finds every charge.
+#: ends at most a few minutes after its session (docs/billing.md), so an hour's margin finds every charge. Times are
+#: seconds since the window's start as ``date_part`` doubles (small numbers: exact to the microsecond), the sums
+#: rounded back to microseconds: numeric ``EXTRACT``s per row cost more than the rest of the query.
 _CHART_SQL = """
     WITH recent AS (
         SELECT s.id, s.gpus, s.created_at, s.ended_at
@@ -479,16 +504,15 @@ _CHART_SQL = """
            AND (s.ended_at IS NULL OR s.ended_at > %(first)s - interval '1 hour')
     ),
     k AS (
-        SELECT gpus, c, e,
-               FLOOR(EXTRACT(EPOCH FROM c - %(first)s) / 3600)::int AS i,
-               FLOOR(EXTRACT(EPOCH FROM e - %(first)s) / 3600)::int AS j
-          FROM (SELECT gpus, GREATEST(created_at, %(first)s) AS c, LEAST(COALESCE(ended_at, %(now)s), %(now)s) AS e
+        SELECT gpus, c, e, FLOOR(c / 3600)::int AS i, FLOOR(e / 3600)::int AS j
+          FROM (SELECT gpus, date_part('epoch', GREATEST(created_at, %(first)s) - %(first)s) AS c,
+                       date_part('epoch', LEAST(COALESCE(ended_at, %(now)s), %(now)s) - %(first)s) AS e
                   FROM recent WHERE created_at < %(now)s) clipped
          WHERE e > c
     )
-    SELECT 'head', i, SUM(gpus * EXTRACT(EPOCH FROM LEAST(e, %(first)s + (i + 1) * interval '1 hour') - c)) FROM k GROUP BY i
+    SELECT 'head', i, ROUND(SUM(gpus * (LEAST(e, (i + 1) * 3600.0::float8) - c))::numeric, 6) FROM k GROUP BY i
     UNION ALL
-    SELECT 'tail', j, SUM(gpus * EXTRACT(EPOCH FROM e - (%(first)s + j * interval '1 hour'))) FROM k WHERE j > i GROUP BY j
+    SELECT 'tail', j, ROUND(SUM(gpus * (e - j * 3600.0::float8))::numeric, 6) FROM k WHERE j > i GROUP BY j
     UNION ALL
     SELECT 'open', i + 1, SUM(gpus) FROM k WHERE j > i + 1 GROUP BY i
     UNION ALL
@@ -560,22 +584,69 @@ class Dashboard:
         return utc(self.now)
 
 
+def _reused(part: str, cluster: Cluster | None, compute):
+    """``compute()``, or its result from the last ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS`` seconds (Django's cache,
+    shared by the web workers) for this scope. An unreachable cache computes it again rather than failing the page."""
+    seconds = getattr(settings, "GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS", DEFAULT_CACHE_SECONDS)
+    if seconds <= 0:
+        return compute()
+    key = f"console:dashboard:{part}:{cluster.pk if cluster is not None else 'all'}"
+    try:
+        value = cache.get(key)
+    except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down must not break the dashboard
+        log.warning("dashboard cache unreachable; computing %s", part, exc_info=True)
+        return compute()
+    if value is None:
+        value = compute()
+        try:
+            cache.set(key, value, seconds)
+        except Exception:  # noqa: BLE001
+            log.warning("dashboard cache unreachable; %s not kept", part, exc_info=True)
+    return value
+
+
 def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> Dashboard:
     """Every tile and the chart for ``cluster`` (or all clusters), judged at ``now``.
 
+    The counts (clusters, GPUs, sessions) are read on every call. The 24-hour chart (hourly history), the storage
+    tile (capacity readings, which come every few minutes) and the credits tile's burn and lowest accounts may be
+    up to ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS`` (3) seconds old, computed by an earlier request (only when
+    ``now`` is not given): together they were more than half the page's time on a big fleet (docs/performance.md).
+
     Returns:
-        A :class:`Dashboard`. A fixed number of queries (ten), whatever the fleet's size.
+        A :class:`Dashboard`. A fixed number of queries (ten), whatever the fleet's size; three when the reused
+        parts are fresh.
     """
-    now = now or timezone.now()
+    if now is not None:  # an explicit time (tests, reports): everything computed for it
+        return _dashboard(cluster=cluster, now=now)
+    now = timezone.now()
+    sessions = sessions_tile(cluster=cluster, now=now)
+    gpus = gpus_tile(cluster=cluster)
+    credits = _reused("credits", cluster, lambda: credits_tile(cluster=cluster, running=sessions.running))
+    return Dashboard(
+        cluster=cluster,
+        now=now,
+        clusters=clusters_tile(cluster=cluster, now=now, gpu_counts=gpus.by_cluster),
+        gpus=gpus,
+        sessions=sessions,
+        credits=dataclasses.replace(credits, running=sessions.running),
+        storage=_reused("storage", cluster, lambda: storage_tile(cluster=cluster, now=now)),
+        chart=_reused("chart", cluster, lambda: usage_chart(cluster=cluster, now=now)),
+    )
+
+
+def _dashboard(*, cluster: Cluster | None, now: datetime.datetime) -> Dashboard:
+    """Every part computed for ``now`` (no reuse)."""
     # No transaction of their own: each tile is one consistent statement, and BEGIN/COMMIT would be two more round
     # trips. The queries are shaped so that PostgreSQL's cost estimates stay far below jit_above_cost (whose JIT
     # compilation took longer than running them): a join on allocations summed per GPU, one pass over the sessions.
     sessions = sessions_tile(cluster=cluster, now=now)
+    gpus = gpus_tile(cluster=cluster)
     return Dashboard(
         cluster=cluster,
         now=now,
-        clusters=clusters_tile(cluster=cluster, now=now),
-        gpus=gpus_tile(cluster=cluster),
+        clusters=clusters_tile(cluster=cluster, now=now, gpu_counts=gpus.by_cluster),
+        gpus=gpus,
         sessions=sessions,
         credits=credits_tile(cluster=cluster, running=sessions.running),
         storage=storage_tile(cluster=cluster, now=now),

@@ -16,3 +16,7 @@ except InvalidOperation:
     GSHARE_CONSOLE_LOW_BALANCE = Decimal("NaN")
 if not GSHARE_CONSOLE_LOW_BALANCE.is_finite():
     raise ImproperlyConfigured("GSHARE_CONSOLE_LOW_BALANCE must be a number of credits, e.g. 10 or 2.5.")
+
+#: Seconds the dashboard may reuse its 24-hour chart and its credits and storage tiles across requests
+#: (``gshare.console.dashboard``; the counts are always read live). 0 turns the reuse off.
+GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS = env.int("GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS", default=3)
