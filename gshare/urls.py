@@ -1,4 +1,4 @@
-"""URL map: the console (admin), the public API and its documentation, the operator API, the JWKS."""
+"""URL map: the console (admin), the public API and its documentation (signed-in users only), the operator API, the JWKS."""
 
 from django.contrib import admin
 from django.urls import include, path, re_path
@@ -15,7 +15,7 @@ api_v1 = [
     path("", include("audit.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The browsable documentation (Swagger UI, its assets from drf-spectacular-sidecar): linked from the console.
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("docs/", views.signed_in_or_login(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),
 ]
 
 internal_v1 = [

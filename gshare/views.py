@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import wraps
 
+from django.contrib.auth.views import redirect_to_login
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -59,3 +60,21 @@ def json_not_found(request, *args):
     return JsonResponse(
         {"code": "not_found", "detail": f"No such route: {request.path[:200]}. The API is described at /api/v1/schema/."}, status=404
     )
+
+
+def signed_in_or_login(view):
+    """Wrap the API documentation page, a page for browsers: one not logged in to the console goes to the console's
+    login and back, rather than a bare 401. Its ``Authorization`` header is not read there (the page is the login
+    session's; a token is for the schema and the API): a bad token on an HTML error page would be read again by the
+    template's context processors, and raise."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            from django.urls import reverse
+
+            return redirect_to_login(request.get_full_path(), login_url=reverse("admin:login"))
+        request.META.pop("HTTP_AUTHORIZATION", None)
+        return view(request, *args, **kwargs)
+
+    return wrapped

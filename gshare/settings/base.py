@@ -152,6 +152,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "gShare control plane API",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs page answer signed-in users only (the console's login session or an API token): the
+    # schema maps every route, the internal plane's included.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # The API documentation's assets come from drf-spectacular-sidecar, served by the project (never a CDN).
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -34,8 +34,9 @@ def pool():
     return StoragePoolFactory(cluster=ClusterFactory(name="lab-d1"), manual_capacity_gb=1024)
 
 
-def test_docs_page_and_its_assets_are_served_by_the_project(live_server):
-    page = requests.get(f"{live_server.url}/api/v1/docs/", timeout=30)
+def test_docs_page_and_its_assets_are_served_by_the_project(live_server, console_users):
+    browser = console_session(live_server.url, "alice", console_users["alice"][1])  # signed-in users only
+    page = browser.get(f"{live_server.url}/api/v1/docs/", timeout=30)
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
     assert any("swagger-ui-bundle.js" in a for a in assets), assets
@@ -43,7 +44,7 @@ def test_docs_page_and_its_assets_are_served_by_the_project(live_server):
     for asset in assets:
         assert asset.startswith("/"), f"the docs page loads {asset} from elsewhere"
         assert requests.get(f"{live_server.url}{asset}", timeout=30).status_code == 200, asset
-    schema = requests.get(f"{live_server.url}/api/v1/schema/", headers={"Accept": "application/json"}, timeout=30)
+    schema = browser.get(f"{live_server.url}/api/v1/schema/", headers={"Accept": "application/json"}, timeout=30)
     assert schema.status_code == 200
     schemes = schema.json()["components"]["securitySchemes"]
     assert schemes["bearerAuth"] == {"type": "http", "scheme": "bearer"}

@@ -137,3 +137,21 @@ def test_staff_without_the_cluster_permission_see_no_dashboard(client, bare_staf
     bare_staff.user_permissions.add(Permission.objects.get(content_type__app_label="clusters", codename="view_cluster"))
     page = client.get("/")
     assert page.status_code == 200 and b'id="dashboard"' in page.content and b'class="gs-tiles"' in page.content
+
+
+def test_the_schema_and_the_docs_need_a_signed_in_user(client, plain_user):
+    anonymous = client.get("/api/v1/schema/")
+    assert anonymous.status_code == 401 and b"not_authenticated" in anonymous.content  # in the schema's format
+    assert "/internal/" not in anonymous.content.decode()
+    docs = client.get("/api/v1/docs/")
+    assert docs.status_code == 302 and docs["Location"] == "/login/?next=/api/v1/docs/"  # a browser logs in first
+    assert client.get("/api/v1/docs/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 302  # never a 500
+    assert client.get("/api/v1/schema/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 401
+    from gshare.auth.tokens import api_token_create
+
+    token = api_token_create(username=plain_user.username)[1]
+    schema = client.get("/api/v1/schema/?format=json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert schema.status_code == 200 and "/api/v1/sessions/" in schema.json()["paths"]
+    client.force_login(plain_user)
+    assert client.get("/api/v1/docs/").status_code == 200
+    assert client.get("/api/v1/docs/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 200  # the page is the session's
