@@ -12,6 +12,7 @@ import html
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import Q
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
@@ -50,10 +51,12 @@ class AllocationInline(admin.TabularInline):
 
 class ClusterListFilter(admin.RelatedFieldListFilter):
     """Django's filter by cluster, reading the clusters without their kubeconfigs (never shown; each is decrypted
-    when read)."""
+    when read): the clusters that are not deregistered, and the deregistered ones a row still names (history)."""
 
     def field_choices(self, field, request, model_admin):  # noqa: D102
-        qs = field.related_model._default_manager.defer("kubeconfig")
+        related = field.related_model
+        qs = related._default_manager.defer("kubeconfig").filter(
+            ~Q(status=related.Status.DEREGISTERED) | Q(pk__in=field.model._default_manager.values(field.attname)))
         ordering = self.field_admin_ordering(field, request, model_admin)
         return [(c.pk, str(c)) for c in (qs.order_by(*ordering) if ordering else qs)]
 
@@ -64,7 +67,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     Read-only records (a session is never deleted here: that would drop its GPU reservations while its pod runs);
     Start, Open and Stop call the session services. Researchers see, start, open and stop their own only; staff
-    need the ``add_session`` / ``change_session`` permissions to start / stop, and may open any running session.
+    need the ``add_session`` / ``change_session`` permissions to start / stop, and ``change_session`` (or superuser)
+    to open another user's running session (``sessions.permissions``).
     The list narrows to the console's cluster.
     """
 
@@ -113,6 +117,10 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         """"My sessions" for a researcher, "Sessions" for staff."""
         return "My sessions" if is_researcher(request.user) else "Sessions"
 
+    def get_list_filter(self, request):
+        """Researchers filter their sessions by phase only (a cluster filter would list the fleet's clusters)."""
+        return ["phase"] if is_researcher(request.user) else super().get_list_filter(request)
+
     def has_stop_permission(self, request) -> bool:
         """Researchers stop their own sessions (the queryset holds no other); staff need the permission to change
         sessions."""
@@ -147,7 +155,12 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
                 for verb, label, css in buttons
             ))
 
-        return [*self.list_display, row_actions]
+        # The admin's own columns as its bound methods: Django then calls them without first looking each name up as
+        # a model field (a FieldDoesNotExist raised and caught per cell). The same headers, classes and sorting; the
+        # linked column stays a name (list_display_links matches names).
+        columns = [name if name in self.list_display_links or not hasattr(type(self), name) else getattr(self, name)
+                   for name in self.list_display]
+        return [*columns, row_actions]
 
     def action_checkbox(self, obj: Session) -> str:
         """The row's action checkbox, as Django renders it, without a widget template per row (the header's

@@ -12,6 +12,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import InvalidPage
 from django.db.models import QuerySet
+from django.urls import reverse
 
 
 class LeanChangeList(ChangeList):
@@ -71,6 +72,16 @@ class LeanChangeList(ChangeList):
     def page_rows(self, request, rows: list) -> list:
         """The page's rows as the template reads them (here: unchanged)."""
         return rows
+
+    def url_for_result(self, result) -> str:
+        """As Django's (the row's change page), with one ``reverse`` per page rather than one per row."""
+        pk = getattr(result, self.pk_attname)
+        if not isinstance(pk, int):
+            return super().url_for_result(result)
+        if "_change_url" not in self.__dict__:
+            name = f"admin:{self.opts.app_label}_{self.opts.model_name}_change"
+            self._change_url = reverse(name, args=(0,), current_app=self.model_admin.admin_site.name).replace("/0/", "/{}/")
+        return self._change_url.format(pk)
 
 
 def _read_page(qs: QuerySet, page_queryset=lambda qs: qs) -> list:
