@@ -155,3 +155,24 @@ def test_the_schema_and_the_docs_need_a_signed_in_user(client, plain_user):
     client.force_login(plain_user)
     assert client.get("/api/v1/docs/").status_code == 200
     assert client.get("/api/v1/docs/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 200  # the page is the session's
+
+
+def test_the_session_filter_lists_no_cluster_to_researchers_and_no_unused_deregistered_one_to_staff(client, plain_user,
+                                                                                                   django_user_model):
+    from clusters.models import Cluster
+
+    ClusterFactory(name="lab-old-secret", status=Cluster.Status.DEREGISTERED)
+    history = ClusterFactory(name="lab-old-history", status=Cluster.Status.DEREGISTERED)
+    live = ClusterFactory(name="lab-live-one")
+    Session.objects.create(owner=plain_user, cluster=history, image="img", gpus=1, phase=Session.Phase.TERMINATED)
+    client.force_login(plain_user)
+    page = client.get("/gpu_sessions/session/")
+    assert page.status_code == 200
+    assert b"cluster__id__exact" not in page.content and b"lab-old-secret" not in page.content
+    assert [spec.title for spec in page.context["cl"].filter_specs] == ["phase"]
+    boss = django_user_model.objects.create_superuser("boss", "b@example.test", "Pw-123456789!")
+    client.force_login(boss)
+    page = client.get("/gpu_sessions/session/")
+    (cluster_filter,) = [spec for spec in page.context["cl"].filter_specs if spec.title == "cluster"]
+    named = " | ".join(str(label) for _pk, label in cluster_filter.lookup_choices)  # "<name> (<clu_ id>)"
+    assert live.name in named and history.name in named and "lab-old-secret" not in named
