@@ -55,17 +55,28 @@ def gpu_summary(qs: QuerySet[GpuDevice]) -> dict[str, int]:
     Returns:
         ``{"gpus", "healthy", "in_use", "free"}``; ``free`` counts healthy GPUs no live session holds.
     """
-    # Counted by (health, held): ``IN (live allocations' GPUs)`` is one hashed subplan, evaluated once per GPU as a
-    # group key. An EXISTS per GPU ran one index probe per GPU (8,000 on a big fleet) and its cost estimate made
-    # PostgreSQL JIT-compile the query; a FILTER per count repeated the subplan.
+    return gpu_summary_and_models(qs)[0]
+
+
+def gpu_summary_and_models(qs: QuerySet[GpuDevice]) -> tuple[dict[str, int], list[str]]:
+    """:func:`gpu_summary` and the GPU models of ``qs`` (sorted), from the same query.
+
+    Returns:
+        ``(summary, models)``.
+    """
+    # Counted by (model, health, held): ``IN (live allocations' GPUs)`` is one hashed subplan, evaluated once per
+    # GPU as a group key. An EXISTS per GPU ran one index probe per GPU (8,000 on a big fleet) and its cost estimate
+    # made PostgreSQL JIT-compile the query; a FILTER per count repeated the subplan.
     held = ExpressionWrapper(Q(pk__in=Allocation.objects.filter(LIVE_ALLOCATION).values("device_id")), output_field=BooleanField())
     totals = {"gpus": 0, "healthy": 0, "in_use": 0, "free": 0}
-    for row in qs.order_by().annotate(_held=held).values("health", "_held").annotate(n=Count("pk")):
+    models = set()
+    for row in qs.order_by().annotate(_held=held).values("model", "health", "_held").annotate(n=Count("pk")):
+        models.add(row["model"])
         totals["gpus"] += row["n"]
         totals["healthy"] += row["n"] if row["health"] else 0
         totals["in_use"] += row["n"] if row["_held"] else 0
         totals["free"] += row["n"] if row["health"] and not row["_held"] else 0
-    return {k: int(v) for k, v in totals.items()}
+    return totals, sorted(models)
 
 
 @dataclass(frozen=True)
