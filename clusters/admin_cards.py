@@ -11,6 +11,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from clusters import console
 from gshare.console.changelist import LeanChangeList
+from gshare.console.reuse import reused
+from gshare.console.scope import console_cluster
 
 
 def escape(value) -> str:
@@ -35,7 +37,13 @@ class GpuCardList(LeanChangeList):
     (no COUNT query of its own)."""
 
     def known_count(self, request) -> int:  # noqa: D102
-        self.summary, models = console.gpu_summary_and_models(self.queryset)
+        if self._narrowed():
+            self.summary, models = console.gpu_summary_and_models(self.queryset)
+        else:
+            # The whole list (of the scope): its totals may be a few seconds old (gshare.console.reuse).
+            cluster = console_cluster(request)
+            self.summary, models = reused(f"console:gpus:summary:{cluster.pk if cluster else 'all'}",
+                                          lambda: console.gpu_summary_and_models(self.queryset))
         if not self._narrowed():
             # Nothing narrows the list: its models are the model filter's choices (Django's filter would read
             # every GPU again for them, SELECT DISTINCT).

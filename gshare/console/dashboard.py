@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import logging
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Value, Window
 from django.db.models.functions import Coalesce
@@ -38,6 +36,7 @@ from billing import pricing
 from billing.models import CREDITS, CreditAccount
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.token_rotation import operator_token_state
+from gshare.console.reuse import reused
 from sessions.models import Allocation, Session
 from storage.capacity import format_bytes
 from storage.models import StoragePool
@@ -50,10 +49,6 @@ DEFAULT_LOW_BALANCE = Decimal(10)
 #: How many of the lowest accounts the credits tile names.
 LOW_ACCOUNTS_SHOWN = 5
 CHART_HOURS = 24
-#: Seconds the slow, slowly-changing parts (the chart, the credits and storage tiles) may be reused across requests
-#: (setting ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS``; 0 turns it off, as the tests do).
-DEFAULT_CACHE_SECONDS = 3
-log = logging.getLogger(__name__)
 _CODE = re.compile(r"`([^`]+)`")
 _ZERO = Decimal(0).quantize(CREDITS)
 
@@ -585,24 +580,8 @@ class Dashboard:
 
 
 def _reused(part: str, cluster: Cluster | None, compute):
-    """``compute()``, or its result from the last ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS`` seconds (Django's cache,
-    shared by the web workers) for this scope. An unreachable cache computes it again rather than failing the page."""
-    seconds = getattr(settings, "GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS", DEFAULT_CACHE_SECONDS)
-    if seconds <= 0:
-        return compute()
-    key = f"console:dashboard:{part}:{cluster.pk if cluster is not None else 'all'}"
-    try:
-        value = cache.get(key)
-    except Exception:  # noqa: BLE001 - the cache is an optimisation: Redis down must not break the dashboard
-        log.warning("dashboard cache unreachable; computing %s", part, exc_info=True)
-        return compute()
-    if value is None:
-        value = compute()
-        try:
-            cache.set(key, value, seconds)
-        except Exception:  # noqa: BLE001
-            log.warning("dashboard cache unreachable; %s not kept", part, exc_info=True)
-    return value
+    """``compute()``, or its result from the last few seconds for this scope (:func:`gshare.console.reuse.reused`)."""
+    return reused(f"console:dashboard:{part}:{cluster.pk if cluster is not None else 'all'}", compute)
 
 
 def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> Dashboard:
@@ -610,7 +589,7 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
 
     The counts (clusters, GPUs, sessions) are read on every call. The 24-hour chart (hourly history), the storage
     tile (capacity readings, which come every few minutes) and the credits tile's burn and lowest accounts may be
-    up to ``GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS`` (3) seconds old, computed by an earlier request (only when
+    up to ``GSHARE_CONSOLE_CACHE_SECONDS`` (3) seconds old, computed by an earlier request (only when
     ``now`` is not given): together they were more than half the page's time on a big fleet (docs/performance.md).
 
     Returns:

@@ -20,5 +20,5 @@ GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = 0
 _test_db = env.str("GSHARE_TEST_DATABASE", default="")
 if _test_db:
     DATABASES["default"]["TEST"] = {"NAME": _test_db}  # noqa: F405
-# Every dashboard read is computed for its request (no reuse across requests: tests change the data between them).
-GSHARE_CONSOLE_DASHBOARD_CACHE_SECONDS = 0
+# Every console read is computed for its request (no reuse across requests: tests change the data between them).
+GSHARE_CONSOLE_CACHE_SECONDS = 0
