@@ -25,6 +25,7 @@ from gshare.console.scope import ClusterScopedAdmin
 from sessions import console, console_selectors, services
 from sessions.manifests import session_url
 from sessions.models import Allocation, Session, SuggestedImage
+from sessions.permissions import may_open_any_session, may_open_session
 
 
 def _esc(value) -> str:
@@ -154,6 +155,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     def get_list_display(self, request):
         """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
         may_stop = self.has_stop_permission(request)
+        user = request.user
+        may_open_any = may_open_any_session(user)
         next_url = _esc(reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist"))
         # One reverse per page, not two per row: the row's pk goes where the placeholder is.
         urls = {verb: reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[0]).replace("/0/", "/{}/")
@@ -163,7 +166,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def row_actions(obj: Session) -> str:
             # Buttons of the changelist's own form (one form, CSRF included): formaction sends it to the row's URL.
             buttons = []
-            if console.can_open(obj):
+            if console.can_open(obj) and (may_open_any or obj.owner_id == user.pk):
                 buttons.append(("open", "Open", "gs-open"))
             if may_stop and console.can_stop(obj):
                 buttons.append(("stop", "Stop", "gs-stop"))
@@ -225,7 +228,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         extra = {}
         if session is not None:
             extra = {
-                "session": session, "can_open": console.can_open(session),
+                "session": session, "can_open": console.can_open(session) and may_open_session(request.user, session),
                 "can_stop": console.can_stop(session) and self.has_stop_permission(request),
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
             }

@@ -176,3 +176,17 @@ def test_the_session_filter_lists_no_cluster_to_researchers_and_no_unused_deregi
     (cluster_filter,) = [spec for spec in page.context["cl"].filter_specs if spec.title == "cluster"]
     named = " | ".join(str(label) for _pk, label in cluster_filter.lookup_choices)  # "<name> (<clu_ id>)"
     assert live.name in named and history.name in named and "lab-old-secret" not in named
+
+
+def test_open_is_offered_only_to_who_may_open(client, bare_staff, running):
+    """A staff user who may view sessions but not change them sees no Open button (it would answer 403); with the
+    permission to change sessions, Open is offered on the row and the session's page."""
+    bare_staff.user_permissions.add(Permission.objects.get(content_type__app_label="gpu_sessions", codename="view_session"))
+    client.force_login(bare_staff)
+    listing = client.get("/gpu_sessions/session/").content.decode()
+    page = client.get(f"/gpu_sessions/session/{running.pk}/change/").content.decode()
+    assert running.public_id in listing and "gs-open" not in listing and "gs-open" not in page
+    bare_staff.user_permissions.add(_change_session())
+    listing = client.get("/gpu_sessions/session/").content.decode()
+    page = client.get(f"/gpu_sessions/session/{running.pk}/change/").content.decode()
+    assert "gs-open" in listing and "gs-open" in page
