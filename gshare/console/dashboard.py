@@ -596,12 +596,19 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
         A :class:`Dashboard`. A fixed number of queries (ten), whatever the fleet's size; three when the reused
         parts are fresh.
     """
-    if now is not None:  # an explicit time (tests, reports): everything computed for it
-        return _dashboard(cluster=cluster, now=now)
-    now = timezone.now()
+    # An explicit time (tests, reports): everything computed for it, nothing reused.
+    reuse = now is None
+    now = now or timezone.now()
+
+    def part(name: str, compute):
+        return _reused(name, cluster, compute) if reuse else compute()
+
+    # No transaction of their own: each tile is one consistent statement, and BEGIN/COMMIT would be two more round
+    # trips. The queries are shaped so that PostgreSQL's cost estimates stay far below jit_above_cost (whose JIT
+    # compilation took longer than running them): a join on allocations summed per GPU, one pass over the sessions.
     sessions = sessions_tile(cluster=cluster, now=now)
     gpus = gpus_tile(cluster=cluster)
-    credits = _reused("credits", cluster, lambda: credits_tile(cluster=cluster, running=sessions.running))
+    credits = part("credits", lambda: credits_tile(cluster=cluster, running=sessions.running))
     return Dashboard(
         cluster=cluster,
         now=now,
@@ -609,25 +616,6 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
         gpus=gpus,
         sessions=sessions,
         credits=dataclasses.replace(credits, running=sessions.running),
-        storage=_reused("storage", cluster, lambda: storage_tile(cluster=cluster, now=now)),
-        chart=_reused("chart", cluster, lambda: usage_chart(cluster=cluster, now=now)),
-    )
-
-
-def _dashboard(*, cluster: Cluster | None, now: datetime.datetime) -> Dashboard:
-    """Every part computed for ``now`` (no reuse)."""
-    # No transaction of their own: each tile is one consistent statement, and BEGIN/COMMIT would be two more round
-    # trips. The queries are shaped so that PostgreSQL's cost estimates stay far below jit_above_cost (whose JIT
-    # compilation took longer than running them): a join on allocations summed per GPU, one pass over the sessions.
-    sessions = sessions_tile(cluster=cluster, now=now)
-    gpus = gpus_tile(cluster=cluster)
-    return Dashboard(
-        cluster=cluster,
-        now=now,
-        clusters=clusters_tile(cluster=cluster, now=now, gpu_counts=gpus.by_cluster),
-        gpus=gpus,
-        sessions=sessions,
-        credits=credits_tile(cluster=cluster, running=sessions.running),
-        storage=storage_tile(cluster=cluster, now=now),
-        chart=usage_chart(cluster=cluster, now=now),
+        storage=part("storage", lambda: storage_tile(cluster=cluster, now=now)),
+        chart=part("chart", lambda: usage_chart(cluster=cluster, now=now)),
     )
