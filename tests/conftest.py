@@ -25,6 +25,21 @@ os.environ["GSHARE_NETGUARD"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD), os.environ.get("PYTHONPATH")]))
 
 
+@pytest.fixture(autouse=True)
+def _celery_join_flag_cleared():
+    """Start every test with Celery's "a join would block" flag cleared.
+
+    The flag is one process-wide global that each eager task sets for its run and then puts back as it found it
+    (``celery.result.denied_join_result``). Two eager tasks overlapping in ``live_server``'s request threads (a
+    browser page polling while another request queues a task) put it back out of order and leave it set, and every
+    later ``.delay().get()`` in the process then refuses with "Never call result.get() within a task!".
+    """
+    from celery.result import _set_task_join_will_block
+
+    _set_task_join_will_block(False)
+    yield
+
+
 class Http:
     """A ``requests`` session bound to a base URL and (optionally) a bearer token."""
 
