@@ -10,6 +10,9 @@ its reason code (``operator_refused_reason``); never the token. An accepted call
 An operator retrying in a loop must not turn into a database write per request: a Redis key per cluster
 (``cache.add``, 60 s) lets at most one refusal a minute through to the ``UPDATE``, and the ``UPDATE`` itself only
 matches a row whose latest refusal is a minute old or more, so the bound holds when Redis is down or flushed.
+A clear reopens the gate (the next refusal is recorded at once) at most once a minute, so callbacks that are
+accepted and refused in turn (an old operator still running beside the new one) write a handful of rows a minute,
+not one per callback.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ REFUSAL_MEANINGS = {
 
 def _gate_key(public_id: str) -> str:
     return f"operator-refused:{public_id}"
+
+
+def _reopen_key(public_id: str) -> str:
+    return f"operator-refused-reopened:{public_id}"
 
 
 def operator_refusal_record(*, reason: str, cluster: Cluster | None = None, cluster_id: str = "",
@@ -116,7 +123,10 @@ def operator_refusal_clear(cluster: Cluster) -> bool:
         Q(operator_refused_since__isnull=False) | Q(operator_refused_at__isnull=False)
     ).update(operator_refused_since=None, operator_refused_at=None, operator_refused_reason="")
     try:
-        cache.delete(_gate_key(cluster.public_id))  # a refusal right after this one is recorded at once
+        # A refusal right after this is recorded at once, but only once a minute: an old and a new operator calling
+        # in turn would otherwise turn every callback into a write.
+        if cache.add(_reopen_key(cluster.public_id), 1, timeout=REFUSAL_RECORD_PERIOD):
+            cache.delete(_gate_key(cluster.public_id))
     except Exception as exc:  # the gate then expires on its own within a minute
         logger.warning("operator refusal gate of %s not reset: the cache failed (%s)", cluster.public_id, type(exc).__name__)
     since = cluster.operator_refused_since
