@@ -25,7 +25,7 @@ from gshare.console.scope import ClusterScopedAdmin
 from sessions import console, console_selectors, services
 from sessions.manifests import session_url
 from sessions.models import Allocation, Session, SuggestedImage
-from sessions.permissions import may_open_any_session, may_open_session
+from sessions.permissions import SessionRights
 
 
 def _esc(value) -> str:
@@ -148,15 +148,17 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         sessions."""
         return is_researcher(request.user) or self.model_permission(request, "change")
 
+    def session_rights(self, request) -> SessionRights:
+        """This user's Open and Stop rights, for the rows, the page and its status poll alike."""
+        return SessionRights(request.user, may_stop=self.has_stop_permission(request))
+
     def has_start_permission(self, request) -> bool:
         """Researchers start their own sessions; staff need the permission to add sessions."""
         return is_researcher(request.user) or self.model_permission(request, "add")
 
     def get_list_display(self, request):
         """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
-        may_stop = self.has_stop_permission(request)
-        user = request.user
-        may_open_any = may_open_any_session(user)
+        rights = self.session_rights(request)
         next_url = _esc(reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist"))
         # One reverse per page, not two per row: the row's pk goes where the placeholder is.
         urls = {verb: reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[0]).replace("/0/", "/{}/")
@@ -166,9 +168,10 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def row_actions(obj: Session) -> str:
             # Buttons of the changelist's own form (one form, CSRF included): formaction sends it to the row's URL.
             buttons = []
-            if console.can_open(obj) and (may_open_any or obj.owner_id == user.pk):
+            actions = rights.actions(obj)
+            if actions.open:
                 buttons.append(("open", "Open", "gs-open"))
-            if may_stop and console.can_stop(obj):
+            if actions.stop:
                 buttons.append(("stop", "Stop", "gs-stop"))
             if not buttons:
                 return "-"
@@ -227,9 +230,9 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         session = self.get_object(request, object_id)
         extra = {}
         if session is not None:
+            actions = self.session_rights(request).actions(session)
             extra = {
-                "session": session, "can_open": console.can_open(session) and may_open_session(request.user, session),
-                "can_stop": console.can_stop(session) and self.has_stop_permission(request),
+                "session": session, "can_open": actions.open, "can_stop": actions.stop,
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
             }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})

@@ -33,16 +33,6 @@ def utc(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
 
 
-def can_open(session: Session) -> bool:
-    """Whether Open is offered: the session runs and has a URL (``session_connect`` decides for good)."""
-    return session.phase == Session.Phase.RUNNING and session.cluster_id is not None
-
-
-def can_stop(session: Session) -> bool:
-    """Whether Stop is offered: the session is live and not already stopping."""
-    return session.is_live and session.phase != Session.Phase.STOPPING
-
-
 class _AnyVolumeIds(forms.MultipleChoiceField):
     """The form lists the user's own volumes, but any id posted goes to the service, which answers
     ``volume_not_found`` for one that is not theirs (the API's refusal, rather than "not a valid choice")."""
@@ -198,8 +188,9 @@ def status_view(admin, request, object_id: str):
     session = _session_or_404(admin, request, object_id)
     if not admin.has_view_permission(request, session):
         raise PermissionDenied
+    actions = admin.session_rights(request).actions(session)
     return JsonResponse({
         "id": session.public_id, "phase": session.phase, "message": session.message, "node": session.node,
         "url": session_url(session), "started_at": utc(session.started_at), "ended_at": utc(session.ended_at),
-        "follow": session.phase in FOLLOWED_PHASES, "can_open": can_open(session), "can_stop": can_stop(session),
+        "follow": session.phase in FOLLOWED_PHASES, "can_open": actions.open, "can_stop": actions.stop,
     }, headers={"Cache-Control": "no-store"})

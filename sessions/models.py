@@ -90,6 +90,16 @@ class Session(models.Model):
         return self.phase not in self.TERMINAL_PHASES
 
     @property
+    def offers_open(self) -> bool:
+        """Whether the session can be opened now: it runs and has a cluster (so a URL). Who may: ``sessions.permissions``."""
+        return self.phase == self.Phase.RUNNING and self.cluster_id is not None
+
+    @property
+    def offers_stop(self) -> bool:
+        """Whether the session can be stopped now: it is live and not already stopping."""
+        return self.is_live and self.phase != self.Phase.STOPPING
+
+    @property
     def whole_gpus(self) -> bool:
         """True when neither memory nor cores were asked: each GPU is the session's alone."""
         return self.gpu_memory_mib is None and self.gpu_cores is None

@@ -8,6 +8,8 @@ nobody's session.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 #: The Django permission that lets staff open any user's session (superusers hold every permission).
 OPEN_ANY_PERMISSION = "gpu_sessions.change_session"
 
@@ -29,3 +31,31 @@ def may_open_any_session(user) -> bool:
 def may_open_session(user, session) -> bool:
     """Whether ``user`` may open ``session``: its owner, or :func:`may_open_any_session`."""
     return bool(user and user.is_authenticated and (session.owner_id == user.pk or may_open_any_session(user)))
+
+
+class SessionActions(NamedTuple):
+    """What the console offers on one session: Open and Stop."""
+
+    open: bool
+    stop: bool
+
+
+class SessionRights:
+    """One user's rights over sessions, looked up once per request, then applied to each session shown.
+
+    Args:
+        user: the request's user.
+        may_stop: whether this user may stop the sessions shown to them (the console's stop permission: researchers
+            their own, staff with ``gpu_sessions.change_session``).
+    """
+
+    def __init__(self, user, *, may_stop: bool):
+        self.user = user
+        self.may_open_any = may_open_any_session(user)
+        self.may_stop = may_stop
+
+    def actions(self, session) -> SessionActions:
+        """Open when the session offers it and the user owns it or may open any; Stop when it offers it and the user may stop."""
+        user = self.user
+        owner = bool(user and user.is_authenticated and session.owner_id == user.pk)
+        return SessionActions(open=session.offers_open and (owner or self.may_open_any), stop=session.offers_stop and self.may_stop)
