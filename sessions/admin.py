@@ -12,7 +12,9 @@ import html
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import ValidationError
 from django.db.models import Q
+from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
@@ -115,9 +117,36 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     change_form_template = "admin/gpu_sessions/session/change_form.html"
 
     def get_queryset(self, request):  # noqa: D102
+        return console_selectors.with_cost_so_far(self.plain_queryset(request))
+
+    def plain_queryset(self, request):
+        """The sessions this user may see, with owner and cluster, without the cost so far (a sum over the ledger that
+        only the list and the session's page show)."""
         # The cluster's kubeconfig is never shown: not decrypting it once per row (a third of the list's time).
-        qs = super().get_queryset(request).select_related("owner", "cluster").defer("cluster__kubeconfig")
-        return console_selectors.with_cost_so_far(qs)
+        return super().get_queryset(request).select_related("owner", "cluster").defer("cluster__kubeconfig")
+
+    def get_object(self, request, object_id, from_field=None):
+        """The session (see ``OwnObjectsAdmin.get_object``), read once per request: the session's page asks for it
+        twice (its Open/Stop and Django's form)."""
+        memo = request.__dict__.setdefault("_gshare_sessions", {})
+        key = (object_id, from_field)
+        if key not in memo:
+            memo[key] = super().get_object(request, object_id, from_field)
+        return memo[key]
+
+    def action_object(self, request, object_id: str) -> Session | None:
+        """The session for Open, Stop and the status poll: :meth:`plain_queryset`'s row, None when there is none.
+
+        Raises:
+            Http404: for a researcher, another user's (or a missing) session, as on its page.
+        """
+        try:
+            session = self.plain_queryset(request).get(pk=Session._meta.pk.to_python(object_id))
+        except (Session.DoesNotExist, ValidationError, ValueError):
+            session = None
+        if session is None and is_researcher(request.user):
+            raise Http404("No such object.")
+        return session
 
     def get_changelist(self, request, **kwargs):
         """Django's changelist counting once and sorting the page on its ordering's columns alone

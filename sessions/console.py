@@ -123,8 +123,8 @@ def _back(request, session: Session, admin) -> HttpResponseRedirect:
 
 
 def _session_or_404(admin, request, object_id: str) -> Session:
-    # ``OwnObjectsAdmin.get_object``: a researcher gets 404 for another user's session; staff for a missing one.
-    session = admin.get_object(request, object_id)
+    # A researcher gets 404 for another user's session; staff for a missing one.
+    session = admin.action_object(request, object_id)
     if session is None:
         raise Http404("No such session.")
     return session

@@ -118,6 +118,10 @@ class OwnObjectsAdmin:
     def _owns(self, request, obj) -> bool:
         if obj is None:
             return True
+        if "__" not in self.owner_lookup:
+            # The owner's key is on the row already: no query per permission check (a page asks several times).
+            field = self.opts.get_field(self.owner_lookup)
+            return getattr(obj, field.attname) == request.user.pk
         return self.get_queryset(request).filter(pk=obj.pk).exists()
 
     def changelist_view(self, request, extra_context=None):

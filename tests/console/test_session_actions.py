@@ -57,3 +57,18 @@ def test_a_stopping_session_offers_neither(client, django_user_model, running):
 def test_the_owner_researcher_is_offered_both_everywhere(client, running):
     client.force_login(running.owner)
     assert offered(client, running) == {"row": (True, True), "page": (True, True), "status": (True, True)}
+
+
+def test_the_status_poll_reads_no_ledger_and_the_page_reads_the_session_once(client, running):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(running.owner)
+    with CaptureQueriesContext(connection) as polled:
+        assert client.get(f"/gpu_sessions/session/{running.pk}/status/").status_code == 200
+    assert not [q for q in polled.captured_queries if "ledger" in q["sql"]]
+    with CaptureQueriesContext(connection) as page:
+        assert client.get(f"/gpu_sessions/session/{running.pk}/change/").status_code == 200
+    reads = [q for q in page.captured_queries if q["sql"].startswith("SELECT") and 'FROM "gpu_sessions_session"' in q["sql"]
+             and "ledger" in q["sql"]]
+    assert len(reads) == 1
