@@ -8,7 +8,6 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -16,6 +15,7 @@ from django.utils.safestring import mark_safe
 from clusters import console, services, token_rotation
 from clusters.admin_cards import GpuCardList
 from clusters.models import Cluster, GpuDevice, Node
+from gshare.console.links import list_url, row_url
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
@@ -205,13 +205,13 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     @admin.display(description="nodes", ordering="_node_count")
     def node_count(self, obj: Cluster):
         """GPU nodes in the latest inventory, linked to Node management narrowed to the cluster."""
-        url = reverse("admin:clusters_node_changelist")
+        url = list_url("admin:clusters_node_changelist")
         return format_html('<a href="{}?cluster={}">{}</a>', url, obj.public_id, obj._node_count)
 
     @admin.display(description="GPUs", ordering="_gpu_count")
     def gpu_count(self, obj: Cluster):
         """GPUs in the latest inventory, linked to GPU management narrowed to the cluster."""
-        url = reverse("admin:clusters_gpudevice_changelist")
+        url = list_url("admin:clusters_gpudevice_changelist")
         return format_html('<a href="{}?cluster={}">{}</a>', url, obj.public_id, obj._gpu_count)
 
     @admin.display(description="operator token", ordering="operator_token_expires_at")
@@ -354,10 +354,10 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
         if obj.missing_since:
             notes.append(format_html('<span class="gs-badge gs-badge-warn" title="missing since {}">missing</span>',
                                      obj.missing_since.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")))
-        cluster = format_html('<a href="{}">{}</a>', reverse("admin:clusters_cluster_change", args=[obj.cluster_id]), obj.cluster.name)
+        cluster = format_html('<a href="{}">{}</a>', row_url("admin:clusters_cluster_change", obj.cluster_id), obj.cluster.name)
         return format_html(
             '<span class="gs-node-cell"><a class="gs-nowrap gs-node" href="{}">{}</a><span class="gs-sub">on {}{}</span></span>',
-            reverse("admin:clusters_node_change", args=[obj.pk]), obj.name, cluster, format_html_join("", " {}", ((n,) for n in notes)),
+            row_url("admin:clusters_node_change", obj.pk), obj.name, cluster, format_html_join("", " {}", ((n,) for n in notes)),
         )
 
     @admin.display(description="ready · HAMi mode", ordering="ready")
@@ -417,7 +417,7 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     @admin.display(description="GPU cards")
     def cards(self, obj: Node):
         """A link to GPU management filtered to this node."""
-        url = reverse("admin:clusters_gpudevice_changelist")
+        url = list_url("admin:clusters_gpudevice_changelist")
         return format_html('<a class="gs-link-button" href="{}?node={}">GPU cards&nbsp;→</a>', url, obj.pk)
 
 
@@ -519,7 +519,7 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
             return mark_safe('<span class="gs-muted">none</span>')
         rows = format_html_join(
             "", '<li><a class="gs-session" href="{}">{}</a><span class="gs-owner">{} · {}</span><span class="gs-share">{}</span></li>',
-            ((reverse("admin:gpu_sessions_session_change", args=[h.session_pk]), h.public_id, h.owner, h.phase, h.share) for h in holders),
+            ((row_url("admin:gpu_sessions_session_change", h.session_pk), h.public_id, h.owner, h.phase, h.share) for h in holders),
         )
         return format_html('<div class="gs-holders gs-detail-holders"><ul>{}</ul></div>', rows)
 

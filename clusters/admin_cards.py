@@ -5,12 +5,12 @@ from __future__ import annotations
 import html
 
 from django.contrib.admin.filters import AllValuesFieldListFilter
-from django.urls import reverse
 from django.utils import dateformat, timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from clusters import console
 from gshare.console.changelist import LeanChangeList
+from gshare.console.links import list_url, row_url_format
 from gshare.console.reuse import reused
 from gshare.console.scope import console_cluster
 
@@ -22,8 +22,8 @@ def escape(value) -> str:
 
 
 def _url_with_id(name: str) -> str:
-    """The URL of ``name`` with a ``{}`` where the object's id goes: one ``reverse`` per page, not one per card."""
-    return reverse(name, args=[0]).replace("/0/", "/{}/")
+    """The URL of ``name`` with a ``{}`` where the object's id goes (``gshare.console.links``)."""
+    return row_url_format(name)
 
 
 #: The columns a card reads (:func:`card_html`, :func:`clusters.console.gpu_card`).
@@ -60,7 +60,7 @@ class GpuCardList(LeanChangeList):
     def page_rows(self, request, rows: list) -> list:  # noqa: D102
         change, cluster = _url_with_id("admin:clusters_gpudevice_change"), _url_with_id("admin:clusters_cluster_change")
         session = _url_with_id("admin:gpu_sessions_session_change")
-        node_list = reverse("admin:clusters_gpudevice_changelist") + "?node={}"
+        node_list = list_url("admin:clusters_gpudevice_changelist") + "?node={}"
         self.cards = []
         holders = console.live_holders([device.pk for device in rows]) if rows else {}
         for device in rows:

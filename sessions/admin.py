@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.changelist import LeanChangeList
+from gshare.console.links import row_url_format
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
 from gshare.console.scope import ClusterScopedAdmin
 from sessions import console, console_selectors, services
@@ -189,9 +190,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         """The columns, and the row's Open / Stop buttons (which depend on what this user may do)."""
         rights = self.session_rights(request)
         next_url = _esc(reverse(f"{self.admin_site.name}:gpu_sessions_session_changelist"))
-        # One reverse per page, not two per row: the row's pk goes where the placeholder is.
-        urls = {verb: reverse(f"{self.admin_site.name}:gpu_sessions_session_{verb}", args=[0]).replace("/0/", "/{}/")
-                for verb in ("open", "stop")}
+        urls = {verb: row_url_format(f"{self.admin_site.name}:gpu_sessions_session_{verb}") for verb in ("open", "stop")}
 
         @admin.display(description="Actions")
         def row_actions(obj: Session) -> str:
