@@ -24,6 +24,14 @@ cluster_name_validator = RegexValidator(
 )
 
 
+class ClusterQuerySet(models.QuerySet):
+    """Cluster rows, with the selections every list makes."""
+
+    def registered(self) -> ClusterQuerySet:
+        """The clusters that are not deregistered, without their kubeconfig (each is decrypted when read; lists show none)."""
+        return self.exclude(status=Cluster.Status.DEREGISTERED).defer("kubeconfig")
+
+
 class Cluster(models.Model):
     """A registered data-plane Kubernetes cluster.
 
@@ -40,6 +48,8 @@ class Cluster(models.Model):
         DEGRADED = "degraded", "Degraded"
         UNREACHABLE = "unreachable", "Unreachable"
         DEREGISTERED = "deregistered", "Deregistered"
+
+    objects = ClusterQuerySet.as_manager()
 
     public_id = models.CharField(max_length=24, unique=True, default=new_cluster_id, editable=False)
     name = models.CharField(max_length=63, validators=[cluster_name_validator])

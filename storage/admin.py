@@ -173,7 +173,7 @@ class VolumeCreateForm(forms.ModelForm):
 
     storage_pool = forms.ModelChoiceField(queryset=StoragePool.objects.order_by("name"), required=False, label="Storage pool",
                                           empty_label="Automatic (the pool with most free room)")
-    mount_cluster = forms.ModelChoiceField(queryset=Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name"),
+    mount_cluster = forms.ModelChoiceField(queryset=Cluster.objects.registered().order_by("name"),
                                            required=False, label="Mounted on", empty_label="Any cluster",
                                            help_text="The cluster its first session will run on: only pools usable there are taken")
     owner = None

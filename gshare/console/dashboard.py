@@ -157,7 +157,7 @@ def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | No
     counts_of = {"node_count": _count_of(Node), "ready_nodes": _count_of(Node, ready=True)}
     if gpu_counts is None:
         counts_of["gpu_count"] = _count_of(GpuDevice)
-    qs = Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).defer("kubeconfig").annotate(**counts_of).order_by("name", "id")
+    qs = Cluster.objects.registered().annotate(**counts_of).order_by("name", "id")
     if cluster is not None:
         qs = qs.filter(pk=cluster.pk)
     stale = settings.GSHARE_HEARTBEAT_STALE_SECONDS

@@ -38,7 +38,7 @@ def console_cluster(request) -> Cluster | None:
     session = getattr(request, "session", None)
     public_id = session.get(SESSION_KEY) if session is not None else None
     if public_id:
-        cluster = Cluster.objects.filter(public_id=public_id).exclude(status=Cluster.Status.DEREGISTERED).first()
+        cluster = Cluster.objects.registered().filter(public_id=public_id).first()
     request._console_cluster = cluster
     return cluster
 
@@ -134,6 +134,6 @@ def console_scope(request) -> dict:
     return {
         "console_cluster": SimpleLazyObject(lambda: console_cluster(request)),
         "console_clusters": SimpleLazyObject(
-            lambda: list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name").only("public_id", "name", "status"))
+            lambda: list(Cluster.objects.registered().order_by("name").only("public_id", "name", "status"))
         ),
     }
