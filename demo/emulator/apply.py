@@ -3,8 +3,9 @@ removal of fields a manager stops applying, as the apiserver does (structured-me
 
 What is tracked:
 
-* an entry per ``(manager, operation, subresource)``: ``Apply`` for server-side applies, ``Update`` for creates,
-  replaces and patches of an object that already has managed fields (one never applied to keeps none, as before);
+* an entry per ``(manager, operation, subresource)``: ``Apply`` for server-side applies, ``Update`` for replaces and
+  patches of an object that already has managed fields (creates record none, so an object never applied to keeps
+  none, as before);
 * the fields an entry owns are the leaves of the object: values that are not objects, empty objects, and lists;
   ``apiVersion``, ``kind`` and the server-set metadata (``name``, ``uid``, ``resourceVersion`` ...) are not owned;
 * **lists are atomic**: the emulator merges a list by replacing it whole (as its merge patches do), so a list is one
@@ -23,7 +24,7 @@ An apply by manager M, to an existing object:
    from every other entry (conflicts are never reported: every apply acts as if ``force=true``, as the emulator
    always did), one whose value it left alone stays shared.
 
-An update (create, PUT, patch) by manager U of an object with managed fields: U's ``Update`` entry gains the fields
+An update (PUT, patch) by manager U of an object with managed fields: U's ``Update`` entry gains the fields
 whose value it set or changed, they are taken from every other entry, and fields the update deleted leave every entry.
 Entries left owning nothing are dropped; an entry's ``time`` changes only when its fields do.
 """
@@ -74,10 +75,9 @@ def field_paths(value: Any, prefix: Path = ()) -> set[Path]:
     return {prefix} if prefix else set()
 
 
-def _nested(a: Path, b: Path) -> bool:
-    """Whether one path is the other or lies below it."""
-    shorter = min(len(a), len(b))
-    return a[:shorter] == b[:shorter]
+def _above(a: Path, b: Path) -> bool:
+    """Whether field ``b`` lies below field ``a``."""
+    return len(a) < len(b) and b[:len(a)] == a
 
 
 def _lookup(doc: Any, path: Path) -> tuple[bool, Any]:
@@ -212,7 +212,7 @@ def apply(current: Mapping[str, Any], config: Mapping[str, Any], manager: str, a
     merged = merge_patch(current, config)
     kept = wanted | owned_by_others
     for path in (_owned(mine) if mine is not None else set()) - kept:
-        if not any(_nested(path, other) for other in kept):  # a field above or below one still wanted stays
+        if not any(_above(path, other) for other in kept):  # removing it would remove a field still owned
             _remove(merged, path)
     taken = _changed(current, merged, wanted)
     for entry in others:
@@ -229,7 +229,7 @@ def apply(current: Mapping[str, Any], config: Mapping[str, Any], manager: str, a
 
 def track_update(current: Mapping[str, Any], result: dict[str, Any], manager: str, api_version: str,
                  subresource: str | None, status_separate: bool) -> None:
-    """Record an update (create, PUT or patch) by ``manager`` in ``result``'s managed fields, in place.
+    """Record an update (PUT or patch) by ``manager`` in ``result``'s managed fields, in place.
 
     Objects without managed fields are left without (the emulator tracks ownership once something applied).
     """
