@@ -26,8 +26,6 @@ import math
 import re
 from typing import Any
 
-from kubernetes.utils import parse_quantity as _client_parse_quantity
-
 _GRAMMAR = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 _EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)\Z")
@@ -68,8 +66,12 @@ def quantity_decimal(value: Any) -> decimal.Decimal:
     exponent = _EXPONENT.search(text)
     if exponent is not None and abs(int(exponent[1])) > MAX_EXPONENT:
         raise ValueError(f"not a quantity: {value!r} (exponent beyond 1e{MAX_EXPONENT})")
+    # Imported on first use: ``kubernetes`` imports its whole client package first (about 0.5 s), and the demo's
+    # emulator processes, which read quantities only once Pods or claims arrive, should start without it.
+    from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
+
     try:
-        return _client_parse_quantity(text)
+        return client_parse_quantity(text)
     except (ArithmeticError, MemoryError, ValueError) as exc:
         raise ValueError(f"not a quantity: {value!r} ({exc})") from None
 

@@ -17,11 +17,17 @@ own tasks.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from demo.emulator.server import KubeApiEmulator
     from demo.emulator.store import StoreEvent
+
+logger = logging.getLogger(__name__)
 
 
 class Controller:
@@ -42,3 +48,39 @@ class Controller:
 
     def start(self) -> None:
         """Act on the objects already stored (a seed), once the emulator serves (in its loop)."""
+
+
+class DelayedPass:
+    """A controller pass run a while after a change, once for all the changes meanwhile (``kick``).
+
+    Args:
+        api: the emulator (its lock is held during the pass; its tasks run it).
+        run: the pass.
+        delay: seconds from a first kick to the pass, read at each kick.
+        name: the task's name.
+        what: the controller, for the log line of a failed pass (the next kick tries again).
+    """
+
+    def __init__(self, api: KubeApiEmulator, run: Callable[[], Awaitable[None]], delay: Callable[[], float], *,
+                 name: str, what: str) -> None:
+        self._api, self._run, self._delay, self._name, self._what = api, run, delay, name, what
+        self._waiting = False
+
+    def kick(self) -> None:
+        """Schedule the pass ``delay()`` seconds from now, unless one is already waiting (it will see the current
+        state). Without a running loop (a seed being loaded) nothing happens: ``start`` kicks once serving."""
+        if self._waiting:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop()
+            self._waiting = True
+            self._api.spawn(self._after_delay(), self._name)
+
+    async def _after_delay(self) -> None:
+        try:
+            await asyncio.sleep(self._delay())
+            async with self._api._lock:
+                self._waiting = False  # a change from now on needs a pass of its own
+                await self._run()
+        except Exception:  # the next change tries again; the failure is in the log
+            logger.exception("the emulated %s failed a pass", self._what)

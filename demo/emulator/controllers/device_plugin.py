@@ -12,7 +12,6 @@ plugin creates no Pods.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime
 import logging
@@ -20,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from demo.emulator.controllers import Controller
+from demo.emulator.controllers import Controller, DelayedPass
 from demo.emulator.controllers.hami_rules import HAMI_RESOURCE_COUNT
 from demo.emulator.resources import _res
 from demo.emulator.store import StoreEvent
@@ -86,7 +85,8 @@ class HamiDevicePlugin(Controller):
 
     def __init__(self, api: KubeApiEmulator) -> None:
         super().__init__(api)
-        self._plugin_waiting = False  # a pass is scheduled
+        self._pass = DelayedPass(api, self._device_plugin_pass, lambda: api.device_plugin_seconds,
+                                 name="emulated-hami-device-plugin", what="HAMi device plugin")
         self._plugin_registered: set[str] = set()  # nodes whose annotation the stand-in wrote
         self._monotonic_origin = time.monotonic_ns()  # the plugin's "process start"
 
@@ -119,21 +119,8 @@ class HamiDevicePlugin(Controller):
         return [ds for ds in self.api._live(self.api._specs[_res("apps", "v1", "daemonsets")]) if _is_hami_device_plugin(ds)]
 
     def kick(self) -> None:
-        """Schedule a pass ``device_plugin_seconds`` from now (unless one is already waiting, which will see the
-        current state). Call it in the emulator's event loop."""
-        if self._plugin_waiting:
-            return
-        self._plugin_waiting = True
-        self.api.spawn(self._device_plugin_after_delay(), "emulated-hami-device-plugin")
-
-    async def _device_plugin_after_delay(self) -> None:
-        try:
-            await asyncio.sleep(self.api.device_plugin_seconds)
-            async with self.api._lock:
-                self._plugin_waiting = False  # a change from now on needs a pass of its own
-                await self._device_plugin_pass()
-        except Exception:  # the next DaemonSet/Node/host change tries again; the failure is in the log
-            logger.exception("the emulated HAMi device plugin failed a pass")
+        """Schedule a pass ``device_plugin_seconds`` from now (see ``DelayedPass.kick``); in the emulator's loop."""
+        self._pass.kick()
 
     async def _device_plugin_pass(self) -> None:
         """Register every node a HAMi device-plugin DaemonSet selects whose host has ``hami_register`` (see the

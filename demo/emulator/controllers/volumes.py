@@ -17,8 +17,6 @@ volume) is in ``kubelet``, with ``nfs_mount_failure_message`` from here.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import hashlib
 import json
@@ -31,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from demo.emulator.common import _now
-from demo.emulator.controllers import Controller
+from demo.emulator.controllers import Controller, DelayedPass
 from demo.emulator.resources import _res
 from demo.emulator.store import StoreEvent
 from operator_agent.quantity import parse_quantity
@@ -172,7 +170,8 @@ class VolumeControllers(Controller):
 
     def __init__(self, api: KubeApiEmulator) -> None:
         super().__init__(api)
-        self._volume_waiting = False  # a pass is scheduled
+        self._pass = DelayedPass(api, self._volume_controller_pass, lambda: api.volume_controller_seconds,
+                                 name="emulated-pv-controller", what="PV controller")
 
     def on_event(self, event: StoreEvent) -> None:
         """Kick a pass on a PVC, PV or StorageClass change."""
@@ -187,23 +186,8 @@ class VolumeControllers(Controller):
             self.kick()
 
     def kick(self) -> None:
-        """Schedule a pass ``volume_controller_seconds`` from now (unless one is already waiting, which will see the
-        current state). Call it in the emulator's event loop."""
-        if self._volume_waiting:
-            return
-        with contextlib.suppress(RuntimeError):  # no running loop (a seed being loaded): serve() starts it later
-            asyncio.get_running_loop()
-            self._volume_waiting = True
-            self.api.spawn(self._volume_controller_after_delay(), "emulated-pv-controller")
-
-    async def _volume_controller_after_delay(self) -> None:
-        try:
-            await asyncio.sleep(self.api.volume_controller_seconds)
-            async with self.api._lock:
-                self._volume_waiting = False  # a change from now on needs a pass of its own
-                await self._volume_controller_pass()
-        except Exception:  # the next PVC/PV/StorageClass change tries again; the failure is in the log
-            logger.exception("the emulated PV controller failed a pass")
+        """Schedule a pass ``volume_controller_seconds`` from now (see ``DelayedPass.kick``); in the emulator's loop."""
+        self._pass.kick()
 
     async def _volume_controller_pass(self) -> None:
         """One pass of kube-controller-manager's PV controller with a CSI external-provisioner (see the module docstring).
