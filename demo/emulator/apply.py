@@ -35,7 +35,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from demo.emulator.common import _now
+from demo.emulator.common import timestamp
 from demo.emulator.patches import merge_patch
 
 Path = tuple[str, ...]
@@ -148,7 +148,7 @@ def _same_entry(entry: Mapping[str, Any], manager: str, operation: str, subresou
 def _set_owned(entry: dict[str, Any], paths: set[Path], api_version: str) -> None:
     fields = to_fields_v1(paths)
     if entry.get("fieldsV1") != fields or "time" not in entry:
-        entry.update(fieldsType="FieldsV1", fieldsV1=fields, time=_now(), apiVersion=api_version)
+        entry.update(fieldsType="FieldsV1", fieldsV1=fields, time=timestamp(), apiVersion=api_version)
 
 
 def _changed(before: Any, after: Any, paths: Iterable[Path]) -> set[Path]:
@@ -166,7 +166,7 @@ def _store_entries(obj: dict[str, Any], entries: list[dict[str, Any]]) -> None:
 
 
 def _new_entry(manager: str, operation: str, subresource: str | None, api_version: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": _now(),
+    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": timestamp(),
                              "fieldsType": "FieldsV1", "fieldsV1": {}}
     if subresource:
         entry["subresource"] = subresource

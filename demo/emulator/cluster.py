@@ -14,9 +14,9 @@ from typing import Any
 import attrs
 import kmock
 
-from demo.emulator.common import _is_loopback
+from demo.emulator.common import is_loopback
 from demo.emulator.controllers.host_facts import validate_host_facts, validate_hosts
-from demo.emulator.resources import _res
+from demo.emulator.resources import resource_key
 from demo.emulator.server import KubeApiEmulator
 from demo.emulator.tls import ServerCertificates, generate_certificates
 
@@ -77,7 +77,7 @@ async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str,
     Raises:
         ValueError: a non-loopback host, a seed object the emulator cannot serve, or bad host facts.
     """
-    if not _is_loopback(host):
+    if not is_loopback(host):
         raise ValueError(f"the emulator listens on loopback only, not {host!r}")
     if isinstance(tls, ServerCertificates):
         certificates: ServerCertificates | None = tls
@@ -289,11 +289,11 @@ class EmulatedCluster:
         """
         async def snapshot() -> list[dict]:
             emulator = self.emulator
-            spec = emulator._specs.get(_res(group, version, plural))
+            spec = emulator._specs.get(resource_key(group, version, plural))
             if spec is None:
                 return []
             async with emulator._lock:
-                return copy.deepcopy(emulator._live(spec))
+                return copy.deepcopy(emulator.live_objects(spec))
 
         return self.call(snapshot)
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _now() -> str:
+def timestamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _header(headers: Mapping[str, str], name: str) -> str:
+def header_value(headers: Mapping[str, str], name: str) -> str:
     lowered = name.lower()
     for key, value in headers.items():
         if key.lower() == lowered:
@@ -22,23 +22,23 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     return ""
 
 
-def _truthy(value: str | None) -> bool:
+def truthy(value: str | None) -> bool:
     return (value or "").lower() in ("true", "1", "yes")
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What a mutation produced; the fallback serving the request renders it."""
 
     status: int
     body: Any
 
 
-class _WatchClosed(Exception):
+class WatchClosed(Exception):
     """Put on the buses when the emulator shuts down: every open watch ends its stream."""
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -12,10 +12,10 @@ import kmock
 
 from demo import k8s_protobuf
 from demo.emulator import apply
-from demo.emulator.common import _header, _now, _Outcome
-from demo.emulator.errors import ApiError, _details, _not_found, _qualified
-from demo.emulator.patches import _spec_part, _strip_directives, merge_patch
-from demo.emulator.resources import _BUILTIN_GROUPS, _RETURNS_DELETED_OBJECT, ResourceSpec, _res
+from demo.emulator.common import Outcome, header_value, timestamp
+from demo.emulator.errors import ApiError, not_found, qualified, status_details
+from demo.emulator.patches import merge_patch, spec_part, strip_directives
+from demo.emulator.resources import BUILTIN_GROUPS, RETURNS_DELETED_OBJECT, ResourceSpec
 
 
 class CrudMixin:
@@ -23,7 +23,7 @@ class CrudMixin:
 
     __slots__ = ()
 
-    async def _mutate(self, spec: ResourceSpec, request: kmock.Request) -> _Outcome | None:
+    async def _mutate(self, spec: ResourceSpec, request: kmock.Request) -> Outcome | None:
         dry_run = request.params.get("dryRun") == "All"
         if request.action == kmock.action.CREATE:
             return await self._create(spec, request, self._body(request, spec), dry_run=dry_run)
@@ -32,22 +32,22 @@ class CrudMixin:
         if request.action == kmock.action.UPDATE:
             return await self._patch(spec, request, dry_run=dry_run)
         if request.action == kmock.action.DELETE and request.name is not None:
-            return await self._delete_named(spec, request.namespace, request.name, dry_run=dry_run)
+            return await self.delete_object(spec, request.namespace, request.name, dry_run=dry_run)
         if request.action == kmock.action.DELETE:
             selection = self._selection(spec, request)
             deleted = []
-            for obj in self._live(spec, request.namespace):
+            for obj in self.live_objects(spec, request.namespace):
                 if selection.matches(obj):
                     meta = obj["metadata"]
-                    outcome = await self._delete_named(spec, meta.get("namespace"), meta["name"], dry_run=dry_run)
+                    outcome = await self.delete_object(spec, meta.get("namespace"), meta["name"], dry_run=dry_run)
                     deleted.append(self._list_item(spec, outcome.body if outcome.body.get("kind") != "Status" else obj))
-            return _Outcome(200, {"kind": f"{spec.kind}List", "apiVersion": spec.api_version,
-                                  "metadata": {"resourceVersion": str(self._rv)}, "items": deleted})
+            return Outcome(200, {"kind": f"{spec.kind}List", "apiVersion": spec.api_version,
+                                 "metadata": {"resourceVersion": str(self._rv)}, "items": deleted})
         return None
 
     @staticmethod
     def _body(request: kmock.Request, spec: ResourceSpec) -> dict[str, Any]:
-        if _header(request.headers, "Content-Type").startswith(k8s_protobuf.CONTENT_TYPE):
+        if header_value(request.headers, "Content-Type").startswith(k8s_protobuf.CONTENT_TYPE):
             try:
                 return k8s_protobuf.decode_object(request.body)
             except k8s_protobuf.UnsupportedProtobuf as exc:
@@ -57,7 +57,7 @@ class CrudMixin:
         return request.data
 
     async def _create(self, spec: ResourceSpec, request: kmock.Request, body: dict[str, Any], *,
-                      dry_run: bool) -> _Outcome:
+                      dry_run: bool) -> Outcome:
         namespace = request.namespace
         body_ns = (body.get("metadata") or {}).get("namespace")
         if spec.namespaced and body_ns and body_ns != namespace:
@@ -65,24 +65,24 @@ class CrudMixin:
                            "the namespace of the provided object does not match the namespace sent on the request",
                            None)
         self._require_namespace(spec, namespace)
-        obj = self._new_object(spec, body, namespace, keep_status=False)
+        obj = self.build_object(spec, body, namespace, keep_status=False)
         name = obj["metadata"]["name"]
-        if self._current(spec, namespace, name) is not None:
-            raise ApiError(409, "AlreadyExists", f'{_qualified(spec)} "{name}" already exists', _details(spec, name))
+        if self.get_object(spec, namespace, name) is not None:
+            raise ApiError(409, "AlreadyExists", f'{qualified(spec)} "{name}" already exists', status_details(spec, name))
         crd_specs = self._crd_specs(obj) if spec.kind == "CustomResourceDefinition" else []
         if dry_run:
-            return _Outcome(201, obj)
+            return Outcome(201, obj)
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._store(spec, obj)
         for crd_spec in crd_specs:
             self.register(crd_spec)
         await self._emit(spec, "ADDED", obj, None, created=True)
-        return _Outcome(201, obj)
+        return Outcome(201, obj)
 
     def _require_namespace(self, spec: ResourceSpec, namespace: str | None) -> None:
         if spec.namespaced and namespace is not None:
-            ns_spec = self._specs[_res("", "v1", "namespaces")]
-            if self._current(ns_spec, None, namespace) is None:
+            ns_spec = self.served("", "v1", "namespaces")
+            if self.get_object(ns_spec, None, namespace) is None:
                 raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
                                {"name": namespace, "kind": "namespaces"})
 
@@ -90,26 +90,26 @@ class CrudMixin:
         wanted = ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, Mapping) else None
         if wanted and wanted != current["metadata"]["resourceVersion"]:
             name = current["metadata"]["name"]
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {_qualified(spec)} "{name}": the object '
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {qualified(spec)} "{name}": the object '
                            "has been modified; please apply your changes to the latest version and try again",
-                           _details(spec, name))
+                           status_details(spec, name))
 
-    async def _replace(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> _Outcome:
+    async def _replace(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> Outcome:
         body = self._body(request, spec)
         name = request.name or ""
         if (body.get("metadata") or {}).get("name") not in (None, name):
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL", None)
-        current = self._current(spec, request.namespace, name)
+        current = self.get_object(spec, request.namespace, name)
         if current is None:
-            raise _not_found(spec, name)
+            raise not_found(spec, name)
         self._precondition(spec, current, body)
         return await self._update(spec, current, copy.deepcopy(body), request.subresource, dry_run=dry_run,
                                   manager=_update_manager(request))
 
-    async def _patch(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> _Outcome:
-        content_type = _header(request.headers, "Content-Type").split(";")[0].strip().lower()
+    async def _patch(self, spec: ResourceSpec, request: kmock.Request, *, dry_run: bool) -> Outcome:
+        content_type = header_value(request.headers, "Content-Type").split(";")[0].strip().lower()
         name = request.name or ""
-        current = self._current(spec, request.namespace, name)
+        current = self.get_object(spec, request.namespace, name)
         patch = request.data
         if content_type == "application/apply-patch+yaml":
             manager = request.params.get("fieldManager")
@@ -128,14 +128,14 @@ class CrudMixin:
             status_separate = "status" in spec.subresources
             if current is None:
                 if request.subresource:
-                    raise _not_found(spec, name)
+                    raise not_found(spec, name)
                 body = apply.applied_on_create(applied, manager, spec.api_version, None, status_separate)
                 return await self._create(spec, request, body, dry_run=dry_run)
             self._precondition(spec, current, patch)
             new = apply.apply(current, applied, manager, spec.api_version, request.subresource, status_separate)
             return await self._update(spec, current, new, request.subresource, dry_run=dry_run)
         if current is None:
-            raise _not_found(spec, name)
+            raise not_found(spec, name)
         if content_type == "application/json-patch+json":
             if not isinstance(patch, list):
                 raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations", None)
@@ -148,7 +148,7 @@ class CrudMixin:
                 raise ApiError(400, "BadRequest", "a merge patch must be a JSON object", None)
             self._precondition(spec, current, patch)
             if content_type == "application/strategic-merge-patch+json":
-                patch = _strip_directives(patch)
+                patch = strip_directives(patch)
             new = merge_patch(current, patch)
         else:
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted "
@@ -158,7 +158,7 @@ class CrudMixin:
                                   manager=_update_manager(request))
 
     async def _update(self, spec: ResourceSpec, current: dict[str, Any], new: Any, subresource: str | None, *,
-                      dry_run: bool, manager: str | None = None) -> _Outcome:
+                      dry_run: bool, manager: str | None = None) -> Outcome:
         """Store ``new`` as the next version of ``current`` (or ``current``'s status, for ``subresource`` "status").
 
         ``manager``: the field manager of a replace or patch (``apply.track_update`` records it); None for applies,
@@ -202,16 +202,16 @@ class CrudMixin:
         if manager is not None:
             apply.track_update(current, result, manager, spec.api_version, subresource, "status" in spec.subresources)
         if result == current:
-            return _Outcome(200, result)  # a no-op write keeps the revision and sends no event
-        if _spec_part(result) != _spec_part(current):
+            return Outcome(200, result)  # a no-op write keeps the revision and sends no event
+        if spec_part(result) != spec_part(current):
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
         crd_specs = self._crd_specs(result) if spec.kind == "CustomResourceDefinition" else []
         if dry_run:
-            return _Outcome(200, result)
+            return Outcome(200, result)
         meta["resourceVersion"] = self._next_rv()
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             await self._remove(spec, result)
-            return _Outcome(200, result)
+            return Outcome(200, result)
         self._store(spec, result)
         if spec.kind == "CustomResourceDefinition":
             for old_spec in self._crd_specs(current):
@@ -219,35 +219,41 @@ class CrudMixin:
         for crd_spec in crd_specs:
             self.register(crd_spec)
         await self._emit(spec, "MODIFIED", result, current)
-        return _Outcome(200, result)
+        return Outcome(200, result)
 
-    async def _delete_named(self, spec: ResourceSpec, namespace: str | None, name: str, *, dry_run: bool) -> _Outcome:
-        current = self._current(spec, namespace, name)
+    async def delete_object(self, spec: ResourceSpec, namespace: str | None, name: str, *, dry_run: bool) -> Outcome:
+        """Delete an object as a DELETE request does: with finalizers, mark it (``deletionTimestamp``); else remove
+        it and what depends on it (``_remove``).
+
+        Raises:
+            ApiError: ``404 NotFound``.
+        """
+        current = self.get_object(spec, namespace, name)
         if current is None:
-            raise _not_found(spec, name)
+            raise not_found(spec, name)
         meta = current["metadata"]
         if dry_run:
-            return _Outcome(200, current)
+            return Outcome(200, current)
         if meta.get("finalizers"):
             if meta.get("deletionTimestamp"):
-                return _Outcome(200, current)
+                return Outcome(200, current)
             pending = copy.deepcopy(current)
-            pending["metadata"]["deletionTimestamp"] = _now()
+            pending["metadata"]["deletionTimestamp"] = timestamp()
             pending["metadata"]["deletionGracePeriodSeconds"] = 0
             pending["metadata"]["resourceVersion"] = self._next_rv()
             self._store(spec, pending)
             await self._emit(spec, "MODIFIED", pending, current)
-            return _Outcome(200, pending)
+            return Outcome(200, pending)
         final = copy.deepcopy(current)
         final["metadata"]["resourceVersion"] = self._next_rv()
         await self._remove(spec, final)
         # The apiserver answers with the deleted object for the kinds whose registry sets ReturnDeletedObject (Pods,
         # PVCs and PVs, which the official client >= 35 decodes as such) and for custom resources; else a Status.
-        if spec.kind in _RETURNS_DELETED_OBJECT or spec.group not in _BUILTIN_GROUPS:
-            return _Outcome(200, final)
-        return _Outcome(200, {
+        if spec.kind in RETURNS_DELETED_OBJECT or spec.group not in BUILTIN_GROUPS:
+            return Outcome(200, final)
+        return Outcome(200, {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-            "details": _details(spec, name, uid=meta.get("uid")),
+            "details": status_details(spec, name, uid=meta.get("uid")),
         })
 
     async def _remove(self, spec: ResourceSpec, final: dict[str, Any]) -> None:
@@ -259,26 +265,26 @@ class CrudMixin:
         if spec.kind == "Namespace":
             for other in list(self._specs.values()):
                 if other.namespaced:
-                    for obj in self._live(other, meta["name"]):
+                    for obj in self.live_objects(other, meta["name"]):
                         await self._cascade(other, obj)
         elif spec.kind == "CustomResourceDefinition":
             for crd_spec in self._crd_specs(final):
-                for obj in self._live(crd_spec):
+                for obj in self.live_objects(crd_spec):
                     await self._cascade(crd_spec, obj)
                 self.unregister(crd_spec.group, crd_spec.version, crd_spec.plural)
         uid = meta.get("uid")
         for other in list(self._specs.values()):
-            for obj in self._live(other):
+            for obj in self.live_objects(other):
                 owners = obj["metadata"].get("ownerReferences") or []
                 if any(owner.get("uid") == uid for owner in owners):
                     await self._cascade(other, obj)
 
     async def _cascade(self, spec: ResourceSpec, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
-        if self._current(spec, meta.get("namespace"), meta["name"]) is not None:
-            await self._delete_named(spec, meta.get("namespace"), meta["name"], dry_run=False)
+        if self.get_object(spec, meta.get("namespace"), meta["name"]) is not None:
+            await self.delete_object(spec, meta.get("namespace"), meta["name"], dry_run=False)
 
 
 def _update_manager(request: kmock.Request) -> str:
     """The field manager of a replace or patch: ``fieldManager``, else the client's User-Agent product."""
-    return request.params.get("fieldManager") or apply.default_manager(_header(request.headers, "User-Agent"))
+    return request.params.get("fieldManager") or apply.default_manager(header_value(request.headers, "User-Agent"))

@@ -8,8 +8,8 @@ from typing import Any
 
 import kmock
 
-from demo.emulator.errors import _no_resource
-from demo.emulator.resources import _GROUP_ORDER, _version_key
+from demo.emulator.errors import no_resource
+from demo.emulator.resources import GROUP_ORDER, version_key
 
 
 class DiscoveryMixin:
@@ -33,8 +33,8 @@ class DiscoveryMixin:
         for spec in self._specs.values():
             if spec.group:
                 groups[spec.group].add(spec.version)
-        order = {g: i for i, g in enumerate(_GROUP_ORDER)}
-        return {g: sorted(groups[g], key=_version_key)
+        order = {g: i for i, g in enumerate(GROUP_ORDER)}
+        return {g: sorted(groups[g], key=version_key)
                 for g in sorted(groups, key=lambda g: (order.get(g, len(order)), g))}
 
     @staticmethod
@@ -53,7 +53,7 @@ class DiscoveryMixin:
         group = request.resource.group if request.resource is not None else None
         versions = self._groups().get(group or "")
         if not versions:
-            raise _no_resource()
+            raise no_resource()
         return {"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(group or "", versions)}
 
     async def _serve_version(self, request: kmock.Request) -> Any:
@@ -62,7 +62,7 @@ class DiscoveryMixin:
         specs = sorted((s for s in self._specs.values() if s.group == group and s.version == version),
                        key=lambda s: s.plural)
         if not specs:
-            raise _no_resource()
+            raise no_resource()
         resources: list[dict[str, Any]] = []
         for spec in specs:
             entry: dict[str, Any] = {"name": spec.plural, "singularName": spec.kind.lower(),
@@ -95,7 +95,7 @@ class DiscoveryMixin:
         key = request.url.path.removeprefix("/openapi/v3/")
         specs = [spec for spec in self._specs.values() if self._openapi_key(spec.group, spec.version) == key]
         if not specs:
-            raise _no_resource()
+            raise no_resource()
         paths: dict[str, Any] = {}
         param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
         for spec in specs:

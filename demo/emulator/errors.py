@@ -23,15 +23,15 @@ class ApiError(kmock.KubernetesError):
     """
 
 
-def _not_found(spec: ResourceSpec, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{_qualified(spec)} "{name}" not found', _details(spec, name))
+def not_found(spec: ResourceSpec, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{qualified(spec)} "{name}" not found', status_details(spec, name))
 
 
-def _qualified(spec: ResourceSpec) -> str:
+def qualified(spec: ResourceSpec) -> str:
     return f"{spec.plural}.{spec.group}" if spec.group else spec.plural
 
 
-def _details(spec: ResourceSpec, name: str, **extra: Any) -> dict[str, Any]:
+def status_details(spec: ResourceSpec, name: str, **extra: Any) -> dict[str, Any]:
     details: dict[str, Any] = {"name": name, "kind": spec.plural}
     if spec.group:
         details["group"] = spec.group
@@ -39,11 +39,11 @@ def _details(spec: ResourceSpec, name: str, **extra: Any) -> dict[str, Any]:
     return details
 
 
-def _no_resource() -> ApiError:
+def no_resource() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource", None)
 
 
-def _status(code: int, reason: str, message: str, details: Mapping[str, Any] | None) -> dict[str, Any]:
+def status_document(code: int, reason: str, message: str, details: Mapping[str, Any] | None) -> dict[str, Any]:
     status: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -56,6 +56,6 @@ def _status(code: int, reason: str, message: str, details: Mapping[str, Any] | N
     if details:
         status["details"] = dict(details)
     return status
-def _watch_error(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"type": "ERROR", "object": _status(code, reason, message, None)}
+def watch_error(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"type": "ERROR", "object": status_document(code, reason, message, None)}
 

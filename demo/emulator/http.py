@@ -13,9 +13,9 @@ import kmock
 import yaml
 from kmock._internal.rendering import StreamingError  # not re-exported by kmock 0.8
 
-from demo.emulator.common import _header, _truthy
-from demo.emulator.errors import ApiError, _no_resource, _status, _watch_error
-from demo.emulator.resources import ResourceSpec, _parse_path, _res
+from demo.emulator.common import header_value, truthy
+from demo.emulator.errors import ApiError, no_resource, status_document, watch_error
+from demo.emulator.resources import ResourceSpec, parse_path, resource_key
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +67,15 @@ class HttpMixin:
                         data = yaml.safe_load(text)
                     except yaml.YAMLError:
                         data = None
-        parsed = _parse_path(raw.path)
+        parsed = parse_path(raw.path)
         query = dict(raw.query)
         method = raw.method.upper()
         action: kmock.action | None = None
         resource = None
         if parsed is not None:
-            resource = _res(parsed.group, parsed.version, parsed.plural)
+            resource = resource_key(parsed.group, parsed.version, parsed.plural)
             if parsed.plural is not None:
-                if method == "GET" and _truthy(query.get("watch")):
+                if method == "GET" and truthy(query.get("watch")):
                     action = kmock.action.WATCH
                 elif method == "GET":
                     action = kmock.action.FETCH if parsed.name else kmock.action.LIST
@@ -99,7 +99,7 @@ class HttpMixin:
     def _authenticate(self, request: kmock.Request) -> None:
         if self.token is None:
             return
-        header = _header(request.headers, "Authorization")
+        header = header_value(request.headers, "Authorization")
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
             raise ApiError(401, "Unauthorized", "Unauthorized", None)
@@ -122,16 +122,16 @@ class HttpMixin:
 
     def _check_scope(self, spec: ResourceSpec, request: kmock.Request) -> None:
         if not spec.namespaced and request.namespace is not None:
-            raise _no_resource()
+            raise no_resource()
         if spec.namespaced and request.namespace is None and request.name is not None:
-            raise _no_resource()
+            raise no_resource()
         if request.subresource == "log" and (spec.group, spec.plural) == ("", "pods") and request.name is not None:
             if request.action != kmock.action.FETCH:  # pods/log is read-only (GET)
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested "
                                "resource", None)
         elif request.subresource is not None:
             if request.subresource != "status" or "status" not in spec.subresources or request.name is None:
-                raise _no_resource()
+                raise no_resource()
         if request.action is None or (request.action == kmock.action.CREATE and spec.namespaced
                                       and request.namespace is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
@@ -140,22 +140,22 @@ class HttpMixin:
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, ApiError):
-            return aiohttp.web.json_response(_status(exc.status, exc.reason or "", exc.message or "", exc.details),
+            return aiohttp.web.json_response(status_document(exc.status, exc.reason or "", exc.message or "", exc.details),
                                              status=exc.status)
         if isinstance(exc, kmock.KubernetesNotFoundError):
-            return await self._render_error(_no_resource())
+            return await self._render_error(no_resource())
         if isinstance(exc, kmock.KubernetesError):
-            return aiohttp.web.json_response(_status(exc.status, exc.reason or "", exc.message or "", None),
+            return aiohttp.web.json_response(status_document(exc.status, exc.reason or "", exc.message or "", None),
                                              status=exc.status)
         logger.error("emulator error", exc_info=exc)
-        return aiohttp.web.json_response(_status(500, "InternalError", f"{type(exc).__name__}: {exc}", None),
+        return aiohttp.web.json_response(status_document(500, "InternalError", f"{type(exc).__name__}: {exc}", None),
                                          status=500)
 
     async def _stream_error(self, exc: Exception, raw_response: aiohttp.web.StreamResponse) -> None:
         if isinstance(exc, ApiError):
-            error = _watch_error(exc.status, exc.reason or "", exc.message or "")
+            error = watch_error(exc.status, exc.reason or "", exc.message or "")
         else:
             logger.error("emulator watch error", exc_info=exc)
-            error = _watch_error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+            error = watch_error(500, "InternalError", f"{type(exc).__name__}: {exc}")
         await raw_response.write(json.dumps(error).encode() + b"\n")
 

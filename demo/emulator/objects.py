@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from demo.emulator.common import _now
+from demo.emulator.common import timestamp
 from demo.emulator.errors import ApiError
-from demo.emulator.resources import _BUILTIN_GROUPS, ResourceSpec, _res
+from demo.emulator.resources import BUILTIN_GROUPS, ResourceSpec
 from operator_agent.quantity import same_quantity
 
 DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
@@ -24,8 +24,8 @@ class ObjectsMixin:
 
     __slots__ = ()
 
-    def _new_object(self, spec: ResourceSpec, body: Mapping[str, Any], namespace: str | None, *,
-                    keep_status: bool) -> dict[str, Any]:
+    def build_object(self, spec: ResourceSpec, body: Mapping[str, Any], namespace: str | None, *,
+                     keep_status: bool) -> dict[str, Any]:
         """Build a stored object from a create/apply/seed body; the caller assigns ``resourceVersion``."""
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
@@ -46,19 +46,19 @@ class ObjectsMixin:
         meta.pop("resourceVersion", None)
         if keep_status:  # a seed: keep the identity it was given
             meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", _now())
+            meta.setdefault("creationTimestamp", timestamp())
             meta.setdefault("generation", 1)
         else:  # an API create: the server decides these, whatever the client sent
             meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = _now()
+            meta["creationTimestamp"] = timestamp()
             meta["generation"] = 1
             meta.pop("deletionTimestamp", None)
             meta.pop("deletionGracePeriodSeconds", None)
             if spec.kind == "Pod":
-                obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
+                obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj.get("spec") or {})}
             elif spec.kind in ("PersistentVolumeClaim", "PersistentVolume"):
                 self._volume_defaults(spec.kind, obj)
-            elif spec.group not in _BUILTIN_GROUPS and "status" in spec.subresources:
+            elif spec.group not in BUILTIN_GROUPS and "status" in spec.subresources:
                 obj.pop("status", None)
         if spec.kind == "Service":
             self._default_service(obj)
@@ -81,10 +81,10 @@ class ObjectsMixin:
         if kind == "PersistentVolume":
             spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
         elif "storageClassName" not in spec or spec["storageClassName"] is None:
-            default = next((sc["metadata"]["name"] for sc in self._live(self._specs[_res("storage.k8s.io", "v1",
-                                                                                         "storageclasses")])
-                            if (sc["metadata"].get("annotations") or {}).get(DEFAULT_STORAGE_CLASS_ANNOTATION)
-                            == "true"), None)
+            default = next((sc["metadata"]["name"] for sc in self.live_objects(self.served("storage.k8s.io", "v1",
+                                                                                           "storageclasses"))
+                              if (sc["metadata"].get("annotations") or {}).get(DEFAULT_STORAGE_CLASS_ANNOTATION)
+                              == "true"), None)
             if default is not None:
                 spec["storageClassName"] = default
 
@@ -101,7 +101,7 @@ class ObjectsMixin:
     def _crd_defaults(obj: dict[str, Any]) -> None:
         spec = obj.get("spec") or {}
         names = spec.get("names") or {}
-        now = _now()
+        now = timestamp()
         obj["status"] = {
             "acceptedNames": names,
             "conditions": [
@@ -133,7 +133,7 @@ class ObjectsMixin:
         return specs
 
 
-def _qos_class(pod_spec: Mapping[str, Any]) -> str:
+def qos_class(pod_spec: Mapping[str, Any]) -> str:
     """The Pod's QoS class from its containers' cpu/memory requests and limits (extended resources do not count)."""
     containers = list(pod_spec.get("initContainers") or []) + list(pod_spec.get("containers") or [])
     any_set = False

@@ -28,12 +28,12 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def _strip_directives(value: Any) -> Any:
+def strip_directives(value: Any) -> Any:
     """Drop strategic-merge-patch directives (``$patch``, ``$setElementOrder/...``, ``$retainKeys`` ...)."""
     if isinstance(value, Mapping):
-        return {k: _strip_directives(v) for k, v in value.items() if not str(k).startswith("$")}
+        return {k: strip_directives(v) for k, v in value.items() if not str(k).startswith("$")}
     if isinstance(value, list):
-        return [_strip_directives(v) for v in value if not (isinstance(v, Mapping) and "$patch" in v)]
+        return [strip_directives(v) for v in value if not (isinstance(v, Mapping) and "$patch" in v)]
     return value
-def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+def spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}

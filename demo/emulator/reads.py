@@ -12,10 +12,10 @@ from typing import Any
 
 import kmock
 
-from demo.emulator.common import _WatchClosed
-from demo.emulator.errors import ApiError, _not_found, _watch_error
-from demo.emulator.resources import _BUILTIN_GROUPS, FIELD_SELECTORS, ResourceSpec, _res
-from demo.emulator.selectors import _Selection, parse_field_selector, parse_label_selector
+from demo.emulator.common import WatchClosed
+from demo.emulator.errors import ApiError, not_found, watch_error
+from demo.emulator.resources import BUILTIN_GROUPS, FIELD_SELECTORS, ResourceSpec, resource_key
+from demo.emulator.selectors import Selection, parse_field_selector, parse_label_selector
 
 
 class ReadsMixin:
@@ -23,9 +23,9 @@ class ReadsMixin:
 
     __slots__ = ()
 
-    def _selection(self, spec: ResourceSpec, request: kmock.Request) -> _Selection:
+    def _selection(self, spec: ResourceSpec, request: kmock.Request) -> Selection:
         allowed = ("metadata.name", "metadata.namespace") + FIELD_SELECTORS.get((spec.group, spec.plural), ())
-        return _Selection(
+        return Selection(
             namespace=request.namespace,
             name=request.name,
             labels=tuple(parse_label_selector(request.params.get("labelSelector", ""))),
@@ -34,7 +34,7 @@ class ReadsMixin:
 
     @staticmethod
     def _list_item(spec: ResourceSpec, obj: Mapping[str, Any]) -> dict[str, Any]:
-        if spec.group in _BUILTIN_GROUPS:
+        if spec.group in BUILTIN_GROUPS:
             return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         return dict(obj)
 
@@ -42,7 +42,7 @@ class ReadsMixin:
         spec = self._spec(request.resource)
         selection = self._selection(spec, request)
         async with self._lock:
-            items = [obj for obj in self._live(spec, request.namespace) if selection.matches(obj)]
+            items = [obj for obj in self.live_objects(spec, request.namespace) if selection.matches(obj)]
             revision = str(self._rv)
         metadata: dict[str, Any] = {"resourceVersion": revision}
         start = 0
@@ -71,9 +71,9 @@ class ReadsMixin:
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:
         spec = self._spec(request.resource)
-        obj = self._current(spec, request.namespace, request.name or "")
+        obj = self.get_object(spec, request.namespace, request.name or "")
         if obj is None:
-            raise _not_found(spec, request.name or "")
+            raise not_found(spec, request.name or "")
         return obj
 
     async def _serve_create(self, request: kmock.Request) -> Any:
@@ -96,18 +96,18 @@ class ReadsMixin:
         selection = self._selection(spec, request)
         timeout = float(request.params.get("timeoutSeconds") or 1800)
         since = request.params.get("resourceVersion") or ""
-        resource = _res(spec.group, spec.version, spec.plural)
+        resource = resource_key(spec.group, spec.version, spec.plural)
         bus = self._buses[resource]
         yield b""  # send the headers now, as kmock does, so clients see the stream open
         async with self._lock:
             marker = await bus.mark()
             if since in ("", "0"):
-                backlog = [{"type": "ADDED", "object": obj} for obj in self._live(spec, request.namespace)
+                backlog = [{"type": "ADDED", "object": obj} for obj in self.live_objects(spec, request.namespace)
                            if selection.matches(obj)]
             elif not since.isdigit():
-                backlog = [_watch_error(400, "BadRequest", f"invalid resource version: {since!r}")]
+                backlog = [watch_error(400, "BadRequest", f"invalid resource version: {since!r}")]
             elif int(since) < self._compacted_rv:
-                backlog = [_watch_error(410, "Expired", f"too old resource version: {since} ({self._compacted_rv})")]
+                backlog = [watch_error(410, "Expired", f"too old resource version: {since} ({self._compacted_rv})")]
             else:
                 backlog = [wire for res, event in self._events
                            if res == resource and event["rv"] > int(since)
@@ -122,13 +122,13 @@ class ReadsMixin:
                     wire = _translate(event, selection)
                     if wire is not None:
                         yield wire
-        except (TimeoutError, _WatchClosed):
+        except (TimeoutError, WatchClosed):
             return
         finally:
             with contextlib.suppress(ValueError, RuntimeError):
                 await bus.unmark(marker)
 
-def _translate(event: Mapping[str, Any], selection: _Selection) -> dict[str, Any] | None:
+def _translate(event: Mapping[str, Any], selection: Selection) -> dict[str, Any] | None:
     """Turn a stored event into what one watcher sees, given its selection (transitions become ADDED/DELETED)."""
     obj = event["object"]
     new_in = selection.matches(obj)

@@ -49,7 +49,7 @@ def _rs(group: str, version: str, plural: str, kind: str, namespaced: bool, **kw
     return ResourceSpec(group, version, plural, kind, namespaced, **kwargs)
 
 
-def _res(group: str | None, version: str | None, plural: str | None) -> kmock.resource:
+def resource_key(group: str | None, version: str | None, plural: str | None) -> kmock.resource:
     """A ``kmock.resource`` from its parts (keywords: kmock parses a lone positional ``"apps"`` as a plural)."""
     return kmock.resource(group=group, version=version, plural=plural)
 
@@ -100,8 +100,8 @@ BUILTIN_RESOURCES: tuple[ResourceSpec, ...] = (
 )
 
 #: Order of groups in ``/apis`` (the apiserver lists built-in groups in a fixed order, then CRD groups).
-_GROUP_ORDER = ("apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
-                "apiextensions.k8s.io", "coordination.k8s.io", "node.k8s.io")
+GROUP_ORDER = ("apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
+               "apiextensions.k8s.io", "coordination.k8s.io", "node.k8s.io")
 
 #: Field selectors the apiserver accepts beyond ``metadata.name``/``metadata.namespace``, per (group, plural)
 #: (``pkg/registry/*/strategy.go`` ``*ToSelectableFields`` and the conversion funcs of each group).
@@ -124,7 +124,7 @@ _UNSERVED_SUBRESOURCE_KINDS = {"log", "exec", "attach", "portforward", "proxy", 
 _VERSION_RANK = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
 
 
-def _version_key(version: str) -> tuple[int, int, int]:
+def version_key(version: str) -> tuple[int, int, int]:
     """Kubernetes version priority: GA > beta > alpha, then by number (higher first)."""
     match = _VERSION_RANK.fullmatch(version)
     if not match:
@@ -132,13 +132,13 @@ def _version_key(version: str) -> tuple[int, int, int]:
     stage = {"alpha": 2, "beta": 1, None: 0}[match[2]]
     return (stage, -int(match[1]), -int(match[3] or 0))
 
-_BUILTIN_GROUPS = frozenset(spec.group for spec in BUILTIN_RESOURCES)
-_RETURNS_DELETED_OBJECT = frozenset({"Pod", "PersistentVolumeClaim", "PersistentVolume"})
+BUILTIN_GROUPS = frozenset(spec.group for spec in BUILTIN_RESOURCES)
+RETURNS_DELETED_OBJECT = frozenset({"Pod", "PersistentVolumeClaim", "PersistentVolume"})
 
 
 
 @dataclass(frozen=True)
-class _Path:
+class ApiPath:
     group: str | None
     version: str | None
     plural: str | None = None
@@ -147,26 +147,26 @@ class _Path:
     subresource: str | None = None
 
 
-def _parse_path(path: str) -> _Path | None:
+def parse_path(path: str) -> ApiPath | None:
     """Split an apiserver URL path; None for non-resource paths (``/version``, ``/api``, ``/apis``, ``/``)."""
     parts = [p for p in path.strip("/").split("/") if p]  # aiohttp's request.path is already percent-decoded
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
     elif len(parts) >= 2 and parts[0] == "apis":
         if len(parts) == 2:
-            return _Path(parts[1], None)
+            return ApiPath(parts[1], None)
         group, version, rest = parts[1], parts[2], parts[3:]
     else:
         return None
     if not rest:
-        return _Path(group, version)
+        return ApiPath(group, version)
     namespace = None
     if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
         namespace, rest = rest[1], rest[2:]
     plural = rest[0]
     name = rest[1] if len(rest) > 1 else None
     subresource = "/".join(rest[2:]) or None
-    return _Path(group, version, plural, namespace, name, subresource)
+    return ApiPath(group, version, plural, namespace, name, subresource)
 def iter_resources() -> Iterator[ResourceSpec]:
     """The built-in resources, for documentation and tests."""
     return iter(BUILTIN_RESOURCES)

@@ -167,7 +167,7 @@ def parse_field_selector(text: str, allowed: Iterable[str] = ("metadata.name", "
 
 
 @dataclass(frozen=True)
-class _Selection:
+class Selection:
     namespace: str | None = None
     name: str | None = None
     labels: tuple[LabelRequirement, ...] = ()

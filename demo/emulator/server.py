@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import kmock
 
-from demo.emulator.common import _Outcome
+from demo.emulator.common import Outcome
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.device_plugin import HamiDevicePlugin
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
@@ -108,7 +108,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
     _events: collections.deque = attrs.field(factory=collections.deque, init=False)
-    _outcomes: dict[int, _Outcome] = attrs.field(factory=dict, init=False)
+    _outcomes: dict[int, Outcome] = attrs.field(factory=dict, init=False)
     _specs: dict[kmock.resource, ResourceSpec] = attrs.field(factory=dict, init=False)
     _next_cluster_ip: int = attrs.field(default=10, init=False)
     _listeners: list[Callable[[StoreEvent], None]] = attrs.field(factory=list, init=False)

@@ -15,9 +15,9 @@ from typing import Any
 
 import kmock
 
-from demo.emulator.common import _WatchClosed
-from demo.emulator.errors import _no_resource
-from demo.emulator.resources import ResourceSpec, _res
+from demo.emulator.common import WatchClosed
+from demo.emulator.errors import no_resource
+from demo.emulator.resources import ResourceSpec, resource_key
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class StoreMixin:
 
     def register(self, spec: ResourceSpec) -> None:
         """Serve a resource (listed in discovery, accepted in URLs and seeds)."""
-        key = _res(spec.group, spec.version, spec.plural)
+        key = resource_key(spec.group, spec.version, spec.plural)
         self._specs[key] = spec
         self.resources[key] = kmock.ResourceInfo(
             namespaced=spec.namespaced, kind=spec.kind, singular=spec.kind.lower(), verbs=set(spec.verbs),
@@ -62,7 +62,7 @@ class StoreMixin:
 
     def unregister(self, group: str, version: str, plural: str) -> None:
         """Stop serving a resource (its objects are deleted by the caller)."""
-        key = _res(group, version, plural)
+        key = resource_key(group, version, plural)
         self._specs.pop(key, None)
         if key in self.resources:
             del self.resources[key]
@@ -78,10 +78,18 @@ class StoreMixin:
                 return spec
         raise ValueError(f"no resource serves apiVersion={api_version!r} kind={kind!r}: create its CRD first")
 
+    def served(self, group: str, version: str, plural: str) -> ResourceSpec:
+        """The served resource ``group/version/plural`` (``served("", "v1", "pods")``).
+
+        Raises:
+            KeyError: not served (a custom resource whose CRD is gone).
+        """
+        return self._specs[resource_key(group, version, plural)]
+
     def _spec(self, resource: kmock.resource | None) -> ResourceSpec:
         spec = self._specs.get(resource) if resource is not None else None
         if spec is None:
-            raise _no_resource()
+            raise no_resource()
         return spec
 
     def _get_resources(self) -> list[kmock.resource]:
@@ -94,17 +102,19 @@ class StoreMixin:
         return str(self._rv)
 
     def _key(self, spec: ResourceSpec, namespace: str | None, name: str) -> tuple[kmock.resource, str | None, str]:
-        return (_res(spec.group, spec.version, spec.plural), namespace if spec.namespaced else None, name)
+        return (resource_key(spec.group, spec.version, spec.plural), namespace if spec.namespaced else None, name)
 
-    def _current(self, spec: ResourceSpec, namespace: str | None, name: str) -> dict[str, Any] | None:
+    def get_object(self, spec: ResourceSpec, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The live object (as stored: do not modify it), or None (never created, or deleted)."""
         key = self._key(spec, namespace, name)
         if key not in self.objects:
             return None
         obj = self.objects[key]
         return None if obj.deleted else obj.raw
 
-    def _live(self, spec: ResourceSpec, namespace: str | None = None) -> list[dict[str, Any]]:
-        wanted = _res(spec.group, spec.version, spec.plural)
+    def live_objects(self, spec: ResourceSpec, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The live objects of a resource (in ``namespace``, or all), sorted by namespace and name, as stored."""
+        wanted = resource_key(spec.group, spec.version, spec.plural)
         found = [
             (ns or "", name, obj.raw)
             for (res, ns, name), obj in self.objects.items()
@@ -135,7 +145,7 @@ class StoreMixin:
         """
         rv = int(obj["metadata"]["resourceVersion"])
         event = {"rv": rv, "type": event_type, "object": obj, "old": old}
-        resource = _res(spec.group, spec.version, spec.plural)
+        resource = resource_key(spec.group, spec.version, spec.plural)
         self._events.append((resource, event))
         while len(self._events) > self.event_log_size:
             _, dropped = self._events.popleft()
@@ -145,7 +155,13 @@ class StoreMixin:
         for listener in self._listeners:
             listener(notice)
 
-    async def _write(self, spec: ResourceSpec, new: dict[str, Any], old: dict[str, Any]) -> None:
+    async def add_object(self, spec: ResourceSpec, obj: dict[str, Any]) -> None:
+        """Store an object a controller made (from ``build_object``) and send ``ADDED``."""
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(spec, obj)
+        await self._emit(spec, "ADDED", obj, None)
+
+    async def write_object(self, spec: ResourceSpec, new: dict[str, Any], old: dict[str, Any]) -> None:
         """Store a controller's new version of an object and send ``MODIFIED``."""
         new["metadata"]["resourceVersion"] = self._next_rv()
         self._store(spec, new)
@@ -156,7 +172,7 @@ class StoreMixin:
         for task in list(self._tasks):
             task.cancel()
         for bus in list(self._buses.values()):
-            await bus.put(_WatchClosed())
+            await bus.put(WatchClosed())
 
     # ----------------------------------------------------------------- loading
 
@@ -183,8 +199,8 @@ class StoreMixin:
             raise ValueError(f"{spec.kind} without metadata.name: {body!r:.200}")
         if spec.namespaced and not meta.get("namespace"):
             raise ValueError(f"{spec.kind} {meta['name']!r} is namespaced but has no metadata.namespace")
-        old = self._current(spec, meta.get("namespace"), meta["name"])
-        obj = self._new_object(spec, body, meta.get("namespace"), keep_status=True)
+        old = self.get_object(spec, meta.get("namespace"), meta["name"])
+        obj = self.build_object(spec, body, meta.get("namespace"), keep_status=True)
         obj["metadata"]["resourceVersion"] = self._next_rv()
         if old is not None:
             obj["metadata"]["uid"] = old["metadata"]["uid"]

@@ -14,7 +14,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass
 
-from demo.emulator.common import _is_loopback
+from demo.emulator.common import is_loopback
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def generate_certificates(host: str = "127.0.0.1", *, days: int = 30) -> ServerC
     Raises:
         ValueError: ``host`` is not a loopback address (see ``serve``).
     """
-    if not _is_loopback(host):
+    if not is_loopback(host):
         raise ValueError(f"the emulator listens on loopback only, not {host!r}")
     # imported here: plain-HTTP emulators (the demo starts one process per cluster) start without cryptography
     from cryptography import x509

@@ -11,8 +11,8 @@ Stand-ins still to come go here too, one module each, e.g. an ingress controller
 A controller is a ``Controller``: the emulator calls ``on_event`` with every store event (``StoreEvent``, in the
 emulator's loop and under its lock, so it must not block: it starts a task with ``api.spawn`` for anything that waits),
 ``on_host_change`` when a node's host facts change, and ``start`` once serving. It reads and writes objects through
-the emulator's store (``api._current``, ``api._live``, ``api._write``, ``api._emit``), taking ``api._lock`` in its
-own tasks.
+the emulator's store (``api.served``, ``api.get_object``, ``api.live_objects``, ``api.write_object``,
+``api.add_object``, ``api.record_event``), taking the emulator's lock (``api._lock``, kmock's) in its own tasks.
 """
 
 from __future__ import annotations

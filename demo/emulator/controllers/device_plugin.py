@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from demo.emulator.controllers import Controller, DelayedPass
 from demo.emulator.controllers.hami_rules import HAMI_RESOURCE_COUNT
-from demo.emulator.resources import _res
 from demo.emulator.store import StoreEvent
 from operator_agent.hami import HamiDecodeError, decode_node_register, node_register_annotation
 
@@ -116,7 +115,7 @@ class HamiDevicePlugin(Controller):
 
     def plugins(self) -> list[dict[str, Any]]:
         """The live DaemonSets that are HAMi's device plugin."""
-        return [ds for ds in self.api._live(self.api._specs[_res("apps", "v1", "daemonsets")]) if _is_hami_device_plugin(ds)]
+        return [ds for ds in self.api.live_objects(self.api.served("apps", "v1", "daemonsets")) if _is_hami_device_plugin(ds)]
 
     def kick(self) -> None:
         """Schedule a pass ``device_plugin_seconds`` from now (see ``DelayedPass.kick``); in the emulator's loop."""
@@ -128,8 +127,8 @@ class HamiDevicePlugin(Controller):
         daemonsets = self.plugins()
         if not daemonsets:
             return
-        nodes = self.api._specs[_res("", "v1", "nodes")]
-        for node in self.api._live(nodes):
+        nodes = self.api.served("", "v1", "nodes")
+        for node in self.api.live_objects(nodes):
             name = node["metadata"]["name"]
             value = (self.api.hosts.get(name) or {}).get("hami_register")
             if value is None or not any(_daemonset_selects(ds, node) for ds in daemonsets):
@@ -155,5 +154,5 @@ class HamiDevicePlugin(Controller):
                 for key in ("capacity", "allocatable"):
                     status[key] = {**(status.get(key) or {}), HAMI_RESOURCE_COUNT: vgpus}
             self._plugin_registered.add(name)
-            await self.api._write(nodes, updated, node)
+            await self.api.write_object(nodes, updated, node)
 

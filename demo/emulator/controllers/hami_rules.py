@@ -185,7 +185,7 @@ def encode_pod_devices(containers: Iterable[Iterable[GpuAllocation]]) -> str:
 
 
 @dataclass
-class _GpuState:
+class GpuState:
     """A registered GPU and what the pods bound to its node hold on it (HAMi ``DeviceUsage``)."""
 
     device: HamiDevice
@@ -205,7 +205,7 @@ def _listed(annotations: Mapping[str, str], key: str) -> list[str]:
     return [item.strip() for item in (annotations.get(key) or "").split(",") if item.strip()]
 
 
-def _gpu_refusal(gpu: _GpuState, request: GpuRequest, annotations: Mapping[str, str]) -> str | None:
+def _gpu_refusal(gpu: GpuState, request: GpuRequest, annotations: Mapping[str, str]) -> str | None:
     """Why HAMi would not put one vGPU of ``request`` on ``gpu`` (its reason code), or None if it fits."""
     device = gpu.device
     model = device.model.upper()
@@ -232,7 +232,7 @@ def _gpu_refusal(gpu: _GpuState, request: GpuRequest, annotations: Mapping[str, 
     return None
 
 
-def _fit_pod(gpus: list[_GpuState], requests: list[GpuRequest | None], annotations: Mapping[str, str]) -> tuple[
+def fit_pod(gpus: list[GpuState], requests: list[GpuRequest | None], annotations: Mapping[str, str]) -> tuple[
         list[list[GpuAllocation]] | None, collections.Counter[str]]:
     """Place every container's vGPUs on one node's GPUs, container by container (HAMi ``fitInDevices``).
 
@@ -254,7 +254,7 @@ def _fit_pod(gpus: list[_GpuState], requests: list[GpuRequest | None], annotatio
         if request.count > len(gpus):
             reasons["NodeInsufficientDevice"] += 1
             return None, reasons
-        chosen: list[tuple[_GpuState, GpuAllocation]] = []
+        chosen: list[tuple[GpuState, GpuAllocation]] = []
         for gpu in gpus:
             refusal = _gpu_refusal(gpu, request, annotations)
             if refusal is not None:
@@ -274,7 +274,7 @@ def _fit_pod(gpus: list[_GpuState], requests: list[GpuRequest | None], annotatio
     return allocation, reasons
 
 
-def _binpack_score(gpus: Iterable[_GpuState]) -> float:
+def binpack_score(gpus: Iterable[GpuState]) -> float:
     """HAMi's node score (``policy.NodeScore.ComputeDefaultScore``): share of vGPU slots + cores + memory in use.
 
     The binpack node policy prefers the highest score (the most used node).
@@ -294,13 +294,13 @@ _UNSCHEDULABLE_NODE = "node(s) were unschedulable"  # NodeUnschedulable
 _WRONG_NODE_NAME = "node(s) didn't match the requested node name"  # NodeName
 _NO_SELECTOR_MATCH = "node(s) didn't match Pod's node affinity/selector"  # NodeAffinity (nodeSelector)
 #: HAMi extender answers for nodes it refuses (``FailedNodes``): no register annotation, or no fit.
-_HAMI_UNREGISTERED = "node unregistered"
-_HAMI_UNFIT = "NodeUnfitPod"
-_PREEMPTION_USELESS = "Preemption is not helpful for scheduling"
+HAMI_UNREGISTERED = "node unregistered"
+HAMI_UNFIT = "NodeUnfitPod"
+PREEMPTION_USELESS = "Preemption is not helpful for scheduling"
 _NO_VICTIMS = "No preemption victims found for incoming pod"
 
 
-def _node_filter_failure(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> str | None:
+def node_filter_failure(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> str | None:
     """The kube-scheduler reason a node is filtered out for a pod, or None (taints are not emulated beyond Ready)."""
     name = node["metadata"]["name"]
     if (node.get("spec") or {}).get("unschedulable"):
@@ -318,7 +318,7 @@ def _node_filter_failure(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -
     return None
 
 
-def _fit_error(total: int, failures: Mapping[str, tuple[str, bool]]) -> str:
+def fit_error(total: int, failures: Mapping[str, tuple[str, bool]]) -> str:
     """kube-scheduler's ``FitError`` message (``0/3 nodes are available: ... preemption: ...``).
 
     Args:
@@ -334,12 +334,12 @@ def _fit_error(total: int, failures: Mapping[str, tuple[str, bool]]) -> str:
         return ", ".join(sorted(f"{count} {reason}" for reason, count in collections.Counter(reasons).items()))
 
     filters = histogram(reason for reason, _ in failures.values())
-    preemption = histogram(_NO_VICTIMS if helps else _PREEMPTION_USELESS for _, helps in failures.values())
+    preemption = histogram(_NO_VICTIMS if helps else PREEMPTION_USELESS for _, helps in failures.values())
     return (f"0/{total} nodes are available: {filters}. "
             f"preemption: 0/{total} nodes are available: {preemption}.")
 
 
 @dataclass(frozen=True)
-class _Placement:
+class Placement:
     node: dict[str, Any]
     devices: list[list[GpuAllocation]] | None  # None: the pod asks for no GPU

@@ -16,30 +16,30 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from demo.emulator.common import _now
+from demo.emulator.common import timestamp
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.hami_rules import (
-    _HAMI_UNFIT,
-    _HAMI_UNREGISTERED,
-    _PREEMPTION_USELESS,
     HAMI_BIND_PHASE,
     HAMI_BIND_TIME,
     HAMI_DEVICES_ALLOCATED,
     HAMI_DEVICES_TO_ALLOCATE,
+    HAMI_UNFIT,
+    HAMI_UNREGISTERED,
     HAMI_VGPU_NODE,
     HAMI_VGPU_TIME,
+    PREEMPTION_USELESS,
     GpuAllocation,
-    _binpack_score,
-    _fit_error,
-    _fit_pod,
-    _GpuState,
-    _node_filter_failure,
-    _Placement,
+    GpuState,
+    Placement,
+    binpack_score,
     encode_pod_devices,
+    fit_error,
+    fit_pod,
+    node_filter_failure,
     pod_gpu_requests,
 )
 from demo.emulator.controllers.host_facts import check_pod_kind
-from demo.emulator.resources import ResourceSpec, _res
+from demo.emulator.resources import ResourceSpec
 from demo.emulator.store import StoreEvent
 from operator_agent.hami import HamiDecodeError, decode_node_register, node_register_annotation
 from operator_agent.hami_pods import decode_pod_devices
@@ -68,7 +68,7 @@ def _prefilter_error(total: int, reason: str) -> str:
     if total == 0:
         return "no nodes available to schedule pods"
     return (f"0/{total} nodes are available: {reason}. "
-            f"preemption: 0/{total} nodes are available: {total} {_PREEMPTION_USELESS}.")
+            f"preemption: 0/{total} nodes are available: {total} {PREEMPTION_USELESS}.")
 
 
 class HamiScheduler(Controller):
@@ -142,7 +142,7 @@ class HamiScheduler(Controller):
         Returns:
             The loop time of the next start, or None when no Pod is waiting to start.
         """
-        pods = self.api._specs[_res("", "v1", "pods")]
+        pods = self.api.served("", "v1", "pods")
         loop = asyncio.get_running_loop()
         for uid, (namespace, name) in list(self._unscheduled.items()):
             current = self.kubelet.waiting_pod(pods, namespace, name, uid)
@@ -154,28 +154,28 @@ class HamiScheduler(Controller):
                 await self._mark_unschedulable(pods, current, placement)
                 continue
             del self._unscheduled[uid]
-            await self.api._write(pods, self._bound(current, placement), current)
+            await self.api.write_object(pods, self._bound(current, placement), current)
             self._starting[uid] = (namespace, name, loop.time() + (self.api.pod_startup_seconds or 0.0))
         for uid, (namespace, name, due) in list(self._starting.items()):
             if due > loop.time():
                 continue
             del self._starting[uid]
             current = self.kubelet.waiting_pod(pods, namespace, name, uid)
-            node = self.api._current(self.api._specs[_res("", "v1", "nodes")], None,
-                                     ((current or {}).get("spec") or {}).get("nodeName") or "")
+            node = self.api.get_object(self.api.served("", "v1", "nodes"), None,
+                                       ((current or {}).get("spec") or {}).get("nodeName") or "")
             if current is not None and node is not None:
                 await self.kubelet.start_pod(pods, current, node)
         for uid, (namespace, name) in list(self.kubelet.mount_waiting.items()):
             current = self.kubelet.waiting_pod(pods, namespace, name, uid)
-            node = self.api._current(self.api._specs[_res("", "v1", "nodes")], None,
-                                     ((current or {}).get("spec") or {}).get("nodeName") or "")
+            node = self.api.get_object(self.api.served("", "v1", "nodes"), None,
+                                       ((current or {}).get("spec") or {}).get("nodeName") or "")
             if current is None or node is None:
                 self.kubelet.mount_waiting.pop(uid, None)
                 continue
             await self.kubelet.start_pod(pods, current, node)
         return min((due for _, _, due in self._starting.values()), default=None)
 
-    def _gpu_states(self) -> dict[str, list[_GpuState] | None]:
+    def _gpu_states(self) -> dict[str, list[GpuState] | None]:
         """Per node name: its healthy GPUs (index order) with what live Pods hold on them.
 
         GPUs come from the node's ``hami.io/node-nvidia-register`` (or ``4pd.io/...``) annotation, decoded by
@@ -185,8 +185,8 @@ class HamiScheduler(Controller):
         ``operator_agent.hami_pods.decode_pod_devices``, as HAMi's scheduler rebuilds them from its pod informer;
         a deleted Pod holds nothing.
         """
-        states: dict[str, list[_GpuState] | None] = {}
-        for node in self.api._live(self.api._specs[_res("", "v1", "nodes")]):
+        states: dict[str, list[GpuState] | None] = {}
+        for node in self.api.live_objects(self.api.served("", "v1", "nodes")):
             name = node["metadata"]["name"]
             value = node_register_annotation(node["metadata"].get("annotations"))
             try:
@@ -196,8 +196,8 @@ class HamiScheduler(Controller):
                                name, exc)
                 devices = None
             states[name] = None if devices is None else [
-                _GpuState(d) for d in sorted(devices, key=lambda d: (d.index, d.uuid)) if d.health]
-        for pod in self.api._live(self.api._specs[_res("", "v1", "pods")]):
+                GpuState(d) for d in sorted(devices, key=lambda d: (d.index, d.uuid)) if d.health]
+        for pod in self.api.live_objects(self.api.served("", "v1", "pods")):
             gpus = states.get((pod.get("spec") or {}).get("nodeName") or "")
             value = (pod["metadata"].get("annotations") or {}).get(HAMI_DEVICES_ALLOCATED)
             if not gpus or not value or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -218,27 +218,27 @@ class HamiScheduler(Controller):
                         by_uuid[device["uuid"]].take(held, request is not None and request.exclusive)
         return states
 
-    def _place(self, pod: Mapping[str, Any]) -> _Placement | str:
+    def _place(self, pod: Mapping[str, Any]) -> Placement | str:
         """Choose a node (and GPUs) for a Pod, or return kube-scheduler's failure message.
 
-        Nodes are filtered as kube-scheduler's default plugins do (``_node_filter_failure``). A Pod without HAMi
+        Nodes are filtered as kube-scheduler's default plugins do (``node_filter_failure``). A Pod without HAMi
         resources goes to the first remaining node by name. A GPU Pod is then filtered as HAMi's scheduler
         extender does: nodes without a register annotation are "node unregistered", nodes whose GPUs cannot hold
-        every container's vGPUs are "NodeUnfitPod" (``_fit_pod``); among the nodes that fit, the binpack policy
-        takes the most used one (``_binpack_score``), ties broken by name. Before any of that, like kube-scheduler's
+        every container's vGPUs are "NodeUnfitPod" (``fit_pod``); among the nodes that fit, the binpack policy
+        takes the most used one (``binpack_score``), ties broken by name. Before any of that, like kube-scheduler's
         VolumeBinding plugin, a Pod whose PersistentVolumeClaims are missing or not ``Bound`` fits nowhere
         (``pod has unbound immediate PersistentVolumeClaims``; every StorageClass is treated as ``Immediate``).
         """
         spec = pod.get("spec") or {}
         meta = pod["metadata"]
-        nodes = self.api._live(self.api._specs[_res("", "v1", "nodes")])
+        nodes = self.api.live_objects(self.api.served("", "v1", "nodes"))
         unbound = self._unbound_claims(pod)
         if unbound is not None:  # kube-scheduler's VolumeBinding PreFilter: unresolvable on every node
             return _prefilter_error(len(nodes), unbound)
         failures: dict[str, tuple[str, bool]] = {}
         candidates = []
         for node in nodes:
-            reason = _node_filter_failure(node, spec)
+            reason = node_filter_failure(node, spec)
             if reason is None:
                 candidates.append(node)
             else:
@@ -246,8 +246,8 @@ class HamiScheduler(Controller):
         requests = pod_gpu_requests(spec)
         if not any(requests):
             if candidates:
-                return _Placement(candidates[0], None)
-            return _fit_error(len(nodes), failures)
+                return Placement(candidates[0], None)
+            return fit_error(len(nodes), failures)
         states = self._gpu_states()
         annotations = meta.get("annotations") or {}
         fits = []
@@ -256,23 +256,23 @@ class HamiScheduler(Controller):
             name = node["metadata"]["name"]
             gpus = states.get(name)
             if gpus is None:
-                failures[name] = (_HAMI_UNREGISTERED, True)
+                failures[name] = (HAMI_UNREGISTERED, True)
                 continue
-            score = _binpack_score(gpus)
-            allocation, reasons = _fit_pod(gpus, requests, annotations)
+            score = binpack_score(gpus)
+            allocation, reasons = fit_pod(gpus, requests, annotations)
             if allocation is None:
-                failures[name] = (_HAMI_UNFIT, True)
+                failures[name] = (HAMI_UNFIT, True)
                 for reason in reasons:
                     card_reasons[reason].append(name)
                 continue
             fits.append((-score, name, node, allocation))
         if fits:
             _, _, node, allocation = min(fits, key=lambda fit: (fit[0], fit[1]))
-            return _Placement(node, allocation)
+            return Placement(node, allocation)
         if card_reasons:  # what HAMi records as FilteringFailed events
             logger.info("hami-scheduler: pod %s/%s does not fit: %s", meta.get("namespace"), meta["name"], "; ".join(
                 f"{len(names)} nodes {reason}({','.join(sorted(names))})" for reason, names in sorted(card_reasons.items())))
-        return _fit_error(len(nodes), failures)
+        return fit_error(len(nodes), failures)
 
     async def _mark_unschedulable(self, pods: ResourceSpec, current: dict[str, Any], message: str) -> None:
         """Set ``PodScheduled=False``/``Unschedulable`` with ``message`` (no write when nothing changes)."""
@@ -281,14 +281,14 @@ class HamiScheduler(Controller):
         if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("message") == message:
             return
         pod = copy.deepcopy(current)
-        now = _now()
+        now = timestamp()
         pod["status"]["conditions"] = [c for c in conditions if c.get("type") != "PodScheduled"] + [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
             "lastProbeTime": None, "lastTransitionTime": now}]
-        await self.api._write(pods, pod, current)
+        await self.api.write_object(pods, pod, current)
 
     @staticmethod
-    def _bound(current: Mapping[str, Any], placement: _Placement) -> dict[str, Any]:
+    def _bound(current: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
         """The Pod once bound: ``spec.nodeName``, ``PodScheduled=True``, and for a GPU Pod HAMi's annotations as its
         scheduler writes them at bind time (``bind-phase: allocating``, to-allocate = allocated)."""
         pod = copy.deepcopy(dict(current))
@@ -302,21 +302,21 @@ class HamiScheduler(Controller):
                 HAMI_DEVICES_ALLOCATED: value, HAMI_BIND_PHASE: "allocating", HAMI_BIND_TIME: unix,
             })
         pod["status"] = {**pod.get("status", {}), "phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": _now()}]}
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": timestamp()}]}
         return pod
 
     # ----------------------------------------------------------------- kubelet: volumes of scheduled Pods
 
     def _unbound_claims(self, pod: Mapping[str, Any]) -> str | None:
         """kube-scheduler's VolumeBinding reason for a Pod whose PersistentVolumeClaims are not all ``Bound``, or None."""
-        pvcs = self.api._specs[_res("", "v1", "persistentvolumeclaims")]
+        pvcs = self.api.served("", "v1", "persistentvolumeclaims")
         namespace = pod["metadata"].get("namespace")
         unbound = False
         for volume in (pod.get("spec") or {}).get("volumes") or []:
             claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             if not claim_name:
                 continue
-            claim = self.api._current(pvcs, namespace, claim_name)
+            claim = self.api.get_object(pvcs, namespace, claim_name)
             if claim is None:
                 return f'persistentvolumeclaim "{claim_name}" not found'
             if claim["metadata"].get("deletionTimestamp"):

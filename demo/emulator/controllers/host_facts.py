@@ -155,7 +155,7 @@ def check_pod_kind(pod: Mapping[str, Any]) -> str | None:
     return kind if kind in CHECK_KINDS else None
 
 
-def _check_targets(pod: Mapping[str, Any]) -> list[str]:
+def check_targets(pod: Mapping[str, Any]) -> list[str]:
     """``GSHARE_CHECK_TARGETS`` of the pod's first container, split as the shell splits ``$GSHARE_CHECK_TARGETS``."""
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     for env in containers[0].get("env") or []:

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import kmock
 
-from demo.emulator.common import _now
+from demo.emulator.common import timestamp
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.hami_rules import HAMI_BIND_PHASE, HAMI_DEVICES_ALLOCATED, HAMI_DEVICES_TO_ALLOCATE
-from demo.emulator.controllers.host_facts import _check_targets, check_pod_kind, nfs_check_log, node_check_log
-from demo.emulator.controllers.volumes import _is_nfs_volume, nfs_mount_failure_message
-from demo.emulator.errors import ApiError, _not_found
-from demo.emulator.objects import _qos_class
-from demo.emulator.resources import ResourceSpec, _res
+from demo.emulator.controllers.host_facts import check_pod_kind, check_targets, nfs_check_log, node_check_log
+from demo.emulator.controllers.volumes import is_nfs_volume, nfs_mount_failure_message
+from demo.emulator.errors import ApiError, not_found
+from demo.emulator.objects import qos_class
+from demo.emulator.resources import ResourceSpec
 from demo.emulator.store import StoreEvent
 from operator_agent.hami_pods import decode_pod_devices
 
@@ -59,18 +59,18 @@ class Kubelet(Controller):
         failure = self.mount_failure(current, node)
         if failure is None:
             self.mount_waiting.pop(uid, None)
-            await self.api._write(pods, self.running(current, node), current)
+            await self.api.write_object(pods, self.running(current, node), current)
             return
         self.mount_waiting[uid] = (current["metadata"]["namespace"], current["metadata"]["name"])
         creating = self.container_creating(current, node)
         if creating != current:
-            await self.api._write(pods, creating, current)
-        await self.api._record_event_once(creating, reason="FailedMount", message=failure, event_type="Warning",
-                                          component="kubelet", host=node["metadata"]["name"])
+            await self.api.write_object(pods, creating, current)
+        await self.api.record_event_once(creating, reason="FailedMount", message=failure, event_type="Warning",
+                                         component="kubelet", host=node["metadata"]["name"])
 
     def waiting_pod(self, pods: ResourceSpec, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The Pod if it is still the one created (same uid), not being deleted and ``Pending``."""
-        current = self.api._current(pods, namespace, name)
+        current = self.api.get_object(pods, namespace, name)
         if current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp"):
             return None
         return current if (current.get("status") or {}).get("phase") == "Pending" else None
@@ -84,7 +84,7 @@ class Kubelet(Controller):
             segments = len(decode_pod_devices(annotations[HAMI_DEVICES_ALLOCATED]))
             annotations[HAMI_DEVICES_TO_ALLOCATE] = ";" * segments
             annotations[HAMI_BIND_PHASE] = "success"
-        now = _now()
+        now = timestamp()
         pod_ip = self._pod_ip(node)
         host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or []
                         if a.get("type") == "InternalIP"), "10.0.0.1")
@@ -95,7 +95,7 @@ class Kubelet(Controller):
                            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
                                      "PodScheduled")],
             "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-            "startTime": now, "qosClass": (current.get("status") or {}).get("qosClass", _qos_class(spec)),
+            "startTime": now, "qosClass": (current.get("status") or {}).get("qosClass", qos_class(spec)),
             "containerStatuses": [{
                 "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}},
@@ -129,22 +129,22 @@ class Kubelet(Controller):
                 self.mount_waiting.pop(meta.get("uid", ""), None)
         elif event.kind == ("", "nodes") and event.type == "ADDED":
             for uid, (namespace, name) in list(self._check_waiting.items()):
-                pod = self.api._current(self.api._specs[_res("", "v1", "pods")], namespace, name)
+                pod = self.api.get_object(self.api.served("", "v1", "pods"), namespace, name)
                 if pod is not None and (pod.get("spec") or {}).get("nodeName") == meta["name"]:
                     del self._check_waiting[uid]
                     self.api.spawn(self._run_check_pod(namespace, name, uid), f"emulated-check-pod-{name}")
 
     def pod_log(self, namespace: str, name: str) -> str | None:
         """The log of a live Pod (``""`` before it has one), or None when there is no such Pod."""
-        current = self.api._current(self.api._specs[_res("", "v1", "pods")], namespace, name)
+        current = self.api.get_object(self.api.served("", "v1", "pods"), namespace, name)
         if current is None:
             return None
         return self._pod_logs.get(current["metadata"]["uid"], "")
 
     async def _run_check_pod(self, namespace: str, name: str, uid: str) -> None:
         """The kubelet stand-in running a check pod: ``Running`` (with its log) then ``Succeeded``."""
-        pods = self.api._specs[_res("", "v1", "pods")]
-        nodes = self.api._specs[_res("", "v1", "nodes")]
+        pods = self.api.served("", "v1", "pods")
+        nodes = self.api.served("", "v1", "nodes")
         try:
             await asyncio.sleep(self.api.check_pod_seconds / 2)
             async with self.api._lock:
@@ -152,26 +152,26 @@ class Kubelet(Controller):
                 if current is None:
                     return
                 node_name = (current.get("spec") or {}).get("nodeName") or ""
-                node = self.api._current(nodes, None, node_name)
+                node = self.api.get_object(nodes, None, node_name)
                 if node is None:  # no kubelet to run it: Pending until the node appears
                     self._check_waiting[uid] = (namespace, name)
                     return
                 facts = self.api.hosts.get(node_name) or {}
                 kind = check_pod_kind(current)
                 self._pod_logs[uid] = (node_check_log(facts) if kind == "node"
-                                       else nfs_check_log(facts, _check_targets(current)))
+                                       else nfs_check_log(facts, check_targets(current)))
                 running = self.running(current, node)
                 if (current.get("spec") or {}).get("hostNetwork"):
                     running["status"]["podIP"] = running["status"]["hostIP"]
                     running["status"]["podIPs"] = [{"ip": running["status"]["hostIP"]}]
-                await self.api._write(pods, running, current)
+                await self.api.write_object(pods, running, current)
             await asyncio.sleep(self.api.check_pod_seconds / 2)
             async with self.api._lock:
-                current = self.api._current(pods, namespace, name)
+                current = self.api.get_object(pods, namespace, name)
                 if (current is None or current["metadata"]["uid"] != uid or current["metadata"].get("deletionTimestamp")
-                        or (current.get("status") or {}).get("phase") != "Running"):
+                    or (current.get("status") or {}).get("phase") != "Running"):
                     return
-                await self.api._write(pods, self._completed(current), current)
+                await self.api.write_object(pods, self._completed(current), current)
         except Exception:  # the pod stays where it is; the failure is in the log
             logger.exception("the emulated kubelet failed to run check pod %s/%s", namespace, name)
 
@@ -181,7 +181,7 @@ class Kubelet(Controller):
         containers ``terminated``/``Completed``)."""
         pod = copy.deepcopy(dict(current))
         status = pod.setdefault("status", {})
-        now = _now()
+        now = timestamp()
         running = {c.get("name"): ((c.get("state") or {}).get("running") or {}).get("startedAt", now)
                    for c in status.get("containerStatuses") or []}
 
@@ -216,12 +216,12 @@ class Kubelet(Controller):
         the apiserver answers), ``tailLines``, ``limitBytes``; ``follow``, ``previous``, ``timestamps``,
         ``sinceSeconds`` are accepted and ignored (check pods have finished by the time there is a log).
         """
-        pods = self.api._specs[_res("", "v1", "pods")]
+        pods = self.api.served("", "v1", "pods")
         name = request.name or ""
         async with self.api._lock:
-            current = self.api._current(pods, request.namespace, name)
+            current = self.api.get_object(pods, request.namespace, name)
             if current is None:
-                raise _not_found(pods, name)
+                raise not_found(pods, name)
             text = self._pod_logs.get(current["metadata"]["uid"], "")
         spec = current.get("spec") or {}
         names = [c.get("name") for key in ("initContainers", "containers", "ephemeralContainers")
@@ -260,14 +260,14 @@ class Kubelet(Controller):
         facts = self.api.hosts.get(node["metadata"]["name"])
         if facts is None or facts.get("mount_nfs"):
             return None
-        pvcs = self.api._specs[_res("", "v1", "persistentvolumeclaims")]
-        pvs = self.api._specs[_res("", "v1", "persistentvolumes")]
+        pvcs = self.api.served("", "v1", "persistentvolumeclaims")
+        pvs = self.api.served("", "v1", "persistentvolumes")
         for volume in (pod.get("spec") or {}).get("volumes") or []:
             claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            claim = self.api._current(pvcs, pod["metadata"].get("namespace"), claim_name) if claim_name else None
+            claim = self.api.get_object(pvcs, pod["metadata"].get("namespace"), claim_name) if claim_name else None
             volume_name = ((claim or {}).get("spec") or {}).get("volumeName")
-            pv = self.api._current(pvs, None, volume_name) if volume_name else None
-            if pv is not None and _is_nfs_volume(pv):
+            pv = self.api.get_object(pvs, None, volume_name) if volume_name else None
+            if pv is not None and is_nfs_volume(pv):
                 return nfs_mount_failure_message(pv, pod["metadata"]["uid"])
         return None
 
@@ -279,7 +279,7 @@ class Kubelet(Controller):
                             for c in statuses):
             return dict(current)
         pod = copy.deepcopy(dict(current))
-        now = _now()
+        now = timestamp()
         spec = pod.get("spec") or {}
         names = [c.get("name", "") for c in spec.get("containers") or []]
         unready = f"containers with unready status: [{' '.join(names)}]"
@@ -298,7 +298,7 @@ class Kubelet(Controller):
                            condition("Ready", "False", "ContainersNotReady"),
                            condition("ContainersReady", "False", "ContainersNotReady"), condition("PodScheduled", "True")],
             "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "startTime": now,
-            "qosClass": (current.get("status") or {}).get("qosClass", _qos_class(spec)),
+            "qosClass": (current.get("status") or {}).get("qosClass", qos_class(spec)),
             "containerStatuses": [{
                 "name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": False,
                 "started": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}},

@@ -28,9 +28,8 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from demo.emulator.common import _now
+from demo.emulator.common import timestamp
 from demo.emulator.controllers import Controller, DelayedPass
-from demo.emulator.resources import _res
 from demo.emulator.store import StoreEvent
 from operator_agent.quantity import parse_quantity
 
@@ -104,7 +103,7 @@ def _is_external_provisioner(provisioner: str) -> bool:
     return bool(provisioner) and not provisioner.startswith("kubernetes.io/")
 
 
-def _is_nfs_volume(pv: Mapping[str, Any]) -> bool:
+def is_nfs_volume(pv: Mapping[str, Any]) -> bool:
     """Whether mounting the PV needs the host's NFS client: an in-tree ``nfs`` volume, or a CSI volume of an NFS driver
     (``fsType: nfs`` or a driver named ``...nfs...``, e.g. ``org.democratic-csi.nfs``, ``nfs.csi.k8s.io``)."""
     spec = pv.get("spec") or {}
@@ -121,7 +120,7 @@ def _with_phase(pv: Mapping[str, Any], phase: str) -> dict[str, Any]:
     status = new.setdefault("status", {})
     if status.get("phase") != phase:
         status["phase"] = phase
-        status["lastPhaseTransitionTime"] = _now()
+        status["lastPhaseTransitionTime"] = timestamp()
     return new
 
 
@@ -181,7 +180,7 @@ class VolumeControllers(Controller):
 
     def start(self) -> None:
         """Seeded claims and volumes are bound and provisioned like created ones."""
-        if any(self.api._live(self.api._specs[_res("", "v1", plural)])
+        if any(self.api.live_objects(self.api.served("", "v1", plural))
                for plural in ("persistentvolumeclaims", "persistentvolumes")):
             self.kick()
 
@@ -199,11 +198,11 @@ class VolumeControllers(Controller):
         Warning why not); any other pending claim is provisioned from its StorageClass when the class's provisioner is
         a CSI driver (``ProvisioningFailed`` when the class does not exist).
         """
-        pvcs = self.api._specs[_res("", "v1", "persistentvolumeclaims")]
-        pvs = self.api._specs[_res("", "v1", "persistentvolumes")]
-        classes = self.api._specs[_res("storage.k8s.io", "v1", "storageclasses")]
-        claims = {c["metadata"]["uid"]: c for c in self.api._live(pvcs)}
-        for pv in self.api._live(pvs):
+        pvcs = self.api.served("", "v1", "persistentvolumeclaims")
+        pvs = self.api.served("", "v1", "persistentvolumes")
+        classes = self.api.served("storage.k8s.io", "v1", "storageclasses")
+        claims = {c["metadata"]["uid"]: c for c in self.api.live_objects(pvcs)}
+        for pv in self.api.live_objects(pvs):
             meta = pv["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
@@ -213,33 +212,33 @@ class VolumeControllers(Controller):
                 if phase == "Released" or phase == "Failed":
                     continue
                 if (pv.get("spec") or {}).get("persistentVolumeReclaimPolicy") == "Delete":
-                    await self.api._delete_named(pvs, None, meta["name"], dry_run=False)  # the provisioner deletes it
+                    await self.api.delete_object(pvs, None, meta["name"], dry_run=False)  # the provisioner deletes it
                 else:
-                    await self.api._write(pvs, _with_phase(pv, "Released"), pv)
+                    await self.api.write_object(pvs, _with_phase(pv, "Released"), pv)
             elif not ref.get("uid") and phase in (None, "", "Pending"):
-                await self.api._write(pvs, _with_phase(pv, "Available"), pv)
-        for claim in self.api._live(pvcs):
+                await self.api.write_object(pvs, _with_phase(pv, "Available"), pv)
+        for claim in self.api.live_objects(pvcs):
             meta = claim["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
             spec = claim.get("spec") or {}
             phase = (claim.get("status") or {}).get("phase") or "Pending"
             if phase == "Bound":
-                if spec.get("volumeName") and self.api._current(pvs, None, spec["volumeName"]) is None:
+                if spec.get("volumeName") and self.api.get_object(pvs, None, spec["volumeName"]) is None:
                     lost = copy.deepcopy(claim)
                     lost.setdefault("status", {})["phase"] = "Lost"
-                    await self.api._write(pvcs, lost, claim)
-                    await self.api._record_event_once(lost, reason="ClaimLost", message=CLAIM_LOST_MESSAGE,
-                                                      event_type="Warning", component=PV_CONTROLLER)
+                    await self.api.write_object(pvcs, lost, claim)
+                    await self.api.record_event_once(lost, reason="ClaimLost", message=CLAIM_LOST_MESSAGE,
+                                                     event_type="Warning", component=PV_CONTROLLER)
                 continue
             if phase != "Pending":
                 continue
             if spec.get("volumeName"):
-                pv = self.api._current(pvs, None, spec["volumeName"])
+                pv = self.api.get_object(pvs, None, spec["volumeName"])
                 if pv is not None:  # else: requested and not found, tried again on the next change
                     await self._bind_or_refuse(claim, pv, by_controller=False)
                 continue
-            prebound = next((pv for pv in self.api._live(pvs) if _claim_ref_names(pv, claim)
+            prebound = next((pv for pv in self.api.live_objects(pvs) if _claim_ref_names(pv, claim)
                              and (pv.get("status") or {}).get("phase") in ("Available", "Pending", None)), None)
             if prebound is not None:
                 await self._bind_or_refuse(claim, prebound, by_controller=True)
@@ -247,11 +246,11 @@ class VolumeControllers(Controller):
             class_name = spec.get("storageClassName")
             if not class_name:  # "" or none: static binding only, not emulated beyond the two cases above
                 continue
-            storage_class = self.api._current(classes, None, class_name)
+            storage_class = self.api.get_object(classes, None, class_name)
             if storage_class is None:
-                await self.api._record_event_once(claim, reason="ProvisioningFailed",
-                                                  message=storage_class_not_found_message(class_name),
-                                                  event_type="Warning", component=PV_CONTROLLER)
+                await self.api.record_event_once(claim, reason="ProvisioningFailed",
+                                                 message=storage_class_not_found_message(class_name),
+                                                 event_type="Warning", component=PV_CONTROLLER)
                 continue
             if _is_external_provisioner(str(storage_class.get("provisioner") or "")):
                 await self._provision(claim, storage_class)
@@ -261,15 +260,15 @@ class VolumeControllers(Controller):
         if refusal is None:
             await self._bind(claim, pv, by_controller=by_controller)
         else:
-            await self.api._record_event_once(claim, reason=refusal[0], message=refusal[1], event_type="Warning",
-                                              component=PV_CONTROLLER)
+            await self.api.record_event_once(claim, reason=refusal[0], message=refusal[1], event_type="Warning",
+                                             component=PV_CONTROLLER)
 
     async def _bind(self, claim: dict[str, Any], pv: dict[str, Any], *, by_controller: bool,
                     provisioner: str | None = None) -> None:
         """Bind both ways, as the PV controller does: the PV's ``claimRef`` (with the claim's uid) and ``Bound``, then
         the claim's ``volumeName``, bind annotations and ``status`` (``Bound``, capacity and access modes of the PV)."""
-        pvs = self.api._specs[_res("", "v1", "persistentvolumes")]
-        pvcs = self.api._specs[_res("", "v1", "persistentvolumeclaims")]
+        pvs = self.api.served("", "v1", "persistentvolumes")
+        pvcs = self.api.served("", "v1", "persistentvolumeclaims")
         meta = claim["metadata"]
         bound_pv = copy.deepcopy(pv)
         bound_pv.setdefault("spec", {})["claimRef"] = {
@@ -277,7 +276,7 @@ class VolumeControllers(Controller):
             "apiVersion": "v1", "resourceVersion": meta["resourceVersion"]}
         bound_pv = _with_phase(bound_pv, "Bound")
         if bound_pv != pv:
-            await self.api._write(pvs, bound_pv, pv)
+            await self.api.write_object(pvs, bound_pv, pv)
         bound = copy.deepcopy(claim)
         bound.setdefault("spec", {})["volumeName"] = pv["metadata"]["name"]
         annotations = bound["metadata"].setdefault("annotations", {})
@@ -290,23 +289,23 @@ class VolumeControllers(Controller):
         pv_spec = bound_pv.get("spec") or {}
         bound["status"] = {"phase": "Bound", "accessModes": list(pv_spec.get("accessModes") or []),
                            "capacity": dict(pv_spec.get("capacity") or {})}
-        await self.api._write(pvcs, bound, claim)
+        await self.api.write_object(pvcs, bound, claim)
 
     async def _provision(self, claim: dict[str, Any], storage_class: Mapping[str, Any]) -> None:
         """The CSI driver's external-provisioner: create PV ``pvc-<claim uid>`` (``csi`` with the driver, a new volume
         handle and ``fsType`` from the class's parameters, ``nfs`` by default; capacity = the request; the class's
         reclaim policy and mount options) and bind it, with the events ``kubectl describe pvc`` shows."""
-        pvs = self.api._specs[_res("", "v1", "persistentvolumes")]
+        pvs = self.api.served("", "v1", "persistentvolumes")
         meta = claim["metadata"]
         provisioner = str(storage_class["provisioner"])
-        await self.api._record_event(claim, reason="ExternalProvisioning", event_type="Normal", component=PV_CONTROLLER,
-                                     message=external_provisioning_message(provisioner))
+        await self.api.record_event(claim, reason="ExternalProvisioning", event_type="Normal", component=PV_CONTROLLER,
+                                    message=external_provisioning_message(provisioner))
         component = f"{provisioner}_{provisioner.rsplit('.', 1)[-1]}-csi-controller-0_{uuid.uuid4()}"
-        await self.api._record_event(claim, reason="Provisioning", event_type="Normal", component=component,
-                                     message=f'External provisioner is provisioning volume for claim "{meta["namespace"]}/'
-                                             f'{meta["name"]}"')
+        await self.api.record_event(claim, reason="Provisioning", event_type="Normal", component=component,
+                                    message=f'External provisioner is provisioning volume for claim "{meta["namespace"]}/'
+                                            f'{meta["name"]}"')
         name = f"pvc-{meta['uid']}"
-        existing = self.api._current(pvs, None, name)
+        existing = self.api.get_object(pvs, None, name)
         if existing is None:
             parameters = storage_class.get("parameters") or {}
             spec = claim.get("spec") or {}
@@ -325,13 +324,11 @@ class VolumeControllers(Controller):
             }
             if storage_class.get("mountOptions"):
                 pv_spec["mountOptions"] = list(storage_class["mountOptions"])
-            existing = self.api._new_object(pvs, {
+            existing = self.api.build_object(pvs, {
                 "apiVersion": "v1", "kind": "PersistentVolume",
                 "metadata": {"name": name, "annotations": {PROVISIONED_BY_ANNOTATION: provisioner}},
                 "spec": pv_spec, "status": {"phase": "Pending"}}, None, keep_status=True)
-            existing["metadata"]["resourceVersion"] = self.api._next_rv()
-            self.api._store(pvs, existing)
-            await self.api._emit(pvs, "ADDED", existing, None)
-        await self.api._record_event(claim, reason="ProvisioningSucceeded", event_type="Normal", component=component,
-                                     message=f"Successfully provisioned volume {name}")
+            await self.api.add_object(pvs, existing)
+        await self.api.record_event(claim, reason="ProvisioningSucceeded", event_type="Normal", component=component,
+                                    message=f"Successfully provisioned volume {name}")
         await self._bind(claim, existing, by_controller=True, provisioner=provisioner)
