@@ -115,5 +115,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo.emulator: {exc}", file=sys.stderr)
         return 2
     return 0
-
-

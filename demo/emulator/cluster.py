@@ -357,4 +357,3 @@ class EmulatedCluster:
             return self.emulator.pod_log(namespace, name)
 
         return self.call(read)
-

@@ -114,4 +114,3 @@ class DiscoveryMixin:
             paths.add(f"/apis/{group}")
             paths.update(f"/apis/{group}/{v}" for v in versions)
         return {"paths": sorted(paths)}
-

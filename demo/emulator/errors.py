@@ -56,6 +56,7 @@ def status_document(code: int, reason: str, message: str, details: Mapping[str, 
     if details:
         status["details"] = dict(details)
     return status
+
+
 def watch_error(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"type": "ERROR", "object": status_document(code, reason, message, None)}
-

@@ -136,6 +136,7 @@ class HttpMixin:
                                       and request.namespace is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
                            None)
+
     # ----------------------------------------------------------------- errors
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
@@ -158,4 +159,3 @@ class HttpMixin:
             logger.error("emulator watch error", exc_info=exc)
             error = watch_error(500, "InternalError", f"{type(exc).__name__}: {exc}")
         await raw_response.write(json.dumps(error).encode() + b"\n")
-

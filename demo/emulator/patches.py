@@ -35,5 +35,7 @@ def strip_directives(value: Any) -> Any:
     if isinstance(value, list):
         return [strip_directives(v) for v in value if not (isinstance(v, Mapping) and "$patch" in v)]
     return value
+
+
 def spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}

@@ -142,4 +142,3 @@ def _translate(event: Mapping[str, Any], selection: Selection) -> dict[str, Any]
             return {"type": "DELETED", "object": obj}
         return None
     return {"type": event["type"], "object": obj} if new_in else None
-

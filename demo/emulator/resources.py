@@ -136,7 +136,6 @@ BUILTIN_GROUPS = frozenset(spec.group for spec in BUILTIN_RESOURCES)
 RETURNS_DELETED_OBJECT = frozenset({"Pod", "PersistentVolumeClaim", "PersistentVolume"})
 
 
-
 @dataclass(frozen=True)
 class ApiPath:
     group: str | None
@@ -167,6 +166,8 @@ def parse_path(path: str) -> ApiPath | None:
     name = rest[1] if len(rest) > 1 else None
     subresource = "/".join(rest[2:]) or None
     return ApiPath(group, version, plural, namespace, name, subresource)
+
+
 def iter_resources() -> Iterator[ResourceSpec]:
     """The built-in resources, for documentation and tests."""
     return iter(BUILTIN_RESOURCES)

@@ -117,4 +117,3 @@ def generate_certificates(host: str = "127.0.0.1", *, days: int = 30) -> ServerC
         key_pem=key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
         hosts=("localhost", *(str(a) for a in addresses)),
     )
-

@@ -155,4 +155,3 @@ class HamiDevicePlugin(Controller):
                     status[key] = {**(status.get(key) or {}), HAMI_RESOURCE_COUNT: vgpus}
             self._plugin_registered.add(name)
             await self.api.write_object(nodes, updated, node)
-

@@ -305,7 +305,6 @@ class HamiScheduler(Controller):
             {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": timestamp()}]}
         return pod
 
-    # ----------------------------------------------------------------- kubelet: volumes of scheduled Pods
 
     def _unbound_claims(self, pod: Mapping[str, Any]) -> str | None:
         """kube-scheduler's VolumeBinding reason for a Pod whose PersistentVolumeClaims are not all ``Bound``, or None."""
@@ -323,4 +322,3 @@ class HamiScheduler(Controller):
                 return f'persistentvolumeclaim "{claim_name}" is being deleted'
             unbound = unbound or (claim.get("status") or {}).get("phase") != "Bound"
         return "pod has unbound immediate PersistentVolumeClaims" if unbound else None
-

@@ -116,6 +116,7 @@ class Kubelet(Controller):
         name = node["metadata"]["name"]
         self._node_pod_ips[name] = self._node_pod_ips.get(name, -1) + 1
         return str(network.network_address + 2 + self._node_pod_ips[name] % max(1, network.num_addresses - 3))
+
     def on_event(self, event: StoreEvent) -> None:
         """Run a new check pod; forget a deleted Pod's log and waits; run the check pods waiting for a new Node."""
         meta = event.object.get("metadata") or {}
@@ -305,4 +306,3 @@ class Kubelet(Controller):
             } for c in spec.get("containers") or []],
         }
         return pod
-
