@@ -58,7 +58,6 @@ inventory.
 from __future__ import annotations
 
 import datetime
-import decimal
 import json
 import logging
 import re
@@ -84,6 +83,7 @@ from operator_agent.control_plane import (
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
+from operator_agent.quantity import parse_quantity
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -113,44 +113,6 @@ FAILED_MOUNT_REASON = "FailedMount"
 
 CONTAINER_CREATING = "ContainerCreating"
 """Waiting reason of a pod's containers while the kubelet prepares the pod (mounts its volumes first)."""
-
-# --------------------------------------------------------------------------- quantities
-
-_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL_SUFFIXES = {"n": decimal.Decimal("1e-9"), "u": decimal.Decimal("1e-6"), "m": decimal.Decimal("1e-3"),
-                     "": decimal.Decimal(1), "k": decimal.Decimal(10**3), "M": decimal.Decimal(10**6),
-                     "G": decimal.Decimal(10**9), "T": decimal.Decimal(10**12), "P": decimal.Decimal(10**15),
-                     "E": decimal.Decimal(10**18)}
-_QUANTITY = re.compile(r"(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
-
-
-def parse_quantity(value: str | int | float) -> int:
-    """A Kubernetes ``resource.Quantity`` as an integer, rounded up like ``Quantity.Value()``.
-
-    ``"1643124Mi"`` -> 1722936950784, ``"102752488Ki"``, ``"100Gi"``, ``"1.5G"``, ``"12e6"``, ``"2048"`` (plain
-    bytes) and ints are accepted.
-
-    Raises:
-        ValueError: not a quantity (``apimachinery/pkg/api/resource`` grammar).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"not a quantity: {value!r}")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip()
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    number = decimal.Decimal(match["number"])
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY_SUFFIXES:
-        amount = number * _BINARY_SUFFIXES[suffix]
-    elif suffix in _DECIMAL_SUFFIXES:
-        amount = number * _DECIMAL_SUFFIXES[suffix]
-    else:  # decimal exponent, e.g. e6
-        amount = number.scaleb(int(suffix[1:]))
-    return int(amount.to_integral_value(rounding=decimal.ROUND_CEILING))
-
 
 # --------------------------------------------------------------------------- report (pure)
 

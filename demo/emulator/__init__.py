@@ -1,0 +1,217 @@
+"""A Kubernetes API emulator for the demo fleet and the tests, built on kmock's ``KubernetesEmulator``.
+
+The official ``kubernetes`` Python client (and kubectl-style clients) talk to it over plain HTTP on
+loopback as if it were an apiserver, or over HTTPS in the opt-in TLS mode (``tls=True``, ``--tls``; see
+below). Objects live in kmock's object store (``emulator.objects``, a ``kmock.ObjectsArray`` keyed by
+``(kmock.resource, namespace, name)``, each value keeping its history of versions); watch events travel on
+kmock's per-resource buses. What this package adds on top of kmock 0.8
+(which stores raw dicts and serves them back as they were sent):
+
+* ``/version`` from a configurable dict (kmock hard-codes a k3s v1.26.4 answer);
+* discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>``, ``/apis/<group>/<version>``) from
+  declared resources with their real ``kind``, ``namespaced`` flag, verbs, short names and subresources
+  (``BUILTIN_RESOURCES``), plus the resources of every CustomResourceDefinition created or seeded;
+* apiserver-like object metadata: ``apiVersion``/``kind``, ``metadata.uid``, ``resourceVersion`` (one
+  cluster-wide counter), ``creationTimestamp``, ``generation``; ``generateName``;
+* lists with ``kind: <Kind>List``, ``apiVersion``, ``metadata.resourceVersion``, ``limit``/``continue``;
+  items sorted by namespace/name and, for built-in kinds, without ``apiVersion``/``kind`` (as the
+  apiserver sends them; custom resources keep them);
+* ``labelSelector`` (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, ``a in (x,y)``, ``a notin (x,y)``,
+  ``a>1``, ``a<1``) and ``fieldSelector`` (``=``, ``==``, ``!=`` on ``metadata.name``,
+  ``metadata.namespace`` and the per-resource fields of ``FIELD_SELECTORS``, e.g. pods'
+  ``spec.nodeName`` and ``status.phase``) on list, watch and deletecollection;
+* watch with ``resourceVersion`` (replay from an event log, ``410 Expired`` when compacted),
+  ``timeoutSeconds`` (default 1800 s), selector transitions (an object leaving a selector is sent as
+  ``DELETED``);
+* create (``201``; ``409 AlreadyExists``; ``404`` when the namespace does not exist), replace (``PUT``,
+  ``409 Conflict`` on a stale ``metadata.resourceVersion``), patch: JSON patch
+  (``application/json-patch+json``), JSON merge patch (``application/merge-patch+json``, RFC 7386),
+  strategic merge patch (``application/strategic-merge-patch+json``; **treated as a merge patch**: lists
+  are replaced whole and ``$patch``/``$setElementOrder``/``$retainKeys``/``$deleteFromPrimitiveList``
+  directives are dropped), server-side apply (``application/apply-patch+yaml`` with the required
+  ``fieldManager`` query parameter): the configuration is merged like a merge patch, ``managedFields`` record who
+  owns which field (``fieldsV1``), and a field the manager applied before and leaves out now is removed unless another
+  manager owns it too; lists are owned whole, conflicts are never reported (see ``demo.emulator.apply``);
+* the ``status`` subresource: writes to ``.../status`` change only ``status``; writes to the main
+  resource leave ``status`` alone for kinds that have that subresource; create drops ``status`` of
+  custom resources whose CRD enables the subresource and sets a Pod's to ``Pending``;
+* delete: ``Status`` ``Success`` (Pods and custom resources: the deleted object), finalizers make it a
+  ``deletionTimestamp`` update and the object goes once they are removed; deleting a Namespace deletes its
+  objects, deleting an owner deletes its dependents (``ownerReferences``), deleting a CRD deletes its
+  resource and objects; ``404 NotFound`` as a proper ``Status``;
+* errors as ``Status`` objects with the apiserver's ``reason`` (``NotFound``, ``AlreadyExists``,
+  ``Conflict``, ``Invalid``, ``BadRequest``, ``MethodNotAllowed``, ``UnsupportedMediaType``,
+  ``Unauthorized``, ``Expired``, ``InternalError``);
+* an optional bearer token: with ``token`` set, any request without ``Authorization: Bearer <token>``
+  (health endpoints included) gets ``401 Unauthorized``;
+* opt-in TLS (``EmulatedCluster(tls=True)``, ``serve(tls=...)``, ``--tls``): HTTPS with a throwaway self-signed CA
+  and a server certificate it signs for ``IP:127.0.0.1``, ``DNS:localhost`` and the configured loopback host,
+  generated at start and kept in memory (``ServerCertificates``, ``generate_certificates``; ``ssl`` loads a key only
+  from a file, so it is written to a private temporary directory removed once loaded); ``kubeconfig()`` then carries
+  the CA as ``certificate-authority-data`` and the CLI's ready file as ``ca_data``. client-go (so Helm and kubectl)
+  sends a kubeconfig user's bearer token only over TLS: against the plain-HTTP server it sends no ``Authorization``
+  header and gets ``401`` once a token is required. Plain HTTP stays the default;
+* ``dryRun=All`` on create/patch/replace/delete;
+* Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one;
+* opt-in (``pod_startup_seconds``): a stand-in for kube-scheduler with HAMi's scheduler extender, HAMi's
+  device plugin and the kubelet. Pods created through the API are bound to a node with room for their
+  HAMi GPU request (``nvidia.com/gpu``, ``nvidia.com/gpumem`` MiB, ``nvidia.com/gpumem-percentage``,
+  ``nvidia.com/gpucores`` percent), read from each node's ``hami.io/node-nvidia-register`` annotation with
+  ``operator_agent.hami``, get HAMi's pod annotations in the real format (``hami.io/vgpu-devices-allocated:
+  GPU-…,NVIDIA,<MiB>,<cores %>:;`` ...) and run; Pods that do not fit stay ``Pending``/``Unschedulable``
+  with kube-scheduler's message until a Pod or Node change makes room (see ``KubeApiEmulator``);
+* host facts (``hosts``: per node, what is installed on its host -- NVIDIA GPUs on the PCI bus, ``nvidia-smi -L``,
+  ``nvidia-ctk --version``, containerd's ``nvidia`` runtime, ``mount.nfs``, reachable ``host:port`` targets, the
+  HAMi register value; ``HOST_FACTS``), never visible through the API, changeable while serving (``set_host``),
+  and what ``manage.py attach_cluster`` learns from them, always on: its check pods (label
+  ``app.kubernetes.io/name: gshare-attach-check``, ``gshare.io/check: node|nfs``, bound with ``spec.nodeName``)
+  are run by a kubelet stand-in without the scheduler (``Running``, then ``Succeeded``) and log what the check
+  script prints on such a host; HAMi's device plugin stand-in registers the nodes a ``hami-device-plugin``
+  DaemonSet selects (``hami.io/node-nvidia-register``, ``hami.io/node-handshake``, ``nvidia.com/gpu`` capacity)
+  once the DaemonSet exists or a node gets the selected label (see ``KubeApiEmulator``);
+* ``pods/log`` (``GET``, ``text/plain``; the check pods' logs, ``""`` for other pods; ``container``,
+  ``tailLines``, ``limitBytes``);
+* always on, stand-ins for kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner
+  (``controllers.volumes``), ~``volume_controller_seconds`` (0.1 s) after a PVC, PV or
+  StorageClass change: a PVC whose StorageClass's provisioner is a CSI driver gets PV ``pvc-<PVC uid>`` (``csi``
+  driver/new volume handle/``fsType`` from the class, ``nfs`` by default; capacity = request; the class's reclaim policy,
+  ``Delete`` by default, and mount options; ``claimRef``) and both are ``Bound``, with the ``ExternalProvisioning``,
+  ``Provisioning`` and ``ProvisioningSucceeded`` Events; a PVC naming a PV (``spec.volumeName``, e.g. pre-bound after a
+  volume move) or named by an ``Available`` PV's ``claimRef`` is bound to it, or gets the controller's ``FailedBinding``
+  (``volume "x" already bound to a different claim.``) or ``VolumeMismatch`` Warning; a PVC whose StorageClass does not
+  exist stays ``Pending`` with ``ProvisioningFailed`` ``storageclass.storage.k8s.io "<name>" not found``; a deleted PVC's
+  PV is deleted (``Delete``) or ``Released`` (``Retain``, ``claimRef`` kept); a ``Bound`` PVC whose PV is gone is
+  ``Lost`` (``ClaimLost``). Create defaults as the apiserver's: status ``Pending``, ``volumeMode: Filesystem``, a PV's
+  ``Retain``, the default StorageClass (``storageclass.kubernetes.io/is-default-class``) for a PVC naming none;
+* with the scheduler/kubelet stand-in, Pods with ``persistentVolumeClaim`` volumes: not bound to a node while a PVC is
+  missing or not ``Bound`` (kube-scheduler's VolumeBinding messages: ``persistentvolumeclaim "x" not found``, ``pod has
+  unbound immediate PersistentVolumeClaims``); once bound, the kubelet mounts them first: on a node whose host facts
+  say no NFS client (``mount_nfs`` missing/None; a node without any host facts is not judged) an NFS volume (CSI
+  ``fsType: nfs``/NFS driver, or in-tree ``nfs``) does not mount, and the Pod stays ``Pending`` in
+  ``ContainerCreating`` (no pod IP) with a Warning ``FailedMount`` Event carrying the kubelet's real text
+  (``nfs_mount_failure_message``) until ``set_host`` gives the node an NFS client.
+
+Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not set
+``schedulerName``; only the DefaultStorageClass plugin is), volume binding modes (``WaitForFirstConsumer`` classes bind
+at once, like ``Immediate``), static binding of a PVC to any matching unclaimed PV (only the two pre-bound cases above),
+PV/PVC protection finalizers, volume expansion, snapshots, attach/detach, CSI drivers' own behaviour (a class's CSI
+driver always provisions, whether or not it is installed; no CSIStorageCapacity is ever written: seed them), field
+validation against schemas, controllers (Deployments and DaemonSets keep the status they were given; the device
+plugin stand-in creates no Pods), scheduling beyond the stand-in above
+(taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
+like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
+their known output), ``exec``/``attach``/``portforward``/``proxy``/``scale`` and other subresources besides
+``status`` and ``pods/log`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR (except
+the protobuf ``Secret``/``ConfigMap`` request bodies Helm's release storage sends, decoded by ``demo.k8s_protobuf``;
+responses are always JSON), aggregated discovery (clients fall back to the legacy documents served here), OpenAPI
+schemas (``/openapi/v3`` serves only what client-go's field-validation check reads), client certificates.
+
+Entry points:
+
+* ``EmulatedCluster`` – a thread-backed server for tests and scripts (``start()``/``stop()``, context
+  manager);
+* ``serve()`` – the same as an async context manager for code that already runs an event loop;
+* ``python -m demo.emulator --seed PATH --port N [--tls]`` – a process serving a seed file until SIGTERM/SIGINT.
+
+Where things are (one module each):
+
+* the API server: ``server`` (``KubeApiEmulator``, assembled from the parts below), ``store`` (objects, resource
+  versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults,
+  CRDs), ``crud`` (create, replace, patch, delete), ``patches`` (merge patches), ``apply`` (server-side apply and
+  field ownership), ``reads`` (get, list, watch), ``selectors``, ``discovery``, ``http`` (request parsing,
+  authentication, errors), ``errors``, ``events`` (Events as components record them), ``resources`` (what is
+  served);
+* the stand-in controllers, fed by the store's events: ``controllers.hami_scheduler`` (with ``hami_rules``),
+  ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.volumes``;
+* serving: ``cluster`` (``serve``, ``EmulatedCluster``), ``tls``, ``cli`` (``python -m demo.emulator``).
+
+This package must not import Django (the demo starts one emulator process per cluster and they must
+start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock, the ``kubernetes`` client's quantity
+parser (through ``operator_agent.quantity``), ``demo.k8s_protobuf``
+(Google's ``protobuf`` runtime), ``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the
+operator's decoders of HAMi's node-register and pod-allocation annotations, so each format has one decoder) and,
+in TLS mode only (imported when certificates are generated), ``cryptography``.
+"""
+
+from __future__ import annotations
+
+from demo.emulator.apply import BEFORE_FIRST_APPLY
+from demo.emulator.cli import main
+from demo.emulator.cluster import EmulatedCluster, serve
+from demo.emulator.controllers.device_plugin import (
+    HAMI_DEVICE_PLUGIN_COMPONENT,
+    HAMI_DEVICE_PLUGIN_LABEL,
+    HAMI_NODE_HANDSHAKE,
+    HAMI_NODE_REGISTER,
+    go_time_string,
+)
+from demo.emulator.controllers.hami_rules import (
+    HAMI_BIND_PHASE,
+    HAMI_BIND_TIME,
+    HAMI_DEVICE_TYPE,
+    HAMI_DEVICES_ALLOCATED,
+    HAMI_DEVICES_TO_ALLOCATE,
+    HAMI_NOUSE_GPUTYPE,
+    HAMI_NOUSE_GPUUUID,
+    HAMI_RESOURCE_CORES,
+    HAMI_RESOURCE_COUNT,
+    HAMI_RESOURCE_MEMORY,
+    HAMI_RESOURCE_MEMORY_PERCENTAGE,
+    HAMI_USE_GPUTYPE,
+    HAMI_USE_GPUUUID,
+    HAMI_VGPU_NODE,
+    HAMI_VGPU_TIME,
+    GpuAllocation,
+    GpuRequest,
+    encode_pod_devices,
+    pod_gpu_requests,
+)
+from demo.emulator.controllers.host_facts import (
+    CHECK_KIND_LABEL,
+    CHECK_KINDS,
+    CHECK_POD_LABEL,
+    CHECK_POD_LABEL_VALUE,
+    CHECK_PREFIX,
+    CHECK_TARGETS_ENV,
+    HOST_FACTS,
+    check_pod_kind,
+    nfs_check_log,
+    node_check_log,
+    validate_host_facts,
+    validate_hosts,
+)
+from demo.emulator.controllers.volumes import (
+    CLAIM_LOST_MESSAGE,
+    DEMOCRATIC_CSI_MOUNT_WRAPPER,
+    NFS_HELPER_MISSING,
+    PROVISIONED_BY_ANNOTATION,
+    PV_CONTROLLER,
+    external_provisioning_message,
+    nfs_mount_failure_message,
+    storage_class_not_found_message,
+)
+from demo.emulator.errors import ApiError
+from demo.emulator.objects import DEFAULT_STORAGE_CLASS_ANNOTATION
+from demo.emulator.patches import merge_patch
+from demo.emulator.resources import BUILTIN_RESOURCES, FIELD_SELECTORS, ResourceSpec, iter_resources
+from demo.emulator.selectors import FieldRequirement, LabelRequirement, parse_field_selector, parse_label_selector
+from demo.emulator.server import KubeApiEmulator
+from demo.emulator.store import StoreEvent
+from demo.emulator.tls import ServerCertificates, generate_certificates
+from operator_agent.quantity import parse_quantity
+
+__all__ = [
+    "ApiError", "BEFORE_FIRST_APPLY", "BUILTIN_RESOURCES", "CHECK_KINDS", "CHECK_KIND_LABEL", "CHECK_POD_LABEL",
+    "CHECK_POD_LABEL_VALUE", "CHECK_PREFIX", "CHECK_TARGETS_ENV", "CLAIM_LOST_MESSAGE", "DEFAULT_STORAGE_CLASS_ANNOTATION",
+    "DEMOCRATIC_CSI_MOUNT_WRAPPER", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GpuAllocation",
+    "GpuRequest", "HAMI_BIND_PHASE", "HAMI_BIND_TIME", "HAMI_DEVICES_ALLOCATED", "HAMI_DEVICES_TO_ALLOCATE",
+    "HAMI_DEVICE_PLUGIN_COMPONENT", "HAMI_DEVICE_PLUGIN_LABEL", "HAMI_DEVICE_TYPE", "HAMI_NODE_HANDSHAKE",
+    "HAMI_NODE_REGISTER", "HAMI_NOUSE_GPUTYPE", "HAMI_NOUSE_GPUUUID", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT",
+    "HAMI_RESOURCE_MEMORY", "HAMI_RESOURCE_MEMORY_PERCENTAGE", "HAMI_USE_GPUTYPE", "HAMI_USE_GPUUUID",
+    "HAMI_VGPU_NODE", "HAMI_VGPU_TIME", "HOST_FACTS", "KubeApiEmulator", "LabelRequirement", "NFS_HELPER_MISSING",
+    "PROVISIONED_BY_ANNOTATION", "PV_CONTROLLER", "ResourceSpec", "ServerCertificates", "StoreEvent",
+    "check_pod_kind", "encode_pod_devices", "external_provisioning_message", "generate_certificates",
+    "go_time_string", "iter_resources", "main", "merge_patch", "nfs_check_log", "nfs_mount_failure_message",
+    "node_check_log", "parse_field_selector", "parse_label_selector", "parse_quantity", "pod_gpu_requests", "serve",
+    "storage_class_not_found_message", "validate_host_facts", "validate_hosts",
+]
