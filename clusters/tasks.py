@@ -6,7 +6,8 @@ from functools import partial
 from celery import shared_task
 from django.db import transaction
 
-from clusters import services, token_rotation
+from clusters import services
+from clusters.operator_token import rotation
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,11 @@ def rotate_operator_tokens() -> int:
     Returns:
         How many clusters were rotated.
     """
-    results = token_rotation.operator_tokens_rotate()
+    results = rotation.operator_tokens_rotate()
     for result in results:
-        if result.outcome == token_rotation.Outcome.FAILED:
+        if result.outcome == rotation.Outcome.FAILED:
             transaction.on_commit(partial(retry_operator_token_push.apply_async, (result.cluster_id,), countdown=_token_push_countdown(0)))
-    rotated = sum(result.outcome == token_rotation.Outcome.ROTATED for result in results)
+    rotated = sum(result.outcome == rotation.Outcome.ROTATED for result in results)
     failed = [result.cluster_name for result in results if not result.ok]
     logger.info("operator token rotation: %d rotated, %d failed%s", rotated, len(failed), f" ({', '.join(failed)}; retrying)" if failed else "")
     return rotated
@@ -56,8 +57,8 @@ def retry_operator_token_push(self, cluster_id: str) -> None:
         cluster_id: the cluster's public id. Nothing is done once a rotation succeeded or the cluster is deregistered.
     """
     try:
-        result = token_rotation.operator_token_push_retry(cluster_id=cluster_id)
-    except token_rotation.OperatorTokenPushFailed as exc:
+        result = rotation.operator_token_push_retry(cluster_id=cluster_id)
+    except rotation.OperatorTokenPushFailed as exc:
         attempt = self.request.retries + 1
         if self.request.retries >= self.max_retries:
             logger.warning("operator token push to %s: giving up after %d retries (%s); the console shows the warning", cluster_id, attempt, exc.code)

@@ -535,7 +535,7 @@ class Attach:
 
     def step_operator(self) -> str:
         """Step 7: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
-        from clusters.token_rotation import operator_token_push
+        from clusters.operator_token.rotation import operator_token_push
 
         cluster = self.state.cluster
         assert cluster is not None

@@ -33,7 +33,7 @@ from clusters.kube import Deadline, DeadlineExceeded, api_client_for_cluster, tl
 from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
-from clusters.operator_tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
+from clusters.operator_token.tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
 
