@@ -225,7 +225,7 @@ class KubeGateway:
 
     def _unreadable(self, exc: Exception) -> KubeRefused:
         return KubeRefused(status=200, reason="Unreadable answer", server=self.server,
-                           message=f"the answer is not a Kubernetes API object ({type(exc).__name__})")
+                           message=f"not a Kubernetes API object: {type(exc).__name__}")
 
     def _send(self, method: str, path: str, *, query: list | None = None, body: Any = None, content_type: str = _JSON,
               accept: str = _JSON) -> bytes:
