@@ -104,13 +104,14 @@ class KubeGateway:
         self._api, self._deadline, self._call_timeout, self.server = api, deadline, call_timeout, server
 
     @classmethod
-    def for_kubeconfig(cls, config: dict, **budget) -> KubeGateway:
-        """A gateway to the apiserver of a kubeconfig dict checked by ``validate_kubeconfig``.
+    def for_kubeconfig(cls, config: dict, *, server: str = "", **budget) -> KubeGateway:
+        """A gateway to the apiserver of a kubeconfig dict checked by ``validate_kubeconfig`` (``server``: its URL for
+        messages, by default the kubeconfig's).
 
         Raises:
             KubeconfigError: ``kubeconfig_invalid`` when the client library cannot use it.
         """
-        server = ((config.get("clusters") or [{}])[0].get("cluster") or {}).get("server", "")
+        server = server or ((config.get("clusters") or [{}])[0].get("cluster") or {}).get("server", "")
         return cls(api_client_for_kubeconfig(config), server=server, **budget)
 
     @classmethod
