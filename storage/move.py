@@ -32,10 +32,9 @@ from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import connection, transaction
-from kubernetes.utils import parse_quantity
 
 from audit.services import Action, audit_record
-from clusters.kube import KubeError, KubeGateway
+from clusters.kube import KubeError, KubeGateway, parse_quantity
 from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable

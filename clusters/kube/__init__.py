@@ -15,7 +15,7 @@ from clusters.kube.client import (
     tls_failure_detail,
 )
 from clusters.kube.errors import KubeError, KubeRefused, KubeUnavailable, status_message
-from clusters.kube.gateway import FIELD_MANAGER, KubeGateway, Resource
+from clusters.kube.gateway import FIELD_MANAGER, KubeGateway, Resource, parse_quantity
 
 __all__ = [
     "FIELD_MANAGER",
@@ -28,6 +28,7 @@ __all__ = [
     "Resource",
     "api_client_for_cluster",
     "api_client_for_kubeconfig",
+    "parse_quantity",
     "status_message",
     "tls_failure_detail",
 ]

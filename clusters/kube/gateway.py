@@ -17,6 +17,7 @@ import kubernetes
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity as parse_quantity  # re-exported: quantities of the objects read here
 
 from clusters.kube.client import Deadline, DeadlineExceeded, api_client_for_kubeconfig, tls_failure_detail
 from clusters.kube.errors import KubeRefused, KubeUnavailable, status_message
