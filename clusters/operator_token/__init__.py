@@ -8,6 +8,7 @@
 
 from clusters.operator_token.rotation import (
     OperatorTokenPushFailed,
+    OperatorTokenPushUnavailable,
     Outcome,
     TokenRotationResult,
     credential_generation_bump,
@@ -29,6 +30,7 @@ from clusters.operator_token.tokens import (
 __all__ = [
     "IssuedToken",
     "OperatorTokenPushFailed",
+    "OperatorTokenPushUnavailable",
     "Outcome",
     "TokenRefreshThrottled",
     "TokenRefreshTooEarly",

@@ -98,6 +98,11 @@ class OperatorTokenPushFailed(ApplicationError):
         self.result = result
 
 
+class OperatorTokenPushUnavailable(OperatorTokenPushFailed):
+    """502: the push failed for a reason that may pass (the apiserver did not answer, was cut off, or answered 5xx/429):
+    the Celery retry task tries it again (``clusters.tasks.retry_operator_token_push``)."""
+
+
 @dataclass(frozen=True)
 class OperatorTokenState:
     """A cluster's operator token as the API and the console show it (no secret).
@@ -347,7 +352,8 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     Raises:
         OperatorTokenPushFailed: 502 with code ``token_push_unreachable``, ``token_push_forbidden``,
             ``token_push_namespace_missing``, ``token_push_revoked`` or ``token_push_failed``; the failure
-            is recorded first and ``exc.result`` holds the failed result.
+            is recorded first and ``exc.result`` holds the failed result. ``OperatorTokenPushUnavailable`` (a subclass)
+            when it may pass: the apiserver did not answer or answered 5xx/429.
         Conflict: ``cluster_deregistered`` (409); nothing is recorded.
         ApplicationError: ``invalid_ttl`` (400).
     """
@@ -366,7 +372,8 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
             action = _secret_write(kube, namespace=namespace, name=name, token=issued.token)
     except KubeError as exc:
         code, detail = _push_failure(cluster, exc, namespace=namespace, name=name, timeout=timeout)
-        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at)
+        transient = isinstance(exc, KubeUnavailable) and not exc.tls_detail
+        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at, transient=transient)
     recorded = operator_token_expiry_record(
         cluster=cluster, issued=issued,
         operator_token_rotated_at=timezone.now(), operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error="",
@@ -389,8 +396,10 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     )
 
 
-def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: str, attempted_at: datetime.datetime) -> NoReturn:
-    """Record a failed push on the cluster and raise :class:`OperatorTokenPushFailed`."""
+def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: str, attempted_at: datetime.datetime,
+                 transient: bool = False) -> NoReturn:
+    """Record a failed push on the cluster and raise :class:`OperatorTokenPushFailed` (:class:`OperatorTokenPushUnavailable`
+    when ``transient``)."""
     detail = detail.rstrip(".") + "."
     Cluster.objects.filter(pk=cluster.pk).update(operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error=detail)
     logger.warning("operator token rotation failed: cluster %s (%s): %s %s", cluster.public_id, cluster.name, code, detail)
@@ -400,7 +409,8 @@ def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: st
         cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=Outcome.FAILED, generation=issued.generation,
         expires_at=cluster.operator_token_expires_at, code=code, detail=detail,
     )
-    raise OperatorTokenPushFailed(f"{detail} Then run {_rotate_command(cluster)}.", code=code, result=result)
+    error = OperatorTokenPushUnavailable if transient else OperatorTokenPushFailed
+    raise error(f"{detail} Then run {_rotate_command(cluster)}.", code=code, result=result)
 
 
 def operator_tokens_rotate(*, cluster_id: str | None = None, dry_run: bool = False, force: bool = False) -> list[TokenRotationResult]:
