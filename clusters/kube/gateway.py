@@ -231,6 +231,11 @@ class KubeGateway:
 
     def _send(self, method: str, path: str, *, query: list | None = None, body: Any = None, content_type: str = _JSON,
               accept: str = _JSON) -> bytes:
+        """One request within the time budget; returns the body of a 2xx answer.
+
+        Raises:
+            KubeUnavailable: no answer (connect failure, cut off, TLS), 5xx or 429. KubeRefused: any other status.
+        """
         headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
