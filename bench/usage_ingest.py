@@ -6,7 +6,7 @@
 In a throwaway database (``gshare_bench``, see ``bench/_benchenv.py``) it creates a connected cluster with
 ``--sessions`` GPUs (H100 80GB and L4, as HAMi registers them), one Running session per GPU (half whole GPUs,
 half shares), their owners (``--sessions`` / 4 users) and prices, mints a real operator token for the cluster
-(``clusters.operator_tokens.operator_token_mint``), starts ``python -m gunicorn gshare.wsgi --workers N`` on a
+(``clusters.operator_token.tokens.operator_token_mint``), starts ``python -m gunicorn gshare.wsgi --workers N`` on a
 free loopback port against that database (``DATABASE_CONN_MAX_AGE=60``, as the chart sets it), and measures, in
 each of ``--rounds`` rounds (the medians are compared):
 
@@ -85,7 +85,7 @@ def make_fleet(sessions: int) -> tuple[str, str, list[tuple[str, str]]]:
 
     from billing.models import Price
     from clusters.models import Cluster, GpuDevice, Node
-    from clusters.operator_tokens import operator_token_mint
+    from clusters.operator_token.tokens import operator_token_mint
     from sessions.models import Allocation, Session
 
     now = timezone.now()

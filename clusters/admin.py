@@ -12,9 +12,10 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from clusters import console, services, token_rotation
+from clusters import console, services
 from clusters.admin_cards import GpuCardList
 from clusters.models import Cluster, GpuDevice, Node
+from clusters.operator_token import rotation as token_rotation
 from gshare.console.links import list_url, row_url
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
@@ -226,7 +227,7 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
 
     @admin.display(description="operator token warning")
     def operator_token_warning(self, obj: Cluster) -> str:
-        """The warning of :func:`clusters.token_rotation.operator_token_state`, or "none"."""
+        """The warning of :func:`clusters.operator_token.rotation.operator_token_state`, or "none"."""
         return token_rotation.operator_token_state(obj).warning or "none"
 
     # Every action changes state: it needs the change permission (a view-only staff user sees none of them).

@@ -11,11 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import kubernetes
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
-from clusters.kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig, tls_failure_detail
+from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.gateway import DAEMON_SETS, NAMESPACES, NODES, RUNTIME_CLASSES
 from clusters.kubeconfig import KubeconfigError
 from gshare.exceptions import ApplicationError
 from operator_agent.contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
@@ -80,15 +77,15 @@ class ProbeResult:
         self.details[name] = detail
 
 
-def _unreachable_detail(server: str, seconds: float, exc: Exception) -> str:
-    if isinstance(exc, DeadlineExceeded):
+def _unreachable_detail(server: str, seconds: float, exc: KubeUnavailable) -> str:
+    if exc.deadline_exceeded:
         return (
             f"The apiserver at {server} did not answer within {seconds:g} s: no complete answer came in that time (the "
             "connection was cut off at the deadline). Check that the control plane can reach it (firewall, VPN, proxy, the "
             "address in the kubeconfig), that the address is the apiserver's, and that the cluster is up."
         )
     return (
-        f"The apiserver at {server} did not answer within {seconds:g} s ({type(exc).__name__}): check that the "
+        f"The apiserver at {server} did not answer within {seconds:g} s ({exc.cause_name}): check that the "
         "control plane can reach it (firewall, VPN, the address in the kubeconfig) and that the cluster is up."
     )
 
@@ -115,28 +112,22 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             against ``certificate-authority-data``, a server that does not speak TLS).
     """
     result = ProbeResult()
-    deadline = Deadline(timeout)
-    with api_client_for_kubeconfig(config) as api:
+    with KubeGateway.for_kubeconfig(config, server=server, deadline=Deadline(timeout)) as kube:
         try:
-            version = deadline.call(kubernetes.client.VersionApi(api).get_code)
-            result.kubernetes_version = version.git_version or ""
+            result.kubernetes_version = str(kube.version().get("gitVersion") or "")
             result.checks["apiserver_reachable"] = True
-            _read_identity(api, result, server=server, deadline=deadline)
+            _read_identity(kube, result, server=server)
 
-            try:
-                deadline.call(kubernetes.client.NodeV1Api(api).read_runtime_class, "nvidia")
+            if kube.get(RUNTIME_CLASSES, "nvidia", missing_ok=True) is not None:
                 result.checks["runtime_class_nvidia"] = True
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            else:
                 result.fail(
                     "runtime_class_nvidia",
                     "The cluster has no RuntimeClass `nvidia`: install the NVIDIA container toolkit on the GPU nodes and "
                     "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md).",
                 )
 
-            daemonsets = deadline.call(kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces)
-            hami = [ds for ds in daemonsets.items if _is_hami_device_plugin(ds)]
+            hami = [ds for ds in kube.list(DAEMON_SETS) if _is_hami_device_plugin(ds)]
             if hami:
                 result.checks["hami_device_plugin"] = True
             else:
@@ -146,11 +137,9 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                     "see docs/attach-a-cluster.md) so GPUs can be shared and reported.",
                 )
 
-            nodes = deadline.call(
-                kubernetes.client.CoreV1Api(api).list_node, label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}"
-            )
-            result.gpu_node_count = len(nodes.items)
-            if nodes.items:
+            nodes = kube.list(NODES, label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}")
+            result.gpu_node_count = len(nodes)
+            if nodes:
                 result.checks["gpu_nodes"] = True
             else:
                 result.fail(
@@ -158,50 +147,56 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
                     f"No node is labelled `{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}`: label each GPU node "
                     f"(`kubectl label node <node> {GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}`).",
                 )
-        except ApiException as exc:
-            if exc.status in (401, 403):
+        except KubeUnavailable as exc:
+            if exc.status:
+                result.fail("apiserver_reachable", _answered_detail(server, exc))
+            elif exc.tls_detail:
+                raise KubeconfigError(exc.tls_detail) from None
+            else:
+                result.fail("apiserver_reachable", _unreachable_detail(server, timeout, exc))
+        except KubeRefused as exc:
+            if exc.unreadable:  # e.g. a /version body that is not Kubernetes'
+                result.fail(
+                    "apiserver_reachable",
+                    f"{server} answered, but not as a Kubernetes apiserver ({exc.message}): check that the URL is the apiserver's.",
+                )
+            elif exc.status in (401, 403):
                 raise ClusterAuthFailed(
                     f"The apiserver at {server} answered {exc.status} ({exc.reason}): the kubeconfig's credentials are "
                     "refused or lack permissions; give its ServiceAccount read access to nodes, daemonsets and runtimeclasses "
                     "(the ClusterRole in docs/attach-a-cluster.md)."
                 ) from None
-            result.fail("apiserver_reachable", f"The apiserver at {server} answered {exc.status} ({exc.reason}); check that the URL is the apiserver's.")
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            tls = tls_failure_detail(exc, server=server)
-            if tls:
-                raise KubeconfigError(tls) from None
-            result.fail("apiserver_reachable", _unreachable_detail(server, timeout, exc))
-        except (ValueError, TypeError, KeyError) as exc:  # e.g. a /version body that is not Kubernetes'
-            result.fail(
-                "apiserver_reachable",
-                f"{server} answered, but not as a Kubernetes apiserver ({type(exc).__name__}): check that the URL is the apiserver's.",
-            )
+            else:
+                result.fail("apiserver_reachable", _answered_detail(server, exc))
     return result
 
 
-def _read_identity(api, result: ProbeResult, *, server: str, deadline: Deadline) -> None:
+def _answered_detail(server: str, exc: KubeRefused | KubeUnavailable) -> str:
+    return f"The apiserver at {server} answered {exc.status} ({exc.reason}); check that the URL is the apiserver's."
+
+
+def _read_identity(kube: KubeGateway, result: ProbeResult, *, server: str) -> None:
     """Fill ``result.kube_system_uid`` (or ``identity_forbidden`` on 403); a 404 leaves both empty.
 
     Raises:
-        ApiException: any other refusal (handled by ``probe_cluster`` like the other calls).
+        KubeRefused, KubeUnavailable: any other failure (handled by ``probe_cluster`` like the other calls).
     """
     try:
-        namespace = deadline.call(kubernetes.client.CoreV1Api(api).read_namespace, IDENTITY_NAMESPACE)
-    except ApiException as exc:
+        namespace = kube.get(NAMESPACES, IDENTITY_NAMESPACE, missing_ok=True)
+    except KubeRefused as exc:
         if exc.status == 403:
             result.identity_forbidden = (
                 f"The apiserver at {server} answered 403 to reading the namespace {IDENTITY_NAMESPACE}, whose uid identifies "
                 f"the cluster: {IDENTITY_RBAC_FIX}."
             )
             return
-        if exc.status == 404:
-            return
         raise
-    uid = (namespace.metadata.uid if namespace.metadata else None) or ""
+    uid = ((namespace or {}).get("metadata") or {}).get("uid") or ""
     result.kube_system_uid = str(uid)[:64]
 
 
-def _is_hami_device_plugin(daemonset) -> bool:
-    labels = daemonset.metadata.labels or {}
-    name = daemonset.metadata.name or ""
+def _is_hami_device_plugin(daemonset: dict) -> bool:
+    metadata = daemonset.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    name = metadata.get("name") or ""
     return labels.get("app.kubernetes.io/component") == HAMI_DEVICE_PLUGIN_COMPONENT or "hami-device-plugin" in name

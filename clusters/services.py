@@ -19,8 +19,8 @@ from django.utils import timezone
 from audit.services import Action, audit_record, created
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
+from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
-from clusters.token_rotation import credential_generation_bump
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
 

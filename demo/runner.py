@@ -187,7 +187,7 @@ def run_demo(options: DemoOptions) -> dict:
     """
     from clusters import services as cluster_services
     from clusters.models import Cluster
-    from clusters.operator_tokens import operator_token_mint
+    from clusters.operator_token.tokens import operator_token_mint
     from gshare.auth.tokens import api_token_create
     from storage.models import StorageCapacityReading
     from storage.services import pools_refresh_capacity

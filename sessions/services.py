@@ -11,19 +11,17 @@ import json
 import logging
 from datetime import datetime, timedelta
 
-import kubernetes
-import urllib3
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Prefetch, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
-from kubernetes.client.exceptions import ApiException
 
 from audit.services import Action, audit_record, created
 from billing import admission
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
-from clusters.kube import api_client_for_cluster
+from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.gateway import GSHARE_SESSIONS
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
@@ -37,7 +35,6 @@ from storage.services import volume_claim_name
 
 logger = logging.getLogger(__name__)
 
-FIELD_MANAGER = "gshare-control-plane"
 MAX_GPUS = 16
 
 #: Operator phases (``operator_agent.contract``) -> control-plane phases.
@@ -228,7 +225,7 @@ def _create(
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
     pinned = _pinned_cluster(cluster) if cluster else None
     mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
-    _refuse_moving([v for v in mounted if v.status == Volume.Status.MOVING])
+    _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
     allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
     with transaction.atomic():
@@ -303,7 +300,18 @@ def _create(
     return session, True
 
 
+#: Volume statuses a new session cannot mount: the control plane is changing the volume's PVC.
+_BUSY_VOLUME = (Volume.Status.MOVING, Volume.Status.DELETING)
+
+
 def _refuse_moving(moving: list[Volume]) -> None:
+    """Refuse volumes being moved (409 ``volume_moving``) or deleted (409 ``volume_deleting``)."""
+    deleting = [v for v in moving if v.status == Volume.Status.DELETING]
+    if deleting:
+        volume = deleting[0]
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) is being deleted: leave it out of `volumes`.", code="volume_deleting",
+        )
     if moving:
         volume = moving[0]
         raise Conflict(
@@ -325,15 +333,18 @@ def _lock_volumes(*, volumes: list[Volume], cluster_ids: list[int], pinned: Clus
     """
     by_pk = {v.pk: v for v in volumes}
     rows = list(
-        Volume.objects.filter(pk__in=sorted(by_pk)).order_by("pk").select_for_update().values_list("pk", "cluster_id", "status", "claim_name")
+        Volume.objects.filter(pk__in=sorted(by_pk)).order_by("pk").select_for_update()
+        .values_list("pk", "cluster_id", "status", "claim_name", named=True)
     )
-    gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r[0] for r in rows})] + [by_pk[r[0]] for r in rows if r[2] == Volume.Status.DELETED]
+    gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r.pk for r in rows})] + [by_pk[r.pk] for r in rows if r.status == Volume.Status.DELETED]
     if gone:
         raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code="volume_not_found")
-    _refuse_moving([by_pk[r[0]] for r in rows if r[2] == Volume.Status.MOVING])
-    claims = [Volume(pk=pk, claim_name=claim_name or volume_claim_name(by_pk[pk].public_id)) for pk, cluster_id, _, claim_name in rows
-              if cluster_id is None]
-    holders = sorted({r[1] for r in rows if r[1] is not None})
+    busy = [r for r in rows if r.status in _BUSY_VOLUME]
+    for row in busy:
+        by_pk[row.pk].status = row.status
+    _refuse_moving([by_pk[r.pk] for r in busy])
+    claims = [Volume(pk=r.pk, claim_name=r.claim_name or volume_claim_name(by_pk[r.pk].public_id)) for r in rows if r.cluster_id is None]
+    holders = sorted({r.cluster_id for r in rows if r.cluster_id is not None})
     if not holders:
         return cluster_ids, claims
     if len(holders) > 1:
@@ -347,7 +358,7 @@ def _lock_volumes(*, volumes: list[Volume], cluster_ids: list[int], pinned: Clus
         return [holder], claims
     # Its cluster changed since the first check (a session claimed it, or a move finished), to one this
     # request may not use (pinned elsewhere) or did not lock: refuse and say where it is now.
-    changed = [by_pk[pk] for pk, cluster_id, _, _ in rows if cluster_id == holder and by_pk[pk].cluster_id != holder]
+    changed = [by_pk[r.pk] for r in rows if r.cluster_id == holder and by_pk[r.pk].cluster_id != holder]
     if changed and (pinned is None or pinned.pk != holder):
         held, volume = Cluster.objects.get(pk=holder), changed[0]
         raise Conflict(
@@ -459,9 +470,9 @@ def _end(*, session: Session, phase: str, message: str, keep_message: bool) -> S
     return session
 
 
-def _custom_objects(cluster: Cluster, timeout: float):
-    api = api_client_for_cluster(cluster)
-    return api, kubernetes.client.CustomObjectsApi(api), (timeout, timeout)
+def _gateway(cluster: Cluster) -> KubeGateway:
+    """A gateway to ``cluster``'s apiserver, each call bounded by ``GSHARE_PROBE_TIMEOUT`` (raises ``KubeconfigError``)."""
+    return KubeGateway.for_cluster(cluster, call_timeout=settings.GSHARE_PROBE_TIMEOUT)
 
 
 def session_apply(*, session: Session) -> Session:
@@ -481,32 +492,20 @@ def session_apply(*, session: Session) -> Session:
     if session.phase != Session.Phase.SCHEDULED:
         return session
     manifest = gshare_session_manifest(session)
-    api, custom, timeout = _custom_objects(session.cluster, settings.GSHARE_PROBE_TIMEOUT)
     try:
-        with api:
-            custom.patch_namespaced_custom_object(
-                group=contract.GSHARE_API_GROUP,
-                version=contract.GSHARE_API_VERSION,
-                namespace=manifest["metadata"]["namespace"],
-                plural=contract.GSHARE_SESSION_PLURAL,
-                name=manifest["metadata"]["name"],
-                body=manifest,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-                _request_timeout=timeout,
-            )
-    except ApiException as exc:
-        if exc.status in (429, 500, 502, 503, 504):
+        with _gateway(session.cluster) as kube:
+            kube.apply(manifest)
+    except KubeUnavailable as exc:
+        if exc.status:
             raise TransientApplyError(f"the apiserver of {session.cluster.name} answered {exc.status} ({exc.reason})") from None
+        raise TransientApplyError(f"the apiserver of {session.cluster.name} did not answer ({exc.cause_name})") from None
+    except KubeRefused as exc:
         hint = {
             404: f"the GShareSession CRD or the namespace {manifest['metadata']['namespace']} is missing: install charts/gshare-operator",
             403: "the control plane's ServiceAccount may not apply GShareSessions: grant it the ClusterRole in docs/attach-a-cluster.md",
             401: "the cluster refused the control plane's credentials: register a fresh kubeconfig",
         }.get(exc.status, f"the apiserver refused the GShareSession ({exc.status} {exc.reason})")
         return session_fail(session=session, message=f"Could not apply the session to {session.cluster.name}: {hint}.")
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise TransientApplyError(f"the apiserver of {session.cluster.name} did not answer ({type(exc).__name__})") from None
     updated = Session.objects.filter(pk=session.pk, phase=Session.Phase.SCHEDULED).update(phase=Session.Phase.STARTING)
     if updated:
         session.phase = Session.Phase.STARTING
@@ -588,23 +587,16 @@ def _delete_object(session: Session) -> None:
     cluster = session.cluster
     if cluster is None or cluster.status == Cluster.Status.DEREGISTERED:
         return
-    api, custom, timeout = _custom_objects(cluster, settings.GSHARE_PROBE_TIMEOUT)
     try:
-        with api:
-            custom.delete_namespaced_custom_object(
-                group=contract.GSHARE_API_GROUP,
-                version=contract.GSHARE_API_VERSION,
-                namespace=settings.GSHARE_SESSION_NAMESPACE,
-                plural=contract.GSHARE_SESSION_PLURAL,
-                name=contract.session_object_name(session.public_id),
-                propagation_policy="Foreground",
-                _request_timeout=timeout,
-            )
-    except ApiException as exc:
-        if exc.status != 404:
+        with _gateway(cluster) as kube:
+            kube.delete(GSHARE_SESSIONS, contract.session_object_name(session.public_id), namespace=settings.GSHARE_SESSION_NAMESPACE,
+                        propagation_policy="Foreground")
+    except KubeUnavailable as exc:
+        if exc.status:
             raise TransientApplyError(f"deleting the GShareSession answered {exc.status} ({exc.reason})") from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise TransientApplyError(f"the apiserver did not answer ({type(exc).__name__})") from None
+        raise TransientApplyError(f"the apiserver did not answer ({exc.cause_name})") from None
+    except KubeRefused as exc:
+        raise TransientApplyError(f"deleting the GShareSession answered {exc.status} ({exc.reason})") from None
 
 
 def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]:

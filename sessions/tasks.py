@@ -2,7 +2,7 @@
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from sessions import services
@@ -10,52 +10,69 @@ from sessions.models import Session
 
 logger = logging.getLogger(__name__)
 
-#: Bounded retries for applying/deleting a GShareSession: 5 attempts, 2 s doubling to 30 s.
-RETRY = {"max_retries": 4, "countdown_base": 2, "countdown_max": 30}
+#: Celery's retry options for applying/deleting a GShareSession when its apiserver did not answer or was overloaded
+#: (``services.TransientApplyError``): 5 attempts, full-jitter exponential backoff from 2 s doubling to 30 s at most.
+RETRY = {"max_retries": 4, "retry_backoff": 2, "retry_backoff_max": 30, "retry_jitter": True}
 
 
-def _countdown(retries: int) -> int:
-    return min(RETRY["countdown_max"], RETRY["countdown_base"] * 2**retries)
+class _SessionTask(Task):
+    """A task on one session (its first argument, the pk) that gives up with :meth:`give_up` once Celery's retries of
+    ``TransientApplyError`` are spent.
 
-
-def _run_with_retries(task, session_pk: int, action, give_up) -> None:
-    """Run ``action(session=...)``; on a transient failure retry with backoff, after the last try ``give_up``.
-
-    Eager mode (tests) has no broker to schedule a retry: the first failure is final there.
+    Eager mode (tests) has no broker to schedule a retry: there the first transient failure is final (the task body
+    gives up at once instead of raising).
     """
-    session = Session.objects.get(pk=session_pk)
-    try:
-        session = action(session=session)
-    except services.TransientApplyError as exc:
-        if task.request.is_eager or task.request.retries >= task.max_retries:
-            give_up(session, exc)
-            logger.warning("session %s: %s gave up: %s", session.public_id, task.name, exc)
+
+    def give_up(self, session: Session, exc: Exception) -> None:
+        raise NotImplementedError
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        if isinstance(exc, services.TransientApplyError):
+            self._gave_up(args[0], exc)
+
+    def run_once(self, session_pk: int, action) -> None:
+        """Run ``action(session=...)``; a transient failure is left to Celery's retries (or, eager, gives up)."""
+        session = Session.objects.get(pk=session_pk)
+        try:
+            session = action(session=session)
+        except services.TransientApplyError as exc:
+            if not self.request.is_eager:
+                raise
+            self._gave_up(session_pk, exc)
             return
-        raise task.retry(exc=exc, countdown=_countdown(task.request.retries)) from None
-    logger.info("session %s: %s done, phase %s", session.public_id, task.name, session.phase)
+        logger.info("session %s: %s done, phase %s", session.public_id, self.name, session.phase)
+
+    def _gave_up(self, session_pk: int, exc: Exception) -> None:
+        session = Session.objects.get(pk=session_pk)
+        self.give_up(session, exc)
+        logger.warning("session %s: %s gave up: %s", session.public_id, self.name, exc)
 
 
-@shared_task(name="sessions.apply", bind=True, ignore_result=True, max_retries=RETRY["max_retries"])
+class _ApplyTask(_SessionTask):
+    def give_up(self, session: Session, exc: Exception) -> None:
+        services.session_apply_gave_up(session=session, reason=str(exc))
+
+
+class _DeleteTask(_SessionTask):
+    def give_up(self, session: Session, exc: Exception) -> None:
+        services.session_fail(session=session, message=f"Stopped, but its GShareSession could not be deleted: {exc}. Delete it by hand.")
+
+
+@shared_task(name="sessions.apply", base=_ApplyTask, bind=True, ignore_result=True,
+             autoretry_for=(services.TransientApplyError,), **RETRY)
 def session_apply_task(self, session_pk: int) -> None:
     """Apply a session's GShareSession to its cluster; after the last retry the session fails."""
-    _run_with_retries(
-        self, session_pk, services.session_apply,
-        lambda session, exc: services.session_apply_gave_up(session=session, reason=str(exc)),
-    )
+    self.run_once(session_pk, services.session_apply)
 
 
-@shared_task(name="sessions.delete", bind=True, ignore_result=True, max_retries=RETRY["max_retries"])
+@shared_task(name="sessions.delete", base=_DeleteTask, bind=True, ignore_result=True,
+             autoretry_for=(services.TransientApplyError,), **RETRY)
 def session_delete_task(self, session_pk: int) -> None:
     """Delete a stopping session's GShareSession; after the last retry it is marked Failed with a message to delete it by hand.
 
     For a session that already ended (``sessions.reconcile`` deleting again what a late apply may have created) only the delete runs.
     """
-    _run_with_retries(
-        self, session_pk, services.session_delete_remote,
-        lambda session, exc: services.session_fail(
-            session=session, message=f"Stopped, but its GShareSession could not be deleted: {exc}. Delete it by hand."
-        ),
-    )
+    self.run_once(session_pk, services.session_delete_remote)
 
 
 @shared_task(name="sessions.reconcile", ignore_result=True)

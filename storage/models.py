@@ -130,7 +130,8 @@ class Volume(models.Model):
     """A user's volume on a pool; its PVC lives on one cluster at a time (``cluster``, empty until first mounted).
 
     ``status`` follows the PVC as the holding cluster's operator reports it (``pending`` with the event message,
-    e.g. a node without an NFS client, ``bound``, ``lost``); ``available`` before the first mount.
+    e.g. a node without an NFS client, ``bound``, ``lost``); ``available`` before the first mount; ``moving`` and
+    ``deleting`` while the control plane changes its PVC through an apiserver (no row lock is held meanwhile).
     """
 
     class Status(models.TextChoices):
@@ -139,6 +140,7 @@ class Volume(models.Model):
         BOUND = "bound", "Bound"
         LOST = "lost", "PVC lost"
         MOVING = "moving", "Moving to another cluster"
+        DELETING = "deleting", "Being deleted"
         DELETED = "deleted", "Deleted"
 
     public_id = models.CharField(max_length=24, unique=True, default=new_volume_id, editable=False)

@@ -27,25 +27,22 @@ Behind ``GSHARE_VOLUME_MOVE_ENABLED`` (default off until tested against a real C
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 
-import kubernetes
-import urllib3
 from django.conf import settings
 from django.db import connection, transaction
-from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity
 
 from audit.services import Action, audit_record
-from clusters.kube import api_client_for_cluster
+from clusters.kube import KubeError, KubeGateway, parse_quantity
+from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
 from sessions.models import Session
 from storage.capacity import pool_clusters, pools_usability
+from storage.exceptions import VolumeDeleting
 from storage.models import Volume
 from storage.services import volume_move_check_enabled
 
@@ -56,9 +53,6 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 #: First key of the advisory lock a move holds (the second is the volume's pk).
 _LOCK_CLASS = 0x67536D76  # "gSmv"
-
-_MERGE_PATCH = "application/merge-patch+json"
-
 
 class VolumeMoveFailed(ApplicationError):
     """502: an apiserver refused a step of the move; the detail says what was done and the fix."""
@@ -183,6 +177,8 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
     volume = Volume.objects.select_for_update(of=("self",)).select_related("pool", "cluster").get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
         raise NotFound(f"Volume {volume.public_id} was deleted.", code="volume_not_found")
+    if volume.status == Volume.Status.DELETING:
+        raise VolumeDeleting(f"Volume {volume.name} ({volume.public_id}) is being deleted: there is nothing left to move.")
     live = (
         Session.objects.filter(volumes=volume).exclude(phase__in=Session.TERMINAL_PHASES).order_by("pk")
         .values_list("public_id", flat=True)[:3]
@@ -295,70 +291,61 @@ class _Move:
     def __init__(self, *, volume: Volume, source: Cluster, target: Cluster):
         self.volume, self.source, self.target = volume, source, target
         self.namespace = settings.GSHARE_SESSION_NAMESPACE
-        self.timeout = (settings.GSHARE_PROBE_TIMEOUT, settings.GSHARE_PROBE_TIMEOUT)
         self.pv_name = moved_pv_name(volume, target)
         self.done: list[str] = []
         self.released = False  # A's PVC deletion was sent
 
     # -- plumbing
 
-    def _fail(self, cluster: Cluster, step: str, exc: BaseException) -> ApplicationError:
+    def _fail(self, cluster: Cluster, step: str, exc: KubeError) -> ApplicationError:
         done = ("; done so far: " + "; ".join(self.done)) if self.done else "; nothing was changed"
         keep = f"The volume stays on cluster {self.source.name} with its PVC"
-        if self.released and not isinstance(exc, ApiException):
+        if self.released and not exc.status:
             keep = (f"The volume stays recorded on cluster {self.source.name}, but the deletion of its PVC there was sent "
                     "and may have happened (its PersistentVolume is Retain: no data is lost)")
         retry = "retry the move: what is already there is reused"
-        if isinstance(exc, ApiException):
-            reason = _api_message(exc)
+        if exc.status:
             hint = {
                 401: f"the cluster {cluster.name} refused the control plane's credentials: register a fresh kubeconfig, then {retry}",
                 403: (f"the control plane's ServiceAccount on {cluster.name} may not manage PersistentVolumes and PVCs: grant it "
                       f"what docs/storage.md (\"Moving a volume\") lists, then {retry}"),
             }.get(exc.status, f"fix the cause on {cluster.name}, then {retry}")
             return VolumeMoveFailed(f"Moving volume {self.volume.name}: could not {step} on cluster {cluster.name} "
-                                    f"({exc.status} {reason}){done}. {keep}; {hint}.")
+                                    f"({exc.status} {exc.summary}){done}. {keep}; {hint}.")
         return ClusterUnreachable(
             f"Moving volume {self.volume.name}: the apiserver of cluster {cluster.name} did not answer while trying to {step} "
-            f"({type(exc).__name__}){done}. {keep}; {retry} once {cluster.name} answers.",
+            f"({exc.cause_name}){done}. {keep}; {retry} once {cluster.name} answers.",
             code="cluster_unreachable",
         )
 
-    def _call(self, cluster: Cluster, step: str, fn, *args, missing_ok: bool = False, exists_ok: bool = False, **kwargs):
-        """Run one apiserver call; returns the JSON body, None for an allowed 404, ``"exists"`` for an allowed 409."""
+    def _call(self, cluster: Cluster, step: str, fn, *args, **kwargs):
+        """Run one gateway call ``fn`` (a method of the gateway to ``cluster``); its failure becomes the move's error."""
         try:
-            response = fn(*args, _request_timeout=self.timeout, _preload_content=False, **kwargs)
-            data = response.data
-            return json.loads(data) if data else {}
-        except ApiException as exc:
-            if missing_ok and exc.status == 404:
-                return None
-            if exists_ok and exc.status == 409:
-                return "exists"
-            raise self._fail(cluster, step, exc) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return fn(*args, **kwargs)
+        except KubeError as exc:
             raise self._fail(cluster, step, exc) from None
 
     @contextlib.contextmanager
-    def _core(self, cluster: Cluster) -> Iterator[kubernetes.client.CoreV1Api]:
+    def _gateway(self, cluster: Cluster) -> Iterator[KubeGateway]:
+        """The gateway to ``cluster``, each call bounded by ``GSHARE_PROBE_TIMEOUT``."""
         try:
-            api = api_client_for_cluster(cluster)
+            kube = KubeGateway.for_cluster(cluster, call_timeout=settings.GSHARE_PROBE_TIMEOUT)
         except ApplicationError as exc:
             raise VolumeMoveFailed(
                 f"Moving volume {self.volume.name}: the kubeconfig of cluster {cluster.name} cannot be used ({exc.detail}); "
                 "nothing was changed on it. Update it (`PATCH /api/v1/clusters/<id>`), then retry the move."
             ) from None
-        with api:
-            yield kubernetes.client.CoreV1Api(api)
+        with kube:
+            yield kube
 
     # -- the move
 
     def run(self) -> str:
         """Do the Kubernetes steps; return the new PersistentVolume's name on the target."""
         volume, claim = self.volume, self.volume.claim_name
-        with self._core(self.source) as a, self._core(self.target) as b:
-            pvc = self._call(self.source, f"read the PVC {claim}", a.read_namespaced_persistent_volume_claim,
-                             claim, self.namespace, missing_ok=True)
+        with self._gateway(self.source) as a, self._gateway(self.target) as b:
+            pvc = self._call(self.source, f"read the PVC {claim}", a.get, PERSISTENT_VOLUME_CLAIMS, claim, namespace=self.namespace,
+                             missing_ok=True)
             if pvc is None:
                 return self._resume_after_release(b)
             old_pv_name = (pvc.get("spec") or {}).get("volumeName")
@@ -370,7 +357,7 @@ class _Move:
                     "then move it.",
                     code="volume_not_bound",
                 )
-            old_pv = self._call(self.source, f"read the PersistentVolume {old_pv_name}", a.read_persistent_volume, old_pv_name)
+            old_pv = self._call(self.source, f"read the PersistentVolume {old_pv_name}", a.get, PERSISTENT_VOLUMES, old_pv_name)
             source = pv_source(old_pv)
             if source is None:
                 raise Conflict(
@@ -389,17 +376,15 @@ class _Move:
             self._retain(a, old_pv)
             self.released = True
             uid = (pvc.get("metadata") or {}).get("uid")
-            self._call(self.source, f"delete the PVC {claim}", a.delete_namespaced_persistent_volume_claim, claim, self.namespace,
-                       body=kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid) if uid else None),
-                       missing_ok=True)
+            self._call(self.source, f"delete the PVC {claim}", a.delete, PERSISTENT_VOLUME_CLAIMS, claim, namespace=self.namespace,
+                       uid=uid)
             self.done.append(f"deleted PVC {claim} on {self.source.name} (PersistentVolume {old_pv_name} kept, Released)")
         return self.pv_name
 
     def _create_pv(self, b, body: dict) -> None:
-        made = self._call(self.target, f"create the PersistentVolume {self.pv_name}", b.create_persistent_volume, body,
-                          exists_ok=True)
-        if made == "exists":
-            existing = self._call(self.target, f"read the PersistentVolume {self.pv_name}", b.read_persistent_volume, self.pv_name)
+        made = self._call(self.target, f"create the PersistentVolume {self.pv_name}", b.create, body, exists_ok=True)
+        if made is None:  # it exists
+            existing = self._call(self.target, f"read the PersistentVolume {self.pv_name}", b.get, PERSISTENT_VOLUMES, self.pv_name)
             spec = existing.get("spec") or {}
             ref = spec.get("claimRef") or {}
             if _source_key(pv_source(existing)) != _source_key(pv_source(body)) or (ref.get("namespace"), ref.get("name")) != (
@@ -407,22 +392,21 @@ class _Move:
                 raise self._conflict(f"a PersistentVolume {self.pv_name} already exists on {self.target.name} with another source "
                                      f"or claim: delete it there (`kubectl delete pv {self.pv_name}`) and retry the move")
             if ref.get("uid"):
-                claim = self._call(self.target, f"read the PVC {self.volume.claim_name}", b.read_namespaced_persistent_volume_claim,
-                                   self.volume.claim_name, self.namespace, missing_ok=True)
+                claim = self._call(self.target, f"read the PVC {self.volume.claim_name}", b.get, PERSISTENT_VOLUME_CLAIMS,
+                                   self.volume.claim_name, namespace=self.namespace, missing_ok=True)
                 if claim is None or (claim.get("metadata") or {}).get("uid") != ref["uid"]:
                     # Still bound to an earlier PVC of that name (a move to this cluster and back): free it for the new one.
-                    self._call(self.target, f"free the PersistentVolume {self.pv_name}", b.patch_persistent_volume, self.pv_name,
-                               {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}}, _content_type=_MERGE_PATCH)
+                    self._call(self.target, f"free the PersistentVolume {self.pv_name}", b.patch, PERSISTENT_VOLUMES, self.pv_name,
+                               {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}})
             self.done.append(f"reused PersistentVolume {self.pv_name} on {self.target.name}")
         else:
             self.done.append(f"created PersistentVolume {self.pv_name} (Retain) on {self.target.name}")
 
     def _create_claim(self, b, body: dict) -> None:
         claim = self.volume.claim_name
-        made = self._call(self.target, f"create the PVC {claim}", b.create_namespaced_persistent_volume_claim, self.namespace, body,
-                          exists_ok=True)
-        if made == "exists":
-            existing = self._call(self.target, f"read the PVC {claim}", b.read_namespaced_persistent_volume_claim, claim, self.namespace)
+        made = self._call(self.target, f"create the PVC {claim}", b.create, body, exists_ok=True)
+        if made is None:  # it exists
+            existing = self._call(self.target, f"read the PVC {claim}", b.get, PERSISTENT_VOLUME_CLAIMS, claim, namespace=self.namespace)
             if (existing.get("spec") or {}).get("volumeName") != self.pv_name:
                 raise self._conflict(f"a PVC {claim} already exists in {self.namespace} on {self.target.name} and is not bound to "
                                      f"{self.pv_name}: delete it there if no pod uses it "
@@ -436,8 +420,8 @@ class _Move:
         if (old_pv.get("spec") or {}).get("persistentVolumeReclaimPolicy") == "Retain":
             self.done.append(f"PersistentVolume {name} on {self.source.name} already Retain")
             return
-        patched = self._call(self.source, f"set the reclaim policy of PersistentVolume {name} to Retain", a.patch_persistent_volume,
-                             name, {"spec": {"persistentVolumeReclaimPolicy": "Retain"}}, _content_type=_MERGE_PATCH)
+        patched = self._call(self.source, f"set the reclaim policy of PersistentVolume {name} to Retain", a.patch, PERSISTENT_VOLUMES,
+                             name, {"spec": {"persistentVolumeReclaimPolicy": "Retain"}})
         if (patched.get("spec") or {}).get("persistentVolumeReclaimPolicy") != "Retain":
             raise self._conflict(f"the PersistentVolume {name} on {self.source.name} did not keep reclaim policy Retain, so its PVC "
                                  "was not deleted; check what admission webhook rewrites it, then retry the move")
@@ -446,7 +430,7 @@ class _Move:
     def _resume_after_release(self, b) -> str:
         """A's PVC is gone: finish a move that got that far (B has the pre-bound PVC), else refuse."""
         claim = self.volume.claim_name
-        there = self._call(self.target, f"read the PVC {claim}", b.read_namespaced_persistent_volume_claim, claim, self.namespace,
+        there = self._call(self.target, f"read the PVC {claim}", b.get, PERSISTENT_VOLUME_CLAIMS, claim, namespace=self.namespace,
                            missing_ok=True)
         if there is not None and (there.get("spec") or {}).get("volumeName") == self.pv_name:
             self.done.append(f"found PVC {claim} already moved to {self.target.name}")
@@ -463,12 +447,3 @@ class _Move:
         return VolumeMoveFailed(f"Moving volume {self.volume.name}: {what}{done}. The volume stays on cluster {self.source.name} "
                                 "with its PVC.")
 
-
-def _api_message(exc: ApiException) -> str:
-    """``reason: message`` of an apiserver error (its Status body when there is one)."""
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return f"{exc.reason}: {message[:300]}" if message else str(exc.reason)

@@ -1,7 +1,8 @@
-"""Storage services: pools, capacity refresh, the operator's storage report, volumes and the capacity gate.
+"""Storage services: pools, capacity refresh, volumes and the capacity gate.
 
-These are the only functions that change pools, capacity readings, node disks and volumes (``storage.move``
-moves volumes between clusters); the API, the console, the Celery tasks and the operator-facing view call them.
+These are the only functions that change pools and volumes (``storage.move`` moves volumes between clusters,
+``storage.reports`` applies the operator's storage report: capacity readings, node disks, PVC phases); the API, the
+console, the Celery tasks and the operator-facing view call them. Their errors are in ``storage.exceptions``.
 
 Locks: a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation,
 quota increase); when several rows are locked, pools come before volumes, each kind in primary-key order.
@@ -9,30 +10,46 @@ quota increase); when several rows are locked, pools come before volumes, each k
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-import kubernetes
-import urllib3
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
-from kubernetes.client.exceptions import ApiException
 
 from audit.services import Action, audit_record, created, diff, snapshot
-from clusters.kube import Deadline, api_client_for_cluster
+from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from clusters.models import Cluster
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable
-from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
+from gshare.exceptions import ApplicationError, Conflict, NotFound
 from sessions.models import Session
 from storage.capacity import CapacityResolution, PoolUsability, format_bytes, pools_capacity, pools_usability, registered_cluster_ids
 from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look
 from storage.capacity import pool_clusters as pool_clusters  # re-exported (placement imports it)
-from storage.models import GIB, ClusterStorageClasses, NodeDisk, StorageCapacityReading, StoragePool, Volume
+from storage.exceptions import (
+    NoStoragePool,
+    PoolCapacityUnknown,
+    PoolChanged,
+    PoolFull,
+    PoolInUse,
+    PoolNameTaken,
+    StorageClassMissing,
+    VolumeDeleteFailed,
+    VolumeDeleting,
+    VolumeInUse,
+    VolumeMoveDisabled,
+    VolumeMoving,
+    VolumeNameTaken,
+    VolumeNotMountable,
+    VolumeShrinkUnsupported,
+)
+from storage.models import GIB, StoragePool, Volume
+from storage.reports import storage_report_apply as storage_report_apply  # re-exported: the operator-facing view calls it
 
 logger = logging.getLogger(__name__)
 
@@ -42,97 +59,8 @@ POOL_EDITABLE_FIELDS = ("name", "cluster", "storage_class", "sharing", "allowed_
 #: A pool name: a DNS label (as ``POST /api/v1/storage/pools`` requires).
 _POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
-#: PVC phases the operator reports -> volume status.
-_PVC_PHASES = {"Bound": Volume.Status.BOUND, "Pending": Volume.Status.PENDING, "Lost": Volume.Status.LOST}
-
-
-# --------------------------------------------------------------------------- exceptions
-
-
-class PoolNameTaken(Conflict):
-    """409: another pool has this name."""
-
-    code = "pool_name_taken"
-
-
-class PoolInUse(Conflict):
-    """409: the pool holds volumes that are not deleted (delete, or a change that would strand them)."""
-
-    code = "pool_in_use"
-
-
-class PoolFull(Conflict):
-    """409: the volume's quota does not fit in the free room of the pool (the largest single pool when none is named)."""
-
-    code = "pool_full"
-
-
-class PoolCapacityUnknown(Conflict):
-    """409: the pool's capacity is unknown (no fresh CSI reading, no stated capacity, no storage node disk)."""
-
-    code = "pool_capacity_unknown"
-
-
-class NoStoragePool(Conflict):
-    """409: no storage pool is registered, so no volume can be created."""
-
-    code = "no_storage_pool"
-
-
-class VolumeNameTaken(Conflict):
-    """409: the owner already has a (non-deleted) volume of this name."""
-
-    code = "volume_name_taken"
-
-
-class VolumeInUse(Conflict):
-    """409: a live session mounts the volume."""
-
-    code = "volume_in_use"
-
-
-class VolumeShrinkUnsupported(Conflict):
-    """409: a quota decrease (PVCs can grow, never shrink)."""
-
-    code = "volume_shrink_unsupported"
-
-
-class VolumeMoving(Conflict):
-    """409: the volume is being moved to another cluster."""
-
-    code = "volume_moving"
-
-
-class VolumeMoveDisabled(Conflict):
-    """409: volume moves are off (``GSHARE_VOLUME_MOVE_ENABLED``)."""
-
-    code = "volume_move_disabled"
-
-
-class StorageClassMissing(ApplicationError):
-    """400: the pool's StorageClass does not exist on the pool's cluster (read through its apiserver)."""
-
-    code = "storage_class_missing"
-    status = 400
-
-
-class PoolChanged(Conflict):
-    """409: another change moved the pool to another cluster or StorageClass while this one was being checked."""
-
-    code = "pool_changed"
-
-
-class VolumeNotMountable(Conflict):
-    """409: the volume's pool is not usable where the volume would be mounted (its StorageClass is missing there)."""
-
-    code = "volume_not_mountable"
-
-
-class VolumeDeleteFailed(ApplicationError):
-    """502: the holding cluster's apiserver refused to delete the volume's PVC (other than 404)."""
-
-    code = "volume_delete_failed"
-    status = 502
+#: First key of the advisory lock a volume's deletion holds while it calls the apiserver (the second is the volume's pk).
+_DELETE_LOCK_CLASS = 0x67536476  # "gSdv"
 
 
 def _invalid(detail: str) -> ApplicationError:
@@ -251,12 +179,10 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
     """
     timeout = settings.GSHARE_PROBE_TIMEOUT
     where = f"cluster {cluster.name} ({cluster.public_id})"
-    deadline = Deadline(timeout)
-    api = api_client_for_cluster(cluster)
     try:
-        with api:
-            deadline.call(kubernetes.client.StorageV1Api(api).read_storage_class, storage_class)
-    except ApiException as exc:
+        with KubeGateway.for_cluster(cluster, deadline=Deadline(timeout)) as kube:
+            kube.get(STORAGE_CLASSES, storage_class)
+    except KubeRefused as exc:
         if exc.status == 404:
             raise StorageClassMissing(
                 f'StorageClass "{storage_class}" does not exist on {where}, so no volume of this pool could be provisioned there. '
@@ -271,16 +197,23 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
                 "storageclasses.storage.k8s.io to the control plane's ServiceAccount (docs/attach-a-cluster.md), or register "
                 f"a fresh kubeconfig (`PATCH /api/v1/clusters/{cluster.public_id}`)."
             ) from None
+        raise _storage_class_unchecked(exc, where=where, cluster=cluster, storage_class=storage_class) from None
+    except KubeUnavailable as exc:
+        if exc.status:
+            raise _storage_class_unchecked(exc, where=where, cluster=cluster, storage_class=storage_class) from None
         raise ClusterUnreachable(
-            f"The apiserver of {where} answered {exc.status} ({exc.reason}) to reading StorageClass {storage_class}, so it "
-            f"could not be checked; nothing was changed. Fix: check the cluster (`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
-        ) from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise ClusterUnreachable(
-            f"The apiserver of {where} at {cluster.apiserver_url} did not answer within {timeout:g} s ({type(exc).__name__}), "
+            f"The apiserver of {where} at {cluster.apiserver_url} did not answer within {timeout:g} s ({exc.cause_name}), "
             f"so StorageClass {storage_class} could not be checked there; nothing was changed. Fix: check the cluster "
             f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
         ) from None
+
+
+def _storage_class_unchecked(exc: KubeRefused | KubeUnavailable, *, where: str, cluster: Cluster, storage_class: str) -> ClusterUnreachable:
+    """504 for an answer to the StorageClass read that is neither the class, 404 nor 401/403."""
+    return ClusterUnreachable(
+        f"The apiserver of {where} answered {exc.status} ({exc.reason}) to reading StorageClass {storage_class}, so it "
+        f"could not be checked; nothing was changed. Fix: check the cluster (`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
+    )
 
 
 def _pool_store_capacity(pools: list[StoragePool], *, now: datetime.datetime | None = None) -> int:
@@ -460,133 +393,6 @@ def pools_refresh_capacity(*, now: datetime.datetime | None = None, pools: Itera
     """
     pools = list(StoragePool.objects.select_related("cluster").order_by("pk") if pools is None else pools)
     return _pool_store_capacity(pools, now=now)
-
-
-# --------------------------------------------------------------------------- operator report
-
-
-@transaction.atomic
-def storage_report_apply(*, cluster: Cluster, report: dict) -> dict:
-    """Apply an operator's storage report (``POST /internal/v1/storage``) in one transaction and a constant number
-    of queries, whatever its size.
-
-    Upserts one ``StorageCapacityReading`` per StorageClass and one ``NodeDisk`` per node (``INSERT ... ON
-    CONFLICT DO UPDATE``; a row already newer than the report is kept), and applies each listed PVC's phase to the
-    cluster's volume: ``Bound`` -> ``bound``, ``Pending`` -> ``pending`` (with the event message), ``Lost`` ->
-    ``lost``, with ``pv_name`` and ``status_reported_at``. Volumes unknown, deleted, held by no cluster yet, being
-    moved, or already updated by a newer report are ignored (counted). ``existing_storage_classes``, when sent,
-    replaces the cluster's ``ClusterStorageClasses`` (where its pools are usable; a newer list is kept); a pending
-    volume whose pool's StorageClass is missing here gets a message that says so and names the cluster.
-
-    Args:
-        cluster: the cluster named in the operator token.
-        report: validated body: ``{"read_at": datetime (UTC), "storage_classes": [{"storage_class", "capacity_bytes",
-            "objects"}], "existing_storage_classes": [name, ...], "volumes": [{"volume_id", "claim_name", "phase",
-            "volume_name", "message"}], "nodes": [{"name", "disk_bytes"}]}`` (every key but ``read_at`` may be
-            absent). A ``read_at`` in the future counts as now.
-
-    Returns:
-        ``{"storage_classes": n, "existing_storage_classes": n or None when not sent, "volumes": applied,
-        "volumes_ignored": n, "nodes": n}``.
-
-    Raises:
-        Forbidden: ``forbidden_cluster_scope`` (403) when a listed volume's PVC is held by another cluster; nothing
-            is stored.
-    """
-    now = timezone.now()
-    read_at = min(report["read_at"], now)
-    volume_reports = report.get("volumes") or []
-    ids = sorted({v["volume_id"] for v in volume_reports})
-    volumes = {
-        v.public_id: v
-        for v in Volume.objects.select_for_update(of=("self",)).select_related("pool").filter(public_id__in=ids)
-        .exclude(status=Volume.Status.DELETED).order_by("pk")
-    } if ids else {}
-    foreign = [vid for vid, v in volumes.items() if v.cluster_id is not None and v.cluster_id != cluster.pk]
-    if foreign:
-        raise Forbidden(
-            f"Volume(s) {', '.join(foreign[:5])} are held by another cluster; an operator may only report its own cluster's "
-            "volumes. Nothing was stored. Check that this operator runs with its own cluster's token.",
-            code=FORBIDDEN_CLUSTER_SCOPE,
-        )
-
-    existing = report.get("existing_storage_classes")
-    changed = []
-    for item in volume_reports:
-        volume = volumes.get(item["volume_id"])
-        if (
-            volume is None
-            or volume.cluster_id is None
-            or volume.status == Volume.Status.MOVING
-            or (volume.status_reported_at is not None and read_at < volume.status_reported_at)
-        ):
-            continue
-        volume.status = _PVC_PHASES[item["phase"]]
-        message = item.get("message") or ""
-        if volume.status != Volume.Status.BOUND:
-            message = _class_missing_message(volume=volume, cluster=cluster, existing=existing, event=message)
-        volume.status_message = message[:4000]
-        volume.pv_name = item.get("volume_name") or ""
-        volume.status_reported_at = read_at
-        changed.append(volume)
-    if changed:
-        Volume.objects.bulk_update(changed, ["status", "status_message", "pv_name", "status_reported_at"])
-
-    classes = report.get("storage_classes") or []
-    nodes = report.get("nodes") or []
-    # A late report never overwrites a newer reading (one query per kind, only when the report lists any).
-    newer_classes = set(
-        StorageCapacityReading.objects.filter(cluster=cluster, read_at__gt=read_at).values_list("storage_class", flat=True)
-    ) if classes else set()
-    newer_nodes = set(NodeDisk.objects.filter(cluster=cluster, read_at__gt=read_at).values_list("node", flat=True)) if nodes else set()
-    readings = [
-        StorageCapacityReading(
-            cluster=cluster, storage_class=item["storage_class"], capacity_bytes=item.get("capacity_bytes"),
-            object_count=item.get("objects") or 0, read_at=read_at,
-        )
-        for item in classes if item["storage_class"] not in newer_classes
-    ]
-    if readings:
-        StorageCapacityReading.objects.bulk_create(
-            readings, update_conflicts=True, unique_fields=["cluster", "storage_class"],
-            update_fields=["capacity_bytes", "object_count", "read_at", "received_at"],
-        )
-    disks = [
-        NodeDisk(cluster=cluster, node=item["name"], disk_bytes=item["disk_bytes"], read_at=read_at)
-        for item in nodes if item["name"] not in newer_nodes
-    ]
-    if disks:
-        NodeDisk.objects.bulk_create(disks, update_conflicts=True, unique_fields=["cluster", "node"], update_fields=["disk_bytes", "read_at"])
-    if existing is not None and not ClusterStorageClasses.objects.filter(cluster=cluster, read_at__gt=read_at).exists():
-        ClusterStorageClasses.objects.bulk_create(
-            [ClusterStorageClasses(cluster=cluster, names=sorted(existing), read_at=read_at)],
-            update_conflicts=True, unique_fields=["cluster"], update_fields=["names", "read_at", "received_at"],
-        )
-    return {
-        "storage_classes": len(classes),
-        "existing_storage_classes": None if existing is None else len(existing),
-        "volumes": len(changed),
-        "volumes_ignored": len(volume_reports) - len(changed),
-        "nodes": len(nodes),
-    }
-
-
-#: The PV controller's ``ProvisioningFailed`` message for a PVC naming a StorageClass that does not exist.
-_CLASS_NOT_FOUND = re.compile(r'storageclass\.storage\.k8s\.io "([^"]+)" not found')
-
-
-def _class_missing_message(*, volume: Volume, cluster: Cluster, existing: list[str] | None, event: str) -> str:
-    """A pending volume's message: when its pool's StorageClass is missing on ``cluster`` (not in the operator's list
-    ``existing``, or the PVC's event says so), a sentence naming the class, the cluster and the fix, then ``event``."""
-    storage_class = volume.pool.storage_class
-    found = _CLASS_NOT_FOUND.search(event)
-    if not ((existing is not None and storage_class not in existing) or (found and found.group(1) == storage_class)):
-        return event
-    return (
-        f'storageclass "{storage_class}" not found on {cluster.name}: the PVC {volume.claim_name} of volume {volume.name} '
-        f"cannot be provisioned there. Fix: create StorageClass {storage_class} on {cluster.name} (the CSI driver of "
-        f"pool {volume.pool.name}, docs/storage.md), or delete the volume." + (f" (event: {event})" if event else "")
-    )
 
 
 # --------------------------------------------------------------------------- volumes
@@ -770,6 +576,7 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
         NotFound: ``volume_not_found`` (404) for a deleted volume.
         VolumeMoving: ``volume_moving`` (409).
+        VolumeDeleting: ``volume_deleting`` (409).
         VolumeShrinkUnsupported: ``volume_shrink_unsupported`` (409) for a decrease.
         PoolCapacityUnknown, PoolFull: as ``volume_create`` (409).
     """
@@ -780,6 +587,8 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         raise NotFound(f"Volume {volume.public_id} is deleted.", code="volume_not_found")
     if volume.status == Volume.Status.MOVING:
         raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: change its quota once the move is done.")
+    if volume.status == Volume.Status.DELETING:
+        raise VolumeDeleting(f"Volume {volume.public_id} is being deleted: its quota cannot change.")
     if quota_gb < volume.quota_gb:
         raise VolumeShrinkUnsupported(
             f"Volume {volume.public_id} has {volume.quota_gb} GiB; a quota can only grow (a PersistentVolumeClaim cannot shrink). "
@@ -796,7 +605,7 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
 
 
 def _pvc_delete(volume: Volume) -> None:
-    """Delete the volume's PVC on its cluster (404 counts as done), bounded by ``GSHARE_PROBE_TIMEOUT``.
+    """Delete the volume's PVC on its cluster (404 counts as done), bounded as a whole by ``GSHARE_PROBE_TIMEOUT``.
 
     Raises:
         ClusterUnreachable: ``cluster_unreachable`` (504). VolumeDeleteFailed: ``volume_delete_failed`` (502).
@@ -804,40 +613,59 @@ def _pvc_delete(volume: Volume) -> None:
     """
     cluster = volume.cluster
     namespace = settings.GSHARE_SESSION_NAMESPACE
-    deadline = Deadline(settings.GSHARE_PROBE_TIMEOUT)
-    api = api_client_for_cluster(cluster)
     try:
-        with api:
-            # Bounded as a whole (a trickling apiserver is cut off at the budget).
-            deadline.call(kubernetes.client.CoreV1Api(api).delete_namespaced_persistent_volume_claim, volume.claim_name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return
-        hint = {
-            401: "the cluster refused the control plane's credentials: register a fresh kubeconfig (`PATCH /api/v1/clusters/<id>`)",
-            403: f"the control plane's ServiceAccount may not delete PersistentVolumeClaims in {namespace}: grant it (docs/attach-a-cluster.md)",
-        }.get(exc.status, f"retry later; check the cluster with `POST /api/v1/clusters/{cluster.public_id}/connection-test`")
-        raise VolumeDeleteFailed(
-            f"The apiserver of cluster {cluster.name} ({cluster.public_id}) answered {exc.status} ({exc.reason}) to deleting the "
-            f"PVC {namespace}/{volume.claim_name} of volume {volume.public_id}; nothing was changed. Fix: {hint}."
-        ) from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        with KubeGateway.for_cluster(cluster, deadline=Deadline(settings.GSHARE_PROBE_TIMEOUT)) as kube:
+            kube.delete(PERSISTENT_VOLUME_CLAIMS, volume.claim_name, namespace=namespace)
+    except KubeUnavailable as exc:
+        if exc.status:
+            raise _pvc_delete_refused(volume, exc) from None
         raise ClusterUnreachable(
             f"The apiserver of cluster {cluster.name} ({cluster.public_id}) at {cluster.apiserver_url} did not answer within "
-            f"{settings.GSHARE_PROBE_TIMEOUT:g} s ({type(exc).__name__}), so the PVC {namespace}/{volume.claim_name} of volume "
+            f"{settings.GSHARE_PROBE_TIMEOUT:g} s ({exc.cause_name}), so the PVC {namespace}/{volume.claim_name} of volume "
             f"{volume.public_id} could not be deleted; nothing was changed. Fix: check the cluster "
             f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
         ) from None
+    except KubeRefused as exc:
+        raise _pvc_delete_refused(volume, exc) from None
 
 
-@transaction.atomic
+def _pvc_delete_refused(volume: Volume, exc: KubeRefused | KubeUnavailable) -> VolumeDeleteFailed:
+    cluster, namespace = volume.cluster, settings.GSHARE_SESSION_NAMESPACE
+    hint = {
+        401: "the cluster refused the control plane's credentials: register a fresh kubeconfig (`PATCH /api/v1/clusters/<id>`)",
+        403: f"the control plane's ServiceAccount may not delete PersistentVolumeClaims in {namespace}: grant it (docs/attach-a-cluster.md)",
+    }.get(exc.status, f"retry later; check the cluster with `POST /api/v1/clusters/{cluster.public_id}/connection-test`")
+    return VolumeDeleteFailed(
+        f"The apiserver of cluster {cluster.name} ({cluster.public_id}) answered {exc.status} ({exc.reason}) to deleting the "
+        f"PVC {namespace}/{volume.claim_name} of volume {volume.public_id}; nothing was changed. Fix: {hint}."
+    )
+
+
+@contextlib.contextmanager
+def _delete_lock(volume: Volume) -> Iterator[None]:
+    """Hold the volume's deletion lock (a session-level PostgreSQL advisory lock, not a row lock) while it lasts.
+
+    A second deletion of the volume waits here (at most the first one's apiserver budget) and then finds it deleted;
+    a deletion that died half-way (its lock went with its connection) is taken over by the next one.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", [_DELETE_LOCK_CLASS, volume.pk])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_DELETE_LOCK_CLASS, volume.pk])
+
+
 def volume_delete(*, volume: Volume) -> Volume:
     """Delete a volume: its PVC on the holding cluster (through that cluster's apiserver), then mark it deleted.
 
-    The row is kept (status ``deleted``, ``deleted_at``) and its name becomes free. The volume row stays locked while
-    the PVC is deleted (at most ``GSHARE_PROBE_TIMEOUT`` seconds), so a session being created cannot mount it
-    meanwhile; a refusal changes nothing. A volume whose cluster was deregistered has no reachable PVC: it is only
-    marked. Idempotent for a deleted volume.
+    The row is kept (status ``deleted``, ``deleted_at``) and its name becomes free. No row lock is held while the
+    apiserver is called: the volume is first marked ``deleting`` under its row lock (committed; sessions, quota changes
+    and moves refuse it meanwhile), then the PVC is deleted (at most ``GSHARE_PROBE_TIMEOUT`` seconds), then the row is
+    marked ``deleted``; a failure puts the status it had back and changes nothing else. Concurrent deletions of one
+    volume are serialised by an advisory lock (``_delete_lock``). A volume whose cluster was deregistered has no
+    reachable PVC: it is only marked. Idempotent for a deleted volume.
 
     Raises:
         VolumeInUse: ``volume_in_use`` (409) while a session that has not ended (Terminated, Failed) mounts it.
@@ -845,9 +673,33 @@ def volume_delete(*, volume: Volume) -> Volume:
         ClusterUnreachable: ``cluster_unreachable`` (504): the PVC's cluster did not answer.
         VolumeDeleteFailed: ``volume_delete_failed`` (502): the apiserver refused the deletion.
     """
+    with _delete_lock(volume):
+        volume, previous, pvc = _delete_begin(volume=volume)
+        if previous is None:
+            return volume
+        if pvc:
+            try:
+                _pvc_delete(volume)
+            except BaseException:
+                Volume.objects.filter(pk=volume.pk, status=Volume.Status.DELETING).update(status=previous)
+                raise
+        volume = _delete_finish(volume=volume, previous=previous)
+    logger.info("volume deleted: %s %s", volume.public_id, volume.name)
+    return volume
+
+
+@transaction.atomic
+def _delete_begin(*, volume: Volume) -> tuple[Volume, str | None, bool]:
+    """Check the locked row; mark it ``deleting`` when its PVC must be deleted through an apiserver.
+
+    Returns:
+        ``(volume, previous, pvc)``: ``previous`` is None when it is already deleted (nothing to do), else its status
+        (the one to put back if the PVC's deletion fails); ``pvc`` says whether a PVC is to be deleted (the row was
+        marked ``deleting``).
+    """
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
-        return volume
+        return volume, None, False
     if volume.status == Volume.Status.MOVING:
         raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: delete it once the move is done.")
     live = list(
@@ -860,16 +712,29 @@ def volume_delete(*, volume: Volume) -> Volume:
             "(`DELETE /api/v1/sessions/<id>`) and delete the volume once they are Terminated.",
             extra={"sessions": live[:5]},
         )
-    if volume.cluster_id is not None and volume.claim_name:
-        cluster = Cluster.objects.get(pk=volume.cluster_id)
-        volume.cluster = cluster
-        if cluster.status != Cluster.Status.DEREGISTERED:
-            _pvc_delete(volume)
-    audit_record(action=Action.VOLUME_DELETE, obj=volume, changes={"status": (volume.status, Volume.Status.DELETED)})
+    if volume.cluster_id is None or not volume.claim_name:
+        return volume, volume.status, False
+    volume.cluster = Cluster.objects.get(pk=volume.cluster_id)
+    if volume.cluster.status == Cluster.Status.DEREGISTERED:
+        return volume, volume.status, False
+    # A volume left "deleting" by a deletion that died (we hold its lock now): the operator's next report sets the real
+    # status, so put back pending on a failure.
+    previous = Volume.Status.PENDING if volume.status == Volume.Status.DELETING else volume.status
+    volume.status = Volume.Status.DELETING
+    volume.save(update_fields=["status"])
+    return volume, previous, True
+
+
+@transaction.atomic
+def _delete_finish(*, volume: Volume, previous: str) -> Volume:
+    """Mark the (locked) volume deleted, with its audit row (``previous``: its status before the deletion began)."""
+    cluster = volume.cluster if volume.cluster_id is not None else None
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    volume.cluster = cluster
+    audit_record(action=Action.VOLUME_DELETE, obj=volume, changes={"status": (previous, Volume.Status.DELETED)})
     volume.status = Volume.Status.DELETED
     volume.deleted_at = timezone.now()
     volume.save(update_fields=["status", "deleted_at"])
-    logger.info("volume deleted: %s %s", volume.public_id, volume.name)
     return volume
 
 

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from clusters.models import Cluster, GpuDevice, Node
-from clusters.token_rotation import operator_token_state
+from clusters.operator_token.rotation import operator_token_state
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
 

@@ -27,17 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import kubernetes
 import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
-from kubernetes.client.rest import ApiException
-from urllib3.exceptions import HTTPError as Urllib3Error
 
 from clusters.attach import checks, fixes, releases
 from clusters.attach.helm import HelmInstallFailed, install_release
-from clusters.kube import Deadline, api_client_for_kubeconfig
+from clusters.kube import KubeError, KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.gateway import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
@@ -55,15 +53,6 @@ NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "privileged", "app.kub
 def _timeout() -> float:
     """Seconds each apiserver call of the attach may take, in all (``GSHARE_PROBE_TIMEOUT``)."""
     return settings.GSHARE_PROBE_TIMEOUT
-
-
-def _bounded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """One apiserver call bounded as a whole by ``GSHARE_PROBE_TIMEOUT`` (a trickling server is cut off).
-
-    Raises:
-        clusters.kube.DeadlineExceeded (a TimeoutError): the budget was spent.
-    """
-    return Deadline(_timeout()).call(fn, *args, **kwargs)
 
 
 def _read_text(path: str, limit: int) -> str:
@@ -127,22 +116,19 @@ class _State:
     started_at: Any = None
 
 
-def _api(state: _State) -> kubernetes.client.ApiClient:
-    return api_client_for_kubeconfig(state.config)
+def _api(state: _State) -> KubeGateway:
+    """The gateway to the cluster being attached, each call bounded as a whole by ``GSHARE_PROBE_TIMEOUT`` (a trickling
+    server is cut off)."""
+    return KubeGateway.for_kubeconfig(state.config, server=state.server, call_timeout=_timeout())
 
 
-def _status_reason(exc: ApiException) -> str:
+def _status_reason(exc: KubeError) -> str:
     return f"HTTP {exc.status} {exc.reason}".strip()
 
 
-def _api_message(exc: ApiException) -> str:
-    """The ``message`` of the apiserver's Status body, else its reason (never the request)."""
-    try:
-        import json
-
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason or "")[:300]
-    except (ValueError, AttributeError):
-        return str(exc.reason or "")
+def _name(obj: dict) -> str:
+    """An object's ``metadata.name``."""
+    return (obj.get("metadata") or {}).get("name") or ""
 
 
 class Attach:
@@ -199,8 +185,11 @@ class Attach:
             return step()
         except AttachStopped:
             raise
-        except ApiException as exc:
-            detail = _api_message(exc)
+        except (KubeRefused, KubeUnavailable) as exc:
+            if not exc.status:
+                raise self._stop(f"{server} stopped answering ({exc.cause_name})",
+                                 f"check it is reachable from the control plane: curl -k --max-time 10 {server}/version") from None
+            detail = exc.message or exc.reason
             if exc.status in (401, 403):
                 raise self._stop(f"{server} refused a request ({_status_reason(exc)}: {detail})",
                                  "use a kubeconfig with cluster-admin rights (kubectl auth can-i '*' '*' --all-namespaces); on clusters "
@@ -208,7 +197,7 @@ class Attach:
                                  "gshare-system pod-security.kubernetes.io/enforce=privileged --overwrite") from None
             raise self._stop(f"{server} answered {_status_reason(exc)}: {detail}",
                              f"check the cluster's state: kubectl get --raw /readyz?verbose (server {server})") from None
-        except (Urllib3Error, OSError, TimeoutError) as exc:
+        except OSError as exc:
             raise self._stop(f"{server} stopped answering ({type(exc).__name__})",
                              f"check it is reachable from the control plane: curl -k --max-time 10 {server}/version") from None
         except ApplicationError as exc:
@@ -277,54 +266,50 @@ class Attach:
         except KubeconfigError as exc:
             raise self._stop(f"{exc} (code {exc.code})", fixes.kubeconfig_fix(exc, text=text, path=path)) from None
         self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
-        with _api(self.state) as api:
+        with _api(self.state) as kube:
             try:
-                version = _bounded(kubernetes.client.VersionApi(api).get_code)
-                core = kubernetes.client.CoreV1Api(api)
-                nodes = _bounded(core.list_node).items
-                self.state.kube_system_uid = _bounded(core.read_namespace, "kube-system").metadata.uid or ""
-            except ApiException as exc:
+                version = kube.version()
+                nodes = kube.list(NODES)
+                self.state.kube_system_uid = (kube.get(NAMESPACES, "kube-system").get("metadata") or {}).get("uid") or ""
+            except KubeError as exc:
+                if not exc.status:  # timeouts, connection refused, TLS errors
+                    raise self._stop(f"the apiserver at {valid.server} did not answer ({exc.cause_name})",
+                                     f"check it is reachable from the control plane: curl -k --max-time 10 {valid.server}/version") from None
                 if exc.status in (401, 403):
                     raise self._stop(f"the apiserver at {valid.server} refused the kubeconfig's credentials ({_status_reason(exc)})",
                                      "use a kubeconfig with cluster-admin rights: kubectl auth can-i '*' '*' --all-namespaces") from None
                 raise self._stop(f"the apiserver at {valid.server} answered {_status_reason(exc)}",
                                  f"check the server address: curl -k {valid.server}/version") from None
-            except Exception as exc:  # urllib3 timeouts, connection refused, TLS errors
-                raise self._stop(f"the apiserver at {valid.server} did not answer ({type(exc).__name__})",
-                                 f"check it is reachable from the control plane: curl -k --max-time 10 {valid.server}/version") from None
-        self.state.git_version = version.git_version
+        self.state.git_version = str(version.get("gitVersion") or "")
         self.state.nodes = nodes
-        if self.options.ingress_node not in {n.metadata.name for n in nodes}:
-            listed = ", ".join(sorted(n.metadata.name for n in nodes)[:20])
+        if self.options.ingress_node not in {_name(n) for n in nodes}:
+            listed = ", ".join(sorted(_name(n) for n in nodes)[:20])
             raise self._stop(f"--ingress-node {self.options.ingress_node} is not a node of this cluster",
                              f"pass one of its nodes as --ingress-node (the one the session domain's DNS points at): {listed}")
-        return f"ok: Kubernetes {version.git_version} at {valid.server}, {len(nodes)} nodes"
+        return f"ok: Kubernetes {self.state.git_version} at {valid.server}, {len(nodes)} nodes"
 
     # ----------------------------------------------------------------- check pods
 
-    def _ensure_namespace(self, core: kubernetes.client.CoreV1Api, name: str) -> None:
+    def _ensure_namespace(self, kube: KubeGateway, name: str) -> None:
         """Create gShare's namespace (privileged under Pod Security: the check pods need it), or label it so."""
-        try:
-            _bounded(core.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": NAMESPACE_LABELS}})
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            current = _bounded(core.read_namespace, name).metadata.labels or {}
+        made = kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": NAMESPACE_LABELS}},
+                           exists_ok=True)
+        if made is None:  # it exists
+            current = (kube.get(NAMESPACES, name).get("metadata") or {}).get("labels") or {}
             if any(current.get(k) != v for k, v in NAMESPACE_LABELS.items()):
-                _bounded(core.patch_namespace, name, {"metadata": {"labels": NAMESPACE_LABELS}})
+                kube.patch(NAMESPACES, name, {"metadata": {"labels": NAMESPACE_LABELS}})
 
     def _run_checks(self, kind: str, node_names: list[str], targets: list[str] | None = None) -> dict[str, checks.CheckReport]:
         namespace = releases.operator_namespace()
-        with _api(self.state) as api:
-            core = kubernetes.client.CoreV1Api(api)
-            self._ensure_namespace(core, namespace)
+        with _api(self.state) as kube:
+            self._ensure_namespace(kube, namespace)
             names = {}
             for node in node_names:
                 manifest = checks.check_pod(kind, node, namespace, targets=targets)
                 name = manifest["metadata"]["name"]
                 names[node] = name
-                self._delete_pod(core, namespace, name)
-                _bounded(core.create_namespaced_pod, namespace, manifest)
+                self._delete_pod(kube, namespace, name)
+                kube.create(manifest)
             reports: dict[str, checks.CheckReport] = {}
             deadline = time.monotonic() + settings.GSHARE_ATTACH_CHECK_TIMEOUT
             try:
@@ -332,9 +317,9 @@ class Attach:
                     for node, name in names.items():
                         if node in reports:
                             continue
-                        pod = _bounded(core.read_namespaced_pod, name, namespace)
-                        if pod.status and pod.status.phase in ("Succeeded", "Failed"):
-                            reports[node] = checks.parse_check_log(_bounded(core.read_namespaced_pod_log, name, namespace) or "")
+                        pod = kube.get(PODS, name, namespace=namespace)
+                        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                            reports[node] = checks.parse_check_log(kube.pod_log(name, namespace=namespace) or "")
                     if len(reports) < len(names):
                         if time.monotonic() > deadline:
                             waiting = sorted(set(names) - set(reports))
@@ -345,31 +330,23 @@ class Attach:
                         time.sleep(0.2)
             finally:
                 for name in names.values():
-                    self._delete_pod(core, namespace, name)
+                    self._delete_pod(kube, namespace, name)
         return reports
 
     @staticmethod
-    def _delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-        try:
-            _bounded(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    def _delete_pod(kube: KubeGateway, namespace: str, name: str) -> None:
+        kube.delete(PODS, name, namespace=namespace, grace_period_seconds=0)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                _bounded(core.read_namespaced_pod, name, namespace)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
+            if kube.get(PODS, name, namespace=namespace, missing_ok=True) is None:
+                return
             time.sleep(0.1)
 
     # ----------------------------------------------------------------- 2
 
     def step_prerequisites(self) -> str:
         """Step 2: every GPU node has the NVIDIA driver, the container toolkit and containerd's ``nvidia`` runtime."""
-        names = [n.metadata.name for n in self.state.nodes]
+        names = [_name(n) for n in self.state.nodes]
         reports = self._run_checks("node", names)
         problems: list[str] = []
         fixes: list[str] = []
@@ -410,30 +387,24 @@ class Attach:
 
     def step_runtime_class_and_labels(self) -> str:
         """Step 3: RuntimeClass ``nvidia`` (handler ``nvidia``) and the GPU node labels."""
-        with _api(self.state) as api:
-            node_api = kubernetes.client.NodeV1Api(api)
+        with _api(self.state) as kube:
             runtime_class = "present"
-            try:
-                existing = _bounded(node_api.read_runtime_class, "nvidia")
-                if existing.handler != "nvidia":
-                    raise self._stop(f"RuntimeClass nvidia exists with handler {existing.handler!r}, not 'nvidia'",
-                                     "kubectl delete runtimeclass nvidia")
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                _bounded(node_api.create_runtime_class, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                                               "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+            existing = kube.get(RUNTIME_CLASSES, "nvidia", missing_ok=True)
+            if existing is None:
+                kube.create({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"})
                 runtime_class = "created"
-            core = kubernetes.client.CoreV1Api(api)
+            elif existing.get("handler") != "nvidia":
+                raise self._stop(f"RuntimeClass nvidia exists with handler {existing.get('handler')!r}, not 'nvidia'",
+                                 "kubectl delete runtimeclass nvidia")
             labelled = 0
             for node in self.state.nodes:
-                if node.metadata.name not in self.state.gpu_nodes:
+                if _name(node) not in self.state.gpu_nodes:
                     continue
-                labels = node.metadata.labels or {}
+                labels = (node.get("metadata") or {}).get("labels") or {}
                 wanted = {GPU_NODE_LABEL_KEY: GPU_NODE_LABEL_VALUE, GPU_MODE_LABEL: labels.get(GPU_MODE_LABEL) or DEFAULT_GPU_MODE}
                 if all(labels.get(k) == v for k, v in wanted.items()):
                     continue
-                _bounded(core.patch_node, node.metadata.name, {"metadata": {"labels": wanted}})
+                kube.patch(NODES, _name(node), {"metadata": {"labels": wanted}})
                 labelled += 1
         return f"ok: RuntimeClass nvidia {runtime_class}; {labelled} node(s) labelled, {len(self.state.gpu_nodes) - labelled} already labelled"
 
@@ -459,15 +430,14 @@ class Attach:
             raise self._stop(str(exc), "set GSHARE_ATTACH_HAMI_CHART_VERSION (docs/configuration.md)") from None
         done = self._install(release)
         deadline = time.monotonic() + settings.GSHARE_ATTACH_GPU_TIMEOUT
-        with _api(self.state) as api:
-            core = kubernetes.client.CoreV1Api(api)
+        with _api(self.state) as kube:
             while True:
                 missing, advertised = [], 0
                 for name in sorted(self.state.gpu_nodes):
-                    node = _bounded(core.read_node, name)
-                    allocatable = (node.status.allocatable or {}) if node.status else {}
+                    node = kube.get(NODES, name)
+                    allocatable = (node.get("status") or {}).get("allocatable") or {}
                     count = int(allocatable.get("nvidia.com/gpu", "0") or 0)
-                    if HAMI_REGISTER_ANNOTATION not in (node.metadata.annotations or {}) or count <= 0:
+                    if HAMI_REGISTER_ANNOTATION not in ((node.get("metadata") or {}).get("annotations") or {}) or count <= 0:
                         missing.append(name)
                     advertised += count
                 if not missing:
@@ -535,12 +505,12 @@ class Attach:
 
     def step_operator(self) -> str:
         """Step 7: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
-        from clusters.token_rotation import operator_token_push
+        from clusters.operator_token.rotation import operator_token_push
 
         cluster = self.state.cluster
         assert cluster is not None
-        with _api(self.state) as api:
-            self._ensure_namespace(kubernetes.client.CoreV1Api(api), releases.operator_namespace())
+        with _api(self.state) as kube:
+            self._ensure_namespace(kube, releases.operator_namespace())
         try:
             operator_token_push(cluster)
         except Exception as exc:
@@ -568,7 +538,7 @@ class Attach:
         if plan is None:
             return "skipped (no --storage-values)"
         targets = [f"{plan.server}:{port}" for port in plan.ports]
-        names = [n.metadata.name for n in self.state.nodes]
+        names = [_name(n) for n in self.state.nodes]
         reports = self._run_checks("nfs", names, targets)
         problems, fixes = [], []
         for node in names:

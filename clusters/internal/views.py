@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.internal.schemas import inventory_errors
-from clusters.operator_tokens import TokenRefreshThrottled, operator_token_exchange
+from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
 from gshare.api import SafeJSONParser
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.exceptions import ApplicationError
@@ -61,7 +61,7 @@ class TokenView(OperatorAPIView):
 
         Only inside the presented token's refresh window (409 ``token_refresh_too_early`` with ``refresh_after``
         before it), at most ``GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT`` a minute per cluster (429
-        ``token_refresh_throttled`` with ``Retry-After``); see ``clusters.operator_tokens.operator_token_exchange``."""
+        ``token_refresh_throttled`` with ``Retry-After``); see ``clusters.operator_token.tokens.operator_token_exchange``."""
         try:
             issued = operator_token_exchange(cluster=self.cluster, claims=request.auth)
         except TokenRefreshThrottled as exc:

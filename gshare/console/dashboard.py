@@ -35,7 +35,7 @@ from django.utils.safestring import SafeString, mark_safe
 from billing import pricing
 from billing.models import CREDITS, CreditAccount
 from clusters.models import Cluster, GpuDevice, Node
-from clusters.token_rotation import operator_token_state
+from clusters.operator_token.rotation import operator_token_state
 from gshare.console.reuse import reused
 from sessions.models import Allocation, Session
 from storage.capacity import format_bytes
@@ -140,7 +140,7 @@ def clusters_tile(*, cluster: Cluster | None = None, now: datetime.datetime | No
                   gpu_counts: dict[int, int] | None = None) -> ClustersTile:
     """The registered clusters (only ``cluster`` when given), by name, with node and GPU counts and warnings.
 
-    Warnings: the operator token's (``clusters.token_rotation.operator_token_state``: callbacks refused since a
+    Warnings: the operator token's (``clusters.operator_token.rotation.operator_token_state``: callbacks refused since a
     time, for a reason, as recorded by ``clusters.operator_refusals``; rotation failed, none on record, expired or
     expiring within ``GSHARE_OPERATOR_TOKEN_WARN_BEFORE``), and an operator that has not reported within
     ``GSHARE_HEARTBEAT_STALE_SECONDS`` (without a refusal on record: it is stopped, cannot reach the control plane,

@@ -1,4 +1,4 @@
-"""Operator token rotation settings (clusters/token_rotation.py). ``GSHARE_OPERATOR_TOKEN_TTL`` is in ``jwt``."""
+"""Operator token rotation settings (clusters/operator_token/rotation.py). ``GSHARE_OPERATOR_TOKEN_TTL`` is in ``jwt``."""
 
 from .env import env
 

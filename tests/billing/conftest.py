@@ -9,7 +9,7 @@ import pytest
 
 from clusters import services as cluster_services
 from clusters.models import GpuDevice
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from sessions.models import Session
 from tests.conftest import Http

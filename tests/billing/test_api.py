@@ -219,7 +219,7 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
 
 
 def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, live_server):
-    from clusters.operator_tokens import operator_token_mint
+    from clusters.operator_token.tokens import operator_token_mint
     from tests.billing.conftest import metered_session, sample
 
     session = metered_session(lab_c1, owner=plain_user)

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import pricing, services
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Session
 from tests.billing.conftest import T0, device, iso, metered_session, sample
 from tests.conftest import Http

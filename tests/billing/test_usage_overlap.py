@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
 from tests.billing.conftest import T0, device, metered_session, sample
 from tests.conftest import Http

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from clusters.models import Cluster
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from demo.emulator import ApiError, KubeApiEmulator
 from tests.conftest import Http, kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig

@@ -21,8 +21,8 @@ import yaml
 
 from clusters.kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig
 from clusters.models import Cluster
+from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
-from clusters.token_rotation import OperatorTokenPushFailed, operator_token_push
 from demo.emulator import generate_certificates
 from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory

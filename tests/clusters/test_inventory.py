@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from billing.models import Price
 from clusters import services
 from clusters.models import Cluster, GpuDevice, Node
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from gshare.auth.keys import signing_key_ensure
 from sessions import placement

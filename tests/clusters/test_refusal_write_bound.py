@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from clusters import token_rotation
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token import rotation as token_rotation
+from clusters.operator_token.tokens import operator_token_mint
 from tests.clusters.test_refused_callbacks import callback, cluster_updates, refusal_of
 from tests.factories import ClusterFactory
 

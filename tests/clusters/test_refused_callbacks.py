@@ -25,10 +25,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from clusters import token_rotation
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_RECORD_PERIOD, _gate_key
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token import rotation as token_rotation
+from clusters.operator_token.tokens import operator_token_mint
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.auth.keys import signing_key_ensure

@@ -23,7 +23,7 @@ from django.test import RequestFactory
 from clusters import services
 from clusters.admin import ClusterAdmin
 from clusters.models import Cluster
-from clusters.operator_tokens import (
+from clusters.operator_token.tokens import (
     TokenRefreshThrottled,
     TokenRefreshTooEarly,
     operator_token_exchange,

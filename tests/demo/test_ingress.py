@@ -66,7 +66,7 @@ def demo_stack(http, fleet_cluster, operator_process, tmp_path, settings, live_s
     kubeconfig_path = tmp_path / "kubeconfig.yaml"
     kubeconfig_path.write_text(kubeconfig_text(emulated))
     token_path = tmp_path / "internal-jwt"
-    from clusters.operator_tokens import operator_token_mint
+    from clusters.operator_token.tokens import operator_token_mint
 
     token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
     cluster_ingress = ClusterIngress("lab-c1", DOMAIN, ClusterApi.from_kubeconfig(kubeconfig_path))

@@ -10,7 +10,7 @@ import pytest
 
 from clusters import services
 from clusters.models import Cluster
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from tests.conftest import kubeconfig_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from clusters import services as cluster_services
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from tests.conftest import kubeconfig_text
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from clusters.models import Node
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from tests.charts.rendering import CONTROL_PLANE_VALUES, containers, env_of, merged, of_kind, render_control_plane
 from tests.e2e import ingress_nginx_conf
 from tests.e2e.nginx import Nginx

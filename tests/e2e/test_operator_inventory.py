@@ -8,7 +8,7 @@ import yaml
 
 from clusters import services
 from clusters.models import Cluster, GpuDevice, Node
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from tests.conftest import kubeconfig_text
 from tests.e2e.conftest import registered, wait_for

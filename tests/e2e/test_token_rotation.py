@@ -15,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster
-from clusters.token_rotation import operator_token_push, operator_tokens_revoke, operator_tokens_rotate
+from clusters.operator_token.rotation import operator_token_push, operator_tokens_revoke, operator_tokens_rotate
 from tests.conftest import Http
 from tests.e2e.conftest import registered, wait_for
 

@@ -7,7 +7,7 @@ from django.db import connections
 
 from clusters import services
 from clusters.models import GpuDevice
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from gshare.exceptions import Forbidden
 from tests.conftest import Http
 from tests.factories import ClusterFactory

@@ -12,7 +12,7 @@ import requests
 from django.core.exceptions import ImproperlyConfigured
 
 from clusters.models import Node
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from gshare.middleware import internal_hosts
 from tests.factories import ClusterFactory
 

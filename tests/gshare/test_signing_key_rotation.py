@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from clusters.operator_tokens import MAX_TTL as OPERATOR_MAX_TTL
+from clusters.operator_token.tokens import MAX_TTL as OPERATOR_MAX_TTL
 from gshare import tasks
 from gshare.auth.internal_jwt import (
     CONNECT_AUDIENCE,

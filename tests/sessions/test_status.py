@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
 from tests.conftest import Http
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from gshare.exceptions import Conflict
 from operator_agent.storage import collect_storage

@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from storage import services
 from storage.models import GIB, NodeDisk, StorageCapacityReading, Volume
 from tests.conftest import Http

@@ -14,7 +14,7 @@ import yaml
 from django.utils import timezone
 
 from clusters import services as cluster_services
-from clusters.operator_tokens import operator_token_mint
+from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import command_actor, current_actor
-from clusters.token_rotation import operator_tokens_revoke
+from clusters.operator_token.rotation import operator_tokens_revoke
 from gshare.exceptions import ApplicationError
 
 

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import command_actor
-from clusters.token_rotation import Outcome, operator_tokens_rotate
+from clusters.operator_token.rotation import Outcome, operator_tokens_rotate
 from gshare.exceptions import ApplicationError
 
 

@@ -265,9 +265,9 @@ class Deadline:
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one apiserver call ``fn(*args, **kwargs)`` within what is left of the budget, as a whole.
 
-        ``fn`` is a method of a Kubernetes API object whose ``ApiClient`` comes from
-        :func:`api_client_for_kubeconfig` (only its connections can be cut off); ``_request_timeout`` is
-        set too (it bounds connecting). The body is read within the bound (do not pass
+        ``fn`` makes its request through an ``ApiClient`` from :func:`api_client_for_kubeconfig` (only its
+        connections can be cut off): a method of a Kubernetes API object, or the gateway's own request
+        (``clusters.kube.gateway``); it is given ``_request_timeout`` too (it bounds connecting). The body is read within the bound (do not pass
         ``_preload_content=False``). Name resolution is not bounded.
 
         Returns:

@@ -20,20 +20,18 @@ import logging
 from dataclasses import dataclass
 from typing import NoReturn
 
-import kubernetes
-import urllib3
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from kubernetes.client.exceptions import ApiException
 
 from audit.services import Action, audit_record
-from clusters.kube import Deadline, DeadlineExceeded, api_client_for_cluster, tls_failure_detail
+from clusters.kube import Deadline, KubeError, KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.gateway import SECRETS
 from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
-from clusters.operator_tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
+from clusters.operator_token.tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
 
@@ -98,6 +96,11 @@ class OperatorTokenPushFailed(ApplicationError):
     def __init__(self, detail: str, *, code: str, result: TokenRotationResult):
         super().__init__(detail, code=code)
         self.result = result
+
+
+class OperatorTokenPushUnavailable(OperatorTokenPushFailed):
+    """502: the push failed for a reason that may pass (the apiserver did not answer, was cut off, or answered 5xx/429):
+    the Celery retry task tries it again (``clusters.tasks.retry_operator_token_push``)."""
 
 
 @dataclass(frozen=True)
@@ -241,48 +244,45 @@ def operator_token_rotation_due(cluster: Cluster, *, now: datetime.datetime | No
     return False, f"rotated {_duration(age)} ago"
 
 
-def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: str, token: str, deadline: Deadline) -> str:
+def _secret_write(kube: KubeGateway, *, namespace: str, name: str, token: str) -> str:
     """Create or replace the Secret's ``internal-jwt`` key (other keys and metadata are kept).
 
     Replaces with the ``resourceVersion`` read, so a concurrent writer (the operator's own refresh) is never
     overwritten blindly: a 409 reads again, at most three times. Every call is bounded as a whole by what is
-    left of ``deadline`` (``Deadline.call``): a server that trickles its answer is cut off when it is spent.
+    left of the gateway's deadline: a server that trickles its answer is cut off when it is spent.
 
     Returns:
         ``created`` or ``replaced``.
 
     Raises:
-        ApiException, urllib3.exceptions.HTTPError, OSError: from the apiserver; ``DeadlineExceeded`` (an
-            ``OSError``) when the budget is spent.
+        KubeUnavailable, KubeRefused: from the gateway (a third 409 is the last refusal).
     """
     encoded = base64.b64encode(token.encode()).decode()
-    last: ApiException | None = None
+    last: KubeRefused | None = None
     for _ in range(3):
-        try:
-            current = deadline.call(core.read_namespaced_secret, name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        current = kube.get(SECRETS, name, namespace=namespace, missing_ok=True)
+        if current is None:
             body = {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
                 "data": {OPERATOR_TOKEN_SECRET_KEY: encoded},
             }
             try:
-                deadline.call(core.create_namespaced_secret, namespace, body)
+                kube.create(body)
                 return "created"
-            except ApiException as exc:
+            except KubeRefused as exc:
                 if exc.status != 409:  # 409: created meanwhile; read it and replace it
                     raise
                 last = exc
                 continue
-        body = core.api_client.sanitize_for_serialization(current)
-        body["data"] = {**(body.get("data") or {}), OPERATOR_TOKEN_SECRET_KEY: encoded}
+        body = {**current, "data": {**(current.get("data") or {}), OPERATOR_TOKEN_SECRET_KEY: encoded}}
+        body.setdefault("apiVersion", "v1")
+        body.setdefault("kind", "Secret")
         body.pop("stringData", None)
         try:
-            deadline.call(core.replace_namespaced_secret, name, namespace, body)
+            kube.replace(body)
             return "replaced"
-        except ApiException as exc:
+        except KubeRefused as exc:
             if exc.status != 409:  # 409: changed since read; read again
                 raise
             last = exc
@@ -291,11 +291,17 @@ def _secret_write(core: kubernetes.client.CoreV1Api, *, namespace: str, name: st
 
 
 def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str, timeout: float) -> tuple[str, str]:
-    """``(code, sentence naming the fix)`` for an exception of the Secret write."""
+    """``(code, sentence naming the fix)`` for a failure of the Secret write (a ``KubeconfigError`` or ``KubeError``)."""
     where = f"Secret {namespace}/{name} on {cluster.name}"
     if isinstance(exc, KubeconfigError):
         return "token_push_failed", f"{exc.detail.rstrip('.')}; register the cluster's kubeconfig again"
-    if isinstance(exc, ApiException):
+    assert isinstance(exc, KubeError)
+    if isinstance(exc, KubeRefused) and exc.unreadable:
+        return "token_push_failed", (
+            f"The apiserver at {cluster.apiserver_url} gave an answer the Kubernetes client could not read ({exc.message}) "
+            f"when writing the {where}: check that the kubeconfig names a Kubernetes apiserver"
+        )
+    if exc.status:
         if exc.status in (401, 403):
             return "token_push_forbidden", (
                 f"The cluster's apiserver refused to let the control plane write the {where} ({exc.status} {exc.reason}): "
@@ -308,22 +314,17 @@ def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str
                 "operator chart (docs/attach-a-cluster.md)"
             )
         return "token_push_failed", f"The apiserver answered {exc.status} {exc.reason} when writing the {where}: check the apiserver"
-    tls = tls_failure_detail(exc, server=cluster.apiserver_url)
-    if tls:
-        return "token_push_failed", f"{tls.rstrip('.')} (when writing the {where}); register the cluster's kubeconfig again"
-    if isinstance(exc, DeadlineExceeded):
+    assert isinstance(exc, KubeUnavailable)
+    if exc.tls_detail:
+        return "token_push_failed", f"{exc.tls_detail.rstrip('.')} (when writing the {where}); register the cluster's kubeconfig again"
+    if exc.deadline_exceeded:
         return "token_push_unreachable", (
             f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s when writing the {where}: no "
             "complete answer came in that time (the connection was cut off at the deadline); check that the control plane "
             "can reach it, that the address is the apiserver's, and that the cluster is up"
         )
-    if not isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return "token_push_failed", (
-            f"The apiserver at {cluster.apiserver_url} gave an answer the Kubernetes client could not read ({type(exc).__name__}) "
-            f"when writing the {where}: check that the kubeconfig names a Kubernetes apiserver"
-        )
     return "token_push_unreachable", (
-        f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s ({type(exc).__name__}) when "
+        f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s ({exc.cause_name}) when "
         f"writing the {where}: check that the control plane can reach it and that the cluster is up"
     )
 
@@ -351,7 +352,8 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     Raises:
         OperatorTokenPushFailed: 502 with code ``token_push_unreachable``, ``token_push_forbidden``,
             ``token_push_namespace_missing``, ``token_push_revoked`` or ``token_push_failed``; the failure
-            is recorded first and ``exc.result`` holds the failed result.
+            is recorded first and ``exc.result`` holds the failed result. ``OperatorTokenPushUnavailable`` (a subclass)
+            when it may pass: the apiserver did not answer or answered 5xx/429.
         Conflict: ``cluster_deregistered`` (409); nothing is recorded.
         ApplicationError: ``invalid_ttl`` (400).
     """
@@ -361,19 +363,17 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     timeout = settings.GSHARE_OPERATOR_TOKEN_PUSH_TIMEOUT
     attempted_at = timezone.now()
     try:
-        api_client = api_client_for_cluster(cluster)
+        kube = KubeGateway.for_cluster(cluster, deadline=Deadline(timeout))
     except KubeconfigError as exc:
         code, detail = _push_failure(cluster, exc, namespace=namespace, name=name, timeout=timeout)
         _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at)
     try:
-        action = _secret_write(
-            kubernetes.client.CoreV1Api(api_client), namespace=namespace, name=name, token=issued.token, deadline=Deadline(timeout)
-        )
-    except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        with kube:
+            action = _secret_write(kube, namespace=namespace, name=name, token=issued.token)
+    except KubeError as exc:
         code, detail = _push_failure(cluster, exc, namespace=namespace, name=name, timeout=timeout)
-        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at)
-    finally:
-        api_client.close()
+        transient = isinstance(exc, KubeUnavailable) and not exc.tls_detail
+        _push_failed(cluster, issued, code=code, detail=detail, attempted_at=attempted_at, transient=transient)
     recorded = operator_token_expiry_record(
         cluster=cluster, issued=issued,
         operator_token_rotated_at=timezone.now(), operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error="",
@@ -396,8 +396,10 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     )
 
 
-def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: str, attempted_at: datetime.datetime) -> NoReturn:
-    """Record a failed push on the cluster and raise :class:`OperatorTokenPushFailed`."""
+def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: str, attempted_at: datetime.datetime,
+                 transient: bool = False) -> NoReturn:
+    """Record a failed push on the cluster and raise :class:`OperatorTokenPushFailed` (:class:`OperatorTokenPushUnavailable`
+    when ``transient``)."""
     detail = detail.rstrip(".") + "."
     Cluster.objects.filter(pk=cluster.pk).update(operator_token_rotation_attempted_at=attempted_at, operator_token_rotation_error=detail)
     logger.warning("operator token rotation failed: cluster %s (%s): %s %s", cluster.public_id, cluster.name, code, detail)
@@ -407,7 +409,8 @@ def _push_failed(cluster: Cluster, issued: IssuedToken, *, code: str, detail: st
         cluster_id=cluster.public_id, cluster_name=cluster.name, outcome=Outcome.FAILED, generation=issued.generation,
         expires_at=cluster.operator_token_expires_at, code=code, detail=detail,
     )
-    raise OperatorTokenPushFailed(f"{detail} Then run {_rotate_command(cluster)}.", code=code, result=result)
+    error = OperatorTokenPushUnavailable if transient else OperatorTokenPushFailed
+    raise error(f"{detail} Then run {_rotate_command(cluster)}.", code=code, result=result)
 
 
 def operator_tokens_rotate(*, cluster_id: str | None = None, dry_run: bool = False, force: bool = False) -> list[TokenRotationResult]:

@@ -1,0 +1,85 @@
+"""The two errors of the Kubernetes gateway (``clusters.kube.gateway``) and the one formatter of an apiserver refusal.
+
+* :class:`KubeUnavailable`: no usable answer now (connect failure, a call cut off by its ``Deadline``, a TLS failure,
+  5xx, 429). Trying again later may work; Celery tasks retry it.
+* :class:`KubeRefused`: the apiserver answered and refused (4xx other than 429), or answered with something that is not
+  a Kubernetes API object. Trying again will not help until something changes.
+
+Both are ``KubeError``; neither is an ``ApplicationError``: each service says what the failure means for its caller.
+"""
+
+from __future__ import annotations
+
+import json
+
+#: Longest apiserver message kept in a refusal (a Status message can quote a whole object).
+MAX_MESSAGE = 300
+
+
+def status_message(body: bytes | str | None) -> str:
+    """The ``message`` of a Kubernetes ``Status`` body (JSON), cut to ``MAX_MESSAGE`` characters; "" when there is none."""
+    try:
+        data = json.loads(body or "{}")
+    except (TypeError, ValueError):
+        return ""
+    message = data.get("message") if isinstance(data, dict) else None
+    return str(message)[:MAX_MESSAGE] if message else ""
+
+
+class KubeError(Exception):
+    """An apiserver call of the gateway failed.
+
+    Attributes:
+        status: the HTTP status of the answer, or None when none came.
+        reason: the HTTP reason phrase ("Forbidden"), or "".
+        message: the apiserver's ``Status`` message, or "".
+        server: the apiserver URL, for messages.
+    """
+
+    def __init__(self, *, status: int | None = None, reason: str = "", message: str = "", server: str = ""):
+        self.status, self.reason, self.message, self.server = status, reason or "", message or "", server
+        super().__init__(str(self))
+
+    @property
+    def summary(self) -> str:
+        """``reason: message`` (or the reason alone): how every error text of the control plane quotes the apiserver."""
+        return f"{self.reason}: {self.message}" if self.message else self.reason
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.summary}".strip()
+
+
+class KubeRefused(KubeError):
+    """The apiserver refused the call (4xx other than 429), or its answer was not a Kubernetes API object.
+
+    Attributes:
+        unreadable: True when the server answered 2xx with a body the gateway could not read (not an apiserver?).
+    """
+
+    @property
+    def unreadable(self) -> bool:
+        return self.status is not None and self.status < 400
+
+
+class KubeUnavailable(KubeError):
+    """No usable answer now: transient (retry later).
+
+    Attributes:
+        cause: the exception of the client library behind it (None for a 5xx/429 answer).
+        cause_name: its class name (``DeadlineExceeded``, ``MaxRetryError``...), or "" for a 5xx/429 answer.
+        deadline_exceeded: the call was cut off because its time budget was spent.
+        tls_detail: a sentence naming the fix when the failure is a TLS failure caused by the kubeconfig
+            (``clusters.kube.client.tls_failure_detail``), else None.
+    """
+
+    def __init__(self, *, cause: BaseException | None = None, deadline_exceeded: bool = False, tls_detail: str | None = None, **fields):
+        self.cause = cause
+        self.cause_name = type(cause).__name__ if cause is not None else ""
+        self.deadline_exceeded = deadline_exceeded
+        self.tls_detail = tls_detail
+        super().__init__(**fields)
+
+    def __str__(self) -> str:
+        if self.status:
+            return f"answered {self.status} ({self.reason})"
+        return f"did not answer ({self.cause_name})"
