@@ -10,7 +10,7 @@ Lock order: credit accounts (primary-key order) → session rows (see ``billing.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from billing.admission import EffectivePolicy, credits_text, policies_for
 from billing.models import CreditAccount
+from operator_agent.rfc3339 import format_utc
 from sessions import services as session_services
 from sessions.models import Session
 
@@ -27,10 +28,6 @@ logger = logging.getLogger(__name__)
 _STOPPABLE_EXCLUDED = (*Session.TERMINAL_PHASES, Session.Phase.STOPPING)
 
 
-def _utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _past_grace(account: CreditAccount, policy: EffectivePolicy, now: datetime) -> bool:
     return (account.balance < 0 and account.below_zero_since is not None
             and account.below_zero_since + timedelta(seconds=policy.grace_seconds) <= now)
@@ -38,7 +35,7 @@ def _past_grace(account: CreditAccount, policy: EffectivePolicy, now: datetime) 
 
 def stop_reason(*, account: CreditAccount, policy: EffectivePolicy) -> str:
     """The message written on a session stopped because its owner's credits ran out."""
-    return (f"Stopped: credits ran out (balance {credits_text(account.balance)} since {_utc(account.below_zero_since)}, "
+    return (f"Stopped: credits ran out (balance {credits_text(account.balance)} since {format_utc(account.below_zero_since)}, "
             f"grace {policy.grace_seconds} s). Ask an operator for a grant of credits, then start a new session.")
 
 
@@ -84,5 +81,5 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
             if session_services.session_stop(session=session, reason=reason).phase == Session.Phase.STOPPING:
                 stopped += 1
                 logger.info("session %s of %s stopped: balance %s below zero since %s", session.public_id, account.user_id,
-                            account.balance, _utc(account.below_zero_since))
+                            account.balance, format_utc(account.below_zero_since))
     return stopped

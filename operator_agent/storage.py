@@ -71,6 +71,7 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
+from operator_agent import rfc3339
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import (
     FORBIDDEN_CLUSTER_SCOPE,
@@ -370,13 +371,7 @@ def _event_order(event: Mapping[str, Any]) -> tuple[datetime.datetime, int]:
 
 
 def _parse_time(value: Any) -> datetime.datetime | None:
-    if not value or not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
+    return rfc3339.parse(value, naive_as_utc=True)
 
 
 def _cut(message: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from clusters.internal.views import OperatorAPIView
 from gshare.api import describe_schema_error
 from gshare.exceptions import ApplicationError
-from operator_agent import contract
+from operator_agent import contract, rfc3339
 from sessions import connect, services
 
 logger = logging.getLogger(__name__)
@@ -45,16 +45,13 @@ _status_validator = Draft202012Validator(STATUS_SCHEMA)
 
 
 def _parse_time(value: str, index: int) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        parsed = None
-    if parsed is None or parsed.tzinfo is None:
+    parsed = rfc3339.parse(value)
+    if parsed is None:
         raise ApplicationError(
             f"reports[{index}].observed_at must be an RFC 3339 time with a zone, e.g. 2026-11-29T16:00:00Z; got {value!r}.",
             code="invalid_status",
         )
-    return parsed.astimezone(UTC)
+    return parsed
 
 
 class StatusView(OperatorAPIView):

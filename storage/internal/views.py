@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from rest_framework.response import Response
@@ -11,6 +9,7 @@ from rest_framework.response import Response
 from clusters.internal.views import OperatorAPIView
 from gshare.api import describe_schema_error, unstorable_text_path
 from gshare.exceptions import ApplicationError
+from operator_agent import rfc3339
 from storage import services
 
 _BIG = 2**63 - 1
@@ -85,7 +84,7 @@ def storage_report_errors(body) -> list[str]:
     bad_text = unstorable_text_path(body)
     if bad_text:
         return [f"{bad_text}: contains a NUL character or an unpaired surrogate, which cannot be stored"]
-    if _parse_time(body["read_at"]) is None:
+    if rfc3339.parse(body["read_at"]) is None:
         problems.append(f"read_at: must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {body['read_at']!r}")
     for key, field in (("storage_classes", "storage_class"), ("volumes", "volume_id"), ("nodes", "name")):
         seen = set()
@@ -101,14 +100,6 @@ def storage_report_errors(body) -> list[str]:
     return problems[:10]
 
 
-def _parse_time(value: str) -> datetime | None:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed.astimezone(UTC) if parsed.tzinfo is not None else None
-
-
 class StorageReportView(OperatorAPIView):
     """``POST /internal/v1/storage``: CSIStorageCapacity readings, node disks and PVC statuses of the caller's cluster."""
 
@@ -120,6 +111,6 @@ class StorageReportView(OperatorAPIView):
                 "The storage report is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
                 code="invalid_storage_report",
             )
-        report = {**request.data, "read_at": _parse_time(request.data["read_at"])}
+        report = {**request.data, "read_at": rfc3339.parse(request.data["read_at"])}
         result = services.storage_report_apply(cluster=self.cluster, report=report)
         return Response({"server_time": timezone.now().isoformat(), **result})
