@@ -23,7 +23,7 @@ from operator_agent.rfc3339 import offset_in_whole_minutes
 #: At most this many samples per ``POST /internal/v1/usage`` (400 ``batch_too_large`` beyond; shared with the operator).
 MAX_BATCH = contract.USAGE_MAX_SAMPLES_PER_CALL
 #: Longest ``sample_id``, ``session_id`` and ``device_uuid`` (the columns' size).
-MAX_ID_LENGTH = 128
+MAX_ID_LENGTH = contract.USAGE_ID_MAX_LENGTH
 _MAX_INT = 2**31 - 1
 _REQUIRED = ("sample_id", "session_id", "device_uuid", "start", "end")
 _fromisoformat = datetime.fromisoformat

@@ -103,6 +103,24 @@ def describe_schema_error(error) -> str:
     return error.message if len(error.message) <= 200 else error.message[:197] + "..."
 
 
+def schema_problems(validator, body, *, limit: int = 10) -> list[str]:
+    """Readable problems of ``body`` against a ``jsonschema`` validator (empty when valid), in path order.
+
+    Args:
+        validator: e.g. ``Draft202012Validator(operator_agent.contract.STATUS_SCHEMA)``.
+        body: the parsed JSON document.
+        limit: at most this many problems.
+
+    Returns:
+        ``["nodes[3].devices[0].memory_mib: is smaller than 0", ...]`` (``body`` as the path of the document itself).
+    """
+    problems = []
+    for error in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:limit]:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
+        problems.append(f"{path}: {describe_schema_error(error)}")
+    return problems
+
+
 def unstorable_text_path(value, path: str = "") -> str | None:
     """Return the JSON path of the first string (key or value) PostgreSQL cannot store, or None.
 

@@ -7,78 +7,19 @@ from jsonschema import Draft202012Validator
 from rest_framework.response import Response
 
 from clusters.internal.views import OperatorAPIView
-from gshare.api import describe_schema_error, unstorable_text_path
+from gshare.api import schema_problems, unstorable_text_path
 from gshare.exceptions import ApplicationError
-from operator_agent import rfc3339
+from operator_agent import contract, rfc3339
 from storage import services
 
-_BIG = 2**63 - 1
-
-#: The body of ``POST /internal/v1/storage`` (docs/storage.md#operator-report).
-STORAGE_REPORT_SCHEMA = {
-    "type": "object",
-    "required": ["read_at"],
-    "properties": {
-        "read_at": {"type": "string", "maxLength": 64},
-        "storage_classes": {
-            "type": "array",
-            "maxItems": 1000,
-            "items": {
-                "type": "object",
-                "required": ["storage_class"],
-                "properties": {
-                    "storage_class": {"type": "string", "minLength": 1, "maxLength": 253},
-                    "capacity_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": _BIG},
-                    "objects": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
-                },
-            },
-        },
-        # Optional: an operator older than the field does not send it, and nothing is then known of its StorageClasses.
-        "existing_storage_classes": {
-            "type": "array",
-            "maxItems": 1000,
-            "items": {"type": "string", "minLength": 1, "maxLength": 253},
-        },
-        "volumes": {
-            "type": "array",
-            "maxItems": 5000,
-            "items": {
-                "type": "object",
-                "required": ["volume_id", "phase"],
-                "properties": {
-                    "volume_id": {"type": "string", "pattern": "^vol_[a-z0-9]{1,32}$"},
-                    "claim_name": {"type": "string", "maxLength": 253},
-                    "phase": {"enum": ["Bound", "Pending", "Lost"]},
-                    "volume_name": {"type": ["string", "null"], "maxLength": 253},
-                    "message": {"type": ["string", "null"], "maxLength": 4000},
-                },
-            },
-        },
-        "nodes": {
-            "type": "array",
-            "maxItems": 5000,
-            "items": {
-                "type": "object",
-                "required": ["name", "disk_bytes"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1, "maxLength": 253},
-                    "disk_bytes": {"type": "integer", "minimum": 0, "maximum": _BIG},
-                },
-            },
-        },
-    },
-}
-_validator = Draft202012Validator(STORAGE_REPORT_SCHEMA)
+_validator = Draft202012Validator(contract.STORAGE_REPORT_SCHEMA)
 
 
 def storage_report_errors(body) -> list[str]:
     """Readable problems with a storage report (empty when valid): schema errors with their JSON path, text
     PostgreSQL cannot store, a ``read_at`` that is not a zoned ISO 8601 time, and duplicates (a StorageClass, a
     volume or a node listed twice, a name twice in ``existing_storage_classes``)."""
-    problems = []
-    for error in sorted(_validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:10]:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
-        problems.append(f"{path}: {describe_schema_error(error)}")
+    problems = schema_problems(_validator, body)
     if problems:
         return problems
     bad_text = unstorable_text_path(body)
