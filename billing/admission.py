@@ -43,31 +43,10 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from billing import pricing
+from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, CreditAccount, Policy
 from clusters.models import Cluster, GpuDevice
-from gshare.exceptions import ApplicationError
 from sessions.models import Session
-
-
-class InsufficientCredits(ApplicationError):
-    """402: the available balance does not cover the policy's minimum for the request."""
-
-    code = "insufficient_credits"
-    status = 402
-
-
-class QuotaExceeded(ApplicationError):
-    """403: the request would pass the user's concurrent sessions or GPUs limit."""
-
-    code = "quota_exceeded"
-    status = 403
-
-
-class ClusterNotAllowed(ApplicationError):
-    """403: the request asks for (or its volumes need) a cluster the user's policy does not allow."""
-
-    code = "cluster_not_allowed"
-    status = 403
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+from billing.exceptions import BatchTooLarge, InvalidUsageSample
 from gshare.exceptions import ApplicationError
 from operator_agent import contract
 from operator_agent.rfc3339 import MAX_LENGTH as _MAX_TIME_LENGTH
@@ -29,18 +30,6 @@ _REQUIRED = ("sample_id", "session_id", "device_uuid", "start", "end")
 _fromisoformat = datetime.fromisoformat
 
 
-class InvalidUsageSample(ApplicationError):
-    """400: a sample of the batch is malformed; ``index`` (in the body) names the first one. Nothing was stored."""
-
-    code = contract.INVALID_USAGE_SAMPLE
-    status = 400
-
-
-class BatchTooLarge(ApplicationError):
-    """400: more than ``MAX_BATCH`` samples in one call."""
-
-    code = "batch_too_large"
-    status = 400
 
 
 class Sample(NamedTuple):
