@@ -87,12 +87,9 @@ class ClusterViewSet(viewsets.GenericViewSet):
         its id, operator and tokens. Refusals as registration's for the kubeconfig (docs/errors.md).
         """
         cluster = selectors.cluster_get(public_id=public_id)
-        extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.cluster_update(
-            cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}}, actor=f"api:{request.user.get_username()}",
-        )
+        services.cluster_update(cluster=cluster, changes=data.validated_data, actor=f"api:{request.user.get_username()}")
         return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(responses=ClusterStaffSerializer)

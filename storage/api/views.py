@@ -10,7 +10,6 @@ from rest_framework.response import Response
 from clusters.filters import HELP as CLUSTER_HELP
 from clusters.filters import cluster_param
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
-from gshare.exceptions import ApplicationError
 from storage import selectors, services
 from storage.api.filters import PoolFilter, VolumeFilter
 from storage.api.serializers import (
@@ -87,10 +86,9 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
     def partial_update(self, request, public_id: str):
         """Change a pool (staff); refused with 409 ``pool_in_use`` when the change would strand its volumes."""
         pool = selectors.pool_get(public_id=public_id)
-        extra = set(request.data) - set(PoolUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = PoolUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.pool_update(pool=pool, changes={**_pool_changes(data.validated_data), **{key: request.data[key] for key in extra}})
+        services.pool_update(pool=pool, changes=_pool_changes(data.validated_data))
         return Response(_pool_data(selectors.pool_get(public_id=public_id), request=request))
 
     def destroy(self, request, public_id: str):
@@ -153,9 +151,6 @@ class VolumeViewSet(viewsets.GenericViewSet):
     def partial_update(self, request, public_id: str):
         """Raise the quota (through the capacity gate); a decrease is refused with 409 ``volume_shrink_unsupported``."""
         volume = selectors.volume_get(user=request.user, public_id=public_id)
-        extra = sorted(set(request.data) - {"quota_gb"}) if isinstance(request.data, dict) else []
-        if extra:
-            raise ApplicationError(f"Only quota_gb can be changed; not {', '.join(extra)}.", code="invalid_request")
         data = VolumeUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.volume_update_quota(volume=volume, quota_gb=data.validated_data["quota_gb"])
