@@ -158,7 +158,7 @@ _ENDED_MEMORY = 4096  # Terminated sessions remembered, so late events do not re
 
 def format_time(moment: datetime.datetime) -> str:
     """RFC 3339 UTC with microseconds: ``2026-11-29T16:00:00.123456Z``."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339.format_utc(moment, timespec="microseconds")
 
 
 def next_observed_at(previous: str | None, now: datetime.datetime | None = None) -> str:

@@ -280,7 +280,7 @@ def storage_report(*, read_at: datetime.datetime, capacities: Iterable[Mapping[s
     then left out).
     """
     report: dict[str, Any] = {
-        "read_at": format_time(read_at),
+        "read_at": rfc3339.format_utc(read_at, timespec="microseconds"),
         "storage_classes": storage_class_readings(capacities, own_class=own_class),
     }
     if classes is not None:
@@ -288,11 +288,6 @@ def storage_report(*, read_at: datetime.datetime, capacities: Iterable[Mapping[s
     report["volumes"] = volume_reports(pvcs, events, pods)
     report["nodes"] = node_disks(nodes)
     return report
-
-
-def format_time(moment: datetime.datetime) -> str:
-    """ISO 8601 / RFC 3339 UTC with microseconds: ``2026-11-29T16:00:00.123456Z``."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _pod_claims(pod: Mapping[str, Any]) -> list[str]:
