@@ -1,5 +1,5 @@
-"""Admission and stopping: who may start a session (credits, quota, clusters), and stopping the sessions of
-accounts that ran out of credits.
+"""Admission: who may start a session (credits, quota, clusters). Stopping the sessions of accounts that ran out
+of credits is ``billing.overdrawn`` (it drives ``sessions.services``, which calls this module: dependencies run one way).
 
 Admission (``sessions.services.session_create`` calls it, inside its transaction):
 
@@ -15,7 +15,7 @@ Admission (``sessions.services.session_create`` calls it, inside its transaction
 
 Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
 credit account → clusters (primary-key order) → volumes (primary-key order) in ``session_create``; credit
-accounts (primary-key order) → session rows in ``overdrawn_sessions_stop``.
+accounts (primary-key order) → session rows in ``billing.overdrawn.overdrawn_sessions_stop``.
 
 Money:
     hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so
@@ -33,48 +33,20 @@ Money:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db import connection, transaction
-from django.db.models import Exists, Min, OuterRef, Q
+from django.db import connection
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from billing import pricing
+from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, CreditAccount, Policy
 from clusters.models import Cluster, GpuDevice
-from gshare.exceptions import ApplicationError
 from sessions.models import Session
-
-logger = logging.getLogger(__name__)
-
-#: Phases a session is stopped from by ``overdrawn_sessions_stop`` (Stopping ones are on their way already).
-_STOPPABLE_EXCLUDED = (*Session.TERMINAL_PHASES, Session.Phase.STOPPING)
-
-
-class InsufficientCredits(ApplicationError):
-    """402: the available balance does not cover the policy's minimum for the request."""
-
-    code = "insufficient_credits"
-    status = 402
-
-
-class QuotaExceeded(ApplicationError):
-    """403: the request would pass the user's concurrent sessions or GPUs limit."""
-
-    code = "quota_exceeded"
-    status = 403
-
-
-class ClusterNotAllowed(ApplicationError):
-    """403: the request asks for (or its volumes need) a cluster the user's policy does not allow."""
-
-    code = "cluster_not_allowed"
-    status = 403
 
 
 @dataclass(frozen=True)
@@ -260,7 +232,7 @@ def _holds(live: list[_Live], *, policy: EffectivePolicy, prices: dict[str, Deci
 # --------------------------------------------------------------------------- admission
 
 
-def _credits(amount: Decimal) -> str:
+def credits_text(amount: Decimal) -> str:
     """``amount`` as a plain decimal string without trailing zeros (``-1.23``, ``40``)."""
     text = format(Decimal(amount).quantize(CREDITS), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
@@ -354,10 +326,10 @@ def admission_check(
     available = balance - holds
     if available >= required:
         return
-    figures = {"balance": _credits(balance), "holds": _credits(holds), "available": _credits(available),
-               "required": _credits(required), "hourly_cost": _credits(hourly)}
+    figures = {"balance": credits_text(balance), "holds": credits_text(holds), "available": credits_text(available),
+               "required": credits_text(required), "hourly_cost": credits_text(hourly)}
     if hours > 0:
-        need = (f"Starting this session needs {figures['required']} credits available ({_credits(hours)} h at up to "
+        need = (f"Starting this session needs {figures['required']} credits available ({credits_text(hours)} h at up to "
                 f"{figures['hourly_cost']} credits/hour for {gpus} GPU(s)); your balance is {figures['balance']} and your live "
                 f"sessions hold {figures['holds']}, so {figures['available']} is available.")
     else:
@@ -366,69 +338,3 @@ def admission_check(
         f"{need} Ask an operator for a grant of credits, or stop a session (`DELETE /api/v1/sessions/{{id}}`) to free its hold.",
         extra=figures,
     )
-
-
-# --------------------------------------------------------------------------- stopping
-
-
-def _utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _past_grace(account: CreditAccount, policy: EffectivePolicy, now: datetime) -> bool:
-    return (account.balance < 0 and account.below_zero_since is not None
-            and account.below_zero_since + timedelta(seconds=policy.grace_seconds) <= now)
-
-
-def stop_reason(*, account: CreditAccount, policy: EffectivePolicy) -> str:
-    """The message written on a session stopped because its owner's credits ran out."""
-    return (f"Stopped: credits ran out (balance {_credits(account.balance)} since {_utc(account.below_zero_since)}, "
-            f"grace {policy.grace_seconds} s). Ask an operator for a grant of credits, then start a new session.")
-
-
-def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
-    """Stop the live sessions of every account below zero for longer than its owner's policy grace.
-
-    Each session is stopped through ``sessions.services.session_stop`` (Stopping now, its GShareSession
-    deleted by the task, then Terminated) with ``stop_reason`` as its message. Idempotent: sessions already
-    Stopping or ended are left alone, so a second run changes nothing. The accounts found are locked (primary-key
-    order) and checked again before their sessions are stopped, so a grant that just brought one back to zero or
-    above is seen. Queries: four, plus what ``session_stop`` does per session; none grows with the number of
-    accounts.
-
-    Args:
-        now: the time to compare with (default: now).
-
-    Returns:
-        How many sessions were stopped.
-    """
-    from sessions import services as session_services  # sessions.services imports this module
-
-    now = now or timezone.now()
-    stoppable = Session.objects.filter(owner_id=OuterRef("user_id")).exclude(phase__in=_STOPPABLE_EXCLUDED)
-    overdrawn = list(
-        CreditAccount.objects.filter(balance__lt=0, below_zero_since__isnull=False).filter(Exists(stoppable))
-        .only("pk", "user_id", "balance", "below_zero_since")
-    )
-    if not overdrawn:
-        return 0
-    policies = policies_for(user_ids=[a.user_id for a in overdrawn])
-    due = [a.pk for a in overdrawn if _past_grace(a, policies[a.user_id], now)]
-    if not due:
-        return 0
-    stopped = 0
-    with transaction.atomic():
-        accounts = {
-            a.user_id: a
-            for a in CreditAccount.objects.select_for_update().filter(pk__in=due).order_by("pk")
-            if _past_grace(a, policies[a.user_id], now)
-        }
-        sessions = Session.objects.filter(owner_id__in=list(accounts)).exclude(phase__in=_STOPPABLE_EXCLUDED).order_by("pk")
-        for session in sessions:
-            account = accounts[session.owner_id]
-            reason = stop_reason(account=account, policy=policies[session.owner_id])
-            if session_services.session_stop(session=session, reason=reason).phase == Session.Phase.STOPPING:
-                stopped += 1
-                logger.info("session %s of %s stopped: balance %s below zero since %s", session.public_id, account.user_id,
-                            account.balance, _utc(account.below_zero_since))
-    return stopped

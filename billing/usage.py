@@ -3,6 +3,11 @@
 A batch holds up to 5,000 samples and the endpoint's goal is tens of thousands of samples per second, so each
 sample is checked with plain type tests and ``datetime.fromisoformat`` (a per-sample jsonschema validation costs
 more than the whole database write). The first offending sample refuses the batch with its index.
+
+The checks are those of ``operator_agent.contract.USAGE_SCHEMA`` plus what a schema cannot say (end after start,
+the window's length and age); times are RFC 3339 as ``operator_agent.rfc3339.parse`` reads them, inlined here so a
+well-formed sample costs one ``fromisoformat`` per time. ``tests/billing/test_usage_contract.py`` runs one table of
+samples through this parser, the schema and ``rfc3339.parse``.
 """
 
 from __future__ import annotations
@@ -10,31 +15,21 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+from billing.exceptions import BatchTooLarge, InvalidUsageSample
 from gshare.exceptions import ApplicationError
 from operator_agent import contract
+from operator_agent.rfc3339 import MAX_LENGTH as _MAX_TIME_LENGTH
+from operator_agent.rfc3339 import offset_in_whole_minutes
 
 #: At most this many samples per ``POST /internal/v1/usage`` (400 ``batch_too_large`` beyond; shared with the operator).
 MAX_BATCH = contract.USAGE_MAX_SAMPLES_PER_CALL
 #: Longest ``sample_id``, ``session_id`` and ``device_uuid`` (the columns' size).
-MAX_ID_LENGTH = 128
-_MAX_TIME_LENGTH = 64
+MAX_ID_LENGTH = contract.USAGE_ID_MAX_LENGTH
 _MAX_INT = 2**31 - 1
 _REQUIRED = ("sample_id", "session_id", "device_uuid", "start", "end")
 _fromisoformat = datetime.fromisoformat
 
 
-class InvalidUsageSample(ApplicationError):
-    """400: a sample of the batch is malformed; ``index`` (in the body) names the first one. Nothing was stored."""
-
-    code = contract.INVALID_USAGE_SAMPLE
-    status = 400
-
-
-class BatchTooLarge(ApplicationError):
-    """400: more than ``MAX_BATCH`` samples in one call."""
-
-    code = "batch_too_large"
-    status = 400
 
 
 class Sample(NamedTuple):
@@ -106,19 +101,6 @@ def _time(value) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
-def _offset_in_whole_minutes(raw: str) -> bool:
-    """Whether the zone of ISO time ``raw`` (which ``fromisoformat`` read as aware) is ``Z`` or written in hours and minutes.
-
-    An offset with seconds (``+00:00:00.9``) is not ISO 8601 / RFC 3339, and Python 3.11 reads a sub-second one
-    as UTC (``-00:00:00.9`` too), so its instant cannot be trusted; PostgreSQL could not store it either."""
-    last = raw[-1]
-    if last == "Z" or last == "z":
-        return True
-    # The offset's sign is the last + or - (a date's hyphens all come before index 9); with it, ±HH:MM is 6 characters.
-    sign = max(raw.rfind("+"), raw.rfind("-"))
-    return sign <= 8 or len(raw) - sign <= 6
-
-
 #: Seconds a sample's end may lie ahead of the control plane's clock.
 CLOCK_SKEW_SECONDS = 300
 
@@ -182,8 +164,8 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
             key, raw = ("start", start_raw) if start is None else ("end", end_raw)
             shown = repr(raw) if type(raw) is not str or len(raw) <= _MAX_TIME_LENGTH else repr(raw[:_MAX_TIME_LENGTH] + "...")
             raise invalid_sample(index, sample, f"{key} must be an ISO 8601 time with a zone, e.g. 2026-11-29T16:00:00Z; got {shown}")
-        if not (_offset_in_whole_minutes(start_raw) and _offset_in_whole_minutes(end_raw)):
-            key, raw = ("start", start_raw) if not _offset_in_whole_minutes(start_raw) else ("end", end_raw)
+        if not (offset_in_whole_minutes(start_raw) and offset_in_whole_minutes(end_raw)):
+            key, raw = ("start", start_raw) if not offset_in_whole_minutes(start_raw) else ("end", end_raw)
             raise invalid_sample(
                 index, sample,
                 f"{key} has a UTC offset with seconds ({raw!r}); send UTC (2026-11-29T16:00:00Z) or an offset in whole minutes (+05:30)",

@@ -466,7 +466,8 @@ class GpuNodeFilter(admin.SimpleListFilter):
         node = Node.objects.filter(pk=value).values_list("pk", "name", "cluster_name").first() if value.isdigit() else None
         if node is None:
             return [(value, "unknown node")]
-        return [(str(node[0]), f"{node[1]} ({node[2]})")]
+        pk, name, cluster_name = node
+        return [(str(pk), f"{name} ({cluster_name})")]
 
     def queryset(self, request, queryset):  # noqa: D102
         value = self.value()

@@ -80,3 +80,13 @@ class GpuFilter(django_filters.FilterSet):
     class Meta:
         model = GpuDevice
         fields = ["cluster"]
+
+
+class ClusterFilter(django_filters.FilterSet):
+    """``GET /api/v1/clusters``: ``?status=`` (an unknown status lists nothing)."""
+
+    status = django_filters.CharFilter(help_text="Only clusters in this status (pending, connected, degraded, unreachable, deregistered)")
+
+    class Meta:
+        model = Cluster
+        fields = ["status"]

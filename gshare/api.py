@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -13,6 +13,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from gshare.exceptions import ApplicationError
+from operator_agent import rfc3339
 
 _DRF_CODES = {
     exceptions.NotAuthenticated: (
@@ -102,6 +103,24 @@ def describe_schema_error(error) -> str:
     return error.message if len(error.message) <= 200 else error.message[:197] + "..."
 
 
+def schema_problems(validator, body, *, limit: int = 10) -> list[str]:
+    """Readable problems of ``body`` against a ``jsonschema`` validator (empty when valid), in path order.
+
+    Args:
+        validator: e.g. ``Draft202012Validator(operator_agent.contract.STATUS_SCHEMA)``.
+        body: the parsed JSON document.
+        limit: at most this many problems.
+
+    Returns:
+        ``["nodes[3].devices[0].memory_mib: is smaller than 0", ...]`` (``body`` as the path of the document itself).
+    """
+    problems = []
+    for error in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:limit]:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
+        problems.append(f"{path}: {describe_schema_error(error)}")
+    return problems
+
+
 def unstorable_text_path(value, path: str = "") -> str | None:
     """Return the JSON path of the first string (key or value) PostgreSQL cannot store, or None.
 
@@ -174,14 +193,7 @@ def query_time(request, name: str) -> datetime | None:
     value = request.query_params.get(name)
     if not value:
         return None
-    try:
-        parsed = datetime.fromisoformat(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
-    except ValueError:
-        parsed = None
-    try:
-        converted = parsed.astimezone(UTC) if parsed is not None and parsed.tzinfo is not None else None
-    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
-        converted = None
+    converted = rfc3339.parse(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
     if converted is None:
         raise ApplicationError(f"{name} must be an ISO 8601 time with a zone between years 1 and 9999 in UTC, "
                                f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code="invalid_request")

@@ -8,9 +8,12 @@ numbers by design (``billing.api.serializers.AmountField``, docs/billing.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 
 from rest_framework import serializers
+
+from gshare.exceptions import ApplicationError
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -33,4 +36,21 @@ class StrictIntegerField(serializers.IntegerField):
             if not exact.is_finite() or exact != exact.to_integral_value():
                 self.fail("invalid")
             data = int(exact)
+        return super().to_internal_value(data)
+
+
+class RefuseUnknownFieldsMixin:
+    """Serializer mixin for ``PATCH`` bodies: a body naming a field the serializer does not have is refused, before
+    any field is validated, with 400 ``invalid_request`` (``gshare.exceptions.ApplicationError``) and the sentence of
+    ``unknown_fields_message`` (DRF's default ignores unknown keys, which would let a typo pass as "nothing changed")."""
+
+    def unknown_fields_message(self, unknown: list[str]) -> str:
+        """The ``detail`` for ``unknown`` (sorted field names); override to point at another way to change them."""
+        return f"Only {', '.join(self.fields)} can be changed; not {', '.join(unknown)}."
+
+    def to_internal_value(self, data):  # noqa: D102
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise ApplicationError(self.unknown_fields_message(unknown), code="invalid_request")
         return super().to_internal_value(data)

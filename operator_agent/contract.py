@@ -1,8 +1,13 @@
-"""Values the operator and the control plane share.
+"""Values the operator and the control plane share: routes, labels, error codes, token constants, and the JSON
+Schemas (Draft 2020-12) of every payload the operator sends.
 
 The control plane imports this module; this module imports nothing from the control
 plane (nor anything but the standard library), so both sides can depend on it.
-Change a value here and both sides change together.
+Change a value here and both sides change together: the control plane validates what it receives against these
+schemas (``clusters.internal.schemas``, ``sessions.internal.views``, ``storage.internal.views``; usage through the
+hand-written ``billing.usage.parse_samples``, tested against ``USAGE_SCHEMA``), and the operator's tests validate
+what it builds against them. ``"format": "date-time"`` fields are RFC 3339 as ``operator_agent.rfc3339.parse``
+reads them; the control plane checks them with that function (for its own error messages), not as a schema format.
 """
 
 from __future__ import annotations
@@ -74,6 +79,10 @@ OPERATOR_TOKEN_GENERATION_CLAIM = "gen"
 
 The control plane refuses a token whose generation is not the cluster's current one (401 ``token_revoked``).
 """
+
+OPERATOR_TOKEN_REFRESH_FRACTION = 0.25
+"""The operator refreshes its token once less than this fraction of its life is left (``operator_agent.token``,
+lowered by its jitter); the control plane exchanges a token only inside that window (``clusters.operator_token``)."""
 
 TOKEN_PATH = "/internal/v1/token"
 """``POST`` (no body): exchange the caller's valid operator token for a fresh one of the cluster's current
@@ -216,6 +225,161 @@ VOLUME_PHASES = (VOLUME_PHASE_PENDING, VOLUME_PHASE_BOUND, VOLUME_PHASE_LOST)
 
 CONNECT_VERIFY_PATH = "/internal/connect/verify"
 """The ingress-nginx ``auth-url`` of every session Ingress (answers 2xx or 401/403 only)."""
+
+
+# --------------------------------------------------------------------------- payload schemas
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+_TIME = {"type": "string", "maxLength": 64, "format": "date-time"}
+
+_INVENTORY_DEVICE = {
+    "type": "object",
+    "required": ["uuid", "index", "model", "memory_mib", "split_count", "cores", "health"],
+    "properties": {
+        "uuid": {"type": "string", "minLength": 1, "maxLength": 128},
+        "index": {"type": "integer", "minimum": 0, "maximum": _INT32},
+        "model": {"type": "string", "minLength": 1, "maxLength": 128},
+        "memory_mib": {"type": "integer", "minimum": 0, "maximum": _INT32},
+        "split_count": {"type": "integer", "minimum": 1, "maximum": _INT32},
+        "cores": {"type": "integer", "minimum": 0, "maximum": _INT32},
+        "health": {"type": "boolean"},
+        "mode": {"type": ["string", "null"], "maxLength": 32},
+    },
+}
+
+INVENTORY_SCHEMA = {
+    "type": "object",
+    "required": ["nodes"],
+    "properties": {
+        "nodes": {
+            "type": "array",
+            "maxItems": 5000,
+            "items": {
+                "type": "object",
+                "required": ["name", "ready", "devices"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "ready": {"type": "boolean"},
+                    "hami_error": {"type": "string"},
+                    "devices": {"type": "array", "maxItems": 64, "items": _INVENTORY_DEVICE},
+                },
+            },
+        }
+    },
+}
+"""Body of ``PUT INVENTORY_PATH``. Node names and GPU UUIDs are also unique in a snapshot (not expressible here)."""
+
+STATUS_MAX_REPORTS = 500
+"""``POST STATUS_PATH`` carries at most this many reports."""
+
+STATUS_SCHEMA = {
+    "type": "object",
+    "required": ["reports"],
+    "properties": {
+        "reports": {
+            "type": "array",
+            "maxItems": STATUS_MAX_REPORTS,
+            "items": {
+                "type": "object",
+                "required": ["session", "phase", "observed_at"],
+                "properties": {
+                    "session": {"type": "string", "pattern": "^ses_[a-z0-9]{1,32}$"},
+                    "phase": {"enum": list(SESSION_PHASES)},
+                    "node": {"type": ["string", "null"], "maxLength": 253},
+                    "devices": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 128}},
+                    "message": {"type": ["string", "null"], "maxLength": 4000},
+                    "observed_at": _TIME,
+                },
+            },
+        }
+    },
+}
+"""Body of ``POST STATUS_PATH``."""
+
+STORAGE_REPORT_SCHEMA = {
+    "type": "object",
+    "required": ["read_at"],
+    "properties": {
+        "read_at": _TIME,
+        "storage_classes": {
+            "type": "array",
+            "maxItems": 1000,
+            "items": {
+                "type": "object",
+                "required": ["storage_class"],
+                "properties": {
+                    "storage_class": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "capacity_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": _INT64},
+                    "objects": {"type": "integer", "minimum": 0, "maximum": _INT32},
+                },
+            },
+        },
+        # Optional: an operator older than the field does not send it, and nothing is then known of its StorageClasses.
+        "existing_storage_classes": {
+            "type": "array",
+            "maxItems": 1000,
+            "items": {"type": "string", "minLength": 1, "maxLength": 253},
+        },
+        "volumes": {
+            "type": "array",
+            "maxItems": 5000,
+            "items": {
+                "type": "object",
+                "required": ["volume_id", "phase"],
+                "properties": {
+                    "volume_id": {"type": "string", "pattern": "^vol_[a-z0-9]{1,32}$"},
+                    "claim_name": {"type": "string", "maxLength": 253},
+                    "phase": {"enum": [VOLUME_PHASE_BOUND, VOLUME_PHASE_PENDING, VOLUME_PHASE_LOST]},
+                    "volume_name": {"type": ["string", "null"], "maxLength": 253},
+                    "message": {"type": ["string", "null"], "maxLength": 4000},
+                },
+            },
+        },
+        "nodes": {
+            "type": "array",
+            "maxItems": 5000,
+            "items": {
+                "type": "object",
+                "required": ["name", "disk_bytes"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "disk_bytes": {"type": "integer", "minimum": 0, "maximum": _INT64},
+                },
+            },
+        },
+    },
+}
+"""Body of ``POST STORAGE_PATH`` (docs/storage.md#operator-report). StorageClasses, volumes, nodes and the names of
+``existing_storage_classes`` are each listed once (not expressible here)."""
+
+USAGE_ID_MAX_LENGTH = 128
+"""Longest ``sample_id``, ``session_id`` and ``device_uuid`` of a usage sample (the columns' size)."""
+
+_USAGE_ID = {"type": "string", "minLength": 1, "maxLength": USAGE_ID_MAX_LENGTH}
+
+USAGE_SAMPLE_SCHEMA = {
+    "type": "object",
+    "required": ["sample_id", "session_id", "device_uuid", "start", "end"],
+    "properties": {
+        "sample_id": _USAGE_ID,
+        "session_id": _USAGE_ID,
+        "device_uuid": _USAGE_ID,
+        "start": _TIME,
+        "end": _TIME,
+        "gpu_util_percent": {"type": ["number", "null"], "minimum": 0, "maximum": 100},
+        "memory_used_mib": {"type": ["integer", "null"], "minimum": 0, "maximum": _INT32},
+    },
+}
+"""One usage sample. Beyond the schema: ids hold no NUL, ``end`` is after ``start`` and at most
+``USAGE_MAX_WINDOW_SECONDS`` later, and whole numbers are JSON integers (``1``, not ``1.0``)."""
+
+USAGE_SCHEMA = {
+    "type": "object",
+    "required": ["samples"],
+    "properties": {"samples": {"type": "array", "maxItems": USAGE_MAX_SAMPLES_PER_CALL, "items": USAGE_SAMPLE_SCHEMA}},
+}
+"""Body of ``POST USAGE_PATH``."""
 
 
 def session_object_name(session_id: str) -> str:

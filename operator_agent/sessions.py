@@ -74,6 +74,7 @@ import kopf
 import kubernetes.client
 import urllib3.exceptions
 
+from operator_agent import rfc3339
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import (
     GSHARE_API_GROUP,
@@ -157,7 +158,7 @@ _ENDED_MEMORY = 4096  # Terminated sessions remembered, so late events do not re
 
 def format_time(moment: datetime.datetime) -> str:
     """RFC 3339 UTC with microseconds: ``2026-11-29T16:00:00.123456Z``."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339.format_utc(moment, timespec="microseconds")
 
 
 def next_observed_at(previous: str | None, now: datetime.datetime | None = None) -> str:
@@ -168,13 +169,9 @@ def next_observed_at(previous: str | None, now: datetime.datetime | None = None)
     back) must still be ordered.
     """
     now = now or datetime.datetime.now(datetime.UTC)
-    if previous:
-        try:
-            before = datetime.datetime.fromisoformat(previous.replace("Z", "+00:00"))
-        except ValueError:
-            before = None
-        if before is not None and before.tzinfo is not None and now <= before:
-            now = before + datetime.timedelta(microseconds=1)
+    before = rfc3339.parse(previous)
+    if before is not None and now <= before:
+        now = before + datetime.timedelta(microseconds=1)
     return format_time(now)
 
 

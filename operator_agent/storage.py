@@ -70,6 +70,7 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
+from operator_agent import rfc3339
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import (
     FORBIDDEN_CLUSTER_SCOPE,
@@ -241,7 +242,7 @@ def storage_report(*, read_at: datetime.datetime, capacities: Iterable[Mapping[s
     then left out).
     """
     report: dict[str, Any] = {
-        "read_at": format_time(read_at),
+        "read_at": rfc3339.format_utc(read_at, timespec="microseconds"),
         "storage_classes": storage_class_readings(capacities, own_class=own_class),
     }
     if classes is not None:
@@ -249,11 +250,6 @@ def storage_report(*, read_at: datetime.datetime, capacities: Iterable[Mapping[s
     report["volumes"] = volume_reports(pvcs, events, pods)
     report["nodes"] = node_disks(nodes)
     return report
-
-
-def format_time(moment: datetime.datetime) -> str:
-    """ISO 8601 / RFC 3339 UTC with microseconds: ``2026-11-29T16:00:00.123456Z``."""
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _pod_claims(pod: Mapping[str, Any]) -> list[str]:
@@ -332,13 +328,7 @@ def _event_order(event: Mapping[str, Any]) -> tuple[datetime.datetime, int]:
 
 
 def _parse_time(value: Any) -> datetime.datetime | None:
-    if not value or not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
+    return rfc3339.parse(value, naive_as_utc=True)
 
 
 def _cut(message: str) -> str:

@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent.contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SECRET_KEY, OPERATOR_TOKEN_SUBJECT_PREFIX, TOKEN_PATH
+from operator_agent.contract import (
+    OPERATOR_TOKEN_GENERATION_CLAIM,
+    OPERATOR_TOKEN_REFRESH_FRACTION,
+    OPERATOR_TOKEN_SECRET_KEY,
+    OPERATOR_TOKEN_SUBJECT_PREFIX,
+    TOKEN_PATH,
+)
 
 if TYPE_CHECKING:  # control_plane imports this module
     from operator_agent.control_plane import ControlPlaneClient
@@ -51,8 +57,8 @@ logger = logging.getLogger(__name__)
 SECRET_READ_INTERVAL = 10.0
 """Seconds a Secret read through the API is reused before it is read again (a 401 reads it at once)."""
 
-REFRESH_FRACTION = 0.25
-"""Refresh once less than this fraction of the token's life is left ..."""
+REFRESH_FRACTION = OPERATOR_TOKEN_REFRESH_FRACTION
+"""Refresh once less than this fraction of the token's life is left (``contract.OPERATOR_TOKEN_REFRESH_FRACTION``) ..."""
 
 REFRESH_JITTER = 0.2
 """... lowered by up to this share of it at random per token (so between 1/5 and 1/4 of the life is left)."""

@@ -82,6 +82,7 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
+from operator_agent import rfc3339
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import (
     FORBIDDEN_CLUSTER_SCOPE,
@@ -151,15 +152,8 @@ def format_ms(epoch_ms: int) -> str:
 
 def parse_time_ms(text: str | None) -> int | None:
     """A Kubernetes timestamp (RFC 3339, ``2026-11-29T16:00:00Z``) in epoch milliseconds; ``None`` if absent/invalid."""
-    if not text:
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return (moment - _EPOCH) // _MS
+    moment = rfc3339.parse(str(text), naive_as_utc=True) if text else None
+    return None if moment is None else (moment - _EPOCH) // _MS
 
 
 def sample_id(session_id: str, device_uuid: str, end_ms: int) -> str:

@@ -547,7 +547,7 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.") -> Se
         session: the session.
         reason: why it is stopped, written as its ``message`` and kept through Terminated (status reports do not
             replace the message of a Stopping session): "Stopped on request." by default; the credits task
-            (``billing.admission.overdrawn_sessions_stop``) says the credits ran out.
+            (``billing.overdrawn.overdrawn_sessions_stop``) says the credits ran out.
 
     Returns:
         The session (unchanged when it already ended or is stopping).

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import permissions, viewsets
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, permissions, viewsets
 
 from audit import selectors
 from audit.api.filters import AuditFilter
@@ -28,12 +29,15 @@ class IsStaff(permissions.BasePermission):
     OpenApiParameter("since", str, description="Only rows written at or after this ISO 8601 time (with a zone)"),
     OpenApiParameter("until", str, description="Only rows written before this ISO 8601 time (with a zone)"),
 ])
-class AuditViewSet(viewsets.GenericViewSet):
+@extend_schema_view(list=extend_schema(description="List rows (two queries: the count and the page)."))
+class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """``GET /api/v1/audit``: who did what, newest first (staff only), paginated ``?limit=&offset=``."""
 
     serializer_class = AuditRecordSerializer
     permission_classes = [permissions.IsAuthenticated, IsStaff]
     pagination_class = Pagination
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = AuditFilter
 
     def get_queryset(self):  # noqa: D102
         params = self.request.query_params
@@ -41,8 +45,3 @@ class AuditViewSet(viewsets.GenericViewSet):
             actor=params.get("actor") or None, action=params.get("action") or None, object_id=params.get("object") or None,
             since=query_time(self.request, "since"), until=query_time(self.request, "until"),
         )
-
-    def list(self, request):
-        """List rows (two queries: the count and the page)."""
-        page = self.paginate_queryset(AuditFilter(request.query_params, queryset=self.get_queryset()).qs)
-        return self.get_paginated_response(AuditRecordSerializer(page, many=True).data)

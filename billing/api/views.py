@@ -7,8 +7,8 @@ import codecs
 from decimal import Decimal
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, permissions, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, permissions, status, viewsets
 from rest_framework.response import Response
 from rest_framework.utils import json as drf_json
 
@@ -69,7 +69,8 @@ class AccountViewSet(viewsets.GenericViewSet):
     OpenApiParameter("until", str, description="Only entries written before this ISO 8601 time (with a zone)"),
     USER_FILTER,
 ])
-class LedgerViewSet(viewsets.GenericViewSet):
+@extend_schema_view(list=extend_schema(description="List entries (paginated: ``?limit=&offset=``)."))
+class LedgerViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """``GET /api/v1/billing/ledger``: the caller's ledger entries, newest first (staff: another user's with ``?user=``)."""
 
     serializer_class = LedgerEntrySerializer
@@ -80,11 +81,6 @@ class LedgerViewSet(viewsets.GenericViewSet):
             user=self.request.user, session=params.get("session") or None, since=query_time(self.request, "since"),
             until=query_time(self.request, "until"), username=params.get("user") or None,
         )
-
-    def list(self, request):
-        """List entries (paginated: ``?limit=&offset=``)."""
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(LedgerEntrySerializer(page, many=True).data)
 
 
 class GrantViewSet(viewsets.GenericViewSet):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.utils import timezone
 from rest_framework.response import Response
 
-from billing import services
+from billing import ingest
 from clusters.internal.views import OperatorAPIView
 from gshare.exceptions import ApplicationError
 
@@ -18,5 +18,5 @@ class UsageView(OperatorAPIView):
         body = request.data
         if not isinstance(body, dict) or "samples" not in body:
             raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code="invalid_request")
-        result = services.usage_ingest(cluster=self.cluster, samples=body["samples"])
+        result = ingest.usage_ingest(cluster=self.cluster, samples=body["samples"])
         return Response({"server_time": timezone.now().isoformat(), **result})

@@ -8,6 +8,8 @@ from rest_framework import serializers
 
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_state
+from clusters.services import CREDENTIAL_FIELD, EDITABLE_FIELDS
+from gshare.api_fields import RefuseUnknownFieldsMixin
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
 
@@ -24,8 +26,12 @@ class ClusterCreateSerializer(serializers.Serializer):
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
 
 
-class ClusterUpdateSerializer(serializers.Serializer):
+class ClusterUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
     """Input of ``PATCH /api/v1/clusters/{id}``: only these fields can change (``kubeconfig``: same cluster only)."""
+
+    def unknown_fields_message(self, unknown: list[str]) -> str:  # noqa: D102
+        return (f"Only {', '.join(EDITABLE_FIELDS)} and {CREDENTIAL_FIELD} can be changed; to change {', '.join(unknown)}, "
+                "deregister and register again.")
 
     session_domain = serializers.CharField(required=False, allow_blank=True, max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, max_length=253)

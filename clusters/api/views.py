@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -20,7 +20,7 @@ from clusters.api.serializers import (
     NodeStaffSerializer,
 )
 from clusters.filters import HELP as CLUSTER_HELP
-from clusters.filters import GpuFilter, NodeFilter
+from clusters.filters import ClusterFilter, GpuFilter, NodeFilter
 from clusters.models import GpuDevice, Node
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
@@ -42,7 +42,9 @@ class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     message = "Only staff users may change clusters: ask an operator of this control plane."
 
 
-class ClusterViewSet(viewsets.GenericViewSet):
+@extend_schema_view(list=extend_schema(responses=CLUSTER_OUT, description="List clusters (``?status=`` filters)."),
+                    retrieve=extend_schema(responses=CLUSTER_OUT, description="Show one cluster."))
+class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """``/api/v1/clusters``: register, list, show, change, deregister, connection test.
 
     Staff users get :class:`ClusterStaffSerializer`, everyone else :class:`ClusterSerializer` (no apiserver,
@@ -51,20 +53,20 @@ class ClusterViewSet(viewsets.GenericViewSet):
 
     serializer_class = ClusterSerializer
     permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = ClusterFilter
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
     def get_serializer_class(self):  # noqa: D102
         return ClusterStaffSerializer if _staff(self.request) else ClusterSerializer
 
-    @extend_schema(responses=CLUSTER_OUT)
-    def list(self, request):
-        """List clusters (``?status=`` filters)."""
-        qs = selectors.cluster_list()
-        if request.query_params.get("status"):
-            qs = qs.filter(status=request.query_params["status"])
-        page = self.paginate_queryset(qs)
-        return self.get_paginated_response(self.get_serializer_class()(page, many=True).data)
+    def get_queryset(self):  # noqa: D102
+        return selectors.cluster_list()
+
+    def get_object(self):
+        """The cluster of the URL (404 ``cluster_not_found``)."""
+        return selectors.cluster_get(public_id=self.kwargs["public_id"])
 
     @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterStaffSerializer})
     def create(self, request):
@@ -74,11 +76,6 @@ class ClusterViewSet(viewsets.GenericViewSet):
         cluster = services.cluster_register(**data.validated_data)
         return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=cluster.public_id)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses=CLUSTER_OUT)
-    def retrieve(self, request, public_id: str):
-        """Show one cluster."""
-        return Response(self.get_serializer_class()(selectors.cluster_get(public_id=public_id)).data)
-
     @extend_schema(request=ClusterUpdateSerializer, responses=ClusterStaffSerializer)
     def partial_update(self, request, public_id: str):
         """Change ``session_domain``, ``ingress_node``, ``volume_storage_class`` and/or the ``kubeconfig``.
@@ -87,12 +84,9 @@ class ClusterViewSet(viewsets.GenericViewSet):
         its id, operator and tokens. Refusals as registration's for the kubeconfig (docs/errors.md).
         """
         cluster = selectors.cluster_get(public_id=public_id)
-        extra = set(request.data) - set(ClusterUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.cluster_update(
-            cluster=cluster, changes={**data.validated_data, **{k: request.data[k] for k in extra}}, actor=f"api:{request.user.get_username()}",
-        )
+        services.cluster_update(cluster=cluster, changes=data.validated_data, actor=f"api:{request.user.get_username()}")
         return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data)
 
     @extend_schema(responses=ClusterStaffSerializer)

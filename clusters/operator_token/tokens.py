@@ -29,7 +29,7 @@ from clusters.models import Cluster
 from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, sign_internal_jwt
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from operator_agent.contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SUBJECT_PREFIX
-from operator_agent.token import REFRESH_FRACTION
+from operator_agent.contract import OPERATOR_TOKEN_REFRESH_FRACTION as REFRESH_FRACTION
 
 logger = logging.getLogger(__name__)
 

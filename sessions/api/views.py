@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status, viewsets
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -11,24 +12,29 @@ from clusters.filters import HELP as CLUSTER_HELP
 from sessions import selectors, services
 from sessions.api.filters import SessionFilter
 from sessions.api.serializers import SessionCreateSerializer, SessionSerializer
+from sessions.models import Session
 
 
 @extend_schema(parameters=[OpenApiParameter("cluster", str, description=CLUSTER_HELP),
                            OpenApiParameter("phase", str, description=SessionFilter.base_filters["phase"].extra["help_text"])])
-class SessionViewSet(viewsets.GenericViewSet):
+@extend_schema_view(list=extend_schema(description="List sessions (``?cluster=``, ``?phase=``)."),
+                    retrieve=extend_schema(description="Show one session (node and devices once the operator reported them)."))
+class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """``/api/v1/sessions``: start, list, show, stop, connect. Users see their own; staff see all."""
 
     serializer_class = SessionSerializer
+    queryset = Session.objects.none()  # the model, for the schema; get_queryset reads the selector
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = SessionFilter
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):  # noqa: D102
         return selectors.session_list(user=self.request.user)
 
-    def list(self, request):
-        """List sessions (``?cluster=``, ``?phase=``)."""
-        page = self.paginate_queryset(SessionFilter(request.query_params, queryset=self.get_queryset()).qs)
-        return self.get_paginated_response(SessionSerializer(page, many=True).data)
+    def get_object(self):
+        """The session of the URL (404 ``session_not_found``, also for another user's)."""
+        return selectors.session_get(user=self.request.user, public_id=self.kwargs["public_id"])
 
     @extend_schema(
         request=SessionCreateSerializer, responses={201: SessionSerializer, 200: SessionSerializer},
@@ -48,10 +54,6 @@ class SessionViewSet(viewsets.GenericViewSet):
             session, created = services.session_create_idempotent(owner=request.user, idempotency_key=key, **data.validated_data)
         session = selectors.session_get(user=request.user, public_id=session.public_id)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
-
-    def retrieve(self, request, public_id: str):
-        """Show one session (node and devices once the operator reported them)."""
-        return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
 
     def destroy(self, request, public_id: str):
         """Stop a session (202; idempotent)."""

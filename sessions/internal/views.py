@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
@@ -12,49 +12,24 @@ from jsonschema import Draft202012Validator
 from rest_framework.response import Response
 
 from clusters.internal.views import OperatorAPIView
-from gshare.api import describe_schema_error
+from gshare.api import schema_problems
 from gshare.exceptions import ApplicationError
-from operator_agent import contract
+from operator_agent import contract, rfc3339
 from sessions import connect, services
 
 logger = logging.getLogger(__name__)
 
-STATUS_SCHEMA = {
-    "type": "object",
-    "required": ["reports"],
-    "properties": {
-        "reports": {
-            "type": "array",
-            "maxItems": 500,
-            "items": {
-                "type": "object",
-                "required": ["session", "phase", "observed_at"],
-                "properties": {
-                    "session": {"type": "string", "pattern": "^ses_[a-z0-9]{1,32}$"},
-                    "phase": {"enum": list(contract.SESSION_PHASES)},
-                    "node": {"type": ["string", "null"], "maxLength": 253},
-                    "devices": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 128}},
-                    "message": {"type": ["string", "null"], "maxLength": 4000},
-                    "observed_at": {"type": "string", "maxLength": 64},
-                },
-            },
-        }
-    },
-}
-_status_validator = Draft202012Validator(STATUS_SCHEMA)
+_status_validator = Draft202012Validator(contract.STATUS_SCHEMA)
 
 
 def _parse_time(value: str, index: int) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        parsed = None
-    if parsed is None or parsed.tzinfo is None:
+    parsed = rfc3339.parse(value)
+    if parsed is None:
         raise ApplicationError(
             f"reports[{index}].observed_at must be an RFC 3339 time with a zone, e.g. 2026-11-29T16:00:00Z; got {value!r}.",
             code="invalid_status",
         )
-    return parsed.astimezone(UTC)
+    return parsed
 
 
 class StatusView(OperatorAPIView):
@@ -62,12 +37,10 @@ class StatusView(OperatorAPIView):
 
     def post(self, request):
         """Apply the reports; answer counts and server time."""
-        errors = sorted(_status_validator.iter_errors(request.data), key=lambda e: list(e.absolute_path))[:5]
-        if errors:
-            problems = "; ".join(
-                "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") + f": {describe_schema_error(e)}" for e in errors
-            )
-            raise ApplicationError(f"The status report is malformed: {problems}. Upgrade the operator to match this control plane.", code="invalid_status")
+        problems = schema_problems(_status_validator, request.data, limit=5)
+        if problems:
+            raise ApplicationError(f"The status report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
+                                   code="invalid_status")
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]
         result = services.session_status_apply(cluster=self.cluster, reports=reports)
         return Response({**result, "server_time": timezone.now().isoformat()})

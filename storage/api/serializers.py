@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from gshare.api_fields import StrictIntegerField
+from gshare.api_fields import RefuseUnknownFieldsMixin, StrictIntegerField
 from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -30,7 +30,7 @@ class PoolCreateSerializer(serializers.Serializer):
     storage_node = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
 
 
-class PoolUpdateSerializer(PoolCreateSerializer):
+class PoolUpdateSerializer(RefuseUnknownFieldsMixin, PoolCreateSerializer):
     """Input of ``PATCH /api/v1/storage/pools/{id}`` (any subset of the fields of ``POST``)."""
 
 
@@ -122,7 +122,7 @@ class VolumeCreateSerializer(serializers.Serializer):
                                     help_text=f"Where it will be mounted: only pools usable there are used. {CLUSTER_REF_HELP}")
 
 
-class VolumeUpdateSerializer(serializers.Serializer):
+class VolumeUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
     """Input of ``PATCH /api/v1/storage/volumes/{id}``: only the quota changes, and only upward."""
 
     quota_gb = StrictIntegerField(min_value=1)

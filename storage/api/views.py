@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import permissions, status, viewsets
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
 from clusters.filters import cluster_param
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
-from gshare.exceptions import ApplicationError
 from storage import selectors, services
 from storage.api.filters import PoolFilter, VolumeFilter
 from storage.api.serializers import (
@@ -25,6 +25,7 @@ from storage.api.serializers import (
     VolumeUpdateSerializer,
 )
 from storage.capacity import pools_usability
+from storage.models import StoragePool, Volume
 from storage.move import volume_move
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description=CLUSTER_HELP)
@@ -34,14 +35,6 @@ class IsStaffOrReadOnly(StaffWriteOrReadOnly):
     """Anyone authenticated may read; only staff may change storage pools."""
 
     message = "Only staff users may change storage pools: ask an operator of this control plane."
-
-
-def _pool_data(pools, *, request, many: bool = False):
-    """Serialized pool(s), with where each is usable computed once for all of them (staff: with the wiring)."""
-    listed = list(pools) if many else [pools]
-    serializer = PoolStaffSerializer if request.user.is_staff else PoolSerializer
-    data = serializer(listed, many=True, context={"usability": pools_usability(listed)}).data
-    return data if many else data[0]
 
 
 def _pool_changes(data: dict) -> dict:
@@ -54,21 +47,40 @@ def _pool_changes(data: dict) -> dict:
     return changes
 
 
-class StoragePoolViewSet(viewsets.GenericViewSet):
+@extend_schema_view(
+    list=extend_schema(parameters=[OpenApiParameter("cluster", str, description=PoolFilter.base_filters["cluster"].extra["help_text"])],
+                       responses=PoolSerializer(many=True),
+                       description="List pools with their stored capacity (``?cluster=``: the pools that cluster may use)."),
+    retrieve=extend_schema(responses=PoolSerializer, description="Show one pool."),
+)
+class StoragePoolViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """``/api/v1/storage/pools``: register, list, show, change, delete storage pools (writes: staff)."""
 
     serializer_class = PoolSerializer
+    queryset = StoragePool.objects.none()  # the model, for the schema; get_queryset reads the selector
     permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = PoolFilter
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
-    @extend_schema(parameters=[OpenApiParameter("cluster", str, description=PoolFilter.base_filters["cluster"].extra["help_text"])],
-                   responses=PoolSerializer(many=True))
-    def list(self, request):
-        """List pools with their stored capacity (``?cluster=``: the pools that cluster may use)."""
-        pools = PoolFilter(request.query_params, queryset=selectors.pool_list()).qs
-        page = self.paginate_queryset(pools)
-        return self.get_paginated_response(_pool_data(page, request=request, many=True))
+    def get_queryset(self):  # noqa: D102
+        return selectors.pool_list()
+
+    def get_object(self):
+        """The pool of the URL (404 ``pool_not_found``)."""
+        return selectors.pool_get(public_id=self.kwargs["public_id"])
+
+    def get_serializer_class(self):  # noqa: D102
+        return PoolStaffSerializer if self.request.user and self.request.user.is_staff else PoolSerializer
+
+    def get_serializer(self, instance=None, *args, **kwargs):
+        """The serializer, with where each pool is usable computed once for all those serialized (``usability``)."""
+        if instance is not None:
+            listed = list(instance) if kwargs.get("many") else [instance]
+            kwargs["context"] = {**self.get_serializer_context(), "usability": pools_usability(listed)}
+            instance = listed if kwargs.get("many") else instance
+        return super().get_serializer(instance, *args, **kwargs)
 
     @extend_schema(request=PoolCreateSerializer, responses={201: PoolSerializer})
     def create(self, request):
@@ -76,22 +88,16 @@ class StoragePoolViewSet(viewsets.GenericViewSet):
         data = PoolCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         pool = services.pool_create(**_pool_changes(data.validated_data))
-        return Response(_pool_data(selectors.pool_get(public_id=pool.public_id), request=request), status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses=PoolSerializer)
-    def retrieve(self, request, public_id: str):
-        """Show one pool."""
-        return Response(_pool_data(selectors.pool_get(public_id=public_id), request=request))
+        return Response(self.get_serializer(selectors.pool_get(public_id=pool.public_id)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=PoolUpdateSerializer, responses=PoolSerializer)
     def partial_update(self, request, public_id: str):
         """Change a pool (staff); refused with 409 ``pool_in_use`` when the change would strand its volumes."""
         pool = selectors.pool_get(public_id=public_id)
-        extra = set(request.data) - set(PoolUpdateSerializer().fields) if isinstance(request.data, dict) else set()
         data = PoolUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.pool_update(pool=pool, changes={**_pool_changes(data.validated_data), **{key: request.data[key] for key in extra}})
-        return Response(_pool_data(selectors.pool_get(public_id=public_id), request=request))
+        services.pool_update(pool=pool, changes=_pool_changes(data.validated_data))
+        return Response(self.get_serializer(selectors.pool_get(public_id=public_id)).data)
 
     def destroy(self, request, public_id: str):
         """Delete a pool (staff); refused with 409 ``pool_in_use`` while volumes live on it."""
@@ -117,20 +123,26 @@ class StorageSummaryViewSet(viewsets.GenericViewSet):
     OpenApiParameter("owner", str, description="Staff only: the owner's username"),
     OpenApiParameter("pool", str, description="Pool id (pool_...)"),
 ])
-class VolumeViewSet(viewsets.GenericViewSet):
+@extend_schema_view(
+    list=extend_schema(description="List volumes (``?cluster=``, ``?pool=``, staff: ``?owner=``); deleted volumes are not listed."),
+    retrieve=extend_schema(description="Show one volume (``status`` and ``status_message`` follow its PVC)."),
+)
+class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """``/api/v1/storage/volumes``: create, list, show, grow, delete, move. Users see their own; staff see all."""
 
     serializer_class = VolumeSerializer
+    queryset = Volume.objects.none()  # the model, for the schema; get_queryset reads the selector
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = VolumeFilter
     lookup_field = "public_id"
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self):  # noqa: D102
         return selectors.volume_list(user=self.request.user, owner=self.request.query_params.get("owner"))
 
-    def list(self, request):
-        """List volumes (``?cluster=``, ``?pool=``, staff: ``?owner=``); deleted volumes are not listed."""
-        page = self.paginate_queryset(VolumeFilter(request.query_params, queryset=self.get_queryset()).qs)
-        return self.get_paginated_response(VolumeSerializer(page, many=True).data)
+    def get_object(self):
+        """The volume of the URL (404 ``volume_not_found``, also for another user's)."""
+        return selectors.volume_get(user=self.request.user, public_id=self.kwargs["public_id"])
 
     @extend_schema(request=VolumeCreateSerializer, responses={201: VolumeSerializer})
     def create(self, request):
@@ -145,17 +157,10 @@ class VolumeViewSet(viewsets.GenericViewSet):
                                         pool=pool, cluster=cluster)
         return Response(VolumeSerializer(selectors.volume_get(user=request.user, public_id=volume.public_id)).data, status=status.HTTP_201_CREATED)
 
-    def retrieve(self, request, public_id: str):
-        """Show one volume (``status`` and ``status_message`` follow its PVC)."""
-        return Response(VolumeSerializer(selectors.volume_get(user=request.user, public_id=public_id)).data)
-
     @extend_schema(request=VolumeUpdateSerializer, responses=VolumeSerializer)
     def partial_update(self, request, public_id: str):
         """Raise the quota (through the capacity gate); a decrease is refused with 409 ``volume_shrink_unsupported``."""
         volume = selectors.volume_get(user=request.user, public_id=public_id)
-        extra = sorted(set(request.data) - {"quota_gb"}) if isinstance(request.data, dict) else []
-        if extra:
-            raise ApplicationError(f"Only quota_gb can be changed; not {', '.join(extra)}.", code="invalid_request")
         data = VolumeUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.volume_update_quota(volume=volume, quota_gb=data.validated_data["quota_gb"])

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing import services
+from billing import ingest, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.exceptions import ApplicationError
 from tests.billing.conftest import T0, device, metered_session, sample
@@ -33,7 +33,7 @@ def _grow(lab_c1=None):
     Price.objects.create(gpu_model=f"model-{user.pk}", credits_per_gpu_hour=Decimal(1))
     if lab_c1 is not None:
         session = metered_session(lab_c1, owner=user)
-        services.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
+        ingest.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
                                                        for i in range(3)])
 
 

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
-from billing import admission, tasks
+from billing import overdrawn, tasks
 from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
 from sessions import services
@@ -56,10 +56,10 @@ def test_within_grace_nothing_after_grace_stopped_through_the_service(lab, djang
     assert len(emulated.objects_of(*GSS)) == 3
     account = overdraw(alice)
     since = account.below_zero_since
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=899)) == 0
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=899)) == 0
     assert live(alice).count() == 2 and len(emulated.objects_of(*GSS)) == 3
 
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=900)) == 2
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=900)) == 2
     names = {gss["metadata"]["name"] for gss in emulated.objects_of(*GSS)}
     assert names == {theirs.public_id.replace("_", "-")}  # the GShareSessions were deleted (the delete task ran)
     for session in mine:
@@ -71,7 +71,7 @@ def test_within_grace_nothing_after_grace_stopped_through_the_service(lab, djang
     assert live(bob).count() == 1  # another account's sessions are left alone
 
     before = list(Session.objects.order_by("pk").values_list("pk", "phase", "message", "ended_at"))
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=5000)) == 0  # idempotent
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=5000)) == 0  # idempotent
     assert list(Session.objects.order_by("pk").values_list("pk", "phase", "message", "ended_at")) == before
 
 
@@ -82,7 +82,7 @@ def test_a_balance_back_at_zero_or_above_stops_nothing(lab, django_user_model):
     credit_grant(user=alice, amount=Decimal("1.23"), reason="top-up", idempotency_key="top-up", created_by="test")
     account = CreditAccount.objects.get(user=alice)
     assert account.balance == 0 and account.below_zero_since is None
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(days=1)) == 0
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(days=1)) == 0
     assert live(alice).count() == 1
 
 
@@ -93,10 +93,10 @@ def test_the_users_policy_grace_applies(lab, django_user_model):
     Policy.objects.create(user=bob, min_balance_hours=0, grace_seconds=3600)
     start(alice), start(bob)
     since = max(overdraw(alice).below_zero_since, overdraw(bob).below_zero_since)
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=61)) == 1
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=61)) == 1
     assert live(alice).count() == 0 and live(bob).count() == 1
     assert "grace 60 s" in Session.objects.get(owner=alice).message
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=3601)) == 1
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=3601)) == 1
     assert live(bob).count() == 0 and "grace 3600 s" in Session.objects.get(owner=bob).message
 
 
@@ -106,7 +106,7 @@ def test_a_session_already_stopping_keeps_its_own_reason(lab, django_user_model,
     monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # the delete task does not run
     services.session_stop(session=session)
     since = overdraw(alice).below_zero_since
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(hours=1)) == 0
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(hours=1)) == 0
     session.refresh_from_db()
     assert session.phase == Session.Phase.STOPPING and session.message == "Stopped on request."
 
@@ -117,7 +117,7 @@ def test_the_reason_survives_the_operators_reports_while_stopping(lab, django_us
     session = start(alice)
     monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # the operator reports the end
     since = overdraw(alice).below_zero_since
-    assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=900)) == 1
+    assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=900)) == 1
     reports = [{"session": session.public_id, "phase": phase, "message": "", "observed_at": since + timedelta(seconds=s)}
                for phase, s in (("Running", 1), ("Terminated", 2))]
     services.session_status_apply(cluster=cluster, reports=reports)
@@ -136,7 +136,7 @@ def test_the_query_count_does_not_grow_with_the_number_of_accounts(lab, django_u
             start(users[name])
         since = max(overdraw(user, key=f"r{round_}").below_zero_since for user in users.values())
         with CaptureQueriesContext(connection) as queries:
-            assert admission.overdrawn_sessions_stop(now=since + timedelta(seconds=901)) == 3
+            assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=901)) == 3
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
 

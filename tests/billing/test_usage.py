@@ -11,7 +11,7 @@ from django.db import connection, connections
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
-from billing import pricing, services
+from billing import ingest, pricing
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Session
@@ -288,15 +288,15 @@ def test_query_count_does_not_grow_with_the_batch(lab_c1, prices, django_assert_
     for n in (10, 1000):
         batch = _batch(lab_c1, n, offset=len(counts) * 1000)
         with CaptureQueriesContext(connection) as queries:
-            result = services.usage_ingest(cluster=lab_c1, samples=batch)
+            result = ingest.usage_ingest(cluster=lab_c1, samples=batch)
         assert result["accepted"] == n
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
     batch = _batch(lab_c1, 3000, offset=5000)
     with django_assert_max_num_queries(counts[1]):
-        services.usage_ingest(cluster=lab_c1, samples=batch)
+        ingest.usage_ingest(cluster=lab_c1, samples=batch)
     with django_assert_max_num_queries(counts[1]):  # the replay: nothing new, no more queries
-        assert services.usage_ingest(cluster=lab_c1, samples=batch)["accepted"] == 0
+        assert ingest.usage_ingest(cluster=lab_c1, samples=batch)["accepted"] == 0
     # BEGIN, 4 look-ups (sessions, GPUs, overlapping stored windows, prices), lock accounts (+2 to create missing ones),
     # the staging tables (IF NOT EXISTS), the entry ids, the samples, the charges, the balances, COMMIT (the two COPYs
     # into the staging tables are not queries Django sees).
@@ -322,12 +322,12 @@ def test_samples_charged_before_and_since_deleted_are_not_charged_again(lab_c1, 
     stored again but point at the first charge, and the balance does not move."""
     h100 = device(lab_c1, "NVIDIA H100")
     batch = [sample(whole_session, h100, start=T0 + timedelta(minutes=i)) for i in range(3)]
-    services.usage_ingest(cluster=lab_c1, samples=batch)
+    ingest.usage_ingest(cluster=lab_c1, samples=batch)
     entry = LedgerEntry.objects.get()
     balance = CreditAccount.objects.get().balance
     UsageSample.objects.all().delete()
     other = metered_session(lab_c1, owner=whole_session.owner)
-    result = services.usage_ingest(cluster=lab_c1, samples=[*batch, sample(other, h100)])
+    result = ingest.usage_ingest(cluster=lab_c1, samples=[*batch, sample(other, h100)])
     assert result["accepted"] == 4 and result["charged"] == {other.public_id: "0.041667"}
     assert set(UsageSample.objects.filter(session=whole_session).values_list("entry_id", flat=True)) == {entry.pk}
     assert LedgerEntry.objects.count() == 2

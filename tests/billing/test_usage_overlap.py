@@ -15,7 +15,7 @@ from django.db.models import Sum
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing import services
+from billing import ingest
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
@@ -159,13 +159,13 @@ def test_the_database_refuses_an_overlapping_row_written_directly(lab_c1, whole_
 
 def _skip_the_check(monkeypatch, times: int) -> None:
     """Make ``_refuse_overlaps`` pass its next ``times`` calls without looking, as if a writer had slipped past it."""
-    real, calls = services._refuse_overlaps, []
+    real, calls = ingest._refuse_overlaps, []
 
     def check(**kwargs):
         calls.append(1)
         return None if len(calls) <= times else real(**kwargs)
 
-    monkeypatch.setattr(services, "_refuse_overlaps", check)
+    monkeypatch.setattr(ingest, "_refuse_overlaps", check)
 
 
 def test_an_overlap_the_check_did_not_see_is_refused_by_the_database(operator_c1, lab_c1, whole_session, prices, monkeypatch):

@@ -1,0 +1,559 @@
+"""Usage ingestion (``POST /internal/v1/usage``): a batch of an operator's samples stored and charged exactly once.
+
+``usage_ingest`` is the only writer of ``UsageSample`` rows and of ``charge`` ledger entries. It parses with
+``billing.usage.parse_samples``, checks the batch against the database, then writes it in one transaction and a
+constant number of statements (COPY into per-connection staging tables, ``INSERT ... SELECT ... ON CONFLICT``).
+
+Lock order: the batch owners' credit accounts (primary-key order), as every billing writer (``billing.services``);
+the deferred foreign-key checks then take key-share locks on the sessions and the cluster at commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import NamedTuple
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from billing import pricing
+from billing.exceptions import UsageConflict
+from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, LedgerEntry, UsageSample
+from billing.usage import (
+    CLOCK_SKEW_SECONDS,
+    USAGE_DEVICE_NOT_ALLOCATED,
+    USAGE_WINDOW_AFTER_SESSION,
+    USAGE_WINDOW_BEFORE_SESSION,
+    USAGE_WINDOW_OVERLAP,
+    Sample,
+    invalid_sample,
+    parse_samples,
+)
+from clusters.models import Cluster, GpuDevice
+from gshare.exceptions import Forbidden
+from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
+from sessions.models import Allocation, Session
+
+logger = logging.getLogger(__name__)
+
+
+class _SessionRow(NamedTuple):
+    """A session of the batch as ``_SESSIONS`` reads it; ``devices`` are the UUIDs of the GPUs it holds."""
+
+    public_id: str
+    pk: int
+    cluster_id: int
+    owner_id: int
+    gpu_memory_mib: int | None
+    gpu_cores: int | None
+    created_at: datetime
+    devices: list[str]
+    ended_at: datetime | None
+
+
+class _DeviceRow(NamedTuple):
+    """A GPU named by the batch."""
+
+    uuid: str
+    cluster_id: int
+    model: str
+    memory_mib: int
+
+
+class _Account(NamedTuple):
+    """A locked credit account: its pk, balance and ``below_zero_since``."""
+
+    id: int
+    balance: Decimal
+    below_zero_since: datetime | None
+
+
+class _Pricing(NamedTuple):
+    """How one (session, GPU) pair of the batch is priced."""
+
+    session_pk: int
+    share: Decimal
+    price: Decimal
+    model: str
+
+
+class _Priced(NamedTuple):
+    """One new sample with its session's pk, its GPU share, its cost (credits) and its length (seconds)."""
+
+    sample: Sample
+    session_pk: int
+    share: Decimal
+    cost: Decimal
+    seconds: Decimal
+
+
+class _Window(NamedTuple):
+    """A usage window of one session and GPU, stored (``index`` None) or of the batch (``index`` in ``samples``)."""
+
+    start: datetime
+    end: datetime
+    sample_id: str
+    index: int | None
+
+
+@dataclass(slots=True)
+class _SessionCharge:
+    """What the batch's new samples of one session add up to."""
+
+    cost: Decimal
+    gpu_seconds: Decimal
+    sample_ids: list[str]
+    start: datetime
+    end: datetime
+
+
+class _Charge(NamedTuple):
+    """One ``charge`` ledger entry to write: the columns of ``_CHARGE_COLUMNS``, in that order."""
+
+    id: int
+    account_id: int
+    amount: Decimal
+    balance_after: Decimal
+    idempotency_key: str
+    session_id: int
+    window_start: datetime
+    window_end: datetime
+    gpu_seconds: Decimal
+    reason: str
+
+
+#: Per-connection staging tables (temporary, emptied at every commit) the ingestion COPYs into.
+_STAGING_DDL = """
+    CREATE TEMP TABLE IF NOT EXISTS billing_usage_staging (
+        sample_id text, session_id bigint, device_uuid text, start timestamptz, finish timestamptz, gpu_util_percent numeric,
+        memory_used_mib integer, gpu_model text, share numeric, cost numeric, entry_id bigint
+    ) ON COMMIT DELETE ROWS;
+    CREATE TEMP TABLE IF NOT EXISTS billing_charge_staging (
+        id bigint, account_id bigint, amount numeric, balance_after numeric, idempotency_key text, session_id bigint,
+        window_start timestamptz, window_end timestamptz, gpu_seconds numeric, reason text
+    ) ON COMMIT DELETE ROWS"""
+
+_USAGE_COLUMNS = ("sample_id", "session_id", "device_uuid", "start", "finish", "gpu_util_percent", "memory_used_mib", "gpu_model",
+                  "share", "cost", "entry_id")
+_CHARGE_COLUMNS = ("id", "account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
+                   "gpu_seconds", "reason")
+
+#: Moves the staged samples into the table; returns the ones really inserted (not already stored). The conflict target
+#: is the unique ``(cluster_id, sample_id)`` only: a row that overlaps another window of its session and GPU raises the
+#: exclusion violation of ``usage_sample_no_overlap`` instead of being skipped like a replay. (Without a target,
+#: ``DO NOTHING`` would skip those rows too, but PostgreSQL then searches the GiST index once more for every row before
+#: inserting it: about twice the constraint's cost per batch.)
+_INSERT_SAMPLES = """
+    WITH staged AS (DELETE FROM billing_usage_staging RETURNING *)
+    INSERT INTO billing_usagesample
+        (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
+         cost, entry_id, received_at)
+    SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
+           entry_id, %s
+      FROM staged
+    ON CONFLICT (cluster_id, sample_id) DO NOTHING
+    RETURNING sample_id"""
+
+_INSERT_CHARGES = """
+    WITH staged AS (DELETE FROM billing_charge_staging RETURNING *)
+    INSERT INTO billing_ledgerentry
+        (id, account_id, kind, amount, balance_after, idempotency_key, session_id, window_start, window_end, gpu_seconds,
+         reason, created_by, created_at)
+    SELECT id, account_id, 'charge', amount, balance_after, idempotency_key, session_id, window_start, window_end,
+           gpu_seconds, reason, 'usage', %s
+      FROM staged
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id"""
+
+_UPDATE_ACCOUNTS = """
+    UPDATE billing_creditaccount a SET balance = v.balance, below_zero_since = v.below_zero_since
+      FROM unnest(%s::bigint[], %s::numeric[], %s::timestamptz[]) AS v(id, balance, below_zero_since)
+     WHERE a.id = v.id"""
+
+
+def _staging_tables(cursor) -> None:
+    """Make sure this session's staging tables exist (``CREATE TEMP TABLE IF NOT EXISTS``, silent when they do).
+
+    Run in every batch's transaction rather than remembered per connection: a connection pooler in transaction mode
+    may hand each transaction another server session."""
+    cursor.execute(_STAGING_DDL)
+
+
+def _copy(cursor, table: str, columns: tuple[str, ...], rows) -> None:
+    """``COPY table (columns) FROM STDIN`` the tuples ``rows`` (psycopg's ``cursor.copy()``)."""
+    with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        write = copy.write_row
+        for row in rows:
+            write(row)
+
+
+def _lock_accounts(user_ids: list[int]) -> dict[int, _Account]:
+    """Lock the credit accounts of ``user_ids`` (primary-key order), creating the missing ones; ``{user_id:
+    _Account}``. One query when they all exist, three otherwise."""
+    sql = ("SELECT user_id, id, balance, below_zero_since FROM billing_creditaccount WHERE user_id = ANY(%s) "
+           "ORDER BY id FOR UPDATE")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [user_ids])
+        rows = cursor.fetchall()
+        if len(rows) < len(user_ids):
+            cursor.execute(
+                "INSERT INTO billing_creditaccount (user_id, balance, created_at) SELECT u, 0, %s FROM unnest(%s::bigint[]) AS u "
+                "ON CONFLICT (user_id) DO NOTHING",
+                [timezone.now(), user_ids],
+            )
+            cursor.execute(sql, [user_ids])
+            rows = cursor.fetchall()
+    return {user_id: _Account(pk, balance, since) for user_id, pk, balance, since in rows}
+
+
+def _charge_key(cluster: Cluster, sample_ids: list[str]) -> str:
+    """``usage:<cluster id>:<sha256 of the sorted sample ids, one per line>``: the same new samples, the same key."""
+    digest = hashlib.sha256("\n".join(sorted(sample_ids)).encode()).hexdigest()
+    return f"usage:{cluster.public_id}:{digest}"
+
+
+def _text_array(values) -> str:
+    """A PostgreSQL ``text[]`` literal of ``values`` (each quoted; backslashes and double quotes escaped)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def _array(values) -> str:
+    """A PostgreSQL array literal of ints, ``Decimal``s and datetimes (None as NULL), cast by the query."""
+    return "{" + ",".join("NULL" if v is None else f'"{v.isoformat()}"' if isinstance(v, datetime) else format(v, "f") if isinstance(v, Decimal)
+                          else str(v) for v in values) + "}"
+
+
+def _update_accounts(cursor, changed: list[_Account]) -> None:
+    """Write the accounts' balances and ``below_zero_since`` in one ``UPDATE``."""
+    cursor.execute(_UPDATE_ACCOUNTS, [_array(c.id for c in changed), _array(c.balance for c in changed),
+                                      _array(c.below_zero_since for c in changed)])
+
+
+#: The batch's sessions, each with the GPUs it holds: those placement reserved for it (``Allocation``, released when
+#: it ends) and those HAMi gave its Pod as the operator reported them (``Session.devices``, kept after it ends).
+_SESSIONS = f"""
+    SELECT s.public_id, s.id, s.cluster_id, s.owner_id, s.gpu_memory_mib, s.gpu_cores, s.created_at,
+           ARRAY(SELECT d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
+                  WHERE a.session_id = s.id
+                 UNION
+                 SELECT jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END)),
+           s.ended_at
+      FROM {Session._meta.db_table} s
+     WHERE s.public_id = ANY(%s::text[])"""
+
+
+def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list) -> tuple[dict, dict]:
+    """Look up the batch's sessions and GPUs (two queries); refuse foreign ones (403), then (400, in index order)
+    unknown sessions, GPUs the session does not hold and windows that begin before the session or after it ended.
+
+    A session holds the GPUs placement reserved for it and those the operator reported HAMi allocated to its Pod
+    (HAMi may pick other GPUs of the node than placement did; late samples of an ended session still count). A
+    window may begin at most ``CLOCK_SKEW_SECONDS`` before the session was created (``created_at``: its Pod cannot
+    run earlier; ``started_at``, the operator's first Running report, comes after the containers' start, where the
+    operator's first window begins, and is empty until that report arrives); the allowance is the clock skew between
+    the node and the control plane the endpoint already grants ahead of its clock. Likewise a window may begin at most
+    ``CLOCK_SKEW_SECONDS`` after the session ended (``ended_at``): late samples of a window that began while it ran
+    still count, usage reported for later (the GPU may be another session's by then) is refused.
+
+    Returns:
+        ``({session public id: _SessionRow}, {uuid: _DeviceRow})``.
+
+    Raises:
+        Forbidden: ``forbidden_cluster_scope`` (403, ``index``).
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``; ``reason`` ``usage_device_not_allocated``,
+            ``usage_window_before_session`` or ``usage_window_after_session`` for those three).
+    """
+    with connection.cursor() as cursor:
+        # One text[] literal per look-up: a thousand ids as one parameter, not a thousand parameters to quote.
+        cursor.execute(_SESSIONS, [_text_array({s.session_id for s in parsed})])
+        found = [_SessionRow(*row) for row in cursor.fetchall()]
+        sessions = {row.public_id: row for row in found}
+        cursor.execute(f"SELECT uuid, cluster_id, model, memory_mib FROM {GpuDevice._meta.db_table} WHERE uuid = ANY(%s::text[])",
+                       [_text_array({s.device_uuid for s in parsed})])
+        devices = {row[0]: _DeviceRow(*row) for row in cursor.fetchall()}
+    own = cluster.pk
+    for sample in parsed:
+        session = sessions.get(sample.session_id)
+        device = devices.get(sample.device_uuid)
+        if session is not None and session.cluster_id != own:
+            what = f"session {sample.session_id}, which is not a session"
+        elif device is None or device.cluster_id != own:
+            what = f"GPU {sample.device_uuid}, which is not a GPU"
+        else:
+            continue
+        raise Forbidden(
+            f"Usage sample samples[{sample.index}] names {what} of cluster {cluster.name} ({cluster.public_id}); an operator may "
+            "only report its own cluster's usage. Nothing of this batch was stored. Check that this operator runs with its "
+            "own cluster's token, and that its inventory (PUT /internal/v1/inventory) lists the GPU.",
+            code=FORBIDDEN_CLUSTER_SCOPE, extra={"index": sample.index},
+        )
+    held = {row.public_id: set(row.devices) for row in found}
+    earliest = {row.public_id: row.created_at - timedelta(seconds=CLOCK_SKEW_SECONDS) for row in found}
+    latest = {row.public_id: row.ended_at + timedelta(seconds=CLOCK_SKEW_SECONDS) for row in found if row.ended_at is not None}
+    for sample in parsed:
+        if sample.session_id not in sessions:
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"no session {sample.session_id!r} exists (session_id must be the GShareSession's gshare.io/session-id)",
+            )
+        if sample.device_uuid not in held[sample.session_id]:
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"GPU {sample.device_uuid} is not allocated to session {sample.session_id} (neither reserved for it nor reported "
+                "by the operator as HAMi's allocation to its Pod): only a GPU the session holds is charged to it",
+                reason=USAGE_DEVICE_NOT_ALLOCATED,
+            )
+        if sample.start < earliest[sample.session_id]:
+            created = earliest[sample.session_id] + timedelta(seconds=CLOCK_SKEW_SECONDS)
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"its window begins at {sample.start.isoformat()}, before the session {sample.session_id} was created "
+                f"({created:%Y-%m-%dT%H:%M:%SZ}, allowing {CLOCK_SKEW_SECONDS} s of clock skew): check the operator node's clock",
+                reason=USAGE_WINDOW_BEFORE_SESSION,
+            )
+        last = latest.get(sample.session_id)
+        if last is not None and sample.start > last:
+            ended = last - timedelta(seconds=CLOCK_SKEW_SECONDS)
+            raise invalid_sample(
+                sample.index, samples[sample.index],
+                f"its window begins at {sample.start.isoformat()}, after the session {sample.session_id} ended "
+                f"({ended:%Y-%m-%dT%H:%M:%SZ}, allowing {CLOCK_SKEW_SECONDS} s of clock skew): an ended session is not charged "
+                "for later usage; check the operator node's clock",
+                reason=USAGE_WINDOW_AFTER_SESSION,
+            )
+    return sessions, devices
+
+
+def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
+    """Store a batch of an operator's usage samples and charge them, exactly once per ``(cluster, sample_id)``.
+
+    Every sample is checked first (``billing.usage.parse_samples``), then against the database: its session must be
+    a session of ``cluster`` and its device a GPU of ``cluster`` (403), a GPU the session holds, and its window may
+    not begin before the session or after it ended (400, ``_scope_and_sessions``). Refusals store nothing. Then, in
+    one transaction and a constant number of statements whatever the batch size:
+
+    1. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
+       those locks a new sample overlapping another of the same session and GPU is refused (``_refuse_overlaps``);
+    2. one ledger entry id per session is drawn from the entries' sequence;
+    3. the samples, each priced (share of its device, price of the device's model, window: ``billing.pricing``) and
+       pointing at its session's entry id, are COPYed into a temporary staging table and moved with one ``INSERT
+       ... SELECT ... ON CONFLICT (cluster_id, sample_id) DO NOTHING RETURNING sample_id``: only the rows this batch
+       really inserted come back, so replayed, duplicated (also within the batch) and reordered samples are never
+       charged twice, even when two deliveries of one batch run at the same time (the unique index makes the second
+       wait for the first, then skip). A row the exclusion constraint ``usage_sample_no_overlap`` refuses (an overlap
+       the check did not see: only a writer that does not take the account locks can cause one) rolls the whole
+       batch back; the check then runs again and names the sample (400), or the batch is refused as a conflict (409);
+    4. one ``charge`` entry per session with new samples (window min(start)..max(end) of them, ``gpu_seconds`` =
+       Σ share × seconds, amount = -Σ cost, idempotency key ``usage:<cluster>:<sha256 of the sorted new sample
+       ids>``), COPYed and inserted the same way, and the accounts' new balances (the samples' foreign keys to their
+       entries are deferred: checked at commit).
+
+    Args:
+        cluster: the cluster named in the operator token.
+        samples: the body's ``samples`` (see ``parse_samples``).
+
+    Returns:
+        ``{"accepted": new samples, "duplicates": samples already stored or repeated, "charged": {session id:
+        credits charged, as a string}}``.
+
+    Raises:
+        BatchTooLarge: ``batch_too_large`` (400).
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``): malformed, or an unknown session; with
+            ``reason`` ``usage_device_not_allocated``, ``usage_window_before_session``, ``usage_window_after_session`` or
+            ``usage_window_overlap``.
+        Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
+        UsageConflict: ``usage_conflict`` (409): the constraint refused a window the check did not find again; retry.
+    """
+    parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS,
+                           max_age_seconds=settings.GSHARE_USAGE_MAX_AGE_SECONDS)
+    if not parsed:
+        return {"accepted": 0, "duplicates": 0, "charged": {}}
+    sessions, devices = _scope_and_sessions(cluster=cluster, parsed=parsed, samples=samples)
+
+    # The first of each sample_id counts; price each (session, device) pair once.
+    unique: dict[str, Sample] = {}
+    for sample in parsed:
+        unique.setdefault(sample.sample_id, sample)
+    rows = list(unique.values())
+    prices = pricing.prices_by_model()
+    pairs: dict[tuple[str, str], _Pricing] = {}
+    staged: list[tuple] = []
+    priced_rows: list[_Priced] = []
+    million = Decimal(1_000_000)
+    for sample in rows:
+        pair = (sample.session_id, sample.device_uuid)
+        priced = pairs.get(pair)
+        if priced is None:
+            session, device = sessions[sample.session_id], devices[sample.device_uuid]
+            share = pricing.gpu_share(device_memory_mib=device.memory_mib, gpu_memory_mib=session.gpu_memory_mib,
+                                      gpu_cores=session.gpu_cores)
+            priced = pairs[pair] = _Pricing(session.pk, share, pricing.price_for_model(device.model, prices), device.model)
+        session_pk, share, price, model = priced
+        seconds = Decimal(sample.micros) / million
+        cost = pricing.window_cost(price=price, share=share, seconds=seconds)
+        priced_rows.append(_Priced(sample, session_pk, share, cost, seconds))
+        # Text for times and decimals: psycopg formats strings for COPY several times faster than datetimes/Decimals.
+        # The columns of _USAGE_COLUMNS but the last (entry_id, known once the entry ids are drawn).
+        staged.append((sample.sample_id, session_pk, sample.device_uuid, sample.start.isoformat(), sample.end.isoformat(),
+                       sample.gpu_util_percent, sample.memory_used_mib, model, str(share), str(cost)))
+
+    batch_sessions = sorted({row.session_pk for row in priced_rows})
+    owners = {row.pk: row.owner_id for row in sessions.values()}
+    public_ids = {row.pk: row.public_id for row in sessions.values()}
+    now = timezone.now()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            accounts = _lock_accounts(sorted({owners[pk] for pk in batch_sessions}))
+            # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no
+            # other batch of these sessions is between this check and the commit (the check before these locks let two
+            # concurrent batches both pass and both store one window under two ids).
+            _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
+            _staging_tables(cursor)
+            cursor.execute("SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('billing_ledgerentry', 'id')::regclass AS seq) q, "
+                           "generate_series(1, %s)", [len(batch_sessions)])
+            entry_ids = dict(zip(batch_sessions, sorted(row[0] for row in cursor.fetchall()), strict=True))
+            _copy(cursor, "billing_usage_staging", _USAGE_COLUMNS,
+                  ((*row, entry_ids[priced.session_pk]) for row, priced in zip(staged, priced_rows, strict=True)))
+            cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
+            inserted = {row[0] for row in cursor.fetchall()}
+            charged = _charge_new_samples(cursor, cluster=cluster, priced_rows=priced_rows, inserted=inserted, entry_ids=entry_ids,
+                                          owners=owners, accounts=accounts, now=now)
+    except IntegrityError as exc:
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != USAGE_OVERLAP_CONSTRAINT:
+            raise
+        # The database's last word: a window of these sessions and GPUs was stored past the check (by a writer that
+        # does not take the account locks). Nothing of the batch was committed; the check now sees that window.
+        logger.warning("usage batch of cluster %s refused by %s past the overlap check", cluster.public_id, USAGE_OVERLAP_CONSTRAINT)
+        _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
+        raise UsageConflict(
+            "Another writer stored usage of this batch's sessions and GPUs while it was being written; nothing of this "
+            "batch was stored. Send it again.",
+        ) from exc
+    return {
+        "accepted": len(inserted),
+        "duplicates": len(parsed) - len(inserted),
+        "charged": {public_ids[pk]: str(amount) for pk, amount in charged.items()},
+    }
+
+
+def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> None:
+    """Refuse (400, with the index) a new sample whose window overlaps another sample of the same session and GPU.
+
+    Idempotency is by ``sample_id``; this closes the other way to charge a GPU-second twice: two samples with
+    different ids for the same time (an operator that lost its state and re-sampled). Samples whose id is already
+    stored are replays and are not checked. Windows that touch (one's end is the next one's start) do not overlap.
+    One query: the stored samples of the batch's sessions within the batch's time span (per session, through the
+    GiST index of ``usage_sample_no_overlap``, whatever the session's history), under the same condition as that
+    constraint. Run it under the sessions' owners' account locks, so no concurrent batch of these sessions can store
+    a window after it looked; the constraint holds regardless.
+
+    Raises:
+        InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``, ``reason`` ``usage_window_overlap``).
+    """
+    if not rows:
+        return
+    first, last = min(r.start for r in rows), max(r.end for r in rows)
+    session_pks = sorted({sessions[r.session_id].pk for r in rows})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT u.cluster_id, u.sample_id, u.session_id, u.device_uuid, u.start, u."end" FROM unnest(%s::bigint[]) AS k(session_id) '
+            f"JOIN {UsageSample._meta.db_table} u ON u.session_id = k.session_id "
+            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)')",
+            [_array(session_pks), first, last],
+        )
+        stored = cursor.fetchall()
+    stored_ids = {sample_id for cluster_id, sample_id, *_ in stored if cluster_id == cluster.pk}
+    windows: dict[tuple[int, str], list[_Window]] = {}
+    for _, sample_id, session_pk, device_uuid, start, end in stored:
+        windows.setdefault((session_pk, device_uuid), []).append(_Window(start, end, sample_id, None))
+    for sample in rows:
+        if sample.sample_id not in stored_ids:
+            windows.setdefault((sessions[sample.session_id].pk, sample.device_uuid), []).append(
+                _Window(sample.start, sample.end, sample.sample_id, sample.index))
+    for intervals in windows.values():
+        intervals.sort(key=lambda w: (w.start, w.end))
+        reach = intervals[0]
+        for window in intervals[1:]:
+            if window.start < reach.end and (window.index is not None or reach.index is not None):
+                new, other = (window, reach) if window.index is not None else (reach, window)
+                raise invalid_sample(
+                    new.index, samples[new.index],
+                    f"its window {new.start.isoformat()} .. {new.end.isoformat()} overlaps sample {other.sample_id!r} of the same "
+                    "session and GPU: a GPU-second is charged once; resend with the original sample_id, or drop the overlapping sample",
+                    reason=USAGE_WINDOW_OVERLAP,
+                )
+            if window.end > reach.end:
+                reach = window
+
+
+def _charge_new_samples(cursor, *, cluster, priced_rows, inserted, entry_ids, owners, accounts, now) -> dict:
+    """Write one charge per session with newly inserted samples and the accounts' balances (a COPY and two statements,
+    nothing when no sample was new). Returns ``{session pk: credits charged}``."""
+    if not inserted:
+        return {}
+    per_session: dict[int, _SessionCharge] = {}
+    for sample, session_pk, share, cost, seconds in priced_rows:
+        if sample.sample_id not in inserted:
+            continue
+        charge = per_session.get(session_pk)
+        if charge is None:
+            per_session[session_pk] = _SessionCharge(cost, share * seconds, [sample.sample_id], sample.start, sample.end)
+            continue
+        charge.cost += cost
+        charge.gpu_seconds += share * seconds
+        charge.sample_ids.append(sample.sample_id)
+        if sample.start < charge.start:
+            charge.start = sample.start
+        if sample.end > charge.end:
+            charge.end = sample.end
+    balances = dict(accounts)
+    entries: list[_Charge] = []
+    for session_pk in sorted(per_session, key=entry_ids.__getitem__):
+        charge = per_session[session_pk]
+        account = balances[owners[session_pk]]
+        balance = account.balance - charge.cost
+        balances[owners[session_pk]] = _Account(account.id, balance, (account.below_zero_since or now) if balance < 0 else None)
+        entries.append(_Charge(entry_ids[session_pk], account.id, -charge.cost, balance, _charge_key(cluster, charge.sample_ids),
+                               session_pk, charge.start, charge.end, charge.gpu_seconds.quantize(CREDITS),
+                               f"{len(charge.sample_ids)} usage sample(s) on {cluster.name}"))
+    _copy(cursor, "billing_charge_staging", _CHARGE_COLUMNS, (  # text for times and decimals, as for the samples
+        (e.id, e.account_id, format(e.amount, "f"), format(e.balance_after, "f"), e.idempotency_key, e.session_id,
+         e.window_start.isoformat(), e.window_end.isoformat(), format(e.gpu_seconds, "f"), e.reason)
+        for e in entries
+    ))
+    cursor.execute(_INSERT_CHARGES, [now])
+    written = {row[0] for row in cursor.fetchall()}
+    if len(written) < len(entries):
+        # A key already in the ledger: these exact samples were charged before (their rows since deleted). Point the
+        # samples at that entry and leave the balance alone (cannot happen while samples are kept).
+        return _reuse_existing_charges(cursor, entries=entries, written=written, accounts=accounts, now=now)
+    touched = {owners[pk] for pk in per_session}
+    changed = [balances[user_id] for user_id in sorted(touched)]
+    _update_accounts(cursor, changed)
+    return {entry.session_id: -entry.amount for entry in entries}
+
+
+def _reuse_existing_charges(cursor, *, entries, written, accounts, now) -> dict:
+    """The rare path of ``_charge_new_samples``: some charge keys exist already. Re-point their samples, and recompute
+    the balances from the entries really written (a few more statements, only on this path)."""
+    missing = [e for e in entries if e.id not in written]
+    existing = dict(LedgerEntry.objects.filter(idempotency_key__in=[e.idempotency_key for e in missing]).values_list("idempotency_key", "pk"))
+    for entry in missing:
+        cursor.execute("UPDATE billing_usagesample SET entry_id = %s WHERE entry_id = %s", [existing[entry.idempotency_key], entry.id])
+    balances = {account.id: account for account in accounts.values()}
+    charged = {}
+    for entry in entries:
+        if entry.id not in written:
+            continue
+        account = balances[entry.account_id]
+        balance = account.balance + entry.amount
+        balances[entry.account_id] = _Account(account.id, balance, (account.below_zero_since or now) if balance < 0 else None)
+        cursor.execute("UPDATE billing_ledgerentry SET balance_after = %s WHERE id = %s", [balance, entry.id])
+        charged[entry.session_id] = -entry.amount
+    _update_accounts(cursor, list(balances.values()))
+    return charged
