@@ -11,19 +11,41 @@ Both are ``KubeError``; neither is an ``ApplicationError``: each service says wh
 from __future__ import annotations
 
 import json
+import re
 
-#: Longest apiserver message kept in a refusal (a Status message can quote a whole object).
+#: Longest apiserver message (and reason phrase) kept in a refusal (a Status message can quote a whole object).
 MAX_MESSAGE = 300
 
+# Terminal escape sequences (CSI, OSC, and two-byte ones), then any other C0/C1 control character.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|\][^\x07\x1b]*(?:\x07|\x1b\\)?|.?)")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+# A credential quoted back: "Bearer <t>", or a kubeconfig/header key followed by its value.
+_CREDENTIALS = re.compile(
+    r"(?i)(\bbearer\s+|\b(?:token|client-key-data|client-certificate-data|password|authorization)[\"']?\s*[:=]\s*[\"']?)"
+    r"(?:bearer\s+)?[^\s\"',;]+"
+)
 
-def status_message(body: bytes | str | None) -> str:
-    """The ``message`` of a Kubernetes ``Status`` body (JSON), cut to ``MAX_MESSAGE`` characters; "" when there is none."""
+
+def clean_text(text: str | None, *, secrets: tuple[str, ...] = ()) -> str:
+    """Text an apiserver sent (a Status message, a reason phrase), made safe to quote in API answers, logs and audit rows:
+    terminal escapes and control characters removed, whitespace collapsed, ``secrets`` and anything that looks like a
+    credential (``Bearer ...``, ``token: ...``) replaced by ``[redacted]``, cut to ``MAX_MESSAGE`` characters. A secret
+    shorter than 8 characters is not searched for (it would match ordinary words)."""
+    text = _CONTROLS.sub(" ", _ESCAPES.sub("", str(text or "")[: 8 * MAX_MESSAGE]))
+    for secret in secrets:
+        if len(secret) >= 8:
+            text = text.replace(secret, "[redacted]")
+    return " ".join(_CREDENTIALS.sub(r"\1[redacted]", text).split())[:MAX_MESSAGE]
+
+
+def status_message(body: bytes | str | None, *, secrets: tuple[str, ...] = ()) -> str:
+    """The ``message`` of a Kubernetes ``Status`` body (JSON) through :func:`clean_text`; "" when there is none."""
     try:
         data = json.loads(body or "{}")
     except (TypeError, ValueError):
         return ""
     message = data.get("message") if isinstance(data, dict) else None
-    return str(message)[:MAX_MESSAGE] if message else ""
+    return clean_text(str(message), secrets=secrets) if message else ""
 
 
 class KubeError(Exception):

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity as parse_quantity  # re-exported: quantities of the objects read here
 
 from clusters.kube.client import Deadline, DeadlineExceeded, api_client_for_kubeconfig, tls_failure_detail
-from clusters.kube.errors import KubeRefused, KubeUnavailable, status_message
+from clusters.kube.errors import KubeRefused, KubeUnavailable, clean_text, status_message
 from operator_agent import contract
 
 #: The field manager of every server-side apply of the control plane (the operator applies as its own).
@@ -261,7 +261,11 @@ class KubeGateway:
         status = exc.status or 0
         if not status:  # the client's wrapping of a TLS failure (no answer)
             return self._transport(exc)
-        fields = {"status": status, "reason": str(exc.reason or ""), "message": status_message(exc.body), "server": self.server}
+        # A hostile apiserver can quote back the credential it was sent: never let it into a message.
+        credential = str((self._api.configuration.api_key or {}).get("BearerToken") or "")
+        secrets = (credential, credential.removeprefix("Bearer ").strip())
+        fields = {"status": status, "reason": clean_text(exc.reason, secrets=secrets),
+                  "message": status_message(exc.body, secrets=secrets), "server": self.server}
         if status == 429 or status >= 500:
             return KubeUnavailable(**fields)
         return KubeRefused(**fields)

@@ -1,0 +1,127 @@
+"""``clusters.kube.KubeGateway`` against a hostile apiserver: huge, non-JSON, secret-quoting or escape-laden error
+answers, a 2xx that is not JSON, a redirect elsewhere. What the gateway keeps of such an answer ends up in API error
+bodies, session messages and audit rows, so it must be bounded, printable and free of the credential it was sent."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
+from clusters.kube.errors import MAX_MESSAGE
+from clusters.kube.gateway import NAMESPACES
+
+TOKEN = "sekrit-bearer-0123456789abcdef"
+
+
+def kubeconfig_for(host_port: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://{host_port}"}}],
+        "users": [{"name": "u", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+
+
+@pytest.fixture
+def hostile(settings):
+    """Factory: a loopback server answering every request with ``(status, reason, body, headers)``; returns
+    ``host:port`` and records the requests it got in ``hits``."""
+    servers = []
+
+    def start(status: int, body: bytes = b"", reason: str | None = None, headers: dict | None = None, allow: bool = True):
+        hits: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                hits.append({"path": self.path, "authorization": self.headers.get("Authorization")})
+                self.send_response_only(status, reason)
+                for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        host_port = f"127.0.0.1:{server.server_address[1]}"
+        if allow:
+            settings.GSHARE_LOOPBACK_ALLOWLIST = [*settings.GSHARE_LOOPBACK_ALLOWLIST, host_port]
+        return host_port, hits
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def status_body(message: str, code: int = 403) -> bytes:
+    return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}).encode()
+
+
+def refusal_of(host_port: str) -> KubeRefused | KubeUnavailable:
+    with KubeGateway.for_kubeconfig(kubeconfig_for(host_port), call_timeout=5) as kube, pytest.raises((KubeRefused, KubeUnavailable)) as info:
+        kube.get(NAMESPACES, "kube-system")
+    return info.value
+
+
+def assert_clean(text: str, limit: int) -> None:
+    assert len(text) <= limit, len(text)
+    assert TOKEN not in text
+    assert not any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in text), repr(text)
+
+
+def test_a_ten_megabyte_non_json_error_body_leaves_no_message_and_is_read_in_time(hostile):
+    host_port, _ = hostile(500, b"<html>" + b"x" * 10_000_000 + b"</html>", headers={"Content-Type": "text/html"})
+    started = time.monotonic()
+    error = refusal_of(host_port)
+    assert time.monotonic() - started < 5
+    assert isinstance(error, KubeUnavailable) and error.status == 500 and error.message == ""
+
+
+def test_a_status_message_quoting_the_token_and_escapes_is_bounded_printable_and_redacted(hostile):
+    kubeconfig_text = yaml.safe_dump(kubeconfig_for("x:1"))
+    message = f"\x1b[31mdenied\x1b[0m\r\nAuthorization: Bearer {TOKEN}\x00\x07 " + kubeconfig_text + "y" * 5000
+    host_port, _ = hostile(403, status_body(message))
+    error = refusal_of(host_port)
+    assert isinstance(error, KubeRefused) and error.status == 403
+    assert error.message.startswith("denied Authorization: [redacted]")
+    assert_clean(error.message, MAX_MESSAGE)
+    assert_clean(str(error), 2 * MAX_MESSAGE)
+
+
+def test_a_hostile_reason_phrase_is_bounded_printable_and_redacted(hostile):
+    reason = "\x1b]0;owned\x07Forbidden " + f"Bearer {TOKEN} bare {TOKEN} " + "z" * 20_000
+    host_port, _ = hostile(403, status_body("no"), reason=reason)
+    error = refusal_of(host_port)
+    assert isinstance(error, KubeRefused) and error.status == 403
+    assert_clean(error.reason, MAX_MESSAGE)
+    assert_clean(error.summary, 2 * MAX_MESSAGE + 2)
+
+
+def test_a_2xx_with_garbage_json_is_an_unreadable_refusal(hostile):
+    host_port, _ = hostile(200, b'{"kind": "Namespace", \xff\xfe garbage', headers={"Content-Type": "application/json"})
+    error = refusal_of(host_port)
+    assert isinstance(error, KubeRefused) and error.unreadable
+    host_port, _ = hostile(200, b"[1, 2, 3]", headers={"Content-Type": "application/json"})
+    assert refusal_of(host_port).unreadable
+
+
+def test_a_redirect_to_a_host_that_is_not_allowed_is_not_followed(hostile):
+    elsewhere, elsewhere_hits = hostile(200, b'{"kind": "Namespace"}', allow=False)
+    host_port, hits = hostile(302, b"", headers={"Location": f"http://{elsewhere}/api/v1/namespaces/kube-system"})
+    error = refusal_of(host_port)
+    assert hits and not elsewhere_hits, "the redirect was followed to a host the kubeconfig did not name"
+    # retries=0 makes urllib3 give up on the first redirect: "did not answer", transient, not a 302 refusal.
+    assert isinstance(error, KubeUnavailable) and error.cause_name == "MaxRetryError"
