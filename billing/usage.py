@@ -92,7 +92,7 @@ def _bad_text(value) -> str | None:
 
 
 def _time(value) -> datetime | None:
-    if type(value) is not str or len(value) > _MAX_TIME_LENGTH:
+    if type(value) is not str or len(value) > _MAX_TIME_LENGTH or not value.isprintable():
         return None
     try:
         parsed = _fromisoformat(value)
@@ -155,8 +155,9 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
                 if problem:
                     raise invalid_sample(index, sample, f"{key} {problem}")
         try:
-            start = fromiso(start_raw) if type(start_raw) is str and len(start_raw) <= _MAX_TIME_LENGTH else None
-            end = fromiso(end_raw) if type(end_raw) is str and len(end_raw) <= _MAX_TIME_LENGTH else None
+            # isprintable: fromisoformat reads a time with a NUL before its "Z" (rfc3339.parse refuses it too).
+            start = fromiso(start_raw) if type(start_raw) is str and len(start_raw) <= _MAX_TIME_LENGTH and start_raw.isprintable() else None
+            end = fromiso(end_raw) if type(end_raw) is str and len(end_raw) <= _MAX_TIME_LENGTH and end_raw.isprintable() else None
         except ValueError:
             start = end = None
         if start is None or end is None or start.tzinfo is None or end.tzinfo is None:

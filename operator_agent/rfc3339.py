@@ -34,14 +34,15 @@ def parse(value: object, *, naive_as_utc: bool = False) -> datetime.datetime | N
     """``value`` as an aware ``datetime`` in UTC, or None when it is not an RFC 3339 time.
 
     Args:
-        value: anything; only a ``str`` of at most ``MAX_LENGTH`` characters can be a time.
+        value: anything; only a printable ``str`` of at most ``MAX_LENGTH`` characters can be a time (Python 3.11's
+            ``fromisoformat`` reads ``2026-11-29T16:00:00\\x00Z`` as a time, RFC 3339 has no control characters).
         naive_as_utc: read a time without a zone as UTC (what Kubernetes objects mean by one) instead of refusing it.
 
     Returns:
         The instant converted to UTC; None for a non-string, an unreadable text, a time without a zone (unless
         ``naive_as_utc``), an offset with seconds, or an instant outside years 1 to 9999 in UTC.
     """
-    if type(value) is not str or not value or len(value) > MAX_LENGTH:
+    if type(value) is not str or not value or len(value) > MAX_LENGTH or not value.isprintable():
         return None
     try:
         parsed = _fromisoformat(value)

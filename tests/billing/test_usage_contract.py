@@ -48,6 +48,7 @@ CASES = [
     ("memory-boolean", {"memory_used_mib": False}, False, False),
     ("memory-whole-float", {"memory_used_mib": 1.0}, False, True),
     ("id-with-nul", {"sample_id": "ses_a\x00"}, False, True),
+    ("time-with-nul", {"end": "2026-11-29T16:00:00\x00Z"}, False, False),
     ("end-before-start", {"start": "2026-11-29T16:00:00Z", "end": "2026-11-29T15:59:00Z"}, False, True),
     ("window-longer-than-allowed", {"start": "2026-11-29T15:49:59Z"}, False, True),
 ]

@@ -1,0 +1,103 @@
+"""Hostile times, quantities and bodies on the paths that read them: the operator's internal endpoints (with an
+operator token), the ``?since=``/``?until=`` filters, and a PersistentVolume's capacity read from an apiserver. Each
+answer is 400 JSON with a stable code (or the value is read correctly), bounded, and quick."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from clusters.operator_token.tokens import operator_token_mint
+from operator_agent import contract, rfc3339
+from tests.conftest import Http
+from tests.factories import ClusterFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOSTILE_TIMES = [
+    "2026-11-29T23:59:60Z", "0000-01-01T00:00:00Z", "9999-12-31T23:59:59-01:00", "2026-11-29T16:00:00+24:00",
+    "2026-11-29t16:00:00z", "2026-11-29T16:00:00." + "1" * 100 + "Z", "２０２６-11-29T16:00:00Z",
+    "2026-11-29T16:00:00\x00Z", "2026-11-29T16:00:00Z\x00", "2026-11-29T16:00:00\x1b[31mZ", " 2026-11-29T16:00:00Z",
+    "2026-11-29T16:00:00+05:30:00", "0001-01-01T00:00:00+14:00", "x" * 1_000_000, "+-1", ".", "",
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_TIMES, ids=lambda raw: repr(raw[:30]))
+def test_a_hostile_time_is_refused_quickly(raw):
+    started = time.monotonic()
+    assert rfc3339.parse(raw) is None
+    assert time.monotonic() - started < 0.1
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("2026-11-29T16:00:00-00:00", datetime(2026, 11, 29, 16, tzinfo=UTC)),
+    ("9999-12-31T23:59:59Z", datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    ("2026-11-29T16:00:00.1234567Z", datetime(2026, 11, 29, 16, 0, 0, 123456, tzinfo=UTC)),
+    ("2026-11-29T16:00:00-23:59", datetime(2026, 11, 30, 15, 59, tzinfo=UTC)),
+])
+def test_edge_times_are_read_correctly(raw, expected):
+    assert rfc3339.parse(raw) == expected
+
+
+@pytest.fixture
+def operator(live_server) -> Http:
+    return Http(live_server.url, operator_token_mint(cluster_id=ClusterFactory(name="lab-c1").public_id))
+
+
+def assert_refused(response, code: str, *, limit: int = 4000) -> None:
+    assert response.status_code == 400, response.text[:500]
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert response.json()["code"] == code
+    assert len(response.text) < limit, len(response.text)
+
+
+def test_a_hostile_observed_at_is_invalid_status(operator):
+    for raw in ["2026-11-29T16:00:00\x00Z", "2026-11-29T16:00:00\x07Z", "2026-11-29T23:59:60Z", "x" * 100_000, 12, None, ["2026"]]:
+        body = {"reports": [{"session": "ses_abc", "phase": "Running", "observed_at": raw}]}
+        started = time.monotonic()
+        assert_refused(operator.post(contract.STATUS_PATH, json=body), "invalid_status")
+        assert time.monotonic() - started < 1
+
+
+def test_a_hostile_read_at_is_invalid_storage_report(operator):
+    for raw in ["2026-11-29T16:00:00\x00Z", "2026-11-29T16:00:00\x1bZ", "0000-01-01T00:00:00Z", "1" * 70, 5]:
+        body = {"read_at": raw, "storage_classes": [], "volumes": [], "nodes": []}
+        assert_refused(operator.post(contract.STORAGE_PATH, json=body), "invalid_storage_report")
+
+
+def test_hostile_byte_counts_are_invalid_storage_report(operator):
+    for value in [2**63, -1, 1.5, "1Gi", 10**400]:
+        body = {"read_at": "2026-11-29T16:00:00Z", "storage_classes": [{"storage_class": "s", "capacity_bytes": value, "objects": 0}],
+                "volumes": [], "nodes": [{"name": "n", "disk_bytes": value}]}
+        assert_refused(operator.post(contract.STORAGE_PATH, data=json.dumps(body), headers={"Content-Type": "application/json"}),
+                       "invalid_storage_report")
+
+
+def test_deeply_nested_bodies_are_refused_as_json(operator):
+    for depth in [50, 5000, 200_000]:
+        text = '{"reports": ' + "[" * depth + "]" * depth + "}"
+        started = time.monotonic()
+        response = operator.post(contract.STATUS_PATH, data=text, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400 and response.json()["code"], response.text[:300]
+        assert time.monotonic() - started < 1
+
+
+def test_duplicate_keys_in_a_status_report_are_read_one_way(operator):
+    text = '{"reports": [], "reports": [{"session": "ses_x", "phase": "Bogus", "observed_at": "2026-11-29T16:00:00Z"}]}'
+    response = operator.post(contract.STATUS_PATH, data=text, headers={"Content-Type": "application/json"})
+    assert response.status_code in (200, 400) and response.json(), response.text[:300]
+    if response.status_code == 400:
+        assert response.json()["code"] == "invalid_status"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/audit", "/api/v1/billing/ledger"])
+def test_hostile_since_and_until_are_invalid_request(http, path):
+    for raw in ["2026-11-29T16:00:00%00Z", "2026-11-29T16:00:00%1BZ", "%1B%5B31m", "x" * 10_000, "2026-11-29T23:59:60Z", "１"]:
+        for name in ("since", "until"):
+            started = time.monotonic()
+            response = http.get(f"{path}?{name}={raw}")
+            assert time.monotonic() - started < 1
+            assert_refused(response, "invalid_request")
