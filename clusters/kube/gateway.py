@@ -17,11 +17,11 @@ import kubernetes
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity as parse_quantity  # re-exported: quantities of the objects read here
 
 from clusters.kube.client import Deadline, DeadlineExceeded, api_client_for_kubeconfig, tls_failure_detail
 from clusters.kube.errors import KubeRefused, KubeUnavailable, clean_text, status_message
 from operator_agent import contract
+from operator_agent.quantity import parse_quantity as parse_quantity  # re-exported: quantities of the objects read here
 
 #: The field manager of every server-side apply of the control plane (the operator applies as its own).
 FIELD_MANAGER = "gshare-control-plane"

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
-from operator_agent import contract, rfc3339
+from operator_agent import contract, quantity, rfc3339
 from tests.conftest import Http
 from tests.factories import ClusterFactory
 
@@ -40,6 +40,30 @@ def test_a_hostile_time_is_refused_quickly(raw):
 ])
 def test_edge_times_are_read_correctly(raw, expected):
     assert rfc3339.parse(raw) == expected
+
+
+HOSTILE_QUANTITIES = ["1e99999", "1e-99999", "9" * 10_000, "+-1", ".", "0x10", "1Gi\x00", "１", "NaN", "sNaN", "-Infinity",
+                      "1_000", "", "\u00a01Gi", "1\nGi", "x" * 1_000_000]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_QUANTITIES, ids=lambda raw: repr(raw[:20]))
+def test_a_hostile_quantity_is_a_value_error_quickly(raw):
+    from clusters.kube import parse_quantity as gateway_parse_quantity
+
+    for parse in (quantity.parse_quantity, gateway_parse_quantity):
+        started = time.monotonic()
+        with pytest.raises(ValueError):
+            parse(raw)
+        assert time.monotonic() - started < 0.5
+
+
+def test_a_moved_pv_with_a_nan_capacity_gets_the_request():
+    """An apiserver's PersistentVolume reporting ``capacity.storage: NaN`` must not crash a volume move."""
+    from storage.move import moved_persistent_volume
+
+    old = {"spec": {"capacity": {"storage": "NaN"}, "nfs": {"server": "nas", "path": "/v"}}}
+    pv = moved_persistent_volume(old_pv=old, name="pv", namespace="ns", claim_name="c", labels={}, request="10Gi")
+    assert pv["spec"]["capacity"]["storage"] == "10Gi"
 
 
 @pytest.fixture
