@@ -116,16 +116,34 @@ def schema_problems(validator, body, *, limit: int = 10) -> list[str]:
     """
     problems = []
     for error in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:limit]:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".") or "body"
-        problems.append(f"{path}: {describe_schema_error(error)}")
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{_shown_key(p)}" for p in error.absolute_path).lstrip(".") or "body"
+        problems.append(f"{_shown_path(path)}: {describe_schema_error(error)}")
     return problems
+
+
+#: Longest object key, and longest JSON path, quoted in a problem (a key is as long as the body allows).
+_MAX_SHOWN_KEY, _MAX_SHOWN_PATH = 64, 200
+
+
+def _shown_key(key: str) -> str:
+    return key if len(key) <= _MAX_SHOWN_KEY else key[: _MAX_SHOWN_KEY - 3] + "..."
+
+
+def _shown_path(path: str) -> str:
+    return path if len(path) <= _MAX_SHOWN_PATH else "..." + path[3 - _MAX_SHOWN_PATH:]
 
 
 def unstorable_text_path(value, path: str = "") -> str | None:
     """Return the JSON path of the first string (key or value) PostgreSQL cannot store, or None.
 
-    PostgreSQL text refuses NUL characters, and UTF-8 cannot encode unpaired surrogates.
+    PostgreSQL text refuses NUL characters, and UTF-8 cannot encode unpaired surrogates. Keys in the path are cut to
+    64 characters and the path to 200 (its end kept).
     """
+    found = _unstorable_text_path(value, path)
+    return _shown_path(found) if found else None
+
+
+def _unstorable_text_path(value, path: str) -> str | None:
     if isinstance(value, str):
         if "\x00" in value:
             return path or "body"
@@ -136,12 +154,13 @@ def unstorable_text_path(value, path: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = unstorable_text_path(key, f"{path}.{key!r}") or unstorable_text_path(item, f"{path}.{key}" if path else str(key))
+            shown = _shown_key(key) if isinstance(key, str) else key
+            found = _unstorable_text_path(key, f"{path}.{shown!r}") or _unstorable_text_path(item, f"{path}.{shown}" if path else str(shown))
             if found:
                 return found
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            found = unstorable_text_path(item, f"{path}[{index}]")
+            found = _unstorable_text_path(item, f"{path}[{index}]")
             if found:
                 return found
     return None

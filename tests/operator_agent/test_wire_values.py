@@ -100,6 +100,19 @@ def test_hostile_byte_counts_are_invalid_storage_report(operator):
                        "invalid_storage_report")
 
 
+def test_a_huge_label_key_in_an_inventory_problem_is_not_echoed_whole(operator):
+    key = "k" * 200_000
+    body = {"nodes": [{"name": "n", "ready": True, "devices": [], "labels": {key: 5}}]}
+    response = operator.put(contract.INVENTORY_PATH, json=body)
+    assert_refused(response, response.json().get("code", "?"), limit=4000)
+
+
+def test_a_huge_key_with_a_nul_in_a_storage_report_is_not_echoed_whole(operator):
+    key = "\x00" + "k" * 200_000
+    body = {"read_at": "2026-11-29T16:00:00Z", "storage_classes": [], "volumes": [], "nodes": [], "extra": {key: "v"}}
+    assert_refused(operator.post(contract.STORAGE_PATH, json=body), "invalid_storage_report")
+
+
 def test_deeply_nested_bodies_are_refused_as_json(operator):
     for depth in [50, 5000, 200_000]:
         text = '{"reports": ' + "[" * depth + "]" * depth + "}"
