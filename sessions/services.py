@@ -534,8 +534,16 @@ class TransientApplyError(Exception):
     """The cluster's apiserver could not be reached or was overloaded; the task retries."""
 
 
+@transaction.atomic
 def session_apply_gave_up(*, session: Session, reason: str) -> Session:
-    """Fail a session whose apply kept failing after the bounded retries."""
+    """Fail a session whose apply kept failing after the bounded retries, if it is still Scheduled.
+
+    The last attempt can take ``GSHARE_PROBE_TIMEOUT`` seconds: a session stopped by its owner meanwhile (Stopping, its
+    delete under way) or reported by the operator (an earlier attempt reached the apiserver) is left as it is.
+    """
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    if session.phase != Session.Phase.SCHEDULED:
+        return session
     return session_fail(session=session, message=f"Could not apply the session to its cluster after several attempts: {reason}.")
 
 

@@ -43,7 +43,10 @@ class _SessionTask(Task):
         logger.info("session %s: %s done, phase %s", session.public_id, self.name, session.phase)
 
     def _gave_up(self, session_pk: int, exc: Exception) -> None:
-        session = Session.objects.get(pk=session_pk)
+        session = Session.objects.filter(pk=session_pk).first()
+        if session is None:  # deleted since the task was queued: nothing left to give up on
+            logger.info("session pk %s: %s gave up on a session that no longer exists: %s", session_pk, self.name, exc)
+            return
         self.give_up(session, exc)
         logger.warning("session %s: %s gave up: %s", session.public_id, self.name, exc)
 
