@@ -133,8 +133,12 @@ def from_fields_v1(tree: Any, prefix: Path = ()) -> set[Path]:
 
 
 def _entries(obj: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [copy.deepcopy(dict(e)) for e in ((obj or {}).get("metadata") or {}).get("managedFields") or []
-            if isinstance(e, Mapping)]
+    """The object's managed-field entries (copies); what a client wrote there that is not a list of objects is none."""
+    meta = (obj or {}).get("metadata")
+    managed = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    if not isinstance(managed, list):
+        return []
+    return [copy.deepcopy(dict(e)) for e in managed if isinstance(e, Mapping)]
 
 
 def _owned(entry: Mapping[str, Any]) -> set[Path]:

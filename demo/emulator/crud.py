@@ -118,6 +118,8 @@ class CrudMixin:
                                "is required for apply patch", None)
             if not isinstance(patch, dict):
                 raise ApiError(400, "BadRequest", "the apply configuration is not a YAML/JSON object", None)
+            if not isinstance(patch.get("metadata", {}), dict):
+                raise ApiError(400, "BadRequest", "the metadata of the apply configuration is not an object", None)
             if (patch.get("apiVersion"), patch.get("kind")) != (spec.api_version, spec.kind):
                 raise ApiError(400, "BadRequest", f"the apply configuration must have apiVersion {spec.api_version!r} "
                                f"and kind {spec.kind!r}", None)
