@@ -664,8 +664,9 @@ def volume_delete(*, volume: Volume) -> Volume:
     apiserver is called: the volume is first marked ``deleting`` under its row lock (committed; sessions, quota changes
     and moves refuse it meanwhile), then the PVC is deleted (at most ``GSHARE_PROBE_TIMEOUT`` seconds), then the row is
     marked ``deleted``; a failure puts the status it had back and changes nothing else. Concurrent deletions of one
-    volume are serialised by an advisory lock (``_delete_lock``). A volume whose cluster was deregistered has no
-    reachable PVC: it is only marked. Idempotent for a deleted volume.
+    volume are serialised by an advisory lock (``_delete_lock``). A volume no cluster holds, or whose cluster was
+    deregistered, has no reachable PVC: it is only marked, in the transaction that checked it. Idempotent for a
+    deleted volume.
 
     Raises:
         VolumeInUse: ``volume_in_use`` (409) while a session that has not ended (Terminated, Failed) mounts it.
@@ -674,16 +675,19 @@ def volume_delete(*, volume: Volume) -> Volume:
         VolumeDeleteFailed: ``volume_delete_failed`` (502): the apiserver refused the deletion.
     """
     with _delete_lock(volume):
-        volume, previous, pvc = _delete_begin(volume=volume)
-        if previous is None:
-            return volume
+        with transaction.atomic():
+            volume, previous, pvc = _delete_begin(volume=volume)
+            if previous is None:
+                return volume
+            if not pvc:  # nothing to call: marked deleted under the row lock its check took (it was never "deleting")
+                volume = _delete_finish(volume=volume, previous=previous)
         if pvc:
             try:
                 _pvc_delete(volume)
             except BaseException:
                 Volume.objects.filter(pk=volume.pk, status=Volume.Status.DELETING).update(status=previous)
                 raise
-        volume = _delete_finish(volume=volume, previous=previous)
+            volume = _delete_finish(volume=volume, previous=previous)
     logger.info("volume deleted: %s %s", volume.public_id, volume.name)
     return volume
 

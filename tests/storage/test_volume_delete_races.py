@@ -81,3 +81,57 @@ def test_a_deleting_volume_is_refused_as_json_everywhere_and_the_report_leaves_i
     assert operator.post(contract.STORAGE_PATH, json=report).status_code == 200
     volume.refresh_from_db()
     assert (volume.status, volume.quota_gb, volume.cluster_id) == (Volume.Status.DELETING, 10, cluster.pk)
+
+
+def test_a_session_cannot_mount_a_volume_without_a_pvc_while_it_is_being_deleted(django_user_model, monkeypatch):
+    """A volume no cluster holds yet has no PVC to delete, so it is never marked ``deleting``: a session created between
+    the deletion's check and its marking would mount a deleted volume. The other request runs on its own connection,
+    started at that point and given a second to get through."""
+    import threading
+
+    from django.db import connections
+
+    from sessions import placement
+    from sessions import services as session_services
+    from sessions.models import Session
+    from storage import services
+    from tests.factories import GpuDeviceFactory, NodeFactory, StoragePoolFactory
+
+    owner = django_user_model.objects.create_user("alice")
+    cluster = ClusterFactory(name="alpha")
+    node = NodeFactory(cluster=cluster)
+    GpuDeviceFactory(node=node, cluster=cluster, index=0, split_count=4, memory_mib=16000)
+    placement.usage_recompute(cluster_ids=[cluster.pk])
+    pool = StoragePoolFactory(cluster=cluster)
+    volume = Volume.objects.create(owner=owner, pool=pool, name="fresh", quota_gb=10, cluster=None, claim_name="",
+                                   status=Volume.Status.AVAILABLE)
+    outcome = []
+
+    def create_session():
+        try:
+            outcome.append(session_services.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100,
+                                                           volumes=[volume.public_id]))
+        except Exception as exc:  # noqa: BLE001 - a refusal is a correct outcome
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    real_finish = services._delete_finish
+
+    def finish_after_a_concurrent_create(**kwargs):
+        thread = threading.Thread(target=create_session)
+        thread.start()
+        thread.join(1)
+        finishing = real_finish(**kwargs)
+        finish_after_a_concurrent_create.thread = thread
+        return finishing
+
+    monkeypatch.setattr(services, "_delete_finish", finish_after_a_concurrent_create)
+    try:
+        services.volume_delete(volume=volume)
+    except services.VolumeInUse:
+        pass
+    finish_after_a_concurrent_create.thread.join(10)
+    volume.refresh_from_db()
+    created = [o for o in outcome if isinstance(o, Session)]  # (its eager apply to a factory cluster fails it later)
+    assert not (volume.status == Volume.Status.DELETED and created), (volume.status, outcome)
