@@ -125,3 +125,14 @@ def test_a_redirect_to_a_host_that_is_not_allowed_is_not_followed(hostile):
     assert hits and not elsewhere_hits, "the redirect was followed to a host the kubeconfig did not name"
     # retries=0 makes urllib3 give up on the first redirect: "did not answer", transient, not a 302 refusal.
     assert isinstance(error, KubeUnavailable) and error.cause_name == "MaxRetryError"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_refused_by_a_hostile_apiserver_quotes_neither_its_escapes_nor_the_token(http, hostile):
+    reason = f"\x1b[2J\x1b]0;pwn\x07Forbidden Bearer {TOKEN} " + "r" * 5000
+    host_port, hits = hostile(403, status_body(f"token: {TOKEN}\r\n" + "m" * 5000), reason=reason)
+    response = http.post("/api/v1/clusters", json={"name": "lab", "kubeconfig": yaml.safe_dump(kubeconfig_for(host_port))})
+    assert hits and hits[0]["authorization"] == f"Bearer {TOKEN}"  # the hostile server did get the credential
+    assert response.status_code == 400 and response.json()["code"] == "cluster_auth_failed", response.text[:300]
+    assert TOKEN not in response.text and "\\u001b" not in response.text and "\x1b" not in response.text
+    assert len(response.text) < 2000
