@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 
 from django.conf import settings
@@ -114,11 +115,46 @@ def schema_problems(validator, body, *, limit: int = 10) -> list[str]:
     Returns:
         ``["nodes[3].devices[0].memory_mib: is smaller than 0", ...]`` (``body`` as the path of the document itself).
     """
+    oversized = _oversized_array(validator.schema, body)
+    if oversized is not None:  # refused before validating every item of it: a long malformed list costs seconds
+        path, most = oversized
+        return [f"{_shown_path(_json_path(path) or 'body')}: has more than {most} items"]
     problems = []
-    for error in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))[:limit]:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{_shown_key(p)}" for p in error.absolute_path).lstrip(".") or "body"
-        problems.append(f"{_shown_path(path)}: {describe_schema_error(error)}")
+    # The first _MAX_ERRORS errors in validation order, then in path order: a body can hold one error per item.
+    first = itertools.islice(validator.iter_errors(body), _MAX_ERRORS)
+    for error in sorted(first, key=lambda e: list(e.absolute_path))[:limit]:
+        problems.append(f"{_shown_path(_json_path(error.absolute_path) or 'body')}: {describe_schema_error(error)}")
     return problems
+
+
+#: Errors read from a validator before the first ``limit`` (in path order) are chosen.
+_MAX_ERRORS = 100
+
+
+def _json_path(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{_shown_key(p)}" for p in path).lstrip(".")
+
+
+def _oversized_array(schema: dict, value, path: tuple = ()) -> tuple[tuple, int] | None:
+    """``(path, maxItems)`` of the first array of ``value`` longer than its schema's ``maxItems``, following only
+    ``properties`` and ``items`` (the shape of every payload schema of ``operator_agent.contract``), or None."""
+    if isinstance(value, list):
+        most = schema.get("maxItems")
+        if isinstance(most, int) and len(value) > most:
+            return path, most
+        items = schema.get("items")
+        if isinstance(items, dict):
+            for index, item in enumerate(value):
+                found = _oversized_array(items, item, (*path, index))
+                if found:
+                    return found
+    elif isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value and isinstance(sub, dict):
+                found = _oversized_array(sub, value[key], (*path, key))
+                if found:
+                    return found
+    return None
 
 
 #: Longest object key, and longest JSON path, quoted in a problem (a key is as long as the body allows).

@@ -138,3 +138,21 @@ def test_hostile_since_and_until_are_invalid_request(http, path):
             response = http.get(f"{path}?{name}={raw}")
             assert time.monotonic() - started < 1
             assert_refused(response, "invalid_request")
+
+
+def test_a_long_malformed_list_is_refused_quickly(operator):
+    """60,000 malformed reports (2.5 MB, far below the 32 MB body limit): validating every one took seconds of CPU."""
+    for path, body, code in [
+        (contract.STATUS_PATH, {"reports": [{"session": 5, "phase": 1, "observed_at": 2}] * 60_000}, "invalid_status"),
+        (contract.INVENTORY_PATH, {"nodes": [{"name": 5, "ready": "x", "devices": 1}] * 60_000}, "invalid_inventory"),
+        (contract.STORAGE_PATH, {"read_at": "2026-11-29T16:00:00Z", "storage_classes": [], "nodes": [],
+                                 "volumes": [{"volume_id": 1}] * 60_000}, "invalid_storage_report"),
+        (contract.INVENTORY_PATH, {"nodes": [{"name": "n", "ready": True, "devices": [{"uuid": 1}] * 2000}] * 30}, "invalid_inventory"),
+    ]:
+        text = json.dumps(body)
+        started = time.monotonic()
+        response = operator.request("PUT" if path == contract.INVENTORY_PATH else "POST", path, data=text,
+                                    headers={"Content-Type": "application/json"})
+        assert_refused(response, code)
+        assert time.monotonic() - started < 1.5, (path, time.monotonic() - started)
+        assert "has more than" in response.json()["detail"]
