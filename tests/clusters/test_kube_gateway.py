@@ -3,7 +3,6 @@ answers one fixed status with a Kubernetes ``Status`` body."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +12,7 @@ import yaml
 
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, SECRETS, Resource
+from tests.clusters.conftest import status_body
 from tests.conftest import silent_kubeconfig
 
 
@@ -21,37 +21,13 @@ def gateway_for(emulated, **budget) -> KubeGateway:
 
 
 @pytest.fixture
-def fixed_status(settings):
+def fixed_status(hostile):
     """Factory: a loopback server answering every request with ``status`` and a Status body naming ``message``."""
-    servers = []
 
     def start(status: int, message: str = "the answer") -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self):
-                body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                                   "code": status}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        return hostile(status, status_body(message, status), headers={"Content-Type": "application/json"})[0]
 
-            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        host_port = f"127.0.0.1:{server.server_address[1]}"
-        settings.GSHARE_LOOPBACK_ALLOWLIST = [*settings.GSHARE_LOOPBACK_ALLOWLIST, host_port]
-        return host_port
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def test_apply_creates_then_updates_and_reads_back(fleet_cluster):

@@ -4,10 +4,7 @@ bodies, session messages and audit rows, so it must be bounded, printable and fr
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
@@ -15,6 +12,7 @@ import yaml
 from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.errors import MAX_MESSAGE
 from clusters.kube.gateway import NAMESPACES
+from tests.clusters.conftest import status_body
 
 TOKEN = "sekrit-bearer-0123456789abcdef"
 
@@ -27,47 +25,6 @@ def kubeconfig_for(host_port: str) -> dict:
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }
-
-
-@pytest.fixture
-def hostile(settings):
-    """Factory: a loopback server answering every request with ``(status, reason, body, headers)``; returns
-    ``host:port`` and records the requests it got in ``hits``."""
-    servers = []
-
-    def start(status: int, body: bytes = b"", reason: str | None = None, headers: dict | None = None, allow: bool = True):
-        hits: list[dict] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self):
-                hits.append({"path": self.path, "authorization": self.headers.get("Authorization")})
-                self.send_response_only(status, reason)
-                for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        host_port = f"127.0.0.1:{server.server_address[1]}"
-        if allow:
-            settings.GSHARE_LOOPBACK_ALLOWLIST = [*settings.GSHARE_LOOPBACK_ALLOWLIST, host_port]
-        return host_port, hits
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
-def status_body(message: str, code: int = 403) -> bytes:
-    return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}).encode()
 
 
 def refusal_of(host_port: str) -> KubeRefused | KubeUnavailable:
