@@ -117,6 +117,18 @@ CONTAINER_CREATING = "ContainerCreating"
 
 # --------------------------------------------------------------------------- report (pure)
 
+#: Largest byte count the report carries (``capacity_bytes`` and ``disk_bytes`` are int64 in the contract): one object
+#: with a larger (or a negative) quantity would get the whole report refused, so it is left out like an unreadable one.
+_MAX_BYTES = 2**63 - 1
+
+
+def _byte_count(raw: Any) -> int:
+    """``raw`` (a quantity) as bytes; ValueError when it is not a quantity or not a byte count from 0 to ``_MAX_BYTES``."""
+    value = parse_quantity(raw)
+    if not 0 <= value <= _MAX_BYTES:
+        raise ValueError(f"{raw!r} is not a byte count from 0 to 2**63 - 1")
+    return value
+
 
 def storage_class_readings(capacities: Iterable[Mapping[str, Any]], *, own_class: str | None = None) -> list[dict]:
     """``storage_classes`` of the report from CSIStorageCapacity objects (JSON, as the apiserver serves them).
@@ -127,7 +139,8 @@ def storage_class_readings(capacities: Iterable[Mapping[str, Any]], *, own_class
 
     Returns:
         ``[{"storage_class", "capacity_bytes": largest capacity or None, "objects": count}]`` sorted by class.
-        A ``capacity`` that is not a quantity is logged and ignored like a missing one.
+        A ``capacity`` that is not a quantity, or not a byte count the report can carry (negative, beyond int64), is
+        logged and ignored like a missing one.
     """
     largest: dict[str, int | None] = {}
     counts: dict[str, int] = defaultdict(int)
@@ -141,10 +154,10 @@ def storage_class_readings(capacities: Iterable[Mapping[str, Any]], *, own_class
         if raw is None or raw == "":
             continue
         try:
-            value = parse_quantity(raw)
+            value = _byte_count(raw)
         except ValueError:
             meta = obj.get("metadata") or {}
-            logger.warning("CSIStorageCapacity %s/%s: capacity %r is not a quantity, ignored", meta.get("namespace"),
+            logger.warning("CSIStorageCapacity %s/%s: capacity %r is not a byte count, ignored", meta.get("namespace"),
                            meta.get("name"), raw)
             continue
         current = largest[storage_class]
@@ -159,7 +172,7 @@ def storage_class_readings(capacities: Iterable[Mapping[str, Any]], *, own_class
 def node_disks(nodes: Iterable[Mapping[str, Any]]) -> list[dict]:
     """``nodes`` of the report: ``[{"name", "disk_bytes"}]`` from ``status.capacity["ephemeral-storage"]``, by name.
 
-    Nodes without that capacity (or with one that is not a quantity) are left out.
+    Nodes without that capacity (or with one that is not a quantity, or not a byte count from 0 to 2**63 - 1) are left out.
     """
     found = []
     for node in nodes:
@@ -168,9 +181,9 @@ def node_disks(nodes: Iterable[Mapping[str, Any]]) -> list[dict]:
         if not name or raw is None:
             continue
         try:
-            found.append({"name": name, "disk_bytes": parse_quantity(raw)})
+            found.append({"name": name, "disk_bytes": _byte_count(raw)})
         except ValueError:
-            logger.warning("node %s: ephemeral-storage capacity %r is not a quantity, ignored", name, raw)
+            logger.warning("node %s: ephemeral-storage capacity %r is not a byte count, ignored", name, raw)
     return sorted(found, key=lambda entry: entry["name"])
 
 

@@ -156,3 +156,21 @@ def test_a_long_malformed_list_is_refused_quickly(operator):
         assert_refused(response, code)
         assert time.monotonic() - started < 1.5, (path, time.monotonic() - started)
         assert "has more than" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("raw", ["1e100", "-1Gi", "9223372036854775808", "8Ei", "-1"])
+def test_a_hostile_quantity_in_the_cluster_is_left_out_of_the_operators_storage_report(raw):
+    """A CSIStorageCapacity or node capacity the contract cannot carry (negative, beyond int64) must not make the whole
+    report refused (one bad object would stop every volume status of the cluster): it is left out like an unreadable one."""
+    from jsonschema import Draft202012Validator
+
+    from operator_agent.storage import storage_report
+
+    report = storage_report(
+        read_at=datetime(2026, 11, 29, 16, tzinfo=UTC), pvcs=[], events=[], pods=[],
+        capacities=[{"storageClassName": "nfs-a", "capacity": raw, "metadata": {"name": "c", "namespace": "n"}}],
+        nodes=[{"metadata": {"name": "n1"}, "status": {"capacity": {"ephemeral-storage": raw}}}],
+    )
+    assert list(Draft202012Validator(contract.STORAGE_REPORT_SCHEMA).iter_errors(report)) == [], report
+    assert report["storage_classes"] == [{"storage_class": "nfs-a", "capacity_bytes": None, "objects": 1}]
+    assert report["nodes"] == []
