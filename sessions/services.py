@@ -649,12 +649,17 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
     return {**published, "unpublished": 0}
 
 
+#: How far ahead of the control plane's clock an operator's ``observed_at`` is taken as it is (clocks drift).
+STATUS_CLOCK_SKEW = timedelta(seconds=300)
+
+
 @transaction.atomic
 def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
     """Apply a batch of the operator's phase reports for sessions of ``cluster``.
 
     Idempotent and order-tolerant: a report whose ``observed_at`` is not newer than the last one
-    applied is ignored, and a session that ended (Terminated, Failed) never goes back.
+    applied is ignored, and a session that ended (Terminated, Failed) never goes back. An ``observed_at`` more
+    than ``STATUS_CLOCK_SKEW`` ahead of the control plane's clock counts as that far ahead.
 
     Args:
         cluster: the cluster named in the operator token.
@@ -677,9 +682,11 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
             code=contract.FORBIDDEN_CLUSTER_SCOPE,
         )
     applied, ignored, changed, ended = 0, 0, {}, []
+    latest = timezone.now() + STATUS_CLOCK_SKEW
     for report in sorted(reports, key=lambda r: r["observed_at"]):
         session = sessions[report["session"]]
-        observed: datetime = report["observed_at"]
+        # One report from a clock years ahead would make every later, honest report look older and be ignored forever.
+        observed: datetime = min(report["observed_at"], latest)
         if not session.is_live or (session.last_status_at is not None and observed <= session.last_status_at):
             ignored += 1
             continue
