@@ -29,17 +29,17 @@ def check(response, started) -> None:
         assert response.json().get("code"), response.text[:200]
 
 
-@pytest.mark.parametrize("client", ["http", "http_user"])
-def test_hostile_filter_values_and_pages_never_500(request, client):
+@pytest.mark.parametrize(("client", "values", "pages"), [("http_user", VALUES, PAGES), ("http", VALUES[:2], PAGES[:1])])
+def test_hostile_filter_values_and_pages_never_500(request, client, values, pages):
     http = request.getfixturevalue(client)
     for path, names in LISTS.items():
         for name in names:
-            for value in VALUES:
+            for value in values:
                 started = time.monotonic()
                 check(http.get(f"{path}?{name}={value}"), started)
             started = time.monotonic()
             check(http.get(f"{path}?{name}=a&{name}=b"), started)
-        for page in PAGES:
+        for page in pages:
             started = time.monotonic()
             check(http.get(f"{path}?{page}"), started)
 
