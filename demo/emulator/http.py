@@ -110,7 +110,10 @@ class HttpMixin:
             spec = self._spec(request.resource)
             self._check_scope(spec, request)
             async with self._lock:
-                outcome = await self._mutate(spec, request)
+                try:
+                    outcome = await self._mutate(spec, request)
+                except RecursionError:  # copying or merging a document nested too deeply for Python's stack
+                    raise ApiError(422, "Invalid", "the object is nested too deeply", None) from None
             if outcome is not None:
                 self._outcomes[id(request)] = outcome
         try:

@@ -60,3 +60,12 @@ def test_an_apply_configuration_whose_metadata_is_not_an_object_is_a_400(emulato
                             headers={"Content-Type": APPLY}, timeout=10)
         assert answer.status_code == 400, answer.text[:300]
         assert answer.json()["kind"] == "Status"
+
+
+def test_a_deeply_nested_object_is_refused_with_a_4xx(emulator):
+    """copy.deepcopy raised RecursionError (a 500) on a document nested about 900 deep."""
+    base, http = emulator
+    text = '{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "deep"}, "extra": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}"
+    answer = http.post(base, data=text, headers={"Content-Type": "application/json"}, timeout=10)
+    assert answer.status_code == 422 and answer.json()["kind"] == "Status", answer.text[:300]
+    assert http.get(f"{base}/deep", timeout=10).status_code == 404  # nothing half-stored
