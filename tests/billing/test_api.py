@@ -252,3 +252,11 @@ def test_account_queries_do_not_grow_with_the_sessions(plain_user, lab_c1, clien
 def test_ledger_filters_outside_utc_are_refused_not_500(http_user, value):
     response = http_user.get("/api/v1/billing/ledger", params={"since": value})
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("amount", ["١", "١٢.5", "１０", "5\u0660"])
+def test_credit_amounts_take_ascii_digits_only(http, plain_user, amount):
+    response = http.post("/api/v1/billing/grants", json={"user": "alice", "amount": amount, "reason": "digits"},
+                         headers={"Idempotency-Key": f"k-{amount.encode().hex()}"})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_amount", response.text
+    assert not LedgerEntry.objects.exists()

@@ -235,7 +235,7 @@ def usage(operator: Http, session_id: str, uuid: str, *, ago: int = 0):
 
 
 def test_a_gpu_a_live_session_holds_survives_a_snapshot_without_it(http, lab):
-    """The reviewer's scenario: the reservation outlives the GPU's absence, so the GPU is never placed twice."""
+    """The reservation outlives the GPU's absence, so the GPU is never placed twice."""
     cluster, operator, nodes = lab
     shared = start_session(http, gpu_memory_mib=20000, gpu_cores=10)
     gpu = held_gpu(shared["id"])

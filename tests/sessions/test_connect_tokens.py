@@ -1,5 +1,5 @@
-"""Connect tokens by use and the user behind them (review finding: connect cookies renewed themselves forever and kept
-working for deactivated users).
+"""Connect tokens by use and the user behind them: a connect cookie never renews itself, and stops working when its
+user is deactivated.
 
 * a link token (``use: "link"``, from ``POST /api/v1/sessions/{id}/connect``) is accepted as ``?token=`` (the verify
   answers with a cookie) or as ``Authorization: Bearer``; a cookie token (``use: "cookie"``) only as the cookie, so it
@@ -276,7 +276,7 @@ def test_over_http_a_cookie_is_never_renewed_nor_a_link_and_ends_with_its_user(r
 
     later = _verify_http(anon, base(running) + "lab", cookie=cookie)
     assert later.status_code == 200 and "Set-Cookie" not in later.headers
-    renew = _verify_http(anon, base(running) + f"?token={cookie}")  # the reviewer's renewal
+    renew = _verify_http(anon, base(running) + f"?token={cookie}")  # a cookie offered as a link token
     assert renew.status_code == 401 and renew.json()["code"] == "token_invalid" and "Set-Cookie" not in renew.headers
     both = _verify_http(anon, base(running) + f"?token={cookie}", cookie=cookie)
     assert both.status_code == 200 and "Set-Cookie" not in both.headers

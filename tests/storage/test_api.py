@@ -353,3 +353,13 @@ def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_
         assert answer.status_code == 200, answer.text
     [shown] = [p for p in http.get("/api/v1/storage/summary").json()["pools"] if p["id"] == pool["id"]]
     assert (shown["capacity_bytes"], shown["source"]) == (2 * TIB, "csi")
+
+
+def test_pool_wiring_is_for_staff_only(http, http_user):
+    pool = StoragePoolFactory(cluster=ClusterFactory(), storage_node="nas-1")
+    for path in ("/api/v1/storage/pools", f"/api/v1/storage/pools/{pool.public_id}"):
+        staff, user = http.get(path).json(), http_user.get(path).json()
+        staff, user = (body["results"][0] if "results" in body else body for body in (staff, user))
+        assert staff["storage_class"] == pool.storage_class and staff["storage_node"] == "nas-1"
+        assert "storage_class" not in user and "storage_node" not in user
+        assert set(staff) - set(user) == {"storage_class", "storage_node"}

@@ -1,4 +1,5 @@
-"""h7 attack probes: the ?cluster= scope middleware (open redirect, NUL bytes, huge refs), admin search NUL."""
+"""Hostile input to the ?cluster= scope middleware (open redirects, NUL bytes, huge refs) and NUL in admin searches: no
+redirect off the site, never a 500."""
 
 from __future__ import annotations
 

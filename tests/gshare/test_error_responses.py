@@ -1,18 +1,12 @@
-"""Findings of an attack on the hardened API, each through HTTP on the live server.
-
-* a POST to an unknown route or a GET-only project view answered Django's HTML CSRF page (403), not JSON;
-* a NUL in an API token reached PostgreSQL (500);
-* pools showed their wiring (StorageClass, storage node) to researchers, which clusters keep for staff;
-* credit amounts accepted other scripts' digits ("١" granted one credit).
+"""Error answers outside the views: a write to an unknown route or to a GET-only project view is JSON 404/405
+(never Django's HTML CSRF page), and a malformed API token (NUL, oversized, not ASCII) is a 401 before any query.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from billing.models import LedgerEntry
 from tests.conftest import Http
-from tests.factories import ClusterFactory, StoragePoolFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,21 +36,3 @@ def test_ping_takes_any_method_without_csrf(anon):
 def test_malformed_api_tokens_are_refused_before_the_database(live_server, token):
     response = Http(live_server.url, token).get("/api/v1/clusters")
     assert response.status_code == 401 and response.json()["code"] == "api_token_invalid", response.text[:200]
-
-
-def test_pool_wiring_is_for_staff_only(http, http_user):
-    pool = StoragePoolFactory(cluster=ClusterFactory(), storage_node="nas-1")
-    for path in ("/api/v1/storage/pools", f"/api/v1/storage/pools/{pool.public_id}"):
-        staff, user = http.get(path).json(), http_user.get(path).json()
-        staff, user = (body["results"][0] if "results" in body else body for body in (staff, user))
-        assert staff["storage_class"] == pool.storage_class and staff["storage_node"] == "nas-1"
-        assert "storage_class" not in user and "storage_node" not in user
-        assert set(staff) - set(user) == {"storage_class", "storage_node"}
-
-
-@pytest.mark.parametrize("amount", ["١", "١٢.5", "１０", "5\u0660"])
-def test_credit_amounts_take_ascii_digits_only(http, plain_user, amount):
-    response = http.post("/api/v1/billing/grants", json={"user": "alice", "amount": amount, "reason": "digits"},
-                         headers={"Idempotency-Key": f"k-{amount.encode().hex()}"})
-    assert response.status_code == 400 and response.json()["code"] == "invalid_amount", response.text
-    assert not LedgerEntry.objects.exists()
