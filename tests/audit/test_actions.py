@@ -31,8 +31,7 @@ from gshare.celery import app as celery_app
 from gshare.models import ApiToken, SigningKey
 from sessions.models import Session
 from storage.models import Volume
-from tests.conftest import Http, kubeconfig_text
-from tests.sessions.conftest import live_cluster  # noqa: F401 - fixture
+from tests.helpers import Http, kubeconfig_text, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,7 +209,7 @@ def test_api_tokens_created_by_command_and_revoked_in_the_console(staff_user, co
 
 
 def test_sessions_created_and_stopped_by_the_owner_staff_the_console_and_the_overdraft_stopper(
-    live_cluster, live_server, plain_user, http, http_user, console, settings,  # noqa: F811
+    live_cluster, live_server, plain_user, http, http_user, console, settings,
 ):
     cluster, _ = live_cluster("lab-c1")
     body = {"image": "quay.io/jupyter/base-notebook", "gpus": 1, "gpu_memory_mib": 1000, "gpu_cores": 10}
@@ -243,7 +242,7 @@ def test_sessions_created_and_stopped_by_the_owner_staff_the_console_and_the_ove
 # --------------------------------------------------------------------------- billing
 
 
-def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, console, live_cluster):  # noqa: F811
+def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, console, live_cluster):
     response = http.post("/api/v1/billing/grants", json={"user": "alice", "amount": "25.5", "reason": "welcome"},
                          headers={"Idempotency-Key": "grant-0001"})
     assert response.status_code == 201, response.text
@@ -279,7 +278,7 @@ def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, c
 # --------------------------------------------------------------------------- storage
 
 
-def test_pools_and_volumes_over_http(http, http_user, live_cluster):  # noqa: F811
+def test_pools_and_volumes_over_http(http, http_user, live_cluster):
     cluster, _ = live_cluster("lab-c1")
     response = http.post("/api/v1/storage/pools", json={"name": "lab-nfs", "cluster": cluster.public_id, "storage_class": "gshare-nfs",
                                                          "manual_capacity_gb": 100})
@@ -352,14 +351,9 @@ def worker():
         _set_task_join_will_block(False)
 
 
-def wait_for(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = rows(action)
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{action}: {len(rows(action))} row(s) after {timeout} s, expected {count}")
+def rows_once(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
+    """The audit rows of ``action`` once there are at least ``count`` (``count`` >= 1); AssertionError after ``timeout`` s."""
+    return wait_for(lambda: len(found := rows(action)) >= count and found, timeout, what=f"{count} {action} row(s)", interval=0.2)
 
 
 def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_beat(http, fleet_cluster, worker):
@@ -370,13 +364,13 @@ def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_bea
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed before")
     with actor_scope("console:admin"):
         retry_operator_token_push.delay(cluster_id)  # as the console's "rotate" retry would be queued
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 1)] == ["console:admin"]
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 1)] == ["console:admin"]
 
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed again")
     beat("clusters.rotate_operator_tokens")
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 2)] == ["console:admin", "beat:clusters.rotate_operator_tokens"]
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 2)] == ["console:admin", "beat:clusters.rotate_operator_tokens"]
 
     retry_operator_token_push.delay(cluster_id)  # queued with no actor: nothing to retry, and no row
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed a third time")
     retry_operator_token_push.delay(cluster_id)
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 3)][2] == "system"
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 3)][2] == "system"

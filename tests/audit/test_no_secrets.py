@@ -26,7 +26,7 @@ from clusters.models import Cluster
 from gshare.auth.keys import signing_key_ensure
 from gshare.auth.tokens import api_token_create, api_token_revoke
 from gshare.models import ApiToken, SigningKey
-from tests.conftest import Http, kubeconfig_text
+from tests.helpers import Http, kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.exceptions import ApplicationError
-from tests.billing.conftest import T0, device, metered_session, sample
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, UserFactory
+from tests.helpers import T0, device, metered_session, sample
 
 pytestmark = pytest.mark.django_db
 

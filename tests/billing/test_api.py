@@ -16,9 +16,8 @@ from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.auth.tokens import api_token_create
 from sessions.models import Allocation
-from tests.billing.conftest import device
-from tests.conftest import Http
 from tests.factories import SessionFactory
+from tests.helpers import Http, device
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -220,7 +219,7 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
 
 def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, live_server):
     from clusters.operator_tokens import operator_token_mint
-    from tests.billing.conftest import metered_session, sample
+    from tests.helpers import metered_session, sample
 
     session = metered_session(lab_c1, owner=plain_user)
     operator = Http(live_server.url, operator_token_mint(cluster_id=lab_c1.public_id))

@@ -14,7 +14,6 @@ from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
 from sessions import services
 from sessions.models import Allocation, Session
-from tests.sessions.conftest import live_cluster  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +27,7 @@ def defaults(settings):
 
 
 @pytest.fixture
-def lab(live_cluster):  # noqa: F811
+def lab(live_cluster):
     """lab-c1 (emulated) and its emulator."""
     return live_cluster("lab-c1")
 

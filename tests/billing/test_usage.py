@@ -15,9 +15,8 @@ from billing import pricing, services
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_tokens import operator_token_mint
 from sessions.models import Session
-from tests.billing.conftest import T0, device, iso, metered_session, sample
-from tests.conftest import Http
 from tests.factories import SessionFactory, UserFactory
+from tests.helpers import T0, Http, device, iso, metered_session, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

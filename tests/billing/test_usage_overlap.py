@@ -19,9 +19,8 @@ from billing import services
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_tokens import operator_token_mint
 from sessions.models import Allocation, Session
-from tests.billing.conftest import T0, device, metered_session, sample
-from tests.conftest import Http
 from tests.factories import UserFactory
+from tests.helpers import T0, Http, device, metered_session, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

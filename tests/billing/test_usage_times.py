@@ -11,8 +11,8 @@ from django.db.models import Sum
 
 from billing.models import LedgerEntry, Price, UsageSample
 from sessions.models import Session
-from tests.billing.conftest import T0, device, metered_session, sample
 from tests.factories import UserFactory
+from tests.helpers import T0, device, metered_session, sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

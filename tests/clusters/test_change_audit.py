@@ -17,8 +17,8 @@ from clusters.models import Cluster
 from gshare.admin import ApiTokenAdmin
 from gshare.auth.tokens import api_token_create
 from gshare.models import ApiToken
-from tests.conftest import kubeconfig_text
 from tests.factories import ClusterFactory
+from tests.helpers import kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

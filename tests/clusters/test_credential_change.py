@@ -11,7 +11,7 @@ from clusters.models import Cluster
 from clusters.operator_tokens import operator_token_mint
 from demo import fleet
 from demo.emulator import ApiError, KubeApiEmulator
-from tests.conftest import Http, kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
+from tests.helpers import Http, kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,8 +24,8 @@ from clusters.models import Cluster
 from clusters.probe import probe_cluster
 from clusters.token_rotation import OperatorTokenPushFailed, operator_token_push
 from demo.emulator import generate_certificates
-from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ from demo import fleet
 from gshare.auth.keys import signing_key_ensure
 from sessions import placement
 from sessions.models import Allocation, Session
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, SessionFactory
+from tests.helpers import Http, kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ import yaml
 from clusters.kube import api_client_for_kubeconfig
 from clusters.kubeconfig import MAX_EXPANDED_NODES, KubeconfigError, validate_kubeconfig
 from clusters.models import Cluster
-from tests.conftest import kubeconfig_text
+from tests.helpers import kubeconfig_text
 
 GOOD = {
     "apiVersion": "v1", "kind": "Config", "current-context": "x",

@@ -32,8 +32,8 @@ from clusters.operator_tokens import operator_token_mint
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.auth.keys import signing_key_ensure
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db
 

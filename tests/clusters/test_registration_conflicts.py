@@ -11,13 +11,10 @@ from django.db import IntegrityError, transaction
 from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Session
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import KUBECONFIG, ClusterFactory
-from tests.sessions import conftest as sessions_conftest
+from tests.helpers import Http, kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-live_cluster = sessions_conftest.live_cluster  # registered and inventoried emulated clusters (sessions can run)
 
 
 def twin(fleet_cluster, uid: str):

@@ -26,8 +26,8 @@ from clusters.operator_tokens import (
 from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
 from gshare.auth.keys import signing_key_ensure
 from operator_agent.token import Candidate, TokenRefresher
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -29,8 +29,8 @@ from clusters.operator_tokens import operator_token_mint
 from clusters.token_rotation import OperatorTokenPushFailed, Outcome, operator_token_push, operator_tokens_rotate
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, OPERATOR_AUDIENCE, sign_internal_jwt, verify_internal_jwt
-from tests.conftest import Http, kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory
+from tests.helpers import Http, kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

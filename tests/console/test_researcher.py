@@ -29,7 +29,6 @@ from gshare.console.access import OwnObjectsAdmin
 from gshare.models import ApiToken
 from sessions.models import Allocation, Session
 from storage.models import Volume
-from tests.conftest import Http
 from tests.factories import (
     ClusterFactory,
     GpuDeviceFactory,
@@ -40,6 +39,7 @@ from tests.factories import (
     UserFactory,
     VolumeFactory,
 )
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db
 

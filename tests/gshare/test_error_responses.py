@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Http
-
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
@@ -33,6 +31,6 @@ def test_ping_takes_any_method_without_csrf(anon):
 
 
 @pytest.mark.parametrize("token", ["gsh_\x00_x", "gsh_abcd\x00_secret", "gsh_" + "a" * 5000 + "_s", "gsh_abcd_s\x00", "gsh_ABCD_s", "gsh_éé_x"])
-def test_malformed_api_tokens_are_refused_before_the_database(live_server, token):
-    response = Http(live_server.url, token).get("/api/v1/clusters")
+def test_malformed_api_tokens_are_refused_before_the_database(http_for, token):
+    response = http_for(token).get("/api/v1/clusters")
     assert response.status_code == 401 and response.json()["code"] == "api_token_invalid", response.text[:200]

@@ -9,8 +9,8 @@ from clusters import services
 from clusters.models import GpuDevice
 from clusters.operator_tokens import operator_token_mint
 from gshare.exceptions import Forbidden
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -145,7 +145,7 @@ def test_deregistration_is_refused_while_sessions_live(http, live_cluster):
 def test_missing_crd_fails_the_session_with_the_cause(http, fleet_cluster):
     objects = [o for o in fleet.cluster_objects("lab-c1") if o["kind"] != "CustomResourceDefinition"]
     emulated = fleet_cluster("lab-c1", objects=objects)
-    from tests.conftest import kubeconfig_text
+    from tests.helpers import kubeconfig_text
 
     cluster = cluster_services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated), session_domain="a.example.com")
     cluster_services.inventory_apply(cluster=cluster, nodes=fleet.expected_inventory("lab-c1")["snapshot"]["nodes"])

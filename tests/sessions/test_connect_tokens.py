@@ -28,8 +28,8 @@ from gshare.auth.tokens import api_token_create
 from operator_agent import contract
 from sessions import connect, services
 from sessions.models import Session
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db
 

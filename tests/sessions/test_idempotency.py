@@ -7,8 +7,8 @@ import pytest
 from django.db import IntegrityError, connections
 
 from sessions.models import Session
-from tests.conftest import Http
 from tests.factories import SessionFactory, UserFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -156,7 +156,7 @@ def test_stop_answers_at_once_and_the_reconciler_deletes_it_later(http, live_clu
 
 def test_concurrent_requests_with_a_silent_broker_all_answer(live_server, staff_token, live_cluster, broker, silent_listener):
     """Each request waits at most one publish bound, so a stall does not pile requests up behind each other."""
-    from tests.conftest import Http
+    from tests.helpers import Http
 
     live_cluster("lab-c1")
     broker(f"redis://{silent_listener}/0")

@@ -6,8 +6,8 @@ import pytest
 
 from clusters.operator_tokens import operator_token_mint
 from sessions.models import Allocation, Session
-from tests.conftest import Http
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T0 = datetime(2026, 11, 29, 16, 0, tzinfo=UTC)

@@ -19,8 +19,8 @@ from operator_agent.storage import collect_storage
 from sessions import placement, services
 from sessions.models import Session
 from storage.models import ClusterStorageClasses, StoragePool, Volume
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import Http, kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from clusters.operator_tokens import operator_token_mint
 from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
-from tests.conftest import Http
 from tests.factories import ClusterFactory, SessionFactory, StoragePoolFactory, UserFactory, VolumeFactory
+from tests.helpers import Http
 from tests.storage.kube import pool_cluster, reachable
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -307,7 +307,7 @@ def test_list_query_count_does_not_grow(client, staff_token, path):
 def test_volume_delete_refusals_of_the_holding_cluster(http_user, plain_user, silent_listener, settings):
     import yaml
 
-    from tests.conftest import silent_kubeconfig
+    from tests.helpers import silent_kubeconfig
 
     settings.GSHARE_PROBE_TIMEOUT = 0.5
     silent = ClusterFactory(apiserver_url=f"http://{silent_listener}", kubeconfig=yaml.safe_dump(silent_kubeconfig(silent_listener)))

@@ -10,8 +10,8 @@ from django.utils import timezone
 from clusters.operator_tokens import operator_token_mint
 from storage import services
 from storage.models import GIB, NodeDisk, StorageCapacityReading, Volume
-from tests.conftest import Http
 from tests.factories import ClusterFactory, StorageCapacityReadingFactory, VolumeFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from gshare.exceptions import Conflict
 from sessions.models import Session
 from storage.models import StoragePool, Volume
 from storage.move import moved_pv_name, volume_move
-from tests.conftest import kubeconfig_text, silent_kubeconfig
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,8 +20,8 @@ from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.storage import report_storage
 from storage.models import ClusterStorageClasses, StoragePool, Volume
-from tests.conftest import Http, kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory, VolumeFactory
+from tests.helpers import Http, kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
