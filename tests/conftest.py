@@ -55,6 +55,21 @@ def plain_user(django_user_model):
     return django_user_model.objects.create_user("alice", "alice@example.com", "alice-password")
 
 
+@pytest.fixture
+def console(client, staff_user):
+    """The Django test client logged in as ``staff_user``."""
+    client.force_login(staff_user)
+    return client
+
+
+@pytest.fixture
+def researcher_console(client, plain_user):
+    """The Django test client logged in as the researcher ``alice`` (not staff; ``ConsoleSite.has_permission`` lets any
+    active user into the console)."""
+    client.force_login(plain_user)
+    return client
+
+
 def _token_for(user) -> str:
     from gshare.auth.tokens import api_token_create
 

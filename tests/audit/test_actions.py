@@ -33,7 +33,7 @@ from sessions.models import Session
 from storage.models import Volume
 from tests.helpers import Http, kubeconfig_text, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 A = AuditRecord.Action
 
@@ -55,12 +55,6 @@ def beat(task_name: str) -> None:
     model, _ = PeriodicTask.objects.get_or_create(name=f"test {task_name}", defaults={"task": task_name, "interval": every})
     entry = ModelEntry(model, app=celery_app)
     celery_app.tasks[entry.task].apply_async(entry.args, entry.kwargs, **entry.options)
-
-
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
 
 
 def register(http, emulated, name: str = "lab-c1") -> str:
@@ -129,6 +123,7 @@ def signed(cluster: Cluster, *, iat: float, exp: float) -> str:
     return jwt.encode(payload, key.private_key_pem, algorithm="RS256", headers={"kid": key.kid})
 
 
+@pytest.mark.django_db(transaction=True)
 def test_operator_tokens_mint_rotate_revoke_by_command_exchange_by_the_operator_and_rotate_by_beat(http, fleet_cluster, live_server, settings):
     emulated = fleet_cluster("lab-c1")
     cluster_id = register(http, emulated)
@@ -168,6 +163,7 @@ def test_operator_tokens_mint_rotate_revoke_by_command_exchange_by_the_operator_
 # --------------------------------------------------------------------------- signing keys and API tokens
 
 
+@pytest.mark.django_db(transaction=True)
 def test_signing_keys_rotate_import_by_command_and_retire_by_beat(tmp_path):
     first = signing_key_ensure()
     call_command("rotate_signing_key", stdout=StringIO())
@@ -208,6 +204,7 @@ def test_api_tokens_created_by_command_and_revoked_in_the_console(staff_user, co
 # --------------------------------------------------------------------------- sessions
 
 
+@pytest.mark.django_db(transaction=True)
 def test_sessions_created_and_stopped_by_the_owner_staff_the_console_and_the_overdraft_stopper(
     live_cluster, live_server, plain_user, http, http_user, console, settings,
 ):
@@ -308,6 +305,7 @@ def test_pools_and_volumes_over_http(http, http_user, live_cluster):
     assert (row.actor, row.object_id, row.cluster, row.changes["name"]) == ("api:admin", pool_id, cluster.public_id, {"old": "lab-nfs", "new": None})
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_volume_move_over_http(http_user, plain_user, fleet_cluster, settings):
     from tests.storage.test_move import CSI, make_volume, seed_bound_claim
 
@@ -356,6 +354,7 @@ def rows_once(action: str, count: int, timeout: float = 30) -> list[AuditRecord]
     return wait_for(lambda: len(found := rows(action)) >= count and found, timeout, what=f"{count} {action} row(s)", interval=0.2)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_beat(http, fleet_cluster, worker):
     from audit.context import actor_scope
     from clusters.tasks import retry_operator_token_push

@@ -51,10 +51,10 @@ def shared_session(lab_c1, owner):
 
 
 @pytest.fixture
-def operator_c1(live_server, lab_c1) -> Http:
-    return Http(live_server.url, operator_token_mint(cluster_id=lab_c1.public_id))
+def operator_c1(http_for, lab_c1) -> Http:
+    return http_for(operator_token_mint(cluster_id=lab_c1.public_id))
 
 
 @pytest.fixture
-def operator_c2(live_server, lab_c2) -> Http:
-    return Http(live_server.url, operator_token_mint(cluster_id=lab_c2.public_id))
+def operator_c2(http_for, lab_c2) -> Http:
+    return http_for(operator_token_mint(cluster_id=lab_c2.public_id))

@@ -252,7 +252,7 @@ def test_admission_adds_a_constant_number_of_queries(django_user_model):
 # --------------------------------------------------------------------------- HTTP
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_refusals_through_the_api(http_user, plain_user, live_cluster):
     cluster, _ = live_cluster("lab-c1")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("1.25"))

@@ -19,7 +19,7 @@ from sessions.models import Allocation
 from tests.factories import SessionFactory
 from tests.helpers import Http, device
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def grant(http: Http, body: dict | str, key: str | None = "key-1"):
@@ -193,6 +193,7 @@ def test_grant_to_an_unknown_user_or_without_reason(http, plain_user):
     assert missing.status_code == 400 and missing.json()["code"] == "invalid_request" and "reason" in missing.json()["detail"]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, plain_user):
     """Twelve requests at once, two per key: six grants, and the balance is the ledger's sum."""
     results, errors = [], []
@@ -217,12 +218,12 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
     assert account.balance == Decimal(9) == LedgerEntry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"]
 
 
-def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, live_server):
+def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, http_for):
     from clusters.operator_tokens import operator_token_mint
     from tests.helpers import metered_session, sample
 
     session = metered_session(lab_c1, owner=plain_user)
-    operator = Http(live_server.url, operator_token_mint(cluster_id=lab_c1.public_id))
+    operator = http_for(operator_token_mint(cluster_id=lab_c1.public_id))
     assert operator.post("/internal/v1/usage", json={"samples": [sample(session, device(lab_c1, "NVIDIA H100"))]}).status_code == 200
     entry = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"][0]
     assert (entry["kind"], entry["amount"], entry["created_by"], entry["gpu_seconds"]) == ("charge", "-0.016667", "usage", "60.000000")

@@ -12,7 +12,7 @@ from demo import fleet
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 from tests.helpers import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def register(http, cluster, name="lab", **extra):

@@ -20,7 +20,7 @@ from gshare.models import ApiToken
 from tests.factories import ClusterFactory
 from tests.helpers import kubeconfig_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 CLUSTER_ACTIONS = {"connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"}
 
@@ -58,6 +58,7 @@ def test_view_only_staff_cannot_revoke_api_tokens(client, viewer, staff_user):
     assert ApiToken.objects.get(pk=row.pk).revoked_at is None
 
 
+@pytest.mark.django_db(transaction=True)
 def test_staff_with_change_permission_runs_the_actions_audited_as_themselves(client, django_user_model, caplog):
     user = django_user_model.objects.create_user("editor", "e@example.com", "pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_cluster"), Permission.objects.get(codename="change_cluster"))
@@ -102,6 +103,7 @@ def test_a_refused_patch_writes_no_audit_line(http, fleet_cluster, caplog):
     assert audits(caplog) == []
 
 
+@pytest.mark.django_db(transaction=True)
 def test_services_default_to_the_system_actor(caplog):
     c = ClusterFactory()
     caplog.set_level(logging.INFO, logger="gshare.audit")

@@ -27,7 +27,7 @@ from demo.emulator import generate_certificates
 from tests.factories import ClusterFactory
 from tests.helpers import kubeconfig_text, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 BUDGET = 2.0
 #: What the whole call may take beyond its budget (thread scheduling, the live server, the HTTP client).

@@ -172,7 +172,7 @@ def test_a_few_aliases_are_still_accepted():
 # --------------------------------------------------------------------------- through the API
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_api_refuses_wrong_types_bad_tokens_and_bombs_without_changing_anything(http, fleet_cluster, settings):
     emulated = fleet_cluster("lab-c1")
     response = http.post("/api/v1/clusters", json={"name": "lab-c1", "kubeconfig": kubeconfig_text(emulated), "session_domain": "a.example.com"})

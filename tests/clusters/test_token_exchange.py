@@ -27,9 +27,8 @@ from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
 from gshare.auth.keys import signing_key_ensure
 from operator_agent.token import Candidate, TokenRefresher
 from tests.factories import ClusterFactory
-from tests.helpers import Http
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EMPTY_INVENTORY = {"nodes": []}
 
@@ -53,11 +52,11 @@ def audits(caplog, action: str | None = None) -> list[dict]:
     return [r.audit for r in caplog.records if r.name == "gshare.audit" and (action is None or r.audit["action"] == action)]
 
 
-def test_a_short_token_is_not_renewed_before_its_last_quarter(live_server, settings):
+def test_a_short_token_is_not_renewed_before_its_last_quarter(http_for, settings):
     """A ``--ttl 60`` token is not exchanged for a longer one at once (nor chained into ever new ones)."""
     cluster = ClusterFactory()
     token = operator_token_mint(cluster_id=cluster.public_id, ttl=60)
-    response = Http(live_server.url, token).post("/internal/v1/token")
+    response = http_for(token).post("/internal/v1/token")
     assert (response.status_code, response.json()["code"]) == (409, "token_refresh_too_early")
     body = response.json()
     assert "token" not in body and token not in response.text
@@ -68,14 +67,14 @@ def test_a_short_token_is_not_renewed_before_its_last_quarter(live_server, setti
     assert body["refresh_after"][:19] in response.json()["detail"]
 
 
-def test_a_token_in_its_refresh_window_is_exchanged_for_one_of_at_most_the_configured_ttl(live_server, settings, caplog):
+def test_a_token_in_its_refresh_window_is_exchanged_for_one_of_at_most_the_configured_ttl(http_for, settings, caplog):
     settings.GSHARE_OPERATOR_TOKEN_TTL = 3600
     cluster = ClusterFactory()
     now = time.time()
     old = signed(cluster, iat=now - 30 * 86400 + 600, exp=now + 600)  # a 30-day token with 10 minutes left
     caplog.set_level(logging.INFO, logger="gshare.audit")
 
-    response = Http(live_server.url, old).post("/internal/v1/token")
+    response = http_for(old).post("/internal/v1/token")
     assert response.status_code == 200, response.text
     new = verify_internal_jwt(response.json()["token"], OPERATOR_AUDIENCE)
     assert new["exp"] - new["iat"] == 3600  # GSHARE_OPERATOR_TOKEN_TTL, not the old token's 30 days
@@ -88,7 +87,7 @@ def test_a_token_in_its_refresh_window_is_exchanged_for_one_of_at_most_the_confi
     assert old not in caplog.text and response.json()["token"] not in caplog.text
 
     # The fresh token is not in its window: it cannot be chained into another one right away.
-    again = Http(live_server.url, response.json()["token"]).post("/internal/v1/token")
+    again = http_for(response.json()["token"]).post("/internal/v1/token")
     assert (again.status_code, again.json()["code"]) == (409, "token_refresh_too_early")
 
 
@@ -119,6 +118,7 @@ def test_the_skew_allowance_is_the_jwt_leeway_but_at_most_a_twentieth_of_the_lif
     assert operator_token_refresh_after({"iat": 0, "exp": 60}) == 60 - 15 - 3
 
 
+@pytest.mark.django_db(transaction=True)
 def test_exchanges_are_throttled_per_cluster(settings, caplog):
     settings.GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT = 3
     cluster, other = ClusterFactory(), ClusterFactory()
@@ -137,11 +137,11 @@ def test_exchanges_are_throttled_per_cluster(settings, caplog):
     operator_token_exchange(cluster=cluster, claims=claims, now=now + 60)  # the next minute
 
 
-def test_too_early_attempts_count_too_and_429_carries_retry_after(live_server, settings):
+def test_too_early_attempts_count_too_and_429_carries_retry_after(http_for, settings):
     settings.GSHARE_OPERATOR_TOKEN_EXCHANGE_LIMIT = 1
     cluster = ClusterFactory()
     token = operator_token_mint(cluster_id=cluster.public_id)
-    http = Http(live_server.url, token)
+    http = http_for(token)
     answers = [http.post("/internal/v1/token") for _ in range(3)]  # 3: a minute boundary may fall between two
     assert answers[0].json()["code"] == "token_refresh_too_early"
     throttled = next(r for r in answers if r.status_code == 429)
@@ -149,9 +149,9 @@ def test_too_early_attempts_count_too_and_429_carries_retry_after(live_server, s
     assert 1 <= int(throttled.headers["Retry-After"]) <= 60 and throttled.json()["retry_after"] == int(throttled.headers["Retry-After"])
 
 
-def test_a_burst_of_exchanges_is_refused_without_changing_the_cluster(live_server):
+def test_a_burst_of_exchanges_is_refused_without_changing_the_cluster(http_for):
     cluster = ClusterFactory()
-    http = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+    http = http_for(operator_token_mint(cluster_id=cluster.public_id))
     codes = [http.post("/internal/v1/token").status_code for _ in range(25)]  # 25: even if a minute boundary falls in between
     assert codes[:10] == [409] * 10 and 429 in codes and set(codes) == {409, 429}
     cluster.refresh_from_db()

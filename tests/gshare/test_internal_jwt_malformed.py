@@ -14,7 +14,7 @@ import pytest
 from sessions.models import Session
 from tests.factories import ClusterFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 PAYLOAD = {"iss": "gshare-control-plane", "sub": "operator:clu_x", "aud": "gshare-internal", "exp": 4102444800}
 

@@ -7,7 +7,7 @@ from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Allocation, Session
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 
@@ -107,6 +107,7 @@ def test_users_see_their_own_staff_see_all(http, http_user, live_cluster):
     assert http.get("/api/v1/sessions?phase=Running").json()["count"] == 0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_delete_stops_and_is_idempotent(http, live_cluster):
     _, emulated = live_cluster("lab-c1")
     session_id = start(http).json()["id"]

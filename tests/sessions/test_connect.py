@@ -181,7 +181,7 @@ def closed_port() -> str:
     return host_port
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("redis_at", ["silent", "closed"])
 def test_verify_answers_a_fast_503_when_redis_does_not_answer(running, anon, settings, silent_listener, closed_port, redis_at):
     token = link(running).split("token=")[1]

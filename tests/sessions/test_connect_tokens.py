@@ -314,7 +314,7 @@ def test_over_http_a_user_deactivated_in_the_console_is_refused_within_the_bound
     assert refused.status_code == 403 and refused.json()["code"] == "connect_forbidden"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_over_http_a_stopped_session_is_refused_within_the_bound(live_cluster, http_user, anon, plain_user):
     cluster, _ = live_cluster("lab-c1")
     session_id = http_user.post("/api/v1/sessions", json={"image": "quay.io/jupyter/base-notebook", "gpus": 1}).json()["id"]

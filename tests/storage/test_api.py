@@ -10,10 +10,9 @@ from django.utils import timezone
 from clusters.operator_tokens import operator_token_mint
 from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
 from tests.factories import ClusterFactory, SessionFactory, StoragePoolFactory, UserFactory, VolumeFactory
-from tests.helpers import Http
 from tests.storage.kube import pool_cluster, reachable
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 TIB = 1024 * GIB
 
 
@@ -91,10 +90,10 @@ def test_pool_in_use_refuses_deletion(http):
 # --------------------------------------------------------------------------- capacity sources through HTTP
 
 
-def test_source_precedence_and_stale_fallback_through_http(http, live_server, settings):
+def test_source_precedence_and_stale_fallback_through_http(http, http_for, settings):
     settings.STORAGE_POOL_CAPACITY_GB = None
     c1 = ClusterFactory(name="lab-c1")
-    operator = Http(live_server.url, operator_token_mint(cluster_id=c1.public_id))
+    operator = http_for(operator_token_mint(cluster_id=c1.public_id))
     pool = create_pool(http, c1, storage_node="nas-1")
     summary = http.get("/api/v1/storage/summary").json()
     assert summary["pools"][0]["source"] == "none" and summary["capacity_bytes"] is None
@@ -342,12 +341,12 @@ def test_a_stated_capacity_beyond_a_bigint_is_refused_not_500(http):
     assert create_pool(http, cluster, name="largest", manual_capacity_gb=MAX_CAPACITY_GB)["id"].startswith("pool_")
 
 
-def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_own(http, live_server):
+def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_own(http, http_for):
     home, other = ClusterFactory(name="lab-c1"), ClusterFactory(name="lab-c2")
     pool = create_pool(http, home, manual_capacity_gb=100)
     now = timezone.now().isoformat()
     for cluster, size in ((home, 2 * TIB), (other, 2**63 - 1)):
-        operator = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+        operator = http_for(operator_token_mint(cluster_id=cluster.public_id))
         answer = operator.post("/internal/v1/storage", json={
             "read_at": now, "storage_classes": [{"storage_class": "nfs-a", "capacity_bytes": size, "objects": 1}]})
         assert answer.status_code == 200, answer.text
