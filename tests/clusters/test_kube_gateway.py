@@ -13,7 +13,7 @@ import yaml
 
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, SECRETS, Resource
-from tests.conftest import silent_kubeconfig
+from tests.helpers import silent_kubeconfig
 
 
 def gateway_for(emulated, **budget) -> KubeGateway:
