@@ -1,4 +1,7 @@
-"""Shared fixtures: users and API tokens, an HTTP client on the live server, emulated clusters.
+"""Shared fixtures: users and API tokens, API clients (in-process, or on the live server when the test commits for
+real), emulated clusters, operator processes.
+
+Plain helpers (the ``Http`` client class, ``wait_for``, kubeconfig texts) live in :mod:`tests.helpers`.
 
 Every network peer a test talks to listens on loopback: pytest-django's ``live_server`` (a real
 threaded WSGI server), ``demo.emulator.EmulatedCluster`` (kmock's Kubernetes emulator over HTTP)
@@ -9,14 +12,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
-import requests
-import yaml
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.helpers import ROOT, Http, InProcessHttp, kubeconfig_text
 
 # Loopback only, for the Python processes the tests start too: their site imports tests/netguard/sitecustomize.py
 # (pytest-socket's --allow-hosts in pyproject.toml guards this process).
@@ -40,36 +43,6 @@ def _celery_join_flag_cleared():
     yield
 
 
-class Http:
-    """A ``requests`` session bound to a base URL and (optionally) a bearer token."""
-
-    def __init__(self, base_url: str, token: str | None = None):
-        self.base_url = base_url.rstrip("/")
-        self.session = requests.Session()
-        if token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
-
-    def request(self, method: str, path: str, **kwargs) -> requests.Response:
-        """Send ``method`` to ``base_url + path`` (30 s timeout unless given)."""
-        kwargs.setdefault("timeout", 30)
-        return self.session.request(method, self.base_url + path, **kwargs)
-
-    def get(self, path, **kw):  # noqa: D102
-        return self.request("GET", path, **kw)
-
-    def post(self, path, **kw):  # noqa: D102
-        return self.request("POST", path, **kw)
-
-    def put(self, path, **kw):  # noqa: D102
-        return self.request("PUT", path, **kw)
-
-    def patch(self, path, **kw):  # noqa: D102
-        return self.request("PATCH", path, **kw)
-
-    def delete(self, path, **kw):  # noqa: D102
-        return self.request("DELETE", path, **kw)
-
-
 @pytest.fixture
 def staff_user(django_user_model):
     """A staff superuser ``admin``."""
@@ -80,6 +53,21 @@ def staff_user(django_user_model):
 def plain_user(django_user_model):
     """A researcher without staff rights."""
     return django_user_model.objects.create_user("alice", "alice@example.com", "alice-password")
+
+
+@pytest.fixture
+def console(client, staff_user):
+    """The Django test client logged in as ``staff_user``."""
+    client.force_login(staff_user)
+    return client
+
+
+@pytest.fixture
+def researcher_console(client, plain_user):
+    """The Django test client logged in as the researcher ``alice`` (not staff; ``ConsoleSite.has_permission`` lets any
+    active user into the console)."""
+    client.force_login(plain_user)
+    return client
 
 
 def _token_for(user) -> str:
@@ -94,27 +82,44 @@ def staff_token(staff_user) -> str:
     return _token_for(staff_user)
 
 
-@pytest.fixture
-def http(live_server, staff_token) -> Http:
-    """HTTP client on the live server, authenticated as staff."""
-    return Http(live_server.url, staff_token)
+def _needs_live_server(request) -> bool:
+    """Whether the test commits for real (``django_db(transaction=True)``) or asks for ``live_server`` itself: then
+    another thread or process may have to reach the server, and the clients go through real HTTP."""
+    marker = request.node.get_closest_marker("django_db")
+    return "live_server" in request.fixturenames or bool(marker and marker.kwargs.get("transaction"))
 
 
 @pytest.fixture
-def http_user(live_server, plain_user) -> Http:
-    """HTTP client on the live server, authenticated as a non-staff user."""
-    return Http(live_server.url, _token_for(plain_user))
+def http_for(request):
+    """Factory: ``http_for(token=None) -> Http``: an API client with that bearer token.
+
+    On ``live_server`` when the test commits for real (see :func:`_needs_live_server`), else in-process
+    (:class:`tests.helpers.InProcessHttp`, inside the test's transaction).
+    """
+    live = request.getfixturevalue("live_server").url if _needs_live_server(request) else None
+
+    def make(token: str | None = None) -> Http:
+        return Http(live, token) if live else InProcessHttp(token)
+
+    return make
 
 
 @pytest.fixture
-def anon(live_server) -> Http:
-    """HTTP client on the live server without credentials."""
-    return Http(live_server.url)
+def http(http_for, staff_token) -> Http:
+    """API client authenticated as staff (:func:`http_for`)."""
+    return http_for(staff_token)
 
 
-def load_kubeconfig_fixture(name: str) -> str:
-    """Return the text of ``tests/fixtures/kubeconfig/<name>``."""
-    return (FIXTURES / "kubeconfig" / name).read_text()
+@pytest.fixture
+def http_user(http_for, plain_user) -> Http:
+    """API client authenticated as a non-staff user (:func:`http_for`)."""
+    return http_for(_token_for(plain_user))
+
+
+@pytest.fixture
+def anon(http_for) -> Http:
+    """API client without credentials (:func:`http_for`)."""
+    return http_for()
 
 
 @pytest.fixture
@@ -145,22 +150,6 @@ def fleet_cluster(settings):
     yield start
     for cluster in started:
         cluster.stop()
-
-
-def kubeconfig_text(cluster, name: str = "lab") -> str:
-    """The YAML kubeconfig of an ``EmulatedCluster``."""
-    return yaml.safe_dump(cluster.kubeconfig(name))
-
-
-def silent_kubeconfig(host_port: str) -> dict:
-    """A token kubeconfig whose server accepts connections and never answers."""
-    return {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://{host_port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
 
 
 @pytest.fixture
@@ -194,3 +183,56 @@ def silent_listener(settings):
     for conn in held:
         conn.close()
     server.close()
+
+
+@pytest.fixture
+def live_cluster(fleet_cluster):
+    """Factory: ``start(name) -> (Cluster, EmulatedCluster)``, registered through the service (probe
+    included) and with the fleet's real inventory applied, so it is ``connected`` and has GPUs."""
+    from clusters import services as cluster_services
+    from demo import fleet
+
+    def start(name: str = "lab-c1", session_domain: str | None = None):
+        emulated = fleet_cluster(name)
+        cluster = cluster_services.cluster_register(
+            name=name, kubeconfig=kubeconfig_text(emulated), session_domain=session_domain or f"{name}.gshare.localhost"
+        )
+        cluster_services.inventory_apply(cluster=cluster, nodes=fleet.expected_inventory(name)["snapshot"]["nodes"])
+        cluster.refresh_from_db()
+        return cluster, emulated
+
+    return start
+
+
+@pytest.fixture
+def operator_process(tmp_path, live_server):
+    """Start ``python -m operator_agent`` for a cluster; returns ``start(cluster, kubeconfig_path, token_path, env=None)``
+    (``env``: more environment variables for the operator)."""
+    processes = []
+
+    def start(cluster, kubeconfig_path: Path, token_path: Path, env: dict | None = None):
+        extra = env or {}
+        log = tmp_path / f"operator-{cluster.name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "GSHARE_"))}
+        env.update({
+            "GSHARE_CLUSTER_ID": cluster.public_id,
+            "GSHARE_CONTROL_PLANE_URL": live_server.url,
+            "GSHARE_TOKEN_FILE": str(token_path),
+            "GSHARE_INVENTORY_INTERVAL": "1",
+            "GSHARE_BACKOFF_MAX": "1",
+            "KUBECONFIG": str(kubeconfig_path),
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        })
+        handle = open(log, "wb")  # noqa: SIM115
+        process = subprocess.Popen([sys.executable, "-m", "operator_agent"], env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        processes.append((process, handle))
+        return process, log
+
+    yield start
+    for process, handle in processes:
+        process.terminate()
+        try:
+            assert process.wait(15) == 0  # SIGTERM is a clean stop
+        finally:
+            handle.close()

@@ -31,10 +31,9 @@ from gshare.celery import app as celery_app
 from gshare.models import ApiToken, SigningKey
 from sessions.models import Session
 from storage.models import Volume
-from tests.conftest import Http, kubeconfig_text
-from tests.sessions.conftest import live_cluster  # noqa: F401 - fixture
+from tests.helpers import Http, kubeconfig_text, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 A = AuditRecord.Action
 
@@ -56,12 +55,6 @@ def beat(task_name: str) -> None:
     model, _ = PeriodicTask.objects.get_or_create(name=f"test {task_name}", defaults={"task": task_name, "interval": every})
     entry = ModelEntry(model, app=celery_app)
     celery_app.tasks[entry.task].apply_async(entry.args, entry.kwargs, **entry.options)
-
-
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
 
 
 def register(http, emulated, name: str = "lab-c1") -> str:
@@ -130,6 +123,7 @@ def signed(cluster: Cluster, *, iat: float, exp: float) -> str:
     return jwt.encode(payload, key.private_key_pem, algorithm="RS256", headers={"kid": key.kid})
 
 
+@pytest.mark.django_db(transaction=True)
 def test_operator_tokens_mint_rotate_revoke_by_command_exchange_by_the_operator_and_rotate_by_beat(http, fleet_cluster, live_server, settings):
     emulated = fleet_cluster("lab-c1")
     cluster_id = register(http, emulated)
@@ -169,6 +163,7 @@ def test_operator_tokens_mint_rotate_revoke_by_command_exchange_by_the_operator_
 # --------------------------------------------------------------------------- signing keys and API tokens
 
 
+@pytest.mark.django_db(transaction=True)
 def test_signing_keys_rotate_import_by_command_and_retire_by_beat(tmp_path):
     first = signing_key_ensure()
     call_command("rotate_signing_key", stdout=StringIO())
@@ -209,8 +204,9 @@ def test_api_tokens_created_by_command_and_revoked_in_the_console(staff_user, co
 # --------------------------------------------------------------------------- sessions
 
 
+@pytest.mark.django_db(transaction=True)
 def test_sessions_created_and_stopped_by_the_owner_staff_the_console_and_the_overdraft_stopper(
-    live_cluster, live_server, plain_user, http, http_user, console, settings,  # noqa: F811
+    live_cluster, live_server, plain_user, http, http_user, console, settings,
 ):
     cluster, _ = live_cluster("lab-c1")
     body = {"image": "quay.io/jupyter/base-notebook", "gpus": 1, "gpu_memory_mib": 1000, "gpu_cores": 10}
@@ -243,7 +239,7 @@ def test_sessions_created_and_stopped_by_the_owner_staff_the_console_and_the_ove
 # --------------------------------------------------------------------------- billing
 
 
-def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, console, live_cluster):  # noqa: F811
+def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, console, live_cluster):
     response = http.post("/api/v1/billing/grants", json={"user": "alice", "amount": "25.5", "reason": "welcome"},
                          headers={"Idempotency-Key": "grant-0001"})
     assert response.status_code == 201, response.text
@@ -279,7 +275,7 @@ def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, c
 # --------------------------------------------------------------------------- storage
 
 
-def test_pools_and_volumes_over_http(http, http_user, live_cluster):  # noqa: F811
+def test_pools_and_volumes_over_http(http, http_user, live_cluster):
     cluster, _ = live_cluster("lab-c1")
     response = http.post("/api/v1/storage/pools", json={"name": "lab-nfs", "cluster": cluster.public_id, "storage_class": "gshare-nfs",
                                                          "manual_capacity_gb": 100})
@@ -309,6 +305,7 @@ def test_pools_and_volumes_over_http(http, http_user, live_cluster):  # noqa: F8
     assert (row.actor, row.object_id, row.cluster, row.changes["name"]) == ("api:admin", pool_id, cluster.public_id, {"old": "lab-nfs", "new": None})
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_volume_move_over_http(http_user, plain_user, fleet_cluster, settings):
     from tests.storage.test_move import CSI, make_volume, seed_bound_claim
 
@@ -352,16 +349,12 @@ def worker():
         _set_task_join_will_block(False)
 
 
-def wait_for(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = rows(action)
-        if len(found) >= count:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{action}: {len(rows(action))} row(s) after {timeout} s, expected {count}")
+def rows_once(action: str, count: int, timeout: float = 30) -> list[AuditRecord]:
+    """The audit rows of ``action`` once there are at least ``count`` (``count`` >= 1); AssertionError after ``timeout`` s."""
+    return wait_for(lambda: len(found := rows(action)) >= count and found, timeout, what=f"{count} {action} row(s)", interval=0.2)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_beat(http, fleet_cluster, worker):
     from audit.context import actor_scope
     from clusters.tasks import retry_operator_token_push
@@ -370,13 +363,13 @@ def test_a_worker_runs_a_queued_task_as_whoever_queued_it_and_a_beat_task_as_bea
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed before")
     with actor_scope("console:admin"):
         retry_operator_token_push.delay(cluster_id)  # as the console's "rotate" retry would be queued
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 1)] == ["console:admin"]
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 1)] == ["console:admin"]
 
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed again")
     beat("clusters.rotate_operator_tokens")
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 2)] == ["console:admin", "beat:clusters.rotate_operator_tokens"]
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 2)] == ["console:admin", "beat:clusters.rotate_operator_tokens"]
 
     retry_operator_token_push.delay(cluster_id)  # queued with no actor: nothing to retry, and no row
     Cluster.objects.filter(public_id=cluster_id).update(operator_token_rotation_error="failed a third time")
     retry_operator_token_push.delay(cluster_id)
-    assert [r.actor for r in wait_for(A.OPERATOR_TOKEN_ROTATE, 3)][2] == "system"
+    assert [r.actor for r in rows_once(A.OPERATOR_TOKEN_ROTATE, 3)][2] == "system"

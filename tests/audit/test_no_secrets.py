@@ -26,9 +26,9 @@ from clusters.models import Cluster
 from gshare.auth.keys import signing_key_ensure
 from gshare.auth.tokens import api_token_create, api_token_revoke
 from gshare.models import ApiToken, SigningKey
-from tests.conftest import Http, kubeconfig_text
+from tests.helpers import kubeconfig_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 #: Shapes no row may hold, whatever the secret: a JWT (base64 of '{"'), an API token, a PEM block and its base64.
 SHAPES = ("eyJ", "gsh_", "-----BEGIN", "-----END", "LS0tLS1CRUdJT", "BEGIN%20", "PRIVATE KEY", "certificate-authority-data")
@@ -50,7 +50,7 @@ def signed(cluster: Cluster, *, iat: float, exp: float) -> str:
     return jwt.encode(payload, key.private_key_pem, algorithm="RS256", headers={"kid": key.kid})
 
 
-def test_no_row_holds_a_secret_in_any_encoding(http, fleet_cluster, live_server, tmp_path, caplog):
+def test_no_row_holds_a_secret_in_any_encoding(http, fleet_cluster, http_for, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="gshare.audit")
     secret_values: list[str] = []
 
@@ -76,7 +76,7 @@ def test_no_row_holds_a_secret_in_any_encoding(http, fleet_cluster, live_server,
     cluster = Cluster.objects.get(public_id=cluster_id)
     now = time.time()
     old = signed(cluster, iat=now - 3000, exp=now + 600)
-    exchanged = Http(live_server.url, old).post("/internal/v1/token")
+    exchanged = http_for(old).post("/internal/v1/token")
     assert exchanged.status_code == 200, exchanged.text
     secret_values += [old, exchanged.json()["token"]]
     call_command("revoke_operator_tokens", cluster_id, stdout=StringIO())

@@ -140,7 +140,7 @@ def rows():
     return made, now
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_the_api_lists_and_filters_for_staff(http, rows):
     made, now = rows
     body = http.get("/api/v1/audit").json()
@@ -171,7 +171,7 @@ def test_the_api_lists_and_filters_for_staff(http, rows):
     assert page["count"] == 5 and [r["object"]["id"] for r in page["results"]] == ["ses_2", "ses_1"] and page["next"] and page["previous"]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("query", ["since=yesterday", "until=2026-13-01T00:00:00Z", "since=2026-11-29T16:00:00", "until=0001-01-01T00:00:00%2B14:00"])
 def test_a_bad_time_filter_is_a_400_json(http, query):
     response = http.get(f"/api/v1/audit?{query}")
@@ -179,7 +179,7 @@ def test_a_bad_time_filter_is_a_400_json(http, query):
     assert response.json()["code"] == "invalid_request" and "ISO 8601" in response.json()["detail"]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_only_staff_read_the_trail(http_user, anon, rows):
     response = http_user.get("/api/v1/audit")
     assert response.status_code == 403 and response.json()["code"] == "permission_denied"
@@ -245,7 +245,7 @@ def test_the_console_list_takes_the_same_queries_for_many_rows(client, staff_use
     assert listed(2) == listed(30)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("query", ["actor=" + "a" * 5000, "cluster=%F0%9F%92%A5", "action=%FF%FE", "object=clu_", "limit=99999999999999999999",
                                    "offset=-1", "actor=beat:&cluster=clu_nope&since=2026-01-01T00:00:00%2B00:00"])
 def test_odd_filters_answer_json_never_500(http, query):

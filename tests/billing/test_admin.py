@@ -12,17 +12,11 @@ from django.test.utils import CaptureQueriesContext
 from billing import ingest, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.exceptions import ApplicationError
-from tests.billing.conftest import T0, device, metered_session, sample
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, UserFactory
+from tests.helpers import T0, device, metered_session, sample
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
 
 
 def _grow(lab_c1=None):
@@ -164,7 +158,7 @@ def test_ledger_entries_usage_samples_and_accounts_cannot_be_changed_or_deleted(
     assert CreditAccount.objects.filter(pk=account.pk).exists()
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_grant_form_refuses_what_the_grants_api_refuses(console, http):
     user = UserFactory()
     account = services.account_for(user)

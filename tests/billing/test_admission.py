@@ -17,9 +17,8 @@ from gshare.exceptions import Conflict
 from sessions import placement, services
 from sessions.models import Allocation, Session
 from storage.models import StoragePool, Volume
-from tests.conftest import Http
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
-from tests.sessions.conftest import live_cluster  # noqa: F401 - fixture
+from tests.helpers import Http
 
 H100, T4 = ("NVIDIA H100 80GB HBM3", 81559), ("Tesla T4", 15360)
 
@@ -253,8 +252,8 @@ def test_admission_adds_a_constant_number_of_queries(django_user_model):
 # --------------------------------------------------------------------------- HTTP
 
 
-@pytest.mark.django_db(transaction=True)
-def test_refusals_through_the_api(http_user, plain_user, live_cluster):  # noqa: F811
+@pytest.mark.django_db
+def test_refusals_through_the_api(http_user, plain_user, live_cluster):
     cluster, _ = live_cluster("lab-c1")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("1.25"))
     body = {"image": "quay.io/jupyter/base-notebook", "gpus": 2}
@@ -310,7 +309,7 @@ def _race(live_server, user, n: int, clusters: list[str]) -> list[tuple[int, dic
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_requests_cannot_overdraw(live_server, plain_user, live_cluster):  # noqa: F811
+def test_concurrent_requests_cannot_overdraw(live_server, plain_user, live_cluster):
     live_cluster("lab-c1"), live_cluster("lab-c2")  # 10 and 9 GPUs: capacity is not what limits
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("2"))  # every model: 2 credits per GPU-hour
     policy(min_balance_hours=1)
@@ -324,7 +323,7 @@ def test_concurrent_requests_cannot_overdraw(live_server, plain_user, live_clust
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_requests_cannot_pass_max_sessions(live_server, plain_user, live_cluster):  # noqa: F811
+def test_concurrent_requests_cannot_pass_max_sessions(live_server, plain_user, live_cluster):
     live_cluster("lab-c1"), live_cluster("lab-c2")
     policy(plain_user, max_sessions=2, min_balance_hours=0)
     account_for(plain_user)

@@ -16,11 +16,10 @@ from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.auth.tokens import api_token_create
 from sessions.models import Allocation
-from tests.billing.conftest import device
-from tests.conftest import Http
 from tests.factories import SessionFactory
+from tests.helpers import Http, device
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def grant(http: Http, body: dict | str, key: str | None = "key-1"):
@@ -194,6 +193,7 @@ def test_grant_to_an_unknown_user_or_without_reason(http, plain_user):
     assert missing.status_code == 400 and missing.json()["code"] == "invalid_request" and "reason" in missing.json()["detail"]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, plain_user):
     """Twelve requests at once, two per key: six grants, and the balance is the ledger's sum."""
     results, errors = [], []
@@ -218,12 +218,12 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
     assert account.balance == Decimal(9) == LedgerEntry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"]
 
 
-def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, live_server):
+def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, http_for):
     from clusters.operator_token.tokens import operator_token_mint
-    from tests.billing.conftest import metered_session, sample
+    from tests.helpers import metered_session, sample
 
     session = metered_session(lab_c1, owner=plain_user)
-    operator = Http(live_server.url, operator_token_mint(cluster_id=lab_c1.public_id))
+    operator = http_for(operator_token_mint(cluster_id=lab_c1.public_id))
     assert operator.post("/internal/v1/usage", json={"samples": [sample(session, device(lab_c1, "NVIDIA H100"))]}).status_code == 200
     entry = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"][0]
     assert (entry["kind"], entry["amount"], entry["created_by"], entry["gpu_seconds"]) == ("charge", "-0.016667", "usage", "60.000000")
@@ -252,3 +252,11 @@ def test_account_queries_do_not_grow_with_the_sessions(plain_user, lab_c1, clien
 def test_ledger_filters_outside_utc_are_refused_not_500(http_user, value):
     response = http_user.get("/api/v1/billing/ledger", params={"since": value})
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("amount", ["١", "١٢.5", "１０", "5\u0660"])
+def test_credit_amounts_take_ascii_digits_only(http, plain_user, amount):
+    response = http.post("/api/v1/billing/grants", json={"user": "alice", "amount": amount, "reason": "digits"},
+                         headers={"Idempotency-Key": f"k-{amount.encode().hex()}"})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_amount", response.text
+    assert not LedgerEntry.objects.exists()

@@ -14,9 +14,8 @@ from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
 from sessions import services
 from sessions.models import Allocation, Session
-from tests.sessions.conftest import live_cluster  # noqa: F401 - fixture
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 
@@ -28,7 +27,7 @@ def defaults(settings):
 
 
 @pytest.fixture
-def lab(live_cluster):  # noqa: F811
+def lab(live_cluster):
     """lab-c1 (emulated) and its emulator."""
     return live_cluster("lab-c1")
 
@@ -47,6 +46,7 @@ def live(user):
     return Session.objects.filter(owner=user).exclude(phase__in=Session.TERMINAL_PHASES)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_within_grace_nothing_after_grace_stopped_through_the_service(lab, django_user_model):
     _, emulated = lab
     alice = django_user_model.objects.create_user("alice")
@@ -86,6 +86,7 @@ def test_a_balance_back_at_zero_or_above_stops_nothing(lab, django_user_model):
     assert live(alice).count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_users_policy_grace_applies(lab, django_user_model):
     alice = django_user_model.objects.create_user("alice")
     bob = django_user_model.objects.create_user("bob")
@@ -141,6 +142,7 @@ def test_the_query_count_does_not_grow_with_the_number_of_accounts(lab, django_u
     assert counts[0] == counts[1], counts
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_task_calls_the_service(lab, django_user_model):
     alice = django_user_model.objects.create_user("alice")
     start(alice)

@@ -15,11 +15,10 @@ from billing import ingest, pricing
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Session
-from tests.billing.conftest import T0, device, iso, metered_session, sample
-from tests.conftest import Http
 from tests.factories import SessionFactory, UserFactory
+from tests.helpers import T0, Http, device, iso, metered_session, sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -137,6 +136,7 @@ def test_reordered_and_overlapping_batches_charge_only_new_samples(operator_c1, 
     assert_books()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_deliveries_of_one_batch_charge_once(live_server, lab_c1, prices):
     """Five operators' retries of the same batch at the same moment (at-least-once delivery): one charge."""
     token = operator_token_mint(cluster_id=lab_c1.public_id)
@@ -270,9 +270,9 @@ def test_late_samples_of_an_ended_session_are_charged(operator_c1, lab_c1, whole
     assert answer["accepted"] == 1 and answer["charged"] == {whole_session.public_id: "0.041667"}
 
 
-def test_only_operator_tokens(live_server, staff_token):
-    assert Http(live_server.url).post("/internal/v1/usage", json={"samples": []}).status_code == 401
-    assert Http(live_server.url, staff_token).post("/internal/v1/usage", json={"samples": []}).status_code == 401
+def test_only_operator_tokens(http_for, staff_token):
+    assert http_for().post("/internal/v1/usage", json={"samples": []}).status_code == 401
+    assert http_for(staff_token).post("/internal/v1/usage", json={"samples": []}).status_code == 401
 
 
 def _batch(lab_c1, n: int, *, offset: int = 0) -> list[dict]:

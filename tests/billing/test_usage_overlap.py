@@ -19,11 +19,10 @@ from billing import ingest
 from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
-from tests.billing.conftest import T0, device, metered_session, sample
-from tests.conftest import Http
 from tests.factories import UserFactory
+from tests.helpers import T0, Http, device, metered_session, sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 H100 = "NVIDIA H100 80GB HBM3"
 #: A whole H100 for 60 s at 2.5 credits per GPU-hour.
@@ -72,6 +71,7 @@ def overlapping(a: tuple, b: tuple) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_senders_of_one_window_under_new_ids_store_and_charge_it_once(live_server, lab_c1, whole_session, prices):
     """Eight senders post the same session, GPU and window, each under its own sample_id, at the same moment, in
     several rounds: each round stores one sample and charges it once; the others are refused (400, index 0)."""
@@ -100,6 +100,7 @@ def test_concurrent_senders_of_one_window_under_new_ids_store_and_charge_it_once
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 240), st.integers(1, 120), st.booleans()), min_size=2, max_size=6))
+@pytest.mark.django_db(transaction=True)
 def test_whatever_the_windows_and_the_interleaving_no_gpu_second_is_stored_twice(live_server, lab_c1, prices, windows):
     """Property: senders racing with windows of one session and GPU (some overlapping, some sent twice under the same
     id) never store two samples covering one instant; each refused sample overlaps one that was stored; an exact

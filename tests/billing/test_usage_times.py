@@ -11,10 +11,10 @@ from django.db.models import Sum
 
 from billing.models import LedgerEntry, Price, UsageSample
 from sessions.models import Session
-from tests.billing.conftest import T0, device, metered_session, sample
 from tests.factories import UserFactory
+from tests.helpers import T0, device, metered_session, sample
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 H100 = "NVIDIA H100 80GB HBM3"
 #: A whole H100 for 60 s at 2.5 credits per GPU-hour.

@@ -3,16 +3,10 @@ refuses, is hostile, or is not an apiserver)."""
 
 from __future__ import annotations
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-
-def status_body(message: str, code: int = 403) -> bytes:
-    """A Kubernetes ``Status`` body (JSON) carrying ``message``."""
-    return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}).encode()
 
 
 @pytest.fixture

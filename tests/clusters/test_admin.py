@@ -17,12 +17,6 @@ from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, Sessi
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def _grow():
     cluster = ClusterFactory()
     for _ in range(3):
@@ -116,7 +110,7 @@ def test_console_cannot_delete_the_gpu_or_node_of_a_running_session(console):
     assert list(Allocation.objects.values()) == reserved
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_cluster_form_refuses_what_the_api_refuses(console, http):
     """A refusal of ``cluster_update`` (decided under the cluster's row lock) is a form error, as in PATCH; it was a 500."""
     cluster = ClusterFactory(session_domain="lab-c1.example.com")

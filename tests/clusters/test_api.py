@@ -9,10 +9,10 @@ from django.test.utils import CaptureQueriesContext
 
 from clusters.models import Cluster, GpuDevice, Node
 from demo import fleet
-from tests.conftest import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def register(http, cluster, name="lab", **extra):

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 #: Every field a plain user sees, per endpoint (nothing else).
 PUBLIC = {

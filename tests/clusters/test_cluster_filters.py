@@ -12,7 +12,7 @@ from audit.models import AuditRecord
 from clusters.models import Cluster
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, StoragePoolFactory, VolumeFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 LISTS = ["/api/v1/nodes", "/api/v1/gpus", "/api/v1/sessions", "/api/v1/storage/volumes", "/api/v1/storage/pools", "/api/v1/audit"]
 

@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from clusters import services
+from clusters.models import Cluster
 from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
 from tests.factories import ClusterFactory
 
@@ -53,3 +54,24 @@ def test_openapi_schema_is_served(client, staff_token):
     assert response.status_code == 200
     body = response.content.decode()
     assert "/api/v1/clusters/{public_id}/connection-test/" in body or "connection-test" in body
+
+
+def test_operator_token_commands_print_code_and_detail():
+    cluster = ClusterFactory()
+    cases = [
+        (["mint_operator_token", cluster.public_id, "--ttl", "0"], "invalid_ttl: "),
+        (["mint_operator_token", "clu_nope"], "cluster_not_found: "),
+        (["revoke_operator_tokens", "clu_nope"], "cluster_not_found: "),
+        (["rotate_operator_tokens", "--cluster", "clu_nope"], "cluster_not_found: "),
+    ]
+    services.cluster_deregister(cluster=ClusterFactory(name="gone"))
+    gone = Cluster.objects.get(name="gone").public_id
+    cases += [
+        (["mint_operator_token", gone], "cluster_deregistered: "),
+        (["rotate_operator_tokens", "--cluster", gone], "cluster_deregistered: "),
+    ]
+    for argv, prefix in cases:
+        with pytest.raises(CommandError) as refused:
+            call_command(*argv)
+        assert str(refused.value).startswith(prefix), (argv, str(refused.value))
+        assert refused.value.returncode == 1

@@ -11,9 +11,9 @@ from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from demo.emulator import ApiError, KubeApiEmulator
-from tests.conftest import Http, kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
+from tests.helpers import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def kube_system_uid(name: str) -> str:
@@ -61,7 +61,7 @@ def test_registration_records_the_kube_system_uid(http, fleet_cluster):
     assert kube_system_uid("lab-c1") != kube_system_uid("lab-c2")
 
 
-def test_new_credential_for_the_same_cluster_is_accepted_and_used(http, fleet_cluster, live_server):
+def test_new_credential_for_the_same_cluster_is_accepted_and_used(http, fleet_cluster, http_for):
     emulated = fleet_cluster("lab-c1")
     cluster_id = register(http, emulated, "lab-c1")["id"]
     operator_token = operator_token_mint(cluster_id=cluster_id)
@@ -90,7 +90,7 @@ def test_new_credential_for_the_same_cluster_is_accepted_and_used(http, fleet_cl
     assert report.json()["checks"]["apiserver_reachable"] is True
 
     # The operator keeps its token: the cluster's credential towards the control plane did not change.
-    operator = Http(live_server.url, operator_token)
+    operator = http_for(operator_token)
     inventory = operator.put("/internal/v1/inventory", json=fleet.expected_inventory("lab-c1")["snapshot"])
     assert inventory.status_code == 200, inventory.text
 

@@ -24,10 +24,10 @@ from clusters.models import Cluster
 from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
 from demo.emulator import generate_certificates
-from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 BUDGET = 2.0
 #: What the whole call may take beyond its budget (thread scheduling, the live server, the HTTP client).

@@ -18,10 +18,10 @@ from demo import fleet
 from gshare.auth.keys import signing_key_ensure
 from sessions import placement
 from sessions.models import Allocation, Session
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, SessionFactory
+from tests.helpers import Http, kubeconfig_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def snapshot(n_nodes: int, gpus_per_node: int = 8, prefix: str = "a", node_prefix: str = "gpu-node") -> dict:
@@ -48,8 +48,8 @@ def cluster():
 
 
 @pytest.fixture
-def operator(live_server, cluster) -> Http:
-    return Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+def operator(http_for, cluster) -> Http:
+    return http_for(operator_token_mint(cluster_id=cluster.public_id))
 
 
 def test_snapshot_is_applied_and_reported(operator, cluster):
@@ -154,9 +154,9 @@ def _forge(claims_update: dict, header_update: dict | None = None, key=None) -> 
         pytest.param(lambda c: "", id="missing"),
     ],
 )
-def test_bad_operator_tokens_get_401(live_server, cluster, make_token):
+def test_bad_operator_tokens_get_401(http_for, cluster, make_token):
     token = make_token(cluster)
-    response = Http(live_server.url, token or None).put("/internal/v1/inventory", json=snapshot(1))
+    response = http_for(token or None).put("/internal/v1/inventory", json=snapshot(1))
     assert response.status_code == 401, response.text
     assert response.json()["code"] in {"token_invalid", "token_missing"}
     assert Node.objects.count() == 0
@@ -170,8 +170,8 @@ def test_deregistered_cluster_token_gets_401(operator, cluster):
     assert response.json()["code"] == "cluster_deregistered"
 
 
-def test_api_token_is_not_an_operator_token(live_server, staff_token):
-    response = Http(live_server.url, staff_token).put("/internal/v1/inventory", json=snapshot(1))
+def test_api_token_is_not_an_operator_token(http_for, staff_token):
+    response = http_for(staff_token).put("/internal/v1/inventory", json=snapshot(1))
     assert response.status_code == 401
 
 
@@ -190,12 +190,12 @@ LAB = "lab-c1"  # demo fleet: gpu-h100-01 with 8x H100 80GB, and a node with 2x 
 
 
 @pytest.fixture
-def lab(fleet_cluster, live_server):
+def lab(fleet_cluster, http_for):
     """lab-c1 registered on its emulated apiserver (sessions are applied there), its operator client, and its
     real inventory applied through HTTP; returns ``(cluster, operator, nodes of the full snapshot)``."""
     emulated = fleet_cluster(LAB)
     cluster = services.cluster_register(name=LAB, kubeconfig=kubeconfig_text(emulated), session_domain=f"{LAB}.gshare.localhost")
-    operator = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+    operator = http_for(operator_token_mint(cluster_id=cluster.public_id))
     nodes = fleet.expected_inventory(LAB)["snapshot"]["nodes"]
     assert operator.put("/internal/v1/inventory", json={"nodes": nodes}).status_code == 200
     return cluster, operator, nodes
@@ -235,7 +235,7 @@ def usage(operator: Http, session_id: str, uuid: str, *, ago: int = 0):
 
 
 def test_a_gpu_a_live_session_holds_survives_a_snapshot_without_it(http, lab):
-    """The reviewer's scenario: the reservation outlives the GPU's absence, so the GPU is never placed twice."""
+    """The reservation outlives the GPU's absence, so the GPU is never placed twice."""
     cluster, operator, nodes = lab
     shared = start_session(http, gpu_memory_mib=20000, gpu_cores=10)
     gpu = held_gpu(shared["id"])
@@ -270,6 +270,7 @@ def test_a_gpu_a_live_session_holds_survives_a_snapshot_without_it(http, lab):
     assert gpu_shown(http, gpu.uuid)["health"] is True
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_missing_gpu_is_removed_once_its_session_ended(http, lab):
     _, operator, nodes = lab
     session = start_session(http)

@@ -12,8 +12,7 @@ import yaml
 
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, SECRETS, Resource
-from tests.clusters.conftest import status_body
-from tests.conftest import silent_kubeconfig
+from tests.helpers import silent_kubeconfig, status_body
 
 
 def gateway_for(emulated, **budget) -> KubeGateway:

@@ -12,7 +12,7 @@ import yaml
 from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.errors import MAX_MESSAGE
 from clusters.kube.gateway import NAMESPACES
-from tests.clusters.conftest import status_body
+from tests.helpers import status_body
 
 TOKEN = "sekrit-bearer-0123456789abcdef"
 

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from clusters.kubeconfig import KubeconfigError, is_loopback_host, validate_kubeconfig
-from tests.conftest import load_kubeconfig_fixture
+from tests.helpers import load_kubeconfig_fixture
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import yaml
 from clusters.kube import api_client_for_kubeconfig
 from clusters.kubeconfig import MAX_EXPANDED_NODES, KubeconfigError, validate_kubeconfig
 from clusters.models import Cluster
-from tests.conftest import kubeconfig_text
+from tests.helpers import kubeconfig_text
 
 GOOD = {
     "apiVersion": "v1", "kind": "Config", "current-context": "x",
@@ -172,7 +172,7 @@ def test_a_few_aliases_are_still_accepted():
 # --------------------------------------------------------------------------- through the API
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_api_refuses_wrong_types_bad_tokens_and_bombs_without_changing_anything(http, fleet_cluster, settings):
     emulated = fleet_cluster("lab-c1")
     response = http.post("/api/v1/clusters", json={"name": "lab-c1", "kubeconfig": kubeconfig_text(emulated), "session_domain": "a.example.com"})

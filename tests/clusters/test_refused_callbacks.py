@@ -32,7 +32,6 @@ from clusters.operator_token.tokens import operator_token_mint
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from gshare.auth.keys import signing_key_ensure
-from tests.conftest import Http
 from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
@@ -249,16 +248,16 @@ def test_the_dashboard_and_the_cluster_page_show_the_warning_with_the_fix(client
     assert "Operator callbacks refused" not in admin_client.get(reverse("admin:clusters_cluster_change", args=[cluster.pk])).content.decode()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_over_http_a_revoked_operator_is_recorded_and_let_back_in(live_server):
+@pytest.mark.django_db
+def test_over_http_a_revoked_operator_is_recorded_and_let_back_in(http_for):
     cluster = ClusterFactory()
     old = operator_token_mint(cluster_id=cluster.public_id)
     token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor="test")
-    refused = Http(live_server.url, old).put(INVENTORY, json=EMPTY_INVENTORY)
+    refused = http_for(old).put(INVENTORY, json=EMPTY_INVENTORY)
     assert (refused.status_code, refused.json()["code"]) == (401, "token_revoked")
     assert refusal_of(cluster)[2] == "token_revoked"
     assert "Operator callbacks refused since" in token_rotation.operator_token_state(cluster).warning
-    accepted = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id)).put(INVENTORY, json=EMPTY_INVENTORY)
+    accepted = http_for(operator_token_mint(cluster_id=cluster.public_id)).put(INVENTORY, json=EMPTY_INVENTORY)
     assert accepted.status_code == 200
     assert refusal_of(cluster) == (None, None, "")
     assert token_rotation.operator_token_state(cluster).warning is None

@@ -11,13 +11,10 @@ from django.db import IntegrityError, transaction
 from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Session
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import KUBECONFIG, ClusterFactory
-from tests.sessions import conftest as sessions_conftest
+from tests.helpers import Http, kubeconfig_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-live_cluster = sessions_conftest.live_cluster  # registered and inventoried emulated clusters (sessions can run)
+pytestmark = pytest.mark.django_db
 
 
 def twin(fleet_cluster, uid: str):
@@ -103,6 +100,7 @@ def concurrently(live_server, staff_token, bodies: list[dict]) -> list:
     return responses
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_registrations_of_one_cluster_record_exactly_one(live_server, staff_token, fleet_cluster):
     kubeconfig = kubeconfig_text(fleet_cluster("lab-c1"))
     bodies = [{"name": f"copy-{i}", "kubeconfig": kubeconfig, "session_domain": f"copy-{i}.example.com"} for i in range(6)]
@@ -115,6 +113,7 @@ def test_concurrent_registrations_of_one_cluster_record_exactly_one(live_server,
     assert Cluster.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_registrations_of_one_session_domain_record_exactly_one(live_server, staff_token, fleet_cluster):
     clusters = {"lab-c1": fleet_cluster("lab-c1"), "lab-c2": fleet_cluster("lab-c2"),
                 "lab-c3": twin(fleet_cluster, "0b7a4e5e-0000-4000-8000-000000000003")}

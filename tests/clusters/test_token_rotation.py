@@ -30,10 +30,10 @@ from clusters.operator_token.rotation import OperatorTokenPushFailed, Outcome, o
 from clusters.operator_token.tokens import operator_token_mint
 from gshare.auth.authentication import OperatorTokenAuthentication
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, OPERATOR_AUDIENCE, sign_internal_jwt, verify_internal_jwt
-from tests.conftest import Http, kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory
+from tests.helpers import Http, kubeconfig_text, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 NAMESPACE = "gshare-system"
 SECRET = "gshare-operator-internal-jwt"
@@ -73,12 +73,6 @@ def claims(token: str) -> dict:
 
 def silent_cluster(host_port: str, **fields) -> Cluster:
     return ClusterFactory(kubeconfig=yaml.safe_dump(silent_kubeconfig(host_port)), apiserver_url=f"http://{host_port}", **fields)
-
-
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
 
 
 @pytest.fixture
@@ -225,6 +219,7 @@ def test_refused_credentials_are_a_clear_failure(fleet_cluster):
 # --------------------------------------------------------------------------- failure, warning, retries
 
 
+@pytest.mark.django_db(transaction=True)
 def test_unreachable_apiserver_records_error_warns_and_retries(silent_listener, fast_push, eager_retries, http, console, caplog):
     cluster = silent_cluster(silent_listener, operator_token_expires_at=timezone.now() + datetime.timedelta(days=5))
     caplog.set_level(logging.INFO)
@@ -304,6 +299,7 @@ def test_beat_schedule_is_daily_and_expires_within_its_interval():
 # --------------------------------------------------------------------------- revocation
 
 
+@pytest.mark.django_db(transaction=True)
 def test_revocation_refuses_old_tokens_at_once_and_the_next_rotation_lets_the_operator_in(fleet_cluster, live_server, caplog, http):
     cluster, emulated = register(fleet_cluster)
     operator_token_push(cluster)
@@ -349,6 +345,7 @@ def test_revoke_unknown_cluster():
         call_command("revoke_operator_tokens", "clu_nope")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_console_actions_rotate_and_revoke(fleet_cluster, console, caplog):
     cluster, emulated = register(fleet_cluster)
     caplog.set_level(logging.INFO, logger="gshare.audit")
@@ -360,6 +357,7 @@ def test_console_actions_rotate_and_revoke(fleet_cluster, console, caplog):
     assert [r.audit["actor"] for r in caplog.records if r.name == "gshare.audit"] == ["console:admin"]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_deregistration_bumps_the_generation(fleet_cluster, live_server, caplog):
     cluster, _ = register(fleet_cluster)
     token = operator_token_mint(cluster_id=cluster.public_id)
@@ -389,17 +387,17 @@ def test_generation_check_adds_no_query():
     assert len(authenticate) == len(verify_only) + 1  # the cluster lookup, nothing more
 
 
-def test_malformed_gen_is_refused(live_server):
+def test_malformed_gen_is_refused(http_for):
     cluster = ClusterFactory()
     token = sign_internal_jwt(f"operator:{cluster.public_id}", 600, claims={"gen": "1"})
-    response = Http(live_server.url, token).put("/internal/v1/inventory", json=EMPTY_INVENTORY)
+    response = http_for(token).put("/internal/v1/inventory", json=EMPTY_INVENTORY)
     assert (response.status_code, response.json()["code"]) == (401, "token_invalid")
 
 
 # --------------------------------------------------------------------------- token exchange
 
 
-def test_token_exchange_returns_a_fresh_token_of_the_current_generation(live_server, settings, caplog):
+def test_token_exchange_returns_a_fresh_token_of_the_current_generation(http_for, settings, caplog):
     settings.GSHARE_OPERATOR_TOKEN_TTL = 3600
     cluster, other = ClusterFactory(), ClusterFactory()
     token_rotation.operator_tokens_revoke(cluster_id=cluster.public_id, actor="test")  # generation 2
@@ -408,7 +406,7 @@ def test_token_exchange_returns_a_fresh_token_of_the_current_generation(live_ser
     time.sleep(3.2)  # into the refresh window: the last quarter of the life (plus 0.2 s skew allowance)
     caplog.set_level(logging.DEBUG)
 
-    response = Http(live_server.url, old).post("/internal/v1/token")
+    response = http_for(old).post("/internal/v1/token")
     assert response.status_code == 200, response.text
     assert response.headers["Cache-Control"] == "no-store"
     body = response.json()
@@ -419,21 +417,21 @@ def test_token_exchange_returns_a_fresh_token_of_the_current_generation(live_ser
     assert datetime.datetime.fromisoformat(body["expires_at"]) == datetime.datetime.fromtimestamp(new["exp"], tz=datetime.UTC)
     cluster.refresh_from_db()
     assert cluster.operator_token_expires_at == datetime.datetime.fromisoformat(body["expires_at"])
-    assert Http(live_server.url, body["token"]).put("/internal/v1/inventory", json=EMPTY_INVENTORY).status_code == 200
+    assert http_for(body["token"]).put("/internal/v1/inventory", json=EMPTY_INVENTORY).status_code == 200
     assert body["token"] not in caplog.text and old not in caplog.text
 
     # The other cluster's operator gets a token for its own cluster, whatever it sends.
-    other_body = Http(live_server.url, other_token).post("/internal/v1/token", json={"cluster": cluster.public_id}).json()
+    other_body = http_for(other_token).post("/internal/v1/token", json={"cluster": cluster.public_id}).json()
     assert claims(other_body["token"])["sub"] == f"operator:{other.public_id}" and other_body["generation"] == 1
 
 
-def test_token_exchange_refuses_what_is_not_a_valid_operator_token(live_server):
+def test_token_exchange_refuses_what_is_not_a_valid_operator_token(http_for):
     cluster = ClusterFactory()
     connect = sign_internal_jwt(f"operator:{cluster.public_id}", 600, audience=CONNECT_AUDIENCE)
-    assert Http(live_server.url, connect).post("/internal/v1/token").status_code == 401
-    assert Http(live_server.url).post("/internal/v1/token").json()["code"] == "token_missing"
+    assert http_for(connect).post("/internal/v1/token").status_code == 401
+    assert http_for().post("/internal/v1/token").json()["code"] == "token_missing"
     hs256 = jwt.encode({"sub": f"operator:{cluster.public_id}"}, "k" * 32, algorithm="HS256")
-    assert Http(live_server.url, hs256).post("/internal/v1/token").json()["code"] == "token_invalid"
+    assert http_for(hs256).post("/internal/v1/token").json()["code"] == "token_invalid"
     token = operator_token_mint(cluster_id=cluster.public_id)
     services.cluster_deregister(cluster=cluster)
-    assert Http(live_server.url, token).post("/internal/v1/token").json()["code"] == "cluster_deregistered"
+    assert http_for(token).post("/internal/v1/token").json()["code"] == "cluster_deregistered"

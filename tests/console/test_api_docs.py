@@ -10,9 +10,9 @@ import pytest
 import requests
 
 from storage.models import Volume
-from tests.conftest import Http
 from tests.console.conftest import login, shot
 from tests.factories import ClusterFactory, StoragePoolFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

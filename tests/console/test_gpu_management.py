@@ -22,12 +22,6 @@ URL = "/clusters/gpudevice/"
 H100_MIB = 81559
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def _hold(owner: str, device: GpuDevice, *, memory_mib: int | None = None, cores: int | None = None) -> Session:
     """A Running session of ``owner`` holding ``device`` (whole when neither memory nor cores is given), as placement
     leaves it: the allocation, then the GPU's and node's counters recounted."""

@@ -20,12 +20,6 @@ from tests.factories import ClusterFactory, StoragePoolFactory, VolumeFactory
 SECTIONS = ["Resources", "Sessions", "Credits", "Access", "Schedules"]
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def _app_list(user):
     request = RequestFactory().get("/")
     request.user = user

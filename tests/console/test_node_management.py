@@ -30,12 +30,6 @@ LABELS = {
 
 
 @pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
-@pytest.fixture
 def fleet(db):
     """``lab-a``: node ``gpu-a1`` (4 H100s: one whole session, one GPU with two shares, one unhealthy, one free,
     reported 12 s ago) and ``gpu-a2`` (not ready, no GPUs, reported 3 h ago, HAMi mode unset); ``lab-b``: ``gpu-b1``

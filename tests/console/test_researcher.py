@@ -29,7 +29,6 @@ from gshare.console.access import OwnObjectsAdmin
 from gshare.models import ApiToken
 from sessions.models import Allocation, Session
 from storage.models import Volume
-from tests.conftest import Http
 from tests.factories import (
     ClusterFactory,
     GpuDeviceFactory,
@@ -417,7 +416,7 @@ def test_my_volumes_lists_only_mine_without_owner_or_fleet_filters(as_alice, wor
 # --- My API tokens ----------------------------------------------------------------------------------------------------
 
 
-def test_my_api_tokens_shown_once_then_never_again(as_alice, world, live_server, caplog):
+def test_my_api_tokens_shown_once_then_never_again(as_alice, world, http_for, caplog):
     caplog.set_level("DEBUG")
     form = as_alice.get("/gshare/apitoken/add/").content.decode()
     assert "<title>Create API token |" in form and 'name="_save"' in form
@@ -437,7 +436,7 @@ def test_my_api_tokens_shown_once_then_never_again(as_alice, world, live_server,
     assert text not in caplog.text
     assert text not in str(list(as_alice.session.items()))
     # The token works as a bearer token, as alice.
-    assert Http(live_server.url, text).get("/api/v1/billing/account").status_code == 200
+    assert http_for(text).get("/api/v1/billing/account").status_code == 200
     # Staff keep the list of every user's tokens.
     as_alice.force_login(world["staff"])
     staff_list = as_alice.get("/gshare/apitoken/").content.decode()

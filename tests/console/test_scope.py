@@ -31,12 +31,6 @@ _seq = itertools.count()
 
 
 @pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
-@pytest.fixture
 def two():
     return ClusterFactory(name="lab-c1"), ClusterFactory(name="lab-c2", status=Cluster.Status.DEGRADED)
 

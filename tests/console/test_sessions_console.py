@@ -28,21 +28,6 @@ LIST = "/gpu_sessions/session/"
 START = "/gpu_sessions/session/start/"
 
 
-@pytest.fixture
-def console(client, staff_user):
-    """The test client logged in as a staff superuser."""
-    client.force_login(staff_user)
-    return client
-
-
-@pytest.fixture
-def researcher_console(client, plain_user):
-    """The test client logged in as the researcher ``alice`` (not staff; ``ConsoleSite.has_permission`` lets any
-    active user into the console)."""
-    client.force_login(plain_user)
-    return client
-
-
 def fleet(gpus: int = 4, **cluster) -> Cluster:
     """A connected cluster with one node of ``gpus`` H100s (rows only: nothing dials it in these tests)."""
     cluster = ClusterFactory(**cluster)

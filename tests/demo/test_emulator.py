@@ -22,7 +22,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from demo.emulator import EmulatedCluster, parse_field_selector, parse_label_selector
-from tests.demo.conftest import serve_seed
+from tests.helpers import serve_seed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "emulator-test-token"
@@ -443,15 +443,6 @@ def _collect(stream_factory, events: list, started: threading.Event) -> threadin
     return thread
 
 
-def _wait(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_watch_with_label_selector_sends_transitions(core):
     watch = kubernetes.watch.Watch()
     events: list = []
@@ -459,14 +450,14 @@ def test_watch_with_label_selector_sends_transitions(core):
     thread = _collect(lambda: watch.stream(core.list_node, label_selector="gpu=on", timeout_seconds=10),
                       events, started)
     assert started.wait(10)
-    _wait(lambda: len(events) == 2)
+    wait_for(lambda: len(events) == 2)
     assert sorted(events) == [("ADDED", "gpu-a"), ("ADDED", "gpu-b")]
     core.patch_node("gpu-a", {"metadata": {"annotations": {"x": "1"}}})         # stays in: MODIFIED
     core.patch_node("gpu-b", {"metadata": {"labels": {"gpu": "off"}}})          # leaves: DELETED
     core.patch_node("cpu-c", {"metadata": {"labels": {"gpu": "on"}}})           # enters: ADDED
     core.patch_node("gpu-b", {"metadata": {"annotations": {"ignored": "1"}}})   # outside: nothing
     core.delete_node("gpu-a")                                                   # DELETED
-    _wait(lambda: len(events) == 6)
+    wait_for(lambda: len(events) == 6)
     watch.stop()
     thread.join(15)
     assert events[2:] == [("MODIFIED", "gpu-a"), ("DELETED", "gpu-b"), ("ADDED", "cpu-c"), ("DELETED", "gpu-a")]
@@ -526,7 +517,7 @@ def test_add_from_another_thread_reaches_watchers_and_objects_of(cluster, core):
     assert started.wait(10)
     stored = cluster.add(_node("gpu-late", {"gpu": "on"}))
     assert stored["metadata"]["uid"] and stored["metadata"]["resourceVersion"]
-    _wait(lambda: ("ADDED", "gpu-late") in events)
+    wait_for(lambda: ("ADDED", "gpu-late") in events)
     watch.stop()
     thread.join(15)
     assert [n["metadata"]["name"] for n in cluster.objects_of("nodes")] == ["cpu-c", "gpu-a", "gpu-b", "gpu-late"]
@@ -613,14 +604,14 @@ def test_pod_startup_stand_in_binds_and_runs_pods():
                                               "spec": {"nodeSelector": {"tier": "none"}, "containers": containers}})
         core.create_namespaced_pod("team-a", {"metadata": {"name": "pinned"},
                                               "spec": {"nodeName": "gpu-a", "containers": containers}})
-        _wait(lambda: core.read_namespaced_pod("sel", "team-a").status.phase == "Running")
-        _wait(lambda: core.read_namespaced_pod("pinned", "team-a").status.phase == "Running")
+        wait_for(lambda: core.read_namespaced_pod("sel", "team-a").status.phase == "Running")
+        wait_for(lambda: core.read_namespaced_pod("pinned", "team-a").status.phase == "Running")
         selected = core.read_namespaced_pod("sel", "team-a")
         assert selected.spec.node_name == "gpu-b" and selected.status.pod_ip
         assert selected.status.container_statuses[0].ready
         assert {c.type: c.status for c in selected.status.conditions}["Ready"] == "True"
         assert core.read_namespaced_pod("pinned", "team-a").spec.node_name == "gpu-a"
-        _wait(lambda: core.read_namespaced_pod("nowhere", "team-a").status.conditions is not None)
+        wait_for(lambda: core.read_namespaced_pod("nowhere", "team-a").status.conditions is not None)
         stuck = core.read_namespaced_pod("nowhere", "team-a")
         assert stuck.status.phase == "Pending" and stuck.status.conditions[0].reason == "Unschedulable"
         api.close()

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from demo import fleet
 from demo.emulator import EmulatedCluster, go_time_string
 from operator_agent.hami import decode_node_register
-from tests.demo.conftest import serve_seed
+from tests.helpers import serve_seed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -118,15 +118,6 @@ def hami_daemonset(labels_on_template_only: bool = False) -> dict:
     return daemonset
 
 
-def _wait(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
-
-
 @pytest.fixture
 def cluster():
     hosts = {"gpu-a": GPU_HOST, "gpu-b": {**GPU_HOST, "nvidia_pci": 8, "hami_register": HAMI_H100X8}}
@@ -155,7 +146,7 @@ def run_check(core, pod: dict) -> tuple[object, str]:
     """Create a check pod, wait until it has ``Succeeded``; return ``(pod, log)``."""
     name = pod["metadata"]["name"]
     core.create_namespaced_pod(NAMESPACE, pod)
-    _wait(lambda: core.read_namespaced_pod(name, NAMESPACE).status.phase == "Succeeded")
+    wait_for(lambda: core.read_namespaced_pod(name, NAMESPACE).status.phase == "Succeeded")
     return core.read_namespaced_pod(name, NAMESPACE), core.read_namespaced_pod_log(name, NAMESPACE)
 
 
@@ -183,7 +174,7 @@ def test_node_check_on_a_complete_gpu_host(pod_startup_seconds):
 
         thread = threading.Thread(target=collect, daemon=True)
         thread.start()
-        _wait(lambda: any(r["path"].endswith("/pods") and r["query"].get("watch") for r in running.requests_seen()))
+        wait_for(lambda: any(r["path"].endswith("/pods") and r["query"].get("watch") for r in running.requests_seen()))
         pod, log = run_check(core, check_pod("node", "gpu-a"))
         thread.join(10)
         watch.stop()
@@ -384,7 +375,7 @@ def test_hami_daemonset_registers_the_selected_nodes_with_host_facts(cluster, co
         apps.replace_namespaced_daemon_set("hami-device-plugin", "kube-system", daemonset)
     else:
         apps.create_namespaced_daemon_set("kube-system", daemonset)
-    _wait(lambda: _registered(core, "gpu-a"))
+    wait_for(lambda: _registered(core, "gpu-a"))
     node = core.read_node("gpu-a")
     annotations = node.metadata.annotations
     assert annotations["hami.io/node-nvidia-register"] == HAMI_T4
@@ -409,7 +400,7 @@ def test_a_node_labelled_later_or_fixed_later_is_registered(cluster, core, apps)
     time.sleep(0.4)
     assert not _registered(core, "gpu-b")
     core.patch_node("gpu-b", {"metadata": {"labels": {"gpu": "on"}}})
-    _wait(lambda: _registered(core, "gpu-b"))
+    wait_for(lambda: _registered(core, "gpu-b"))
     node = core.read_node("gpu-b")
     assert node.metadata.annotations["hami.io/node-nvidia-register"] == HAMI_H100X8
     assert node.status.allocatable["nvidia.com/gpu"] == "80"  # 8 GPUs x split count 10
@@ -417,7 +408,7 @@ def test_a_node_labelled_later_or_fixed_later_is_registered(cluster, core, apps)
     # gpu-a is selected but its host has no driver yet, so the plugin cannot register it; the admin fixes it.
     assert not _registered(core, "gpu-a")
     cluster.set_host("gpu-a", {**GPU_HOST, "hami_register": HAMI_T4})
-    _wait(lambda: _registered(core, "gpu-a"))
+    wait_for(lambda: _registered(core, "gpu-a"))
     assert core.read_node("gpu-a").status.capacity["nvidia.com/gpu"] == "10"
     # Re-installing the chart (a re-attach) does not rewrite nodes already registered with the same value.
     revision = core.read_node("gpu-b").metadata.resource_version

@@ -30,7 +30,7 @@ import yaml
 from cryptography import x509
 
 from demo.emulator import EmulatedCluster, ServerCertificates, generate_certificates
-from tests.demo.conftest import serve_seed
+from tests.helpers import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "emulator-tls-token"

@@ -23,21 +23,12 @@ from demo.emulator import (
     nfs_mount_failure_message,
     storage_class_not_found_message,
 )
+from tests.helpers import wait_for
 
 NS = "gshare-sessions"
 CLUSTER = "lab-c1"
 NO_NFS = {"gpu-h100-01": {"mount_nfs": None}, "gpu-v100-01": {"mount_nfs": None}}
 HELPER = "bad option; for several filesystems (e.g. nfs, cifs) you might need a /sbin/mount.<type> helper program."
-
-
-def wait_for(what: str, check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.03)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -105,7 +96,7 @@ def test_csi_storage_class_provisions_and_binds(start):
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-a"))
     assert created.status.phase == "Pending"  # the apiserver resets status; the controller moves it on
     uid = created.metadata.uid
-    claim = wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-a") == "Bound"
+    claim = wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-a") == "Bound"
                      and get(cluster, "persistentvolumeclaims", "gshare-vol-a"))
     pv = get(cluster, "persistentvolumes", f"pvc-{uid}")
     assert claim["spec"]["volumeName"] == f"pvc-{uid}"
@@ -136,7 +127,7 @@ def test_csi_storage_class_provisions_and_binds(start):
 def test_missing_storage_class_leaves_the_claim_pending_with_the_real_event(start):
     cluster, core = start()
     core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-x", storage_class="nfs-a"))
-    [event] = wait_for("ProvisioningFailed", lambda: events_about(cluster, "gshare-vol-x"))
+    [event] = wait_for(what="ProvisioningFailed", check=lambda: events_about(cluster, "gshare-vol-x"))
     assert (event["type"], event["reason"]) == ("Warning", "ProvisioningFailed")
     assert event["message"] == storage_class_not_found_message("nfs-a") == 'storageclass.storage.k8s.io "nfs-a" not found'
     listed = core.list_namespaced_event(NS, field_selector="involvedObject.kind=PersistentVolumeClaim").items
@@ -148,7 +139,7 @@ def test_missing_storage_class_leaves_the_claim_pending_with_the_real_event(star
     kubernetes.client.StorageV1Api(core.api_client).create_storage_class(
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "nfs-a"},
          "provisioner": fleet.CSI_DRIVER, "reclaimPolicy": "Retain"})
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-x") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-x") == "Bound")
 
 
 def test_default_storage_class_is_given_to_a_claim_naming_none(start):
@@ -158,16 +149,16 @@ def test_default_storage_class_is_given_to_a_claim_naming_none(start):
     cluster, core = start(extra=[default])
     core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-d", storage_class=None))
     assert get(cluster, "persistentvolumeclaims", "gshare-vol-d")["spec"]["storageClassName"] == "standard"
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-d") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-d") == "Bound")
 
 
 def test_prebound_claim_is_bound_to_its_volume(start):
     """A moved volume: a Retain PV pre-bound to the claim (claimRef without uid) and the claim naming it."""
     cluster, core = start()
     core.create_persistent_volume(pv_body("gshare-vol-moved", claim="gshare-vol-m", size="20Gi"))
-    wait_for("Available", lambda: phase_of(cluster, "persistentvolumes", "gshare-vol-moved") == "Available")
+    wait_for(what="Available", check=lambda: phase_of(cluster, "persistentvolumes", "gshare-vol-moved") == "Available")
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-m", volume_name="gshare-vol-moved"))
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-m") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-m") == "Bound")
     pv = get(cluster, "persistentvolumes", "gshare-vol-moved")
     assert pv["status"]["phase"] == "Bound" and pv["spec"]["claimRef"]["uid"] == created.metadata.uid
     claim = get(cluster, "persistentvolumeclaims", "gshare-vol-m")
@@ -180,7 +171,7 @@ def test_claim_named_by_an_available_volume_is_bound_without_volume_name(start):
     cluster, core = start()
     core.create_persistent_volume(pv_body("gshare-vol-pre", claim="gshare-vol-p"))
     core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-p"))
-    claim = wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-p") == "Bound"
+    claim = wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-p") == "Bound"
                      and get(cluster, "persistentvolumeclaims", "gshare-vol-p"))
     assert claim["spec"]["volumeName"] == "gshare-vol-pre"
     assert claim["metadata"]["annotations"]["pv.kubernetes.io/bound-by-controller"] == "yes"
@@ -195,7 +186,7 @@ def test_prebound_claim_refused_when_the_volume_is_someone_elses_or_does_not_fit
     core.create_namespaced_persistent_volume_claim(NS, claim_body("c-small", volume_name="pv-small"))
     core.create_namespaced_persistent_volume_claim(NS, claim_body("c-class", volume_name="pv-class"))
     core.create_namespaced_persistent_volume_claim(NS, claim_body("c-nopv", volume_name="pv-missing"))
-    messages = wait_for("refusals", lambda: (m := {n: [(e["reason"], e["message"]) for e in events_about(cluster, n)]
+    messages = wait_for(what="refusals", check=lambda: (m := {n: [(e["reason"], e["message"]) for e in events_about(cluster, n)]
                                                   for n in ("c-other", "c-small", "c-class")}) and all(m.values()) and m)
     assert messages == {
         "c-other": [("FailedBinding", 'volume "pv-other" already bound to a different claim.')],
@@ -214,17 +205,17 @@ def test_deleting_a_claim_applies_the_reclaim_policy(start, policy, after):
     cluster, core = start(extra=extra)
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-r", storage_class="nfs-keep"))
     name = f"pvc-{created.metadata.uid}"
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumes", name) == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumes", name) == "Bound")
     assert get(cluster, "persistentvolumes", name)["spec"]["persistentVolumeReclaimPolicy"] == policy
     core.delete_namespaced_persistent_volume_claim("gshare-vol-r", NS)
     if after is None:
-        wait_for("PV deleted", lambda: get(cluster, "persistentvolumes", name) is None)
+        wait_for(what="PV deleted", check=lambda: get(cluster, "persistentvolumes", name) is None)
     else:
-        wait_for("PV released", lambda: phase_of(cluster, "persistentvolumes", name) == after)
+        wait_for(what="PV released", check=lambda: phase_of(cluster, "persistentvolumes", name) == after)
         pv = get(cluster, "persistentvolumes", name)
         assert pv["spec"]["claimRef"]["uid"] == created.metadata.uid  # kept: a new claim of that name cannot take it
         core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-r", volume_name=name, storage_class="nfs-keep"))
-        [refusal] = wait_for("FailedBinding", lambda: events_about(cluster, "gshare-vol-r")[-1:] if any(
+        [refusal] = wait_for(what="FailedBinding", check=lambda: events_about(cluster, "gshare-vol-r")[-1:] if any(
             e["reason"] == "FailedBinding" for e in events_about(cluster, "gshare-vol-r")) else None)
         assert refusal["message"] == f'volume "{name}" already bound to a different claim.'
 
@@ -234,18 +225,18 @@ def test_retain_after_a_patch_keeps_the_data_of_a_delete_class(start):
     cluster, core = start()
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-mv"))
     name = f"pvc-{created.metadata.uid}"
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumes", name) == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumes", name) == "Bound")
     core.patch_persistent_volume(name, {"spec": {"persistentVolumeReclaimPolicy": "Retain"}})
     core.delete_namespaced_persistent_volume_claim("gshare-vol-mv", NS)
-    wait_for("Released", lambda: phase_of(cluster, "persistentvolumes", name) == "Released")
+    wait_for(what="Released", check=lambda: phase_of(cluster, "persistentvolumes", name) == "Released")
 
 
 def test_bound_claim_whose_volume_is_deleted_is_lost(start):
     cluster, core = start()
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-l"))
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-l") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-l") == "Bound")
     core.delete_persistent_volume(f"pvc-{created.metadata.uid}")
-    wait_for("Lost", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-l") == "Lost")
+    wait_for(what="Lost", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-l") == "Lost")
     lost = [e for e in events_about(cluster, "gshare-vol-l") if e["reason"] == "ClaimLost"]
     assert [(e["type"], e["message"]) for e in lost] == [
         ("Warning", "Bound claim has lost its PersistentVolume. Data on the volume is lost!")]
@@ -257,14 +248,14 @@ def test_bound_claim_whose_volume_is_deleted_is_lost(start):
 def test_pod_waits_for_its_claim_to_be_bound(start):
     cluster, core = start()
     core.create_namespaced_pod(NS, pod_body("p-missing", ["gshare-vol-later"]))
-    pod = wait_for("unschedulable", lambda: (get(cluster, "pods", "p-missing") or {}).get("status", {}).get("conditions")
+    pod = wait_for(what="unschedulable", check=lambda: (get(cluster, "pods", "p-missing") or {}).get("status", {}).get("conditions")
                    and get(cluster, "pods", "p-missing"))
     [scheduled] = pod["status"]["conditions"]
     assert (scheduled["type"], scheduled["status"], scheduled["reason"]) == ("PodScheduled", "False", "Unschedulable")
     assert scheduled["message"] == ('0/3 nodes are available: persistentvolumeclaim "gshare-vol-later" not found. '
                                     "preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.")
     core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-later", storage_class="not-yet"))
-    wait_for("unbound message", lambda: "pod has unbound immediate PersistentVolumeClaims" in json.dumps(
+    wait_for(what="unbound message", check=lambda: "pod has unbound immediate PersistentVolumeClaims" in json.dumps(
         get(cluster, "pods", "p-missing")["status"]))
     assert get(cluster, "pods", "p-missing")["status"]["conditions"][0]["message"] == (
         "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. "
@@ -273,15 +264,15 @@ def test_pod_waits_for_its_claim_to_be_bound(start):
     kubernetes.client.StorageV1Api(core.api_client).create_storage_class(
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "not-yet"},
          "provisioner": fleet.CSI_DRIVER})
-    wait_for("Running once bound", lambda: phase_of(cluster, "pods", "p-missing") == "Running")
+    wait_for(what="Running once bound", check=lambda: phase_of(cluster, "pods", "p-missing") == "Running")
 
 
 def test_pod_without_nfs_client_stays_container_creating_with_failed_mount(start):
     cluster, core = start(hosts=fleet.cluster_hosts(CLUSTER, **NO_NFS))
     created = core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-n"))
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-n") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-n") == "Bound")
     pod = core.create_namespaced_pod(NS, pod_body("p-nfs", ["gshare-vol-n"]))
-    [event] = wait_for("FailedMount", lambda: [e for e in events_about(cluster, "p-nfs") if e["reason"] == "FailedMount"])
+    [event] = wait_for(what="FailedMount", check=lambda: [e for e in events_about(cluster, "p-nfs") if e["reason"] == "FailedMount"])
     stored = get(cluster, "pods", "p-nfs")
     assert stored["status"]["phase"] == "Pending" and stored["spec"]["nodeName"] == "gpu-h100-01"
     [status] = stored["status"]["containerStatuses"]
@@ -306,7 +297,7 @@ def test_pod_without_nfs_client_stays_container_creating_with_failed_mount(start
 
     # nfs-common installed on the node: the kubelet's next try mounts it and the pod runs
     cluster.set_host("gpu-h100-01", {**fleet.cluster_hosts(CLUSTER)["gpu-h100-01"]})
-    wait_for("Running", lambda: phase_of(cluster, "pods", "p-nfs") == "Running", timeout=15)
+    wait_for(what="Running", check=lambda: phase_of(cluster, "pods", "p-nfs") == "Running", timeout=15)
 
 
 def test_in_tree_nfs_volume_message(start):
@@ -314,9 +305,9 @@ def test_in_tree_nfs_volume_message(start):
     source = {"nfs": {"server": "10.0.0.50", "path": "/export/gshare"}, "mountOptions": ["nfsvers=4.1"]}
     core.create_persistent_volume(pv_body("pv-nfs", claim="gshare-vol-i", source=source))
     core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-i", volume_name="pv-nfs"))
-    wait_for("Bound", lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-i") == "Bound")
+    wait_for(what="Bound", check=lambda: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-i") == "Bound")
     pod = core.create_namespaced_pod(NS, pod_body("p-intree", ["gshare-vol-i"]))
-    [event] = wait_for("FailedMount", lambda: [e for e in events_about(cluster, "p-intree") if e["reason"] == "FailedMount"])
+    [event] = wait_for(what="FailedMount", check=lambda: [e for e in events_about(cluster, "p-intree") if e["reason"] == "FailedMount"])
     target = f"/var/lib/kubelet/pods/{pod.metadata.uid}/volumes/kubernetes.io~nfs/pv-nfs"
     assert event["message"] == (
         'MountVolume.SetUp failed for volume "pv-nfs" : mount failed: exit status 32\n'
@@ -329,9 +320,9 @@ def test_nodes_with_an_nfs_client_or_without_host_facts_mount_fine(start):
     for hosts in (fleet.cluster_hosts(CLUSTER), None):
         cluster, core = start(hosts=hosts)
         core.create_namespaced_persistent_volume_claim(NS, claim_body("gshare-vol-ok"))
-        wait_for("Bound", lambda cluster=cluster: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-ok") == "Bound")
+        wait_for(what="Bound", check=lambda cluster=cluster: phase_of(cluster, "persistentvolumeclaims", "gshare-vol-ok") == "Bound")
         core.create_namespaced_pod(NS, pod_body("p-ok", ["gshare-vol-ok"]))
-        wait_for("Running", lambda cluster=cluster: phase_of(cluster, "pods", "p-ok") == "Running")
+        wait_for(what="Running", check=lambda cluster=cluster: phase_of(cluster, "pods", "p-ok") == "Running")
         assert not [e for e in events_about(cluster, "p-ok") if e["reason"] == "FailedMount"]
 
 
@@ -340,7 +331,7 @@ def test_pods_without_volumes_are_unchanged(start):
     body = pod_body("p-plain", [])
     del body["spec"]["volumes"]
     core.create_namespaced_pod(NS, body)
-    wait_for("Running", lambda: phase_of(cluster, "pods", "p-plain") == "Running")
+    wait_for(what="Running", check=lambda: phase_of(cluster, "pods", "p-plain") == "Running")
     assert cluster.objects_of("events") == []
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from demo import fleet
 from demo.emulator import EmulatedCluster
-from tests.demo.conftest import serve_seed
+from tests.helpers import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [spec.name for spec in fleet.FLEET]

@@ -25,7 +25,7 @@ from demo import emulator, fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.hami import decode_node_register
 from operator_agent.hami_pods import decode_pod_devices
-from tests.demo.conftest import serve_seed
+from tests.helpers import serve_seed, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "gshare-sessions"
@@ -78,16 +78,6 @@ def gpu_pod(name: str, gpus: int | None = 1, memory: int | None = None, cores: i
     return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
 
 
-def _wait(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 class Lab:
     """A started lab cluster and a CoreV1Api on it."""
 
@@ -102,14 +92,14 @@ class Lab:
         return self.core.read_namespaced_pod(name, NS)
 
     def running(self, name: str):
-        return _wait(lambda: (pod := self.read(name)).status.phase == "Running" and pod)
+        return wait_for(lambda: (pod := self.read(name)).status.phase == "Running" and pod)
 
     def unschedulable(self, name: str):
         def check():
             pod = self.read(name)
             scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
             return scheduled and scheduled[0].status == "False" and pod
-        return _wait(check)
+        return wait_for(check)
 
     def devices(self, name: str) -> list[list[tuple[str, str, int, int]]]:
         return decode_allocated(self.running(name).metadata.annotations["hami.io/vgpu-devices-allocated"])
@@ -230,7 +220,7 @@ def test_bound_pod_shows_the_allocating_phase_before_it_runs():
         api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab-c1"))
         core = kubernetes.client.CoreV1Api(api)
         core.create_namespaced_pod(NS, gpu_pod("slow", 1, 4096, 25))
-        pod = _wait(lambda: (p := core.read_namespaced_pod("slow", NS)).spec.node_name and p)
+        pod = wait_for(lambda: (p := core.read_namespaced_pod("slow", NS)).spec.node_name and p)
         annotations = pod.metadata.annotations
         assert pod.status.phase == "Pending"
         assert {c.type: c.status for c in pod.status.conditions} == {"PodScheduled": "True"}
@@ -417,7 +407,7 @@ def test_the_demo_seed_runs_gpu_pods(tmp_path, extra):
             time.sleep(1.5)
             assert core.read_namespaced_pod("session", NS).status.phase == "Pending"
         else:
-            pod = _wait(lambda: (p := core.read_namespaced_pod("session", NS)).status.phase == "Running" and p)
+            pod = wait_for(lambda: (p := core.read_namespaced_pod("session", NS)).status.phase == "Running" and p)
             assert decode_allocated(pod.metadata.annotations["hami.io/vgpu-devices-allocated"])[0][0][1:] == (
                 "NVIDIA", 8192, 30)
         api.close()

@@ -9,12 +9,17 @@ never a race.
 Requests are sent byte for byte with ``http.client`` (``requests`` would resolve ``..`` itself), to
 ``127.0.0.1:<port>`` with ``Host: lab-c1.gshare.localhost:<port>``, as a browser resolving ``*.localhost``
 sends them; the connect cookie is ``Secure``, so it is sent back by hand.
+
+The ingress validates the ``Host`` as nginx's ``ngx_http_validate_host`` does: a Host that is not ``name[:port]``
+(one carrying a path could make the verify judge one session while the ingress serves another) is a 400, and only
+the validated host name is logged.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import subprocess
 import sys
 from http.cookies import SimpleCookie
@@ -25,8 +30,7 @@ import pytest
 from clusters import services as cluster_services
 from demo.ingress import ClusterApi, ClusterIngress, DemoIngress
 from sessions import connect
-from tests.conftest import kubeconfig_text
-from tests.e2e.conftest import operator_process, wait_for  # noqa: F401 -- operator_process: the fixture
+from tests.helpers import kubeconfig_text, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -53,7 +57,7 @@ def cookies_of(headers) -> list[str]:
 
 
 @pytest.fixture
-def demo_stack(http, fleet_cluster, operator_process, tmp_path, settings, live_server):  # noqa: F811 -- the imported fixture
+def demo_stack(http, fleet_cluster, operator_process, tmp_path, settings, live_server):
     """Cluster ``lab-c1`` on ``lab-c1.gshare.localhost``, its operator, the demo ingress, and two Running sessions.
 
     Returns ``{"ingress", "cluster", "host" (Host header with port), "sessions": [two API bodies]}``.
@@ -188,3 +192,26 @@ def test_the_command_line_serves_the_clusters_of_its_config(tmp_path, fleet_clus
     finally:
         process.terminate()
         assert process.wait(10) == 0  # SIGTERM is a clean stop
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.e2e
+def test_host_header_with_a_path_does_not_open_another_session(http, demo_stack, caplog):
+    ingress, host, (mine, other) = demo_stack["ingress"], demo_stack["host"], demo_stack["sessions"]
+    query = urlsplit(link_of(http, mine)).query
+    token = query.split("token=", 1)[1]
+    caplog.set_level(logging.INFO, logger="demo.ingress")
+    smuggled_host = f"{host}/s/{mine['id']}/?{query}&"
+    status, _, body = raw_get(ingress, smuggled_host, f"/s/{other['id']}/")
+    assert status == 400 and other["id"] not in body, (status, body[:300])
+    for hostile in (f"{host}?{query}", f"{host}#x", f"x@{host}", f"{host}\\s", f"{host}:x", f"{host.split(':')[0]}..x"):
+        status, _, body = raw_get(ingress, hostile, f"/s/{mine['id']}/?{query}")
+        assert status == 400 and mine["id"] not in body, hostile
+    status, _, body = raw_get(ingress, host, f"/s/{other['id']}/", {"Host": host})  # two Host headers
+    assert status == 400, body[:300]
+    # the raw Host (its path and token) is never logged: only a valid host name, else "-"
+    assert token not in caplog.text and "/s/ses_" not in "".join(r.getMessage().split('"GET', 1)[0] for r in caplog.records)
+    # the link itself still opens its own session, with a plain Host
+    status, _, body = raw_get(ingress, host, f"/s/{mine['id']}/?{query}")
+    assert status == 200 and mine["id"] in body
+    assert f'"{host.split(":")[0]}" "GET /s/{mine["id"]}/" 200' in caplog.text and token not in caplog.text

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from clusters import services as cluster_services
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
-from tests.conftest import kubeconfig_text
+from tests.helpers import kubeconfig_text
 
 FUZZ_EXAMPLES = int(os.environ.get("GSHARE_FUZZ_EXAMPLES", "12"))
 EXCLUDED = {

@@ -10,8 +10,7 @@ from clusters import services
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
-from tests.conftest import kubeconfig_text
-from tests.e2e.conftest import registered, wait_for
+from tests.helpers import kubeconfig_text, registered, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

@@ -4,7 +4,7 @@ control plane, and a stop that deletes everything."""
 
 import pytest
 
-from tests.e2e.conftest import registered, wait_for
+from tests.helpers import registered, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

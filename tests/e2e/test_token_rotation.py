@@ -16,8 +16,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.operator_token.rotation import operator_token_push, operator_tokens_revoke, operator_tokens_rotate
-from tests.conftest import Http
-from tests.e2e.conftest import registered, wait_for
+from tests.helpers import Http, registered, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

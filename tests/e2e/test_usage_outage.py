@@ -26,7 +26,7 @@ from django.db.models import Count
 from billing.models import UsageSample
 from operator_agent.contract import USAGE_PATH
 from operator_agent.usage import MAX_WINDOW_MS
-from tests.e2e.conftest import registered, wait_for
+from tests.helpers import registered, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

@@ -11,12 +11,6 @@ from tests.console_checks import assert_read_only
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def test_tokens_and_signing_keys_are_read_only(console, plain_user):
     api_token_create(username=plain_user.username)
     assert_read_only(console, "/gshare/apitoken/", ApiToken.objects.get(user=plain_user))

@@ -10,7 +10,7 @@ from storage import services
 from storage.models import StoragePool, Volume
 from tests.storage.kube import pool_cluster
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 REFUSED = ["10", "1e2", True, False, 10.5, [10], {"gb": 10}]
 

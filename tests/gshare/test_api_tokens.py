@@ -26,7 +26,7 @@ def test_create_api_token_unknown_user_names_the_fix():
         call_command("create_api_token", "nobody")
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("header", ["Bearer gsh_00000000_nope", "Bearer nonsense", "Token abc", "Bearer "])
 def test_bad_tokens_get_401_with_code(anon, header):
     response = anon.get("/api/v1/clusters", headers={"Authorization": header})
@@ -34,14 +34,14 @@ def test_bad_tokens_get_401_with_code(anon, header):
     assert response.json()["code"] in {"api_token_invalid", "not_authenticated"}
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_no_token_gets_401(anon):
     response = anon.get("/api/v1/clusters")
     assert response.status_code == 401
     assert response.json()["code"] == "not_authenticated"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_revoked_token_is_refused(http, staff_user):
     assert http.get("/api/v1/clusters").status_code == 200
     from django.utils import timezone
@@ -50,7 +50,7 @@ def test_revoked_token_is_refused(http, staff_user):
     assert http.get("/api/v1/clusters").status_code == 401
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_console_revoke_action(http, client, staff_user):
     client.force_login(staff_user)
     row = ApiToken.objects.get(user=staff_user)

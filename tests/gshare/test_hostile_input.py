@@ -9,10 +9,9 @@ from clusters import services
 from clusters.models import GpuDevice
 from clusters.operator_token.tokens import operator_token_mint
 from gshare.exceptions import Forbidden
-from tests.conftest import Http
 from tests.factories import ClusterFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def _device(uuid, index=0):
@@ -34,9 +33,9 @@ def test_nul_in_url_is_400(http, path):
 
 
 @pytest.fixture
-def operator(live_server):
+def operator(http_for):
     cluster = ClusterFactory()
-    return Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+    return http_for(operator_token_mint(cluster_id=cluster.public_id))
 
 
 @pytest.mark.parametrize(
@@ -83,6 +82,7 @@ def test_patch_with_unexpected_fields_is_400(http):
     assert response.json()["code"] == "invalid_request"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_same_gpu_from_two_clusters_at_once_is_never_accepted_twice():
     a, b = ClusterFactory(), ClusterFactory()
     outcomes = []

@@ -1,8 +1,7 @@
 """Malformed internal JWT headers over HTTP: every ``/internal`` route answers 401 ``token_invalid`` JSON, never a 500.
 
 The tokens below carry no valid signature; what they test is the header the control plane parses
-before any key is looked up (a NUL or a lone surrogate in ``kid`` used to reach PostgreSQL and fail
-there with an HTML 500).
+before any key is looked up (a NUL or a lone surrogate in ``kid`` must be refused before it reaches PostgreSQL).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import pytest
 from sessions.models import Session
 from tests.factories import ClusterFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 PAYLOAD = {"iss": "gshare-control-plane", "sub": "operator:clu_x", "aud": "gshare-internal", "exp": 4102444800}
 

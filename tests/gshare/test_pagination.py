@@ -11,7 +11,7 @@ LISTS = [
 HUGE = "9999999999999999999999"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("path", LISTS)
 @pytest.mark.parametrize("query", [f"limit={HUGE}", f"offset={HUGE}", f"limit={HUGE}&offset={HUGE}", "limit=-1", "limit=abc"])
 def test_huge_or_odd_limits_answer_a_page(http, path, query):
@@ -21,7 +21,7 @@ def test_huge_or_odd_limits_answer_a_page(http, path, query):
     assert set(body) >= {"count", "results"} and isinstance(body["results"], list)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_limit_is_capped_at_the_maximum_page_size(http, settings):
     settings.GSHARE_API_MAX_PAGE_SIZE = 3
     for n in range(5):

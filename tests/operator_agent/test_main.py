@@ -85,7 +85,11 @@ def start(env: dict, *args: str) -> tuple[subprocess.Popen, queue.Queue]:
     return process, lines
 
 
-def wait_for(lines: queue.Queue, fragment: str, timeout: float = 30.0) -> list[str]:
+def wait_for_line(lines: queue.Queue, fragment: str, timeout: float = 30.0) -> list[str]:
+    """Read ``lines`` (the operator's output, ``None`` at its end) until one contains ``fragment``; the lines read.
+
+    AssertionError, with the output, if the output ends or ``timeout`` s pass first.
+    """
     seen: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -141,7 +145,7 @@ def test_once_with_apiserver_down_exits_1(tmp_path):
 def test_signal_stops_the_loop_with_exit_0(tmp_path, signum):
     process, lines = start(operator_env(tmp_path))
     try:
-        wait_for(lines, "cannot reach the apiserver")  # the loop is running and survives failed ticks
+        wait_for_line(lines, "cannot reach the apiserver")  # the loop is running and survives failed ticks
         process.send_signal(signum)
         assert process.wait(timeout=30) == 0
         output = drain(lines)

@@ -48,6 +48,7 @@ from operator_agent.sessions import (
     session_status_from_pod,
     status_report,
 )
+from tests.helpers import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO_ROOT / "charts" / "gshare-operator" / "crds" / "gsharesessions.gshare.io.yaml"
@@ -245,17 +246,6 @@ def session_object(cluster: EmulatedCluster, name: str) -> dict | None:
     return named(cluster.objects_of(GSHARE_SESSION_PLURAL, GSHARE_API_GROUP, GSHARE_API_VERSION), name)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 # --------------------------------------------------------------------------- end to end
 
 
@@ -264,7 +254,7 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     session_id, name = "ses_lifecycle0000001", "ses-lifecycle0000001"
     gss = apply_session(cluster, gshare_session(session_id))
 
-    pod, service, ingress = wait_for("pod, service and ingress", lambda: all(children(cluster, name)) and children(cluster, name))
+    pod, service, ingress = wait_for(what="pod, service and ingress", check=lambda: all(children(cluster, name)) and children(cluster, name))
     owner = {"apiVersion": "gshare.io/v1alpha1", "kind": "GShareSession", "name": name,
              "uid": gss["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
     for obj in (pod, service, ingress):
@@ -280,7 +270,7 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     assert ingress["spec"]["rules"][0]["host"] == "lab-c1.gshare.localhost"
 
     # Pending (pod created) then Running (the emulator's kubelet started it on a gpu=on node).
-    wait_for("a Running report", lambda: "Running" in control_plane.phases(session_id))
+    wait_for(what="a Running report", check=lambda: "Running" in control_plane.phases(session_id))
     phases = control_plane.phases(session_id)
     assert phases[0] == "Pending"
     assert phases[-1] == "Running"
@@ -292,7 +282,7 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     assert observed == sorted(observed) and len(set(observed)) == len(observed)  # strictly increasing
     assert all(r["authorization"] == f"Bearer {OPERATOR_TOKEN}" for r in control_plane.requests)
 
-    status = wait_for("status Running", lambda: (session_object(cluster, name) or {}).get("status", {}).get("phase") == "Running"
+    status = wait_for(what="status Running", check=lambda: (session_object(cluster, name) or {}).get("status", {}).get("phase") == "Running"
                       and session_object(cluster, name)["status"])
     assert status["node"] == "gpu-h100-01"
     assert status["observedAt"] == running["observed_at"]
@@ -301,8 +291,8 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     if HAMI_POD_DEVICES_ALLOCATED_ANNOTATION in (pod["metadata"].get("annotations") or {}):
         expected = allocated_device_uuids(pod)
         assert expected
-        wait_for("devices reported", lambda: control_plane.reports(session_id)[-1]["devices"] == expected)
-        assert wait_for("devices in status", lambda: session_object(cluster, name)["status"]["devices"] == expected)
+        wait_for(what="devices reported", check=lambda: control_plane.reports(session_id)[-1]["devices"] == expected)
+        assert wait_for(what="devices in status", check=lambda: session_object(cluster, name)["status"]["devices"] == expected)
     else:
         assert running["devices"] == []
 
@@ -312,8 +302,8 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     assert len(control_plane.reports(session_id)) == count
 
     delete_session(cluster, name)
-    wait_for("children deleted", lambda: children(cluster, name) == (None, None, None))
-    wait_for("a Terminated report", lambda: control_plane.phases(session_id)[-1:] == ["Terminated"])
+    wait_for(what="children deleted", check=lambda: children(cluster, name) == (None, None, None))
+    wait_for(what="a Terminated report", check=lambda: control_plane.phases(session_id)[-1:] == ["Terminated"])
     time.sleep(1.0)
     assert control_plane.phases(session_id).count("Terminated") == 1
     terminated = control_plane.reports(session_id)[-1]
@@ -324,11 +314,11 @@ def test_deleted_pod_fails_the_session_and_is_not_recreated(cluster, control_pla
     start_operator(cluster)
     session_id, name = "ses_podgone000000001", "ses-podgone000000001"
     apply_session(cluster, gshare_session(session_id))
-    wait_for("Running", lambda: "Running" in control_plane.phases(session_id))
+    wait_for(what="Running", check=lambda: "Running" in control_plane.phases(session_id))
 
     with api_client_for(cluster) as api:
         kubernetes.client.CoreV1Api(api).delete_namespaced_pod(name, NAMESPACE)
-    wait_for("a Failed report", lambda: control_plane.phases(session_id)[-1:] == ["Failed"])
+    wait_for(what="a Failed report", check=lambda: control_plane.phases(session_id)[-1:] == ["Failed"])
     failed = control_plane.reports(session_id)[-1]
     assert "disappeared" in failed["message"]
     assert failed["node"] == "gpu-h100-01"
@@ -341,14 +331,14 @@ def test_restart_resends_current_status_and_keeps_the_pod(cluster, control_plane
     first = start_operator(cluster)
     session_id, name = "ses_restart000000001", "ses-restart000000001"
     apply_session(cluster, gshare_session(session_id))
-    wait_for("Running", lambda: "Running" in control_plane.phases(session_id))
+    wait_for(what="Running", check=lambda: "Running" in control_plane.phases(session_id))
     pod_uid = children(cluster, name)[0]["metadata"]["uid"]
     last = control_plane.reports(session_id)[-1]
     first.close()
 
     before = len(control_plane.reports(session_id))
     start_operator(cluster)
-    wait_for("the status sent again", lambda: len(control_plane.reports(session_id)) > before)
+    wait_for(what="the status sent again", check=lambda: len(control_plane.reports(session_id)) > before)
     again = control_plane.reports(session_id)[-1]
     assert again == last  # same observed_at: the control plane ignores it as already applied
     assert children(cluster, name)[0]["metadata"]["uid"] == pod_uid
@@ -358,9 +348,9 @@ def test_spec_change_reapplies_service_and_ingress(cluster, control_plane, start
     start_operator(cluster)
     session_id, name = "ses_update0000000001", "ses-update0000000001"
     apply_session(cluster, gshare_session(session_id))
-    wait_for("ingress", lambda: children(cluster, name)[2])
+    wait_for(what="ingress", check=lambda: children(cluster, name)[2])
     apply_session(cluster, gshare_session(session_id, authUrl="https://other.example.com/internal/connect/verify"))
-    wait_for("new auth-url", lambda: children(cluster, name)[2]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-url"]
+    wait_for(what="new auth-url", check=lambda: children(cluster, name)[2]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-url"]
              == "https://other.example.com/internal/connect/verify")
 
 
@@ -369,7 +359,7 @@ def test_operator_waits_for_the_crd_and_stops_cleanly(tmp_path, control_plane, c
         operator = Operator(bare, operator_config(tmp_path, control_plane)).start()
         try:
             with caplog.at_level(logging.WARNING, logger="operator_agent.sessions"):
-                wait_for("the CRD warning", lambda: "GShareSession CRD" in caplog.text)
+                wait_for(what="the CRD warning", check=lambda: "GShareSession CRD" in caplog.text)
             assert not operator.ready.is_set()
         finally:
             operator.close()
@@ -588,7 +578,7 @@ def test_session_volumes_get_their_pvcs_before_the_pod_and_outlive_it(cluster, c
     session_id, name = "ses_volumes000000001", "ses-volumes000000001"
     apply_session(cluster, gshare_session(session_id, volumes=[volume("datasets", "gshare-vol-datasets"),
                                                                volume("moved", "gshare-vol-moved", size="20Gi")]))
-    wait_for("Running", lambda: "Running" in control_plane.phases(session_id))
+    wait_for(what="Running", check=lambda: "Running" in control_plane.phases(session_id))
 
     found = claims(cluster)
     new = found["gshare-vol-datasets"]
@@ -614,7 +604,7 @@ def test_session_volumes_get_their_pvcs_before_the_pod_and_outlive_it(cluster, c
                                                            {"name": "vol-moved", "mountPath": "/data/moved"}]
 
     delete_session(cluster, name)
-    wait_for("children deleted", lambda: children(cluster, name) == (None, None, None))
+    wait_for(what="children deleted", check=lambda: children(cluster, name) == (None, None, None))
     time.sleep(0.5)
     assert {"gshare-vol-datasets", "gshare-vol-moved"} <= set(claims(cluster))  # volumes outlive sessions
 
@@ -624,7 +614,7 @@ def test_a_volume_that_cannot_bind_keeps_the_session_pending_with_the_reason(clu
     session_id = "ses_unbound000000001"
     apply_session(cluster, gshare_session(session_id, volumes=[volume("data", "gshare-vol-unbound",
                                                                       storage_class="no-such-class")]))
-    pending = wait_for("a Pending report naming the claim", lambda: [
+    pending = wait_for(what="a Pending report naming the claim", check=lambda: [
         r for r in control_plane.reports(session_id) if "unbound immediate PersistentVolumeClaims" in r["message"]])
     assert pending[-1]["phase"] == "Pending"
     # Which volume it waits for and why come first (the StorageClass is read at once), then the scheduler's words.
@@ -633,7 +623,7 @@ def test_a_volume_that_cannot_bind_keeps_the_session_pending_with_the_reason(clu
                                              "(Unschedulable): 0/3 nodes are available: pod has unbound")
     claim = claims(cluster)["gshare-vol-unbound"]
     assert claim["status"]["phase"] == "Pending"
-    events = wait_for("the PV controller's event", lambda: [
+    events = wait_for(what="the PV controller's event", check=lambda: [
         e for e in cluster.objects_of("events") if e["involvedObject"]["name"] == "gshare-vol-unbound"])
     assert [(e["reason"], e["message"]) for e in events] == [
         ("ProvisioningFailed", 'storageclass.storage.k8s.io "no-such-class" not found')]

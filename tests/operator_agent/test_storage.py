@@ -10,7 +10,6 @@ import copy
 import datetime
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +36,7 @@ from operator_agent.storage import (
     volume_reports,
     volume_wait_message,
 )
+from tests.helpers import wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s-objects"
 NAMESPACE = "gshare-sessions"
@@ -321,16 +321,6 @@ def cluster() -> Iterator[EmulatedCluster]:
     with EmulatedCluster(fleet.cluster_objects("lab-c1"), version=fleet.cluster_version("lab-c1"),
                          pod_startup_seconds=0.1, hosts=hosts) as running:
         yield running
-
-
-def wait_for(check, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def create_claim(core, name: str, volume_id: str, storage_class: str = "gshare-nfs") -> None:

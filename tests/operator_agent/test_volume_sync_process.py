@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.contract import INVENTORY_PATH, STATUS_PATH, STORAGE_PATH
+from tests.helpers import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "lab-c1"
@@ -71,16 +71,6 @@ def storage_reports(state: dict) -> list[dict]:
         return [r["body"] for r in state["requests"] if (r["method"], r["path"]) == ("POST", STORAGE_PATH)]
 
 
-def wait_for(what: str, check, timeout: float = 45.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_operator_reports_capacity_volumes_and_the_missing_nfs_client(tmp_path, control_plane):
     hosts = fleet.cluster_hosts(CLUSTER, **{"gpu-h100-01": {"mount_nfs": None}, "gpu-v100-01": {"mount_nfs": None}})
     with EmulatedCluster(fleet.cluster_objects(CLUSTER), version=fleet.cluster_version(CLUSTER), token=APISERVER_TOKEN,
@@ -101,7 +91,7 @@ def test_operator_reports_capacity_volumes_and_the_missing_nfs_client(tmp_path, 
             process = subprocess.Popen([sys.executable, "-m", "operator_agent"], cwd=REPO_ROOT, env=env, stdout=output,
                                        stderr=subprocess.STDOUT)
             try:
-                first = wait_for("a first volume-sync report", lambda: storage_reports(control_plane))[0]
+                first = wait_for(what="a first volume-sync report", check=lambda: storage_reports(control_plane))[0]
                 assert first["storage_classes"] == [
                     {"storage_class": "gshare-nfs", "capacity_bytes": 1643124 * MI, "objects": 2}]  # largest, not sum
                 assert first["volumes"] == []
@@ -131,7 +121,7 @@ def test_operator_reports_capacity_volumes_and_the_missing_nfs_client(tmp_path, 
                                 return volume
                     return None
 
-                volume = wait_for("the FailedMount message in a report", stuck)
+                volume = wait_for(what="the FailedMount message in a report", check=stuck)
                 assert volume["volume_id"] == "vol_datasets01" and volume["claim_name"] == "gshare-vol-datasets01"
                 assert volume["phase"] == "Bound" and volume["volume_name"].startswith("pvc-")
                 assert "you might need a /sbin/mount.<type> helper program." in volume["message"]
@@ -147,7 +137,7 @@ def test_operator_reports_capacity_volumes_and_the_missing_nfs_client(tmp_path, 
                 # NFS client installed on the node: the pod starts and the next report has no message
                 cluster.set_host("gpu-h100-01", fleet.cluster_hosts(CLUSTER)["gpu-h100-01"])
                 count = len(storage_reports(control_plane))
-                wait_for("a clean report", lambda: [r for r in storage_reports(control_plane)[count:]
+                wait_for(what="a clean report", check=lambda: [r for r in storage_reports(control_plane)[count:]
                                                     if r["volumes"] and r["volumes"][0]["message"] == ""])
             finally:
                 process.send_signal(signal.SIGTERM)

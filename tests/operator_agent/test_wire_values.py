@@ -12,8 +12,8 @@ import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
 from operator_agent import contract, quantity, rfc3339
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

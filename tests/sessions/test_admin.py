@@ -13,12 +13,6 @@ from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, Sessi
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def _running_on_shared_gpus(count: int = 2) -> list[Session]:
     """``count`` Running sessions sharing one GPU of a new cluster, each with its reservation."""
     cluster = ClusterFactory()

@@ -7,7 +7,7 @@ from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Allocation, Session
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 
@@ -107,6 +107,7 @@ def test_users_see_their_own_staff_see_all(http, http_user, live_cluster):
     assert http.get("/api/v1/sessions?phase=Running").json()["count"] == 0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_delete_stops_and_is_idempotent(http, live_cluster):
     _, emulated = live_cluster("lab-c1")
     session_id = start(http).json()["id"]
@@ -145,7 +146,7 @@ def test_deregistration_is_refused_while_sessions_live(http, live_cluster):
 def test_missing_crd_fails_the_session_with_the_cause(http, fleet_cluster):
     objects = [o for o in fleet.cluster_objects("lab-c1") if o["kind"] != "CustomResourceDefinition"]
     emulated = fleet_cluster("lab-c1", objects=objects)
-    from tests.conftest import kubeconfig_text
+    from tests.helpers import kubeconfig_text
 
     cluster = cluster_services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated), session_domain="a.example.com")
     cluster_services.inventory_apply(cluster=cluster, nodes=fleet.expected_inventory("lab-c1")["snapshot"]["nodes"])

@@ -21,7 +21,7 @@ from operator_agent import contract
 from sessions import services, tasks
 from sessions.models import Session
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 HOLD = 4.0  # seconds the proxy holds the GShareSession PATCH
@@ -120,6 +120,7 @@ def stop_during_apply(http, proxy: HoldingProxy) -> Session:
     return session
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_stop_during_the_apply_leaves_no_object_on_the_cluster(http, held_cluster):
     emulated, proxy = held_cluster
     session = stop_during_apply(http, proxy)
@@ -129,6 +130,7 @@ def test_a_stop_during_the_apply_leaves_no_object_on_the_cluster(http, held_clus
     assert not session.allocations.exists()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_when_the_apply_cannot_delete_it_the_reconciler_does(http, held_cluster):
     emulated, proxy = held_cluster
     proxy.refuse_deletes_after_patch = True  # the stop's delete gets its 404, the apply's delete again fails

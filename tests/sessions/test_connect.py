@@ -181,7 +181,7 @@ def closed_port() -> str:
     return host_port
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize("redis_at", ["silent", "closed"])
 def test_verify_answers_a_fast_503_when_redis_does_not_answer(running, anon, settings, silent_listener, closed_port, redis_at):
     token = link(running).split("token=")[1]
@@ -224,3 +224,21 @@ def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
     with _table_locked(Session):  # the session's facts must come from the database
         response, elapsed = _verify_over_http(anon, running, token)
         _assert_unavailable(response, elapsed)
+
+
+@pytest.mark.django_db
+def test_verify_refuses_an_original_url_whose_authority_is_not_host_and_port(client, django_user_model):
+    owner = django_user_model.objects.create_user("carol")
+    session = Session.objects.create(owner=owner, cluster=ClusterFactory(session_domain="gpu-a.example.com"), image="img",
+                                     gpus=1, phase=Session.Phase.RUNNING)
+    url = services.session_connect(session=session, user=owner)
+    path = url.split("gpu-a.example.com", 1)[1]
+    for authority in ("gpu-a.example.com?x", "gpu-a.example.com#x", "gpu-a.example.com:x", "gpu-a.example.com:",
+                      "gpu-a.example.com%2f", "gpu-a.example.com\\", "gpu-a..example.com", "gpu-a.example.com\x7f"):
+        response = client.get("/internal/connect/verify", HTTP_X_ORIGINAL_URL=f"https://{authority}{path}",
+                              HTTP_X_ORIGINAL_METHOD="GET")
+        assert response.status_code == 401 and response.json()["code"] == "connect_refused", authority
+    for authority in ("gpu-a.example.com", "GPU-A.example.com:443"):
+        response = client.get("/internal/connect/verify", HTTP_X_ORIGINAL_URL=f"https://{authority}{path}",
+                              HTTP_X_ORIGINAL_METHOD="GET")
+        assert response.status_code == 200, authority

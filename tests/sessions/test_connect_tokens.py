@@ -1,5 +1,5 @@
-"""Connect tokens by use and the user behind them (review finding: connect cookies renewed themselves forever and kept
-working for deactivated users).
+"""Connect tokens by use and the user behind them: a connect cookie never renews itself, and stops working when its
+user is deactivated.
 
 * a link token (``use: "link"``, from ``POST /api/v1/sessions/{id}/connect``) is accepted as ``?token=`` (the verify
   answers with a cookie) or as ``Authorization: Bearer``; a cookie token (``use: "cookie"``) only as the cookie, so it
@@ -28,8 +28,8 @@ from gshare.auth.tokens import api_token_create
 from operator_agent import contract
 from sessions import connect, services
 from sessions.models import Session
-from tests.conftest import Http
 from tests.factories import ClusterFactory
+from tests.helpers import Http
 
 pytestmark = pytest.mark.django_db
 
@@ -276,7 +276,7 @@ def test_over_http_a_cookie_is_never_renewed_nor_a_link_and_ends_with_its_user(r
 
     later = _verify_http(anon, base(running) + "lab", cookie=cookie)
     assert later.status_code == 200 and "Set-Cookie" not in later.headers
-    renew = _verify_http(anon, base(running) + f"?token={cookie}")  # the reviewer's renewal
+    renew = _verify_http(anon, base(running) + f"?token={cookie}")  # a cookie offered as a link token
     assert renew.status_code == 401 and renew.json()["code"] == "token_invalid" and "Set-Cookie" not in renew.headers
     both = _verify_http(anon, base(running) + f"?token={cookie}", cookie=cookie)
     assert both.status_code == 200 and "Set-Cookie" not in both.headers
@@ -314,7 +314,7 @@ def test_over_http_a_user_deactivated_in_the_console_is_refused_within_the_bound
     assert refused.status_code == 403 and refused.json()["code"] == "connect_forbidden"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_over_http_a_stopped_session_is_refused_within_the_bound(live_cluster, http_user, anon, plain_user):
     cluster, _ = live_cluster("lab-c1")
     session_id = http_user.post("/api/v1/sessions", json={"image": "quay.io/jupyter/base-notebook", "gpus": 1}).json()["id"]

@@ -7,10 +7,10 @@ import pytest
 from django.db import IntegrityError, connections
 
 from sessions.models import Session
-from tests.conftest import Http
 from tests.factories import SessionFactory, UserFactory
+from tests.helpers import Http
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 BODY = {"image": "quay.io/jupyter/base-notebook", "gpus": 1, "name": "nb"}
@@ -85,6 +85,7 @@ def test_a_refused_request_stores_nothing_and_its_retry_is_tried_again(http, liv
     assert start(http, "key-1", gpus=2).status_code == 201  # a refused request did not take the key
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_posts_with_one_key_create_one_session(live_server, staff_token, live_cluster):
     """Eight senders at once, one key, a request that takes all 8 GPUs of the only node that fits: one session, the
     others get it back (not 409 no_capacity: the key is checked under the owner's lock, before placement)."""

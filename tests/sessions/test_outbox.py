@@ -20,7 +20,7 @@ from gshare.celery import app
 from sessions import tasks
 from sessions.models import Session
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 #: What a request may take with the broker down: one GSHARE_REDIS_TIMEOUT (1 s) for the publish, plus the request
@@ -154,9 +154,10 @@ def test_stop_answers_at_once_and_the_reconciler_deletes_it_later(http, live_clu
     assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
 
 
+@pytest.mark.django_db(transaction=True)
 def test_concurrent_requests_with_a_silent_broker_all_answer(live_server, staff_token, live_cluster, broker, silent_listener):
     """Each request waits at most one publish bound, so a stall does not pile requests up behind each other."""
-    from tests.conftest import Http
+    from tests.helpers import Http
 
     live_cluster("lab-c1")
     broker(f"redis://{silent_listener}/0")

@@ -16,8 +16,8 @@ from gshare.exceptions import Conflict
 from operator_agent import contract
 from sessions import placement, services
 from sessions.models import Allocation, Session
-from tests.conftest import silent_kubeconfig
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import silent_kubeconfig
 
 pytestmark = pytest.mark.django_db
 

@@ -6,10 +6,9 @@ import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
-from tests.conftest import Http
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 11, 29, 16, 0, tzinfo=UTC)
 
 
@@ -30,8 +29,8 @@ def placed(django_user_model, silent_listener):
 
 
 @pytest.fixture
-def operator(live_server, placed):
-    return Http(live_server.url, operator_token_mint(cluster_id=placed.cluster.public_id))
+def operator(http_for, placed):
+    return http_for(operator_token_mint(cluster_id=placed.cluster.public_id))
 
 
 def report(session, phase, seconds, **extra):
@@ -69,9 +68,9 @@ def test_late_running_does_not_revive_a_stopping_session(operator, placed):
     assert placed.phase == "Terminated"
 
 
-def test_another_clusters_session_refuses_the_whole_batch(live_server, placed):
+def test_another_clusters_session_refuses_the_whole_batch(http_for, placed):
     other = ClusterFactory()
-    foreign = Http(live_server.url, operator_token_mint(cluster_id=other.public_id))
+    foreign = http_for(operator_token_mint(cluster_id=other.public_id))
     own = Session.objects.create(owner=placed.owner, cluster=other, image="img", gpus=1, phase=Session.Phase.STARTING)
     response = foreign.post("/internal/v1/status", json={"reports": [report(own, "Running", 1), report(placed, "Failed", 1)]})
     assert response.status_code == 403

@@ -7,8 +7,8 @@ import yaml
 from sessions import tasks
 from sessions.models import Session
 from sessions.services import TransientApplyError
-from tests.conftest import silent_kubeconfig
 from tests.factories import ClusterFactory, SessionFactory
+from tests.helpers import silent_kubeconfig
 
 pytestmark = pytest.mark.django_db
 

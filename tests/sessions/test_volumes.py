@@ -19,10 +19,10 @@ from operator_agent.storage import collect_storage
 from sessions import placement, services
 from sessions.models import Session
 from storage.models import ClusterStorageClasses, StoragePool, Volume
-from tests.conftest import Http, kubeconfig_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import Http, kubeconfig_text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 GSS = ("gsharesessions", "gshare.io", "v1alpha1")
 
@@ -157,6 +157,7 @@ def volume_sync(live_server, cluster, emulated):
     assert answer.status_code == 200, answer.text
 
 
+@pytest.mark.django_db(transaction=True)
 def test_sessions_mount_volumes_only_where_the_pools_storage_class_exists(http_user, plain_user, fleet_cluster, live_server):
     """Reproduced: a cluster attached without storage joined the `sharing: all` pool, a session mounting a new volume
     of it was placed there and waited in Starting forever (unbound immediate PersistentVolumeClaims)."""
@@ -229,6 +230,7 @@ def test_a_moving_volume_and_malformed_lists_are_refused(http_user, plain_user, 
     assert Volume.objects.get(pk=moving.pk).status == Volume.Status.MOVING
 
 
+@pytest.mark.django_db(transaction=True)
 def test_two_sessions_racing_for_a_new_volume_on_different_clusters(http_user, plain_user, two):
     """Both requests pass the first check (the volume has no cluster yet) and wait on its row lock, which this
     test holds; once released, the first to lock it claims it and the other sees the claim and is refused."""

@@ -14,12 +14,6 @@ from tests.storage.kube import pool_cluster
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def console(client, staff_user):
-    client.force_login(staff_user)
-    return client
-
-
 def _grow():
     cluster = pool_cluster()
     pool = services.pool_create(name=f"pool-{cluster.name}", cluster=cluster, storage_class="nfs-a", manual_capacity_gb=100)
@@ -149,7 +143,7 @@ def test_reading_pages_have_constant_queries(console, path):
 NOT_A_DNS_LABEL = "must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit (e.g. nfs-a)"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_pool_form_refuses_what_the_api_refuses(console, http):
     """Reproduced: the console saved a pool named ``Bad Name!`` that ``POST /api/v1/storage/pools`` refuses."""
     cluster = pool_cluster()
@@ -180,7 +174,7 @@ def test_pool_form_refuses_what_the_api_refuses(console, http):
     assert api.status_code == 400 and StoragePool.objects.get(pk=pool.pk).name == "nas"
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_volume_form_refuses_what_the_api_refuses(console, http_user, plain_user):
     cluster = pool_cluster()
     pool = services.pool_create(name="nas", cluster=cluster, storage_class="nfs-a", manual_capacity_gb=100)

@@ -9,11 +9,10 @@ from django.utils import timezone
 
 from clusters.operator_token.tokens import operator_token_mint
 from storage.models import GIB, StorageCapacityReading, StoragePool, Volume
-from tests.conftest import Http
 from tests.factories import ClusterFactory, SessionFactory, StoragePoolFactory, UserFactory, VolumeFactory
 from tests.storage.kube import pool_cluster, reachable
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 TIB = 1024 * GIB
 
 
@@ -91,10 +90,10 @@ def test_pool_in_use_refuses_deletion(http):
 # --------------------------------------------------------------------------- capacity sources through HTTP
 
 
-def test_source_precedence_and_stale_fallback_through_http(http, live_server, settings):
+def test_source_precedence_and_stale_fallback_through_http(http, http_for, settings):
     settings.STORAGE_POOL_CAPACITY_GB = None
     c1 = ClusterFactory(name="lab-c1")
-    operator = Http(live_server.url, operator_token_mint(cluster_id=c1.public_id))
+    operator = http_for(operator_token_mint(cluster_id=c1.public_id))
     pool = create_pool(http, c1, storage_node="nas-1")
     summary = http.get("/api/v1/storage/summary").json()
     assert summary["pools"][0]["source"] == "none" and summary["capacity_bytes"] is None
@@ -307,7 +306,7 @@ def test_list_query_count_does_not_grow(client, staff_token, path):
 def test_volume_delete_refusals_of_the_holding_cluster(http_user, plain_user, silent_listener, settings):
     import yaml
 
-    from tests.conftest import silent_kubeconfig
+    from tests.helpers import silent_kubeconfig
 
     settings.GSHARE_PROBE_TIMEOUT = 0.5
     silent = ClusterFactory(apiserver_url=f"http://{silent_listener}", kubeconfig=yaml.safe_dump(silent_kubeconfig(silent_listener)))
@@ -342,14 +341,24 @@ def test_a_stated_capacity_beyond_a_bigint_is_refused_not_500(http):
     assert create_pool(http, cluster, name="largest", manual_capacity_gb=MAX_CAPACITY_GB)["id"].startswith("pool_")
 
 
-def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_own(http, live_server):
+def test_another_clusters_reading_of_the_same_class_does_not_override_the_pools_own(http, http_for):
     home, other = ClusterFactory(name="lab-c1"), ClusterFactory(name="lab-c2")
     pool = create_pool(http, home, manual_capacity_gb=100)
     now = timezone.now().isoformat()
     for cluster, size in ((home, 2 * TIB), (other, 2**63 - 1)):
-        operator = Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+        operator = http_for(operator_token_mint(cluster_id=cluster.public_id))
         answer = operator.post("/internal/v1/storage", json={
             "read_at": now, "storage_classes": [{"storage_class": "nfs-a", "capacity_bytes": size, "objects": 1}]})
         assert answer.status_code == 200, answer.text
     [shown] = [p for p in http.get("/api/v1/storage/summary").json()["pools"] if p["id"] == pool["id"]]
     assert (shown["capacity_bytes"], shown["source"]) == (2 * TIB, "csi")
+
+
+def test_pool_wiring_is_for_staff_only(http, http_user):
+    pool = StoragePoolFactory(cluster=ClusterFactory(), storage_node="nas-1")
+    for path in ("/api/v1/storage/pools", f"/api/v1/storage/pools/{pool.public_id}"):
+        staff, user = http.get(path).json(), http_user.get(path).json()
+        staff, user = (body["results"][0] if "results" in body else body for body in (staff, user))
+        assert staff["storage_class"] == pool.storage_class and staff["storage_node"] == "nas-1"
+        assert "storage_class" not in user and "storage_node" not in user
+        assert set(staff) - set(user) == {"storage_class", "storage_node"}

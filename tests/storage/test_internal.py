@@ -10,10 +10,10 @@ from django.utils import timezone
 from clusters.operator_token.tokens import operator_token_mint
 from storage import services
 from storage.models import GIB, NodeDisk, StorageCapacityReading, Volume
-from tests.conftest import Http
 from tests.factories import ClusterFactory, StorageCapacityReadingFactory, VolumeFactory
+from tests.helpers import Http
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def iso(value: datetime) -> str:
@@ -26,8 +26,8 @@ def cluster():
 
 
 @pytest.fixture
-def operator(live_server, cluster) -> Http:
-    return Http(live_server.url, operator_token_mint(cluster_id=cluster.public_id))
+def operator(http_for, cluster) -> Http:
+    return http_for(operator_token_mint(cluster_id=cluster.public_id))
 
 
 def report(*, read_at=None, classes=(), volumes=(), nodes=()) -> dict:
@@ -146,9 +146,9 @@ def test_malformed_reports_are_refused(operator, mutate, fragment):
     assert not StorageCapacityReading.objects.exists() and not NodeDisk.objects.exists()
 
 
-def test_only_operator_tokens(live_server, staff_token):
-    assert Http(live_server.url).post("/internal/v1/storage", json=report()).status_code == 401
-    assert Http(live_server.url, staff_token).post("/internal/v1/storage", json=report()).status_code == 401
+def test_only_operator_tokens(http_for, staff_token):
+    assert http_for().post("/internal/v1/storage", json=report()).status_code == 401
+    assert http_for(staff_token).post("/internal/v1/storage", json=report()).status_code == 401
 
 
 def _big_report(cluster, n: int) -> dict:

@@ -15,9 +15,9 @@ from gshare.exceptions import Conflict
 from sessions.models import Session
 from storage.models import StoragePool, Volume
 from storage.move import moved_pv_name, volume_move
-from tests.conftest import kubeconfig_text, silent_kubeconfig
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 NS = "gshare-sessions"
 PVCS = ("persistentvolumeclaims",)
@@ -260,6 +260,7 @@ def test_a_move_that_died_after_releasing_a_is_finished_by_the_next(http_user, p
     assert (other.cluster, other.status) == (a, Volume.Status.BOUND)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_two_moves_of_one_volume_never_interleave(plain_user, pair):
     """A move holds the volume's advisory lock from start to end: a second one meanwhile is refused at once."""
     (a, ea), (b, _) = pair

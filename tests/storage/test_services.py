@@ -17,7 +17,6 @@ from gshare.exceptions import Conflict
 from storage import services, tasks
 from storage.capacity import pool_capacity, pool_clusters, pools_usability
 from storage.models import GIB, ClusterStorageClasses, StorageCapacityReading, StoragePool, Volume
-from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import (
     ClusterFactory,
     NodeDiskFactory,
@@ -26,6 +25,7 @@ from tests.factories import (
     UserFactory,
     VolumeFactory,
 )
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 from tests.storage.kube import pool_cluster, reachable
 
 pytestmark = pytest.mark.django_db

@@ -20,10 +20,10 @@ from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.storage import report_storage
 from storage.models import ClusterStorageClasses, StoragePool, Volume
-from tests.conftest import Http, kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory, VolumeFactory
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 CLASS = fleet.STORAGE_CLASS
 
@@ -117,6 +117,7 @@ def test_registration_on_an_unreachable_or_refusing_cluster(http, fleet_cluster,
 # --------------------------------------------------------------------------- where a pool is usable
 
 
+@pytest.mark.django_db(transaction=True)
 def test_volume_sync_tells_where_a_pool_is_usable(http, http_user, live_server, clusters, tmp_path):
     (c1, e1), (c3, e3) = clusters["lab-c1"], clusters["lab-c3"]
     pool = register_pool(http, c1).json()
@@ -149,6 +150,7 @@ def test_volume_sync_tells_where_a_pool_is_usable(http, http_user, live_server, 
     assert [u["name"] for u in shown["usable_on"]] == ["lab-c1", "lab-c3"] and shown["not_usable_on"] == []
 
 
+@pytest.mark.django_db(transaction=True)
 def test_volumes_are_created_only_on_pools_usable_where_they_will_be_mounted(http, http_user, live_server, clusters, tmp_path):
     (c1, e1), (c3, e3) = clusters["lab-c1"], clusters["lab-c3"]
     pool = register_pool(http, c1).json()
@@ -180,11 +182,11 @@ def test_volumes_are_created_only_on_pools_usable_where_they_will_be_mounted(htt
     assert "lab-c1" in nowhere.json()["detail"] and "lab-c3" in nowhere.json()["detail"]
 
 
-def test_an_operator_that_does_not_list_storage_classes_changes_nothing(http, live_server, clusters):
+def test_an_operator_that_does_not_list_storage_classes_changes_nothing(http, http_for, clusters):
     c1, _ = clusters["lab-c1"]
     c3, _ = clusters["lab-c3"]
     pool = register_pool(http, c1).json()
-    operator = Http(live_server.url, operator_token_mint(cluster_id=c3.public_id))
+    operator = http_for(operator_token_mint(cluster_id=c3.public_id))
     now = timezone.now()
     listed = operator.post("/internal/v1/storage", json={"read_at": now.isoformat(), "existing_storage_classes": ["local-path"]})
     assert listed.status_code == 200 and listed.json()["existing_storage_classes"] == 1, listed.text
@@ -198,12 +200,12 @@ def test_an_operator_that_does_not_list_storage_classes_changes_nothing(http, li
     assert "existing_storage_classes[1]: 'a' appears twice" in twice.json()["detail"]
 
 
-def test_a_pending_volume_says_its_storage_class_is_missing_on_its_cluster(http, http_user, plain_user, live_server, clusters):
+def test_a_pending_volume_says_its_storage_class_is_missing_on_its_cluster(http, http_user, plain_user, http_for, clusters):
     c1, _ = clusters["lab-c1"]
     c3, _ = clusters["lab-c3"]
     register_pool(http, c1)
     volume = VolumeFactory(owner=plain_user, pool=StoragePool.objects.get(), cluster=c3, status=Volume.Status.PENDING)
-    operator = Http(live_server.url, operator_token_mint(cluster_id=c3.public_id))
+    operator = http_for(operator_token_mint(cluster_id=c3.public_id))
     event = f'storageclass.storage.k8s.io "{CLASS}" not found'
     answer = operator.post("/internal/v1/storage", json={"read_at": timezone.now().isoformat(), "volumes": [
         {"volume_id": volume.public_id, "claim_name": volume.claim_name, "phase": "Pending", "volume_name": "", "message": event}]})
@@ -213,6 +215,7 @@ def test_a_pending_volume_says_its_storage_class_is_missing_on_its_cluster(http,
     assert message.endswith(f"(event: {event})")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_volume_is_not_moved_where_it_cannot_be_mounted(http, http_user, plain_user, live_server, clusters, tmp_path, settings):
     settings.GSHARE_VOLUME_MOVE_ENABLED = True
     (c1, _), (c3, e3) = clusters["lab-c1"], clusters["lab-c3"]
@@ -253,6 +256,7 @@ def test_a_pool_moved_while_its_new_cluster_was_checked_is_not_changed(http, clu
     assert http.patch(f"/api/v1/storage/pools/{pool['id']}", json={"storage_class": "nfs-b"}).json()["storage_class"] == "nfs-b"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_console_pool_page_shows_where_it_is_usable(client, staff_user, http, live_server, clusters, tmp_path):
     (c1, e1), (c3, e3) = clusters["lab-c1"], clusters["lab-c3"]
     register_pool(http, c1)

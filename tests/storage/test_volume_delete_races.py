@@ -12,8 +12,8 @@ from audit.models import AuditRecord
 from clusters.operator_token.tokens import operator_token_mint
 from operator_agent import contract
 from storage.models import Volume
-from tests.conftest import Http, kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory, VolumeFactory
+from tests.helpers import Http, kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,8 @@ from gshare.exceptions import Conflict
 from sessions import services as session_services
 from storage import services
 from storage.models import Volume
-from tests.conftest import kubeconfig_text, silent_kubeconfig
 from tests.factories import ClusterFactory, UserFactory, VolumeFactory
+from tests.helpers import kubeconfig_text, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from demo import fleet
-from tests.conftest import FIXTURES, kubeconfig_text
+from tests.helpers import FIXTURES, kubeconfig_text
 
 ROOT = Path(__file__).resolve().parents[3]
 CHARTS = FIXTURES / "charts"

@@ -24,7 +24,7 @@ from django.core.management import CommandError, call_command
 from clusters.attach.fixes import INVOKED_AS_ENV
 from clusters.models import Cluster
 from demo import fleet
-from tests.conftest import FIXTURES
+from tests.helpers import FIXTURES
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -352,7 +352,7 @@ def test_a_token_file_is_replaced_by_the_token_itself(tmp_path, live_server):
 
 
 def test_an_apiserver_that_never_answers_stops_at_step_1(settings, tmp_path, live_server, silent_listener):
-    from tests.conftest import silent_kubeconfig
+    from tests.helpers import silent_kubeconfig
 
     settings.GSHARE_PROBE_TIMEOUT = 1.0
     path = tmp_path / "kubeconfig"

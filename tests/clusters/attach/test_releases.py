@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from clusters.attach import checks, releases
-from tests.conftest import FIXTURES
+from tests.helpers import FIXTURES
 
 
 def version_of(name: str) -> str:

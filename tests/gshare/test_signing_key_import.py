@@ -1,4 +1,4 @@
-"""Review fixes for signing key import: re-importing a key already on record succeeds whatever its state (so the
+"""Signing key import: re-importing a key already on record succeeds whatever its state (so the
 Helm chart's migrate Job keeps working after a manual rotation), and RSA keys with a public exponent other than
 65537 are refused.
 """
@@ -35,7 +35,7 @@ def run_import(tmp_path, pem: bytes, capsys) -> str:
 
 
 def test_helm_key_plus_a_manual_rotation_does_not_block_later_upgrades(tmp_path, capsys):
-    """The reviewer's scenario: the chart imports its key on every upgrade; someone rotates by hand; 30 days on
+    """The chart imports its key on every upgrade; someone rotates by hand; 30 days on
     the key is retired and the next ``helm upgrade`` must still succeed."""
     pem = rsa_pem()
     assert "Imported: signing key" in run_import(tmp_path, pem, capsys)

@@ -1,5 +1,4 @@
-"""h7's attack on the demo ingress (issue 11): a client that announced a body and never sent it held a thread forever.
-The ingress answers 413 to a body above nginx's default ``client_max_body_size`` (1m) without reading it, 400 to a
+"""The demo ingress bounds what a client can hold: it answers 413 to a body above nginx's default ``client_max_body_size`` (1m) without reading it, 400 to a
 ``Content-Length`` that is not digits, and drops a client silent for its ``client_timeout`` (nginx's 60 s)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""h7: the console's own POST views (Stop, Open, Start session, token create, actions) refuse a request without CSRF."""
+"""The console's own POST views (Stop, Open, Start session, token create, actions) refuse a request without CSRF."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 # ruff: noqa: F811 -- the fixtures world and as_alice are imported from test_researcher
-"""h7 attack probes: researcher isolation on the console's own views, bad input to the console forms, the API with
+"""Researcher isolation on the console's own views, bad input to the console forms, the API with
 the login session (CSRF, Origin), internal routes with the session cookie, and stored XSS from operator reports."""
 
 from __future__ import annotations

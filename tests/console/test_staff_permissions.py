@@ -1,9 +1,8 @@
-"""h7's attacks with a staff account holding no permission (issue 11): it could open (get a connect link for) and
-poll anyone's session, the connect verify admitted any ``is_staff`` user to any session, it saw the dashboard's
-tiles, and a researcher's session filter listed every cluster. The right to open anyone's session is now
-``sessions.permissions.may_open_any_session`` (superuser, or staff with ``gpu_sessions.change_session``),
-the same in the console, the connect-link service and the verify, whose cached user facts are dropped when the
-user's groups or permissions change."""
+"""A staff account without permissions cannot open (get a connect link for) or poll another user's session, nor pass
+the connect verify to it, nor see the dashboard's tiles; a researcher's session filter lists no cluster. The right to
+open anyone's session is ``sessions.permissions.may_open_any_session`` (superuser, or staff with
+``gpu_sessions.change_session``), the same in the console, the connect-link service and the verify, whose cached user
+facts are dropped when the user's groups or permissions change."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db
 
-DOMAIN = "gpu-h7.example.com"
+DOMAIN = "gpu-perm.example.com"
 #: How long after a change every process refuses: the per-process facts' TTL.
 BOUND = connect.FACTS_CACHE_SECONDS + 0.2
 
