@@ -10,6 +10,7 @@ from django.test import Client
 from clusters.models import Cluster
 from gshare.models import ApiToken
 from sessions.models import Session, SuggestedImage
+from storage.models import Volume
 from tests.console.test_researcher import PASSWORD, as_alice, world  # noqa: F401 -- fixtures
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, StoragePoolFactory, VolumeFactory
 
@@ -19,6 +20,12 @@ XSS = '"><img src=x onerror=alert(1)>'
 
 def _ok(response):
     assert response.status_code < 500, (response.status_code, response.content[:500])
+
+
+def _refused(response) -> bool:
+    """Whether the page shows a form error (Django's ``errorlist``) or a service refusal with its code."""
+    body = response.content.decode()
+    return 'class="errorlist' in body or 'class="gs-refusal-code"' in body
 
 
 # --- researcher isolation on the console's own views ---------------------------------------------------------------
@@ -88,8 +95,9 @@ def _start(client, **fields):
 def test_start_form_bad_input_never_500(as_alice, world, fields):
     r = _start(as_alice, **fields)
     _ok(r)
-    assert not Session.objects.filter(owner=world["alice"]).exclude(pk=world["rows"]["alice"]["session"].pk).exists() or \
-        fields.get("gpus") is None
+    # The form comes back with the field's error or the service's refusal and its code, and nothing is started.
+    assert r.status_code == 200 and _refused(r), r.content[:500]
+    assert not Session.objects.filter(owner=world["alice"]).exclude(pk=world["rows"]["alice"]["session"].pk).exists()
 
 
 def test_start_form_bobs_volume_and_deregistered_cluster(as_alice, world):
@@ -111,15 +119,21 @@ def test_start_form_bobs_volume_and_deregistered_cluster(as_alice, world):
     {"name": "<script>", "quota_gb": "1"},
 ])
 def test_volume_create_bad_input(as_alice, world, fields):
+    volumes = Volume.objects.count()
     r = as_alice.post("/storage/volume/add/", fields)
     _ok(r)
+    assert r.status_code == 200 and _refused(r), r.content[:500]
+    assert Volume.objects.count() == volumes
 
 
 @pytest.mark.parametrize("quota", ["-1", "0", "99999999999999999999", str(2**31), str(2**31 - 1), "abc", "1.5"])
 def test_volume_resize_bad_input(as_alice, world, quota):
     volume = world["rows"]["alice"]["volume"]
+    before = Volume.objects.values_list("quota_gb", flat=True).get(pk=volume.pk)
     r = as_alice.post(f"/storage/volume/{volume.pk}/change/", {"quota_gb": quota})
     _ok(r)
+    assert r.status_code == 200 and _refused(r), r.content[:500]
+    assert Volume.objects.values_list("quota_gb", flat=True).get(pk=volume.pk) == before
 
 
 def test_volume_resize_bobs(as_alice, world):
@@ -127,10 +141,15 @@ def test_volume_resize_bobs(as_alice, world):
     assert as_alice.post(f"/storage/volume/{volume.pk}/change/", {"quota_gb": "500"}).status_code == 404
 
 
-@pytest.mark.parametrize("name", ["x" * 10_000, "", "é" * 100, XSS])
-def test_token_create_bad_input(as_alice, world, name):
+@pytest.mark.parametrize(("name", "accepted"), [("x" * 10_000, False), ("", False), ("é" * 100, True), (XSS, True)])
+def test_token_create_bad_input(as_alice, world, name, accepted):
+    tokens = ApiToken.objects.count()
     r = as_alice.post("/gshare/apitoken/add/", {"name": name})
     _ok(r)
+    if accepted:  # any printable name of a fitting length is a name; it is shown escaped (test_stored_xss_everywhere)
+        assert r.status_code == 302 and ApiToken.objects.filter(user=world["alice"], name=name).exists()
+    else:
+        assert r.status_code == 200 and _refused(r) and ApiToken.objects.count() == tokens
 
 
 def test_token_text_not_in_session_plaintext_and_shown_once(as_alice, world, caplog):
