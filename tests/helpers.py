@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -159,6 +160,26 @@ def wait_for(check: Callable[[], T], timeout: float = 60.0, *, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+def run_threads(target: Callable[..., Any], args: list[tuple], *, timeout: float = 60.0) -> None:
+    """Run ``target(*a)`` for each ``a`` of ``args``, each in its own thread, all started before any is joined.
+
+    Args:
+        target: what each thread runs; it records its own results and closes its database connections.
+        args: one tuple of arguments per thread.
+        timeout: seconds each thread may still take once the previous ones are joined.
+
+    Raises:
+        AssertionError: a thread still running after its ``timeout`` (a hang, not an answer to assert on).
+    """
+    threads = [threading.Thread(target=target, args=a, daemon=True) for a in args]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    hung = sum(thread.is_alive() for thread in threads)
+    assert not hung, f"{hung} of {len(threads)} threads still running after {timeout:g} s"
 
 
 def load_kubeconfig_fixture(name: str) -> str:

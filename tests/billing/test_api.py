@@ -17,7 +17,7 @@ from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.auth.tokens import api_token_create
 from sessions.models import Allocation
 from tests.factories import SessionFactory
-from tests.helpers import Http, device
+from tests.helpers import Http, device, run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -208,11 +208,7 @@ def test_concurrent_grants_over_http_keep_the_books(live_server, staff_token, pl
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=send, args=(n,)) for n in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_threads(send, [(n,) for n in range(12)], timeout=120)
     assert not errors and sorted(r.status_code for r in results) == [200] * 6 + [201] * 6, [r.text for r in results]
     account = CreditAccount.objects.get(user=plain_user)
     assert account.balance == Decimal(9) == LedgerEntry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"]

@@ -12,6 +12,7 @@ from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.exceptions import ApplicationError
 from tests.factories import UserFactory
+from tests.helpers import run_threads
 
 
 def assert_books(account: CreditAccount) -> None:
@@ -166,11 +167,7 @@ def test_concurrent_grants_and_charges_keep_the_balance_equal_to_the_ledger():
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_threads(work, [(n,) for n in range(8)], timeout=120)
     assert not errors, errors
     assert LedgerEntry.objects.filter(kind="grant").count() == 60
     assert LedgerEntry.objects.filter(kind="charge").count() == 120
@@ -193,11 +190,7 @@ def test_concurrent_first_grants_create_one_account():
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_threads(work, [(n,) for n in range(6)], timeout=60)
     assert not errors, errors
     assert CreditAccount.objects.filter(user=user).count() == 1
     assert_books(CreditAccount.objects.get(user=user))

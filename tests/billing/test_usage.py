@@ -16,7 +16,7 @@ from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Session
 from tests.factories import SessionFactory, UserFactory
-from tests.helpers import T0, Http, device, iso, metered_session, sample
+from tests.helpers import T0, Http, device, iso, metered_session, run_threads, sample
 
 pytestmark = pytest.mark.django_db
 
@@ -156,11 +156,7 @@ def test_concurrent_deliveries_of_one_batch_charge_once(live_server, lab_c1, pri
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=deliver) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_threads(deliver, [()] * 5, timeout=120)
     assert not errors and all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert sum(a.json()["accepted"] for a in answers) == 120
     assert UsageSample.objects.count() == 120 and LedgerEntry.objects.filter(kind="charge").count() == 6

@@ -20,7 +20,7 @@ from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Allocation, Session
 from tests.factories import UserFactory
-from tests.helpers import T0, Http, device, metered_session, sample
+from tests.helpers import T0, Http, device, metered_session, run_threads, sample
 
 pytestmark = pytest.mark.django_db
 
@@ -50,11 +50,7 @@ def send_at_once(url: str, token: str, batches: list[list[dict]]) -> list:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=deliver, args=(slot,)) for slot in range(len(batches))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_threads(deliver, [(slot,) for slot in range(len(batches))], timeout=120)
     assert not errors and all(answer is not None for answer in answers), errors
     return answers
 

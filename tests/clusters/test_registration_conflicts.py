@@ -12,7 +12,7 @@ from clusters.models import Cluster
 from demo import fleet
 from sessions.models import Session
 from tests.factories import KUBECONFIG, ClusterFactory
-from tests.helpers import Http, kubeconfig_text
+from tests.helpers import Http, kubeconfig_text, run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -92,11 +92,7 @@ def concurrently(live_server, staff_token, bodies: list[dict]) -> list:
         barrier.wait()
         responses[index] = client.post("/api/v1/clusters", json=bodies[index])
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_threads(send, [(i,) for i in range(len(bodies))], timeout=60)
     return responses
 
 

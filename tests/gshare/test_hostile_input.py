@@ -10,6 +10,7 @@ from clusters.models import GpuDevice
 from clusters.operator_token.tokens import operator_token_mint
 from gshare.exceptions import Forbidden
 from tests.factories import ClusterFactory
+from tests.helpers import run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -99,11 +100,7 @@ def test_same_gpu_from_two_clusters_at_once_is_never_accepted_twice():
             finally:
                 connections.close_all()
 
-        threads = [threading.Thread(target=report, args=(c,)) for c in (a, b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        run_threads(report, [(c,) for c in (a, b)], timeout=30)
         device = GpuDevice.objects.select_related("node").get(uuid=f"GPU-race-{round_}")
         assert device.node.cluster_id == device.cluster_id
     assert outcomes.count("ok") == 5 and outcomes.count("forbidden") == 5

@@ -5,7 +5,6 @@ Time moves through the services' ``now`` argument (the moment of a rotation or a
 by patching the clock.
 """
 
-import threading
 from datetime import timedelta
 
 import jwt
@@ -41,6 +40,7 @@ from gshare.auth.keys import (
 )
 from gshare.celery import app
 from gshare.models import SigningKey
+from tests.helpers import run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -178,11 +178,7 @@ def test_concurrent_rotations_leave_exactly_one_active_key():
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=rotate) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_threads(rotate, [()] * 4, timeout=30)
     assert not errors
     assert SigningKey.objects.filter(status=SigningKey.Status.ACTIVE).count() == 1
     assert SigningKey.objects.filter(status=SigningKey.Status.PUBLISHED).count() == 4

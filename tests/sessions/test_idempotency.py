@@ -8,7 +8,7 @@ from django.db import IntegrityError, connections
 
 from sessions.models import Session
 from tests.factories import SessionFactory, UserFactory
-from tests.helpers import Http
+from tests.helpers import Http, run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -102,11 +102,7 @@ def test_concurrent_posts_with_one_key_create_one_session(live_server, staff_tok
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=send) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    run_threads(send, [()] * 8, timeout=120)
     assert not errors
     assert sorted(r.status_code for r in results) == [200] * 7 + [201], [r.text for r in results]
     assert len({r.json()["id"] for r in results}) == 1

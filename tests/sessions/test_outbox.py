@@ -19,6 +19,7 @@ from django_celery_beat.models import PeriodicTask
 from gshare.celery import app
 from sessions import tasks
 from sessions.models import Session
+from tests.helpers import run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -175,11 +176,7 @@ def test_concurrent_requests_with_a_silent_broker_all_answer(live_server, staff_
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=send, args=(n,)) for n in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_threads(send, [(n,) for n in range(5)], timeout=60)
     assert not errors
     assert sorted(r.status_code for r, _ in results) == [200, 201, 201, 201, 201], [r.text for r, _ in results]
     assert max(took for _, took in results) < 2 * BOUND, [round(took, 1) for _, took in results]

@@ -17,7 +17,7 @@ from operator_agent import contract
 from sessions import placement, services
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
-from tests.helpers import silent_kubeconfig
+from tests.helpers import run_threads, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db
 
@@ -147,11 +147,7 @@ def test_concurrent_requests_never_take_the_last_capacity_twice(django_user_mode
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=attempt) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_threads(attempt, [()] * 8, timeout=60)
     assert sum(1 for r in results if r.startswith("ses_")) == 3  # 3 x 3000 MiB fit in 10000 MiB
     assert results.count("no_capacity") == 5
     # Afterwards each admitted session failed its apply, which released its GPUs.
@@ -366,11 +362,7 @@ def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_threads(worker, [(seed,) for seed in range(6)], timeout=60)
     assert errors == []
     assert stored() == recount()
     for device in GpuDevice.objects.all():  # and never over capacity

@@ -25,7 +25,7 @@ from tests.factories import (
     UserFactory,
     VolumeFactory,
 )
-from tests.helpers import kubeconfig_text, silent_kubeconfig
+from tests.helpers import kubeconfig_text, run_threads, silent_kubeconfig
 from tests.storage.kube import pool_cluster, reachable
 
 pytestmark = pytest.mark.django_db
@@ -299,11 +299,7 @@ def test_concurrent_creates_that_fit_alone_but_not_together_exactly_one_wins(mon
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=create, args=(owner,)) for owner in owners]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_threads(create, [(owner,) for owner in owners], timeout=30)
     assert sorted(outcomes) == ["created", "pool_full"]
     assert Volume.objects.filter(pool=pool).count() == 1
 

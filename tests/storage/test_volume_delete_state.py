@@ -16,7 +16,7 @@ from sessions import services as session_services
 from storage import services
 from storage.models import Volume
 from tests.factories import ClusterFactory, UserFactory, VolumeFactory
-from tests.helpers import kubeconfig_text, silent_kubeconfig
+from tests.helpers import kubeconfig_text, run_threads, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,11 +78,7 @@ def test_concurrent_deletions_delete_once(fleet_cluster, settings):
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=delete) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_threads(delete, [()] * 4, timeout=30)
     assert results == ["deleted"] * 4
     volume.refresh_from_db()
     assert volume.status == Volume.Status.DELETED and volume.deleted_at is not None
