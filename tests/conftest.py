@@ -221,6 +221,8 @@ def operator_process(tmp_path, live_server):
             "GSHARE_INVENTORY_INTERVAL": "1",
             "GSHARE_BACKOFF_MAX": "1",
             "KUBECONFIG": str(kubeconfig_path),
+            # Its own usage queue: operators of tests running at once (pytest-xdist) must not share the default file.
+            "GSHARE_USAGE_QUEUE_PATH": str(tmp_path / f"usage-queue-{cluster.name}.sqlite3"),
             "PYTHONUNBUFFERED": "1",
             **extra,
         })

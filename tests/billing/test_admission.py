@@ -296,7 +296,8 @@ def _race(live_server, user, n: int, clusters: list[str]) -> list[tuple[int, dic
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
+                cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted"  # waiters on this test database only
+                               " AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())")
                 if cursor.fetchone()[0] >= n:
                     break
             time.sleep(0.05)
