@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# The suite runs in parallel (pytest-xdist): one worker per CPU, at most four; each worker has its own test
+# database and Redis database (gshare/settings/test.py). `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: demo test lint venv clean
 
@@ -22,7 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@bash hack/test-deps.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses=4 --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

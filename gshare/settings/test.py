@@ -22,3 +22,25 @@ if _test_db:
     DATABASES["default"]["TEST"] = {"NAME": _test_db}  # noqa: F405
 # Every console read is computed for its request (no reuse across requests: tests change the data between them).
 GSHARE_CONSOLE_CACHE_SECONDS = 0
+
+# pytest-xdist runs the suite in several worker processes: each gets its own test database (pytest-django adds the
+# worker's suffix) and its own Redis database, so one worker's cache.clear() or rate-limit keys never reach another.
+_xdist_worker = env.str("PYTEST_XDIST_WORKER", default="")
+if _xdist_worker.startswith("gw") and _xdist_worker[2:].isdigit():
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    from gshare.embedded import celery_broker_url
+
+    def _redis_db(url: str, db: int) -> str:
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            query = dict(parse_qsl(parts.query))
+            query["db"] = str(db)
+            return urlunsplit(parts._replace(query=urlencode(query)))
+        return urlunsplit(parts._replace(path=f"/{db}"))
+
+    _base_db = int(dict(parse_qsl(urlsplit(REDIS_URL).query)).get("db") or urlsplit(REDIS_URL).path.strip("/") or 0)  # noqa: F405
+    REDIS_URL = _redis_db(REDIS_URL, (_base_db + 1 + int(_xdist_worker[2:])) % 16)  # noqa: F405
+    env.ENVIRON["REDIS_URL"] = REDIS_URL
+    CACHES["default"]["LOCATION"] = REDIS_URL  # noqa: F405
+    CELERY_BROKER_URL = celery_broker_url(REDIS_URL)

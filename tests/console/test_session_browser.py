@@ -22,7 +22,8 @@ from playwright.sync_api import Page, expect
 
 from tests.console.conftest import login, shot
 
-pytestmark = pytest.mark.e2e
+# One worker runs the demo tests (pytest-xdist): each starts the demo, which uses one fixed database name.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("demo")]
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST = "/gpu_sessions/session/"

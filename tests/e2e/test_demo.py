@@ -19,7 +19,8 @@ import requests
 
 from demo import fleet
 
-pytestmark = pytest.mark.e2e
+# One worker runs the demo tests (pytest-xdist): each starts the demo, which uses one fixed database name.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("demo")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
