@@ -33,13 +33,14 @@ if _xdist_worker.startswith("gw") and _xdist_worker[2:].isdigit():
 
     def _redis_db(url: str, db: int) -> str:
         parts = urlsplit(url)
-        if parts.scheme == "unix":
+        if parts.scheme == "unix":  # unix:///path/to/socket?db=N (urlunsplit would drop the empty authority's "//")
             query = dict(parse_qsl(parts.query))
             query["db"] = str(db)
-            return urlunsplit(parts._replace(query=urlencode(query)))
+            return f"unix://{parts.path}?{urlencode(query)}"
         return urlunsplit(parts._replace(path=f"/{db}"))
 
-    _base_db = int(dict(parse_qsl(urlsplit(REDIS_URL).query)).get("db") or urlsplit(REDIS_URL).path.strip("/") or 0)  # noqa: F405
+    _parts = urlsplit(REDIS_URL)  # noqa: F405
+    _base_db = int(dict(parse_qsl(_parts.query)).get("db") or ("" if _parts.scheme == "unix" else _parts.path.strip("/")) or 0)
     REDIS_URL = _redis_db(REDIS_URL, (_base_db + 1 + int(_xdist_worker[2:])) % 16)  # noqa: F405
     env.ENVIRON["REDIS_URL"] = REDIS_URL
     CACHES["default"]["LOCATION"] = REDIS_URL  # noqa: F405
