@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
-# The suite runs in parallel (pytest-xdist): one worker per CPU, at most four; each worker has its own test
-# database and Redis database (gshare/settings/test.py). `make test TEST_WORKERS=0` runs it in one process.
-TEST_WORKERS ?= auto
+# One process by default; `make test TEST_WORKERS=auto` runs the suite in parallel (pytest-xdist: one worker per CPU,
+# at most four, each with its own test database and Redis database, gshare/settings/test.py). See README, Development.
+TEST_WORKERS ?= 0
 
 .PHONY: demo test lint venv clean
 
