@@ -28,7 +28,8 @@ def test_operator_reports_real_hami_inventory(fleet_cluster, operator_process, t
     models = set(GpuDevice.objects.filter(cluster=cluster).values_list("model", flat=True))
     assert models == set(expected["models"])
     assert all(not m.startswith("NVIDIA-") for m in models)
-    assert "inventory reported" in log.read_text()
+    # The operator logs the report once the control plane has answered, a moment after the rows are committed.
+    assert wait_for(lambda: "inventory reported" in log.read_text(), timeout=10, what="the operator's 'inventory reported' line")
 
 
 def test_token_rotation_without_restart_and_401_after_deregistration(fleet_cluster, operator_process, tmp_path):
