@@ -151,11 +151,11 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     search_fields = ["name", "public_id"]
     fields = [
         "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
-        "volume_storage_class", "last_heartbeat_at", "last_connection_test", "last_connection_test_at",
+        "volume_storage_class", "last_heartbeat_at", "credential_privilege", "last_connection_test", "last_connection_test_at",
         "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     readonly_fields = [
-        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at",
+        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at", "credential_privilege",
         "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
@@ -224,6 +224,19 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
             return expires
         label = "callbacks refused" if state.refused_since else "rotation failed" if state.last_rotation_error else expires
         return format_html('<span class="gs-warning" title="{}">⚠ {}</span>', state.warning, label)
+
+    @admin.display(description="kubernetes credential")
+    def credential_privilege(self, obj: Cluster) -> str:
+        """What the last connection test found about the stored kubeconfig's rights: a warning with the fix when it is
+        cluster-admin (``credential_least_privilege`` false), "least privilege", or "not tested"."""
+        report = obj.last_connection_test or {}
+        ok = (report.get("checks") or {}).get("credential_least_privilege")
+        if ok is None:
+            return "not tested (run the connection test)"
+        if ok:
+            return "least privilege (ServiceAccount gshare-control-plane)"
+        detail = (report.get("detail") or {}).get("credential_least_privilege") or ""
+        return format_html('<span class="gs-warning">⚠ cluster-admin credential stored.</span> {}', detail)
 
     @admin.display(description="operator token warning")
     def operator_token_warning(self, obj: Cluster) -> str:

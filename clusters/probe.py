@@ -52,7 +52,8 @@ class ProbeResult:
 
     Attributes:
         checks: check name -> passed (``apiserver_reachable``, ``runtime_class_nvidia``,
-            ``hami_device_plugin``, ``gpu_nodes``).
+            ``hami_device_plugin``, ``gpu_nodes``; ``credential_least_privilege`` unless the apiserver could not
+            answer a SelfSubjectAccessReview).
         details: check name -> sentence naming the fix, for each failed check.
         kubernetes_version: ``gitVersion`` from ``/version`` (e.g. ``v1.32.3``), or "".
         gpu_node_count: nodes labelled ``gpu=on``.
@@ -117,6 +118,7 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             result.kubernetes_version = str(kube.version().get("gitVersion") or "")
             result.checks["apiserver_reachable"] = True
             _read_identity(kube, result, server=server)
+            _check_least_privilege(kube, result)
 
             if kube.get(RUNTIME_CLASSES, "nvidia", missing_ok=True) is not None:
                 result.checks["runtime_class_nvidia"] = True
@@ -193,6 +195,35 @@ def _read_identity(kube: KubeGateway, result: ProbeResult, *, server: str) -> No
         raise
     uid = ((namespace or {}).get("metadata") or {}).get("uid") or ""
     result.kube_system_uid = str(uid)[:64]
+
+
+#: Why a cluster-admin credential is reported, and its fix.
+LEAST_PRIVILEGE_FIX = (
+    "The stored kubeconfig may do anything on the cluster (a SelfSubjectAccessReview of verb `*` on `*` is allowed: "
+    "cluster-admin), while the control plane needs only the rights listed in docs/attach.md. Fix: re-run "
+    "`manage.py attach_cluster` with the admin kubeconfig (it creates the ServiceAccount gshare-system/gshare-control-plane "
+    "and registers its token in place of this credential; the cluster keeps its id), or PATCH the cluster's kubeconfig "
+    "with that ServiceAccount's token (docs/attach-a-cluster.md)."
+)
+
+
+def _check_least_privilege(kube: KubeGateway, result: ProbeResult) -> None:
+    """``credential_least_privilege``: False when the credential may do ``*`` on ``*`` (SelfSubjectAccessReview, open to
+    every authenticated user). Left out when the apiserver refuses the review (4xx): nothing is known then.
+
+    Raises:
+        KubeUnavailable: from the gateway (handled by ``probe_cluster``).
+    """
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"verb": "*", "group": "*", "resource": "*"}}}
+    try:
+        answer = kube.create(review) or {}
+    except KubeRefused:
+        return
+    if (answer.get("status") or {}).get("allowed") is True:
+        result.fail("credential_least_privilege", LEAST_PRIVILEGE_FIX)
+    else:
+        result.checks["credential_least_privilege"] = True
 
 
 def _is_hami_device_plugin(daemonset: dict) -> bool:

@@ -493,6 +493,11 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     return cluster
 
 
+#: Checks of the connection test that are reported but never make a cluster ``degraded``: a cluster-admin credential
+#: works, it only holds more than the control plane needs (the console warns and names the fix).
+ADVISORY_CHECKS = ("credential_least_privilege",)
+
+
 def operator_reporting(cluster: Cluster, *, now=None) -> bool:
     """True when the cluster's operator reported within ``GSHARE_HEARTBEAT_STALE_SECONDS``."""
     now = now or timezone.now()
@@ -506,8 +511,9 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
         "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC}``.
-        ``connected`` when every check passes, ``unreachable`` when the apiserver did not answer,
-        ``degraded`` otherwise.
+        ``connected`` when every check passes (``credential_least_privilege``, present when the apiserver answered
+        a SelfSubjectAccessReview, is advisory: ``ADVISORY_CHECKS``), ``unreachable`` when the apiserver did not
+        answer, ``degraded`` otherwise.
 
     Raises:
         Conflict: ``cluster_deregistered`` (409).
@@ -522,6 +528,8 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     if not checks["apiserver_reachable"]:
         for name in ("runtime_class_nvidia", "hami_device_plugin", "gpu_nodes"):
             details.setdefault(name, "Not checked: the apiserver did not answer.")
+    if "credential_least_privilege" in result.checks:
+        checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
     checks["operator_reporting"] = operator_reporting(cluster)
     if not checks["operator_reporting"]:
         details["operator_reporting"] = (
@@ -530,7 +538,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
         )
     if not checks["apiserver_reachable"]:
         status = Cluster.Status.UNREACHABLE
-    elif all(checks.values()):
+    elif all(ok for name, ok in checks.items() if name not in ADVISORY_CHECKS):
         status = Cluster.Status.CONNECTED
     else:
         status = Cluster.Status.DEGRADED
@@ -758,7 +766,7 @@ def _reporting_restores_connected(cluster: Cluster) -> bool:
     if cluster.status != Cluster.Status.DEGRADED:
         return False
     checks = (cluster.last_connection_test or {}).get("checks", {})
-    return all(ok for name, ok in checks.items() if name != "operator_reporting")
+    return all(ok for name, ok in checks.items() if name != "operator_reporting" and name not in ADVISORY_CHECKS)
 
 
 def clusters_mark_stale(*, now=None) -> int:

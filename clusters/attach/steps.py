@@ -1,4 +1,4 @@
-"""``attach_cluster``: prepare a GPU cluster, register it and deploy its operator, in nine idempotent steps.
+"""``attach_cluster``: prepare a GPU cluster, register it and deploy its operator, in ten idempotent steps.
 
 Every step either finds its work already done (and says so), does it, or stops the attach with
 :class:`AttachStopped`, which carries what is wrong and the exact command that fixes it. Re-running the
@@ -12,10 +12,12 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 3. the ``nvidia`` RuntimeClass and the labels ``gpu=on`` and ``gshare.io/gpu-mode`` on GPU nodes;
 4. HAMi, with its kube-scheduler pinned to the cluster's version, then wait for GPUs to be advertised;
 5. ingress-nginx on the ingress node (unless ``--skip-ingress``);
-6. registration (``cluster_register``, probe included; an existing registration is kept);
-7. the operator: token Secret ``gshare-operator-internal-jwt``, then the ``charts/gshare-operator`` release;
-8. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
-9. the connection test and the operator's first inventory report.
+6. the control plane's credential: ServiceAccount ``gshare-control-plane`` with least-privilege RBAC and its token
+   (``clusters.attach.credential``): registration stores that, not the admin kubeconfig;
+7. registration (``cluster_register``, probe included; an existing registration is kept, its credential replaced);
+8. the operator: token Secret ``gshare-operator-internal-jwt``, then the ``charts/gshare-operator`` release;
+9. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
+10. the connection test and the operator's first inventory report.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters.attach import checks, fixes, releases
+from clusters.attach import checks, credential, fixes, releases
 from clusters.attach.helm import HelmInstallFailed, install_release
 from clusters.kube import KubeError, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
@@ -43,7 +45,7 @@ from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 DEFAULT_GPU_MODE = "hami-core"
-TOTAL_STEPS = 9
+TOTAL_STEPS = 10
 MAX_KUBECONFIG_BYTES = 256 * 1024  # as POST /api/v1/clusters
 MAX_VALUES_BYTES = 1024 * 1024
 #: Pod Security admission: the check pods are privileged, so gShare's namespace must allow them.
@@ -105,6 +107,7 @@ class AttachOptions:
 @dataclass
 class _State:
     kubeconfig: str = ""
+    registered_kubeconfig: str = ""  # the least-privilege kubeconfig registration stores (step_credential)
     config: dict = field(default_factory=dict)
     server: str = ""
     git_version: str = ""
@@ -136,7 +139,7 @@ class Attach:
 
     Args:
         options: the flags.
-        echo: called with each progress line (``[n/9] what ... result``).
+        echo: called with each progress line (``[n/10] what ... result``).
     """
 
     def __init__(self, options: AttachOptions, echo: Callable[[str], None]):
@@ -148,7 +151,7 @@ class Attach:
     # ----------------------------------------------------------------- driver
 
     def run(self) -> Cluster:
-        """Run the nine steps in order.
+        """Run the ten steps in order.
 
         Returns:
             The registered ``Cluster`` (connected, with its first inventory in).
@@ -162,6 +165,7 @@ class Attach:
             ("RuntimeClass nvidia and GPU node labels", self.step_runtime_class_and_labels),
             ("HAMi", self.step_hami),
             ("ingress-nginx", self.step_ingress),
+            ("control plane credential", self.step_credential),
             ("register with the control plane", self.step_register),
             ("operator", self.step_operator),
             ("storage", self.step_storage),
@@ -461,8 +465,24 @@ class Attach:
 
     # ----------------------------------------------------------------- 6
 
+    def step_credential(self) -> str:
+        """Step 6: ServiceAccount ``gshare-control-plane`` with exactly the control plane's rights, through the admin
+        kubeconfig; its token's kubeconfig (same server and CA) is what registration stores."""
+        with _api(self.state) as kube:
+            self._ensure_namespace(kube, releases.operator_namespace())
+            try:
+                token = credential.apply_credential(kube)
+            except credential.CredentialError as exc:
+                raise self._stop(str(exc), f"kubectl -n {releases.operator_namespace()} get secret {credential.TOKEN_SECRET_NAME} -o yaml") from None
+        text = credential.credential_kubeconfig(self.state.config, token)
+        self.state.registered_kubeconfig = validate_kubeconfig(text, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).as_yaml()
+        namespace = releases.operator_namespace()
+        return f"ok: ServiceAccount {namespace}/{credential.ACCOUNT_NAME} (least-privilege RBAC, token Secret {credential.TOKEN_SECRET_NAME})"
+
+    # ----------------------------------------------------------------- 7
+
     def step_register(self) -> str:
-        """Step 6: register through ``cluster_register`` (probe included), or keep the existing registration."""
+        """Step 7: register through ``cluster_register`` (probe included), or keep the existing registration."""
         from clusters import services
 
         storage_class = self.state.storage.storage_class if self.state.storage else ""
@@ -478,9 +498,9 @@ class Attach:
                                                                      ("ingress_node", self.options.ingress_node),
                                                                      ("volume_storage_class", storage_class))
                                        if value and getattr(existing, key) != value}
-            if existing.kubeconfig != self.state.kubeconfig:
+            if existing.kubeconfig != self.state.registered_kubeconfig:
                 # A rotated credential (or the same cluster at a new address): PATCH's rules, same-cluster check included.
-                changes["kubeconfig"] = self.state.kubeconfig
+                changes["kubeconfig"] = self.state.registered_kubeconfig
             if changes:
                 try:
                     existing = services.cluster_update(cluster=existing, changes=changes)
@@ -491,7 +511,7 @@ class Attach:
             updated = f", updated {', '.join(sorted(changes))}" if changes else ""
             return f"ok: already registered as {existing.public_id} (kept{updated})"
         try:
-            cluster = services.cluster_register(name=self.options.name, kubeconfig=self.state.kubeconfig,
+            cluster = services.cluster_register(name=self.options.name, kubeconfig=self.state.registered_kubeconfig,
                                                 session_domain=self.options.session_domain,
                                                 ingress_node=self.options.ingress_node, volume_storage_class=storage_class)
         except ApplicationError as exc:
@@ -501,10 +521,10 @@ class Attach:
         self.state.cluster = cluster
         return f"ok: registered as {cluster.public_id}"
 
-    # ----------------------------------------------------------------- 7
+    # ----------------------------------------------------------------- 8
 
     def step_operator(self) -> str:
-        """Step 7: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
+        """Step 8: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
         from clusters.operator_token.rotation import operator_token_push
 
         cluster = self.state.cluster
@@ -530,10 +550,10 @@ class Attach:
         expires = cluster.operator_token_expires_at.strftime("%Y-%m-%d %H:%M UTC") if cluster.operator_token_expires_at else "?"
         return f"ok: {done}; token Secret gshare-operator-internal-jwt written (expires {expires})"
 
-    # ----------------------------------------------------------------- 8
+    # ----------------------------------------------------------------- 9
 
     def step_storage(self) -> str:
-        """Step 8 (``--storage-values``): NFS client and server reachability on every node, then democratic-csi."""
+        """Step 9 (``--storage-values``): NFS client and server reachability on every node, then democratic-csi."""
         plan = self.state.storage
         if plan is None:
             return "skipped (no --storage-values)"
@@ -557,10 +577,10 @@ class Attach:
         return (f"ok: NFSv{plan.nfs_version} server reachable from {len(names)} node(s); {done}; "
                 f"operator volume StorageClass {plan.storage_class}")
 
-    # ----------------------------------------------------------------- 9
+    # ----------------------------------------------------------------- 10
 
     def step_connection(self) -> str:
-        """Step 9: the connection test passes and the operator's first inventory (after this attach began) arrives."""
+        """Step 10: the connection test passes and the operator's first inventory (after this attach began) arrives."""
         from clusters import services
 
         cluster = self.state.cluster
