@@ -114,9 +114,9 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
     out, err, error, _ = attach(kubeconfig_path, live_server)
     assert error is None, out + err
     lines = [line for line in out.splitlines() if line.startswith("[")]
-    assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/9" + "]" for n in range(1, 10)]
+    assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/10" + "]" for n in range(1, 11)]
     assert all("... ok" in line or "... skipped" in line for line in lines), out
-    assert "skipped (no --storage-values)" in lines[7]
+    assert "skipped (no --storage-values)" in lines[8]
 
     cluster = Cluster.objects.get(name="lab-c1")
     assert cluster.status == Cluster.Status.CONNECTED
@@ -124,6 +124,11 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
     expected = fleet.expected_inventory("lab-c1")
     assert cluster.nodes.count() == expected["nodes"]
     assert cluster.operator_token_expires_at is not None
+    # Step 6: the stored credential is the control plane's ServiceAccount, not the admin kubeconfig given.
+    stored = yaml.safe_load(cluster.kubeconfig)
+    assert stored["users"][0]["name"] == "gshare-control-plane"
+    assert stored["users"][0]["user"]["token"] != emulated.token
+    assert cluster.last_connection_test["checks"]["credential_least_privilege"] is True
 
     # Step 3: RuntimeClass and labels on exactly the GPU nodes (told apart by the check pods' PCI scan).
     assert [rc["handler"] for rc in emulated.objects_of("runtimeclasses", "node.k8s.io")] == ["nvidia"]
@@ -203,8 +208,8 @@ def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, ba
     out, error = run.out, run.error
     assert error is not None and error.returncode == 1
     assert f"gpu-v100-01: {problem}" in str(error)
-    assert "[2/9] GPU node prerequisites ... FAILED" in out
-    assert "[3/9]" not in out
+    assert "[2/10] GPU node prerequisites ... FAILED" in out
+    assert "[3/10]" not in out
     (line,) = fix_of(run).splitlines()  # one problem, one fix: this one, for that node
     assert line.startswith(f"on gpu-v100-01: {fix}") and not [w for w in wrong if w in line], line
     if fix == "install nvidia-container-toolkit":  # then registered with containerd, which needs the toolkit
@@ -218,8 +223,8 @@ def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, ba
     attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5
     emulated.set_host("gpu-v100-01", fleet.cluster_hosts("lab-c1")["gpu-v100-01"])
     run = attach(kubeconfig_path, live_server, "--skip-ingress", via="hack")
-    assert "[2/9] GPU node prerequisites ... ok" in run.out, run.out + run.err
-    assert "[9/9] connection test and first inventory ... FAILED: the operator has sent no inventory" in run.out
+    assert "[2/10] GPU node prerequisites ... ok" in run.out, run.out + run.err
+    assert "[10/10] connection test and first inventory ... FAILED: the operator has sent no inventory" in run.out
     assert fix_of(run) == f"see why: kubectl -n gshare-system logs deploy/gshare-operator (it must reach {live_server.url})"
 
 
@@ -227,7 +232,7 @@ def test_a_chart_that_cannot_be_fetched_stops_at_step_4_with_the_helm_check(atta
     attach_settings.GSHARE_ATTACH_HAMI_CHART_VERSION = "2.7.99"  # not in the repository
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     run = attach(kubeconfig_path, live_server, "--skip-ingress")
-    assert "[4/9] HAMi ... FAILED: Helm could not install" in run.out, run.out + run.err
+    assert "[4/10] HAMi ... FAILED: Helm could not install" in run.out, run.out + run.err
     assert fix_of(run) == f"check the chart can be fetched and rendered: helm template hami hami --repo {chart_repo} --version 2.7.99"
 
 
@@ -272,7 +277,7 @@ def test_storage_prerequisites_stop_at_step_8(attach_settings, bare_cluster, liv
     error = run.error
     assert error is not None
     assert f"gpu-h100-01: {problem}" in str(error)
-    assert "[8/9] storage ... FAILED" in run.out
+    assert "[9/10] storage ... FAILED" in run.out
     lines = fix_of(run).splitlines()  # one per node with a problem, each the fix of its own problem
     assert fix in lines[0] and not [line for line in lines if other_fix in line], lines
     assert len(lines) == str(error).count(problem.split(",")[0])
@@ -298,7 +303,7 @@ def test_a_loopback_kubeconfig_is_refused_at_step_1_like_registration(settings, 
     path = kubeconfig_fixture(tmp_path, "k3s.yaml")  # server https://127.0.0.1:6443, cluster entry "default"
     run = attach(path, live_server)
     assert run.error is not None and "kubeconfig_localhost" in str(run.error)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    assert "[1/10] check the flags and reach the cluster ... FAILED" in run.out
     fix = fix_of(run)
     # The fix changes the server address (what was wrong), in the file the command reads; exporting the same
     # kubeconfig again (`kubectl config view --flatten`) would keep 127.0.0.1.
@@ -384,7 +389,7 @@ def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_
             "--ingress-node": "lab-c1-cp-01", "--kubeconfig": str(kubeconfig_path), flag: value}
     run = run_command([part for item in args.items() for part in item], via)
     assert run.error is not None and problem in str(run.error)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    assert "[1/10] check the flags and reach the cluster ... FAILED" in run.out
     assert fix_of(run) == fix
     assert mutations(emulated) == [] and not Cluster.objects.exists()
 
@@ -412,7 +417,7 @@ def test_unusable_storage_values_files_stop_at_step_1(attach_settings, bare_clus
         path.write_bytes(content)
     run = attach(kubeconfig_path, live_server, "--storage-values", str(path), via="hack")
     assert run.error is not None and problem in str(run.error)
-    assert "[1/9]" in run.out and mutations(emulated) == []
+    assert "[1/10]" in run.out and mutations(emulated) == []
     assert fix_of(run) == fix.format(p=path)
 
 
@@ -457,7 +462,7 @@ def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings,
     other, other_path = bare_cluster("lab-c2")
     run = attach(other_path, live_server, "--skip-ingress", name="lab-c1", ingress_node="lab-c2-server-01", via="hack")
     assert run.error is not None and "the name lab-c1 is registered for another cluster" in str(run.error)
-    assert "[6/9] register with the control plane ... FAILED" in run.out
+    assert "[7/10] register with the control plane ... FAILED" in run.out
     assert fix_of(run) == f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{registered.public_id}"
 
 
@@ -470,7 +475,7 @@ def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cl
     # Another cluster serves sessions at the hostname.
     holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.example.org")
     run = attach(path, live_server, "--skip-ingress")
-    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
+    assert "[7/10] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
     assert fix_of(run) == (
         f"cluster holder ({holder.public_id}) serves sessions at that hostname: pass another --session-domain (its DNS name must "
         f"point at --ingress-node), or first give the other cluster another one: PATCH /api/v1/clusters/{holder.public_id} "
@@ -479,10 +484,10 @@ def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cl
 
     # Registered at another hostname; then the same cluster under another name is refused, naming the registration.
     run = attach(path, live_server, "--skip-ingress", session_domain="lab-c1.other.example.org")
-    assert "[6/9] register with the control plane ... ok: registered as" in run.out, run.out + run.err
+    assert "[7/10] register with the control plane ... ok: registered as" in run.out, run.out + run.err
     cluster = Cluster.objects.get(name="lab-c1")
     run = attach(path, live_server, "--skip-ingress", name="lab-c1-copy", session_domain="copy.example.org", via="hack")
-    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code cluster_already_registered)" in str(run.error)
+    assert "[7/10] register with the control plane ... FAILED" in run.out and "(code cluster_already_registered)" in str(run.error)
     assert fix_of(run).splitlines() == [
         f"this cluster is already registered as lab-c1 ({cluster.public_id}). To repair or update that registration, run:",
         run.rerun.replace("--name lab-c1-copy", "--name lab-c1"),
