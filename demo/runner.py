@@ -3,7 +3,8 @@
 Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (embedded by default),
 migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
-``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included), the web
+``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
+least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
 server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
 session Ingresses, on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a stand-in
@@ -186,6 +187,8 @@ def run_demo(options: DemoOptions) -> dict:
         DemoError: a step failed; every process started so far has been stopped.
     """
     from clusters import services as cluster_services
+    from clusters.attach.credential import least_privilege_kubeconfig
+    from clusters.kubeconfig import validate_kubeconfig
     from clusters.models import Cluster
     from clusters.operator_token.tokens import operator_token_mint
     from gshare.auth.tokens import api_token_create
@@ -248,7 +251,7 @@ def run_demo(options: DemoOptions) -> dict:
             child.argv = emulator_argv(urlsplit(urls[name]).port)  # a restart comes back where the kubeconfig points
         settings.GSHARE_LOOPBACK_ALLOWLIST = allowlist
 
-        _say("registering the clusters (probe included)")
+        _say("registering the clusters with least-privilege ServiceAccount tokens (probe included)")
         clusters = []
         for spec in fleet.FLEET:
             folder, _, emulator_token, _, _ = emulators[spec.name]
@@ -256,9 +259,12 @@ def run_demo(options: DemoOptions) -> dict:
             kubeconfig_path = folder / "kubeconfig.yaml"
             kubeconfig_path.write_text(kubeconfig)
             kubeconfig_path.chmod(0o600)
+            # Registered with the control plane's least-privilege ServiceAccount, made through the admin kubeconfig as
+            # attach_cluster makes it; the operator and the ingress keep the admin one.
+            admin = validate_kubeconfig(kubeconfig, loopback_allowlist=allowlist)
             cluster = cluster_services.cluster_register(
                 name=spec.name,
-                kubeconfig=kubeconfig,
+                kubeconfig=least_privilege_kubeconfig(admin.config, server=admin.server, timeout=settings.GSHARE_PROBE_TIMEOUT),
                 session_domain=f"{spec.name}.gshare.localhost",
                 ingress_node=spec.ingress_node,
                 volume_storage_class="gshare-nfs",

@@ -433,14 +433,24 @@ def test_an_unusable_kubeconfig_file_stops_at_step_1(live_server, tmp_path, cont
     assert fix_of(run) == fix.format(p=path)
 
 
-def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_settings, bare_cluster, operator_kubelet, live_server, tmp_path):
+def test_rerun_replaces_an_admin_credential_with_the_service_accounts(attach_settings, bare_cluster, operator_kubelet, live_server,
+                                                                       tmp_path):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     operator_kubelet(emulated, kubeconfig_path)
+    # Registered before attach made a credential: the admin kubeconfig itself is stored.
     out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress")
     assert error is None, out + err
     cluster = Cluster.objects.get(name="lab-c1")
+    least, generation = cluster.kubeconfig, cluster.credential_generation
+    Cluster.objects.filter(pk=cluster.pk).update(kubeconfig=yaml.safe_dump(yaml.safe_load(kubeconfig_path.read_text())))
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress")
+    assert error is None, out + err
+    assert f"already registered as {cluster.public_id} (kept, updated kubeconfig)" in out
+    cluster.refresh_from_db()
+    assert cluster.kubeconfig == least and "gshare-control-plane" in cluster.kubeconfig
+    assert cluster.last_connection_test["checks"]["credential_least_privilege"] is True
 
-    # A new credential for the same cluster (here: other user and context entries; a real rotation changes the token).
+    # A rotated admin credential changes nothing stored: the ServiceAccount's token is kept.
     config = yaml.safe_load(kubeconfig_path.read_text())
     config["users"][0]["name"] = config["contexts"][0]["context"]["user"] = "rotated-admin"
     config["contexts"][0]["name"] = config["current-context"] = "rotated@lab-c1"
@@ -448,12 +458,23 @@ def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_se
     rotated.write_text(yaml.safe_dump(config))
     out, err, error, _ = attach(rotated, live_server, "--skip-ingress")
     assert error is None, out + err
+    assert f"already registered as {cluster.public_id} (kept)" in out
+    # Revoking the token (deleting its Secret) and re-running registers a new one, same cluster id.
+    emulated.call(_delete_token_secret, emulated)
+    out, err, error, _ = attach(rotated, live_server, "--skip-ingress")
+    assert error is None, out + err
     assert f"already registered as {cluster.public_id} (kept, updated kubeconfig)" in out
     cluster.refresh_from_db()
-    assert "rotated-admin" in cluster.kubeconfig and cluster.credential_generation == 1
+    assert cluster.kubeconfig != least and cluster.credential_generation == generation  # the operator's tokens stay valid
 
 
-def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings, bare_cluster, operator_kubelet, live_server):
+async def _delete_token_secret(emulated) -> None:
+    api = emulated.emulator
+    async with api._lock:
+        await api.delete_object(api.served("", "v1", "secrets"), "gshare-system", "gshare-control-plane-token", dry_run=False)
+
+
+def test_the_same_name_for_another_cluster_is_refused_at_step_7(attach_settings, bare_cluster, operator_kubelet, live_server):
     first, first_path = bare_cluster("lab-c1")
     operator_kubelet(first, first_path)
     out, err, error, _ = attach(first_path, live_server, "--skip-ingress")
@@ -466,7 +487,7 @@ def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings,
     assert fix_of(run) == f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{registered.public_id}"
 
 
-def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cluster, live_server):
+def test_registration_refusals_at_step_7_name_their_fix(attach_settings, bare_cluster, live_server):
     from tests.factories import ClusterFactory, SessionFactory
 
     attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5  # no operator runs here: each successful run stops at step 9
