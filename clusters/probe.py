@@ -199,11 +199,11 @@ def _read_identity(kube: KubeGateway, result: ProbeResult, *, server: str) -> No
 
 #: Why a cluster-admin credential is reported, and its fix.
 LEAST_PRIVILEGE_FIX = (
-    "The stored kubeconfig may do anything on the cluster (a SelfSubjectAccessReview of verb `*` on `*` is allowed: "
+    "The stored credential may do anything on the cluster (a SelfSubjectAccessReview of verb `*` on `*` is allowed: "
     "cluster-admin), while the control plane needs only the rights listed in docs/attach.md. Fix: re-run "
-    "`manage.py attach_cluster` with the admin kubeconfig (it creates the ServiceAccount gshare-system/gshare-control-plane "
-    "and registers its token in place of this credential; the cluster keeps its id), or PATCH the cluster's kubeconfig "
-    "with that ServiceAccount's token (docs/attach-a-cluster.md)."
+    "`manage.py attach_cluster` with the admin credential (it creates the ServiceAccount gshare-system/gshare-control-plane "
+    "and registers its token in place of this one; the cluster keeps its id), or register that ServiceAccount's token "
+    "by hand (docs/attach-a-cluster.md)."
 )
 
 
