@@ -7,7 +7,7 @@ Identities:
 * ServiceAccount tokens: user ``system:serviceaccount:<namespace>:<name>`` (groups ``system:serviceaccounts``,
   ``system:serviceaccounts:<namespace>``, ``system:authenticated``), authorized by RBAC (``demo.emulator.rbac``) on
   every request. A token comes from a Secret of type ``kubernetes.io/service-account-token`` annotated
-  ``kubernetes.io/service-account.name`` (the tokens controller's work is done at create: ``data.token``,
+  ``kubernetes.io/service-account.name`` (filled by the tokens controller stand-in right after create: ``data.token``,
   ``data.namespace``, ``data.ca.crt`` with TLS, annotation ``kubernetes.io/service-account.uid``; it never expires
   and is revoked by deleting the Secret or the ServiceAccount), or from a TokenRequest (``POST
   .../serviceaccounts/<name>/token``, ``authentication.k8s.io/v1``: expires after ``spec.expirationSeconds``, default
@@ -101,25 +101,26 @@ class AuthMixin:
             return None  # the ServiceAccount was deleted (and maybe re-created): its tokens are revoked
         return rbac.service_account_user(namespace, name, account["metadata"]["uid"])
 
-    def fill_token_secret(self, obj: dict[str, Any]) -> None:
-        """The tokens controller's work on a created ``kubernetes.io/service-account-token`` Secret whose
-        ServiceAccount exists: a fresh ``data.token``, ``data.namespace``, ``data.ca.crt`` (with TLS) and the
-        ServiceAccount's uid annotation. A Secret already holding a token, or naming no existing ServiceAccount,
-        is left alone."""
+    def fill_token_secret(self, obj: dict[str, Any]) -> bool:
+        """The tokens controller's work (``controllers.tokens``) on a ``kubernetes.io/service-account-token`` Secret
+        whose ServiceAccount exists: a fresh ``data.token``, ``data.namespace``, ``data.ca.crt`` (with TLS) and the
+        ServiceAccount's uid annotation, set in ``obj``. Returns False (``obj`` unchanged) for a Secret already holding
+        a token or naming no existing ServiceAccount."""
         if obj.get("type") != SERVICE_ACCOUNT_TOKEN_TYPE:
-            return
+            return False
         meta = obj["metadata"]
         annotations = meta.get("annotations") or {}
         account = self.get_object(self.served("", "v1", "serviceaccounts"), meta.get("namespace"),
                                   str(annotations.get(SERVICE_ACCOUNT_NAME_ANNOTATION) or ""))
         data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
         if account is None or data.get("token"):
-            return
+            return False
         meta["annotations"] = {**annotations, SERVICE_ACCOUNT_UID_ANNOTATION: account["metadata"]["uid"]}
         data = {**data, "token": _b64(secrets.token_urlsafe(32)), "namespace": _b64(meta["namespace"])}
         if self.ca_pem is not None:
             data["ca.crt"] = _b64(self.ca_pem)
         obj["data"] = data
+        return True
 
     # ----------------------------------------------------------------- authorization
 

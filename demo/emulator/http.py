@@ -134,6 +134,9 @@ class HttpMixin:
         elif request.subresource is not None:
             if request.subresource != "status" or "status" not in spec.subresources or request.name is None:
                 raise no_resource()
+        if spec.verbs == ("create",) and request.action != kmock.action.CREATE:  # the self reviews: POST only
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
+                           None)
         if request.action is None or (request.action == kmock.action.CREATE and spec.namespaced
                                       and request.namespace is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",

@@ -58,8 +58,6 @@ class ObjectsMixin:
                 obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj.get("spec") or {})}
             elif spec.kind in ("PersistentVolumeClaim", "PersistentVolume"):
                 self._volume_defaults(spec.kind, obj)
-            elif spec.kind == "Secret":
-                self.fill_token_secret(obj)
             elif spec.group not in BUILTIN_GROUPS and "status" in spec.subresources:
                 obj.pop("status", None)
         if spec.kind == "Service":

@@ -20,6 +20,7 @@ from demo.emulator.controllers.device_plugin import HamiDevicePlugin
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
 from demo.emulator.controllers.host_facts import validate_host_facts, validate_hosts
 from demo.emulator.controllers.kubelet import Kubelet
+from demo.emulator.controllers.tokens import TokensController
 from demo.emulator.controllers.volumes import VolumeControllers
 from demo.emulator.crud import CrudMixin
 from demo.emulator.discovery import DiscoveryMixin
@@ -124,6 +125,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     kubelet: Kubelet = attrs.field(init=False)
     device_plugin: HamiDevicePlugin = attrs.field(init=False)
     volumes: VolumeControllers = attrs.field(init=False)
+    tokens: TokensController = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -137,6 +139,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
         self.scheduler = HamiScheduler(self, self.kubelet)
         self.device_plugin = HamiDevicePlugin(self)
         self.volumes = VolumeControllers(self)
+        self.tokens = TokensController(self)
         self.subscribe(self._forget_recorded_events)
         for controller in self.controllers:
             self.subscribe(controller.on_event)
@@ -147,7 +150,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     @property
     def controllers(self) -> tuple[Controller, ...]:
         """The stand-in controllers, in the order they hear of each store event."""
-        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes)
+        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes, self.tokens)
 
     def start_controllers(self) -> None:
         """Let every controller act on the objects already stored (a seed) once serving; call it in the loop."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -49,7 +50,19 @@ def token_secret(cluster, name="robot-token", account=SA) -> str:
         "metadata": {"name": name, "annotations": {"kubernetes.io/service-account.name": account}},
         "type": "kubernetes.io/service-account-token"})
     assert status == 201, secret
-    return base64.b64decode(secret["data"]["token"]).decode()
+    assert "token" not in (secret.get("data") or {})  # the tokens controller fills it afterwards, as in a cluster
+    return base64.b64decode(filled(cluster, NS, name)["data"]["token"]).decode()
+
+
+def filled(cluster, namespace, name) -> dict:
+    """The token Secret once the tokens controller has written its token (within a few seconds)."""
+    deadline = time.monotonic() + 5
+    while True:
+        status, secret = call(cluster, "admin", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if status == 200 and (secret.get("data") or {}).get("token"):
+            return secret
+        assert time.monotonic() < deadline, secret
+        time.sleep(0.02)
 
 
 def grant(cluster, rules, *, namespace=None, name="grant"):
@@ -129,6 +142,7 @@ def test_self_reviews_answer_for_the_caller(cluster):
     assert call(cluster, token, review, "POST", everything)[1]["status"] == {"allowed": False}
     assert call(cluster, "admin", review, "POST", everything)[1]["status"]["allowed"] is True
     assert call(cluster, token, review, "POST", {"spec": {}})[0] == 422
+    assert call(cluster, token, review)[0] == 403 and call(cluster, "admin", review)[0] == 405  # create only
     status, body = call(cluster, token, "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", "POST", {"spec": {"namespace": NS}})
     assert status == 201 and body["status"]["incomplete"] is False
     assert {"verbs": ["get"], "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["allowed"]} in body["status"]["resourceRules"]
@@ -158,7 +172,9 @@ def test_tokens_are_revoked_with_their_secret_or_service_account(cluster):
     status, secret = call(cluster, "admin", f"/api/v1/namespaces/{NS}/secrets", "POST", {
         "metadata": {"name": "orphan", "annotations": {"kubernetes.io/service-account.name": "nobody"}},
         "type": "kubernetes.io/service-account-token"})
-    assert status == 201 and "token" not in (secret.get("data") or {})
+    assert status == 201
+    time.sleep(0.2)
+    assert "token" not in (call(cluster, "admin", f"/api/v1/namespaces/{NS}/secrets/orphan")[1].get("data") or {})
 
 
 def test_token_secrets_carry_the_ca_over_tls():
@@ -173,7 +189,13 @@ def test_token_secrets_carry_the_ca_over_tls():
             "type": "kubernetes.io/service-account-token"}).encode(),
             headers={"Authorization": "Bearer admin", "Content-Type": "application/json"})
         with urllib.request.urlopen(request, context=context, timeout=10) as response:
-            secret = json.loads(response.read())
+            assert response.status == 201
+        secret = running.objects_of("secrets")[0]
+        for _ in range(100):
+            if "token" in (secret.get("data") or {}):
+                break
+            time.sleep(0.02)
+            secret = running.objects_of("secrets")[0]
         assert base64.b64decode(secret["data"]["ca.crt"]) == running.ca_pem
         assert base64.b64decode(secret["data"]["namespace"]).decode() == NS
         assert secret["metadata"]["annotations"]["kubernetes.io/service-account.uid"]
