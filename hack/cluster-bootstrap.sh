@@ -171,6 +171,8 @@ nvidia_arch() {
 cuda_distro() {
   codename=$(os_value UBUNTU_CODENAME)
   [ -n "$codename" ] || codename=$(os_value VERSION_CODENAME)
+  # Debian testing and unstable have no VERSION_ID, and no NVIDIA repository.
+  if [ -z "$OS_VERSION" ]; then echo ""; return; fi
   case "$FAMILY:$OS_ID" in
     debian:ubuntu) echo "ubuntu$(printf '%s' "$OS_VERSION" | tr -d .)" ;;
     debian:debian) echo "debian${OS_VERSION%%.*}" ;;
@@ -181,7 +183,7 @@ cuda_distro() {
         bullseye) echo debian11 ;; bookworm) echo debian12 ;; trixie) echo debian13 ;;
         *) echo "" ;;
       esac ;;
-    rhel:*) [ -n "$OS_VERSION" ] && echo "rhel${OS_VERSION%%.*}" || echo "" ;;
+    rhel:*) echo "rhel${OS_VERSION%%.*}" ;;
   esac
 }
 
@@ -227,7 +229,7 @@ step_driver() {
       return
     fi
     step "NVIDIA driver" "nvidia-smi -L" "installed but not working ($(printf '%s\n' "$output" | sed -n 1p))"
-    REBOOT=1
+    REBOOT=2
     printf '      reboot the node if the driver was installed since it last booted; if nvidia-smi still fails after a reboot, reinstall the driver (%s)\n' "$DRIVER_PACKAGE"
     return
   fi
@@ -250,10 +252,13 @@ step_driver() {
   else
     major=${OS_VERSION%%.*}
     pkg_install dnf-plugins-core "kernel-devel-$kernel" kernel-headers
-    # The driver's DKMS packages need dkms from EPEL, which needs CodeReady Builder (crb).
+    # The driver's DKMS packages need dkms from EPEL, which needs CodeReady Builder (crb; powertools on 8).
     if [ "$OS_ID" = rhel ]; then
       run subscription-manager repos "--enable=codeready-builder-for-rhel-$major-$(uname -m)-rpms"
       pkg_install "https://dl.fedoraproject.org/pub/epel/epel-release-latest-$major.noarch.rpm"
+    elif [ "$major" = 8 ]; then
+      run dnf config-manager --set-enabled powertools
+      pkg_install epel-release
     else
       run dnf config-manager --set-enabled crb
       pkg_install epel-release
@@ -389,11 +394,12 @@ prereqs() {
 
   if [ "$DRY_RUN" -eq 1 ]; then
     if [ "$CHANGED" -eq 0 ]; then echo "dry run: nothing would change."; else echo "dry run: $CHANGED step(s) would change this node; run again without --dry-run, as root, to do it."; fi
-    [ "$REBOOT" -eq 0 ] || echo "a reboot would be needed afterwards: the NVIDIA driver loads at boot."
+    [ "$REBOOT" -ne 1 ] || echo "a reboot would be needed afterwards: the NVIDIA driver loads at boot."
   else
     if [ "$CHANGED" -eq 0 ]; then echo "nothing to change."; else echo "done: $CHANGED step(s) changed this node."; fi
-    [ "$REBOOT" -eq 0 ] || echo "REBOOT NEEDED: the NVIDIA driver loads at boot. Reboot this node, then run $0 prereqs$ARGS again to check nvidia-smi."
+    [ "$REBOOT" -ne 1 ] || echo "REBOOT NEEDED: the NVIDIA driver loads at boot. Reboot this node, then run $0 prereqs$ARGS again to check nvidia-smi."
   fi
+  [ "$REBOOT" -ne 2 ] || echo "REBOOT NEEDED: the NVIDIA driver is installed but not loaded. Reboot this node, then run $0 prereqs$ARGS again to check nvidia-smi."
   if [ "$MANUAL" -gt 0 ]; then
     echo "$MANUAL step(s) need doing by hand (the 'by hand' lines above); then run this again." >&2
     exit 1
