@@ -148,3 +148,16 @@ def test_chart_defaults_are_the_control_planes():
 
     for key, default in bootstrap_storage.CHART_DEFAULTS.items():
         assert getattr(base, key) == default, f"{key}: gshare/settings/base.py and clusters/attach/bootstrap_storage.py disagree"
+
+
+def test_an_apiserver_that_does_not_answer_is_reported_with_its_check(silent_listener, storage_env, tmp_path):
+    from tests.helpers import silent_kubeconfig
+
+    kubeconfig = tmp_path / "silent.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(silent_kubeconfig(silent_listener)))
+    values_path, _ = nfs_values(tmp_path)
+    run = storage(storage_env, "--values", str(values_path), "--kubeconfig", str(kubeconfig), "--timeout", "2")
+    assert run.returncode == 1
+    assert f"cluster: context x (http://{silent_listener}) from {kubeconfig}" in run.stdout
+    assert "FAILED: Helm could not install democratic-csi: it did not finish within 2 s" in run.stderr
+    assert "fix: check that the apiserver answers: kubectl --context x get --raw /version" in run.stderr
