@@ -31,6 +31,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	@bash hack/test-deps.sh shellcheck
+	shellcheck hack/*.sh
 
 clean:
 	rm -rf $(VENV) .gshare staticfiles
