@@ -1,0 +1,191 @@
+"""The demo's bare cluster (``demo.bare_cluster``) and chart repository (``demo.charts``): a cluster with GPU nodes and
+nothing installed, over TLS, its host facts changeable through ``hosts.json``; the charts attach installs served on
+loopback; the attach command the demo prints; and ``manage.py demo --bare-cluster`` listing it in the state file."""
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes
+import psutil
+import pytest
+import requests
+import yaml
+
+from demo import bare_cluster, fleet
+from demo.bare_demo import attach_command
+from demo.charts import ChartRepository, chart_versions
+from operator_agent.hami import decode_node_register
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def api_client(kubeconfig: Path) -> kubernetes.client.ApiClient:
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=config)
+    return kubernetes.client.ApiClient(config)
+
+
+def assert_bare(kubeconfig: Path) -> list:
+    """The cluster behind ``kubeconfig`` has GPU nodes (NVIDIA PCI devices) and nothing attach installs; its nodes."""
+    with api_client(kubeconfig) as api:
+        nodes = kubernetes.client.CoreV1Api(api).list_node().items
+        gpu_nodes = [n.metadata.name for n in nodes if n.metadata.labels.get("feature.node.kubernetes.io/pci-10de.present") == "true"]
+        assert sorted(gpu_nodes) == ["gpu-h20-01", "gpu-t4-01"]
+        assert all("gpu" not in n.metadata.labels and "nvidia.com/gpu" not in (n.status.capacity or {}) for n in nodes)
+        assert kubernetes.client.NodeV1Api(api).list_runtime_class().items == []
+        assert kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces().items == []
+        assert kubernetes.client.AppsV1Api(api).list_deployment_for_all_namespaces().items == []
+        namespaces = sorted(ns.metadata.name for ns in kubernetes.client.CoreV1Api(api).list_namespace().items)
+        assert namespaces == ["default", "kube-system"]
+    return nodes
+
+
+@pytest.fixture
+def running(tmp_path):
+    bare = bare_cluster.BareCluster("lab-c3", tmp_path / "lab-c3").start()
+    yield bare
+    bare.stop()
+
+
+def test_a_bare_cluster_has_gpu_nodes_and_nothing_installed_over_tls(running):
+    config = yaml.safe_load(running.kubeconfig_path.read_text())
+    assert running.kubeconfig_path.stat().st_mode & 0o777 == 0o600
+    assert config["clusters"][0]["cluster"]["server"].startswith("https://127.0.0.1:")
+    assert config["clusters"][0]["cluster"]["certificate-authority-data"] and config["users"][0]["user"]["token"]
+    nodes = assert_bare(running.kubeconfig_path)
+    assert [n.metadata.name for n in nodes if "node-role.kubernetes.io/control-plane" in n.metadata.labels] == [
+        bare_cluster.ingress_node("lab-c3")] == ["lab-c3-server-01"]
+    assert running.ready_info()["nodes"] == ["lab-c3-server-01", "gpu-t4-01", "gpu-h20-01"]
+
+
+def test_its_identity_and_gpus_are_its_own_next_to_the_fleet():
+    uid = {o["metadata"]["name"]: o["metadata"]["uid"] for o in bare_cluster.cluster_objects("lab-c3") if o["kind"] == "Namespace"}
+    template = {o["metadata"]["name"]: o["metadata"]["uid"] for o in fleet.bare_cluster_objects("lab-c2") if o["kind"] == "Namespace"}
+    other = {o["metadata"]["name"]: o["metadata"]["uid"] for o in bare_cluster.cluster_objects("lab-c4") if o["kind"] == "Namespace"}
+    assert len({uid["kube-system"], template["kube-system"], other["kube-system"]}) == 3
+    hosts = bare_cluster.prepared_hosts("lab-c3")
+    devices = {node: decode_node_register(facts["hami_register"]) for node, facts in hosts.items() if facts.get("hami_register")}
+    assert {node: len(d) for node, d in devices.items()} == {"gpu-t4-01": 1, "gpu-h20-01": 8}
+    uuids = [d.uuid for node_devices in devices.values() for d in node_devices]
+    assert len(set(uuids)) == 9 and not set(uuids) & set(fleet.fleet_gpu_uuids())
+    assert all(u in hosts[node]["nvidia_smi"] for node, node_devices in devices.items() for u in (d.uuid for d in node_devices))
+    assert bare_cluster.cluster_objects("lab-c3") == bare_cluster.cluster_objects("lab-c3")  # stable between runs
+
+
+def test_one_node_starts_without_containerds_nvidia_runtime_and_fix_node_prepares_it(running):
+    hosts = json.loads(running.hosts_path.read_text())
+    assert hosts[bare_cluster.UNPREPARED_NODE]["containerd_nvidia_runtime"] is None
+    assert running.cluster.hosts[bare_cluster.UNPREPARED_NODE].get("containerd_nvidia_runtime") is None
+    assert running.cluster.hosts["gpu-h20-01"]["containerd_nvidia_runtime"] == "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    assert running.sync_hosts() == []  # unchanged file
+
+    fixed = bare_cluster.fix_node("lab-c3", "gpu-t4-01", running.folder)
+
+    assert running.sync_hosts() == ["gpu-t4-01"]
+    assert running.cluster.hosts["gpu-t4-01"] == fixed == bare_cluster.prepared_hosts("lab-c3")["gpu-t4-01"]
+    assert fixed["containerd_nvidia_runtime"] == "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+
+
+def test_an_unusable_hosts_file_keeps_the_facts_and_a_bad_node_is_refused(running):
+    before = running.cluster.hosts
+    running.hosts_path.write_text('{"gpu-t4-01": {"nvidia_pci": "many"}}')
+    assert running.sync_hosts() == []
+    assert running.cluster.hosts == before
+    with pytest.raises(ValueError, match="has no node 'gpu-a100-01'; its nodes: gpu-h20-01, gpu-t4-01, lab-c3-server-01"):
+        bare_cluster.fix_node("lab-c3", "gpu-a100-01", running.folder)
+
+
+def test_fix_node_from_the_command_line_needs_a_running_cluster(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "demo.bare_cluster", "fix-node", "lab-c3", "gpu-t4-01", "--folder",
+                           str(tmp_path / "lab-c3")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "start the demo with --bare-cluster lab-c3 first" in done.stderr
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("lab-c1", "is a cluster the demo attaches itself"), ("Lab_C3", "a DNS label"), ("", "a DNS label"),
+    ("x" * 41, "a DNS label"),
+])
+def test_names_it_refuses(name, problem):
+    with pytest.raises(ValueError, match=problem):
+        bare_cluster.check_name(name)
+
+
+def test_the_chart_repository_serves_an_index_and_the_charts_it_names(tmp_path):
+    repository = ChartRepository(tmp_path / "repo").start()
+    try:
+        index = yaml.safe_load(requests.get(f"{repository.url}/index.yaml", timeout=10).text)
+        assert sorted(index["entries"]) == ["democratic-csi", "hami", "ingress-nginx"]
+        assert {name: entries[0]["version"] for name, entries in index["entries"].items()} == chart_versions() == {
+            "democratic-csi": "0.15.0", "hami": "2.7.1", "ingress-nginx": "4.13.3"}
+        for entries in index["entries"].values():
+            archive = requests.get(f"{repository.url}/{entries[0]['urls'][0]}", timeout=10)
+            assert archive.status_code == 200 and hashlib.sha256(archive.content).hexdigest() == entries[0]["digest"]
+        assert repository.attach_environment() == {
+            "GSHARE_ATTACH_HAMI_REPO": repository.url, "GSHARE_ATTACH_HAMI_CHART_VERSION": "2.7.1",
+            "GSHARE_ATTACH_INGRESS_NGINX_REPO": repository.url, "GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION": "4.13.3",
+            "GSHARE_ATTACH_DEMOCRATIC_CSI_REPO": repository.url, "GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION": "0.15.0",
+        }
+    finally:
+        repository.stop()
+
+
+def test_the_attach_command_is_one_shell_line_with_the_token_and_chart_settings():
+    command = attach_command(name="lab-c3", kubeconfig=".gshare/demo/lab-c3/admin.kubeconfig", control_plane="http://127.0.0.1:8000",
+                             session_domain="lab-c3.gshare.localhost", ingress_node="lab-c3-server-01", api_token="gsk_a'b",
+                             attach_env={"GSHARE_ATTACH_HAMI_REPO": "http://127.0.0.1:9000"})
+    assert shlex.split(command) == [
+        "GSHARE_API_TOKEN=gsk_a'b", "GSHARE_ATTACH_HAMI_REPO=http://127.0.0.1:9000", "hack/attach-cluster.sh",
+        "--kubeconfig", ".gshare/demo/lab-c3/admin.kubeconfig", "--name", "lab-c3", "--control-plane", "http://127.0.0.1:8000",
+        "--session-domain", "lab-c3.gshare.localhost", "--ingress-node", "lab-c3-server-01",
+    ]
+
+
+@pytest.mark.e2e
+@pytest.mark.xdist_group("demo")  # the demo uses one fixed database name
+def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(tmp_path):
+    state_file, log_path = tmp_path / "state.json", tmp_path / "demo.log"
+    env = {**os.environ, "GSHARE_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "gshare.settings"}
+    with open(log_path, "wb") as log:
+        demo = subprocess.Popen([sys.executable, "manage.py", "demo", "--port", "0", "--state-file", str(state_file),
+                                 "--inventory-interval", "2", "--bare-cluster", "lab-c3"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 150
+        while not state_file.exists() and time.monotonic() < deadline:
+            if demo.poll() is not None:
+                pytest.fail(log_path.read_text()[-3000:], pytrace=False)
+            time.sleep(0.5)
+        state = json.loads(state_file.read_text())
+        [bare] = state["bare_clusters"]
+        kubeconfig = tmp_path / "home" / "demo" / "lab-c3" / "admin.kubeconfig"
+        assert bare["name"] == "lab-c3" and bare["admin_kubeconfig"] == str(kubeconfig.resolve())
+        assert kubeconfig.stat().st_mode & 0o777 == 0o600
+        assert_bare(kubeconfig)
+        words = shlex.split(bare["attach_command"])
+        settings = dict(w.split("=", 1) for w in words[:words.index("hack/attach-cluster.sh")])
+        flags = dict(zip(words[words.index("hack/attach-cluster.sh") + 1::2], words[words.index("hack/attach-cluster.sh") + 2::2],
+                         strict=True))
+        assert settings["GSHARE_API_TOKEN"] == state["api_token"]
+        assert flags == {"--kubeconfig": str(kubeconfig.resolve()), "--name": "lab-c3", "--control-plane": state["internal_url"],
+                         "--session-domain": "lab-c3.gshare.localhost", "--ingress-node": "lab-c3-server-01"}
+        index = yaml.safe_load(requests.get(f"{settings['GSHARE_ATTACH_HAMI_REPO']}/index.yaml", timeout=10).text)
+        assert index["entries"]["hami"][0]["version"] == settings["GSHARE_ATTACH_HAMI_CHART_VERSION"] == "2.7.1"
+        # The token is staff's: the API answers it, and only the two attached clusters are registered.
+        clusters = requests.get(f"{state['url']}/api/v1/clusters", headers={"Authorization": f"Bearer {state['api_token']}"},
+                                timeout=10).json()
+        assert sorted(c["name"] for c in clusters["results"]) == [spec.name for spec in fleet.FLEET]
+        assert "hack/attach-cluster.sh --kubeconfig" in log_path.read_text()
+    finally:
+        children = psutil.Process(demo.pid).children(recursive=True)
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(60) == 0
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
