@@ -298,7 +298,7 @@ def run_demo(options: DemoOptions) -> dict:
 
         ingress_port = _ingress_port(options.port)
         _say(f"starting the clusters' ingress on 127.0.0.1:{ingress_port} "
-             f"({', '.join(f'http://{spec.name}.gshare.localhost:{ingress_port}' for spec, *_ in clusters)})")
+             f"({', '.join(f'http://{name}.gshare.localhost:{ingress_port}' for name in [spec.name for spec, *_ in clusters] + list(options.bare_clusters))})")
         ingress_config, ingress_ready = workdir / "ingress.json", workdir / "ingress-ready.json"
         ingress_ready.unlink(missing_ok=True)
         ingress_config.write_text(json.dumps({"clusters": [
@@ -426,7 +426,7 @@ def run_demo(options: DemoOptions) -> dict:
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
         _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")
         _say(f"         curl {url}/.well-known/gshare-internal-jwks.json  -> 404;  curl {internal_url}/.well-known/gshare-internal-jwks.json  -> the JWKS")
-        for entry in state["bare_clusters"]:
+        for entry in [] if options.smoke else state["bare_clusters"]:
             _say(f"bare cluster {entry['name']} (nothing installed yet; admin kubeconfig {entry['admin_kubeconfig']}): attach it "
                  f"from another shell in this checkout with\n\n    {entry['attach_command']}\n\n"
                  f"         its node {bare_clusters.UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
