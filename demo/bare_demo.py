@@ -39,7 +39,8 @@ def attach_command(*, name: str, kubeconfig: str, control_plane: str, session_do
         session_domain: ``--session-domain``.
         ingress_node: ``--ingress-node``.
         api_token: the demo's staff API token (``GSHARE_API_TOKEN``).
-        attach_env: ``GSHARE_ATTACH_*`` settings to set for the command (``ChartRepository.attach_environment``).
+        attach_env: settings to set for the command: the ``GSHARE_ATTACH_*`` of ``ChartRepository.attach_environment``
+            and ``GSHARE_LOOPBACK_ALLOWLIST`` with the cluster's loopback apiserver.
 
     Returns:
         ``GSHARE_API_TOKEN=... GSHARE_ATTACH_...=... hack/attach-cluster.sh --kubeconfig ... --name ...
@@ -137,7 +138,12 @@ class BareClusters:
             session_domain = f"{info['name']}{SESSION_DOMAIN_SUFFIX}"
             command = attach_command(name=info["name"], kubeconfig=kubeconfig, control_plane=control_plane,
                                      session_domain=session_domain, ingress_node=info["ingress_node"],
-                                     api_token=api_token, attach_env=self.repository.attach_environment())
+                                     api_token=api_token, attach_env={
+                                         **self.repository.attach_environment(),
+                                         # the attach command checks the kubeconfig as registration does, which
+                                         # refuses loopback apiservers unless allowed (the demo allows its own)
+                                         "GSHARE_LOOPBACK_ALLOWLIST": urlsplit(info["url"]).netloc,
+                                     })
             entries.append({
                 "name": info["name"], "admin_kubeconfig": str(Path(info["kubeconfig"]).resolve()),
                 "attach_command": command, "session_domain": session_domain, "ingress_node": info["ingress_node"],

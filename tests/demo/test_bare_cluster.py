@@ -174,6 +174,8 @@ def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(tmp_path):
         flags = dict(zip(words[words.index("hack/attach-cluster.sh") + 1::2], words[words.index("hack/attach-cluster.sh") + 2::2],
                          strict=True))
         assert settings["GSHARE_API_TOKEN"] == state["api_token"]
+        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        assert settings["GSHARE_LOOPBACK_ALLOWLIST"] == server.removeprefix("https://")
         assert flags == {"--kubeconfig": str(kubeconfig.resolve()), "--name": "lab-c3", "--control-plane": state["internal_url"],
                          "--session-domain": "lab-c3.gshare.localhost", "--ingress-node": "lab-c3-server-01"}
         index = yaml.safe_load(requests.get(f"{settings['GSHARE_ATTACH_HAMI_REPO']}/index.yaml", timeout=10).text)
