@@ -21,6 +21,7 @@ import yaml
 from demo import bare_cluster, fleet
 from demo.bare_demo import attach_command
 from demo.charts import ChartRepository, chart_versions
+from demo.ingress import ClusterApi
 from operator_agent.hami import decode_node_register
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,13 @@ def test_a_bare_cluster_has_gpu_nodes_and_nothing_installed_over_tls(running):
     assert [n.metadata.name for n in nodes if "node-role.kubernetes.io/control-plane" in n.metadata.labels] == [
         bare_cluster.ingress_node("lab-c3")] == ["lab-c3-server-01"]
     assert running.ready_info()["nodes"] == ["lab-c3-server-01", "gpu-t4-01", "gpu-h20-01"]
+
+
+def test_the_demo_ingress_reads_it_over_verified_tls(running):
+    api = ClusterApi.from_kubeconfig(running.kubeconfig_path)
+    assert api.server.startswith("https://") and Path(api.ca_file).read_bytes() == running.cluster.ca_pem
+    assert len(api.get("/api/v1/nodes")["items"]) == 3
+    assert api.get("/apis/networking.k8s.io/v1/ingresses")["items"] == []
 
 
 def test_its_identity_and_gpus_are_its_own_next_to_the_fleet():
