@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import kubernetes
 import psutil
@@ -156,11 +157,13 @@ def test_the_attach_command_is_one_shell_line_with_the_token_and_chart_settings(
     ]
 
 
-@pytest.mark.e2e
-@pytest.mark.xdist_group("demo")  # the demo uses one fixed database name
-def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(tmp_path):
-    state_file, log_path = tmp_path / "state.json", tmp_path / "demo.log"
-    env = {**os.environ, "GSHARE_HOME": str(tmp_path / "home"), "DJANGO_SETTINGS_MODULE": "gshare.settings"}
+@pytest.fixture(scope="module")
+def demo_with_bare(tmp_path_factory):
+    """``manage.py demo --bare-cluster lab-c3`` (not smoke) in its own GSHARE_HOME; yields ``(state, home, log path)``
+    once the state file is written; Ctrl-C at teardown, which must stop every process it started."""
+    tmp = tmp_path_factory.mktemp("bare-demo")
+    state_file, log_path, home = tmp / "state.json", tmp / "demo.log", tmp / "home"
+    env = {**os.environ, "GSHARE_HOME": str(home), "DJANGO_SETTINGS_MODULE": "gshare.settings"}
     with open(log_path, "wb") as log:
         demo = subprocess.Popen([sys.executable, "manage.py", "demo", "--port", "0", "--state-file", str(state_file),
                                  "--inventory-interval", "2", "--bare-cluster", "lab-c3"],
@@ -171,31 +174,105 @@ def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(tmp_path):
             if demo.poll() is not None:
                 pytest.fail(log_path.read_text()[-3000:], pytrace=False)
             time.sleep(0.5)
-        state = json.loads(state_file.read_text())
-        [bare] = state["bare_clusters"]
-        kubeconfig = tmp_path / "home" / "demo" / "lab-c3" / "admin.kubeconfig"
-        assert bare["name"] == "lab-c3" and bare["admin_kubeconfig"] == str(kubeconfig.resolve())
-        assert kubeconfig.stat().st_mode & 0o777 == 0o600
-        assert_bare(kubeconfig)
-        words = shlex.split(bare["attach_command"])
-        settings = dict(w.split("=", 1) for w in words[:words.index("hack/attach-cluster.sh")])
-        flags = dict(zip(words[words.index("hack/attach-cluster.sh") + 1::2], words[words.index("hack/attach-cluster.sh") + 2::2],
-                         strict=True))
-        assert settings["GSHARE_API_TOKEN"] == state["api_token"]
-        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        assert settings["GSHARE_LOOPBACK_ALLOWLIST"] == server.removeprefix("https://")
-        assert flags == {"--kubeconfig": str(kubeconfig.resolve()), "--name": "lab-c3", "--control-plane": state["internal_url"],
-                         "--session-domain": "lab-c3.gshare.localhost", "--ingress-node": "lab-c3-server-01"}
-        index = yaml.safe_load(requests.get(f"{settings['GSHARE_ATTACH_HAMI_REPO']}/index.yaml", timeout=10).text)
-        assert index["entries"]["hami"][0]["version"] == settings["GSHARE_ATTACH_HAMI_CHART_VERSION"] == "2.7.1"
-        # The token is staff's: the API answers it, and only the two attached clusters are registered.
-        clusters = requests.get(f"{state['url']}/api/v1/clusters", headers={"Authorization": f"Bearer {state['api_token']}"},
-                                timeout=10).json()
-        assert sorted(c["name"] for c in clusters["results"]) == [spec.name for spec in fleet.FLEET]
-        assert "hack/attach-cluster.sh --kubeconfig" in log_path.read_text()
+        yield json.loads(state_file.read_text()), home, log_path
     finally:
         children = psutil.Process(demo.pid).children(recursive=True)
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 0
         _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, [p.cmdline() for p in alive]
+
+
+def split_command(command: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``(environment, flags)`` of a printed attach command."""
+    words = shlex.split(command)
+    script = words.index("hack/attach-cluster.sh")
+    return dict(w.split("=", 1) for w in words[:script]), dict(zip(words[script + 1::2], words[script + 2::2], strict=True))
+
+
+@pytest.mark.e2e
+@pytest.mark.xdist_group("demo")  # the demo uses one fixed database name
+def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(demo_with_bare):
+    state, home, log_path = demo_with_bare
+    [bare] = state["bare_clusters"]
+    kubeconfig = home / "demo" / "lab-c3" / "admin.kubeconfig"
+    assert bare["name"] == "lab-c3" and bare["admin_kubeconfig"] == str(kubeconfig.resolve())
+    assert kubeconfig.stat().st_mode & 0o777 == 0o600
+    assert_bare(kubeconfig)
+    settings, flags = split_command(bare["attach_command"])
+    assert settings["GSHARE_API_TOKEN"] == state["api_token"]
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    assert settings["GSHARE_LOOPBACK_ALLOWLIST"] == server.removeprefix("https://")
+    assert flags == {"--kubeconfig": str(kubeconfig.resolve()), "--name": "lab-c3", "--control-plane": state["internal_url"],
+                     "--session-domain": "lab-c3.gshare.localhost", "--ingress-node": "lab-c3-server-01"}
+    index = yaml.safe_load(requests.get(f"{settings['GSHARE_ATTACH_HAMI_REPO']}/index.yaml", timeout=10).text)
+    assert index["entries"]["hami"][0]["version"] == settings["GSHARE_ATTACH_HAMI_CHART_VERSION"] == "2.7.1"
+    # The token is staff's: the API answers it, and only the demo's own clusters are registered yet.
+    clusters = requests.get(f"{state['url']}/api/v1/clusters", headers={"Authorization": f"Bearer {state['api_token']}"},
+                            timeout=10).json()
+    assert [spec.name for spec in fleet.FLEET] == sorted(c["name"] for c in clusters["results"])
+    assert bare["attach_command"] in log_path.read_text()
+
+
+def attach_shell_env(tmp_path: Path, home: Path) -> dict[str, str]:
+    """The environment of the shell the walkthrough runs the printed command in.
+
+    attach_cluster registers through the control plane's database and signs with its key (``GSHARE_HOME``): the
+    demo's. Helm's cache goes to ``tmp_path``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GSHARE_", "DJANGO_"))}
+    env.update(DATABASE_URL=urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/gshare_demo")),
+               GSHARE_HOME=str(home), DJANGO_SETTINGS_MODULE="gshare.settings",
+               **{var: str(tmp_path / "helm" / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")})
+    return env
+
+
+@pytest.mark.e2e
+@pytest.mark.xdist_group("demo")
+def test_the_walkthrough_fails_on_the_unprepared_node_then_attaches_after_fix_node(demo_with_bare, tmp_path):
+    state, home, _ = demo_with_bare
+    [bare] = state["bare_clusters"]
+    env = attach_shell_env(tmp_path, home)
+
+    def shell(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    first = shell(bare["attach_command"])
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "[2/9] GPU node prerequisites ... FAILED: gpu-t4-01: containerd has no nvidia runtime registered" in first.stdout
+    assert ("on gpu-t4-01: sudo nvidia-ctk runtime configure --runtime=containerd && sudo systemctl restart containerd"
+            in first.stderr)
+    assert "[3/9]" not in first.stdout
+
+    fixed = shell(bare["fix_command"])
+    assert fixed.returncode == 0 and "node gpu-t4-01 prepared" in fixed.stdout, fixed.stderr
+    time.sleep(1.5)  # the bare cluster reads hosts.json every 0.5 s
+
+    second = shell(bare["attach_command"])
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "[2/9] GPU node prerequisites ... ok: gpu-h20-01 (8 GPUs), gpu-t4-01 (1 GPU)" in second.stdout
+    assert "Cluster lab-c3 is attached as clu_" in second.stdout
+
+    # In the console's API: connected with its 9 GPUs, and a session on it opens through the demo's ingress.
+    headers = {"Authorization": f"Bearer {state['api_token']}"}
+    [cluster] = [c for c in requests.get(f"{state['url']}/api/v1/clusters", headers=headers, timeout=10).json()["results"]
+                 if c["name"] == "lab-c3"]
+    assert cluster["status"] == "connected" and cluster["session_domain"] == "lab-c3.gshare.localhost"
+    gpus = requests.get(f"{state['url']}/api/v1/gpus", params={"cluster": cluster["id"], "limit": 100}, headers=headers,
+                        timeout=10).json()
+    assert sorted({g["model"] for g in gpus["results"] if g["cluster"] == cluster["id"]}) == fleet.expected_inventory("lab-c2")["models"]
+    session = requests.post(f"{state['url']}/api/v1/sessions", headers=headers, timeout=30, json={
+        "name": "try-lab-c3", "image": "quay.io/jupyter/base-notebook:2024-12-02", "gpus": 1, "gpu_memory_mib": 2048,
+        "gpu_cores": 20, "cluster": cluster["id"]}).json()
+    deadline = time.monotonic() + 60
+    while (body := requests.get(f"{state['url']}/api/v1/sessions/{session['id']}", headers=headers, timeout=10).json())["phase"] != "Running":
+        assert time.monotonic() < deadline and body["phase"] != "Failed", body
+        time.sleep(0.5)
+    assert body["node"] in ("gpu-t4-01", "gpu-h20-01")
+    link = urlsplit(requests.post(f"{state['url']}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=10).json()["url"])
+    assert link.hostname == "lab-c3.gshare.localhost"
+    deadline = time.monotonic() + 30
+    while (page := requests.get(f"{state['ingress']['url']}{link.path}?{link.query}", headers={"Host": link.netloc},
+                                timeout=10, allow_redirects=False)).status_code == 404 and time.monotonic() < deadline:
+        time.sleep(0.5)  # the ingress lists the cluster's Ingresses every second
+    assert page.status_code == 200 and session["id"] in page.text
