@@ -75,8 +75,10 @@ class BareClusters:
 
     @staticmethod
     def wipe(workdir: Path, names: list[str]) -> None:
-        """Remove what an earlier run left of these bare clusters and of the chart repository."""
-        for name in names:
+        """Remove what an earlier run left of bare clusters (these names, and every folder of ``workdir`` holding a
+        ``hosts.json``: a bare cluster of a run with other names) and of the chart repository."""
+        earlier = [p.parent.name for p in workdir.glob("*/hosts.json")] if workdir.is_dir() else []
+        for name in {*names, *earlier}:
             shutil.rmtree(workdir / name, ignore_errors=True)
         shutil.rmtree(workdir / "chart-repo", ignore_errors=True)
 

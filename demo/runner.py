@@ -43,8 +43,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
-from demo import bare_cluster as bare_clusters
 from demo import fleet
+from demo.bare_cluster import UNPREPARED_NODE
 from demo.bare_demo import BareClusters
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
@@ -429,7 +429,7 @@ def run_demo(options: DemoOptions) -> dict:
         for entry in [] if options.smoke else state["bare_clusters"]:
             _say(f"bare cluster {entry['name']} (nothing installed yet; admin kubeconfig {entry['admin_kubeconfig']}): attach it "
                  f"from another shell in this checkout with\n\n    {entry['attach_command']}\n\n"
-                 f"         its node {bare_clusters.UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
+                 f"         its node {UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
                  f"{entry['fix_command']}")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")
         if options.smoke:

@@ -20,7 +20,7 @@ import requests
 import yaml
 
 from demo import bare_cluster, fleet
-from demo.bare_demo import attach_command
+from demo.bare_demo import BareClusters, attach_command
 from demo.charts import ChartRepository, chart_versions
 from demo.ingress import ClusterApi
 from operator_agent.hami import decode_node_register
@@ -144,6 +144,15 @@ def test_the_chart_repository_serves_an_index_and_the_charts_it_names(tmp_path):
         }
     finally:
         repository.stop()
+
+
+def test_a_new_run_removes_every_earlier_bare_cluster_and_nothing_else(tmp_path):
+    for folder, marker in (("lab-c3", "hosts.json"), ("lab-old", "hosts.json"), ("lab-c1", "kubeconfig.yaml"),
+                           ("chart-repo", "index.yaml")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / marker).write_text("{}")
+    BareClusters.wipe(tmp_path, ["lab-c3", "lab-new"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab-c1"]
 
 
 def test_the_attach_command_is_one_shell_line_with_the_token_and_chart_settings():
