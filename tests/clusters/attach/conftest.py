@@ -20,6 +20,18 @@ def chart_repo(tmp_path_factory):
     repository.stop()
 
 
+@pytest.fixture(autouse=True)
+def attach_api_token(request, monkeypatch):
+    """Tests that use the database run the attach with a staff API token in ``GSHARE_API_TOKEN`` (as a user does); yields
+    the token, or None for tests without the database."""
+    if request.node.get_closest_marker("django_db") is None:
+        yield None
+        return
+    token = request.getfixturevalue("staff_token")
+    monkeypatch.setenv("GSHARE_API_TOKEN", token)
+    yield token
+
+
 @pytest.fixture
 def attach_settings(settings, chart_repo, tmp_path, monkeypatch):
     """Point attach_cluster at the loopback chart repository, with short waits; keep Helm's cache in tmp_path."""
