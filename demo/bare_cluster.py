@@ -292,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fix-node: {exc}", file=sys.stderr)
             return 2
         print(f"{args.name}: node {args.node} prepared (NVIDIA driver, container toolkit, containerd's nvidia runtime, "
-              "NFS client), as `nvidia-ctk runtime configure --runtime=containerd` and a containerd restart do on a "
-              "real node; re-run the attach command")
+              "NFS client), as `hack/cluster-bootstrap.sh prereqs --gpu` does on a real node; re-run the attach command")
         return 0
     try:
         return _serve(args)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import kubernetes
 import psutil
@@ -223,25 +223,20 @@ def test_the_demo_lists_its_bare_cluster_and_serves_what_attach_needs(demo_with_
     assert bare["attach_command"] in log_path.read_text()
 
 
-def attach_shell_env(tmp_path: Path, home: Path) -> dict[str, str]:
-    """The environment of the shell the walkthrough runs the printed command in.
-
-    attach_cluster registers through the control plane's database and signs with its key (``GSHARE_HOME``): the
-    demo's. Helm's cache goes to ``tmp_path``.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GSHARE_", "DJANGO_"))}
-    env.update(DATABASE_URL=urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/gshare_demo")),
-               GSHARE_HOME=str(home), DJANGO_SETTINGS_MODULE="gshare.settings",
-               **{var: str(tmp_path / "helm" / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")})
+def attach_shell_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of the other shell the walkthrough runs the printed command in: nothing of the control plane's
+    (no ``DATABASE_URL``, ``REDIS_URL``, ``GSHARE_*`` or ``DJANGO_*``); Helm's cache in ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GSHARE_", "DJANGO_", "DATABASE_", "REDIS_"))}
+    env.update({var: str(tmp_path / "helm" / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")})
     return env
 
 
 @pytest.mark.e2e
 @pytest.mark.xdist_group("demo")
 def test_the_walkthrough_fails_on_the_unprepared_node_then_attaches_after_fix_node(demo_with_bare, tmp_path):
-    state, home, _ = demo_with_bare
+    state, _, _ = demo_with_bare
     [bare] = state["bare_clusters"]
-    env = attach_shell_env(tmp_path, home)
+    env = attach_shell_env(tmp_path)
 
     def shell(command: str) -> subprocess.CompletedProcess:
         return subprocess.run(["sh", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
