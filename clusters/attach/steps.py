@@ -260,7 +260,25 @@ class Attach:
             raise self._stop(f"the control plane runs gShare {theirs} (operator contract {contract}); this checkout is "
                              f"{GSHARE_VERSION} ({GSHARE_API_VERSION}), whose operator chart the attach would deploy",
                              f"run the attach from a checkout of the control plane's release: git checkout v{theirs}")
+        self._check_layout(served.get("cluster_layout"))
         return f"gShare {theirs} at {self._api_url} as {who.get('username')}"
+
+    def _check_layout(self, layout: Any) -> None:
+        """The namespaces, Secret name and volume-move switch this machine grants rights on must be the control plane's
+        (``GET /api/v1/version``'s ``cluster_layout``), or the credential would miss the rights the control plane uses."""
+        if not isinstance(layout, dict):
+            return  # a control plane of this release always sends it; nothing to compare against otherwise
+        from gshare.api_meta import cluster_layout
+
+        ours = cluster_layout()
+        names = {"session_namespace": "GSHARE_SESSION_NAMESPACE", "operator_namespace": "GSHARE_OPERATOR_NAMESPACE",
+                 "operator_token_secret": "GSHARE_OPERATOR_TOKEN_SECRET", "volume_move_enabled": "GSHARE_VOLUME_MOVE_ENABLED"}
+        differ = [(key, layout.get(key), value) for key, value in ours.items() if key in layout and layout[key] != value]
+        if differ:
+            said = "; ".join(f"{names[key]} is {theirs!r} there, {mine!r} here" for key, theirs, mine in differ)
+            fix = " ".join(f"{names[key]}={str(theirs).lower() if isinstance(theirs, bool) else theirs}" for key, theirs, _ in differ)
+            raise self._stop(f"this machine's settings do not match the control plane's ({said})",
+                             f"run the attach with the control plane's values: {fix} {self.rerun}")
 
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
