@@ -73,6 +73,10 @@ def cluster_page(admin_client, cluster: Cluster) -> str:
     return admin_client.get(reverse("admin:clusters_cluster_change", args=[cluster.pk])).content.decode()
 
 
+def core_v1(emulated) -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config_dict(yaml.safe_load(kubeconfig_text(emulated))))
+
+
 def reported(cluster: Cluster, name: str, ok: bool) -> bool:
     checks = Cluster.objects.values_list("operator_checks", flat=True).get(pk=cluster.pk)
     return (checks.get(name) or {}).get("ok") is ok
@@ -181,16 +185,17 @@ def test_a_session_domain_that_does_not_reach_the_ingress_node(fleet_cluster, op
     assert problems(http, cluster)["session_domain_resolves"] == detail
     assert "does not resolve inside the cluster" in cluster_page(admin_client, cluster)
 
-    # A name that resolves, but not to the ingress node.
-    assert http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"session_domain": "lab-c1.localhost"}).status_code == 200
-    wait_for(lambda: "which is not an address of the ingress node lab-c1-cp-01" in
+    # A name that resolves, but not to the registered ingress node (a GPU node: the ingress runs elsewhere).
+    patched = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"session_domain": "lab-c1.localhost", "ingress_node": "gpu-h100-01"})
+    assert patched.status_code == 200, patched.text
+    wait_for(lambda: "which is not an address of the ingress node gpu-h100-01" in
              (Cluster.objects.get(pk=cluster.pk).operator_checks.get("session_domain_resolves") or {}).get("detail", ""),
              timeout=30, what="the check against the ingress node's addresses")
 
-    # The fix: the ingress node is the one the name points at (here: loopback, where the name resolves).
-    core = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config_dict(yaml.safe_load(kubeconfig_text(emulated))))
-    addresses = [a.to_dict() for a in core.read_node(ingress_node).status.addresses]
-    core.patch_node_status(ingress_node, {"status": {"addresses": [*addresses, {"type": "ExternalIP", "address": "127.0.0.1"}]}})
+    # The fix, as the detail says: record the node that runs the ingress controller (it lists the loopback address
+    # where the name resolves: the fleet's ingress node).
+    assert http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"ingress_node": ingress_node}).status_code == 200
+    assert "127.0.0.1" in [a.address for a in core_v1(emulated).read_node(ingress_node).status.addresses]
     wait_for(lambda: reported(cluster, "session_domain_resolves", True), timeout=30, what="the DNS check passing")
     wait_for(lambda: reported(cluster, "verify_reachable", True), timeout=30, what="the verify check passing")
     cluster.refresh_from_db()
@@ -265,6 +270,7 @@ def test_an_expired_token_turns_the_dashboard_and_the_cluster_page_red_with_the_
     assert 'class="gs-problems"' in page_html and "Operator callbacks refused since" in page_html and rotate in page_html
     dashboard = admin_client.get("/").content.decode()
     assert "Operator callbacks refused since" in dashboard and rotate in dashboard
+    assert 'class="gs-warn gs-warn-bad" role="note"><strong>lab-c1:</strong> Operator callbacks refused since' in dashboard
     settings.GSHARE_HEARTBEAT_STALE_SECONDS = 0
     detail = connection_test(http, cluster)["detail"]["operator_reporting"]
     assert "Its callbacks are refused since" in detail and "token_expired: its token has expired" in detail and rotate in detail
