@@ -250,17 +250,31 @@ def test_an_operator_that_predates_the_checks_leaves_them_unknown(fleet_cluster,
 # --------------------------------------------------------------------------- expired token, 401 while pods keep running
 
 
-def test_an_expired_token_turns_the_dashboard_and_the_cluster_page_red_with_the_rotation_command(
-    fleet_cluster, operator_process, tmp_path, http, admin_client, settings
+def test_an_expired_token_turns_the_dashboard_and_the_cluster_page_red_while_the_pods_keep_running(
+    fleet_cluster, operator_process, tmp_path, http, admin_client, settings, live_server
 ):
     settings.GSHARE_JWT_LEEWAY = 0
-    cluster, _, kubeconfig_path, token_path = registered(fleet_cluster, tmp_path, "lab-c1")
-    token_path.write_text(operator_token_mint(cluster_id=cluster.public_id, ttl=1))
-    time.sleep(1.5)  # expired before the operator starts: it cannot refresh itself either
+    settings.GSHARE_CONTROL_PLANE_URL = live_server.url
+    cluster, emulated, kubeconfig_path, token_path = registered(fleet_cluster, tmp_path, "lab-c1", pod_startup_seconds=0.2)
     _, log = operator_process(cluster, kubeconfig_path, token_path)
+    wait_for(lambda: http.get(f"/api/v1/gpus?cluster={cluster.public_id}").json()["count"] > 0, what="inventory")
+    created = http.post("/api/v1/sessions", json={"image": "quay.io/jupyter/base-notebook", "gpus": 1})
+    assert created.status_code == 201, created.text
+    session_id = created.json()["id"]
+    wait_for(lambda: http.get(f"/api/v1/sessions/{session_id}").json()["phase"] == "Running", what="Running", timeout=60)
+
+    # The token in the operator's file expires (no Secret, no self-refresh in time): every callback gets 401.
+    expired = operator_token_mint(cluster_id=cluster.public_id, ttl=1)
+    time.sleep(1.5)  # expired before the operator reads it, so it cannot exchange it for a fresh one either
+    token_path.write_text(expired)
     wait_for(lambda: "operator token expired or revoked: rotate it" in log.read_text(), timeout=30, what="the 401 line")
     assert f"`manage.py rotate_operator_tokens --cluster {cluster.public_id}`" in log.read_text()
     wait_for(lambda: Cluster.objects.get(pk=cluster.pk).operator_refused_reason == "token_expired", what="the recorded refusal")
+
+    pod_name = session_id.replace("_", "-")
+    [pod] = [p for p in emulated.objects_of("pods") if p["metadata"]["name"] == pod_name]
+    assert pod["status"]["phase"] == "Running"  # the session keeps running: its Pod needs no operator token
+    assert http.get(f"/api/v1/sessions/{session_id}").json()["phase"] == "Running"
 
     rotate = f"manage.py rotate_operator_tokens --cluster {cluster.public_id}"
     cluster.refresh_from_db()
@@ -274,3 +288,10 @@ def test_an_expired_token_turns_the_dashboard_and_the_cluster_page_red_with_the_
     settings.GSHARE_HEARTBEAT_STALE_SECONDS = 0
     detail = connection_test(http, cluster)["detail"]["operator_reporting"]
     assert "Its callbacks are refused since" in detail and "token_expired: its token has expired" in detail and rotate in detail
+
+    # The rotation (here: a fresh token in the file) lets it back in, and the red goes away.
+    settings.GSHARE_HEARTBEAT_STALE_SECONDS = 120
+    token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
+    wait_for(lambda: Cluster.objects.get(pk=cluster.pk).operator_refused_since is None, timeout=30, what="the refusal cleared")
+    assert "Operator callbacks refused" not in admin_client.get("/").content.decode()
+    assert http.delete(f"/api/v1/sessions/{session_id}").status_code == 202
