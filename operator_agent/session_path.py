@@ -142,11 +142,16 @@ def check_verify(http: requests.Session, url: str, *, timeout: float = CHECK_TIM
     if response.status_code == 401 and code:
         return _result(True, f"{where} answers 401 {code} to a request without a token, as it should")
     explained = explain_answer(response.status_code, url, code=code, foreign=not isinstance(body, dict))
-    if not explained:
+    if not explained and response.status_code >= 500:
         explained = (
-            f"it answered {response.status_code} {code or ''} where the control plane answers 401 to a request without a "
-            "token: check that the URL is the control plane's (its chart's `controlPlaneUrl`)"
-        ).replace("  ", " ")
+            f"it answered {response.status_code}{' ' + code if code else ''}: the control plane behind it is failing or not "
+            "running (its api pods, database or Redis), and ingress-nginx refuses every session request meanwhile"
+        )
+    elif not explained:
+        explained = (
+            f"it answered {response.status_code}{' ' + code if code else ''} where the control plane answers 401 to a "
+            "request without a token: check that the URL is the control plane's (its chart's `controlPlaneUrl`)"
+        )
     return _result(False, f"{where} does not answer as the control plane: {explained}")
 
 

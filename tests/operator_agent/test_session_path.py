@@ -134,3 +134,9 @@ def test_checks_follow_the_control_planes_answer_and_log_a_failure_once(core_v1,
     assert caplog.text.count("session path check session_domain_resolves failed") == 1
     checks.update(core_v1, {})  # an older control plane names nothing to check
     assert checks.payload() == {}
+
+
+def test_a_failing_control_plane_behind_the_auth_url_is_named():
+    with answering(503, b'{"code": "verify_unavailable", "detail": "retry"}', "application/json") as url:
+        result = check_verify(requests.Session(), url)
+    assert result["ok"] is False and "answered 503 verify_unavailable: the control plane behind it is failing" in result["detail"]
