@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
-# One process by default; `make test TEST_WORKERS=auto` runs the suite in parallel (pytest-xdist: one worker per CPU,
-# at most four, each with its own test database and Redis database, gshare/settings/test.py). See README, Development.
-TEST_WORKERS ?= 0
+# In parallel by default (pytest-xdist: one worker per CPU,
+# at most four, each with its own test database and Redis database, gshare/settings/test.py); `make test
+# TEST_WORKERS=0` runs it in one process. See README, Development.
+TEST_WORKERS ?= auto
 
 .PHONY: demo test lint venv clean
 
@@ -30,6 +31,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	@bash hack/test-deps.sh shellcheck
+	shellcheck hack/*.sh
 
 clean:
 	rm -rf $(VENV) .gshare staticfiles

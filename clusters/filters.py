@@ -83,10 +83,11 @@ class GpuFilter(django_filters.FilterSet):
 
 
 class ClusterFilter(django_filters.FilterSet):
-    """``GET /api/v1/clusters``: ``?status=`` (an unknown status lists nothing)."""
+    """``GET /api/v1/clusters``: ``?status=`` (an unknown status lists nothing) and ``?name=`` (exact)."""
 
     status = django_filters.CharFilter(help_text="Only clusters in this status (pending, connected, degraded, unreachable, deregistered)")
+    name = django_filters.CharFilter(help_text="Only clusters of this name (exact; a deregistered one may share it)")
 
     class Meta:
         model = Cluster
-        fields = ["status"]
+        fields = ["status", "name"]

@@ -81,8 +81,14 @@ def celery_broker_url(redis_url: str) -> str:
         redis_url: ``redis://``, ``rediss://`` or ``unix://<path>`` URL.
 
     Returns:
-        The same URL, with ``unix://`` rewritten as kombu's ``redis+socket://``.
+        The same URL, with ``unix://`` rewritten as kombu's ``redis+socket://``; a ``db=N`` query parameter
+        becomes ``virtual_host=N``, which is what kombu's socket transport reads as the database number
+        (it overwrites a ``db`` parameter with the URL's virtual host).
     """
     if redis_url.startswith("unix://"):
-        return "redis+socket://" + redis_url[len("unix://"):]
+        from urllib.parse import parse_qsl, urlencode, urlsplit
+
+        parts = urlsplit(redis_url)
+        query = [("virtual_host", value) if key == "db" else (key, value) for key, value in parse_qsl(parts.query)]
+        return "redis+socket://" + parts.path + (f"?{urlencode(query)}" if query else "")
     return redis_url

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from gshare import views
+from gshare import api_meta, views
 from sessions.internal.views import connect_verify
 
 api_v1 = [
@@ -13,6 +13,8 @@ api_v1 = [
     path("", include("storage.api.urls")),
     path("", include("billing.api.urls")),
     path("", include("audit.api.urls")),
+    path("version", api_meta.version, name="api-version"),
+    path("me", api_meta.me, name="api-me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The browsable documentation (Swagger UI, its assets from drf-spectacular-sidecar): linked from the console.
     path("docs/", views.signed_in_or_login(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),

@@ -15,4 +15,4 @@ Modules:
     main           the process loop (signals, ticks, logging)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
@@ -22,6 +23,7 @@ from clusters.api.serializers import (
 from clusters.filters import HELP as CLUSTER_HELP
 from clusters.filters import ClusterFilter, GpuFilter, NodeFilter
 from clusters.models import GpuDevice, Node
+from clusters.operator_token.rotation import operator_token_push
 from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description=CLUSTER_HELP)
@@ -102,6 +104,24 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         """Probe the cluster now: ``{"status", "checks": {...}, "detail": {...}}``."""
         cluster = selectors.cluster_get(public_id=public_id)
         return Response(services.cluster_connection_test(cluster=cluster))
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path="operator-token/push")
+    def operator_token_push(self, request, public_id: str):
+        """Mint a fresh operator token and write it into the cluster's Secret through its apiserver (staff only).
+
+        The same push as the daily rotation (``clusters.operator_token.rotation.operator_token_push``), audited; the
+        token itself is never in the answer: ``{"cluster", "outcome", "secret", "secret_action", "generation",
+        "expires_at"}``. Refusals: 502 ``token_push_*`` (docs/errors.md), 409 ``cluster_deregistered``.
+        """
+        cluster = selectors.cluster_get(public_id=public_id)
+        result = operator_token_push(cluster)
+        return Response({
+            "cluster": result.cluster_id, "outcome": result.outcome,
+            "secret": f"{settings.GSHARE_OPERATOR_NAMESPACE}/{settings.GSHARE_OPERATOR_TOKEN_SECRET}",
+            "secret_action": result.secret_action, "generation": result.generation,
+            "expires_at": result.expires_at.isoformat() if result.expires_at else None,
+        })
 
 
 @extend_schema(parameters=[CLUSTER_FILTER], responses=PolymorphicProxySerializer(

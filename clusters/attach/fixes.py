@@ -9,7 +9,7 @@ files and names of this attach (the kubeconfig path, its cluster and user entrie
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import yaml
@@ -147,29 +147,30 @@ def kubeconfig_fix(error: ApplicationError, *, text: str, path: str) -> str:
     )
 
 
-def registration_fix(error: ApplicationError, *, rerun: Sequence[str], session_domain: str = "") -> str:
-    """The fix for a refusal of the registration step (``cluster_register`` / ``cluster_update``).
+def registration_fix(error: ApplicationError, *, rerun: Sequence[str], session_domain: str = "",
+                     cluster_lookup: Callable[[str], dict | None] = lambda cluster_id: None) -> str:
+    """The fix for a refusal of the registration step (``POST`` / ``PATCH /api/v1/clusters``).
 
     Args:
-        error: the refusal.
+        error: the refusal, with the error body's extra fields in ``extra`` (``cluster``, ``sessions``).
         rerun: the command line the user ran (empty when unknown).
         session_domain: the cluster's current ``session_domain`` (``cluster_has_live_sessions``).
+        cluster_lookup: a ``clu_...`` id -> that cluster as the API shows it (``{"id", "name", ...}``) or None; the
+            attach passes ``GET /api/v1/clusters/{id}``.
     """
-    from clusters.models import Cluster
-
-    other = Cluster.objects.filter(public_id=error.extra.get("cluster", "")).first() if error.extra.get("cluster") else None
+    other = cluster_lookup(str(error.extra["cluster"])) if error.extra.get("cluster") else None
     code = error.code
     if code == "cluster_already_registered" and other is not None:
         return (
-            f"this cluster is already registered as {other.name} ({other.public_id}). To repair or update that registration, run:\n"
-            f"{rerun_with(rerun, '--name', other.name)}\n"
-            f"or, to register it under the new name, deregister it first: DELETE /api/v1/clusters/{other.public_id} (staff API token)"
+            f"this cluster is already registered as {other['name']} ({other['id']}). To repair or update that registration, run:\n"
+            f"{rerun_with(rerun, '--name', other['name'])}\n"
+            f"or, to register it under the new name, deregister it first: DELETE /api/v1/clusters/{other['id']} (staff API token)"
         )
     if code == "session_domain_taken" and other is not None:
         return (
-            f"cluster {other.name} ({other.public_id}) serves sessions at that hostname: pass another --session-domain (its DNS "
+            f"cluster {other['name']} ({other['id']}) serves sessions at that hostname: pass another --session-domain (its DNS "
             "name must point at --ingress-node), or first give the other cluster another one: "
-            f"PATCH /api/v1/clusters/{other.public_id} {{\"session_domain\": \"<hostname>\"}}"
+            f"PATCH /api/v1/clusters/{other['id']} {{\"session_domain\": \"<hostname>\"}}"
         )
     if code == "cluster_has_live_sessions":
         sessions = " ".join(error.extra.get("sessions", [])[:20]) or "<id>"

@@ -88,7 +88,8 @@ def _release_values(config: helm.Config, name: str) -> dict:
     return values if isinstance(values, dict) else {}
 
 
-def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 300) -> InstallResult:
+def install_release(kubeconfig: str | None, release: ChartRelease, *, timeout: int = 300,
+                    kubeconfig_path: str | None = None) -> InstallResult:
     """Install ``release`` (see :func:`_install_release`) within ``timeout`` seconds in all.
 
     Helm's status/values reads take no context, so the whole operation runs in a worker thread that is left
@@ -102,7 +103,7 @@ def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 30
 
     def work() -> None:
         try:
-            outcome["result"] = _install_release(kubeconfig, release, timeout=timeout)
+            outcome["result"] = _install_release(kubeconfig, release, timeout=timeout, kubeconfig_path=kubeconfig_path)
         except BaseException as exc:  # handed to the caller below
             outcome["error"] = exc
 
@@ -116,11 +117,14 @@ def install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 30
     return outcome["result"]
 
 
-def _install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 300) -> InstallResult:
+def _install_release(kubeconfig: str | None, release: ChartRelease, *, timeout: int = 300,
+                     kubeconfig_path: str | None = None) -> InstallResult:
     """Install ``release``, upgrade it when it exists, or leave it alone when nothing would change.
 
     Args:
-        kubeconfig: kubeconfig YAML of the target cluster (one context, inline credentials).
+        kubeconfig: kubeconfig YAML of the target cluster (one context, inline credentials), or None to find the
+            cluster as the ``helm`` command does: ``kubeconfig_path``, else ``KUBECONFIG``, else ``~/.kube/config``,
+            each file's current context (``hack/cluster-bootstrap.sh storage``, run by a person at their cluster).
         release: what to install.
         timeout: seconds Helm may spend on the operation (it does not wait for readiness; the attach
             steps wait for what they need).
@@ -144,7 +148,8 @@ def _install_release(kubeconfig: str, release: ChartRelease, *, timeout: int = 3
     timer.start()
     options["context"] = context
     try:
-        with helm.Config(kubeconfig_content=kubeconfig, namespace=release.namespace) as config:
+        source = {"kubeconfig_content": kubeconfig} if kubeconfig is not None else {"kubeconfig_path": kubeconfig_path}
+        with helm.Config(**source, namespace=release.namespace) as config:
             try:
                 current = config.status(release.release)
             except helm.HelmNotFoundError:

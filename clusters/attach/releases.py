@@ -21,6 +21,11 @@ from gshare.exceptions import ApplicationError
 
 OPERATOR_CHART = Path(settings.BASE_DIR) / "charts" / "gshare-operator"
 OPERATOR_RELEASE = "gshare-operator"
+#: The democratic-csi release, where ``hack/cluster-bootstrap.sh storage`` installs it too: attach's
+#: ``--storage-values`` then upgrades that same release (``helm -n gshare-storage get values gshare-storage``
+#: gives the values back) instead of a second release claiming the same CSIDriver and StorageClass.
+STORAGE_RELEASE = "gshare-storage"
+STORAGE_NAMESPACE = "gshare-storage"
 
 
 def operator_namespace() -> str:
@@ -33,7 +38,7 @@ class ChartRelease:
     """One Helm release to install or upgrade.
 
     Attributes:
-        release: release name (``hami``, ``ingress-nginx``, ``gshare-nfs``, ``gshare-operator``).
+        release: release name (``hami``, ``ingress-nginx``, ``gshare-storage``, ``gshare-operator``).
         namespace: namespace of the release (created when missing).
         chart: chart name in ``repo_url``, or a local chart directory when ``repo_url`` is empty.
         repo_url: chart repository URL (``index.yaml`` lives there), or "" for a local chart.
@@ -204,7 +209,7 @@ def storage_plan(values: Any, path: str = "--storage-values") -> StoragePlan:
         path: the file name, for messages.
 
     Returns:
-        The plan; ``release`` installs chart ``democratic-csi`` as ``gshare-nfs`` in ``democratic-csi``.
+        The plan; ``release`` installs chart ``democratic-csi`` as ``gshare-storage`` in namespace ``gshare-storage``.
 
     Raises:
         AttachInputError: not a mapping, no ``storageClasses[0].name``, or no usable
@@ -227,7 +232,7 @@ def storage_plan(values: Any, path: str = "--storage-values") -> StoragePlan:
     ports = (2049, 111, 20048) if nfs_version == 3 else (2049,)
     merged = deep_merge(values, {"csiDriver": {"storageCapacity": True}})
     version = settings.GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION
-    release = ChartRelease(release="gshare-nfs", namespace="democratic-csi", chart="democratic-csi",
+    release = ChartRelease(release=STORAGE_RELEASE, namespace=STORAGE_NAMESPACE, chart="democratic-csi",
                            repo_url=settings.GSHARE_ATTACH_DEMOCRATIC_CSI_REPO, version=version, values=merged,
                            secret_values=True, what=f"democratic-csi {version} (StorageClass {storage_class})")
     return StoragePlan(storage_class=storage_class, server=server, nfs_version=nfs_version, ports=ports, release=release)

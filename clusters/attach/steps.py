@@ -3,7 +3,9 @@
 Every step either finds its work already done (and says so), does it, or stops the attach with
 :class:`AttachStopped`, which carries what is wrong and the exact command that fixes it. Re-running the
 command is the supported way to repair a half-finished attach or to roll the operator forward. The
-cluster is reached only through the kubeconfig given (checked by the same rules as registration).
+cluster is reached only through the kubeconfig given (checked by the same rules as registration); the
+control plane only through its public API with a staff token (``clusters.attach.control_plane``), so the
+command runs on any machine and never opens the control plane's database.
 
 Steps (docs/attach.md describes each, its failures and their fixes):
 
@@ -12,8 +14,10 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 3. the ``nvidia`` RuntimeClass and the labels ``gpu=on`` and ``gshare.io/gpu-mode`` on GPU nodes;
 4. HAMi, with its kube-scheduler pinned to the cluster's version, then wait for GPUs to be advertised;
 5. ingress-nginx on the ingress node (unless ``--skip-ingress``);
-6. registration (``cluster_register``, probe included; an existing registration is kept);
-7. the operator: token Secret ``gshare-operator-internal-jwt``, then the ``charts/gshare-operator`` release;
+6. registration through the control plane's API (``POST /api/v1/clusters``, probe included; an existing
+   registration is kept and its credential refreshed with ``PATCH``);
+7. the operator: the control plane pushes its token into the Secret ``gshare-operator-internal-jwt``
+   (``POST /api/v1/clusters/{id}/operator-token/push``), then the ``charts/gshare-operator`` release;
 8. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
 9. the connection test and the operator's first inventory report.
 """
@@ -33,13 +37,16 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from clusters.attach import checks, fixes, releases
+from clusters.attach.control_plane import ControlPlaneClient, ControlPlaneError
 from clusters.attach.helm import HelmInstallFailed, install_release
 from clusters.kube import KubeError, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
-from clusters.models import Cluster, cluster_name_validator, dns_name_validator
+from clusters.models import cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
-from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
+from gshare.version import GSHARE_VERSION, compatible
+from operator_agent import rfc3339
+from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 DEFAULT_GPU_MODE = "hami-core"
@@ -81,6 +88,8 @@ class AttachOptions:
         kubeconfig_path: ``--kubeconfig``: file of a kubeconfig with cluster-admin rights.
         name: ``--name``: the cluster's name in gShare.
         control_plane_url: ``--control-plane``: URL the operator's pod reaches the control plane at.
+        api_token: a staff API token (``GSHARE_API_TOKEN`` or ``--token-file``); never printed.
+        api_url: ``--api-url``: where this machine reaches the control plane's public API ("" = ``control_plane_url``).
         session_domain: ``--session-domain``: hostname the cluster's ingress serves sessions at.
         ingress_node: ``--ingress-node``: node that runs ingress-nginx (the session domain resolves to it).
         storage_values_path: ``--storage-values``: democratic-csi NFS values file, or None.
@@ -98,6 +107,8 @@ class AttachOptions:
     storage_values_path: str | None = None
     skip_ingress: bool = False
     operator_image: str | None = None
+    api_token: str = field(default="", repr=False)
+    api_url: str = ""
     argv: tuple[str, ...] = ()
     manage: tuple[str, ...] = ("python", "manage.py")
 
@@ -111,7 +122,7 @@ class _State:
     kube_system_uid: str = ""
     nodes: list = field(default_factory=list)
     gpu_nodes: dict[str, int] = field(default_factory=dict)  # node -> GPUs on the PCI bus
-    cluster: Cluster | None = None
+    cluster: dict | None = None  # the registration as GET /api/v1/clusters/{id} shows it to staff
     storage: releases.StoragePlan | None = None
     started_at: Any = None
 
@@ -147,11 +158,11 @@ class Attach:
 
     # ----------------------------------------------------------------- driver
 
-    def run(self) -> Cluster:
+    def run(self) -> dict:
         """Run the nine steps in order.
 
         Returns:
-            The registered ``Cluster`` (connected, with its first inventory in).
+            The registered cluster as ``GET /api/v1/clusters/{id}`` shows it (connected, first inventory in).
 
         Raises:
             AttachStopped: a step found a problem it cannot fix; nothing after it ran.
@@ -185,6 +196,10 @@ class Attach:
             return step()
         except AttachStopped:
             raise
+        except ControlPlaneError as exc:
+            raise self._stop(f"the control plane at {self._api_url} answered: {exc.detail}"
+                             + (f" (HTTP {exc.status}, code {exc.code})" if exc.code else ""),
+                             _control_plane_fix(exc, self._api_url)) from None
         except (KubeRefused, KubeUnavailable) as exc:
             if not exc.status:
                 raise self._stop(f"{server} stopped answering ({exc.cause_name})",
@@ -204,6 +219,44 @@ class Attach:
             raise self._stop(f"{exc} (code {exc.code})", f"do what the message says (code {exc.code}, docs/errors.md)") from None
         except ValidationError as exc:
             raise self._stop(f"invalid value: {'; '.join(exc.messages)}", "correct the flag and re-run") from None
+
+    @property
+    def _api_url(self) -> str:
+        return self.options.api_url or self.options.control_plane_url
+
+    def _control_plane(self) -> ControlPlaneClient:
+        return ControlPlaneClient(self._api_url, self.options.api_token, timeout=_timeout() + 5,
+                                  long_timeout=max(_timeout(), settings.GSHARE_OPERATOR_TOKEN_PUSH_TIMEOUT) * 3 + 30)
+
+    def _check_control_plane(self) -> str:
+        """Refuse before anything touches the cluster: no token, a control plane that does not answer, a token that is
+        not a staff token, or a release that does not work with this checkout's (whose operator chart is deployed)."""
+        if not self.options.api_token:
+            raise self._stop("no API token: the attach talks to the control plane through its API as a staff user",
+                             "create a staff token where the control plane runs (manage.py create_api_token <staff user>), then "
+                             "export GSHARE_API_TOKEN=<token> or pass --token-file <file holding it>")
+        with self._control_plane() as api:
+            try:
+                served = api.version()
+            except ControlPlaneError as exc:
+                if exc.status == 401:
+                    raise self._stop(f"the control plane at {self._api_url} refused the API token ({exc.code or 'HTTP 401'}: {exc.detail})",
+                                     "create a new token (manage.py create_api_token <staff user>) and pass it in GSHARE_API_TOKEN "
+                                     "or --token-file") from None
+                raise self._stop(f"the control plane at {self._api_url} did not answer as gShare's API: {exc.detail}",
+                                 _control_plane_fix(exc, self._api_url)) from None
+            who = api.me()
+        if not isinstance(served, dict) or not isinstance(who, dict):
+            raise self._stop(f"{self._api_url} answered, but not as gShare's API", _control_plane_fix(ControlPlaneError(""), self._api_url))
+        if not who.get("is_staff"):
+            raise self._stop(f"the API token belongs to {who.get('username')!r}, who is not a staff user",
+                             "use a staff user's token: manage.py create_api_token <staff user> (docs/tokens.md)")
+        theirs, contract = str(served.get("version") or "?"), str(served.get("operator_contract") or "?")
+        if not compatible(GSHARE_VERSION, theirs) or contract != GSHARE_API_VERSION:
+            raise self._stop(f"the control plane runs gShare {theirs} (operator contract {contract}); this checkout is "
+                             f"{GSHARE_VERSION} ({GSHARE_API_VERSION}), whose operator chart the attach would deploy",
+                             f"run the attach from a checkout of the control plane's release: git checkout v{theirs}")
+        return f"gShare {theirs} at {self._api_url} as {who.get('username')}"
 
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
@@ -266,6 +319,8 @@ class Attach:
         except KubeconfigError as exc:
             raise self._stop(f"{exc} (code {exc.code})", fixes.kubeconfig_fix(exc, text=text, path=path)) from None
         self.state.kubeconfig, self.state.config, self.state.server = valid.as_yaml(), valid.config, valid.server
+        # Only local checks so far; the control plane is asked before anything is sent to the cluster.
+        control_plane = self._check_control_plane()
         with _api(self.state) as kube:
             try:
                 version = kube.version()
@@ -286,7 +341,7 @@ class Attach:
             listed = ", ".join(sorted(_name(n) for n in nodes)[:20])
             raise self._stop(f"--ingress-node {self.options.ingress_node} is not a node of this cluster",
                              f"pass one of its nodes as --ingress-node (the one the session domain's DNS points at): {listed}")
-        return f"ok: Kubernetes {self.state.git_version} at {valid.server}, {len(nodes)} nodes"
+        return f"ok: {control_plane}; Kubernetes {self.state.git_version} at {valid.server}, {len(nodes)} nodes"
 
     # ----------------------------------------------------------------- check pods
 
@@ -462,73 +517,76 @@ class Attach:
     # ----------------------------------------------------------------- 6
 
     def step_register(self) -> str:
-        """Step 6: register through ``cluster_register`` (probe included), or keep the existing registration."""
-        from clusters import services
-
+        """Step 6: register through ``POST /api/v1/clusters`` (the control plane probes the cluster), or keep the
+        existing registration of this cluster and bring its settings and credential up to date with ``PATCH``."""
         storage_class = self.state.storage.storage_class if self.state.storage else ""
-        existing = Cluster.objects.filter(name=self.options.name).exclude(status=Cluster.Status.DEREGISTERED).first()
-        if existing is not None:
-            same = (existing.kube_system_uid == self.state.kube_system_uid if existing.kube_system_uid and self.state.kube_system_uid
-                    else existing.apiserver_url == self.state.server)
-            if not same:
-                raise self._stop(f"the name {self.options.name} is registered for another cluster ({existing.public_id} at "
-                                 f"{existing.apiserver_url}, kube-system uid {existing.kube_system_uid or 'unknown'})",
-                                 f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{existing.public_id}")
-            changes: dict[str, str] = {key: value for key, value in (("session_domain", self.options.session_domain),
-                                                                     ("ingress_node", self.options.ingress_node),
-                                                                     ("volume_storage_class", storage_class))
-                                       if value and getattr(existing, key) != value}
-            if existing.kubeconfig != self.state.kubeconfig:
-                # A rotated credential (or the same cluster at a new address): PATCH's rules, same-cluster check included.
-                changes["kubeconfig"] = self.state.kubeconfig
-            if changes:
+        with self._control_plane() as api:
+            existing = api.cluster_named(self.options.name)
+            if existing is not None:
+                known_uid = existing.get("kube_system_uid") or ""
+                same = (known_uid == self.state.kube_system_uid if known_uid and self.state.kube_system_uid
+                        else existing.get("apiserver_url") == self.state.server)
+                if not same:
+                    raise self._stop(f"the name {self.options.name} is registered for another cluster ({existing['id']} at "
+                                     f"{existing.get('apiserver_url')}, kube-system uid {known_uid or 'unknown'})",
+                                     f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{existing['id']}")
+                changes: dict[str, str] = {key: value for key, value in (("session_domain", self.options.session_domain),
+                                                                         ("ingress_node", self.options.ingress_node),
+                                                                         ("volume_storage_class", storage_class))
+                                           if value and existing.get(key) != value}
+                # The credential is sent every time: the control plane keeps it when it is the one it holds, else checks
+                # that it reaches the same cluster (kube-system uid) and replaces it in place.
                 try:
-                    existing = services.cluster_update(cluster=existing, changes=changes)
-                except ApplicationError as exc:
-                    raise self._stop(f"the registration of {existing.name} ({existing.public_id}) could not be updated: {exc} (code {exc.code})",
-                                     fixes.registration_fix(exc, rerun=self.options.argv, session_domain=existing.session_domain)) from None
-            self.state.cluster = existing
-            updated = f", updated {', '.join(sorted(changes))}" if changes else ""
-            return f"ok: already registered as {existing.public_id} (kept{updated})"
-        try:
-            cluster = services.cluster_register(name=self.options.name, kubeconfig=self.state.kubeconfig,
-                                                session_domain=self.options.session_domain,
-                                                ingress_node=self.options.ingress_node, volume_storage_class=storage_class)
-        except ApplicationError as exc:
-            raise self._stop(f"registration refused: {exc} (code {exc.code})", fixes.registration_fix(exc, rerun=self.options.argv)) from None
-        except Exception as exc:  # django ValidationError on a malformed field
-            raise self._stop(f"registration refused: {exc}", "check --name, --session-domain and --ingress-node") from None
+                    updated = api.update(existing["id"], {**changes, "kubeconfig": self.state.kubeconfig})
+                except ControlPlaneError as exc:
+                    raise self._stop(f"the registration of {existing['name']} ({existing['id']}) could not be updated: {exc.detail} "
+                                     f"(code {exc.code or exc.status})",
+                                     fixes.registration_fix(_as_application_error(exc), rerun=self.options.argv,
+                                                            session_domain=existing.get("session_domain") or "",
+                                                            cluster_lookup=_lookup(api))) from None
+                self.state.cluster = updated
+                listed = f", updated {', '.join(sorted(changes))}" if changes else ""
+                return f"ok: already registered as {existing['id']} (kept{listed}; credential checked)"
+            try:
+                cluster = api.register({"name": self.options.name, "kubeconfig": self.state.kubeconfig,
+                                        "session_domain": self.options.session_domain, "ingress_node": self.options.ingress_node,
+                                        "volume_storage_class": storage_class})
+            except ControlPlaneError as exc:
+                if not exc.code:
+                    raise
+                raise self._stop(f"registration refused: {exc.detail} (code {exc.code})",
+                                 fixes.registration_fix(_as_application_error(exc), rerun=self.options.argv,
+                                                        cluster_lookup=_lookup(api))) from None
         self.state.cluster = cluster
-        return f"ok: registered as {cluster.public_id}"
+        return f"ok: registered as {cluster['id']}"
 
     # ----------------------------------------------------------------- 7
 
     def step_operator(self) -> str:
-        """Step 7: write the operator's token Secret, then install/upgrade ``charts/gshare-operator``."""
-        from clusters.operator_token.rotation import operator_token_push
-
+        """Step 7: the control plane writes the operator's token Secret (the token never reaches this machine), then
+        install/upgrade ``charts/gshare-operator``."""
         cluster = self.state.cluster
         assert cluster is not None
         with _api(self.state) as kube:
             self._ensure_namespace(kube, releases.operator_namespace())
+        retry = (f"retry the token alone: POST {self._api_url}/api/v1/clusters/{cluster['id']}/operator-token/push "
+                 f"(or, where the control plane runs: manage.py rotate_operator_tokens --cluster {cluster['id']})")
+        with self._control_plane() as api:
+            try:
+                pushed = api.operator_token_push(cluster["id"])
+            except ControlPlaneError as exc:
+                raise self._stop(f"the control plane could not write the operator token Secret: {exc.detail}"
+                                 + (f" (code {exc.code})" if exc.code else ""), retry) from None
         try:
-            operator_token_push(cluster)
-        except Exception as exc:
-            raise self._stop(f"could not write the operator token Secret: {exc}",
-                             f"retry the token alone: {self._manage('rotate_operator_tokens', '--cluster', cluster.public_id)}") from None
-        cluster.refresh_from_db()
-        if cluster.operator_token_rotation_error:
-            raise self._stop(f"could not write the operator token Secret: {cluster.operator_token_rotation_error}",
-                             f"retry the token alone: {self._manage('rotate_operator_tokens', '--cluster', cluster.public_id)}")
-        try:
-            release = releases.operator_release(cluster_id=cluster.public_id, control_plane_url=self.options.control_plane_url,
+            release = releases.operator_release(cluster_id=cluster["id"], control_plane_url=self.options.control_plane_url,
                                                 image=self.options.operator_image,
                                                 storage_class=self.state.storage.storage_class if self.state.storage else "")
         except ApplicationError as exc:
             raise self._stop(str(exc), "fix --operator-image") from None
         done = self._install(release)
-        expires = cluster.operator_token_expires_at.strftime("%Y-%m-%d %H:%M UTC") if cluster.operator_token_expires_at else "?"
-        return f"ok: {done}; token Secret gshare-operator-internal-jwt written (expires {expires})"
+        expires = str(pushed.get("expires_at") or "?").replace("T", " ")[:16] + (" UTC" if pushed.get("expires_at") else "")
+        secret = pushed.get("secret") or settings.GSHARE_OPERATOR_TOKEN_SECRET
+        return f"ok: {done}; token Secret {secret} {pushed.get('secret_action') or 'written'} by the control plane (expires {expires})"
 
     # ----------------------------------------------------------------- 8
 
@@ -561,27 +619,63 @@ class Attach:
 
     def step_connection(self) -> str:
         """Step 9: the connection test passes and the operator's first inventory (after this attach began) arrives."""
-        from clusters import services
-
         cluster = self.state.cluster
         assert cluster is not None
-        result = services.cluster_connection_test(cluster=cluster)
-        failed = {name: result["detail"].get(name, "") for name, ok in result["checks"].items() if not ok}
-        hard = {name: detail for name, detail in failed.items() if name != "operator_reporting"}
-        if hard:
-            name, detail = next(iter(hard.items()))
-            # The connection test's sentences name their fix (clusters.probe); print it as the fix.
-            raise self._stop(f"connection test: {name} failed: {detail}", detail)
-        deadline = time.monotonic() + settings.GSHARE_ATTACH_INVENTORY_TIMEOUT
-        while True:
-            cluster.refresh_from_db()
-            if cluster.last_heartbeat_at and cluster.last_heartbeat_at >= self.state.started_at:
-                break
-            if time.monotonic() > deadline:
-                raise self._stop(f"the operator has sent no inventory within {settings.GSHARE_ATTACH_INVENTORY_TIMEOUT:.0f} s",
-                                 f"see why: kubectl -n {releases.operator_namespace()} logs deploy/gshare-operator "
-                                 f"(it must reach {self.options.control_plane_url})")
-            time.sleep(0.5)
-        result = services.cluster_connection_test(cluster=cluster)
-        nodes = cluster.nodes.count()
-        return f"ok: {result['status']}; first inventory in ({nodes} GPU node(s))"
+        with self._control_plane() as api:
+            result = api.connection_test(cluster["id"])
+            failed = {name: (result.get("detail") or {}).get(name, "") for name, ok in (result.get("checks") or {}).items() if not ok}
+            hard = {name: detail for name, detail in failed.items() if name not in SOFT_CHECKS}
+            if hard:
+                name, detail = next(iter(hard.items()))
+                # The connection test's sentences name their fix (clusters.probe); print it as the fix.
+                raise self._stop(f"connection test: {name} failed: {detail}", detail)
+            deadline = time.monotonic() + settings.GSHARE_ATTACH_INVENTORY_TIMEOUT
+            while True:
+                current = api.cluster(cluster["id"])
+                heartbeat = _parse_time(current.get("last_heartbeat_at"))
+                if heartbeat is not None and heartbeat >= self.state.started_at:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._stop(f"the operator has sent no inventory within {settings.GSHARE_ATTACH_INVENTORY_TIMEOUT:.0f} s",
+                                     f"see why: kubectl -n {releases.operator_namespace()} logs deploy/gshare-operator "
+                                     f"(it must reach {self.options.control_plane_url})")
+                time.sleep(0.5)
+            result = api.connection_test(cluster["id"])
+            self.state.cluster = api.cluster(cluster["id"])
+        return f"ok: {result.get('status')}; first inventory in ({self.state.cluster.get('node_count', 0)} GPU node(s))"
+
+
+#: Connection-test checks that do not stop the attach: the operator is only being deployed.
+SOFT_CHECKS = frozenset({"operator_reporting"})
+
+
+def _parse_time(value: Any):
+    """An RFC 3339 time from the API as an aware UTC datetime, or None."""
+    return rfc3339.parse(value)
+
+
+def _as_application_error(exc: ControlPlaneError) -> ApplicationError:
+    """The control plane's refusal as the ApplicationError it was raised as there (code, detail, extra), for the fixes."""
+    return ApplicationError(exc.detail, code=exc.code or "application_error", status=exc.status or 502, extra=exc.extra)
+
+
+def _lookup(api: ControlPlaneClient) -> Callable[[str], dict | None]:
+    """``clu_...`` id -> the cluster as the API shows it, or None when it cannot be read (for a fix's wording only)."""
+    def lookup(cluster_id: str) -> dict | None:
+        try:
+            return api.cluster(cluster_id)
+        except ControlPlaneError:
+            return None
+    return lookup
+
+
+def _control_plane_fix(exc: ControlPlaneError, url: str) -> str:
+    """What to do when the control plane's API did not answer as expected."""
+    if exc.status == 0:
+        return (f"check this machine reaches the control plane's API: curl -sS {url}/healthz (pass --api-url if it is "
+                "reached at another address from here than from the cluster's pods)")
+    if exc.status in (401, 403) and exc.code in ("not_authenticated", "authentication_failed", "token_expired", "token_revoked"):
+        return "create a new token (manage.py create_api_token <staff user>) and pass it in GSHARE_API_TOKEN or --token-file"
+    if exc.code:
+        return f"do what the message says (code {exc.code}, docs/errors.md)"
+    return f"check that {url} is the control plane's address: curl -sS {url}/api/v1/version -H 'Authorization: Bearer <token>'"

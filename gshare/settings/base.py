@@ -85,26 +85,31 @@ TEMPLATES = [
     },
 ]
 
+#: A command that runs away from the control plane (``attach_cluster`` on an operator's laptop; manage.py sets it):
+#: no database, no Redis, no encryption key. Anything that would query the database raises instead.
+CLIENT_ONLY = env.bool("GSHARE_CLIENT_ONLY", default=False)
+
 # Database: DATABASE_URL, else the embedded PostgreSQL (see gshare/embedded.py).
-if not env.str("DATABASE_URL", default=""):
+if not CLIENT_ONLY and not env.str("DATABASE_URL", default=""):
     if PRODUCTION:
         raise ImproperlyConfigured("DATABASE_URL is not set: point it at the control plane's PostgreSQL.")
     env.ENVIRON["DATABASE_URL"] = embedded.embedded_database_url()
-DATABASES = {"default": env.db("DATABASE_URL")}
+DATABASES = {"default": {"ENGINE": "django.db.backends.dummy"} if CLIENT_ONLY else env.db("DATABASE_URL")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)
 # A database host that drops packets must not hold a request (connect verify answers 503 fast) for the OS's TCP timeout.
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5))
 
 # Redis: REDIS_URL, else the embedded Redis.
-if not env.str("REDIS_URL", default=""):
+if not CLIENT_ONLY and not env.str("REDIS_URL", default=""):
     if PRODUCTION:
         raise ImproperlyConfigured("REDIS_URL is not set: point it at the control plane's Redis.")
     env.ENVIRON["REDIS_URL"] = embedded.embedded_redis_url()
-REDIS_URL = env.str("REDIS_URL")
+# A client-only command never dials Redis: the name below cannot resolve (RFC 6761 .invalid).
+REDIS_URL = env.str("REDIS_URL", default="redis://client-only.invalid:6379/0")
 
 # Encryption at rest (gshare/crypto.py): Fernet keys, first encrypts, all decrypt.
 GSHARE_ENCRYPTION_KEYS = env.list("GSHARE_ENCRYPTION_KEYS", default=[])
-if not GSHARE_ENCRYPTION_KEYS:
+if not GSHARE_ENCRYPTION_KEYS and not CLIENT_ONLY:
     if PRODUCTION:
         raise ImproperlyConfigured(
             "GSHARE_ENCRYPTION_KEYS is not set: generate one with "

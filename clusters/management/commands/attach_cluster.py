@@ -1,4 +1,8 @@
-"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (clusters.attach.steps)."""
+"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (clusters.attach.steps).
+
+It runs on any machine that has the cluster's admin kubeconfig and a staff API token: it reaches the control plane only
+through its public API, and ``manage.py`` runs it with ``GSHARE_CLIENT_ONLY`` set (settings without a database or
+Redis: gshare/settings/base.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +15,14 @@ from audit.context import command_actor
 from clusters.attach.fixes import invocation
 from clusters.attach.steps import Attach, AttachOptions, AttachStopped
 
+#: Environment variable holding the staff API token (when ``--token-file`` is not given).
+TOKEN_ENV = "GSHARE_API_TOKEN"
+MAX_TOKEN_FILE_BYTES = 4096
+
 
 class Command(BaseCommand):
+    # Django's system checks inspect the database configuration; the attach has none.
+    requires_system_checks: list[str] = []
     help = (
         "Attach a GPU cluster in nine idempotent steps: check the nodes, install the nvidia RuntimeClass, HAMi and "
         "ingress-nginx, register the cluster, deploy its operator (and NFS storage), wait for its first inventory. "
@@ -28,17 +38,23 @@ class Command(BaseCommand):
         parser.add_argument("--storage-values", metavar="PATH", help="democratic-csi NFS Helm values: check NFS on every node, install the CSI driver")
         parser.add_argument("--skip-ingress", action="store_true", help="do not install ingress-nginx (the cluster has an ingress controller)")
         parser.add_argument("--operator-image", metavar="IMAGE", help="operator image repository:tag (default: the chart's)")
+        parser.add_argument("--token-file", metavar="PATH",
+                            help=f"file holding a staff API token (default: the {TOKEN_ENV} environment variable)")
+        parser.add_argument("--api-url", metavar="URL",
+                            help="where this machine reaches the control plane's API, when not at --control-plane")
 
     @command_actor
     def handle(self, *args, **options):  # noqa: D102
         # "then re-run:" names what the user ran: `python manage.py attach_cluster ...`, or hack/attach-cluster.sh
         # (which sets GSHARE_ATTACH_INVOKED_AS); nothing specific under call_command.
         rerun, manage = invocation(argv=sys.argv, orig_argv=getattr(sys, "orig_argv", sys.argv), environ=os.environ)
+        token = self._token(options["token_file"])
         attach_options = AttachOptions(
             kubeconfig_path=options["kubeconfig"], name=options["name"], control_plane_url=options["control_plane"].rstrip("/"),
             session_domain=options["session_domain"], ingress_node=options["ingress_node"],
             storage_values_path=options["storage_values"], skip_ingress=options["skip_ingress"],
-            operator_image=options["operator_image"], argv=rerun, manage=manage,
+            operator_image=options["operator_image"], api_token=token, api_url=(options["api_url"] or "").rstrip("/"),
+            argv=rerun, manage=manage,
         )
         attach = Attach(attach_options, echo=lambda line: self.stdout.write(line))
         try:
@@ -46,4 +62,20 @@ class Command(BaseCommand):
         except AttachStopped as stop:
             self.stderr.write(f"\nThe attach stopped. To fix it:\n{stop.fix}")
             raise CommandError(stop.problem, returncode=1) from None
-        self.stdout.write(self.style.SUCCESS(f"\nCluster {cluster.name} is attached as {cluster.public_id}."))
+        self.stdout.write(self.style.SUCCESS(f"\nCluster {cluster['name']} is attached as {cluster['id']}."))
+
+    @staticmethod
+    def _token(path: str | None) -> str:
+        """The staff API token from ``--token-file`` (first line, at most 4 KiB) or ``GSHARE_API_TOKEN``; "" when neither."""
+        if not path:
+            return os.environ.get(TOKEN_ENV, "").strip()
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
+        except OSError as exc:
+            raise CommandError(f"cannot read --token-file {path}: {exc.strerror or exc}", returncode=2) from None
+        if len(data) > MAX_TOKEN_FILE_BYTES:
+            raise CommandError(f"--token-file {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes: it must hold only the token",
+                               returncode=2)
+        lines = data.decode("utf-8", errors="replace").strip().splitlines()
+        return lines[0].strip() if lines else ""

@@ -443,7 +443,7 @@ def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_se
     rotated.write_text(yaml.safe_dump(config))
     out, err, error, _ = attach(rotated, live_server, "--skip-ingress")
     assert error is None, out + err
-    assert f"already registered as {cluster.public_id} (kept, updated kubeconfig)" in out
+    assert f"already registered as {cluster.public_id} (kept; credential checked)" in out
     cluster.refresh_from_db()
     assert "rotated-admin" in cluster.kubeconfig and cluster.credential_generation == 1
 
@@ -597,3 +597,79 @@ def test_an_apiserver_that_goes_silent_mid_attach_stops_it_with_a_fix(attach_set
         assert fix_of(run) == f"check it is reachable from the control plane: curl -k --max-time 10 https://127.0.0.1:{proxy.port}/version"
     finally:
         proxy.close()
+
+
+def test_attach_from_a_laptop_reaches_the_control_plane_only_through_its_api(
+        attach_settings, bare_cluster, operator_kubelet, live_server, attach_api_token, tmp_path):
+    """hack/attach-cluster.sh as a user runs it on a laptop: no DATABASE_URL, no REDIS_URL, the token in a file. It starts
+    no local PostgreSQL or Redis, and the cluster ends up registered, its operator token pushed by the control plane."""
+    import subprocess
+
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    operator_kubelet(emulated, kubeconfig_path)
+    laptop = tmp_path / "laptop"
+    token_file = tmp_path / "token"
+    token_file.write_text(attach_api_token + "\n")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "GSHARE_TEST_DATABASE", "GSHARE_API_TOKEN")}
+    env.update({
+        "GSHARE_HOME": str(laptop), "GSHARE_LOOPBACK_ALLOWLIST": ",".join(attach_settings.GSHARE_LOOPBACK_ALLOWLIST),
+        **{f"GSHARE_ATTACH_{key}": str(getattr(attach_settings, f"GSHARE_ATTACH_{key}")) for key in (
+            "HAMI_REPO", "HAMI_CHART_VERSION", "INGRESS_NGINX_REPO", "INGRESS_NGINX_CHART_VERSION", "CHECK_TIMEOUT", "GPU_TIMEOUT",
+            "INVENTORY_TIMEOUT")},
+        "GSHARE_PROBE_TIMEOUT": str(attach_settings.GSHARE_PROBE_TIMEOUT),
+    })
+    run = subprocess.run(
+        [str(ROOT / "hack" / "attach-cluster.sh"), "--kubeconfig", str(kubeconfig_path), "--name", "lab-c1", "--control-plane", live_server.url,
+         "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01", "--skip-ingress", "--token-file", str(token_file)],
+        env=env, capture_output=True, text=True, timeout=170, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Cluster lab-c1 is attached as clu_" in run.stdout
+    assert "by the control plane" in run.stdout and attach_api_token not in run.stdout + run.stderr
+    cluster = Cluster.objects.get(name="lab-c1")
+    assert cluster.status == Cluster.Status.CONNECTED and cluster.operator_token_rotated_at is not None
+    assert not any((laptop / name).exists() for name in ("postgres", "redis", "encryption.key")), sorted(p.name for p in laptop.iterdir())
+
+
+@pytest.mark.parametrize("case", ["no token", "wrong token", "researcher token", "not gshare", "down"])
+def test_the_control_plane_is_checked_before_anything_touches_the_cluster(case, attach_settings, bare_cluster, live_server, monkeypatch,
+                                                                          plain_user, tmp_path):
+    from tests.conftest import _token_for
+
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    url = live_server.url
+    if case == "no token":
+        monkeypatch.delenv("GSHARE_API_TOKEN")
+    elif case == "wrong token":
+        monkeypatch.setenv("GSHARE_API_TOKEN", "gsh_not-a-token")
+    elif case == "researcher token":
+        monkeypatch.setenv("GSHARE_API_TOKEN", _token_for(plain_user))
+    elif case == "not gshare":
+        url = emulated.url  # an HTTPS server that is not gShare (the emulator's apiserver)
+    else:
+        url = "http://127.0.0.1:9"
+    before = len(emulated.objects_of("namespaces"))
+    run = run_command(["--kubeconfig", str(kubeconfig_path), "--name", "lab-c1", "--control-plane", url,
+                       "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01"])
+    fix = fix_of(run)
+    expected = {"no token": ("no API token", "GSHARE_API_TOKEN"),
+                "wrong token": ("refused the API token", "manage.py create_api_token"),
+                "researcher token": ("'alice', who is not a staff user", "use a staff user's token"),
+                "not gshare": ("did not answer as gShare's API", url),
+                "down": ("connection refused", "curl -sS http://127.0.0.1:9/healthz")}[case]
+    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out and expected[0] in str(run.error), run.out + run.err
+    assert expected[1] in fix
+    assert len(emulated.objects_of("namespaces")) == before and not emulated.objects_of("pods")
+    assert not Cluster.objects.exists()
+
+
+def test_a_control_plane_of_another_release_is_refused_with_the_checkout_to_use(attach_settings, bare_cluster, live_server, monkeypatch):
+    from clusters.attach import steps
+    from gshare.version import GSHARE_VERSION
+
+    emulated, kubeconfig_path = bare_cluster("lab-c1")
+    monkeypatch.setattr(steps, "GSHARE_VERSION", "0.9.1")  # this checkout, as if it were another release
+    run = attach(kubeconfig_path, live_server)
+    assert f"the control plane runs gShare {GSHARE_VERSION}" in str(run.error) and "this checkout is 0.9.1" in str(run.error)
+    assert fix_of(run) == f"run the attach from a checkout of the control plane's release: git checkout v{GSHARE_VERSION}"
+    assert not emulated.objects_of("pods")
