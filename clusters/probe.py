@@ -79,15 +79,17 @@ class ProbeResult:
 
 
 def _unreachable_detail(server: str, seconds: float, exc: KubeUnavailable) -> str:
-    if exc.deadline_exceeded:
-        return (
-            f"The apiserver at {server} did not answer within {seconds:g} s: no complete answer came in that time (the "
-            "connection was cut off at the deadline). Check that the control plane can reach it (firewall, VPN, proxy, the "
-            "address in the kubeconfig), that the address is the apiserver's, and that the cluster is up."
-        )
+    """Why registration "hangs, then fails": the probe dials from the control plane's pods, not from where the request
+    was sent, so the address must be reachable from there within ``GSHARE_PROBE_TIMEOUT``."""
+    why = "the connection was cut off at the deadline" if exc.deadline_exceeded else exc.cause_name
     return (
-        f"The apiserver at {server} did not answer within {seconds:g} s ({exc.cause_name}): check that the "
-        "control plane can reach it (firewall, VPN, the address in the kubeconfig) and that the cluster is up."
+        f"The apiserver at {server} did not answer within {seconds:g} s, the probe's time budget (GSHARE_PROBE_TIMEOUT): "
+        f"no complete answer came in that time ({why}). The probe dials it from the control plane's pods, not from your "
+        f"machine, so that address must be reachable from them: try it from a control plane pod (`kubectl exec "
+        f"deploy/gshare-api -- python -c \"import requests; print(requests.get('{server}/version', verify=False, "
+        f"timeout={seconds:g}).status_code)\"`, gshare-api being the chart's api Deployment), open the firewall or VPN "
+        "between them, put the apiserver's routable address in the kubeconfig (not 127.0.0.1 or a tunnel on your "
+        "machine), and check that the cluster is up."
     )
 
 
@@ -125,8 +127,10 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             else:
                 result.fail(
                     "runtime_class_nvidia",
-                    "The cluster has no RuntimeClass `nvidia`: install the NVIDIA container toolkit on the GPU nodes and "
-                    "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md).",
+                    "The cluster has no RuntimeClass `nvidia`: prepare it with the attach command "
+                    "(`hack/attach-cluster.sh`, docs/attach.md: it installs the runtime class, HAMi and the rest), or by "
+                    "hand: install the NVIDIA container toolkit on the GPU nodes and create the RuntimeClass "
+                    "(`kubectl apply -f` the one in docs/attach-a-cluster.md, step 1).",
                 )
 
             hami = [ds for ds in kube.list(DAEMON_SETS) if _is_hami_device_plugin(ds)]
@@ -135,8 +139,10 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             else:
                 result.fail(
                     "hami_device_plugin",
-                    "No HAMi device-plugin DaemonSet was found: install HAMi (`helm install hami hami-charts/hami -n kube-system`, "
-                    "see docs/attach-a-cluster.md) so GPUs can be shared and reported.",
+                    "No HAMi device-plugin DaemonSet was found: prepare the cluster with the attach command "
+                    "(`hack/attach-cluster.sh`, docs/attach.md), or by hand install HAMi "
+                    "(`helm install hami hami-charts/hami -n kube-system`, docs/attach-a-cluster.md step 1) so GPUs can be "
+                    "shared and reported.",
                 )
 
             nodes = kube.list(NODES, label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}")

@@ -72,7 +72,7 @@ def test_version_and_me_tell_a_client_what_answers(http, http_user, anon):
     from operator_agent.contract import GSHARE_API_VERSION
 
     body = http.get("/api/v1/version").json()
-    assert {key: body[key] for key in ("version", "api", "operator_contract")} == {"version": GSHARE_VERSION, "api": "v1", "operator_contract": GSHARE_API_VERSION}
+    assert (body["version"], body["api"], body["operator_contract"]) == (GSHARE_VERSION, "v1", GSHARE_API_VERSION)
     assert body["cluster_layout"] == {"session_namespace": "gshare-sessions", "operator_namespace": "gshare-system",
                                       "operator_token_secret": "gshare-operator-internal-jwt", "volume_move_enabled": False}
     assert http.get("/api/v1/me").json() == {"username": "admin", "is_staff": True}

@@ -33,8 +33,14 @@ def attach_api_token(request, monkeypatch):
 
 
 @pytest.fixture
-def attach_settings(settings, chart_repo, tmp_path, monkeypatch):
-    """Point attach_cluster at the loopback chart repository, with short waits; keep Helm's cache in tmp_path."""
+def attach_settings(settings, chart_repo, tmp_path, monkeypatch, live_server):
+    """Point attach_cluster at the loopback chart repository, with short waits; keep Helm's cache in tmp_path.
+
+    The session Ingresses' auth-url is the live server's, so the operator's ``verify_reachable`` check passes (the
+    session domains are under ``.localhost``, which resolves to the loopback address the fleet gives each ingress
+    node: ``session_domain_resolves`` passes too, and a re-run's connection test finds nothing to stop on).
+    """
+    settings.GSHARE_CONTROL_PLANE_URL = live_server.url
     for key in ("HAMI", "INGRESS_NGINX", "DEMOCRATIC_CSI"):
         setattr(settings, f"GSHARE_ATTACH_{key}_REPO", chart_repo)
     settings.GSHARE_ATTACH_HAMI_CHART_VERSION = "2.7.1"

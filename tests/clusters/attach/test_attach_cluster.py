@@ -79,7 +79,7 @@ def run_command(args: list[str], via: str = "manage") -> Run:
 def attach(kubeconfig_path, live_server, *extra, name="lab-c1", ingress_node="lab-c1-cp-01", session_domain=None, via="manage") -> Run:
     """Run the command as ``via`` (``manage`` or ``hack``) would."""
     return run_command(["--kubeconfig", str(kubeconfig_path), "--name", name, "--control-plane", live_server.url,
-                        "--session-domain", session_domain or f"{name}.gpu.example.org", "--ingress-node", ingress_node, *extra], via)
+                        "--session-domain", session_domain or f"{name}.gpu.localhost", "--ingress-node", ingress_node, *extra], via)
 
 
 def fix_of(run: Run) -> str:
@@ -120,7 +120,7 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
 
     cluster = Cluster.objects.get(name="lab-c1")
     assert cluster.status == Cluster.Status.CONNECTED
-    assert cluster.session_domain == "lab-c1.gpu.example.org" and cluster.ingress_node == "lab-c1-cp-01"
+    assert cluster.session_domain == "lab-c1.gpu.localhost" and cluster.ingress_node == "lab-c1-cp-01"
     expected = fleet.expected_inventory("lab-c1")
     assert cluster.nodes.count() == expected["nodes"]
     assert cluster.operator_token_expires_at is not None
@@ -385,7 +385,7 @@ def mutations(emulated) -> list[dict]:
 def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem,
                                                                           fix, via):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
-    args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.example.org",
+    args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.localhost",
             "--ingress-node": "lab-c1-cp-01", "--kubeconfig": str(kubeconfig_path), flag: value}
     run = run_command([part for item in args.items() for part in item], via)
     assert run.error is not None and problem in str(run.error)
@@ -496,7 +496,7 @@ def test_registration_refusals_at_step_7_name_their_fix(attach_settings, bare_cl
     emulated, path = bare_cluster("lab-c1")
 
     # Another cluster serves sessions at the hostname.
-    holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.example.org")
+    holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.localhost")
     run = attach(path, live_server, "--skip-ingress")
     assert "[7/10] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
     assert fix_of(run) == (
@@ -537,7 +537,7 @@ def test_the_rerun_line_is_the_command_the_user_ran(tmp_path, via):
 
     path = kubeconfig_fixture(tmp_path, "k3s.yaml")
     flags = ["--kubeconfig", str(path), "--name", "lab-c1", "--control-plane", "https://gshare.example.org",
-             "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01"]
+             "--session-domain", "lab-c1.gpu.localhost", "--ingress-node", "lab-c1-cp-01"]
     argv = [sys.executable, "manage.py", "attach_cluster", *flags] if via == "manage.py" else ["hack/attach-cluster.sh", *flags]
     env = {k: v for k, v in os.environ.items() if k != INVOKED_AS_ENV} | {"PYTHON": sys.executable}
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
