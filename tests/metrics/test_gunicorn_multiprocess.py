@@ -68,9 +68,9 @@ def gunicorn(tmp_path):
         while True:
             assert server.poll() is None, log.read_text()[-3000:]
             try:
-                if requests.get(url + "/internal/ping", timeout=2).status_code == 204:
+                if requests.get(url + "/internal/ping", timeout=5).status_code == 204:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or a worker still loading the application
                 pass
             assert time.monotonic() < deadline, "gunicorn did not answer in 60 s:\n" + log.read_text()[-3000:]
             time.sleep(0.2)
@@ -85,11 +85,11 @@ def test_counters_are_summed_over_every_worker(gunicorn):
     GpuDeviceFactory(node__cluster=ClusterFactory(name="alpha"))
     assert not (multiproc / "counter_99999.db").exists()
     for _ in range(VERIFIES):  # a new connection each: the two workers share the listening socket
-        response = requests.get(url + "/internal/connect/verify", headers={"Connection": "close"}, timeout=10)
+        response = requests.get(url + "/internal/connect/verify", headers={"Connection": "close"}, timeout=30)
         assert response.status_code == 401
     writers = {p.name.rsplit("_", 1)[-1] for p in multiproc.glob("histogram_*.db")}
     for _ in range(4):  # whichever worker answers the scrape, it reports every worker's count
-        scrape = requests.get(url + "/metrics", headers={"Connection": "close"}, timeout=10)
+        scrape = requests.get(url + "/metrics", headers={"Connection": "close"}, timeout=30)
         assert scrape.status_code == 200
         families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
         counts = [s.value for s in families["gshare_connect_verify_duration_seconds"].samples

@@ -215,6 +215,25 @@ def test_policy_refusals_are_counted(django_user_model):
     assert counter("gshare_placement_decisions_total", outcome="refused_by_policy") == before + 1
 
 
+def test_accepted_and_duplicate_usage_samples_are_counted(client):
+    from billing import ingest
+    from clusters.models import GpuDevice
+    from tests.helpers import T0, metered_session, sample
+
+    cluster = fleet(name="alpha", nodes=1, gpus=1)
+    gpu = GpuDevice.objects.get(cluster=cluster)
+    session = metered_session(cluster)
+    accepted = counter("gshare_usage_samples_total", cluster="alpha", outcome="accepted")
+    duplicate = counter("gshare_usage_samples_total", cluster="alpha", outcome="duplicate")
+    first, second = sample(session, gpu), sample(session, gpu, start=T0 + datetime.timedelta(seconds=60))
+    assert ingest.usage_ingest(cluster=cluster, samples=[first, second, first])["accepted"] == 2
+    assert ingest.usage_ingest(cluster=cluster, samples=[second])["duplicates"] == 1
+    assert counter("gshare_usage_samples_total", cluster="alpha", outcome="accepted") == accepted + 2
+    assert counter("gshare_usage_samples_total", cluster="alpha", outcome="duplicate") == duplicate + 2
+    m = scrape(client)
+    assert value(m, "gshare_usage_samples", "gshare_usage_samples_total", cluster="alpha", outcome="accepted") >= 2
+
+
 def test_refused_usage_batches_are_counted():
     from billing import ingest
 
