@@ -265,3 +265,14 @@ def test_a_live_scrape_over_http_passes_promtool(live_server, django_user_model)
     result = check("metrics", stdin=response.content)
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     assert result.stdout.decode().strip() == "" and result.stderr.decode().strip() == "", "promtool lint findings"
+
+
+def test_every_refused_operator_callback_is_counted_though_only_one_a_minute_is_written():
+    from clusters.operator_refusals import operator_refusal_record
+
+    cluster = ClusterFactory(name="alpha")
+    cache.delete(f"operator-refused:{cluster.public_id}")
+    before = counter("gshare_operator_callbacks_refused_total", cluster_id=cluster.public_id, reason="token_expired")
+    written = [operator_refusal_record(reason="token_expired", cluster=cluster) for _ in range(3)]
+    assert written == [True, False, False]
+    assert counter("gshare_operator_callbacks_refused_total", cluster_id=cluster.public_id, reason="token_expired") == before + 3
