@@ -24,7 +24,7 @@ COPY . .
 # and a Redis URL to load; neither step connects to them, so throwaway values keep the build from starting
 # the embedded servers, and the local state the settings write is removed in the same layer.
 RUN export GSHARE_HOME=/tmp/build DATABASE_URL=sqlite:///:memory: REDIS_URL=redis://127.0.0.1:6379/0 \
- && python -c "import operator_agent.main, gshare.wsgi, gshare.celery" \
+ && python -c "import operator_agent.main, gshare.wsgi, gshare.celery, gshare.gunicorn_hooks" \
  && python manage.py collectstatic --noinput \
  && rm -rf /tmp/build
 
@@ -32,4 +32,4 @@ ENV HOME=/tmp \
     GSHARE_HOME=/tmp/gshare
 USER 65532:65532
 EXPOSE 8000
-CMD ["gunicorn", "gshare.wsgi", "--bind=0.0.0.0:8000", "--workers=3"]
+CMD ["gunicorn", "gshare.wsgi", "--bind=0.0.0.0:8000", "--workers=3", "--config=python:gshare.gunicorn_hooks"]

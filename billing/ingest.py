@@ -35,7 +35,8 @@ from billing.usage import (
     parse_samples,
 )
 from clusters.models import Cluster, GpuDevice
-from gshare.exceptions import Forbidden
+from gshare.exceptions import ApplicationError, Forbidden
+from gshare.metrics import instruments
 from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
 from sessions.models import Allocation, Session
 
@@ -369,6 +370,18 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         Forbidden: ``forbidden_cluster_scope`` (403, ``index``): a session or a GPU that is not this cluster's.
         UsageConflict: ``usage_conflict`` (409): the constraint refused a window the check did not find again; retry.
     """
+    try:
+        result = _ingest(cluster=cluster, samples=samples)
+    except ApplicationError:
+        instruments.USAGE_SAMPLES.labels(cluster=cluster.name, outcome="refused").inc(len(samples) if isinstance(samples, list) else 0)
+        raise
+    instruments.USAGE_SAMPLES.labels(cluster=cluster.name, outcome="accepted").inc(result["accepted"])
+    instruments.USAGE_SAMPLES.labels(cluster=cluster.name, outcome="duplicate").inc(result["duplicates"])
+    return result
+
+
+def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
+    """``usage_ingest`` without its counters (``gshare_usage_samples_total``)."""
     parsed = parse_samples(samples, max_window_seconds=settings.GSHARE_USAGE_MAX_WINDOW_SECONDS,
                            max_age_seconds=settings.GSHARE_USAGE_MAX_AGE_SECONDS)
     if not parsed:

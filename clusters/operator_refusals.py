@@ -27,6 +27,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from clusters.models import Cluster
+from gshare.metrics import instruments
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def operator_refusal_record(*, reason: str, cluster: Cluster | None = None, clus
     public_id = cluster.public_id if cluster is not None else cluster_id
     if not public_id:
         return False
+    instruments.OPERATOR_REFUSALS.labels(cluster_id=public_id, reason=reason).inc()
     try:
         if not cache.add(_gate_key(public_id), 1, timeout=REFUSAL_RECORD_PERIOD):
             return False

@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gshare import api_meta, views
+from gshare.metrics.views import metrics
 from sessions.internal.views import connect_verify
 
 api_v1 = [
@@ -33,6 +34,7 @@ urlpatterns = [
     path("internal/connect/verify", connect_verify, name="connect-verify"),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
     path("internal/ping", views.ping, name="ping"),
     re_path(r"^(api|internal)/", views.json_not_found),
     # Last: the console's catch-all would shadow the routes above.

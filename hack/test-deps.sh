@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Debian packages the test suite drives for real (tests/e2e/nginx.py runs nginx, tests/console/ drives
 # Chromium through Playwright, tests/hack/ runs shellcheck on hack/*.sh and hack/cluster-bootstrap.sh under BusyBox
-# sh). `make test` calls this first, `make lint` with `shellcheck` only: as root it installs what is missing;
-# otherwise it stops at once with the exact command to run.
+# sh, tests/metrics/ and tests/charts/test_metrics_chart.py run promtool, of Debian's prometheus package, on a
+# live scrape and on the chart's alerting rules). `make test` calls this first, `make lint` with `shellcheck` only:
+# as root it installs what is missing; otherwise it stops at once with the exact command to run.
 #   hack/test-deps.sh [COMMAND...]    only the packages of these commands (default: all)
 set -euo pipefail
 
@@ -12,6 +13,7 @@ declare -A needed=(
   [chromium]=chromium
   [shellcheck]=shellcheck
   [busybox]=busybox
+  [promtool]=prometheus
 )
 paths="$PATH:/usr/sbin:/sbin:/usr/local/sbin"
 

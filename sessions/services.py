@@ -19,12 +19,14 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from audit.services import Action, audit_record, created
 from billing import admission
+from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
 from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import GSHARE_SESSIONS
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
+from gshare.metrics import instruments
 from operator_agent import contract
 from sessions import connect, placement, selectors
 from sessions.manifests import gshare_session_manifest, session_url
@@ -237,7 +239,11 @@ def _create(
             if replayed is not None:
                 return replayed, False
         policy = admission.policy_for(owner)
-        permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
+        try:
+            permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
+        except ClusterNotAllowed:
+            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+            raise
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
         if pinned is not None:
             candidates = candidates.filter(pk=pinned.pk)
@@ -250,10 +256,16 @@ def _create(
         claims: list[Volume] = []
         if mounted:
             locked, claims = _lock_volumes(volumes=mounted, cluster_ids=locked, pinned=pinned)
-        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=locked,
-                                  locked_account=account, policy=policy)
-        choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
+        try:
+            admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=locked,
+                                      locked_account=account, policy=policy)
+        except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
+            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+            raise
+        with instruments.PLACEMENT_SECONDS.time():
+            choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
         if choice is None:
+            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
             scope, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
             ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
             raise Conflict(
@@ -296,6 +308,7 @@ def _create(
             "volumes": [v.public_id for v in mounted],
         }), details={"owner": owner.get_username()})
         transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
+        transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)
     logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
     return session, True
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from django.http import HttpResponse, JsonResponse
@@ -14,6 +15,7 @@ from rest_framework.response import Response
 from clusters.internal.views import OperatorAPIView
 from gshare.api import schema_problems
 from gshare.exceptions import ApplicationError
+from gshare.metrics import instruments
 from operator_agent import contract, rfc3339
 from sessions import connect, services
 
@@ -48,6 +50,15 @@ class StatusView(OperatorAPIView):
 
 @csrf_exempt
 def connect_verify(request):
+    """``/internal/connect/verify``: ingress-nginx ``auth-url`` (see ``_connect_verify``), timed in
+    ``gshare_connect_verify_duration_seconds`` by outcome."""
+    started = time.perf_counter()
+    response = _connect_verify(request)
+    instruments.connect_verify_observe(response.status_code, time.perf_counter() - started)
+    return response
+
+
+def _connect_verify(request):
     """``/internal/connect/verify``: ingress-nginx ``auth-url``.
 
     Answers 200 (with ``X-Auth-Request-User`` and maybe ``Set-Cookie``), 401 or 403 with ``{"code", "detail"}``

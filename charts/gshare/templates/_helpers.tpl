@@ -156,7 +156,7 @@ One environment entry read from a Secret. Call with ("prefix" is the values key,
 
 {{/* The secret settings: never accepted as plain values. */}}
 {{- define "gshare.secretSettingNames" -}}
-DATABASE_URL REDIS_URL DJANGO_SECRET_KEY GSHARE_ENCRYPTION_KEYS
+DATABASE_URL REDIS_URL DJANGO_SECRET_KEY GSHARE_ENCRYPTION_KEYS GSHARE_METRICS_TOKEN
 {{- end -}}
 
 {{/* The environment the chart itself sets: production mode, the Secrets, and the settings that have values of their own. */}}
@@ -175,6 +175,9 @@ DATABASE_URL REDIS_URL DJANGO_SECRET_KEY GSHARE_ENCRYPTION_KEYS
 {{ include "gshare.secretEnv" (dict "env" "REDIS_URL" "ref" .Values.redis "prefix" "redis" "what" "the Redis URL") }}
 {{ include "gshare.secretEnv" (dict "env" "DJANGO_SECRET_KEY" "ref" .Values.django "prefix" "django" "what" "Django's secret key") }}
 {{ include "gshare.secretEnv" (dict "env" "GSHARE_ENCRYPTION_KEYS" "ref" .Values.encryption "prefix" "encryption" "what" "comma-separated Fernet keys") }}
+{{- with .Values.metrics.token }}{{ if .existingSecret }}
+{{ include "gshare.secretEnv" (dict "env" "GSHARE_METRICS_TOKEN" "ref" . "prefix" "metrics.token" "what" "the bearer token GET /metrics requires") }}
+{{- end }}{{ end }}
 - name: DATABASE_CONN_MAX_AGE
   value: {{ .Values.database.connMaxAge | quote }}
 - name: POD_IP
@@ -203,7 +206,8 @@ then `settings` (plain values), then `extraEnv`. A name may appear once only.
 */}}
 {{- define "gshare.env" -}}
 {{- $chartEnv := include "gshare.chartEnv" . -}}
-{{- $taken := list -}}
+{{- /* PROMETHEUS_MULTIPROC_DIR: set on the api container itself (templates/deployment-api.yaml). */ -}}
+{{- $taken := list "PROMETHEUS_MULTIPROC_DIR" -}}
 {{- range fromYamlArray $chartEnv }}{{ $taken = append $taken .name }}{{ end -}}
 {{- $secretNames := splitList " " (include "gshare.secretSettingNames" .) -}}
 {{ $chartEnv }}
