@@ -24,6 +24,7 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 import urllib.parse
@@ -49,6 +50,8 @@ from operator_agent import rfc3339
 from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+#: A release number as ``GET /api/v1/version`` gives it (gshare/version.py); the fix "git checkout v<it>" is built from it.
+RELEASE = re.compile(r"v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([-+][0-9A-Za-z.]{1,40})?")
 DEFAULT_GPU_MODE = "hami-core"
 TOTAL_STEPS = 9
 MAX_KUBECONFIG_BYTES = 256 * 1024  # as POST /api/v1/clusters
@@ -246,17 +249,19 @@ class Attach:
                 raise self._stop(f"the control plane at {self._api_url} did not answer as gShare's API: {exc.detail}",
                                  _control_plane_fix(exc, self._api_url)) from None
             who = api.me()
-        if not isinstance(served, dict) or not isinstance(who, dict):
-            raise self._stop(f"{self._api_url} answered, but not as gShare's API", _control_plane_fix(ControlPlaneError(""), self._api_url))
-        if not who.get("is_staff"):
-            raise self._stop(f"the API token belongs to {who.get('username')!r}, who is not a staff user",
+        username, theirs, contract = who.get("username"), served.get("version"), served.get("operator_contract")
+        if not isinstance(username, str) or not username or not isinstance(theirs, str) or not RELEASE.fullmatch(theirs):
+            raise self._stop(f"{self._api_url} answered, but not as gShare's API (no user name or release number)",
+                             _control_plane_fix(ControlPlaneError(""), self._api_url))
+        if who.get("is_staff") is not True:  # JSON true only: "yes" or 1 is not how the API says it
+            raise self._stop(f"the API token belongs to {username[:150]!r}, who is not a staff user",
                              "use a staff user's token: manage.py create_api_token <staff user> (docs/tokens.md)")
-        theirs, contract = str(served.get("version") or "?"), str(served.get("operator_contract") or "?")
         if not compatible(GSHARE_VERSION, theirs) or contract != GSHARE_API_VERSION:
+            contract = str(contract)[:40] if isinstance(contract, str) else "?"
             raise self._stop(f"the control plane runs gShare {theirs} (operator contract {contract}); this checkout is "
                              f"{GSHARE_VERSION} ({GSHARE_API_VERSION}), whose operator chart the attach would deploy",
                              f"run the attach from a checkout of the control plane's release: git checkout v{theirs}")
-        return f"gShare {theirs} at {self._api_url} as {who.get('username')}"
+        return f"gShare {theirs} at {self._api_url} as {username[:150]}"
 
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
@@ -623,7 +628,10 @@ class Attach:
         assert cluster is not None
         with self._control_plane() as api:
             result = api.connection_test(cluster["id"])
-            failed = {name: (result.get("detail") or {}).get(name, "") for name, ok in (result.get("checks") or {}).items() if not ok}
+            checks, details = result.get("checks"), result.get("detail")
+            if not isinstance(checks, dict) or not isinstance(details, dict | None):
+                raise ControlPlaneError("the connection test answered without its checks, not gShare's API")
+            failed = {name: str((details or {}).get(name, "")) for name, ok in checks.items() if not ok}
             hard = {name: detail for name, detail in failed.items() if name not in SOFT_CHECKS}
             if hard:
                 name, detail = next(iter(hard.items()))
