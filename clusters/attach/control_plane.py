@@ -134,8 +134,8 @@ class ControlPlaneClient:
             raise ControlPlaneError(f"{url} redirected to {where or 'another address'}: pass the address it redirects to",
                                     status=status)
         try:
-            answer = json.loads(raw) if raw else None
-        except ValueError:
+            answer = json.loads(raw, parse_constant=_not_json) if raw else None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack (``[[[[...``)
             answer = None
         if answer is None and raw:
             kind = headers.get("Content-Type", "").split(";")[0] or "not JSON"
@@ -196,6 +196,11 @@ class ControlPlaneClient:
     def connection_test(self, cluster_id: str) -> dict:
         """``POST /api/v1/clusters/{id}/connection-test``: ``{"status", "checks", "detail", ...}``."""
         return self._object("POST", f"clusters/{urllib.parse.quote(cluster_id, safe='')}/connection-test", long=True)
+
+
+def _not_json(constant: str) -> None:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), though Python's decoder takes them."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _kind(value: Any) -> str:

@@ -251,3 +251,18 @@ def test_the_live_server_answers_every_path_from_the_application(live_server, st
     response = requests.get(f"{live_server.url}/api/v1/clusters/clu_{'a' * 5000}", headers={"Authorization": f"Bearer {staff_token}"},
                             timeout=30)
     assert response.status_code == 404 and response.json()["code"] == "cluster_not_found"
+
+
+@pytest.mark.parametrize("query", ["name=%00", "name=lab-c1%00", "status=%00", "name=" + "a" * 10000, "name=%C3%BC", "name=%FF",
+                                   "name=lab-c1&name=x", "name[]=lab-c1", "name=lab-c1%20", "name=LAB-C1", "name=lab_c1", "name=lab-c%25"])
+def test_the_name_filter_finds_exactly_that_name_or_nothing(registered, live_server, staff_token, query):
+    cluster, _ = registered
+    status, body, kind = _raw(live_server, "GET", f"/api/v1/clusters?{query}", headers={"Authorization": f"Bearer {staff_token}"})
+    assert kind.startswith("application/json") and status in (200, 400), (query, status, body[:300])
+    if status == 200:
+        import json
+
+        ids = [row["id"] for row in json.loads(body)["results"]]
+        assert ids in ([], [cluster.public_id]), (query, ids)
+        # Surrounding spaces are trimmed (django-filter's CharFilter, as every text filter); the attach compares names itself.
+        assert ids == [] or query in ("name[]=lab-c1", "name=lab-c1%20"), (query, ids)

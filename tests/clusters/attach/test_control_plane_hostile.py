@@ -214,6 +214,15 @@ def test_an_html_page_with_200_is_not_gshare(hostile):
         api.me()
 
 
+@pytest.mark.parametrize("body", [b"[" * 100000, b'{"a":' * 50000, b"1" * 5000, b'{"version": NaN}', b"\xff\xfe{}"])
+@pytest.mark.parametrize("status", [200, 401])
+def test_json_that_python_cannot_decode_is_not_gshare(hostile, body, status):
+    """Nesting past Python's recursion limit raises RecursionError in json.loads, not ValueError."""
+    server = hostile(lambda h: send(h, status, body))
+    with client(server.url) as api, pytest.raises(ControlPlaneError, match="not gShare's API"):
+        api.version()
+
+
 def test_proxies_from_the_environment_are_not_used(hostile, monkeypatch):
     proxy = hostile(lambda h: send(h, 200, VERSION))
     server = hostile(routes({"version": VERSION}))
