@@ -281,10 +281,16 @@ class Attach:
             except ValidationError:
                 raise self._stop(f"{flag} {value!r} is not a lowercase DNS name ({validator.message})",
                                  f"pass a valid {flag}: it {validator.message}") from None
-        url = urllib.parse.urlsplit(options.control_plane_url)
-        if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in options.control_plane_url):
-            raise self._stop(f"--control-plane {options.control_plane_url!r} is not an http(s) URL",
-                             "pass the control plane's URL as the cluster's pods reach it, e.g. https://gshare.example.org")
+        for flag, value, what in (("--control-plane", options.control_plane_url, "as the cluster's pods reach it"),
+                                  ("--api-url", options.api_url, "as this machine reaches it")):
+            if flag == "--api-url" and not value:
+                continue
+            problem = _url_problem(value)
+            if problem:
+                # A URL with a password is not echoed: it would end up in terminals and CI logs.
+                shown = value if "@" not in value else "<the URL given>"
+                raise self._stop(f"{flag} {shown!r} is not an http(s) URL {problem}",
+                                 f"pass the control plane's URL {what}, e.g. https://gshare.example.org")
         if options.operator_image:
             try:
                 releases.split_image(options.operator_image)
@@ -655,6 +661,24 @@ class Attach:
 
 #: Connection-test checks that do not stop the attach: the operator is only being deployed.
 SOFT_CHECKS = frozenset({"operator_reporting"})
+
+
+def _url_problem(value: str) -> str:
+    """"" when ``value`` is an http(s) URL with a host and nothing else (a path prefix is fine); else what is wrong, as
+    a phrase ("(it has a user name or password)", ...). Credentials in the URL would replace the bearer token
+    (``requests`` sends them as Basic auth); a query or fragment would swallow the API paths appended to it."""
+    try:
+        url = urllib.parse.urlsplit(value)
+        url.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError:
+        return "(it cannot be parsed)"
+    if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in value):
+        return "(scheme http or https and a host are needed)"
+    if url.username is not None or url.password is not None:
+        return "(it has a user name or password)"
+    if url.query or url.fragment or "?" in value or "#" in value:
+        return "(it has a query or fragment)"
+    return ""
 
 
 def _parse_time(value: Any):

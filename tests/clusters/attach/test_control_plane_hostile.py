@@ -454,3 +454,34 @@ def test_a_closed_port_is_unreachable_not_a_traceback():
     sock.close()
     with client(f"http://127.0.0.1:{port}") as api, pytest.raises(ControlPlaneError, match="connection refused"):
         api.version()
+
+
+@pytest.mark.parametrize(("flag", "value", "problem"), [
+    ("--control-plane", "https://admin:hunter2-password@gshare.example.org", "user name or password"),
+    ("--api-url", "http://{host}@127.0.0.1:9", "user name or password"),
+    ("--api-url", "{url}/?x=", "query or fragment"),
+    ("--api-url", "{url}#frag", "query or fragment"),
+    ("--api-url", "ftp://127.0.0.1/", "scheme http or https"),
+    ("--api-url", "http://127.0.0.1:99999999", "cannot be parsed"),
+    ("--control-plane", "http://[::1", "cannot be parsed"),
+])
+def test_urls_with_credentials_queries_or_no_host_are_refused_before_any_request(settings, hostile, tmp_path, flag, value, problem):
+    """``requests`` would send a URL's user:password as Basic auth instead of the bearer token (and print the password)."""
+    server = hostile(routes({"version": VERSION, "me": STAFF}))
+    value = value.format(url=server.url, host=server.url.removeprefix("http://"))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig())
+    args = {"--kubeconfig": str(kubeconfig), "--name": "lab-c1", "--control-plane": server.url, "--session-domain": "lab-c1.example.org",
+            "--ingress-node": "n1", flag: value}
+    out, err = io.StringIO(), io.StringIO()
+    import os
+
+    os.environ["GSHARE_API_TOKEN"] = TOKEN
+    try:
+        with pytest.raises(CommandError) as caught:
+            call_command("attach_cluster", *[part for item in args.items() for part in item], stdout=out, stderr=err)
+    finally:
+        del os.environ["GSHARE_API_TOKEN"]
+    assert problem in str(caught.value) and "is not an http(s) URL" in str(caught.value)
+    assert "hunter2" not in out.getvalue() + err.getvalue() + str(caught.value)
+    assert server.seen == []
