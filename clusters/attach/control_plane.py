@@ -17,6 +17,7 @@ is bounded as a whole by ``clusters.kube.Deadline`` (the one the apiserver calls
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from typing import Any
 
@@ -54,7 +55,8 @@ class ControlPlaneClient:
     echoes it is shown with ``<token>`` instead.
 
     Args:
-        url: the control plane's base URL (``https://gshare.example.org``), without ``/api/v1``.
+        url: the control plane's base URL (``https://gshare.example.org``), without ``/api/v1``. Its certificate is
+            verified against ``REQUESTS_CA_BUNDLE`` or ``SSL_CERT_FILE`` when set (a private CA), else certifi's CAs.
         token: an API token (``manage.py create_api_token``); sent as ``Authorization: Bearer``.
         timeout: seconds for each request, in all.
         long_timeout: seconds for requests that dial the cluster from the control plane (registration, the
@@ -73,8 +75,10 @@ class ControlPlaneClient:
         self._http.mount("https://", adapter)
         self._http.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
                                    "User-Agent": f"gshare-attach/{GSHARE_VERSION}"})
-        # Proxies from the environment would see the token; the control plane is dialled directly.
+        # Proxies from the environment would see the token, and a .netrc would replace it: the control plane is dialled
+        # directly. That also drops requests' own CA variables, so a private CA is taken from them here.
         self._http.trust_env = False
+        self._http.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE") or True
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -485,3 +485,18 @@ def test_urls_with_credentials_queries_or_no_host_are_refused_before_any_request
     assert problem in str(caught.value) and "is not an http(s) URL" in str(caught.value)
     assert "hunter2" not in out.getvalue() + err.getvalue() + str(caught.value)
     assert server.seen == []
+
+
+def test_a_control_plane_with_a_private_ca_is_verified_against_requests_ca_bundle(fleet_cluster, tmp_path, monkeypatch):
+    """The client ignores the environment's proxies (trust_env off), but not the CA an operator points it at."""
+    emulated = fleet_cluster("lab-c1", tls=True)  # an HTTPS server whose certificate only its own CA verifies
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with client(emulated.url, timeout=5.0) as api, pytest.raises(ControlPlaneError, match="its certificate does not verify"):
+        api.version()
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(emulated.ca_pem)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    with client(emulated.url, timeout=5.0) as api, pytest.raises(ControlPlaneError) as caught:
+        api.version()  # TLS passes; the emulator is not gShare (it refuses the token, or has no such path)
+    assert caught.value.status in (401, 403, 404), caught.value.detail
