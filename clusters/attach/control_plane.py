@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.parse
 from typing import Any
 
@@ -26,6 +27,9 @@ import requests.adapters
 
 from clusters.kube import Deadline, DeadlineExceeded, guard_pools
 from gshare.version import GSHARE_VERSION
+
+#: C0 and C1 control characters but tab and newline: a server's text is printed to the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 #: Largest answer read from the control plane (a cluster with its last connection test is a few KiB).
 MAX_ANSWER_BYTES = 1024 * 1024
@@ -73,8 +77,10 @@ class ControlPlaneClient:
         guard_pools(adapter.poolmanager)  # so that Deadline.call can cut a trickling answer off
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
+        # One connection per call: the attach's calls are minutes apart (Helm installs between them), and a kept-alive
+        # connection the server closes as it is reused fails the call (urllib3 retries are off).
         self._http.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
-                                   "User-Agent": f"gshare-attach/{GSHARE_VERSION}"})
+                                   "User-Agent": f"gshare-attach/{GSHARE_VERSION}", "Connection": "close"})
         # Proxies from the environment would see the token, and a .netrc would replace it: the control plane is dialled
         # directly. That also drops requests' own CA variables, so a private CA is taken from them here.
         self._http.trust_env = False
@@ -93,11 +99,12 @@ class ControlPlaneClient:
     # ----------------------------------------------------------------- transport
 
     def _redact(self, value: Any) -> Any:
-        """``value`` (text, or the lists and objects of a JSON body) with the token replaced by ``<token>``."""
+        """``value`` (text, or the lists and objects of a JSON body) with the token replaced by ``<token>`` and control
+        characters (a terminal's escape sequences: the text is printed) by ``?``."""
         if isinstance(value, str):
             for secret in self._secrets:
                 value = value.replace(secret, "<token>")
-            return value
+            return _CONTROL.sub("?", value)
         if isinstance(value, dict):
             return {self._redact(str(key)): self._redact(item) for key, item in value.items()}
         if isinstance(value, list):

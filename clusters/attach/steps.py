@@ -250,7 +250,8 @@ class Attach:
                                  _control_plane_fix(exc, self._api_url)) from None
             who = api.me()
         username, theirs, contract = who.get("username"), served.get("version"), served.get("operator_contract")
-        if not isinstance(username, str) or not username or not isinstance(theirs, str) or not RELEASE.fullmatch(theirs):
+        if (not isinstance(username, str) or not username or not username.isprintable() or not isinstance(theirs, str)
+                or not RELEASE.fullmatch(theirs)):
             raise self._stop(f"{self._api_url} answered, but not as gShare's API (no user name or release number)",
                              _control_plane_fix(ControlPlaneError(""), self._api_url))
         if who.get("is_staff") is not True:  # JSON true only: "yes" or 1 is not how the API says it

@@ -290,6 +290,7 @@ def _attach(url: str, token: str = TOKEN, **state) -> Attach:
     ({"username": "mallory"}, "not a staff user"),
     ({"is_staff": True}, "not as gShare's API"),
     ({"username": ["admin"], "is_staff": True}, "not as gShare's API"),
+    ({"username": "admin\x1b]0;owned\x07\x1b[2J", "is_staff": True}, "not as gShare's API"),
 ])
 def test_me_must_say_is_staff_true_in_so_many_words(settings, hostile, me, refused):
     server = hostile(routes({"version": VERSION, "me": me}))
@@ -500,3 +501,23 @@ def test_a_control_plane_with_a_private_ca_is_verified_against_requests_ca_bundl
     with client(emulated.url, timeout=5.0) as api, pytest.raises(ControlPlaneError) as caught:
         api.version()  # TLS passes; the emulator is not gShare (it refuses the token, or has no such path)
     assert caught.value.status in (401, 403, 404), caught.value.detail
+
+
+def test_terminal_escapes_in_an_error_answer_are_not_printed(hostile):
+    server = hostile(lambda h: send(h, 409, {"code": "name_taken\x1b[31m", "detail": "taken\x1b]0;owned\x07\x1b[2J\r", "cluster": "\x1bc"},
+                                    ))
+    with client(server.url) as api, pytest.raises(ControlPlaneError) as caught:
+        api.register({})
+    shown = caught.value.detail + caught.value.code + repr(caught.value.extra)
+    assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown
+    assert caught.value.detail.startswith("taken?]0;owned?")
+
+
+def test_a_server_that_closes_each_connection_without_saying_so_answers_every_call(hostile):
+    """Hostile closes the connection after each answer without ``Connection: close``; a pooled connection reused as the
+    server closes it failed the call (RemoteDisconnected). The client asks for one connection per call."""
+    server = hostile(routes({"version": VERSION, "me": STAFF}))
+    with client(server.url) as api:
+        for _ in range(30):
+            assert api.version() == VERSION and api.me() == STAFF
+    assert all(headers.get("Connection") == "close" for _, _, headers in server.seen)
