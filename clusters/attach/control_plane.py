@@ -77,8 +77,9 @@ class ControlPlaneClient:
         guard_pools(adapter.poolmanager)  # so that Deadline.call can cut a trickling answer off
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
-        # One connection per call: the attach's calls are minutes apart (Helm installs between them), and a kept-alive
-        # connection the server closes as it is reused fails the call (urllib3 retries are off).
+        # One connection per call (asked for here, and the pool is emptied after each call in _fetch): the attach's calls
+        # are minutes apart (Helm installs between them), and a kept-alive connection the server closes as it is
+        # reused fails the call (urllib3 retries are off).
         self._http.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json",
                                    "User-Agent": f"gshare-attach/{GSHARE_VERSION}", "Connection": "close"})
         # Proxies from the environment would see the token, and a .netrc would replace it: the control plane is dialled
@@ -113,13 +114,16 @@ class ControlPlaneClient:
 
     def _fetch(self, method: str, url: str, body: dict | None, *, _request_timeout: tuple[float, float]) -> tuple[int, dict, bytes]:
         """``(status, headers, at most MAX_ANSWER_BYTES + 1 bytes of the decoded body)`` of one request."""
-        with self._http.request(method, url, json=body, timeout=_request_timeout, allow_redirects=False, stream=True) as response:
-            raw = bytearray()
-            for chunk in response.iter_content(64 * 1024):
-                raw += chunk
-                if len(raw) > MAX_ANSWER_BYTES:
-                    break
-            return response.status_code, dict(response.headers), bytes(raw)
+        try:
+            with self._http.request(method, url, json=body, timeout=_request_timeout, allow_redirects=False, stream=True) as response:
+                raw = bytearray()
+                for chunk in response.iter_content(64 * 1024):
+                    raw += chunk
+                    if len(raw) > MAX_ANSWER_BYTES:
+                        break
+                return response.status_code, dict(response.headers), bytes(raw)
+        finally:
+            self._http.close()  # the pools are made again on the next call, their connections still guarded
 
     def _call(self, method: str, path: str, *, body: dict | None = None, long: bool = False) -> Any:
         """One request; returns the decoded JSON answer of a 2xx (anything JSON but ``null``).
