@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC
 
 from django import forms
@@ -9,11 +10,12 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from clusters import console, services
 from clusters.admin_cards import GpuCardList
+from clusters.diagnosis import cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token import rotation as token_rotation
 from gshare.console.links import list_url, row_url
@@ -76,6 +78,10 @@ STATUS_BADGES = {
     Cluster.Status.CONNECTED: "ok", Cluster.Status.DEGRADED: "warn", Cluster.Status.UNREACHABLE: "bad",
     Cluster.Status.PENDING: "info", Cluster.Status.DEREGISTERED: "off",
 }
+
+
+#: Backticked commands in a problem's sentence, shown as code.
+_CODE = re.compile(r"`([^`]+)`")
 
 
 class ConsoleCss:
@@ -150,12 +156,12 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     Media = ConsoleCss
     search_fields = ["name", "public_id"]
     fields = [
-        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
-        "volume_storage_class", "last_heartbeat_at", "last_connection_test", "last_connection_test_at",
+        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
+        "volume_storage_class", "last_heartbeat_at", "credential_privilege", "last_connection_test", "last_connection_test_at",
         "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     readonly_fields = [
-        "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at",
+        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at", "credential_privilege",
         "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
@@ -224,6 +230,31 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
             return expires
         label = "callbacks refused" if state.refused_since else "rotation failed" if state.last_rotation_error else expires
         return format_html('<span class="gs-warning" title="{}">⚠ {}</span>', state.warning, label)
+
+    @admin.display(description="kubernetes credential")
+    def credential_privilege(self, obj: Cluster) -> str:
+        """What the last connection test found about the stored kubeconfig's rights: a warning with the fix when it is
+        cluster-admin (``credential_least_privilege`` false), "least privilege", or "not tested"."""
+        report = obj.last_connection_test or {}
+        ok = (report.get("checks") or {}).get("credential_least_privilege")
+        if ok is None:
+            return "not tested (run the connection test)"
+        if ok:
+            return "least privilege (ServiceAccount gshare-control-plane)"
+        detail = (report.get("detail") or {}).get("credential_least_privilege") or ""
+        return format_html('<span class="gs-warning">⚠ cluster-admin credential stored.</span> {}', detail)
+
+    @admin.display(description="problems")
+    def problems(self, obj: Cluster):
+        """Every known problem with its fix, in red (``clusters.diagnosis.cluster_problems``), or "none known"."""
+        found = cluster_problems(obj)
+        if not found:
+            return "none known"
+        items = format_html_join(
+            "", '<li class="gs-problem"><code>{}</code>: {}</li>',
+            ((p.check, mark_safe(_CODE.sub(r"<code>\1</code>", escape(p.detail)))) for p in found),  # noqa: S308 - escaped first
+        )
+        return format_html('<ul class="gs-problems" role="alert">{}</ul>', items)
 
     @admin.display(description="operator token warning")
     def operator_token_warning(self, obj: Cluster) -> str:

@@ -90,6 +90,11 @@ class Cluster(models.Model):
         max_length=32, blank=True, default="", editable=False,
         help_text="Why the latest callback was refused: token_expired, token_revoked, cluster_deregistered, ... (a code, never the token)",
     )
+    operator_checks = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="The session-path checks of the operator's latest inventory, as reported from inside the cluster: name -> "
+                  "{ok, detail, checked_at} (session_domain_resolves, verify_reachable); empty when the operator sends none",
+    )
 
     class Meta:
         ordering = ["name", "id"]

@@ -52,7 +52,8 @@ class ProbeResult:
 
     Attributes:
         checks: check name -> passed (``apiserver_reachable``, ``runtime_class_nvidia``,
-            ``hami_device_plugin``, ``gpu_nodes``).
+            ``hami_device_plugin``, ``gpu_nodes``; ``credential_least_privilege`` unless the apiserver could not
+            answer a SelfSubjectAccessReview).
         details: check name -> sentence naming the fix, for each failed check.
         kubernetes_version: ``gitVersion`` from ``/version`` (e.g. ``v1.32.3``), or "".
         gpu_node_count: nodes labelled ``gpu=on``.
@@ -78,15 +79,17 @@ class ProbeResult:
 
 
 def _unreachable_detail(server: str, seconds: float, exc: KubeUnavailable) -> str:
-    if exc.deadline_exceeded:
-        return (
-            f"The apiserver at {server} did not answer within {seconds:g} s: no complete answer came in that time (the "
-            "connection was cut off at the deadline). Check that the control plane can reach it (firewall, VPN, proxy, the "
-            "address in the kubeconfig), that the address is the apiserver's, and that the cluster is up."
-        )
+    """Why registration "hangs, then fails": the probe dials from the control plane's pods, not from where the request
+    was sent, so the address must be reachable from there within ``GSHARE_PROBE_TIMEOUT``."""
+    why = "the connection was cut off at the deadline" if exc.deadline_exceeded else exc.cause_name
     return (
-        f"The apiserver at {server} did not answer within {seconds:g} s ({exc.cause_name}): check that the "
-        "control plane can reach it (firewall, VPN, the address in the kubeconfig) and that the cluster is up."
+        f"The apiserver at {server} did not answer within {seconds:g} s, the probe's time budget (GSHARE_PROBE_TIMEOUT): "
+        f"no complete answer came in that time ({why}). The probe dials it from the control plane's pods, not from your "
+        f"machine, so that address must be reachable from them: try it from a control plane pod (`kubectl exec "
+        f"deploy/gshare-api -- python -c \"import requests; print(requests.get('{server}/version', verify=False, "
+        f"timeout={seconds:g}).status_code)\"`, gshare-api being the chart's api Deployment), open the firewall or VPN "
+        "between them, put the apiserver's routable address in the kubeconfig (not 127.0.0.1 or a tunnel on your "
+        "machine), and check that the cluster is up."
     )
 
 
@@ -117,14 +120,17 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             result.kubernetes_version = str(kube.version().get("gitVersion") or "")
             result.checks["apiserver_reachable"] = True
             _read_identity(kube, result, server=server)
+            _check_least_privilege(kube, result)
 
             if kube.get(RUNTIME_CLASSES, "nvidia", missing_ok=True) is not None:
                 result.checks["runtime_class_nvidia"] = True
             else:
                 result.fail(
                     "runtime_class_nvidia",
-                    "The cluster has no RuntimeClass `nvidia`: install the NVIDIA container toolkit on the GPU nodes and "
-                    "create it (`kubectl apply -f` the RuntimeClass in docs/attach-a-cluster.md).",
+                    "The cluster has no RuntimeClass `nvidia`: prepare it with the attach command "
+                    "(`hack/attach-cluster.sh`, docs/attach.md: it installs the runtime class, HAMi and the rest), or by "
+                    "hand: install the NVIDIA container toolkit on the GPU nodes and create the RuntimeClass "
+                    "(`kubectl apply -f` the one in docs/attach-a-cluster.md, step 1).",
                 )
 
             hami = [ds for ds in kube.list(DAEMON_SETS) if _is_hami_device_plugin(ds)]
@@ -133,8 +139,10 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
             else:
                 result.fail(
                     "hami_device_plugin",
-                    "No HAMi device-plugin DaemonSet was found: install HAMi (`helm install hami hami-charts/hami -n kube-system`, "
-                    "see docs/attach-a-cluster.md) so GPUs can be shared and reported.",
+                    "No HAMi device-plugin DaemonSet was found: prepare the cluster with the attach command "
+                    "(`hack/attach-cluster.sh`, docs/attach.md), or by hand install HAMi "
+                    "(`helm install hami hami-charts/hami -n kube-system`, docs/attach-a-cluster.md step 1) so GPUs can be "
+                    "shared and reported.",
                 )
 
             nodes = kube.list(NODES, label_selector=f"{GPU_NODE_LABEL_KEY}={GPU_NODE_LABEL_VALUE}")
@@ -193,6 +201,35 @@ def _read_identity(kube: KubeGateway, result: ProbeResult, *, server: str) -> No
         raise
     uid = ((namespace or {}).get("metadata") or {}).get("uid") or ""
     result.kube_system_uid = str(uid)[:64]
+
+
+#: Why a cluster-admin credential is reported, and its fix.
+LEAST_PRIVILEGE_FIX = (
+    "The stored credential may do anything on the cluster (a SelfSubjectAccessReview of verb `*` on `*` is allowed: "
+    "cluster-admin), while the control plane needs only the rights listed in docs/attach.md. Fix: re-run "
+    "`manage.py attach_cluster` with the admin credential (it creates the ServiceAccount gshare-system/gshare-control-plane "
+    "and registers its token in place of this one; the cluster keeps its id), or register that ServiceAccount's token "
+    "by hand (docs/attach-a-cluster.md)."
+)
+
+
+def _check_least_privilege(kube: KubeGateway, result: ProbeResult) -> None:
+    """``credential_least_privilege``: False when the credential may do ``*`` on ``*`` (SelfSubjectAccessReview, open to
+    every authenticated user). Left out when the apiserver refuses the review (4xx): nothing is known then.
+
+    Raises:
+        KubeUnavailable: from the gateway (handled by ``probe_cluster``).
+    """
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"verb": "*", "group": "*", "resource": "*"}}}
+    try:
+        answer = kube.create(review) or {}
+    except KubeRefused:
+        return
+    if (answer.get("status") or {}).get("allowed") is True:
+        result.fail("credential_least_privilege", LEAST_PRIVILEGE_FIX)
+    else:
+        result.checks["credential_least_privilege"] = True
 
 
 def _is_hami_device_plugin(daemonset: dict) -> bool:

@@ -7,6 +7,7 @@ the management commands and the Celery tasks call them.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,12 +18,13 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.services import Action, audit_record, created
+from clusters.diagnosis import operator_check_verdicts, operator_reporting_detail
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL
+from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL, OPERATOR_CHECKS
 
 logger = logging.getLogger(__name__)
 
@@ -493,6 +495,11 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     return cluster
 
 
+#: Checks of the connection test that are reported but never make a cluster ``degraded``: a cluster-admin credential
+#: works, it only holds more than the control plane needs (the console warns and names the fix).
+ADVISORY_CHECKS = ("credential_least_privilege",)
+
+
 def operator_reporting(cluster: Cluster, *, now=None) -> bool:
     """True when the cluster's operator reported within ``GSHARE_HEARTBEAT_STALE_SECONDS``."""
     now = now or timezone.now()
@@ -503,11 +510,20 @@ def operator_reporting(cluster: Cluster, *, now=None) -> bool:
 def cluster_connection_test(*, cluster: Cluster) -> dict:
     """Probe the cluster now and record the result and the resulting status.
 
+    The apiserver checks are the probe's (``clusters.probe``); ``operator_reporting`` is judged now (the detail says
+    since when, or never, and where to look); ``session_domain_resolves`` and ``verify_reachable`` are what the
+    operator last reported from inside the cluster (``clusters.diagnosis.operator_check_verdicts``): a failure of
+    either breaks every session there (the URL does not reach the ingress, or ingress-nginx cannot ask
+    ``/internal/connect/verify``), so it degrades the cluster; one not reported yet (or by an operator that predates
+    them) is left out of ``checks`` and explained in ``detail`` as unknown.
+
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
         "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC}``.
-        ``connected`` when every check passes, ``unreachable`` when the apiserver did not answer,
-        ``degraded`` otherwise.
+        ``connected`` when every check in ``checks`` passes (``credential_least_privilege``, present when the apiserver
+        answered a SelfSubjectAccessReview, is advisory: ``ADVISORY_CHECKS``), ``unreachable`` when the apiserver did
+        not answer, ``degraded`` otherwise. ``detail`` has a sentence naming the fix for each failed check, and one for
+        each unknown operator check.
 
     Raises:
         Conflict: ``cluster_deregistered`` (409).
@@ -522,15 +538,21 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     if not checks["apiserver_reachable"]:
         for name in ("runtime_class_nvidia", "hami_device_plugin", "gpu_nodes"):
             details.setdefault(name, "Not checked: the apiserver did not answer.")
+    if "credential_least_privilege" in result.checks:
+        checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
     checks["operator_reporting"] = operator_reporting(cluster)
     if not checks["operator_reporting"]:
-        details["operator_reporting"] = (
-            f"The operator has not reported for more than {settings.GSHARE_HEARTBEAT_STALE_SECONDS} s: check its pod "
-            "(`kubectl -n gshare-system logs deploy/gshare-operator`) and its token (`manage.py mint_operator_token`)."
-        )
+        details["operator_reporting"] = operator_reporting_detail(cluster)
+    # The session path as the operator saw it from inside the cluster. A check it has not reported is unknown: left
+    # out of ``checks`` (so it neither passes nor degrades), said so in ``detail``.
+    for verdict in operator_check_verdicts(cluster):
+        if verdict.ok is not None:
+            checks[verdict.name] = verdict.ok
+        if verdict.ok is not True:
+            details[verdict.name] = verdict.detail
     if not checks["apiserver_reachable"]:
         status = Cluster.Status.UNREACHABLE
-    elif all(checks.values()):
+    elif all(ok for name, ok in checks.items() if name not in ADVISORY_CHECKS):
         status = Cluster.Status.CONNECTED
     else:
         status = Cluster.Status.DEGRADED
@@ -626,8 +648,13 @@ def _missing_statement() -> tuple[str, tuple[str, ...]]:
     return sql, tuple(str(phase) for phase in session.TERMINAL_PHASES)
 
 
+def _known_checks(checks: dict | None) -> dict:
+    """The operator's checks this control plane knows (``OPERATOR_CHECKS``), as reported; others are ignored."""
+    return {name: checks[name] for name in OPERATOR_CHECKS if isinstance(checks, dict) and isinstance(checks.get(name), dict)}
+
+
 @transaction.atomic
-def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
+def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None = None) -> InventoryResult:
     """Replace a cluster's nodes and GPU devices with a full snapshot from its operator.
 
     Upserts with ``INSERT ... ON CONFLICT DO UPDATE`` and removes what is gone, in one transaction
@@ -645,6 +672,9 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
         cluster: the cluster named in the operator token.
         nodes: validated snapshot nodes: ``{"name", "labels", "ready", "devices": [{"uuid", "index",
             "model", "memory_mib", "split_count", "cores", "health", "mode"?}]}``.
+        checks: the snapshot's validated ``checks`` (name -> ``{"ok", "detail", "checked_at"}``), recorded as
+            ``Cluster.operator_checks`` (names this control plane does not know are dropped); None or absent (an
+            operator that predates them) records none, so the connection test shows them as unknown.
 
     Returns:
         An ``InventoryResult``: ``nodes_removed`` / ``gpus_removed`` count deleted nodes and GPUs
@@ -730,7 +760,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
     with connection.cursor() as cursor:
         cursor.execute(sql, {"cluster": cluster.pk, "uuids": uuids, "names": names, "final": list(final), "now": now})
         nodes_removed, gpus_removed, nodes_missing, gpus_missing = cursor.fetchone()
-    restores_connected = _reporting_restores_connected(cluster)
+    restores_connected = _reporting_restores_connected(cluster, checks)
     # One statement for two things, so the query count stays what it was: the heartbeat, and
     # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
     # for every node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone
@@ -741,9 +771,12 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
         cursor.execute(
             f"""
             WITH nodes AS ({summary} RETURNING n.id)
-            UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status) WHERE id = %(cluster)s
+            UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status),
+                   operator_checks = %(checks)s::jsonb
+             WHERE id = %(cluster)s
             """,
-            {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None},
+            {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None,
+             "checks": json.dumps(_known_checks(checks))},
         )
     return InventoryResult(
         nodes=len(node_rows), gpus=len(device_rows), nodes_removed=nodes_removed, gpus_removed=gpus_removed,
@@ -751,14 +784,20 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict]) -> InventoryResult:
     )
 
 
-def _reporting_restores_connected(cluster: Cluster) -> bool:
-    """A report makes a cluster ``connected`` unless its last connection test found another problem."""
+def _reporting_restores_connected(cluster: Cluster, reported: dict | None = None) -> bool:
+    """A report makes a cluster ``connected`` unless its last connection test found another problem.
+
+    The operator's own checks are judged by this report (``reported``), not by the last test: a DNS record fixed
+    since then counts as fixed.
+    """
     if cluster.status in (Cluster.Status.PENDING, Cluster.Status.UNREACHABLE):
         return True
     if cluster.status != Cluster.Status.DEGRADED:
         return False
     checks = (cluster.last_connection_test or {}).get("checks", {})
-    return all(ok for name, ok in checks.items() if name != "operator_reporting")
+    tested = all(ok for name, ok in checks.items()
+                 if name != "operator_reporting" and name not in OPERATOR_CHECKS and name not in ADVISORY_CHECKS)
+    return tested and all(result.get("ok") for result in _known_checks(reported).values())
 
 
 def clusters_mark_stale(*, now=None) -> int:

@@ -472,6 +472,10 @@ def node_object(cluster: ClusterSpec, node: NodeSpec, index: int) -> dict[str, A
     status["allocatable"] = allocatable
     status["addresses"] = [{"type": "InternalIP", "address": node.internal_ip},
                            {"type": "Hostname", "address": node.name}]
+    if node.name == cluster.ingress_node:
+        # The demo's ingress (demo/ingress.py) listens on loopback, where its session domains (``*.localhost``)
+        # resolve: the operator's session_domain_resolves check compares the two.
+        status["addresses"].append({"type": "ExternalIP", "address": "127.0.0.1"})
     status["nodeInfo"].update({"kubeletVersion": version, "kubeProxyVersion": version})
     cidr = f"10.42.{index}.0/24" if k3s else f"10.244.{index}.0/24"
     spec: dict[str, Any] = {"podCIDR": cidr, "podCIDRs": [cidr]}

@@ -45,6 +45,7 @@ Run it: ``python -m demo.ingress --config ingress.json --port 0 --ready-file rea
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import logging
@@ -107,20 +108,27 @@ def _nginx_error_page(status: int) -> bytes:
 
 @dataclass(frozen=True)
 class ClusterApi:
-    """One emulated apiserver, read over HTTP with the kubeconfig's server and bearer token."""
+    """One emulated apiserver, read over HTTP(S) with the kubeconfig's server, bearer token and CA."""
 
     server: str
     token: str | None = None
+    ca_file: str | None = None  # PEM file of the CA of an HTTPS apiserver (verified), None: the system's
 
     @classmethod
     def from_kubeconfig(cls, path: str | Path) -> ClusterApi:
-        """The current context's server and token of the kubeconfig file at ``path``."""
+        """The current context's server, token and CA of the kubeconfig file at ``path`` (a
+        ``certificate-authority-data`` CA is written to ``<path>.ca.pem``, the file ``requests`` verifies with)."""
         config = yaml.safe_load(Path(path).read_text())
         context_name = config.get("current-context") or config["contexts"][0]["name"]
         context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
         user = next((u["user"] for u in config.get("users") or [] if u["name"] == context.get("user")), {})
-        return cls(server=cluster["server"].rstrip("/"), token=user.get("token"))
+        ca_file = cluster.get("certificate-authority")
+        if cluster.get("certificate-authority-data"):  # requests verifies against a file only: the CA next to it
+            ca_path = Path(path).with_name(Path(path).name + ".ca.pem")
+            ca_path.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+            ca_file = str(ca_path)
+        return cls(server=cluster["server"].rstrip("/"), token=user.get("token"), ca_file=ca_file)
 
     def get(self, path: str) -> dict[str, Any] | None:
         """GET ``path`` as JSON; None on 404.
@@ -131,7 +139,7 @@ class ClusterApi:
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        response = requests.get(self.server + path, headers=headers, timeout=10)
+        response = requests.get(self.server + path, headers=headers, timeout=10, verify=self.ca_file or True)
         if response.status_code == 404:
             return None
         response.raise_for_status()

@@ -3,7 +3,8 @@
 Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (embedded by default),
 migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
-``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included), the web
+``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
+least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
 server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
 session Ingresses, on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a stand-in
@@ -17,6 +18,9 @@ seen under two names: ``http://localhost:<port>`` is the public side (console, A
 internal plane answers 404, and ``http://127.0.0.1:<port>`` is the internal host
 (``GSHARE_INTERNAL_HOSTS``) the operators and the session Ingresses' connect verify use. A child that
 exits is started again with backoff (``demo.processes``) instead of stopping the demo.
+
+With ``--bare-cluster NAME`` (repeatable) it also starts a cluster with nothing installed and the chart repository
+attach installs from (``demo.bare_demo``, ``demo.bare_cluster``), and prints the attach command for it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from django.core.management import call_command
 from django.db import connections
 
 from demo import fleet
+from demo.bare_cluster import UNPREPARED_NODE
+from demo.bare_demo import BareClusters
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
 
@@ -66,12 +72,14 @@ class DemoOptions:
         state_file: where the JSON state is written.
         smoke: wait for the inventories, print the state, stop everything, exit.
         inventory_interval: operators' inventory interval, seconds.
+        bare_clusters: names of bare clusters to start for trying attach (``demo.bare_demo``).
     """
 
     port: int
     state_file: Path
     smoke: bool
     inventory_interval: int = 10
+    bare_clusters: tuple[str, ...] = ()
 
 
 def _say(message: str) -> None:
@@ -180,12 +188,15 @@ def run_demo(options: DemoOptions) -> dict:
     Returns:
         ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "researcher_user", "researcher_password",
         "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "session_host" (domain:port),
-        "ingress_url", "kubeconfig_path", "nodes", "gpus"}]}``.
+        "ingress_url", "kubeconfig_path", "nodes", "gpus"}], "bare_clusters": [{"name", "admin_kubeconfig",
+        "attach_command", ...}] (``BareClusters.state``; empty without ``options.bare_clusters``)}``.
 
     Raises:
         DemoError: a step failed; every process started so far has been stopped.
     """
     from clusters import services as cluster_services
+    from clusters.attach.credential import least_privilege_kubeconfig
+    from clusters.kubeconfig import validate_kubeconfig
     from clusters.models import Cluster
     from clusters.operator_token.tokens import operator_token_mint
     from gshare.auth.tokens import api_token_create
@@ -195,7 +206,9 @@ def run_demo(options: DemoOptions) -> dict:
     workdir = gshare_home() / "demo"
     options.state_file.unlink(missing_ok=True)  # never leave a previous run's URL and credentials around
     _wipe_previous_run(workdir)
+    BareClusters.wipe(workdir, list(options.bare_clusters))
     group = ProcessGroup(log_dir=workdir / "logs", say=_say)
+    bare = BareClusters()
     try:
         _say("creating a fresh database and applying migrations")
         database_url = _fresh_database()
@@ -246,9 +259,17 @@ def run_demo(options: DemoOptions) -> dict:
             urls[name] = _wait_for_file(ready, f"the emulator of {name}", group)["url"]
             allowlist.append(urls[name].split("://", 1)[1])
             child.argv = emulator_argv(urlsplit(urls[name]).port)  # a restart comes back where the kubeconfig points
+        if options.bare_clusters:
+            _say(f"starting the bare cluster(s) {', '.join(options.bare_clusters)} and the chart repository attach installs from")
+            try:
+                bare.start(list(options.bare_clusters), workdir, group, cwd=settings.BASE_DIR, env=dict(os.environ),
+                           inventory_interval=options.inventory_interval, wait_for_file=_wait_for_file)
+            except ValueError as exc:
+                raise DemoError(str(exc)) from None
+            allowlist += bare.allowlist()
         settings.GSHARE_LOOPBACK_ALLOWLIST = allowlist
 
-        _say("registering the clusters (probe included)")
+        _say("registering the clusters with least-privilege ServiceAccount tokens (probe included)")
         clusters = []
         for spec in fleet.FLEET:
             folder, _, emulator_token, _, _ = emulators[spec.name]
@@ -256,9 +277,12 @@ def run_demo(options: DemoOptions) -> dict:
             kubeconfig_path = folder / "kubeconfig.yaml"
             kubeconfig_path.write_text(kubeconfig)
             kubeconfig_path.chmod(0o600)
+            # Registered with the control plane's least-privilege ServiceAccount, made through the admin kubeconfig as
+            # attach_cluster makes it; the operator and the ingress keep the admin one.
+            admin = validate_kubeconfig(kubeconfig, loopback_allowlist=allowlist)
             cluster = cluster_services.cluster_register(
                 name=spec.name,
-                kubeconfig=kubeconfig,
+                kubeconfig=least_privilege_kubeconfig(admin.config, server=admin.server, timeout=settings.GSHARE_PROBE_TIMEOUT),
                 session_domain=f"{spec.name}.gshare.localhost",
                 ingress_node=spec.ingress_node,
                 volume_storage_class="gshare-nfs",
@@ -280,13 +304,13 @@ def run_demo(options: DemoOptions) -> dict:
 
         ingress_port = _ingress_port(options.port)
         _say(f"starting the clusters' ingress on 127.0.0.1:{ingress_port} "
-             f"({', '.join(f'http://{spec.name}.gshare.localhost:{ingress_port}' for spec, *_ in clusters)})")
+             f"({', '.join(f'http://{name}.gshare.localhost:{ingress_port}' for name in [spec.name for spec, *_ in clusters] + list(options.bare_clusters))})")
         ingress_config, ingress_ready = workdir / "ingress.json", workdir / "ingress-ready.json"
         ingress_ready.unlink(missing_ok=True)
         ingress_config.write_text(json.dumps({"clusters": [
             {"name": spec.name, "session_domain": cluster.session_domain, "kubeconfig": str(kubeconfig_path)}
             for spec, cluster, kubeconfig_path, _ in clusters
-        ]}, indent=2))
+        ] + bare.ingress_entries()}, indent=2))
         group.start("ingress", python_argv("-m", "demo.ingress", "--config", str(ingress_config), "--port", str(ingress_port),
                                            "--ready-file", str(ingress_ready)),
                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=settings.BASE_DIR)
@@ -390,6 +414,7 @@ def run_demo(options: DemoOptions) -> dict:
                 }
                 for spec, cluster, kubeconfig_path, _ in clusters
             ],
+            "bare_clusters": bare.state(api_token=api_token, control_plane=internal_url, checkout=settings.BASE_DIR),
         }
         if options.smoke:
             _say("smoke: starting a session on each cluster and waiting until both are Running")
@@ -407,6 +432,11 @@ def run_demo(options: DemoOptions) -> dict:
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
         _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")
         _say(f"         curl {url}/.well-known/gshare-internal-jwks.json  -> 404;  curl {internal_url}/.well-known/gshare-internal-jwks.json  -> the JWKS")
+        for entry in [] if options.smoke else state["bare_clusters"]:
+            _say(f"bare cluster {entry['name']} (nothing installed yet; admin kubeconfig {entry['admin_kubeconfig']}): attach it "
+                 f"from another shell in this checkout with\n\n    {entry['attach_command']}\n\n"
+                 f"         its node {UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
+                 f"{entry['fix_command']}")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")
         if options.smoke:
             return state
@@ -417,6 +447,7 @@ def run_demo(options: DemoOptions) -> dict:
     finally:
         _say("stopping every process the demo started")
         group.stop()
+        bare.stop()
         connections.close_all()
         if not options.smoke:
             options.state_file.unlink(missing_ok=True)

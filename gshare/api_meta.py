@@ -3,6 +3,7 @@ before it changes anything: which release the control plane runs and whether its
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions
@@ -17,9 +18,22 @@ from operator_agent.contract import GSHARE_API_VERSION
 @api_view(["GET"])
 @permission_classes([permissions.IsAuthenticated])
 def version(request):
-    """``{"version": "0.2.0", "api": "v1", "operator_contract": "v1alpha1"}``: the control plane's release, the
-    public API's version and the version of the operator contract (the ``GShareSession`` CRD and ``/internal/v1``)."""
-    return Response({"version": GSHARE_VERSION, "api": "v1", "operator_contract": GSHARE_API_VERSION})
+    """``{"version": "0.2.0", "api": "v1", "operator_contract": "v1alpha1", "cluster_layout": {...}}``: the control
+    plane's release, the public API's version, the version of the operator contract (the ``GShareSession`` CRD and
+    ``/internal/v1``), and where in every cluster the control plane acts (``cluster_layout()``), so a client that
+    prepares a cluster (attach) grants its credential rights on the same namespaces."""
+    return Response({"version": GSHARE_VERSION, "api": "v1", "operator_contract": GSHARE_API_VERSION, "cluster_layout": cluster_layout()})
+
+
+def cluster_layout() -> dict:
+    """The settings that decide which Kubernetes objects the control plane touches in each cluster:
+    ``{"session_namespace", "operator_namespace", "operator_token_secret", "volume_move_enabled"}``."""
+    return {
+        "session_namespace": settings.GSHARE_SESSION_NAMESPACE,
+        "operator_namespace": settings.GSHARE_OPERATOR_NAMESPACE,
+        "operator_token_secret": settings.GSHARE_OPERATOR_TOKEN_SECRET,
+        "volume_move_enabled": bool(settings.GSHARE_VOLUME_MOVE_ENABLED),
+    }
 
 
 @extend_schema(responses=OpenApiTypes.OBJECT)

@@ -226,6 +226,20 @@ VOLUME_PHASES = (VOLUME_PHASE_PENDING, VOLUME_PHASE_BOUND, VOLUME_PHASE_LOST)
 CONNECT_VERIFY_PATH = "/internal/connect/verify"
 """The ingress-nginx ``auth-url`` of every session Ingress (answers 2xx or 401/403 only)."""
 
+SESSION_DOMAIN_RESOLVES = "session_domain_resolves"
+"""Operator check: the cluster's ``session_domain`` resolves, inside the cluster, to an address of its ingress node."""
+
+VERIFY_REACHABLE = "verify_reachable"
+"""Operator check: the session Ingresses' ``auth-url`` (``connect_verify_url``) answers, from inside the cluster, 401 with
+the control plane's JSON to a request without a token (not a connection error, not an HTML page)."""
+
+OPERATOR_CHECKS = (SESSION_DOMAIN_RESOLVES, VERIFY_REACHABLE)
+"""The checks an operator reports in its inventory (``checks``); operators that predate them report none (the field is optional)."""
+
+INVENTORY_RESPONSE_SESSION_PATH_KEYS = ("session_domain", "ingress_node", "connect_verify_url")
+"""Keys of the ``PUT INVENTORY_PATH`` answer that tell the operator what to check: the cluster's ``session_domain`` and
+``ingress_node`` as registered, and the ``auth-url`` the control plane puts on session Ingresses (strings, may be "")."""
+
 
 # --------------------------------------------------------------------------- payload schemas
 _INT32 = 2**31 - 1
@@ -247,10 +261,23 @@ _INVENTORY_DEVICE = {
     },
 }
 
+_OPERATOR_CHECK = {
+    "type": "object",
+    "required": ["ok", "detail", "checked_at"],
+    "properties": {
+        "ok": {"type": "boolean"},
+        "detail": {"type": "string", "maxLength": 1000},
+        "checked_at": _TIME,
+    },
+}
+
 INVENTORY_SCHEMA = {
     "type": "object",
     "required": ["nodes"],
     "properties": {
+        # Optional: operators that predate the checks send none (the control plane then shows them as unknown). Names
+        # it does not know are ignored, so a newer operator's extra checks do not make its reports invalid.
+        "checks": {"type": "object", "maxProperties": 16, "additionalProperties": _OPERATOR_CHECK},
         "nodes": {
             "type": "array",
             "maxItems": 5000,

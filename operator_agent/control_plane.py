@@ -19,6 +19,12 @@ Failure handling:
 * 403 and other 4xx: logged with the body's ``code`` and ``detail``; not retried
   (``ControlPlaneRejected``).
 
+What failed is said in one sentence with its fix (``explain_connection_error``, ``explain_answer``), in the log line
+and in the exception: the control plane's host does not resolve (DNS), TLS failed, the connection was refused or
+timed out, the ingress refused this cluster's source address (a 403 that is not the control plane's JSON), an HTML
+page or a ``not_found`` answered instead of the internal API (the public console: the internal plane is closed), a
+401 (the token). A 2xx that is not JSON (a console page) is refused, not taken as a report that got through.
+
 Error bodies are ``{"code": "...", "detail": "..."}`` (codes in ``operator_agent.contract``).
 """
 
@@ -26,12 +32,14 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import requests
+import urllib3.exceptions
 
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
@@ -46,6 +54,8 @@ __all__ = [
     "ControlPlaneUnavailable",
     "TokenUnavailable",
     "backoff_delay",
+    "explain_answer",
+    "explain_connection_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,6 +71,13 @@ MAX_TOKEN_FALLBACKS = 2
 
 USER_AGENT = f"gshare-operator/{__version__}"
 _MAX_BODY_IN_LOG = 300
+
+#: The control plane chart's values that open its internal plane to the clusters (charts/gshare/values.yaml).
+INTERNAL_PLANE_FIX = (
+    "in the control plane chart set `ingress.internalPlane.enabled=true` (with `ingress.internalPlane.host`) and put "
+    "this cluster's egress address in `ingress.internalPlane.sourceRange`, and point this operator's `controlPlaneUrl` "
+    "at that host"
+)
 
 
 class ControlPlaneError(Exception):
@@ -203,13 +220,14 @@ class ControlPlaneClient:
                 )
             except requests.RequestException as exc:
                 # The exception text names the URL and the OS error, never the headers.
-                last_problem = f"{type(exc).__name__}: {exc}"
+                last_problem = f"{explain_connection_error(exc, url, timeout=self.config.http_timeout)} ({type(exc).__name__}: {exc})"
                 retry_after = None
             else:
                 status = response.status_code
-                if 200 <= status < 300:
+                if 200 <= status < 300 and not _foreign_answer(response):
                     return _json_object(response)
                 body = _error_body(response)
+                explained = explain_answer(status, url, code=body.code, foreign=_foreign_answer(response))
                 alternative = self.tokens.reject(token) if status == 401 and fallbacks < MAX_TOKEN_FALLBACKS else None
                 if alternative is not None:
                     fallbacks += 1
@@ -217,14 +235,21 @@ class ControlPlaneClient:
                     continue
                 if status == 401:
                     logger.error(
-                        "operator token expired or revoked: rotate it (control plane answered 401 %s to %s): %s",
+                        "operator token expired or revoked: rotate it (control plane answered 401 %s to %s): %s; on the "
+                        "control plane run `manage.py rotate_operator_tokens --cluster %s`",
                         body.code or "unauthorized",
                         what,
                         body.detail,
+                        self.config.cluster_id,
                     )
                     raise ControlPlaneAuthError(
                         f"{what}: 401 {body.code}: {body.detail}", status=status, code=body.code, detail=body.detail,
                         body=body.data,
+                    )
+                if explained and status < 500:
+                    logger.error("%s failed: %s (answered %d: %s)", what, explained, status, body.detail[:_MAX_BODY_IN_LOG])
+                    raise ControlPlaneRejected(
+                        f"{what}: {explained}", status=status, code=body.code, detail=body.detail, body=body.data,
                     )
                 if status != 429 and status < 500:
                     logger.error(
@@ -238,6 +263,8 @@ class ControlPlaneClient:
                         body=body.data,
                     )
                 last_problem = " ".join(filter(None, [f"HTTP {status}", body.code])) + f": {body.detail}"
+                if explained:
+                    last_problem = f"{explained} ({last_problem[:_MAX_BODY_IN_LOG]})"
                 retry_after = _retry_after(response)
             attempt += 1
             if attempt >= self.max_attempts:
@@ -264,6 +291,110 @@ class ControlPlaneClient:
             message = str(exc)
             logger.error("%s", message)
             raise TokenUnavailable(message) from None
+
+
+def _host_of(url: str) -> tuple[str, int | None]:
+    parsed = urllib3.util.parse_url(url)
+    return parsed.host or url, parsed.port or {"https": 443, "http": 80}.get(parsed.scheme or "")
+
+
+def _causes(exc: BaseException):
+    """``exc`` and what it wraps: ``args[0]`` (requests wraps urllib3's ``MaxRetryError``), ``reason``, the chain."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        wrapped = [getattr(current, "reason", None), current.__cause__, current.__context__]
+        if current.args and isinstance(current.args[0], BaseException):
+            wrapped.insert(0, current.args[0])
+        todo.extend(item for item in wrapped if isinstance(item, BaseException))
+
+
+def explain_connection_error(exc: BaseException, url: str, *, timeout: float | None = None) -> str:
+    """One sentence naming why ``url`` could not be reached (no HTTP answer) and the fix.
+
+    Args:
+        exc: what ``requests`` raised (or any exception it wraps).
+        url: the URL dialled (its host and port are named; it holds no secret).
+        timeout: seconds the call was given, for a timeout's sentence.
+
+    Returns:
+        The sentence: DNS (the host does not resolve), TLS (certificate or protocol), connection refused, timed out,
+        or "cannot connect" with the OS error for anything else.
+    """
+    host, port = _host_of(url)
+    causes = list(_causes(exc))
+    if any(isinstance(c, (urllib3.exceptions.NameResolutionError, socket.gaierror)) for c in causes):
+        return (
+            f"DNS failure: {host} does not resolve from this cluster; the operator's `controlPlaneUrl` must name the "
+            "control plane's internal-plane host (`ingress.internalPlane.host`), and this cluster's DNS must resolve it"
+        )
+    if any(isinstance(c, (requests.exceptions.SSLError, urllib3.exceptions.SSLError)) for c in causes):
+        reason = next((str(c) for c in causes if type(c).__module__ == "ssl"), "")
+        return (
+            f"TLS failure talking to {host}:{port}{' (' + reason + ')' if reason else ''}: the certificate of "
+            "`ingress.internalPlane.tlsSecretName` must be valid for that host and signed by a CA this pod trusts, "
+            "and `controlPlaneUrl` must say https only where TLS is served"
+        )
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return (
+            f"connection refused by {host}:{port}: nothing listens there; check the port of `controlPlaneUrl` and that "
+            f"the control plane's ingress serves that host ({INTERNAL_PLANE_FIX})"
+        )
+    if any(isinstance(c, (requests.exceptions.Timeout, TimeoutError, socket.timeout)) for c in causes):
+        budget = f" within {timeout:g} s" if timeout else ""
+        return (
+            f"no answer from {host}:{port}{budget}: a firewall drops this cluster's traffic, or the control plane is "
+            "overloaded; check that this cluster's egress may reach it"
+        )
+    return f"cannot connect to {host}:{port} ({type(causes[-1]).__name__}): check `controlPlaneUrl` and this cluster's egress"
+
+
+def explain_answer(status: int, url: str, *, code: str | None, foreign: bool) -> str:
+    """One sentence naming why an HTTP answer from ``url`` is not the control plane's internal API, or "".
+
+    Args:
+        status: the HTTP status received.
+        url: the URL called.
+        code: the ``code`` of a JSON error body, or None.
+        foreign: the body is not a JSON object (an HTML page, plain text): someone else answered.
+
+    Returns:
+        For a 403 that is not the control plane's JSON: the ingress source range; for an HTML (non-JSON) page or the
+        control plane's ``not_found`` (``/internal`` is answered only on the internal hosts): the internal plane is
+        closed; else "" (the answer is the control plane's own and its ``code``/``detail`` say what is wrong).
+    """
+    host, _ = _host_of(url)
+    if status == 403 and foreign:
+        return (
+            f"{host} refused this cluster's source address (403 from the ingress, not from gShare): add this cluster's "
+            "egress address to the control plane chart's `ingress.internalPlane.sourceRange`"
+        )
+    if foreign and status < 500 and status not in (401, 429):
+        return (
+            f"{host} answered {status} with a page that is not the control plane's internal API (HTML: the public console "
+            f"or another site answered, the internal plane is closed): {INTERNAL_PLANE_FIX}"
+        )
+    if status == 404 and code == "not_found":
+        return (
+            f"{host} is not one of the control plane's internal hosts (it answered 404 not_found to /internal: the public "
+            f"host, the internal plane is closed there): {INTERNAL_PLANE_FIX}"
+        )
+    return ""
+
+
+def _foreign_answer(response: requests.Response) -> bool:
+    """True when the body is not empty and not a JSON object (an HTML page, text): not the control plane's API."""
+    if not response.content:
+        return False
+    try:
+        return not isinstance(response.json(), dict)
+    except ValueError:
+        return True
 
 
 def _json_object(response: requests.Response) -> dict:

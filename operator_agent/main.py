@@ -9,6 +9,10 @@ sample per GPU of every Running session every ``GSHARE_USAGE_INTERVAL`` seconds,
 with ``POST /internal/v1/usage``); all stop with the same SIGTERM/SIGINT.
 ``--once`` reports the inventory once and starts none of the other threads.
 
+With each inventory the loop sends the session-path checks of the previous tick (``operator_agent.session_path``:
+``session_domain`` resolves to the ingress node, the ``auth-url`` answers), run after each report with what the
+control plane's answer names.
+
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
 snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``); a
 successful report logs ``inventory reported: N nodes, M GPUs``. A failed tick is logged and
@@ -51,6 +55,7 @@ from operator_agent import __version__
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
 from operator_agent.inventory import collect_inventory, snapshot_counts
+from operator_agent.session_path import SessionPathChecks
 from operator_agent.sessions import run_sessions
 from operator_agent.storage import run_volume_sync
 from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
@@ -74,8 +79,13 @@ USAGE_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the usage thread to stop (a request in flight finishes within the timeout)."""
 
 
-def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig) -> bool:
-    """Run one tick: collect the inventory and PUT it. Return ``True`` on success; never raises for I/O failures."""
+def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig,
+                     checks: SessionPathChecks | None = None) -> bool:
+    """Run one tick: collect the inventory and PUT it. Return ``True`` on success; never raises for I/O failures.
+
+    With ``checks``, the snapshot carries the latest session-path checks (``operator_agent.session_path``), and they are
+    run again after the report with what the control plane's answer names (reported at the next tick).
+    """
     try:
         snapshot = collect_inventory(core_v1, request_timeout=config.http_timeout)
     except kubernetes.client.exceptions.ApiException as exc:
@@ -84,8 +94,10 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         logger.warning("cannot reach the apiserver to list GPU nodes: %s", exc)
         return False
+    if checks is not None and checks.payload():
+        snapshot["checks"] = checks.payload()
     try:
-        client.put_inventory(snapshot)
+        answer = client.put_inventory(snapshot)
     except ControlPlaneUnavailable as exc:
         logger.warning("inventory not reported: %s", exc)
         return False
@@ -94,6 +106,11 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
         return False
     nodes, gpus = snapshot_counts(snapshot)
     logger.info("inventory reported: %d nodes, %d GPUs", nodes, gpus)
+    if checks is not None:
+        try:
+            checks.update(core_v1, answer, timeout=min(config.http_timeout, 5.0))
+        except Exception:  # a check's bug must not stop the reports; the traceback is logged
+            logger.exception("session path checks failed unexpectedly")
     return True
 
 
@@ -103,10 +120,12 @@ def run(
     client: ControlPlaneClient,
     stop: threading.Event,
     refresher: TokenRefresher | None = None,
+    checks: SessionPathChecks | None = None,
 ) -> None:
     """Report the inventory every ``config.inventory_interval`` seconds (start to start) until ``stop`` is set.
 
-    With ``refresher``, the operator token is refreshed first when it is due.
+    With ``refresher``, the operator token is refreshed first when it is due; with ``checks``, the session-path checks
+    are run and reported with each inventory (``report_inventory``).
     """
     while not stop.is_set():
         started = time.monotonic()
@@ -116,7 +135,7 @@ def run(
             except Exception:  # a refresh bug must not stop the reports; the traceback is logged
                 logger.exception("operator token refresh failed unexpectedly")
         try:
-            report_inventory(core_v1, client, config)
+            report_inventory(core_v1, client, config, checks)
         except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
             logger.exception("inventory tick failed unexpectedly")
         remaining = config.inventory_interval - (time.monotonic() - started)
@@ -206,7 +225,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
                     config.volume_storage_class or "none set")
         start_loop("usage", run_usage, USAGE_JOIN_TIMEOUT, "usage metering")
-        run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client))
+        checks = SessionPathChecks()
+        try:
+            run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client), checks=checks)
+        finally:
+            checks.http.close()
     finally:
         stop.set()
         for loop in loops:

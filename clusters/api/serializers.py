@@ -6,6 +6,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from clusters.diagnosis import cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_state
 from clusters.services import CREDENTIAL_FIELD, EDITABLE_FIELDS
@@ -75,7 +76,15 @@ class ClusterSerializer(serializers.ModelSerializer):
 CLUSTER_STAFF_FIELDS = [
     "apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
     "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
+    "operator_checks", "problems",
 ]
+
+
+class ProblemSerializer(serializers.Serializer):
+    """One problem of a cluster as ``GET /api/v1/clusters/{id}`` shows it (``clusters.diagnosis.cluster_problems``)."""
+
+    check = serializers.CharField(help_text="The connection-test check that fails (or operator_token)")
+    detail = serializers.CharField(help_text="What is wrong and the fix")
 
 
 class ClusterStaffSerializer(ClusterSerializer):
@@ -86,6 +95,12 @@ class ClusterStaffSerializer(ClusterSerializer):
 
     heartbeat_age_seconds = serializers.SerializerMethodField()
     operator_token = serializers.SerializerMethodField()
+    problems = serializers.SerializerMethodField()
+    operator_checks = serializers.JSONField(
+        read_only=True,
+        help_text="The session-path checks the operator last reported from inside the cluster: name -> {ok, detail, "
+                  "checked_at}; {} when it reported none",
+    )
 
     class Meta(ClusterSerializer.Meta):
         fields = [*ClusterSerializer.Meta.fields, *CLUSTER_STAFF_FIELDS]
@@ -96,6 +111,11 @@ class ClusterStaffSerializer(ClusterSerializer):
         if obj.last_heartbeat_at is None:
             return None
         return int((timezone.now() - obj.last_heartbeat_at).total_seconds())
+
+    @extend_schema_field(ProblemSerializer(many=True))
+    def get_problems(self, obj: Cluster) -> list[dict]:
+        """Every problem known now, each with its fix (``[]`` when none; no query of its own)."""
+        return ProblemSerializer(cluster_problems(obj), many=True).data
 
     @extend_schema_field(OperatorTokenSerializer)
     def get_operator_token(self, obj: Cluster) -> dict:

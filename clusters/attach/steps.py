@@ -1,4 +1,4 @@
-"""``attach_cluster``: prepare a GPU cluster, register it and deploy its operator, in nine idempotent steps.
+"""``attach_cluster``: prepare a GPU cluster, register it and deploy its operator, in ten idempotent steps.
 
 Every step either finds its work already done (and says so), does it, or stops the attach with
 :class:`AttachStopped`, which carries what is wrong and the exact command that fixes it. Re-running the
@@ -14,12 +14,14 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 3. the ``nvidia`` RuntimeClass and the labels ``gpu=on`` and ``gshare.io/gpu-mode`` on GPU nodes;
 4. HAMi, with its kube-scheduler pinned to the cluster's version, then wait for GPUs to be advertised;
 5. ingress-nginx on the ingress node (unless ``--skip-ingress``);
-6. registration through the control plane's API (``POST /api/v1/clusters``, probe included; an existing
+6. the control plane's credential: ServiceAccount ``gshare-control-plane`` with least-privilege RBAC and its token
+   (``clusters.attach.credential``): registration sends that, never the admin kubeconfig;
+7. registration through the control plane's API (``POST /api/v1/clusters``, probe included; an existing
    registration is kept and its credential refreshed with ``PATCH``);
-7. the operator: the control plane pushes its token into the Secret ``gshare-operator-internal-jwt``
+8. the operator: the control plane pushes its token into the Secret ``gshare-operator-internal-jwt``
    (``POST /api/v1/clusters/{id}/operator-token/push``), then the ``charts/gshare-operator`` release;
-8. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
-9. the connection test and the operator's first inventory report.
+9. storage (with ``--storage-values``): NFS client and reachability checks, democratic-csi;
+10. the connection test and the operator's first inventory report.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters.attach import checks, fixes, releases
+from clusters.attach import checks, credential, fixes, releases
 from clusters.attach.control_plane import ControlPlaneClient, ControlPlaneError
 from clusters.attach.helm import HelmInstallFailed, install_release
 from clusters.kube import KubeError, KubeGateway, KubeRefused, KubeUnavailable
@@ -47,13 +49,15 @@ from clusters.models import cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
 from gshare.version import GSHARE_VERSION, compatible
 from operator_agent import rfc3339
-from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION
+from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION, OPERATOR_CHECKS
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+#: A Kubernetes object name (RFC 1123 subdomain: namespaces and Secret names are within it).
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 #: A release number as ``GET /api/v1/version`` gives it (gshare/version.py); the fix "git checkout v<it>" is built from it.
 RELEASE = re.compile(r"v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([-+][0-9A-Za-z.]{1,40})?")
 DEFAULT_GPU_MODE = "hami-core"
-TOTAL_STEPS = 9
+TOTAL_STEPS = 10
 MAX_KUBECONFIG_BYTES = 256 * 1024  # as POST /api/v1/clusters
 MAX_VALUES_BYTES = 1024 * 1024
 #: Pod Security admission: the check pods are privileged, so gShare's namespace must allow them.
@@ -119,6 +123,7 @@ class AttachOptions:
 @dataclass
 class _State:
     kubeconfig: str = ""
+    registered_kubeconfig: str = ""  # the least-privilege kubeconfig registration sends (step_credential)
     config: dict = field(default_factory=dict)
     server: str = ""
     git_version: str = ""
@@ -150,7 +155,7 @@ class Attach:
 
     Args:
         options: the flags.
-        echo: called with each progress line (``[n/9] what ... result``).
+        echo: called with each progress line (``[n/10] what ... result``).
     """
 
     def __init__(self, options: AttachOptions, echo: Callable[[str], None]):
@@ -162,7 +167,7 @@ class Attach:
     # ----------------------------------------------------------------- driver
 
     def run(self) -> dict:
-        """Run the nine steps in order.
+        """Run the ten steps in order.
 
         Returns:
             The registered cluster as ``GET /api/v1/clusters/{id}`` shows it (connected, first inventory in).
@@ -176,6 +181,7 @@ class Attach:
             ("RuntimeClass nvidia and GPU node labels", self.step_runtime_class_and_labels),
             ("HAMi", self.step_hami),
             ("ingress-nginx", self.step_ingress),
+            ("control plane credential", self.step_credential),
             ("register with the control plane", self.step_register),
             ("operator", self.step_operator),
             ("storage", self.step_storage),
@@ -262,7 +268,30 @@ class Attach:
             raise self._stop(f"the control plane runs gShare {theirs} (operator contract {contract}); this checkout is "
                              f"{GSHARE_VERSION} ({GSHARE_API_VERSION}), whose operator chart the attach would deploy",
                              f"run the attach from a checkout of the control plane's release: git checkout v{theirs}")
+        self._check_layout(served.get("cluster_layout"))
         return f"gShare {theirs} at {self._api_url} as {username[:150]}"
+
+    def _check_layout(self, layout: Any) -> None:
+        """The namespaces, Secret name and volume-move switch this machine grants rights on must be the control plane's
+        (``GET /api/v1/version``'s ``cluster_layout``), or the credential would miss the rights the control plane uses."""
+        if not isinstance(layout, dict):
+            return  # a control plane of this release always sends it; nothing to compare against otherwise
+        from gshare.api_meta import cluster_layout
+
+        ours = cluster_layout()
+        names = {"session_namespace": "GSHARE_SESSION_NAMESPACE", "operator_namespace": "GSHARE_OPERATOR_NAMESPACE",
+                 "operator_token_secret": "GSHARE_OPERATOR_TOKEN_SECRET", "volume_move_enabled": "GSHARE_VOLUME_MOVE_ENABLED"}
+        differ = [(key, layout.get(key), value) for key, value in ours.items() if key in layout and layout[key] != value]
+        # The values go into a command line printed as the fix: only names Kubernetes accepts, or a boolean.
+        if any(not (isinstance(theirs, bool) if isinstance(mine, bool) else isinstance(theirs, str) and K8S_NAME.fullmatch(theirs))
+               for _, theirs, mine in differ):
+            raise self._stop(f"{self._api_url} answered a cluster_layout that is not gShare's (not Kubernetes names)",
+                             _control_plane_fix(ControlPlaneError(""), self._api_url))
+        if differ:
+            said = "; ".join(f"{names[key]} is {theirs!r} there, {mine!r} here" for key, theirs, mine in differ)
+            fix = " ".join(f"{names[key]}={str(theirs).lower() if isinstance(theirs, bool) else theirs}" for key, theirs, _ in differ)
+            raise self._stop(f"this machine's settings do not match the control plane's ({said})",
+                             f"run the attach with the control plane's values: {fix} {self.rerun}")
 
     def _stop(self, problem: str, fix: str) -> AttachStopped:
         return AttachStopped(problem, f"{fix}\nthen re-run: {self.rerun}")
@@ -528,8 +557,24 @@ class Attach:
 
     # ----------------------------------------------------------------- 6
 
+    def step_credential(self) -> str:
+        """Step 6: ServiceAccount ``gshare-control-plane`` with exactly the control plane's rights, through the admin
+        kubeconfig; its token's kubeconfig (same server and CA) is what registration sends."""
+        namespace = releases.operator_namespace()
+        with _api(self.state) as kube:
+            self._ensure_namespace(kube, namespace)
+            try:
+                token = credential.apply_credential(kube)
+            except credential.CredentialError as exc:
+                raise self._stop(str(exc), f"kubectl -n {namespace} get secret {credential.TOKEN_SECRET_NAME} -o yaml") from None
+        text = credential.credential_kubeconfig(self.state.config, token)
+        self.state.registered_kubeconfig = validate_kubeconfig(text, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).as_yaml()
+        return f"ok: ServiceAccount {namespace}/{credential.ACCOUNT_NAME} (least-privilege RBAC, token Secret {credential.TOKEN_SECRET_NAME})"
+
+    # ----------------------------------------------------------------- 7
+
     def step_register(self) -> str:
-        """Step 6: register through ``POST /api/v1/clusters`` (the control plane probes the cluster), or keep the
+        """Step 7: register through ``POST /api/v1/clusters`` (the control plane probes the cluster), or keep the
         existing registration of this cluster and bring its settings and credential up to date with ``PATCH``."""
         storage_class = self.state.storage.storage_class if self.state.storage else ""
         with self._control_plane() as api:
@@ -549,7 +594,7 @@ class Attach:
                 # The credential is sent every time: the control plane keeps it when it is the one it holds, else checks
                 # that it reaches the same cluster (kube-system uid) and replaces it in place.
                 try:
-                    updated = api.update(existing["id"], {**changes, "kubeconfig": self.state.kubeconfig})
+                    updated = api.update(existing["id"], {**changes, "kubeconfig": self.state.registered_kubeconfig})
                 except ControlPlaneError as exc:
                     raise self._stop(f"the registration of {existing['name']} ({existing['id']}) could not be updated: {exc.detail} "
                                      f"(code {exc.code or exc.status})",
@@ -560,7 +605,7 @@ class Attach:
                 listed = f", updated {', '.join(sorted(changes))}" if changes else ""
                 return f"ok: already registered as {existing['id']} (kept{listed}; credential checked)"
             try:
-                cluster = api.register({"name": self.options.name, "kubeconfig": self.state.kubeconfig,
+                cluster = api.register({"name": self.options.name, "kubeconfig": self.state.registered_kubeconfig,
                                         "session_domain": self.options.session_domain, "ingress_node": self.options.ingress_node,
                                         "volume_storage_class": storage_class})
             except ControlPlaneError as exc:
@@ -572,10 +617,10 @@ class Attach:
         self.state.cluster = cluster
         return f"ok: registered as {cluster['id']}"
 
-    # ----------------------------------------------------------------- 7
+    # ----------------------------------------------------------------- 8
 
     def step_operator(self) -> str:
-        """Step 7: the control plane writes the operator's token Secret (the token never reaches this machine), then
+        """Step 8: the control plane writes the operator's token Secret (the token never reaches this machine), then
         install/upgrade ``charts/gshare-operator``."""
         cluster = self.state.cluster
         assert cluster is not None
@@ -600,10 +645,10 @@ class Attach:
         secret = pushed.get("secret") or settings.GSHARE_OPERATOR_TOKEN_SECRET
         return f"ok: {done}; token Secret {secret} {pushed.get('secret_action') or 'written'} by the control plane (expires {expires})"
 
-    # ----------------------------------------------------------------- 8
+    # ----------------------------------------------------------------- 9
 
     def step_storage(self) -> str:
-        """Step 8 (``--storage-values``): NFS client and server reachability on every node, then democratic-csi."""
+        """Step 9 (``--storage-values``): NFS client and server reachability on every node, then democratic-csi."""
         plan = self.state.storage
         if plan is None:
             return "skipped (no --storage-values)"
@@ -627,23 +672,15 @@ class Attach:
         return (f"ok: NFSv{plan.nfs_version} server reachable from {len(names)} node(s); {done}; "
                 f"operator volume StorageClass {plan.storage_class}")
 
-    # ----------------------------------------------------------------- 9
+    # ----------------------------------------------------------------- 10
 
     def step_connection(self) -> str:
-        """Step 9: the connection test passes and the operator's first inventory (after this attach began) arrives."""
+        """Step 10: the connection test passes and the operator's first inventory (after this attach began) arrives."""
         cluster = self.state.cluster
         assert cluster is not None
         with self._control_plane() as api:
-            result = api.connection_test(cluster["id"])
-            checks, details = result.get("checks"), result.get("detail")
-            if not isinstance(checks, dict) or not isinstance(details, dict | None):
-                raise ControlPlaneError("the connection test answered without its checks, not gShare's API")
-            failed = {name: str((details or {}).get(name, "")) for name, ok in checks.items() if not ok}
-            hard = {name: detail for name, detail in failed.items() if name not in SOFT_CHECKS}
-            if hard:
-                name, detail = next(iter(hard.items()))
-                # The connection test's sentences name their fix (clusters.probe); print it as the fix.
-                raise self._stop(f"connection test: {name} failed: {detail}", detail)
+            # Before the new operator reports, its session-path checks may be from an earlier run: not judged yet.
+            self._refuse_failed(api.connection_test(cluster["id"]), ignore=SOFT_CHECKS | set(OPERATOR_CHECKS))
             deadline = time.monotonic() + settings.GSHARE_ATTACH_INVENTORY_TIMEOUT
             while True:
                 current = api.cluster(cluster["id"])
@@ -656,12 +693,25 @@ class Attach:
                                      f"(it must reach {self.options.control_plane_url})")
                 time.sleep(0.5)
             result = api.connection_test(cluster["id"])
+            # Now the operator's own checks from inside the cluster (session domain, verify) count, once it sent them.
+            self._refuse_failed(result, ignore=SOFT_CHECKS)
             self.state.cluster = api.cluster(cluster["id"])
         return f"ok: {result.get('status')}; first inventory in ({self.state.cluster.get('node_count', 0)} GPU node(s))"
 
+    def _refuse_failed(self, result: dict, *, ignore: frozenset[str] | set[str]) -> None:
+        """Stop on the first failed check of a connection test outside ``ignore``; its sentence names the fix."""
+        checks, details = result.get("checks"), result.get("detail") or {}
+        if not isinstance(checks, dict) or not isinstance(details, dict):
+            raise ControlPlaneError("the connection test answered without its checks, not gShare's API")
+        for name, ok in checks.items():
+            if not ok and name not in ignore:
+                detail = str(details.get(name, ""))
+                raise self._stop(f"connection test: {name} failed: {detail}", detail)
 
-#: Connection-test checks that do not stop the attach: the operator is only being deployed.
-SOFT_CHECKS = frozenset({"operator_reporting"})
+
+#: Connection-test checks that never stop the attach: the operator is only being deployed, and a cluster-admin
+#: credential works (advisory; the attach registers a least-privilege one anyway).
+SOFT_CHECKS = frozenset({"operator_reporting", "credential_least_privilege"})
 
 
 def _url_problem(value: str) -> str:

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters import services
+from clusters.diagnosis import connect_verify_url
 from clusters.internal.schemas import inventory_errors
 from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
 from gshare.api import SafeJSONParser
@@ -32,14 +33,17 @@ class InventoryView(OperatorAPIView):
     """``PUT /internal/v1/inventory``: a full snapshot of the cluster's GPU nodes and devices."""
 
     def put(self, request):
-        """Apply the snapshot; answer counts (``*_missing``: left out but kept, live sessions hold them) and server time."""
+        """Apply the snapshot (its optional ``checks`` recorded as ``Cluster.operator_checks``); answer counts (``*_missing``:
+        left out but kept, live sessions hold them), what the operator is to check next (``session_domain``,
+        ``ingress_node``, ``connect_verify_url``) and server time."""
         problems = inventory_errors(request.data)
         if problems:
             raise ApplicationError(
                 "The inventory snapshot is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
                 code="invalid_inventory",
             )
-        result = services.inventory_apply(cluster=self.cluster, nodes=request.data["nodes"])
+        result = services.inventory_apply(cluster=self.cluster, nodes=request.data["nodes"], checks=request.data.get("checks"))
+        cluster = self.cluster
         return Response({
             "cluster": self.cluster.public_id,
             "nodes": result.nodes,
@@ -48,6 +52,10 @@ class InventoryView(OperatorAPIView):
             "gpus_removed": result.gpus_removed,
             "nodes_missing": result.nodes_missing,
             "gpus_missing": result.gpus_missing,
+            # What the operator checks from inside the cluster before its next report (operator_agent.session_path).
+            "session_domain": cluster.session_domain,
+            "ingress_node": cluster.ingress_node,
+            "connect_verify_url": connect_verify_url(),
             "server_time": timezone.now().isoformat(),
         })
 

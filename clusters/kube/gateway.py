@@ -65,6 +65,13 @@ STORAGE_CLASSES = Resource("storage.k8s.io/v1", "storageclasses", False)
 CSI_STORAGE_CAPACITIES = Resource("storage.k8s.io/v1", "csistoragecapacities", True)
 RUNTIME_CLASSES = Resource("node.k8s.io/v1", "runtimeclasses", False)
 DAEMON_SETS = Resource("apps/v1", "daemonsets", True)
+SERVICE_ACCOUNTS = Resource("v1", "serviceaccounts", True)
+ROLES = Resource("rbac.authorization.k8s.io/v1", "roles", True)
+ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "rolebindings", True)
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io/v1", "clusterroles", False)
+CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "clusterrolebindings", False)
+SELF_SUBJECT_RULES_REVIEWS = Resource("authorization.k8s.io/v1", "selfsubjectrulesreviews", False)
+SELF_SUBJECT_ACCESS_REVIEWS = Resource("authorization.k8s.io/v1", "selfsubjectaccessreviews", False)
 GSHARE_SESSIONS = Resource(f"{contract.GSHARE_API_GROUP}/{contract.GSHARE_API_VERSION}", contract.GSHARE_SESSION_PLURAL, True)
 
 #: ``(apiVersion, kind)`` -> resource, for the objects ``create``/``replace``/``apply`` are given.
@@ -74,6 +81,11 @@ _BY_KIND = {
     ("storage.k8s.io/v1", "StorageClass"): STORAGE_CLASSES, ("storage.k8s.io/v1", "CSIStorageCapacity"): CSI_STORAGE_CAPACITIES,
     ("node.k8s.io/v1", "RuntimeClass"): RUNTIME_CLASSES, ("apps/v1", "DaemonSet"): DAEMON_SETS,
     (GSHARE_SESSIONS.api_version, contract.GSHARE_SESSION_KIND): GSHARE_SESSIONS,
+    ("v1", "ServiceAccount"): SERVICE_ACCOUNTS, (ROLES.api_version, "Role"): ROLES,
+    (ROLE_BINDINGS.api_version, "RoleBinding"): ROLE_BINDINGS, (CLUSTER_ROLES.api_version, "ClusterRole"): CLUSTER_ROLES,
+    (CLUSTER_ROLE_BINDINGS.api_version, "ClusterRoleBinding"): CLUSTER_ROLE_BINDINGS,
+    (SELF_SUBJECT_RULES_REVIEWS.api_version, "SelfSubjectRulesReview"): SELF_SUBJECT_RULES_REVIEWS,
+    (SELF_SUBJECT_ACCESS_REVIEWS.api_version, "SelfSubjectAccessReview"): SELF_SUBJECT_ACCESS_REVIEWS,
 }
 
 

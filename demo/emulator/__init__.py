@@ -41,9 +41,19 @@ kmock's per-resource buses. What this package adds on top of kmock 0.8
   resource and objects; ``404 NotFound`` as a proper ``Status``;
 * errors as ``Status`` objects with the apiserver's ``reason`` (``NotFound``, ``AlreadyExists``,
   ``Conflict``, ``Invalid``, ``BadRequest``, ``MethodNotAllowed``, ``UnsupportedMediaType``,
-  ``Unauthorized``, ``Expired``, ``InternalError``);
-* an optional bearer token: with ``token`` set, any request without ``Authorization: Bearer <token>``
-  (health endpoints included) gets ``401 Unauthorized``;
+  ``Unauthorized``, ``Forbidden``, ``Expired``, ``InternalError``);
+* identities (``auth``): an optional admin bearer token (cluster-admin, ``system:masters``): with ``token`` set, a
+  request with neither it nor a ServiceAccount token (health endpoints included) gets ``401 Unauthorized``;
+  ServiceAccount tokens from Secrets of type ``kubernetes.io/service-account-token`` (filled right after create by the
+  tokens controller stand-in, ``controllers.tokens``: ``token``, ``namespace``, ``ca.crt`` with TLS; never expire, revoked with the Secret or the
+  ServiceAccount) and from TokenRequests (``POST .../serviceaccounts/<name>/token``, expiring);
+  ``SelfSubjectAccessReview`` and ``SelfSubjectRulesReview`` answer for the caller;
+* RBAC for ServiceAccount tokens (``rbac``), on every request: Roles, ClusterRoles, RoleBindings and
+  ClusterRoleBindings with verbs, apiGroups, resources and subresources (``pods/log``, ``*/status``), resourceNames
+  and ``*``, plus the bootstrap policy of every authenticated user (discovery, ``/version``, health, self reviews);
+  a server-side apply that creates an object needs ``create`` too; a refused request gets the apiserver's ``403
+  Forbidden`` (``nodes is forbidden: User "system:serviceaccount:ns:sa" cannot list resource "nodes" in API group
+  "" at the cluster scope``);
 * opt-in TLS (``EmulatedCluster(tls=True)``, ``serve(tls=...)``, ``--tls``): HTTPS with a throwaway self-signed CA
   and a server certificate it signs for ``IP:127.0.0.1``, ``DNS:localhost`` and the configured loopback host,
   generated at start and kept in memory (``ServerCertificates``, ``generate_certificates``; ``ssl`` loads a key only
@@ -91,7 +101,8 @@ kmock's per-resource buses. What this package adds on top of kmock 0.8
   ``ContainerCreating`` (no pod IP) with a Warning ``FailedMount`` Event carrying the kubelet's real text
   (``nfs_mount_failure_message``) until ``set_host`` gives the node an NFS client.
 
-Not emulated: authorization (RBAC objects are stored, never enforced), admission (HAMi's webhook does not set
+Not emulated: aggregated ClusterRoles, RBAC's escalation and bind checks, other authorizers (Node, Webhook),
+impersonation, JWT tokens (ServiceAccount tokens are opaque random strings), admission (HAMi's webhook does not set
 ``schedulerName``; only the DefaultStorageClass plugin is), volume binding modes (``WaitForFirstConsumer`` classes bind
 at once, like ``Immediate``), static binding of a PVC to any matching unclaimed PV (only the two pre-bound cases above),
 PV/PVC protection finalizers, volume expansion, snapshots, attach/detach, CSI drivers' own behaviour (a class's CSI
@@ -119,10 +130,11 @@ Where things are (one module each):
   versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults,
   CRDs), ``crud`` (create, replace, patch, delete), ``patches`` (merge patches), ``apply`` (server-side apply and
   field ownership), ``reads`` (get, list, watch), ``selectors``, ``discovery``, ``http`` (request parsing,
-  authentication, errors), ``errors``, ``events`` (Events as components record them), ``resources`` (what is
-  served);
+  errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac`` (RBAC evaluation), ``errors``, ``events``
+  (Events as components record them), ``resources`` (what is served);
 * the stand-in controllers, fed by the store's events: ``controllers.hami_scheduler`` (with ``hami_rules``),
-  ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.volumes``;
+  ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.volumes``,
+  ``controllers.tokens``;
 * serving: ``cluster`` (``serve``, ``EmulatedCluster``), ``tls``, ``cli`` (``python -m demo.emulator``).
 
 This package must not import Django (the demo starts one emulator process per cluster and they must

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically); with
     ``--tls`` the server speaks HTTPS with a CA generated at start and the ready file is
     ``{"url": "https://127.0.0.1:N", "pid": <pid>, "ca_data": "<base64 of the CA's PEM>"}`` (a kubeconfig's
-    ``certificate-authority-data``). The token file holds the bearer token clients must send (surrounding
-    whitespace ignored).
+    ``certificate-authority-data``). The token file holds the admin's bearer token (cluster-admin; surrounding
+    whitespace ignored); ServiceAccount tokens made through the API are accepted too, under RBAC.
 
     Returns:
         The process exit code: 0 after a signal, 2 for bad arguments or an unreadable seed.
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
     parser.add_argument("--ready-file", help="write {\"url\", \"pid\"} (and \"ca_data\" with --tls) here once "
                                              "listening")
-    parser.add_argument("--token-file", help="file holding the bearer token to require")
+    parser.add_argument("--token-file", help="file holding the admin's bearer token to require")
     parser.add_argument("--tls", action="store_true",
                         help="serve HTTPS with a CA and server certificate generated at start (the ready file then "
                              "also holds \"ca_data\", the CA for a kubeconfig's certificate-authority-data)")

@@ -84,7 +84,8 @@ async def serve(objects: Iterable[Mapping[str, Any]] = (), *, version: dict[str,
     else:
         certificates = generate_certificates(host) if tls else None
     ssl_context = certificates.ssl_context() if certificates is not None else None
-    emulator = KubeApiEmulator(server_version=version, token=token, hosts=validate_hosts(hosts), **emulator_options)
+    emulator = KubeApiEmulator(server_version=version, token=token, hosts=validate_hosts(hosts),
+                               ca_pem=certificates.ca_pem if certificates is not None else None, **emulator_options)
     emulator.load(objects)
     async with emulator, _LoopbackServer(emulator, host=host, port=port, ssl_context=ssl_context) as server:
         url = str(server.url).rstrip("/")

@@ -1,9 +1,8 @@
-"""The HTTP entry: parsing apiserver URLs into kmock requests, authentication, scope checks, and errors rendered
-as ``Status`` objects (also inside a watch stream)."""
+"""The HTTP entry: parsing apiserver URLs into kmock requests, scope checks, and errors rendered as ``Status`` objects
+(also inside a watch stream); who may send what is ``demo.emulator.auth``'s."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -13,7 +12,7 @@ import kmock
 import yaml
 from kmock._internal.rendering import StreamingError  # not re-exported by kmock 0.8
 
-from demo.emulator.common import header_value, truthy
+from demo.emulator.common import truthy
 from demo.emulator.errors import ApiError, no_resource, status_document, watch_error
 from demo.emulator.resources import ResourceSpec, parse_path, resource_key
 
@@ -96,16 +95,16 @@ class HttpMixin:
             subresource=parsed.subresource if parsed else None,
         )
 
-    def _authenticate(self, request: kmock.Request) -> None:
-        if self.token is None:
-            return
-        header = header_value(request.headers, "Authorization")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), self.token.encode()):
-            raise ApiError(401, "Unauthorized", "Unauthorized", None)
-
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        self._authenticate(request)
+        # Authentication, then authorization, then the request (demo.emulator.auth): as the apiserver's filters.
+        user = self._authenticate(request)
+        attrs = self._attributes(request)
+        async with self._lock:
+            self._authorize(user, attrs)
+            self._authorize_apply_create(user, attrs, request)
+            answer = self._identity_api(request, user, attrs)
+        if answer is not None:
+            return self._created(answer)
         if request.resource is not None and request.resource.plural is not None:
             spec = self._spec(request.resource)
             self._check_scope(spec, request)
@@ -135,6 +134,9 @@ class HttpMixin:
         elif request.subresource is not None:
             if request.subresource != "status" or "status" not in spec.subresources or request.name is None:
                 raise no_resource()
+        if spec.verbs == ("create",) and request.action != kmock.action.CREATE:  # the self reviews: POST only
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
+                           None)
         if request.action is None or (request.action == kmock.action.CREATE and spec.namespaced
                                       and request.namespace is None):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",

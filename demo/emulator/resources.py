@@ -83,6 +83,8 @@ BUILTIN_RESOURCES: tuple[ResourceSpec, ...] = (
         subresources=("scale", "status")),
     _rs("apps", "v1", "statefulsets", "StatefulSet", True, short_names=("sts",), categories=("all",),
         subresources=("scale", "status")),
+    _rs("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, verbs=("create",)),
+    _rs("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False, verbs=("create",)),
     _rs("batch", "v1", "cronjobs", "CronJob", True, short_names=("cj",), categories=("all",), subresources=("status",)),
     _rs("batch", "v1", "jobs", "Job", True, categories=("all",), subresources=("status",)),
     _rs("coordination.k8s.io", "v1", "leases", "Lease", True),
@@ -100,7 +102,7 @@ BUILTIN_RESOURCES: tuple[ResourceSpec, ...] = (
 )
 
 #: Order of groups in ``/apis`` (the apiserver lists built-in groups in a fixed order, then CRD groups).
-GROUP_ORDER = ("apps", "batch", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
+GROUP_ORDER = ("apps", "authorization.k8s.io", "batch", "networking.k8s.io", "rbac.authorization.k8s.io", "storage.k8s.io",
                "apiextensions.k8s.io", "coordination.k8s.io", "node.k8s.io")
 
 #: Field selectors the apiserver accepts beyond ``metadata.name``/``metadata.namespace``, per (group, plural)

@@ -13,12 +13,14 @@ from typing import Any
 import attrs
 import kmock
 
+from demo.emulator.auth import AuthMixin
 from demo.emulator.common import Outcome
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.device_plugin import HamiDevicePlugin
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
 from demo.emulator.controllers.host_facts import validate_host_facts, validate_hosts
 from demo.emulator.controllers.kubelet import Kubelet
+from demo.emulator.controllers.tokens import TokensController
 from demo.emulator.controllers.volumes import VolumeControllers
 from demo.emulator.crud import CrudMixin
 from demo.emulator.discovery import DiscoveryMixin
@@ -31,7 +33,7 @@ from demo.emulator.store import StoreEvent, StoreMixin
 
 
 @attrs.define(kw_only=True)
-class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRecorderMixin, ObjectsMixin, StoreMixin,
+class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRecorderMixin, ObjectsMixin, StoreMixin,
                       kmock.KubernetesEmulator):
     """kmock's ``KubernetesEmulator`` made to behave like an apiserver for the official clients.
 
@@ -45,7 +47,10 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
     Args (keyword-only):
         server_version: the ``/version`` document (keys ``major``, ``minor``, ``gitVersion`` ... as strings); keys
             it lacks are taken from kmock's default (k3s v1.26.4), None serves that default.
-        token: bearer token every request must carry; None disables authentication.
+        token: the admin's bearer token (cluster-admin); with it set, a request needs it or a ServiceAccount token
+            (see ``demo.emulator.auth``; ServiceAccounts are authorized by RBAC). None: a request without a
+            ServiceAccount token is the admin.
+        ca_pem: the CA of the server's certificate (PEM), copied into ServiceAccount token Secrets as ``ca.crt``.
         keep_requests: how many past requests to keep for inspection (``list(emulator)``); bounded so a
             long-running demo does not grow.
         history_limit: versions kept per object in ``emulator.objects[...].history`` (None: all).
@@ -95,6 +100,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
 
     server_version: dict[str, str] | None = None
     token: str | None = None
+    ca_pem: bytes | None = None
     keep_requests: int = 1000
     history_limit: int | None = 50
     event_log_size: int = 1000
@@ -110,6 +116,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
     _events: collections.deque = attrs.field(factory=collections.deque, init=False)
     _outcomes: dict[int, Outcome] = attrs.field(factory=dict, init=False)
     _specs: dict[kmock.resource, ResourceSpec] = attrs.field(factory=dict, init=False)
+    _issued_tokens: dict[str, tuple[str, str, str, float]] = attrs.field(factory=dict, init=False)  # TokenRequests
     _next_cluster_ip: int = attrs.field(default=10, init=False)
     _listeners: list[Callable[[StoreEvent], None]] = attrs.field(factory=list, init=False)
     _tasks: set = attrs.field(factory=set, init=False)  # the controllers' background tasks
@@ -118,6 +125,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
     kubelet: Kubelet = attrs.field(init=False)
     device_plugin: HamiDevicePlugin = attrs.field(init=False)
     volumes: VolumeControllers = attrs.field(init=False)
+    tokens: TokensController = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -131,6 +139,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
         self.scheduler = HamiScheduler(self, self.kubelet)
         self.device_plugin = HamiDevicePlugin(self)
         self.volumes = VolumeControllers(self)
+        self.tokens = TokensController(self)
         self.subscribe(self._forget_recorded_events)
         for controller in self.controllers:
             self.subscribe(controller.on_event)
@@ -141,7 +150,7 @@ class KubeApiEmulator(HttpMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRec
     @property
     def controllers(self) -> tuple[Controller, ...]:
         """The stand-in controllers, in the order they hear of each store event."""
-        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes)
+        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes, self.tokens)
 
     def start_controllers(self) -> None:
         """Let every controller act on the objects already stored (a seed) once serving; call it in the loop."""

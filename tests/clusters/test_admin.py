@@ -46,6 +46,20 @@ def test_cluster_pages_never_show_the_kubeconfig(console):
     assert "heartbeat" in html
 
 
+def test_cluster_page_warns_about_a_cluster_admin_credential_with_the_fix(console):
+    from clusters.probe import LEAST_PRIVILEGE_FIX
+
+    cluster = ClusterFactory(last_connection_test={
+        "status": "connected", "checks": {"apiserver_reachable": True, "credential_least_privilege": False},
+        "detail": {"credential_least_privilege": LEAST_PRIVILEGE_FIX}})
+    text = page_text(console.get(f"/clusters/cluster/{cluster.pk}/change/"))
+    assert "cluster-admin credential stored" in text and "re-run `manage.py attach_cluster`" in text
+    cluster.last_connection_test = {"status": "connected", "checks": {"credential_least_privilege": True}, "detail": {}}
+    cluster.save(update_fields=["last_connection_test"])
+    text = page_text(console.get(f"/clusters/cluster/{cluster.pk}/change/"))
+    assert "least privilege (ServiceAccount gshare-control-plane)" in text and "cluster-admin credential" not in text
+
+
 def test_node_and_gpu_pages_filter_by_cluster(console):
     a, b = _grow(), _grow()
     gpus = console.get(f"/clusters/gpudevice/?cluster__id__exact={a.pk}").context["cl"].result_list

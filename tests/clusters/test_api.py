@@ -191,17 +191,19 @@ def test_connection_test_reports_every_check(http, fleet_cluster):
     report = http.post(f"/api/v1/clusters/{cluster_id}/connection-test").json()
     assert report["checks"] == {
         "apiserver_reachable": True, "runtime_class_nvidia": True, "hami_device_plugin": True,
-        "gpu_nodes": True, "operator_reporting": False,
+        "gpu_nodes": True, "credential_least_privilege": False, "operator_reporting": False,
     }
     assert report["status"] == "degraded"
+    assert "attach_cluster" in report["detail"]["credential_least_privilege"]  # an admin kubeconfig: advisory
     assert "operator" in report["detail"]["operator_reporting"]
     Cluster.objects.filter(public_id=cluster_id).update(last_heartbeat_at=Cluster.objects.get(public_id=cluster_id).registered_at)
     from django.utils import timezone
 
     Cluster.objects.filter(public_id=cluster_id).update(last_heartbeat_at=timezone.now())
     report = http.post(f"/api/v1/clusters/{cluster_id}/connection-test").json()
-    assert report["status"] == "connected"
-    assert http.get(f"/api/v1/clusters/{cluster_id}").json()["last_connection_test"]["status"] == "connected"
+    assert report["status"] == "connected" and report["checks"]["credential_least_privilege"] is False
+    shown = http.get(f"/api/v1/clusters/{cluster_id}").json()["last_connection_test"]
+    assert shown["status"] == "connected" and shown["checks"]["credential_least_privilege"] is False
 
 
 def test_connection_test_unreachable(http, silent_listener, settings):

@@ -7,10 +7,12 @@ import time
 import pytest
 import yaml
 
+from clusters.attach import credential
+from clusters.kube import KubeGateway
+from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
-from demo.emulator import ApiError, KubeApiEmulator
 from tests.helpers import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db
@@ -247,34 +249,35 @@ def test_connection_test_records_a_legacy_clusters_identity(http, fleet_cluster)
 # --------------------------------------------------------------------------- a credential that may not read kube-system
 
 
-@pytest.fixture
-def kube_system_forbidden(monkeypatch):
-    """Every emulated apiserver answers 403 to ``GET /api/v1/namespaces/kube-system`` (RBAC without that grant)."""
-    authenticate = KubeApiEmulator._authenticate
-
-    def forbid(self, request):
-        authenticate(self, request)
-        if request.url.path == "/api/v1/namespaces/kube-system":
-            raise ApiError(403, "Forbidden", 'namespaces "kube-system" is forbidden', None)
-
-    monkeypatch.setattr(KubeApiEmulator, "_authenticate", forbid)
+def without_identity_grant(emulated, settings) -> str:
+    """The kubeconfig of the control plane's ServiceAccount on ``emulated`` with an older ClusterRole: no ``get`` on
+    the namespace kube-system (the emulator's RBAC answers 403 to reading it)."""
+    admin = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
+    with KubeGateway.for_kubeconfig(admin, call_timeout=10) as kube:
+        token = credential.apply_credential(kube)
+        role = next(o for o in credential.credential_objects() if o["kind"] == "ClusterRole")
+        kube.apply({**role, "rules": [r for r in role["rules"] if r["resources"] != ["namespaces"]]})
+    return credential.credential_kubeconfig(admin, token)
 
 
-def test_registration_refuses_a_credential_that_may_not_read_kube_system(http, fleet_cluster, kube_system_forbidden):
-    response = http.post("/api/v1/clusters", json={"name": "lab-c1", "kubeconfig": kubeconfig_text(fleet_cluster("lab-c1"))})
+def test_registration_refuses_a_credential_that_may_not_read_kube_system(http, fleet_cluster, settings):
+    restricted = without_identity_grant(fleet_cluster("lab-c1"), settings)
+    response = http.post("/api/v1/clusters", json={"name": "lab-c1", "kubeconfig": restricted})
     assert response.status_code == 400
     assert response.json()["code"] == "cluster_auth_failed"
     assert "kube-system" in response.json()["detail"] and "--resource-name=kube-system" in response.json()["detail"]
     assert Cluster.objects.count() == 0
 
 
-def test_connection_test_still_works_without_the_kube_system_grant(http, fleet_cluster, request):
+def test_connection_test_still_works_without_the_kube_system_grant(http, fleet_cluster, settings):
     emulated = fleet_cluster("lab-c1")
     cluster_id = register(http, emulated, "lab-c1")["id"]
-    forget_identity(cluster_id)  # registered before identities were recorded, with the older ClusterRole
-    request.getfixturevalue("kube_system_forbidden")
+    restricted = without_identity_grant(emulated, settings)
+    # Registered before identities were recorded, with the older ClusterRole.
+    Cluster.objects.filter(public_id=cluster_id).update(kube_system_uid="", kubeconfig=restricted)
     report = http.post(f"/api/v1/clusters/{cluster_id}/connection-test")
     assert report.status_code == 200 and report.json()["checks"]["apiserver_reachable"]
-    refused = http.patch(f"/api/v1/clusters/{cluster_id}", json={"kubeconfig": kubeconfig_text(emulated)})
+    assert report.json()["checks"]["credential_least_privilege"] is True
+    refused = http.patch(f"/api/v1/clusters/{cluster_id}", json={"kubeconfig": restricted})
     assert refused.status_code == 409 and refused.json()["code"] == "cluster_identity_unknown"
     assert "--resource-name=kube-system" in refused.json()["detail"]

@@ -209,7 +209,8 @@ def test_patch_kubeconfig_is_cut_off_within_the_probe_budget(http, fleet_cluster
 def test_normal_servers_still_answer_every_probe_call(fleet_cluster, settings):
     emulated = fleet_cluster("lab-c1")
     result = probe_cluster(yaml.safe_load(kubeconfig_text(emulated)), server=emulated.url, timeout=settings.GSHARE_PROBE_TIMEOUT)
-    assert result.checks == {"apiserver_reachable": True, "runtime_class_nvidia": True, "hami_device_plugin": True, "gpu_nodes": True}
+    assert result.checks == {"apiserver_reachable": True, "runtime_class_nvidia": True, "hami_device_plugin": True, "gpu_nodes": True,
+                             "credential_least_privilege": False}  # the emulator's admin token
     assert result.kube_system_uid
 
 

@@ -71,7 +71,10 @@ def test_version_and_me_tell_a_client_what_answers(http, http_user, anon):
     from gshare.version import GSHARE_VERSION
     from operator_agent.contract import GSHARE_API_VERSION
 
-    assert http.get("/api/v1/version").json() == {"version": GSHARE_VERSION, "api": "v1", "operator_contract": GSHARE_API_VERSION}
+    body = http.get("/api/v1/version").json()
+    assert (body["version"], body["api"], body["operator_contract"]) == (GSHARE_VERSION, "v1", GSHARE_API_VERSION)
+    assert body["cluster_layout"] == {"session_namespace": "gshare-sessions", "operator_namespace": "gshare-system",
+                                      "operator_token_secret": "gshare-operator-internal-jwt", "volume_move_enabled": False}
     assert http.get("/api/v1/me").json() == {"username": "admin", "is_staff": True}
     assert http_user.get("/api/v1/me").json()["is_staff"] is False
     assert anon.get("/api/v1/version").status_code == 401 and anon.get("/api/v1/me").json()["code"] == "not_authenticated"

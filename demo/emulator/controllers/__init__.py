@@ -4,7 +4,8 @@
 * ``kubelet`` -- the kubelet: runs gShare's attach check pods, starts scheduled Pods, mounts their volumes, serves
   ``pods/log`` (what a host has installed: ``host_facts``);
 * ``device_plugin`` -- HAMi's NVIDIA device plugin registering nodes;
-* ``volumes`` -- kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner.
+* ``volumes`` -- kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner;
+* ``tokens`` -- kube-controller-manager's tokens controller, filling ServiceAccount token Secrets.
 
 Stand-ins still to come go here too, one module each, e.g. an ingress controller and HAMi's vGPU monitor.
 

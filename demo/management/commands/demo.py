@@ -1,4 +1,4 @@
-"""``manage.py demo [--port N] [--state-file PATH] [--smoke]``: run the whole system locally."""
+"""``manage.py demo [--port N] [--state-file PATH] [--smoke] [--bare-cluster NAME ...]``: run the whole system locally."""
 
 from __future__ import annotations
 
@@ -28,9 +28,22 @@ class Command(BaseCommand):
         parser.add_argument("--state-file", type=Path, default=None, help="Where to write the JSON state (default .gshare/demo/state.json)")
         parser.add_argument("--smoke", action="store_true", help="Wait for every inventory, print the state as JSON, stop, exit")
         parser.add_argument("--inventory-interval", type=int, default=10, help="Operators' inventory interval in seconds (default 10)")
+        parser.add_argument("--bare-cluster", action="append", default=[], metavar="NAME", dest="bare_clusters",
+                            help="Also start an emulated GPU cluster with nothing installed, to attach with the printed "
+                                 "command (repeatable; see docs/attach.md)")
 
     @command_actor
-    def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int, **options):  # noqa: D102
+    def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int,
+               bare_clusters: list[str], **options):  # noqa: D102
+        from demo.bare_cluster import check_name
+
+        try:
+            for name in bare_clusters:
+                check_name(name)
+        except ValueError as exc:
+            raise CommandError(f"--bare-cluster: {exc}") from None
+        if len(set(bare_clusters)) != len(bare_clusters):
+            raise CommandError(f"--bare-cluster: a name is given twice ({', '.join(bare_clusters)}): give each once")
         signal.signal(signal.SIGTERM, _terminate)
         signal.signal(signal.SIGINT, _terminate)  # also when started from a shell that ignores SIGINT
         options_ = DemoOptions(
@@ -38,6 +51,7 @@ class Command(BaseCommand):
             state_file=(state_file or gshare_home() / "demo" / "state.json").resolve(),
             smoke=smoke,
             inventory_interval=inventory_interval,
+            bare_clusters=tuple(bare_clusters),
         )
         try:
             state = run_demo(options_)

@@ -79,7 +79,7 @@ def run_command(args: list[str], via: str = "manage") -> Run:
 def attach(kubeconfig_path, live_server, *extra, name="lab-c1", ingress_node="lab-c1-cp-01", session_domain=None, via="manage") -> Run:
     """Run the command as ``via`` (``manage`` or ``hack``) would."""
     return run_command(["--kubeconfig", str(kubeconfig_path), "--name", name, "--control-plane", live_server.url,
-                        "--session-domain", session_domain or f"{name}.gpu.example.org", "--ingress-node", ingress_node, *extra], via)
+                        "--session-domain", session_domain or f"{name}.gpu.localhost", "--ingress-node", ingress_node, *extra], via)
 
 
 def fix_of(run: Run) -> str:
@@ -114,16 +114,21 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
     out, err, error, _ = attach(kubeconfig_path, live_server)
     assert error is None, out + err
     lines = [line for line in out.splitlines() if line.startswith("[")]
-    assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/9" + "]" for n in range(1, 10)]
+    assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/10" + "]" for n in range(1, 11)]
     assert all("... ok" in line or "... skipped" in line for line in lines), out
-    assert "skipped (no --storage-values)" in lines[7]
+    assert "skipped (no --storage-values)" in lines[8]
 
     cluster = Cluster.objects.get(name="lab-c1")
     assert cluster.status == Cluster.Status.CONNECTED
-    assert cluster.session_domain == "lab-c1.gpu.example.org" and cluster.ingress_node == "lab-c1-cp-01"
+    assert cluster.session_domain == "lab-c1.gpu.localhost" and cluster.ingress_node == "lab-c1-cp-01"
     expected = fleet.expected_inventory("lab-c1")
     assert cluster.nodes.count() == expected["nodes"]
     assert cluster.operator_token_expires_at is not None
+    # Step 6: the stored credential is the control plane's ServiceAccount, not the admin kubeconfig given.
+    stored = yaml.safe_load(cluster.kubeconfig)
+    assert stored["users"][0]["name"] == "gshare-control-plane"
+    assert stored["users"][0]["user"]["token"] != emulated.token
+    assert cluster.last_connection_test["checks"]["credential_least_privilege"] is True
 
     # Step 3: RuntimeClass and labels on exactly the GPU nodes (told apart by the check pods' PCI scan).
     assert [rc["handler"] for rc in emulated.objects_of("runtimeclasses", "node.k8s.io")] == ["nvidia"]
@@ -203,8 +208,8 @@ def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, ba
     out, error = run.out, run.error
     assert error is not None and error.returncode == 1
     assert f"gpu-v100-01: {problem}" in str(error)
-    assert "[2/9] GPU node prerequisites ... FAILED" in out
-    assert "[3/9]" not in out
+    assert "[2/10] GPU node prerequisites ... FAILED" in out
+    assert "[3/10]" not in out
     (line,) = fix_of(run).splitlines()  # one problem, one fix: this one, for that node
     assert line.startswith(f"on gpu-v100-01: {fix}") and not [w for w in wrong if w in line], line
     if fix == "install nvidia-container-toolkit":  # then registered with containerd, which needs the toolkit
@@ -214,12 +219,12 @@ def test_a_missing_prerequisite_stops_at_step_2_with_its_fix(attach_settings, ba
     assert emulated.objects_of("runtimeclasses", "node.k8s.io") == []
     assert not [p for p in emulated.objects_of("pods") if p["metadata"]["name"].startswith("gshare-check-")]
 
-    # Fix the node and run again: the attach goes past step 2 (and stops at step 9: no operator runs here).
+    # Fix the node and run again: the attach goes past step 2 (and stops at step 10: no operator runs here).
     attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5
     emulated.set_host("gpu-v100-01", fleet.cluster_hosts("lab-c1")["gpu-v100-01"])
     run = attach(kubeconfig_path, live_server, "--skip-ingress", via="hack")
-    assert "[2/9] GPU node prerequisites ... ok" in run.out, run.out + run.err
-    assert "[9/9] connection test and first inventory ... FAILED: the operator has sent no inventory" in run.out
+    assert "[2/10] GPU node prerequisites ... ok" in run.out, run.out + run.err
+    assert "[10/10] connection test and first inventory ... FAILED: the operator has sent no inventory" in run.out
     assert fix_of(run) == f"see why: kubectl -n gshare-system logs deploy/gshare-operator (it must reach {live_server.url})"
 
 
@@ -227,7 +232,7 @@ def test_a_chart_that_cannot_be_fetched_stops_at_step_4_with_the_helm_check(atta
     attach_settings.GSHARE_ATTACH_HAMI_CHART_VERSION = "2.7.99"  # not in the repository
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     run = attach(kubeconfig_path, live_server, "--skip-ingress")
-    assert "[4/9] HAMi ... FAILED: Helm could not install" in run.out, run.out + run.err
+    assert "[4/10] HAMi ... FAILED: Helm could not install" in run.out, run.out + run.err
     assert fix_of(run) == f"check the chart can be fetched and rendered: helm template hami hami --repo {chart_repo} --version 2.7.99"
 
 
@@ -272,7 +277,7 @@ def test_storage_prerequisites_stop_at_step_8(attach_settings, bare_cluster, liv
     error = run.error
     assert error is not None
     assert f"gpu-h100-01: {problem}" in str(error)
-    assert "[8/9] storage ... FAILED" in run.out
+    assert "[9/10] storage ... FAILED" in run.out
     lines = fix_of(run).splitlines()  # one per node with a problem, each the fix of its own problem
     assert fix in lines[0] and not [line for line in lines if other_fix in line], lines
     assert len(lines) == str(error).count(problem.split(",")[0])
@@ -298,7 +303,7 @@ def test_a_loopback_kubeconfig_is_refused_at_step_1_like_registration(settings, 
     path = kubeconfig_fixture(tmp_path, "k3s.yaml")  # server https://127.0.0.1:6443, cluster entry "default"
     run = attach(path, live_server)
     assert run.error is not None and "kubeconfig_localhost" in str(run.error)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    assert "[1/10] check the flags and reach the cluster ... FAILED" in run.out
     fix = fix_of(run)
     # The fix changes the server address (what was wrong), in the file the command reads; exporting the same
     # kubeconfig again (`kubectl config view --flatten`) would keep 127.0.0.1.
@@ -380,11 +385,11 @@ def mutations(emulated) -> list[dict]:
 def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem,
                                                                           fix, via):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
-    args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.example.org",
+    args = {"--name": "lab-c1", "--control-plane": live_server.url, "--session-domain": "lab-c1.gpu.localhost",
             "--ingress-node": "lab-c1-cp-01", "--kubeconfig": str(kubeconfig_path), flag: value}
     run = run_command([part for item in args.items() for part in item], via)
     assert run.error is not None and problem in str(run.error)
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out
+    assert "[1/10] check the flags and reach the cluster ... FAILED" in run.out
     assert fix_of(run) == fix
     assert mutations(emulated) == [] and not Cluster.objects.exists()
 
@@ -412,7 +417,7 @@ def test_unusable_storage_values_files_stop_at_step_1(attach_settings, bare_clus
         path.write_bytes(content)
     run = attach(kubeconfig_path, live_server, "--storage-values", str(path), via="hack")
     assert run.error is not None and problem in str(run.error)
-    assert "[1/9]" in run.out and mutations(emulated) == []
+    assert "[1/10]" in run.out and mutations(emulated) == []
     assert fix_of(run) == fix.format(p=path)
 
 
@@ -428,14 +433,24 @@ def test_an_unusable_kubeconfig_file_stops_at_step_1(live_server, tmp_path, cont
     assert fix_of(run) == fix.format(p=path)
 
 
-def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_settings, bare_cluster, operator_kubelet, live_server, tmp_path):
+def test_rerun_replaces_an_admin_credential_with_the_service_accounts(attach_settings, bare_cluster, operator_kubelet, live_server,
+                                                                       tmp_path):
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     operator_kubelet(emulated, kubeconfig_path)
+    # Registered before attach made a credential: the admin kubeconfig itself is stored.
     out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress")
     assert error is None, out + err
     cluster = Cluster.objects.get(name="lab-c1")
+    least, generation = cluster.kubeconfig, cluster.credential_generation
+    Cluster.objects.filter(pk=cluster.pk).update(kubeconfig=yaml.safe_dump(yaml.safe_load(kubeconfig_path.read_text())))
+    out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress")
+    assert error is None, out + err
+    assert f"already registered as {cluster.public_id} (kept; credential checked)" in out
+    cluster.refresh_from_db()
+    assert cluster.kubeconfig == least and "gshare-control-plane" in cluster.kubeconfig
+    assert cluster.last_connection_test["checks"]["credential_least_privilege"] is True
 
-    # A new credential for the same cluster (here: other user and context entries; a real rotation changes the token).
+    # A rotated admin credential changes nothing stored: the ServiceAccount's token is kept.
     config = yaml.safe_load(kubeconfig_path.read_text())
     config["users"][0]["name"] = config["contexts"][0]["context"]["user"] = "rotated-admin"
     config["contexts"][0]["name"] = config["current-context"] = "rotated@lab-c1"
@@ -445,10 +460,23 @@ def test_rerun_with_a_rotated_credential_updates_the_stored_kubeconfig(attach_se
     assert error is None, out + err
     assert f"already registered as {cluster.public_id} (kept; credential checked)" in out
     cluster.refresh_from_db()
-    assert "rotated-admin" in cluster.kubeconfig and cluster.credential_generation == 1
+    assert cluster.kubeconfig == least
+    # Revoking the token (deleting its Secret) and re-running registers a new one, same cluster id.
+    emulated.call(_delete_token_secret, emulated)
+    out, err, error, _ = attach(rotated, live_server, "--skip-ingress")
+    assert error is None, out + err
+    assert f"already registered as {cluster.public_id} (kept; credential checked)" in out
+    cluster.refresh_from_db()
+    assert cluster.kubeconfig != least and cluster.credential_generation == generation  # the operator's tokens stay valid
 
 
-def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings, bare_cluster, operator_kubelet, live_server):
+async def _delete_token_secret(emulated) -> None:
+    api = emulated.emulator
+    async with api._lock:
+        await api.delete_object(api.served("", "v1", "secrets"), "gshare-system", "gshare-control-plane-token", dry_run=False)
+
+
+def test_the_same_name_for_another_cluster_is_refused_at_step_7(attach_settings, bare_cluster, operator_kubelet, live_server):
     first, first_path = bare_cluster("lab-c1")
     operator_kubelet(first, first_path)
     out, err, error, _ = attach(first_path, live_server, "--skip-ingress")
@@ -457,20 +485,20 @@ def test_the_same_name_for_another_cluster_is_refused_at_step_6(attach_settings,
     other, other_path = bare_cluster("lab-c2")
     run = attach(other_path, live_server, "--skip-ingress", name="lab-c1", ingress_node="lab-c2-server-01", via="hack")
     assert run.error is not None and "the name lab-c1 is registered for another cluster" in str(run.error)
-    assert "[6/9] register with the control plane ... FAILED" in run.out
+    assert "[7/10] register with the control plane ... FAILED" in run.out
     assert fix_of(run) == f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{registered.public_id}"
 
 
-def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cluster, live_server):
+def test_registration_refusals_at_step_7_name_their_fix(attach_settings, bare_cluster, live_server):
     from tests.factories import ClusterFactory, SessionFactory
 
-    attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5  # no operator runs here: each successful run stops at step 9
+    attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5  # no operator runs here: each successful run stops at step 10
     emulated, path = bare_cluster("lab-c1")
 
     # Another cluster serves sessions at the hostname.
-    holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.example.org")
+    holder = ClusterFactory(name="holder", session_domain="lab-c1.gpu.localhost")
     run = attach(path, live_server, "--skip-ingress")
-    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
+    assert "[7/10] register with the control plane ... FAILED" in run.out and "(code session_domain_taken)" in str(run.error)
     assert fix_of(run) == (
         f"cluster holder ({holder.public_id}) serves sessions at that hostname: pass another --session-domain (its DNS name must "
         f"point at --ingress-node), or first give the other cluster another one: PATCH /api/v1/clusters/{holder.public_id} "
@@ -479,10 +507,10 @@ def test_registration_refusals_at_step_6_name_their_fix(attach_settings, bare_cl
 
     # Registered at another hostname; then the same cluster under another name is refused, naming the registration.
     run = attach(path, live_server, "--skip-ingress", session_domain="lab-c1.other.example.org")
-    assert "[6/9] register with the control plane ... ok: registered as" in run.out, run.out + run.err
+    assert "[7/10] register with the control plane ... ok: registered as" in run.out, run.out + run.err
     cluster = Cluster.objects.get(name="lab-c1")
     run = attach(path, live_server, "--skip-ingress", name="lab-c1-copy", session_domain="copy.example.org", via="hack")
-    assert "[6/9] register with the control plane ... FAILED" in run.out and "(code cluster_already_registered)" in str(run.error)
+    assert "[7/10] register with the control plane ... FAILED" in run.out and "(code cluster_already_registered)" in str(run.error)
     assert fix_of(run).splitlines() == [
         f"this cluster is already registered as lab-c1 ({cluster.public_id}). To repair or update that registration, run:",
         run.rerun.replace("--name lab-c1-copy", "--name lab-c1"),
@@ -509,7 +537,7 @@ def test_the_rerun_line_is_the_command_the_user_ran(tmp_path, via):
 
     path = kubeconfig_fixture(tmp_path, "k3s.yaml")
     flags = ["--kubeconfig", str(path), "--name", "lab-c1", "--control-plane", "https://gshare.example.org",
-             "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01"]
+             "--session-domain", "lab-c1.gpu.localhost", "--ingress-node", "lab-c1-cp-01"]
     argv = [sys.executable, "manage.py", "attach_cluster", *flags] if via == "manage.py" else ["hack/attach-cluster.sh", *flags]
     env = {k: v for k, v in os.environ.items() if k != INVOKED_AS_ENV} | {"PYTHON": sys.executable}
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -657,7 +685,7 @@ def test_the_control_plane_is_checked_before_anything_touches_the_cluster(case, 
                 "researcher token": ("'alice', who is not a staff user", "use a staff user's token"),
                 "not gshare": ("did not answer as gShare's API", url),
                 "down": ("connection refused", "curl -sS http://127.0.0.1:9/healthz")}[case]
-    assert "[1/9] check the flags and reach the cluster ... FAILED" in run.out and expected[0] in str(run.error), run.out + run.err
+    assert "[1/10] check the flags and reach the cluster ... FAILED" in run.out and expected[0] in str(run.error), run.out + run.err
     assert expected[1] in fix
     assert len(emulated.objects_of("namespaces")) == before and not emulated.objects_of("pods")
     assert not Cluster.objects.exists()

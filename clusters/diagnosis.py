@@ -1,0 +1,174 @@
+"""What is wrong with a cluster and how to fix it, in the words the connection test, ``GET /api/v1/clusters/{id}`` and
+the console's cluster page all use (docs/attach.md, "When it does not work"). No query, no write.
+
+* ``operator_reporting_detail``: the operator has not reported since a time, or never, and where to look (its log, the
+  control plane chart's internal plane and its source range, a refused token).
+* ``operator_check_verdicts``: the session-path checks the operator reported from inside its cluster
+  (``Cluster.operator_checks``, ``operator_agent.session_path``), each passed, failed with its fix, or unknown (not
+  reported yet, or by an operator that predates them: unknown is not a failure).
+* ``cluster_problems``: every problem at once (the token's warning, reporting, the session path, the last connection
+  test's other failed checks), for the API and the console.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
+
+from clusters.models import Cluster
+from clusters.operator_refusals import REFUSAL_MEANINGS
+from clusters.operator_token.rotation import operator_token_state
+from operator_agent.contract import CONNECT_VERIFY_PATH, OPERATOR_CHECKS, SESSION_DOMAIN_RESOLVES
+
+#: Where the operator's log is (charts/gshare-operator: Deployment ``gshare-operator`` in ``gshare-system``).
+OPERATOR_LOGS_COMMAND = "kubectl -n gshare-system logs deploy/gshare-operator"
+#: The control plane chart's values that let a cluster's operator and ingress reach ``/internal`` (charts/gshare).
+INTERNAL_PLANE_VALUES = (
+    "the control plane chart's `ingress.internalPlane.enabled=true`, with this cluster's egress address in "
+    "`ingress.internalPlane.sourceRange`"
+)
+
+
+def _when(value: datetime.datetime) -> str:
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _rotate(cluster: Cluster) -> str:
+    return f"`manage.py rotate_operator_tokens --cluster {cluster.public_id}`"
+
+
+def connect_verify_url() -> str:
+    """The ``auth-url`` the control plane puts on every session Ingress (``GSHARE_CONTROL_PLANE_URL`` + verify path)."""
+    return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_VERIFY_PATH
+
+
+def operator_reporting_detail(cluster: Cluster, *, now: datetime.datetime | None = None) -> str:
+    """The sentence of a failed ``operator_reporting``: since when (or never), what was refused, where to look.
+
+    Args:
+        cluster: the cluster as loaded (heartbeat and recorded refusals are read from it).
+        now: the time to judge against (default: now).
+    """
+    now = now or timezone.now()
+    if cluster.last_heartbeat_at is None:
+        since = "The operator has never reported."
+    else:
+        seconds = int((now - cluster.last_heartbeat_at).total_seconds())
+        since = (
+            f"The operator has not reported since {_when(cluster.last_heartbeat_at)} ({seconds} s ago; reports are "
+            f"expected within {settings.GSHARE_HEARTBEAT_STALE_SECONDS} s)."
+        )
+    refused = ""
+    if cluster.operator_refused_since is not None:
+        reason = cluster.operator_refused_reason or "refused"
+        meaning = REFUSAL_MEANINGS.get(reason, "its token is refused")
+        refused = (
+            f" Its callbacks are refused since {_when(cluster.operator_refused_since)} ({reason}: {meaning}): "
+            f"rotate its token with {_rotate(cluster)}."
+        )
+    return (
+        f"{since}{refused} Its log says what failed when it called the control plane (DNS, TLS, a refused connection, "
+        f"a 403 from the ingress source range, an HTML page from the public console, a 401): `{OPERATOR_LOGS_COMMAND}`. "
+        f"It reaches the control plane only through {INTERNAL_PLANE_VALUES}, at the host of its `controlPlaneUrl`; a 401 "
+        f"there is fixed by {_rotate(cluster)}."
+    )
+
+
+def _fix(cluster: Cluster, name: str) -> str:
+    if name == SESSION_DOMAIN_RESOLVES:
+        return (
+            f"Then record the name that does: `PATCH /api/v1/clusters/{cluster.public_id}` with "
+            '`{"session_domain": "<a name whose DNS record points at the ingress node>"}` (or `{"ingress_node": '
+            '"<the node that runs the ingress controller>"}`), while no session runs there.'
+        )
+    return (
+        f"Session Ingresses send every request to {connect_verify_url()} (the control plane's `controlPlaneUrl` + "
+        f"{CONNECT_VERIFY_PATH}) before letting it through: that host must be reachable from the cluster's ingress "
+        f"controller, through {INTERNAL_PLANE_VALUES}."
+    )
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """One operator check: ``ok`` True/False as reported, or None when unknown; ``detail`` the sentence to show
+    (the fix when it failed, why it is unknown)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+
+def operator_check_verdicts(cluster: Cluster) -> list[CheckVerdict]:
+    """The session-path checks of ``cluster`` as its operator last reported them (``OPERATOR_CHECKS`` order).
+
+    A check is unknown (``ok`` None) when the operator has not reported it: before its second inventory, when the
+    cluster has no ``session_domain``, or when the operator predates the checks (then it never will: upgrade
+    charts/gshare-operator).
+    """
+    reported = cluster.operator_checks if isinstance(cluster.operator_checks, dict) else {}
+    verdicts = []
+    for name in OPERATOR_CHECKS:
+        result = reported.get(name)
+        if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
+            if name == SESSION_DOMAIN_RESOLVES and not cluster.session_domain:
+                why = (
+                    "Unknown: the cluster has no session_domain, so sessions get no URL: set one with "
+                    f'`PATCH /api/v1/clusters/{cluster.public_id}` with `{{"session_domain": "<hostname>"}}`.'
+                )
+            else:
+                why = (
+                    "Unknown, not failed: the operator has not reported this check yet. It checks it from inside the "
+                    "cluster and reports it with its next inventory; an operator older than this control plane never "
+                    "does (upgrade charts/gshare-operator)."
+                )
+            verdicts.append(CheckVerdict(name, None, why))
+            continue
+        checked = f" (checked by the operator at {result.get('checked_at') or '?'})"
+        detail = str(result.get("detail") or "")
+        if result["ok"]:
+            verdicts.append(CheckVerdict(name, True, detail + checked))
+        else:
+            verdicts.append(CheckVerdict(name, False, f"{detail}{checked}. {_fix(cluster, name)}"))
+    return verdicts
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A problem of a cluster: ``check`` (a connection-test check name, or ``operator_token``) and its sentence."""
+
+    check: str
+    detail: str
+
+
+def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) -> list[Problem]:
+    """Every problem of ``cluster`` now, each with its fix; empty when nothing is known to be wrong. No query.
+
+    In order: the operator token's warning (refused callbacks first), the operator not reporting (judged now), the
+    failed session-path checks (as last reported), and the other checks the last connection test failed.
+    """
+    if cluster.status == Cluster.Status.DEREGISTERED:
+        return []
+    now = now or timezone.now()
+    problems = []
+    warning = operator_token_state(cluster, now=now).warning
+    if warning:
+        problems.append(Problem("operator_token", warning))
+    stale = datetime.timedelta(seconds=settings.GSHARE_HEARTBEAT_STALE_SECONDS)
+    if cluster.last_heartbeat_at is None or now - cluster.last_heartbeat_at > stale:
+        problems.append(Problem("operator_reporting", operator_reporting_detail(cluster, now=now)))
+    problems.extend(Problem(v.name, v.detail) for v in operator_check_verdicts(cluster) if v.ok is False)
+    test = cluster.last_connection_test if isinstance(cluster.last_connection_test, dict) else {}
+    details = test.get("detail") or {}
+    for name, ok in (test.get("checks") or {}).items():
+        if ok is False and name not in ("operator_reporting", *OPERATOR_CHECKS):
+            problems.append(Problem(name, str(details.get(name) or "")))
+    return problems
+
+
+__all__ = [
+    "CheckVerdict", "Problem", "cluster_problems", "connect_verify_url", "operator_check_verdicts",
+    "operator_reporting_detail",
+]
