@@ -173,7 +173,8 @@ def registration_fix(error: ApplicationError, *, rerun: Sequence[str], session_d
             f"PATCH /api/v1/clusters/{other['id']} {{\"session_domain\": \"<hostname>\"}}"
         )
     if code == "cluster_has_live_sessions":
-        sessions = " ".join(error.extra.get("sessions", [])[:20]) or "<id>"
+        listed = error.extra.get("sessions")
+        sessions = " ".join(str(s) for s in (listed if isinstance(listed, list) else [])[:20]) or "<id>"
         keep = f"\nor keep the current session domain: {rerun_with(rerun, '--session-domain', session_domain)}" if session_domain else ""
         return f"stop the cluster's live sessions first (DELETE /api/v1/sessions/<id> for each of: {sessions}), or wait until they end{keep}"
     if code == "name_taken":

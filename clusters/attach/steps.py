@@ -26,6 +26,7 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 import urllib.parse
@@ -51,6 +52,10 @@ from operator_agent import rfc3339
 from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION, OPERATOR_CHECKS
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+#: A Kubernetes object name (RFC 1123 subdomain: namespaces and Secret names are within it).
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+#: A release number as ``GET /api/v1/version`` gives it (gshare/version.py); the fix "git checkout v<it>" is built from it.
+RELEASE = re.compile(r"v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([-+][0-9A-Za-z.]{1,40})?")
 DEFAULT_GPU_MODE = "hami-core"
 TOTAL_STEPS = 10
 MAX_KUBECONFIG_BYTES = 256 * 1024  # as POST /api/v1/clusters
@@ -250,18 +255,21 @@ class Attach:
                 raise self._stop(f"the control plane at {self._api_url} did not answer as gShare's API: {exc.detail}",
                                  _control_plane_fix(exc, self._api_url)) from None
             who = api.me()
-        if not isinstance(served, dict) or not isinstance(who, dict):
-            raise self._stop(f"{self._api_url} answered, but not as gShare's API", _control_plane_fix(ControlPlaneError(""), self._api_url))
-        if not who.get("is_staff"):
-            raise self._stop(f"the API token belongs to {who.get('username')!r}, who is not a staff user",
+        username, theirs, contract = who.get("username"), served.get("version"), served.get("operator_contract")
+        if (not isinstance(username, str) or not username or not username.isprintable() or not isinstance(theirs, str)
+                or not RELEASE.fullmatch(theirs)):
+            raise self._stop(f"{self._api_url} answered, but not as gShare's API (no user name or release number)",
+                             _control_plane_fix(ControlPlaneError(""), self._api_url))
+        if who.get("is_staff") is not True:  # JSON true only: "yes" or 1 is not how the API says it
+            raise self._stop(f"the API token belongs to {username[:150]!r}, who is not a staff user",
                              "use a staff user's token: manage.py create_api_token <staff user> (docs/tokens.md)")
-        theirs, contract = str(served.get("version") or "?"), str(served.get("operator_contract") or "?")
         if not compatible(GSHARE_VERSION, theirs) or contract != GSHARE_API_VERSION:
+            contract = str(contract)[:40] if isinstance(contract, str) else "?"
             raise self._stop(f"the control plane runs gShare {theirs} (operator contract {contract}); this checkout is "
                              f"{GSHARE_VERSION} ({GSHARE_API_VERSION}), whose operator chart the attach would deploy",
                              f"run the attach from a checkout of the control plane's release: git checkout v{theirs}")
         self._check_layout(served.get("cluster_layout"))
-        return f"gShare {theirs} at {self._api_url} as {who.get('username')}"
+        return f"gShare {theirs} at {self._api_url} as {username[:150]}"
 
     def _check_layout(self, layout: Any) -> None:
         """The namespaces, Secret name and volume-move switch this machine grants rights on must be the control plane's
@@ -274,6 +282,11 @@ class Attach:
         names = {"session_namespace": "GSHARE_SESSION_NAMESPACE", "operator_namespace": "GSHARE_OPERATOR_NAMESPACE",
                  "operator_token_secret": "GSHARE_OPERATOR_TOKEN_SECRET", "volume_move_enabled": "GSHARE_VOLUME_MOVE_ENABLED"}
         differ = [(key, layout.get(key), value) for key, value in ours.items() if key in layout and layout[key] != value]
+        # The values go into a command line printed as the fix: only names Kubernetes accepts, or a boolean.
+        if any(not (isinstance(theirs, bool) if isinstance(mine, bool) else isinstance(theirs, str) and K8S_NAME.fullmatch(theirs))
+               for _, theirs, mine in differ):
+            raise self._stop(f"{self._api_url} answered a cluster_layout that is not gShare's (not Kubernetes names)",
+                             _control_plane_fix(ControlPlaneError(""), self._api_url))
         if differ:
             said = "; ".join(f"{names[key]} is {theirs!r} there, {mine!r} here" for key, theirs, mine in differ)
             fix = " ".join(f"{names[key]}={str(theirs).lower() if isinstance(theirs, bool) else theirs}" for key, theirs, _ in differ)
@@ -298,10 +311,16 @@ class Attach:
             except ValidationError:
                 raise self._stop(f"{flag} {value!r} is not a lowercase DNS name ({validator.message})",
                                  f"pass a valid {flag}: it {validator.message}") from None
-        url = urllib.parse.urlsplit(options.control_plane_url)
-        if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in options.control_plane_url):
-            raise self._stop(f"--control-plane {options.control_plane_url!r} is not an http(s) URL",
-                             "pass the control plane's URL as the cluster's pods reach it, e.g. https://gshare.example.org")
+        for flag, value, what in (("--control-plane", options.control_plane_url, "as the cluster's pods reach it"),
+                                  ("--api-url", options.api_url, "as this machine reaches it")):
+            if flag == "--api-url" and not value:
+                continue
+            problem = _url_problem(value)
+            if problem:
+                # A URL with a password is not echoed: it would end up in terminals and CI logs.
+                shown = value if "@" not in value else "<the URL given>"
+                raise self._stop(f"{flag} {shown!r} is not an http(s) URL {problem}",
+                                 f"pass the control plane's URL {what}, e.g. https://gshare.example.org")
         if options.operator_image:
             try:
                 releases.split_image(options.operator_image)
@@ -681,16 +700,36 @@ class Attach:
 
     def _refuse_failed(self, result: dict, *, ignore: frozenset[str] | set[str]) -> None:
         """Stop on the first failed check of a connection test outside ``ignore``; its sentence names the fix."""
-        details = result.get("detail") or {}
-        for name, ok in (result.get("checks") or {}).items():
+        checks, details = result.get("checks"), result.get("detail") or {}
+        if not isinstance(checks, dict) or not isinstance(details, dict):
+            raise ControlPlaneError("the connection test answered without its checks, not gShare's API")
+        for name, ok in checks.items():
             if not ok and name not in ignore:
-                detail = details.get(name, "")
+                detail = str(details.get(name, ""))
                 raise self._stop(f"connection test: {name} failed: {detail}", detail)
 
 
 #: Connection-test checks that never stop the attach: the operator is only being deployed, and a cluster-admin
 #: credential works (advisory; the attach registers a least-privilege one anyway).
 SOFT_CHECKS = frozenset({"operator_reporting", "credential_least_privilege"})
+
+
+def _url_problem(value: str) -> str:
+    """"" when ``value`` is an http(s) URL with a host and nothing else (a path prefix is fine); else what is wrong, as
+    a phrase ("(it has a user name or password)", ...). Credentials in the URL would replace the bearer token
+    (``requests`` sends them as Basic auth); a query or fragment would swallow the API paths appended to it."""
+    try:
+        url = urllib.parse.urlsplit(value)
+        url.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError:
+        return "(it cannot be parsed)"
+    if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in value):
+        return "(scheme http or https and a host are needed)"
+    if url.username is not None or url.password is not None:
+        return "(it has a user name or password)"
+    if url.query or url.fragment or "?" in value or "#" in value:
+        return "(it has a query or fragment)"
+    return ""
 
 
 def _parse_time(value: Any):

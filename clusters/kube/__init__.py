@@ -12,6 +12,7 @@ from clusters.kube.client import (
     DeadlineExceeded,
     api_client_for_cluster,
     api_client_for_kubeconfig,
+    guard_pools,
     tls_failure_detail,
 )
 from clusters.kube.errors import KubeError, KubeRefused, KubeUnavailable, status_message
@@ -28,6 +29,7 @@ __all__ = [
     "Resource",
     "api_client_for_cluster",
     "api_client_for_kubeconfig",
+    "guard_pools",
     "parse_quantity",
     "status_message",
     "tls_failure_detail",

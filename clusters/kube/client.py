@@ -63,9 +63,14 @@ def api_client_for_kubeconfig(config: dict) -> kubernetes.client.ApiClient:
             f"The Kubernetes client cannot use this kubeconfig ({type(exc).__name__}: {str(exc)[:200]}): "
             "check that the inline certificate data is a base64 PEM (`kubectl config view --raw --minify --flatten`)."
         ) from None
-    # Connections that a Deadline can cut off (see Deadline.call); otherwise the stock urllib3 ones.
-    api.rest_client.pool_manager.pool_classes_by_scheme = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
+    guard_pools(api.rest_client.pool_manager)
     return api
+
+
+def guard_pools(pool_manager: urllib3.PoolManager) -> None:
+    """Make the connections of ``pool_manager`` (the Kubernetes client's, or a ``requests`` adapter's ``poolmanager``) ones
+    that :meth:`Deadline.call` can cut off; otherwise they are the stock urllib3 ones. Call it before its first request."""
+    pool_manager.pool_classes_by_scheme = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
 
 
 def api_client_for_cluster(cluster) -> kubernetes.client.ApiClient:
@@ -265,8 +270,8 @@ class Deadline:
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one apiserver call ``fn(*args, **kwargs)`` within what is left of the budget, as a whole.
 
-        ``fn`` makes its request through an ``ApiClient`` from :func:`api_client_for_kubeconfig` (only its
-        connections can be cut off): a method of a Kubernetes API object, or the gateway's own request
+        ``fn`` makes its request through an ``ApiClient`` from :func:`api_client_for_kubeconfig` or a pool manager
+        passed to :func:`guard_pools` (only their connections can be cut off): a method of a Kubernetes API object, or the gateway's own request
         (``clusters.kube.gateway``); it is given ``_request_timeout`` too (it bounds connecting). The body is read within the bound (do not pass
         ``_preload_content=False``). Name resolution is not bounded.
 

@@ -45,3 +45,8 @@ if _xdist_worker.startswith("gw") and _xdist_worker[2:].isdigit():
     env.ENVIRON["REDIS_URL"] = REDIS_URL
     CACHES["default"]["LOCATION"] = REDIS_URL  # noqa: F405
     CELERY_BROKER_URL = celery_broker_url(REDIS_URL)
+
+# pytest-django's live server (Django's LiveServerThread) serves files from MEDIA_ROOT for every path under MEDIA_URL,
+# before the application; with Django's default "" that is every path, from the working directory (the checkout), so a
+# test's request for /pyproject.toml got the file and an overlong path a 500 from os.stat. gShare has no media.
+MEDIA_URL = "/media/"

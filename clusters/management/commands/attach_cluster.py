@@ -7,6 +7,7 @@ Redis: gshare/settings/base.py)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -18,6 +19,8 @@ from clusters.attach.steps import Attach, AttachOptions, AttachStopped
 #: Environment variable holding the staff API token (when ``--token-file`` is not given).
 TOKEN_ENV = "GSHARE_API_TOKEN"
 MAX_TOKEN_FILE_BYTES = 4096
+#: What an HTTP header can carry as a bearer token (gShare's are ``gsh_<key id>_<secret>``, URL-safe base64).
+TOKEN_SHAPE = re.compile(r"[\x21-\x7e]{1,1024}")
 
 
 class Command(BaseCommand):
@@ -66,9 +69,18 @@ class Command(BaseCommand):
 
     @staticmethod
     def _token(path: str | None) -> str:
-        """The staff API token from ``--token-file`` (first line, at most 4 KiB) or ``GSHARE_API_TOKEN``; "" when neither."""
+        """The staff API token from ``--token-file`` (first line, at most 4 KiB) or ``GSHARE_API_TOKEN``; "" when neither.
+
+        Raises:
+            CommandError: the file cannot be read or is too large, or what it (or the variable) holds is not one word of
+                printable ASCII (an HTTP header could not carry it); the value itself is never shown.
+        """
         if not path:
-            return os.environ.get(TOKEN_ENV, "").strip()
+            token = os.environ.get(TOKEN_ENV, "").strip()
+            if token and not TOKEN_SHAPE.fullmatch(token):
+                raise CommandError(f"{TOKEN_ENV} is not an API token (one word of printable ASCII, gsh_...): set it to the "
+                                   "token manage.py create_api_token printed", returncode=2)
+            return token
         try:
             with open(path, "rb") as handle:
                 data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
@@ -78,4 +90,8 @@ class Command(BaseCommand):
             raise CommandError(f"--token-file {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes: it must hold only the token",
                                returncode=2)
         lines = data.decode("utf-8", errors="replace").strip().splitlines()
-        return lines[0].strip() if lines else ""
+        token = lines[0].strip() if lines else ""
+        if token and not TOKEN_SHAPE.fullmatch(token):
+            raise CommandError(f"--token-file {path} does not hold an API token on its first line: it is not an API token (one "
+                               "word of printable ASCII, gsh_...)", returncode=2)
+        return token
