@@ -31,6 +31,8 @@ from gshare.version import GSHARE_VERSION
 #: C0 and C1 control characters but tab and newline: a server's text is printed to the user's terminal.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
+#: Pages of 50 clusters read when looking a name up (deregistered clusters of that name come first or between).
+MAX_NAME_PAGES = 20
 #: Largest answer read from the control plane (a cluster with its last connection test is a few KiB).
 MAX_ANSWER_BYTES = 1024 * 1024
 
@@ -184,13 +186,21 @@ class ControlPlaneClient:
         return self._object("GET", "me")
 
     def cluster_named(self, name: str) -> dict | None:
-        """The registered (not deregistered) cluster called ``name`` as staff see it, or None."""
-        path = f"clusters?{urllib.parse.urlencode({'name': name, 'limit': 50})}"
-        rows = self._object("GET", path).get("results")
-        if not isinstance(rows, list):
-            raise ControlPlaneError(f"{self.url}/api/v1/{path} answered without a list of results, not gShare's API")
-        rows = [_checked_cluster(row, f"{self.url}/api/v1/{path}") for row in rows]
-        return next((row for row in rows if row["name"] == name and row.get("status") != "deregistered"), None)
+        """The registered (not deregistered) cluster called ``name`` as staff see it, or None.
+
+        Deregistered clusters keep their name, so the list is read page by page (at most ``MAX_NAME_PAGES`` pages of
+        50) until the registered one shows up.
+        """
+        for page in range(MAX_NAME_PAGES):
+            path = f"clusters?{urllib.parse.urlencode({'name': name, 'limit': 50, 'offset': page * 50})}"
+            rows = self._object("GET", path).get("results")
+            if not isinstance(rows, list):
+                raise ControlPlaneError(f"{self.url}/api/v1/{path} answered without a list of results, not gShare's API")
+            rows = [_checked_cluster(row, f"{self.url}/api/v1/{path}") for row in rows]
+            found = next((row for row in rows if row["name"] == name and row.get("status") != "deregistered"), None)
+            if found is not None or len(rows) < 50:
+                return found
+        return None
 
     def cluster(self, cluster_id: str) -> dict:
         """``GET /api/v1/clusters/{id}``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -82,6 +83,8 @@ class Command(BaseCommand):
                                    "token manage.py create_api_token printed", returncode=2)
             return token
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+                raise CommandError(f"--token-file {path} is not a regular file: put the token in a file", returncode=2)
             with open(path, "rb") as handle:
                 data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
         except OSError as exc:

@@ -9,6 +9,7 @@ import http.server
 import io
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -408,7 +409,8 @@ def _kubeconfig() -> str:
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "cannot read --token-file"),
-    ("dir", "cannot read --token-file"),
+    ("dir", "is not a regular file"),
+    ("fifo", "is not a regular file"),  # a FIFO without a writer would block the attach
     (b"x" * 5000, "larger than 4096 bytes"),
     (b"", "no API token"),
     (b"\n\n  \n", "no API token"),
@@ -421,6 +423,8 @@ def test_unusable_token_files_stop_before_any_request(settings, hostile, tmp_pat
     path = tmp_path / "token"
     if content == "dir":
         path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
     elif content is not None:
         path.write_bytes(content)
     kubeconfig = tmp_path / "kubeconfig"
