@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import http.server
 import io
 import itertools
 import json
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -282,3 +284,20 @@ def sample(session, gpu, *, start: datetime = T0, seconds: float = 60, sample_id
     }
     body.update(extra)
     return body
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler], *, tls=None) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) in a thread; yields the base URL (``http://127.0.0.1:<port>``,
+    ``https://`` when ``tls`` is given: an object with ``ssl_context()``, e.g. ``demo.emulator.tls``'s CA)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"{'https' if tls is not None else 'http'}://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -6,10 +6,9 @@ the operator's log, each naming the fix."""
 from __future__ import annotations
 
 import re
-import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import kubernetes
 import pytest
@@ -20,7 +19,7 @@ from clusters import services
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
-from tests.helpers import Http, kubeconfig_text, registered, silent_kubeconfig, wait_for
+from tests.helpers import Http, kubeconfig_text, registered, serving, silent_kubeconfig, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -46,15 +45,8 @@ def answering(status: int, body: bytes):
         def log_message(self, format, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(Handler) as url:
+        yield url
 
 
 def connection_test(http, cluster: Cluster) -> dict:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from demo.emulator.tls import generate_certificates
 from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneAuthError, ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
+from tests.helpers import serving
 
 SNAPSHOT = {"nodes": []}
 CONSOLE_PAGE = b"<!doctype html><html><head><title>Log in | gShare</title></head><body>console</body></html>"
@@ -35,17 +35,8 @@ def serve(status: int, body: bytes, content_type: str = "text/html", *, tls=None
         def log_message(self, format, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    if tls is not None:
-        server.socket = tls.ssl_context().wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(Handler, tls=tls) as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import kubernetes
 import pytest
@@ -17,6 +16,7 @@ import requests
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.session_path import SessionPathChecks, check_session_domain, check_verify
+from tests.helpers import serving
 
 CLUSTER = "lab-c1"
 INGRESS_NODE = "lab-c1-cp-01"
@@ -48,15 +48,8 @@ def answering(status: int, body: bytes, content_type: str) -> Iterator[str]:
         def log_message(self, format, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/internal/connect/verify"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(Handler) as url:
+        yield url + "/internal/connect/verify"
 
 
 def test_a_name_that_resolves_to_the_ingress_node_passes(core_v1):
