@@ -72,15 +72,9 @@ def _read_text(path: str) -> str:
 
 
 def _unusable(exc: Exception, path: str, flag: str) -> BootstrapFailed:
-    from clusters.attach.fixes import unreadable_file_fix
+    from clusters.attach.fixes import unreadable_file_fix, unreadable_file_reason
 
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    if isinstance(exc, UnicodeDecodeError):
-        reason = "not UTF-8 text"
-    elif isinstance(exc, yaml.YAMLError):
-        mark = getattr(exc, "problem_mark", None)
-        reason = "not valid YAML" + (f" (line {mark.line + 1})" if mark is not None else "")
-    return BootstrapFailed(f"cannot use {flag} {path}: {reason}", unreadable_file_fix(exc, path=path, flag=flag))
+    return BootstrapFailed(f"cannot use {flag} {path}: {unreadable_file_reason(exc)}", unreadable_file_fix(exc, path=path, flag=flag))
 
 
 def kubeconfig_target(path: str | None, environ: Mapping[str, str]) -> tuple[str, str, str]:

@@ -193,6 +193,17 @@ def registration_fix(error: ApplicationError, *, rerun: Sequence[str], session_d
     return f"do what the message says (code {code}, docs/errors.md)"
 
 
+def unreadable_file_reason(error: Exception) -> str:
+    """Why a ``--kubeconfig``/``--storage-values``/``--values`` file could not be used, in a few words (``not UTF-8
+    text``, ``not valid YAML (line 3)``, the OS's reason, or the ``ValueError``'s message)."""
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(error, yaml.YAMLError):
+        mark = getattr(error, "problem_mark", None)
+        return "not valid YAML" + (f" (line {mark.line + 1})" if mark is not None else "")
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+
+
 def unreadable_file_fix(error: Exception, *, path: str, flag: str) -> str:
     """The fix for a ``--kubeconfig`` or ``--storage-values`` file that could not be used as text (or YAML).
 

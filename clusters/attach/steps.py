@@ -331,13 +331,7 @@ class Attach:
             try:
                 values = yaml.safe_load(_read_text(path, MAX_VALUES_BYTES))
             except (OSError, ValueError, yaml.YAMLError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                if isinstance(exc, UnicodeDecodeError):
-                    reason = "not UTF-8 text"
-                elif isinstance(exc, yaml.YAMLError):
-                    mark = getattr(exc, "problem_mark", None)
-                    reason = "not valid YAML" + (f" (line {mark.line + 1})" if mark is not None else "")
-                raise self._stop(f"cannot use --storage-values {path}: {reason}",
+                raise self._stop(f"cannot use --storage-values {path}: {fixes.unreadable_file_reason(exc)}",
                                  fixes.unreadable_file_fix(exc, path=path, flag="--storage-values")) from None
             try:
                 self.state.storage = releases.storage_plan(values, path)
