@@ -9,7 +9,8 @@ Identities:
   every request. A token comes from a Secret of type ``kubernetes.io/service-account-token`` annotated
   ``kubernetes.io/service-account.name`` (filled by the tokens controller stand-in right after create: ``data.token``,
   ``data.namespace``, ``data.ca.crt`` with TLS, annotation ``kubernetes.io/service-account.uid``; it never expires
-  and is revoked by deleting the Secret or the ServiceAccount), or from a TokenRequest (``POST
+  and is revoked by deleting the Secret or the ServiceAccount; a token written into such a Secret by anyone else
+  authenticates nobody, as a real one is a JWT the apiserver signed), or from a TokenRequest (``POST
   .../serviceaccounts/<name>/token``, ``authentication.k8s.io/v1``: expires after ``spec.expirationSeconds``, default
   3600, at least 600, revoked with the ServiceAccount). Tokens are opaque random strings, not JWTs.
 
@@ -86,18 +87,20 @@ class AuthMixin:
                 del self._issued_tokens[token]
                 return None
         else:
-            secret = next((s for s in self.live_objects(self.served("", "v1", "secrets"))
-                           if s.get("type") == SERVICE_ACCOUNT_TOKEN_TYPE
-                           and hmac.compare_digest(_decoded((s.get("data") or {}).get("token")).encode(), token.encode())),
-                          None)
-            if secret is None:
+            # Only a token the tokens controller wrote counts (a real one is a JWT the apiserver signed, so a string put
+            # into a token Secret by whoever may create Secrets authenticates nobody), and only while its Secret still
+            # holds it; the ServiceAccount is the one it was written for (the JWT's claims), whatever the Secret's
+            # annotations say now.
+            written = self._secret_tokens.get(token)
+            if written is None:
                 return None
-            meta = secret["metadata"]
-            annotations = meta.get("annotations") or {}
-            namespace, name = meta["namespace"], annotations.get(SERVICE_ACCOUNT_NAME_ANNOTATION, "")
-            uid = annotations.get(SERVICE_ACCOUNT_UID_ANNOTATION, "")
+            namespace, secret_name, name, uid = written
+            secret = self.get_object(self.served("", "v1", "secrets"), namespace, secret_name)
+            if (secret is None or secret.get("type") != SERVICE_ACCOUNT_TOKEN_TYPE
+                    or not hmac.compare_digest(_decoded((secret.get("data") or {}).get("token")).encode(), token.encode())):
+                return None
         account = self.get_object(accounts, namespace, name)
-        if account is None or (uid and account["metadata"]["uid"] != uid):
+        if account is None or account["metadata"]["uid"] != uid:
             return None  # the ServiceAccount was deleted (and maybe re-created): its tokens are revoked
         return rbac.service_account_user(namespace, name, account["metadata"]["uid"])
 
@@ -116,7 +119,9 @@ class AuthMixin:
         if account is None or data.get("token"):
             return False
         meta["annotations"] = {**annotations, SERVICE_ACCOUNT_UID_ANNOTATION: account["metadata"]["uid"]}
-        data = {**data, "token": _b64(secrets.token_urlsafe(32)), "namespace": _b64(meta["namespace"])}
+        token = secrets.token_urlsafe(32)
+        self._secret_tokens[token] = (meta["namespace"], meta["name"], account["metadata"]["name"], account["metadata"]["uid"])
+        data = {**data, "token": _b64(token), "namespace": _b64(meta["namespace"])}
         if self.ca_pem is not None:
             data["ca.crt"] = _b64(self.ca_pem)
         obj["data"] = data

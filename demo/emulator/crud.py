@@ -99,6 +99,11 @@ class CrudMixin:
         name = request.name or ""
         if (body.get("metadata") or {}).get("name") not in (None, name):
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL", None)
+        body_ns = (body.get("metadata") or {}).get("namespace")
+        if spec.namespaced and body_ns and body_ns != request.namespace:
+            raise ApiError(400, "BadRequest",
+                           "the namespace of the provided object does not match the namespace sent on the request",
+                           None)
         current = self.get_object(spec, request.namespace, name)
         if current is None:
             raise not_found(spec, name)
@@ -201,6 +206,10 @@ class CrudMixin:
                 result["spec"]["clusterIP"] = old_ip
                 result["spec"]["clusterIPs"] = (current.get("spec") or {}).get("clusterIPs", [old_ip])
             self._default_service(result)
+        if spec.kind == "Secret" and (result.get("type") or "Opaque") != (current.get("type") or "Opaque"):
+            # the apiserver's ValidateSecretUpdate: an Opaque Secret never becomes a ServiceAccount token Secret
+            raise ApiError(422, "Invalid", f'Secret "{meta["name"]}" is invalid: type: Invalid value: '
+                           f'"{result.get("type") or "Opaque"}": field is immutable', None)
         if manager is not None:
             apply.track_update(current, result, manager, spec.api_version, subresource, "status" in spec.subresources)
         if result == current:

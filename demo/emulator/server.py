@@ -117,6 +117,8 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     _outcomes: dict[int, Outcome] = attrs.field(factory=dict, init=False)
     _specs: dict[kmock.resource, ResourceSpec] = attrs.field(factory=dict, init=False)
     _issued_tokens: dict[str, tuple[str, str, str, float]] = attrs.field(factory=dict, init=False)  # TokenRequests
+    # tokens the tokens controller wrote: token -> (namespace, Secret, ServiceAccount, its uid)
+    _secret_tokens: dict[str, tuple[str, str, str, str]] = attrs.field(factory=dict, init=False)
     _next_cluster_ip: int = attrs.field(default=10, init=False)
     _listeners: list[Callable[[StoreEvent], None]] = attrs.field(factory=list, init=False)
     _tasks: set = attrs.field(factory=set, init=False)  # the controllers' background tasks
