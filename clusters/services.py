@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -648,9 +649,23 @@ def _missing_statement() -> tuple[str, tuple[str, ...]]:
     return sql, tuple(str(phase) for phase in session.TERMINAL_PHASES)
 
 
+#: C0 and C1 control characters: a detail is shown on the cluster page, in API answers and by the attach command on a
+#: terminal, where an escape sequence from the cluster must not act.
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _known_checks(checks: dict | None) -> dict:
-    """The operator's checks this control plane knows (``OPERATOR_CHECKS``), as reported; others are ignored."""
-    return {name: checks[name] for name in OPERATOR_CHECKS if isinstance(checks, dict) and isinstance(checks.get(name), dict)}
+    """The operator's checks this control plane knows (``OPERATOR_CHECKS``), as reported (control characters in a
+    ``detail`` replaced by spaces); others are ignored."""
+    if not isinstance(checks, dict):
+        return {}
+    known = {}
+    for name in OPERATOR_CHECKS:
+        result = checks.get(name)
+        if isinstance(result, dict):
+            detail = result.get("detail")
+            known[name] = {**result, "detail": _CONTROL_CHARACTERS.sub(" ", detail)} if isinstance(detail, str) else result
+    return known
 
 
 @transaction.atomic
