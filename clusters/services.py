@@ -516,7 +516,9 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     operator last reported from inside the cluster (``clusters.diagnosis.operator_check_verdicts``): a failure of
     either breaks every session there (the URL does not reach the ingress, or ingress-nginx cannot ask
     ``/internal/connect/verify``), so it degrades the cluster; one not reported yet (or by an operator that predates
-    them) is left out of ``checks`` and explained in ``detail`` as unknown.
+    them) is left out of ``checks`` and explained in ``detail`` as unknown. The operator's state is read after the
+    probe, under the cluster's row lock (the inventory writes it under the same lock), so a report that came during
+    the probe is the one judged.
 
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
@@ -541,6 +543,31 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
             details.setdefault(name, "Not checked: the apiserver did not answer.")
     if "credential_least_privilege" in result.checks:
         checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
+    with transaction.atomic():
+        # What the operator reported meanwhile counts (the probe took seconds): its checks and heartbeat are read under
+        # the row lock the inventory writes them under, after the probe (no lock is held over an apiserver call).
+        current = Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
+        if current is not None:
+            for field_name in ("operator_checks", "last_heartbeat_at", "session_domain", "ingress_node", "status"):
+                setattr(cluster, field_name, getattr(current, field_name))
+        report, update = _connection_test_outcome(cluster, result, checks, details)
+        if current is not None and current.status != Cluster.Status.DEREGISTERED:
+            try:
+                with transaction.atomic():
+                    Cluster.objects.filter(pk=cluster.pk).update(**update)
+            except IntegrityError:  # another row took that identity meanwhile: record the rest
+                if "kube_system_uid" not in update:
+                    raise
+                update.pop("kube_system_uid")
+                Cluster.objects.filter(pk=cluster.pk).update(**update)
+    for key, value in update.items():
+        setattr(cluster, key, value)
+    return report
+
+
+def _connection_test_outcome(cluster: Cluster, result, checks: dict, details: dict) -> tuple[dict, dict]:
+    """The connection test's report and the cluster fields to write, from the probe's ``checks`` and ``details`` and
+    the cluster's operator state as read now (``operator_reporting``, the operator's session-path checks)."""
     checks["operator_reporting"] = operator_reporting(cluster)
     if not checks["operator_reporting"]:
         details["operator_reporting"] = operator_reporting_detail(cluster)
@@ -574,17 +601,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
         held = _registered().filter(kube_system_uid=result.kube_system_uid).exclude(pk=cluster.pk).exists()
         if not held:
             update["kube_system_uid"] = result.kube_system_uid
-    try:
-        with transaction.atomic():
-            Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
-    except IntegrityError:  # another row took that identity meanwhile: record the rest
-        if "kube_system_uid" not in update:
-            raise
-        update.pop("kube_system_uid")
-        Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
-    for key, value in update.items():
-        setattr(cluster, key, value)
-    return report
+    return report, update
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,6 @@ answer; the test never fails with a 500, the other checks are judged as usual, a
 from __future__ import annotations
 
 import json
-import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -26,58 +22,23 @@ REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
 @pytest.fixture
-def review_proxy(fleet_cluster, settings):
-    """Factory: ``start(status, body) -> (Cluster, proxy URL)``: an emulated cluster with the least-privilege credential,
-    registered through a proxy that answers every SelfSubjectAccessReview with ``status`` and ``body`` (bytes) and passes
-    every other request to the emulator."""
-    servers = []
+def review_proxy(fleet_cluster, settings, apiserver_proxy):
+    """Factory: ``start(status, body) -> Cluster``: an emulated cluster with the least-privilege credential, registered
+    through a proxy that answers every SelfSubjectAccessReview with ``status`` and ``body`` (bytes) and passes every
+    other request to the emulator."""
 
-    def start(status: int, body: bytes, *, admin: bool = False):
+    def start(status: int, body: bytes):
         emulated = fleet_cluster("lab-c1")
-
-        class Handler(BaseHTTPRequestHandler):
-            def _relay(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                data = self.rfile.read(length) if length else None
-                if self.path.split("?")[0] == REVIEW_PATH:
-                    answer_status, answer = status, body
-                else:
-                    request = urllib.request.Request(emulated.url + self.path, data=data, method=self.command, headers={
-                        k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type", "accept")})
-                    try:
-                        with urllib.request.urlopen(request, timeout=10) as response:
-                            answer_status, answer = response.status, response.read()
-                    except urllib.error.HTTPError as exc:
-                        answer_status, answer = exc.code, exc.read()
-                self.send_response(answer_status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _relay
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        url = f"http://127.0.0.1:{server.server_port}"
-        settings.GSHARE_LOOPBACK_ALLOWLIST = [*settings.GSHARE_LOOPBACK_ALLOWLIST, url.split("://", 1)[1]]
+        url = apiserver_proxy(emulated.url, lambda method, path, data: (status, body) if path.split("?")[0] == REVIEW_PATH
+                              else None)
         config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-        text = kubeconfig_text(emulated) if admin else credential.least_privilege_kubeconfig(config, server=emulated.url,
-                                                                                              timeout=10)
-        text = text.replace(emulated.url, url)
+        text = credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10).replace(emulated.url, url)
         cluster = services.cluster_register(name="lab-c1", kubeconfig=text, session_domain="lab-c1.example.com")
         cluster.last_heartbeat_at = timezone.now()
         cluster.save(update_fields=["last_heartbeat_at"])
-        return cluster, url
+        return cluster
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def status_body(code: int, reason: str) -> bytes:
@@ -97,7 +58,7 @@ def status_body(code: int, reason: str) -> bytes:
     (201, b"{}"),
 ])
 def test_a_refused_or_strange_review_leaves_the_check_out(review_proxy, status, body):
-    cluster, _ = review_proxy(status, body)
+    cluster = review_proxy(status, body)
     report = services.cluster_connection_test(cluster=cluster)
     assert report["checks"]["apiserver_reachable"] is True and report["checks"]["gpu_nodes"] is True
     assert report["checks"].get("credential_least_privilege") in (None, True)
@@ -106,13 +67,13 @@ def test_a_refused_or_strange_review_leaves_the_check_out(review_proxy, status, 
 
 
 def test_a_review_answered_with_a_server_error_is_not_the_apiserver_unreachable(review_proxy):
-    cluster, _ = review_proxy(500, status_body(500, "InternalError"))
+    cluster = review_proxy(500, status_body(500, "InternalError"))
     report = services.cluster_connection_test(cluster=cluster)
     assert report["checks"]["apiserver_reachable"] is True, report
     assert "credential_least_privilege" not in report["checks"]
 
 
 def test_an_allowed_review_is_reported_only_when_it_says_true(review_proxy):
-    cluster, _ = review_proxy(201, json.dumps({"kind": "SelfSubjectAccessReview", "status": {"allowed": True}}).encode())
+    cluster = review_proxy(201, json.dumps({"kind": "SelfSubjectAccessReview", "status": {"allowed": True}}).encode())
     report = services.cluster_connection_test(cluster=cluster)
     assert report["checks"]["credential_least_privilege"] is False and report["status"] == "connected"
