@@ -214,3 +214,28 @@ def test_the_credential_cannot_become_the_operator_while_its_secret_is_missing(a
     status, secret = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{name}")
     operator_token = base64.b64decode((secret.get("data") or {}).get("token") or "").decode() if status == 200 else ""
     assert not operator_token or call(emulated, operator_token, "/version")[0] == 401
+
+
+def test_its_grants_stop_at_their_verb_subresource_and_namespace(attached, settings):
+    """What a real apiserver refuses although a neighbouring right is granted: ``deletecollection`` with only
+    ``delete``, the ``status`` subresource with only the object's ``patch``, the same resource in another namespace,
+    a dry run of what is refused."""
+    emulated, token = attached
+    sessions_ns = settings.GSHARE_SESSION_NAMESPACE
+    group = "/apis/gshare.io/v1alpha1"
+    for path, method, body, content in [
+        (f"/api/v1/namespaces/{sessions_ns}/persistentvolumeclaims", "DELETE", None, "application/json"),
+        (f"{group}/namespaces/{sessions_ns}/gsharesessions", "DELETE", None, "application/json"),
+        (f"{group}/namespaces/{sessions_ns}/gsharesessions/s1/status", "PATCH", {"status": {"phase": "Running"}},
+         "application/merge-patch+json"),
+        (f"{group}/namespaces/default/gsharesessions", "POST",
+         {"apiVersion": "gshare.io/v1alpha1", "kind": "GShareSession", "metadata": {"name": "s2"}, "spec": {}},
+         "application/json"),
+        (f"/api/v1/namespaces/{sessions_ns}/pods?dryRun=All", "POST",
+         {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}, "application/json"),
+        ("/api/v1/namespaces/kube-system/status", "GET", None, "application/json"),
+        ("/api/v1/namespaces/kube-system/secrets", "GET", None, "application/json"),
+    ]:
+        status, answer = call(emulated, token, path, method, body, content)
+        assert status == 403, (path, method, answer)
+    assert call(emulated, token, "/api/v1/namespaces/kube-system")[0] == 200  # its one namespace get

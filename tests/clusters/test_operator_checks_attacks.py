@@ -147,3 +147,14 @@ def test_markup_in_a_detail_is_text_on_the_cluster_page_and_in_the_api(operator,
     shown = HOSTILE.replace("\x1b", " ").replace("\r", " ").replace("\n", " ")  # control characters: spaces
     assert problems["verify_reachable"].startswith(shown)
     assert json.loads(answer.text)["operator_checks"]["verify_reachable"]["detail"] == shown
+
+
+def test_researchers_see_neither_the_checks_nor_the_problems(operator, cluster, http_user, researcher_console):
+    assert operator.put("/internal/v1/inventory", json={"nodes": NODES, "checks": {
+        "verify_reachable": check(False, "internal host gshare-internal.corp:8443 refused")}}).status_code == 200
+    answer = http_user.get(f"/api/v1/clusters/{cluster.public_id}")
+    assert answer.status_code == 200
+    assert "operator_checks" not in answer.json() and "problems" not in answer.json()
+    assert "gshare-internal.corp" not in answer.text
+    page = researcher_console.get(f"/clusters/cluster/{cluster.pk}/change/")
+    assert page.status_code in (302, 403, 404) or "gshare-internal.corp" not in page.content.decode()
