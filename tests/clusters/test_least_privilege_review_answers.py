@@ -77,3 +77,13 @@ def test_an_allowed_review_is_reported_only_when_it_says_true(review_proxy):
     cluster = review_proxy(201, json.dumps({"kind": "SelfSubjectAccessReview", "status": {"allowed": True}}).encode())
     report = services.cluster_connection_test(cluster=cluster)
     assert report["checks"]["credential_least_privilege"] is False and report["status"] == "connected"
+
+
+def test_the_cluster_page_says_unknown_rather_than_not_tested(review_proxy, console):
+    cluster = review_proxy(403, status_body(403, "Forbidden"))
+    services.cluster_connection_test(cluster=cluster)
+    page = console.get(f"/clusters/cluster/{cluster.pk}/change/").content.decode()
+    assert "unknown (the apiserver did not answer the connection test&#x27;s SelfSubjectAccessReview)" in page
+    assert "not tested (run the connection test)" not in page
+    Cluster.objects.filter(pk=cluster.pk).update(last_connection_test=["not", "a", "report"])
+    assert console.get(f"/clusters/cluster/{cluster.pk}/change/").status_code == 200
