@@ -36,7 +36,7 @@ import kmock
 from demo.emulator import rbac
 from demo.emulator.common import header_value, truthy
 from demo.emulator.errors import ApiError
-from demo.emulator.rbac import ADMIN, Attributes, UserInfo
+from demo.emulator.rbac import ADMIN, RBAC_GROUP, Attributes, UserInfo
 
 SERVICE_ACCOUNT_TOKEN_TYPE = "kubernetes.io/service-account-token"
 SERVICE_ACCOUNT_NAME_ANNOTATION = "kubernetes.io/service-account.name"
@@ -175,6 +175,34 @@ class AuthMixin:
         spec = self._specs.get(request.resource)
         if spec is not None and self.get_object(spec, request.namespace, attrs.name) is None:
             self._authorize(user, dataclasses.replace(attrs, verb="create"))
+
+    def _authorize_rbac_write(self, request: kmock.Request, plural: str, obj: Mapping[str, Any]) -> None:
+        """Escalation prevention on a Role, ClusterRole or binding about to be stored (``obj``, the object as it will be):
+        its writer must hold every rule it grants, or may ``escalate`` the role / ``bind`` the role referred to; else
+        the apiserver's ``403 Forbidden``. The admin, and writes by the emulator's own controllers, are not checked."""
+        user = self._request_users.get(id(request))
+        if user is None or user.is_admin:
+            return
+        namespace = request.namespace or ""
+        name = str((obj.get("metadata") or {}).get("name") or request.name or "")
+        if plural in ("roles", "clusterroles"):
+            may = Attributes(verb="escalate", api_group=RBAC_GROUP, resource=plural, namespace=namespace, name=name)
+            rules = obj.get("rules") or []
+        else:
+            ref = obj.get("roleRef") if isinstance(obj.get("roleRef"), Mapping) else {}
+            ref_plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+            ref_name = str(ref.get("name") or "")
+            may = Attributes(verb="bind", api_group=RBAC_GROUP, resource=ref_plural, namespace=namespace, name=ref_name)
+            role = self.get_object(self.served(RBAC_GROUP, "v1", ref_plural),
+                                   namespace if ref_plural == "roles" else None, ref_name)
+            rules = (role or {}).get("rules") or []
+        found = self._grants(user, namespace)
+        if rbac.authorize(may, found)[0]:
+            return
+        missing = rbac.uncovered_rules(found, rules if isinstance(rules, list) else [])
+        if missing:
+            raise ApiError(403, "Forbidden", rbac.escalation_message(plural, name, user, missing),
+                           {"name": name, "group": RBAC_GROUP, "kind": plural})
 
     # ----------------------------------------------------------------- identity APIs
 

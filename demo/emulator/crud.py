@@ -15,6 +15,7 @@ from demo.emulator import apply
 from demo.emulator.common import Outcome, header_value, timestamp
 from demo.emulator.errors import ApiError, not_found, qualified, status_details
 from demo.emulator.patches import merge_patch, spec_part, strip_directives
+from demo.emulator.rbac import RBAC_GROUP, RBAC_PLURALS
 from demo.emulator.resources import BUILTIN_GROUPS, RETURNS_DELETED_OBJECT, ResourceSpec
 
 
@@ -66,6 +67,8 @@ class CrudMixin:
                            None)
         self._require_namespace(spec, namespace)
         obj = self.build_object(spec, body, namespace, keep_status=False)
+        if spec.group == RBAC_GROUP and spec.plural in RBAC_PLURALS:
+            self._authorize_rbac_write(request, spec.plural, obj)
         name = obj["metadata"]["name"]
         if self.get_object(spec, namespace, name) is not None:
             raise ApiError(409, "AlreadyExists", f'{qualified(spec)} "{name}" already exists', status_details(spec, name))
@@ -108,6 +111,7 @@ class CrudMixin:
         if current is None:
             raise not_found(spec, name)
         self._precondition(spec, current, body)
+        self._check_rbac_update(spec, request, body)
         return await self._update(spec, current, copy.deepcopy(body), request.subresource, dry_run=dry_run,
                                   manager=_update_manager(request))
 
@@ -140,6 +144,7 @@ class CrudMixin:
                 return await self._create(spec, request, body, dry_run=dry_run)
             self._precondition(spec, current, patch)
             new = apply.apply(current, applied, manager, spec.api_version, request.subresource, status_separate)
+            self._check_rbac_update(spec, request, new)
             return await self._update(spec, current, new, request.subresource, dry_run=dry_run)
         if current is None:
             raise not_found(spec, name)
@@ -161,8 +166,14 @@ class CrudMixin:
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted "
                            "media types include: application/json-patch+json, application/merge-patch+json, "
                            "application/apply-patch+yaml", None)
+        self._check_rbac_update(spec, request, new)
         return await self._update(spec, current, new, request.subresource, dry_run=dry_run,
                                   manager=_update_manager(request))
+
+    def _check_rbac_update(self, spec: ResourceSpec, request: kmock.Request, new: Any) -> None:
+        """Escalation prevention (``AuthMixin._authorize_rbac_write``) on the object an update would store."""
+        if spec.group == RBAC_GROUP and spec.plural in RBAC_PLURALS and isinstance(new, dict):
+            self._authorize_rbac_write(request, spec.plural, new)
 
     async def _update(self, spec: ResourceSpec, current: dict[str, Any], new: Any, subresource: str | None, *,
                       dry_run: bool, manager: str | None = None) -> Outcome:
