@@ -792,7 +792,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
     with connection.cursor() as cursor:
         cursor.execute(sql, {"cluster": cluster.pk, "uuids": uuids, "names": names, "final": list(final), "now": now})
         nodes_removed, gpus_removed, nodes_missing, gpus_missing = cursor.fetchone()
-    restores_connected = _reporting_restores_connected(cluster, checks)
+    reported_status = _reported_status(cluster, checks)
     # One statement for two things, so the query count stays what it was: the heartbeat, and
     # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
     # for every node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone
@@ -807,7 +807,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
                    operator_checks = %(checks)s::jsonb
              WHERE id = %(cluster)s
             """,
-            {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None,
+            {"cluster": cluster.pk, "now": now, "status": str(reported_status) if reported_status else None,
              "checks": json.dumps(_known_checks(checks))},
         )
     return InventoryResult(
@@ -816,20 +816,24 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
     )
 
 
-def _reporting_restores_connected(cluster: Cluster, reported: dict | None = None) -> bool:
-    """A report makes a cluster ``connected`` unless its last connection test found another problem.
+def _reported_status(cluster: Cluster, reported: dict | None = None) -> Cluster.Status | None:
+    """The status a report gives the cluster, or None to keep its own.
 
-    The operator's own checks are judged by this report (``reported``), not by the last test: a DNS record fixed
-    since then counts as fixed.
+    A report makes a ``pending`` or ``unreachable`` cluster ``connected``, and a ``degraded`` one too unless its last
+    connection test found another problem. The operator's own checks are judged by this report (``reported``), not by
+    the last test: a DNS record fixed since then counts as fixed, and a report that says one fails never makes the
+    cluster ``connected`` (a ``pending`` or ``unreachable`` one becomes ``degraded``: its operator reports, its session
+    path is broken).
     """
+    reported_ok = all(result.get("ok") for result in _known_checks(reported).values())
     if cluster.status in (Cluster.Status.PENDING, Cluster.Status.UNREACHABLE):
-        return True
+        return Cluster.Status.CONNECTED if reported_ok else Cluster.Status.DEGRADED
     if cluster.status != Cluster.Status.DEGRADED:
-        return False
+        return None
     checks = (cluster.last_connection_test or {}).get("checks", {})
     tested = all(ok for name, ok in checks.items()
                  if name != "operator_reporting" and name not in OPERATOR_CHECKS and name not in ADVISORY_CHECKS)
-    return tested and all(result.get("ok") for result in _known_checks(reported).values())
+    return Cluster.Status.CONNECTED if tested and reported_ok else None
 
 
 def clusters_mark_stale(*, now=None) -> int:

@@ -165,3 +165,21 @@ def test_researchers_see_neither_the_checks_nor_the_problems(operator, cluster, 
     assert "gshare-internal.corp" not in answer.text
     page = researcher_console.get(f"/clusters/cluster/{cluster.pk}/change/")
     assert page.status_code in (302, 403, 404) or "gshare-internal.corp" not in page.content.decode()
+
+
+@pytest.mark.parametrize("before", [Cluster.Status.PENDING, Cluster.Status.UNREACHABLE])
+def test_a_report_of_a_broken_session_path_does_not_make_a_cluster_connected(operator, cluster, before):
+    Cluster.objects.filter(pk=cluster.pk).update(status=before)
+    assert operator.put("/internal/v1/inventory", json={"nodes": NODES, "checks": {
+        "session_domain_resolves": check(False, "gpu-a.example.org does not resolve"),
+        "verify_reachable": check(True)}}).status_code == 200
+    assert Cluster.objects.get(pk=cluster.pk).status == Cluster.Status.DEGRADED
+    # Fixed in the next report: connected (a degraded cluster whose last test found nothing else returns).
+    Cluster.objects.filter(pk=cluster.pk).update(last_connection_test={"checks": {"apiserver_reachable": True}})
+    assert operator.put("/internal/v1/inventory", json={"nodes": NODES, "checks": {
+        "session_domain_resolves": check(True), "verify_reachable": check(True)}}).status_code == 200
+    assert Cluster.objects.get(pk=cluster.pk).status == Cluster.Status.CONNECTED
+    # A report without checks (an older operator) still makes an unreachable cluster connected, as before.
+    Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.UNREACHABLE)
+    assert operator.put("/internal/v1/inventory", json={"nodes": NODES}).status_code == 200
+    assert Cluster.objects.get(pk=cluster.pk).status == Cluster.Status.CONNECTED
