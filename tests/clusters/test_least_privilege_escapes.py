@@ -239,3 +239,35 @@ def test_its_grants_stop_at_their_verb_subresource_and_namespace(attached, setti
         status, answer = call(emulated, token, path, method, body, content)
         assert status == 403, (path, method, answer)
     assert call(emulated, token, "/api/v1/namespaces/kube-system")[0] == 200  # its one namespace get
+
+
+def test_a_rerun_after_the_service_account_was_deleted_gets_a_working_token(attached, settings):
+    """Deleting the ServiceAccount revokes its token (kube-controller-manager deletes its token Secrets too); the
+    attach's credential step run again makes the account, a new Secret and a token that works."""
+    emulated, token = attached
+    ns = settings.GSHARE_OPERATOR_NAMESPACE
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}", "DELETE")[0] == 200
+    assert call(emulated, token, "/api/v1/nodes")[0] == 401
+    config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
+    again = yaml.safe_load(credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
+    assert again != token
+    assert call(emulated, again, "/api/v1/nodes")[0] == 200
+
+
+def test_a_token_secret_left_from_a_deleted_service_account_is_made_again(attached, settings):
+    """The Secret still there, holding the token of the ServiceAccount deleted before (its uid annotation names that
+    one): the attach's credential step replaces it instead of registering a revoked token."""
+    emulated, token = attached
+    ns = settings.GSHARE_OPERATOR_NAMESPACE
+    old = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == credential.TOKEN_SECRET_NAME)
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}", "DELETE")[0] == 200
+    time.sleep(0.3)
+    assert not [s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == credential.TOKEN_SECRET_NAME]
+    stale = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+             "metadata": {"name": credential.TOKEN_SECRET_NAME, "annotations": old["metadata"]["annotations"]},
+             "data": old["data"]}
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets", "POST", stale)[0] == 201
+    config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
+    again = yaml.safe_load(credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
+    assert again != token
+    assert call(emulated, again, "/api/v1/nodes")[0] == 200
