@@ -234,14 +234,19 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     @admin.display(description="kubernetes credential")
     def credential_privilege(self, obj: Cluster) -> str:
         """What the last connection test found about the stored kubeconfig's rights: a warning with the fix when it is
-        cluster-admin (``credential_least_privilege`` false), "least privilege", or "not tested"."""
-        report = obj.last_connection_test or {}
-        ok = (report.get("checks") or {}).get("credential_least_privilege")
+        cluster-admin (``credential_least_privilege`` false), "least privilege", "unknown" (the apiserver did not answer
+        the review: the check is left out), or "not tested"."""
+        report = obj.last_connection_test if isinstance(obj.last_connection_test, dict) else {}
+        checks = report.get("checks") if isinstance(report.get("checks"), dict) else {}
+        ok = checks.get("credential_least_privilege")
+        if ok is None and checks.get("apiserver_reachable") is True:
+            return "unknown (the apiserver did not answer the connection test's SelfSubjectAccessReview)"
         if ok is None:
             return "not tested (run the connection test)"
         if ok:
             return "least privilege (ServiceAccount gshare-control-plane)"
-        detail = (report.get("detail") or {}).get("credential_least_privilege") or ""
+        details = report.get("detail") if isinstance(report.get("detail"), dict) else {}
+        detail = str(details.get("credential_least_privilege") or "")
         return format_html('<span class="gs-warning">⚠ cluster-admin credential stored.</span> {}', detail)
 
     @admin.display(description="problems")

@@ -215,10 +215,12 @@ LEAST_PRIVILEGE_FIX = (
 
 def _check_least_privilege(kube: KubeGateway, result: ProbeResult) -> None:
     """``credential_least_privilege``: False when the credential may do ``*`` on ``*`` (SelfSubjectAccessReview, open to
-    every authenticated user). Left out when the apiserver refuses the review (4xx): nothing is known then.
+    every authenticated user). Left out when the apiserver refuses the review (4xx), answers it with an error (5xx,
+    429: the check is advisory, so it does not make the apiserver unreachable) or with something that is not a review
+    status: nothing is known then.
 
     Raises:
-        KubeUnavailable: from the gateway (handled by ``probe_cluster``).
+        KubeUnavailable: no answer at all (from the gateway, handled by ``probe_cluster``).
     """
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
               "spec": {"resourceAttributes": {"verb": "*", "group": "*", "resource": "*"}}}
@@ -226,7 +228,14 @@ def _check_least_privilege(kube: KubeGateway, result: ProbeResult) -> None:
         answer = kube.create(review) or {}
     except KubeRefused:
         return
-    if (answer.get("status") or {}).get("allowed") is True:
+    except KubeUnavailable as exc:
+        if exc.status:
+            return
+        raise
+    status = answer.get("status")
+    if not isinstance(status, dict) or not isinstance(status.get("allowed"), bool):
+        return
+    if status["allowed"] is True:
         result.fail("credential_least_privilege", LEAST_PRIVILEGE_FIX)
     else:
         result.checks["credential_least_privilege"] = True

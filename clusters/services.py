@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -515,7 +516,9 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     operator last reported from inside the cluster (``clusters.diagnosis.operator_check_verdicts``): a failure of
     either breaks every session there (the URL does not reach the ingress, or ingress-nginx cannot ask
     ``/internal/connect/verify``), so it degrades the cluster; one not reported yet (or by an operator that predates
-    them) is left out of ``checks`` and explained in ``detail`` as unknown.
+    them) is left out of ``checks`` and explained in ``detail`` as unknown. The operator's state is read after the
+    probe, under the cluster's row lock (the inventory writes it under the same lock), so a report that came during
+    the probe is the one judged.
 
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
@@ -540,6 +543,31 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
             details.setdefault(name, "Not checked: the apiserver did not answer.")
     if "credential_least_privilege" in result.checks:
         checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
+    with transaction.atomic():
+        # What the operator reported meanwhile counts (the probe took seconds): its checks and heartbeat are read under
+        # the row lock the inventory writes them under, after the probe (no lock is held over an apiserver call).
+        current = Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
+        if current is not None:
+            for field_name in ("operator_checks", "last_heartbeat_at", "session_domain", "ingress_node", "status"):
+                setattr(cluster, field_name, getattr(current, field_name))
+        report, update = _connection_test_outcome(cluster, result, checks, details)
+        if current is not None and current.status != Cluster.Status.DEREGISTERED:
+            try:
+                with transaction.atomic():
+                    Cluster.objects.filter(pk=cluster.pk).update(**update)
+            except IntegrityError:  # another row took that identity meanwhile: record the rest
+                if "kube_system_uid" not in update:
+                    raise
+                update.pop("kube_system_uid")
+                Cluster.objects.filter(pk=cluster.pk).update(**update)
+    for key, value in update.items():
+        setattr(cluster, key, value)
+    return report
+
+
+def _connection_test_outcome(cluster: Cluster, result, checks: dict, details: dict) -> tuple[dict, dict]:
+    """The connection test's report and the cluster fields to write, from the probe's ``checks`` and ``details`` and
+    the cluster's operator state as read now (``operator_reporting``, the operator's session-path checks)."""
     checks["operator_reporting"] = operator_reporting(cluster)
     if not checks["operator_reporting"]:
         details["operator_reporting"] = operator_reporting_detail(cluster)
@@ -573,17 +601,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
         held = _registered().filter(kube_system_uid=result.kube_system_uid).exclude(pk=cluster.pk).exists()
         if not held:
             update["kube_system_uid"] = result.kube_system_uid
-    try:
-        with transaction.atomic():
-            Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
-    except IntegrityError:  # another row took that identity meanwhile: record the rest
-        if "kube_system_uid" not in update:
-            raise
-        update.pop("kube_system_uid")
-        Cluster.objects.filter(pk=cluster.pk).exclude(status=Cluster.Status.DEREGISTERED).update(**update)
-    for key, value in update.items():
-        setattr(cluster, key, value)
-    return report
+    return report, update
 
 
 @dataclass(frozen=True)
@@ -648,9 +666,23 @@ def _missing_statement() -> tuple[str, tuple[str, ...]]:
     return sql, tuple(str(phase) for phase in session.TERMINAL_PHASES)
 
 
+#: C0 and C1 control characters: a detail is shown on the cluster page, in API answers and by the attach command on a
+#: terminal, where an escape sequence from the cluster must not act.
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _known_checks(checks: dict | None) -> dict:
-    """The operator's checks this control plane knows (``OPERATOR_CHECKS``), as reported; others are ignored."""
-    return {name: checks[name] for name in OPERATOR_CHECKS if isinstance(checks, dict) and isinstance(checks.get(name), dict)}
+    """The operator's checks this control plane knows (``OPERATOR_CHECKS``), as reported (control characters in a
+    ``detail`` replaced by spaces); others are ignored."""
+    if not isinstance(checks, dict):
+        return {}
+    known = {}
+    for name in OPERATOR_CHECKS:
+        result = checks.get(name)
+        if isinstance(result, dict):
+            detail = result.get("detail")
+            known[name] = {**result, "detail": _CONTROL_CHARACTERS.sub(" ", detail)} if isinstance(detail, str) else result
+    return known
 
 
 @transaction.atomic
@@ -760,7 +792,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
     with connection.cursor() as cursor:
         cursor.execute(sql, {"cluster": cluster.pk, "uuids": uuids, "names": names, "final": list(final), "now": now})
         nodes_removed, gpus_removed, nodes_missing, gpus_missing = cursor.fetchone()
-    restores_connected = _reporting_restores_connected(cluster, checks)
+    reported_status = _reported_status(cluster, checks)
     # One statement for two things, so the query count stays what it was: the heartbeat, and
     # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
     # for every node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone
@@ -775,7 +807,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
                    operator_checks = %(checks)s::jsonb
              WHERE id = %(cluster)s
             """,
-            {"cluster": cluster.pk, "now": now, "status": str(Cluster.Status.CONNECTED) if restores_connected else None,
+            {"cluster": cluster.pk, "now": now, "status": str(reported_status) if reported_status else None,
              "checks": json.dumps(_known_checks(checks))},
         )
     return InventoryResult(
@@ -784,20 +816,24 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
     )
 
 
-def _reporting_restores_connected(cluster: Cluster, reported: dict | None = None) -> bool:
-    """A report makes a cluster ``connected`` unless its last connection test found another problem.
+def _reported_status(cluster: Cluster, reported: dict | None = None) -> Cluster.Status | None:
+    """The status a report gives the cluster, or None to keep its own.
 
-    The operator's own checks are judged by this report (``reported``), not by the last test: a DNS record fixed
-    since then counts as fixed.
+    A report makes a ``pending`` or ``unreachable`` cluster ``connected``, and a ``degraded`` one too unless its last
+    connection test found another problem. The operator's own checks are judged by this report (``reported``), not by
+    the last test: a DNS record fixed since then counts as fixed, and a report that says one fails never makes the
+    cluster ``connected`` (a ``pending`` or ``unreachable`` one becomes ``degraded``: its operator reports, its session
+    path is broken).
     """
+    reported_ok = all(result.get("ok") for result in _known_checks(reported).values())
     if cluster.status in (Cluster.Status.PENDING, Cluster.Status.UNREACHABLE):
-        return True
+        return Cluster.Status.CONNECTED if reported_ok else Cluster.Status.DEGRADED
     if cluster.status != Cluster.Status.DEGRADED:
-        return False
+        return None
     checks = (cluster.last_connection_test or {}).get("checks", {})
     tested = all(ok for name, ok in checks.items()
                  if name != "operator_reporting" and name not in OPERATOR_CHECKS and name not in ADVISORY_CHECKS)
-    return tested and all(result.get("ok") for result in _known_checks(reported).values())
+    return Cluster.Status.CONNECTED if tested and reported_ok else None
 
 
 def clusters_mark_stale(*, now=None) -> int:

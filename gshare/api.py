@@ -115,10 +115,10 @@ def schema_problems(validator, body, *, limit: int = 10) -> list[str]:
     Returns:
         ``["nodes[3].devices[0].memory_mib: is smaller than 0", ...]`` (``body`` as the path of the document itself).
     """
-    oversized = _oversized_array(validator.schema, body)
+    oversized = _oversized(validator.schema, body)
     if oversized is not None:  # refused before validating every item of it: a long malformed list costs seconds
-        path, most = oversized
-        return [f"{_shown_path(_json_path(path) or 'body')}: has more than {most} items"]
+        path, most, what = oversized
+        return [f"{_shown_path(_json_path(path) or 'body')}: has more than {most} {what}"]
     problems = []
     # The first _MAX_ERRORS errors in validation order, then in path order: a body can hold one error per item.
     first = itertools.islice(validator.iter_errors(body), _MAX_ERRORS)
@@ -135,23 +135,28 @@ def _json_path(path) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{_shown_key(p)}" for p in path).lstrip(".")
 
 
-def _oversized_array(schema: dict, value, path: tuple = ()) -> tuple[tuple, int] | None:
-    """``(path, maxItems)`` of the first array of ``value`` longer than its schema's ``maxItems``, following only
+def _oversized(schema: dict, value, path: tuple = ()) -> tuple[tuple, int, str] | None:
+    """``(path, maxItems, "items")`` of the first array of ``value`` longer than its schema's ``maxItems``, or
+    ``(path, maxProperties, "keys")`` of the first object with more keys than its ``maxProperties``, following only
     ``properties`` and ``items`` (the shape of every payload schema of ``operator_agent.contract``), or None."""
+    if isinstance(value, dict):
+        most = schema.get("maxProperties")
+        if isinstance(most, int) and len(value) > most:
+            return path, most, "keys"
     if isinstance(value, list):
         most = schema.get("maxItems")
         if isinstance(most, int) and len(value) > most:
-            return path, most
+            return path, most, "items"
         items = schema.get("items")
         if isinstance(items, dict):
             for index, item in enumerate(value):
-                found = _oversized_array(items, item, (*path, index))
+                found = _oversized(items, item, (*path, index))
                 if found:
                     return found
     elif isinstance(value, dict):
         for key, sub in (schema.get("properties") or {}).items():
             if key in value and isinstance(sub, dict):
-                found = _oversized_array(sub, value[key], (*path, key))
+                found = _oversized(sub, value[key], (*path, key))
                 if found:
                     return found
     return None

@@ -277,7 +277,8 @@ INVENTORY_SCHEMA = {
     "properties": {
         # Optional: operators that predate the checks send none (the control plane then shows them as unknown). Names
         # it does not know are ignored, so a newer operator's extra checks do not make its reports invalid.
-        "checks": {"type": "object", "maxProperties": 16, "additionalProperties": _OPERATOR_CHECK},
+        "checks": {"type": "object", "maxProperties": 16, "propertyNames": {"maxLength": 64},
+                   "additionalProperties": _OPERATOR_CHECK},
         "nodes": {
             "type": "array",
             "maxItems": 5000,

@@ -18,10 +18,12 @@ Failure handling:
   (``ControlPlaneAuthError``).
 * 403 and other 4xx: logged with the body's ``code`` and ``detail``; not retried
   (``ControlPlaneRejected``).
+* a token that a header cannot carry (a line break inside it): ``TokenUnavailable`` before anything is sent (the
+  error ``requests`` would raise quotes the header, so the token).
 
 What failed is said in one sentence with its fix (``explain_connection_error``, ``explain_answer``), in the log line
 and in the exception: the control plane's host does not resolve (DNS), TLS failed, the connection was refused or
-timed out, the ingress refused this cluster's source address (a 403 that is not the control plane's JSON), an HTML
+timed out, a redirect (not followed), the ingress refused this cluster's source address (a 403 that is not the control plane's JSON), an HTML
 page or a ``not_found`` answered instead of the internal API (the public console: the internal plane is closed), a
 401 (the token). A 2xx that is not JSON (a console page) is refused, not taken as a report that got through.
 
@@ -71,6 +73,7 @@ MAX_TOKEN_FALLBACKS = 2
 
 USER_AGENT = f"gshare-operator/{__version__}"
 _MAX_BODY_IN_LOG = 300
+_MAX_DETAIL = 4000  # longest control-plane ``detail`` kept (its fix sentences are far shorter)
 
 #: The control plane chart's values that open its internal plane to the clusters (charts/gshare/values.yaml).
 INTERNAL_PLANE_FIX = (
@@ -227,7 +230,8 @@ class ControlPlaneClient:
                 if 200 <= status < 300 and not _foreign_answer(response):
                     return _json_object(response)
                 body = _error_body(response)
-                explained = explain_answer(status, url, code=body.code, foreign=_foreign_answer(response))
+                explained = explain_answer(status, url, code=body.code, foreign=_foreign_answer(response),
+                                           location=response.headers.get("Location") or "")
                 alternative = self.tokens.reject(token) if status == 401 and fallbacks < MAX_TOKEN_FALLBACKS else None
                 if alternative is not None:
                     fallbacks += 1
@@ -284,13 +288,27 @@ class ControlPlaneClient:
         raise ControlPlaneUnavailable(f"{what}: giving up after {self.max_attempts} attempts ({last_problem})")
 
     def _read_token(self) -> str:
-        """The newest operator token now (file re-read, Secret, memory: rotation without restart)."""
+        """The newest operator token now (file re-read, Secret, memory: rotation without restart).
+
+        Raises:
+            TokenUnavailable: there is none, or it holds a character an HTTP header cannot carry (``requests`` would
+                refuse it with an error quoting the whole header, the token included; the message never does).
+        """
         try:
-            return self.tokens.current()
+            token = self.tokens.current()
         except NoTokenError as exc:
             message = str(exc)
             logger.error("%s", message)
             raise TokenUnavailable(message) from None
+        if not (token.isascii() and token.isprintable()) or any(character.isspace() for character in token):
+            message = (
+                "the operator token holds a character an HTTP header cannot carry (a line break, a space or a non-ASCII "
+                f"character inside it): write it again, on one line, into the token Secret (file {self.config.token_file}); "
+                f"on the control plane `manage.py rotate_operator_tokens --cluster {self.config.cluster_id}` writes a new one"
+            )
+            logger.error("%s", message)
+            raise TokenUnavailable(message)
+        return token
 
 
 def _host_of(url: str) -> tuple[str, int | None]:
@@ -354,7 +372,7 @@ def explain_connection_error(exc: BaseException, url: str, *, timeout: float | N
     return f"cannot connect to {host}:{port} ({type(causes[-1]).__name__}): check `controlPlaneUrl` and this cluster's egress"
 
 
-def explain_answer(status: int, url: str, *, code: str | None, foreign: bool) -> str:
+def explain_answer(status: int, url: str, *, code: str | None, foreign: bool, location: str = "") -> str:
     """One sentence naming why an HTTP answer from ``url`` is not the control plane's internal API, or "".
 
     Args:
@@ -362,13 +380,23 @@ def explain_answer(status: int, url: str, *, code: str | None, foreign: bool) ->
         url: the URL called.
         code: the ``code`` of a JSON error body, or None.
         foreign: the body is not a JSON object (an HTML page, plain text): someone else answered.
+        location: the ``Location`` header of a redirect, or "".
 
     Returns:
-        For a 403 that is not the control plane's JSON: the ingress source range; for an HTML (non-JSON) page or the
-        control plane's ``not_found`` (``/internal`` is answered only on the internal hosts): the internal plane is
-        closed; else "" (the answer is the control plane's own and its ``code``/``detail`` say what is wrong).
+        For a redirect (3xx, not followed: the token would go along): where to, and to set ``controlPlaneUrl`` to it
+        (an ingress redirecting http to https); for a 403 that is not the control plane's JSON: the ingress source
+        range; for an HTML (non-JSON) page or the control plane's ``not_found`` (``/internal`` is answered only on the
+        internal hosts): the internal plane is closed; else "" (the answer is the control plane's own and its
+        ``code``/``detail`` say what is wrong).
     """
     host, _ = _host_of(url)
+    if 300 <= status < 400:
+        where = "".join(ch for ch in location[:200] if ch.isprintable()) or "another URL"
+        return (
+            f"{host} redirected the call ({status}) to {where}; the operator does not follow redirects (its token would "
+            "go along): set `controlPlaneUrl` to the URL the control plane's internal plane serves (https when the "
+            "ingress redirects http to https)"
+        )
     if status == 403 and foreign:
         return (
             f"{host} refused this cluster's source address (403 from the ingress, not from gShare): add this cluster's "
@@ -410,17 +438,19 @@ def _json_object(response: requests.Response) -> dict:
 
 
 def _error_body(response: requests.Response) -> _ErrorBody:
-    """Parse ``{"code", "detail"}``; fall back to a shortened text body."""
+    """Parse ``{"code", "detail"}`` (``detail`` cut to ``_MAX_DETAIL`` characters); fall back to a shortened text body."""
     try:
         data = response.json()
     except ValueError:
         data = None
     if isinstance(data, dict):
         code = data.get("code")
-        detail = data.get("detail")
+        detail = str(data.get("detail")) if data.get("detail") is not None else ""
+        if len(detail) > _MAX_DETAIL:  # it goes into log lines and exception messages
+            detail = detail[:_MAX_DETAIL] + "…"
         return _ErrorBody(
-            code=str(code) if code is not None else None,
-            detail=str(detail) if detail is not None else "",
+            code=str(code)[:_MAX_BODY_IN_LOG] if code is not None else None,
+            detail=detail,
             data=data,
         )
     text = (response.text or "").strip()

@@ -141,7 +141,8 @@ def check_verify(http: requests.Session, url: str, *, timeout: float = CHECK_TIM
     code = body.get("code") if isinstance(body, dict) else None
     if response.status_code == 401 and code:
         return _result(True, f"{where} answers 401 {code} to a request without a token, as it should")
-    explained = explain_answer(response.status_code, url, code=code, foreign=not isinstance(body, dict))
+    explained = explain_answer(response.status_code, url, code=code, foreign=not isinstance(body, dict),
+                               location=response.headers.get("Location") or "")
     if not explained and response.status_code >= 500:
         explained = (
             f"it answered {response.status_code}{' ' + code if code else ''}: the control plane behind it is failing or not "

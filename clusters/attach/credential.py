@@ -140,7 +140,8 @@ def apply_credential(kube: KubeGateway, *, volume_move: bool | None = None, wait
 
     Call it with a gateway holding cluster-admin rights (it writes RBAC); the operator namespace must exist. The session
     namespace is created when missing. The token Secret is created once and kept (its token stays valid across
-    re-runs).
+    re-runs), unless it holds the token of a ServiceAccount of the same name deleted since (revoked): then it is made
+    again.
 
     Args:
         kube: gateway to the cluster, with the admin kubeconfig.
@@ -156,18 +157,29 @@ def apply_credential(kube: KubeGateway, *, volume_move: bool | None = None, wait
     """
     namespace = settings.GSHARE_OPERATOR_NAMESPACE
     _ensure_session_namespace(kube)
+    account_uid = ""
     for obj in credential_objects(volume_move=volume_move):
-        kube.apply(obj)
-    kube.create({"apiVersion": "v1", "kind": "Secret", "type": _TOKEN_TYPE,
-                 "metadata": {"name": TOKEN_SECRET_NAME, "namespace": namespace, "labels": dict(MANAGED_BY),
-                              "annotations": {"kubernetes.io/service-account.name": ACCOUNT_NAME}}}, exists_ok=True)
+        applied = kube.apply(obj)
+        if obj["kind"] == "ServiceAccount":
+            account_uid = str(((applied or {}).get("metadata") or {}).get("uid") or "")
+    token_secret = {"apiVersion": "v1", "kind": "Secret", "type": _TOKEN_TYPE,
+                    "metadata": {"name": TOKEN_SECRET_NAME, "namespace": namespace, "labels": dict(MANAGED_BY),
+                                 "annotations": {"kubernetes.io/service-account.name": ACCOUNT_NAME}}}
+    kube.create(token_secret, exists_ok=True)
     deadline = time.monotonic() + wait_seconds
     while True:
         secret = kube.get(SECRETS, TOKEN_SECRET_NAME, namespace=namespace) or {}
-        owner = ((secret.get("metadata") or {}).get("annotations") or {}).get("kubernetes.io/service-account.name")
+        annotations = (secret.get("metadata") or {}).get("annotations") or {}
+        owner = annotations.get("kubernetes.io/service-account.name")
         if secret.get("type") != _TOKEN_TYPE or owner != ACCOUNT_NAME:
             raise CredentialError(f"the Secret {namespace}/{TOKEN_SECRET_NAME} exists but is not the token of ServiceAccount "
                                   f"{ACCOUNT_NAME}: delete it (kubectl -n {namespace} delete secret {TOKEN_SECRET_NAME})")
+        written_for = annotations.get("kubernetes.io/service-account.uid")
+        if account_uid and written_for and written_for != account_uid:
+            # The token of a ServiceAccount deleted since (and made again by this run): revoked, so make a new one.
+            kube.delete(SECRETS, TOKEN_SECRET_NAME, namespace=namespace)
+            kube.create(token_secret, exists_ok=True)
+            continue
         token = _token_of(secret)
         if token:
             return token

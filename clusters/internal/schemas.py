@@ -10,6 +10,7 @@ from __future__ import annotations
 from jsonschema import Draft202012Validator
 
 from gshare.api import schema_problems, unstorable_text_path
+from operator_agent import rfc3339
 from operator_agent.contract import INVENTORY_SCHEMA
 
 inventory_validator = Draft202012Validator(INVENTORY_SCHEMA)
@@ -19,7 +20,8 @@ def inventory_errors(body) -> list[str]:
     """Return readable problems with an inventory body (empty when valid).
 
     Each problem names the JSON path (``nodes[3].devices[0].memory_mib``) and what is wrong; also
-    reports duplicate node names and GPU UUIDs, which the schema cannot express.
+    reports a check's ``checked_at`` that ``operator_agent.rfc3339.parse`` cannot read and duplicate node names and
+    GPU UUIDs, which the schema cannot express.
     """
     problems = schema_problems(inventory_validator, body)
     if problems:
@@ -27,6 +29,10 @@ def inventory_errors(body) -> list[str]:
     bad_text = unstorable_text_path(body)
     if bad_text:
         return [f"{bad_text}: contains a NUL character or an unpaired surrogate, which cannot be stored"]
+    for name, result in (body.get("checks") or {}).items():
+        if rfc3339.parse(result["checked_at"]) is None:
+            problems.append(f"checks.{name}.checked_at: must be an RFC 3339 time with a zone, e.g. "
+                            f"2026-11-29T16:00:00Z; got {result['checked_at'][:64]!r}")
     names, uuids = set(), set()
     for i, node in enumerate(body["nodes"]):
         if node["name"] in names:

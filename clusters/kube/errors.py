@@ -31,10 +31,15 @@ def clean_text(text: str | None, *, secrets: tuple[str, ...] = ()) -> str:
     terminal escapes and control characters removed, whitespace collapsed, ``secrets`` and anything that looks like a
     credential (``Bearer ...``, ``token: ...``) replaced by ``[redacted]``, cut to ``MAX_MESSAGE`` characters. A secret
     shorter than 8 characters is not searched for (it would match ordinary words)."""
-    text = _CONTROLS.sub(" ", _ESCAPES.sub("", str(text or "")[: 8 * MAX_MESSAGE]))
+    secrets = tuple(secret for secret in secrets if len(secret) >= 8)
+    # Replaced before the text is cut (a secret across the cut would leave its start) and again once escapes and
+    # control characters are gone (they may have split it).
+    raw = str(text or "")[: 8 * MAX_MESSAGE + max(map(len, secrets), default=0)]
     for secret in secrets:
-        if len(secret) >= 8:
-            text = text.replace(secret, "[redacted]")
+        raw = raw.replace(secret, "[redacted]")
+    text = _CONTROLS.sub(" ", _ESCAPES.sub("", raw[: 8 * MAX_MESSAGE]))
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
     return " ".join(_CREDENTIALS.sub(r"\1[redacted]", text).split())[:MAX_MESSAGE]
 
 

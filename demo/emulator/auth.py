@@ -9,7 +9,8 @@ Identities:
   every request. A token comes from a Secret of type ``kubernetes.io/service-account-token`` annotated
   ``kubernetes.io/service-account.name`` (filled by the tokens controller stand-in right after create: ``data.token``,
   ``data.namespace``, ``data.ca.crt`` with TLS, annotation ``kubernetes.io/service-account.uid``; it never expires
-  and is revoked by deleting the Secret or the ServiceAccount), or from a TokenRequest (``POST
+  and is revoked by deleting the Secret or the ServiceAccount; a token written into such a Secret by anyone else
+  authenticates nobody, as a real one is a JWT the apiserver signed), or from a TokenRequest (``POST
   .../serviceaccounts/<name>/token``, ``authentication.k8s.io/v1``: expires after ``spec.expirationSeconds``, default
   3600, at least 600, revoked with the ServiceAccount). Tokens are opaque random strings, not JWTs.
 
@@ -35,7 +36,7 @@ import kmock
 from demo.emulator import rbac
 from demo.emulator.common import header_value, truthy
 from demo.emulator.errors import ApiError
-from demo.emulator.rbac import ADMIN, Attributes, UserInfo
+from demo.emulator.rbac import ADMIN, RBAC_GROUP, Attributes, UserInfo
 
 SERVICE_ACCOUNT_TOKEN_TYPE = "kubernetes.io/service-account-token"
 SERVICE_ACCOUNT_NAME_ANNOTATION = "kubernetes.io/service-account.name"
@@ -86,18 +87,20 @@ class AuthMixin:
                 del self._issued_tokens[token]
                 return None
         else:
-            secret = next((s for s in self.live_objects(self.served("", "v1", "secrets"))
-                           if s.get("type") == SERVICE_ACCOUNT_TOKEN_TYPE
-                           and hmac.compare_digest(_decoded((s.get("data") or {}).get("token")).encode(), token.encode())),
-                          None)
-            if secret is None:
+            # Only a token the tokens controller wrote counts (a real one is a JWT the apiserver signed, so a string put
+            # into a token Secret by whoever may create Secrets authenticates nobody), and only while its Secret still
+            # holds it; the ServiceAccount is the one it was written for (the JWT's claims), whatever the Secret's
+            # annotations say now.
+            written = self._secret_tokens.get(token)
+            if written is None:
                 return None
-            meta = secret["metadata"]
-            annotations = meta.get("annotations") or {}
-            namespace, name = meta["namespace"], annotations.get(SERVICE_ACCOUNT_NAME_ANNOTATION, "")
-            uid = annotations.get(SERVICE_ACCOUNT_UID_ANNOTATION, "")
+            namespace, secret_name, name, uid = written
+            secret = self.get_object(self.served("", "v1", "secrets"), namespace, secret_name)
+            if (secret is None or secret.get("type") != SERVICE_ACCOUNT_TOKEN_TYPE
+                    or not hmac.compare_digest(_decoded((secret.get("data") or {}).get("token")).encode(), token.encode())):
+                return None
         account = self.get_object(accounts, namespace, name)
-        if account is None or (uid and account["metadata"]["uid"] != uid):
+        if account is None or account["metadata"]["uid"] != uid:
             return None  # the ServiceAccount was deleted (and maybe re-created): its tokens are revoked
         return rbac.service_account_user(namespace, name, account["metadata"]["uid"])
 
@@ -116,7 +119,9 @@ class AuthMixin:
         if account is None or data.get("token"):
             return False
         meta["annotations"] = {**annotations, SERVICE_ACCOUNT_UID_ANNOTATION: account["metadata"]["uid"]}
-        data = {**data, "token": _b64(secrets.token_urlsafe(32)), "namespace": _b64(meta["namespace"])}
+        token = secrets.token_urlsafe(32)
+        self._secret_tokens[token] = (meta["namespace"], meta["name"], account["metadata"]["name"], account["metadata"]["uid"])
+        data = {**data, "token": _b64(token), "namespace": _b64(meta["namespace"])}
         if self.ca_pem is not None:
             data["ca.crt"] = _b64(self.ca_pem)
         obj["data"] = data
@@ -170,6 +175,34 @@ class AuthMixin:
         spec = self._specs.get(request.resource)
         if spec is not None and self.get_object(spec, request.namespace, attrs.name) is None:
             self._authorize(user, dataclasses.replace(attrs, verb="create"))
+
+    def _authorize_rbac_write(self, request: kmock.Request, plural: str, obj: Mapping[str, Any]) -> None:
+        """Escalation prevention on a Role, ClusterRole or binding about to be stored (``obj``, the object as it will be):
+        its writer must hold every rule it grants, or may ``escalate`` the role / ``bind`` the role referred to; else
+        the apiserver's ``403 Forbidden``. The admin, and writes by the emulator's own controllers, are not checked."""
+        user = self._request_users.get(id(request))
+        if user is None or user.is_admin:
+            return
+        namespace = request.namespace or ""
+        name = str((obj.get("metadata") or {}).get("name") or request.name or "")
+        if plural in ("roles", "clusterroles"):
+            may = Attributes(verb="escalate", api_group=RBAC_GROUP, resource=plural, namespace=namespace, name=name)
+            rules = obj.get("rules") or []
+        else:
+            ref = obj.get("roleRef") if isinstance(obj.get("roleRef"), Mapping) else {}
+            ref_plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+            ref_name = str(ref.get("name") or "")
+            may = Attributes(verb="bind", api_group=RBAC_GROUP, resource=ref_plural, namespace=namespace, name=ref_name)
+            role = self.get_object(self.served(RBAC_GROUP, "v1", ref_plural),
+                                   namespace if ref_plural == "roles" else None, ref_name)
+            rules = (role or {}).get("rules") or []
+        found = self._grants(user, namespace)
+        if rbac.authorize(may, found)[0]:
+            return
+        missing = rbac.uncovered_rules(found, rules if isinstance(rules, list) else [])
+        if missing:
+            raise ApiError(403, "Forbidden", rbac.escalation_message(plural, name, user, missing),
+                           {"name": name, "group": RBAC_GROUP, "kind": plural})
 
     # ----------------------------------------------------------------- identity APIs
 

@@ -15,6 +15,7 @@ from demo.emulator import apply
 from demo.emulator.common import Outcome, header_value, timestamp
 from demo.emulator.errors import ApiError, not_found, qualified, status_details
 from demo.emulator.patches import merge_patch, spec_part, strip_directives
+from demo.emulator.rbac import RBAC_GROUP, RBAC_PLURALS
 from demo.emulator.resources import BUILTIN_GROUPS, RETURNS_DELETED_OBJECT, ResourceSpec
 
 
@@ -66,6 +67,8 @@ class CrudMixin:
                            None)
         self._require_namespace(spec, namespace)
         obj = self.build_object(spec, body, namespace, keep_status=False)
+        if spec.group == RBAC_GROUP and spec.plural in RBAC_PLURALS:
+            self._authorize_rbac_write(request, spec.plural, obj)
         name = obj["metadata"]["name"]
         if self.get_object(spec, namespace, name) is not None:
             raise ApiError(409, "AlreadyExists", f'{qualified(spec)} "{name}" already exists', status_details(spec, name))
@@ -99,10 +102,16 @@ class CrudMixin:
         name = request.name or ""
         if (body.get("metadata") or {}).get("name") not in (None, name):
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL", None)
+        body_ns = (body.get("metadata") or {}).get("namespace")
+        if spec.namespaced and body_ns and body_ns != request.namespace:
+            raise ApiError(400, "BadRequest",
+                           "the namespace of the provided object does not match the namespace sent on the request",
+                           None)
         current = self.get_object(spec, request.namespace, name)
         if current is None:
             raise not_found(spec, name)
         self._precondition(spec, current, body)
+        self._check_rbac_update(spec, request, body)
         return await self._update(spec, current, copy.deepcopy(body), request.subresource, dry_run=dry_run,
                                   manager=_update_manager(request))
 
@@ -135,6 +144,7 @@ class CrudMixin:
                 return await self._create(spec, request, body, dry_run=dry_run)
             self._precondition(spec, current, patch)
             new = apply.apply(current, applied, manager, spec.api_version, request.subresource, status_separate)
+            self._check_rbac_update(spec, request, new)
             return await self._update(spec, current, new, request.subresource, dry_run=dry_run)
         if current is None:
             raise not_found(spec, name)
@@ -156,8 +166,14 @@ class CrudMixin:
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted "
                            "media types include: application/json-patch+json, application/merge-patch+json, "
                            "application/apply-patch+yaml", None)
+        self._check_rbac_update(spec, request, new)
         return await self._update(spec, current, new, request.subresource, dry_run=dry_run,
                                   manager=_update_manager(request))
+
+    def _check_rbac_update(self, spec: ResourceSpec, request: kmock.Request, new: Any) -> None:
+        """Escalation prevention (``AuthMixin._authorize_rbac_write``) on the object an update would store."""
+        if spec.group == RBAC_GROUP and spec.plural in RBAC_PLURALS and isinstance(new, dict):
+            self._authorize_rbac_write(request, spec.plural, new)
 
     async def _update(self, spec: ResourceSpec, current: dict[str, Any], new: Any, subresource: str | None, *,
                       dry_run: bool, manager: str | None = None) -> Outcome:
@@ -201,6 +217,10 @@ class CrudMixin:
                 result["spec"]["clusterIP"] = old_ip
                 result["spec"]["clusterIPs"] = (current.get("spec") or {}).get("clusterIPs", [old_ip])
             self._default_service(result)
+        if spec.kind == "Secret" and (result.get("type") or "Opaque") != (current.get("type") or "Opaque"):
+            # the apiserver's ValidateSecretUpdate: an Opaque Secret never becomes a ServiceAccount token Secret
+            raise ApiError(422, "Invalid", f'Secret "{meta["name"]}" is invalid: type: Invalid value: '
+                           f'"{result.get("type") or "Opaque"}": field is immutable', None)
         if manager is not None:
             apply.track_update(current, result, manager, spec.api_version, subresource, "status" in spec.subresources)
         if result == current:

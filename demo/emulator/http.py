@@ -98,6 +98,13 @@ class HttpMixin:
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Authentication, then authorization, then the request (demo.emulator.auth): as the apiserver's filters.
         user = self._authenticate(request)
+        self._request_users[id(request)] = user
+        try:
+            return await self._handle_as(request, user)
+        finally:
+            self._request_users.pop(id(request), None)
+
+    async def _handle_as(self, request: kmock.Request, user: Any) -> aiohttp.web.StreamResponse:
         attrs = self._attributes(request)
         async with self._lock:
             self._authorize(user, attrs)

@@ -9,8 +9,11 @@ A rule allows a request when its ``verbs``, ``apiGroups``, ``resources`` (``pods
 (``/version``) is matched against ``nonResourceURLs`` (a trailing ``*`` is a prefix). ``create`` and collection requests
 (``list``, ``watch``, ``deletecollection``) carry no name, so a rule with ``resourceNames`` never allows them.
 
-Not emulated: aggregated ClusterRoles (``aggregationRule``), escalation and bind checks on writes of RBAC objects,
-the Node and Webhook authorizers, impersonation.
+Writes of Roles, ClusterRoles and their bindings by an identity other than the admin are checked as the apiserver's
+escalation prevention does: a Role or ClusterRole may hold only rules its writer holds (unless it may ``escalate``
+them), a binding may refer only to a role whose rules its writer holds (unless it may ``bind`` it).
+
+Not emulated: aggregated ClusterRoles (``aggregationRule``), the Node and Webhook authorizers, impersonation.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ CLUSTER_ADMIN_RULES: tuple[dict[str, Any], ...] = (
     {"verbs": ["*"], "nonResourceURLs": ["*"]},
 )
 MASTERS_GROUP = "system:masters"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+#: The kinds whose writes are checked for escalation (``AuthMixin._authorize_rbac_write``).
+RBAC_PLURALS = ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 
@@ -260,3 +266,69 @@ def rules_review(found: Iterable[Grant], namespace: str) -> dict[str, Any]:
                     item["resourceNames"] = list(rule["resourceNames"])
                 resource_rules.append(item)
     return {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules, "incomplete": False}
+
+
+def _simple_rules(rule: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
+    """``rule`` broken into rules of one verb and one group, resource, name or URL (``validation.BreakdownRule``)."""
+    verbs = list(rule.get("verbs") or ())
+    for url in rule.get("nonResourceURLs") or ():
+        for verb in verbs:
+            yield {"verbs": [verb], "nonResourceURLs": [url]}
+    names = list(rule.get("resourceNames") or ()) or [None]
+    for group in rule.get("apiGroups") or ():
+        for resource in rule.get("resources") or ():
+            for name in names:
+                for verb in verbs:
+                    simple = {"verbs": [verb], "apiGroups": [group], "resources": [resource]}
+                    if name is not None:
+                        simple["resourceNames"] = [name]
+                    yield simple
+
+
+def _owner_covers(owner: Mapping[str, Any], simple: Mapping[str, Any]) -> bool:
+    """Whether one rule the user holds covers one simple rule (``validation.ruleCovers``): a ``*`` is covered only by
+    a ``*``, a rule for every name only by one for every name."""
+    if not _contains(owner.get("verbs"), simple["verbs"][0]):
+        return False
+    if "nonResourceURLs" in simple:
+        return _url_matches(owner.get("nonResourceURLs"), simple["nonResourceURLs"][0])
+    if not _contains(owner.get("apiGroups"), simple["apiGroups"][0]):
+        return False
+    resource = simple["resources"][0]
+    owned = list(owner.get("resources") or ())
+    base, _, sub = resource.partition("/")
+    if not ("*" in owned or resource in owned or (sub and (f"{base}/*" in owned or f"*/{sub}" in owned))):
+        return False
+    owner_names = list(owner.get("resourceNames") or ())
+    if not owner_names:
+        return True
+    return "resourceNames" in simple and simple["resourceNames"][0] in owner_names
+
+
+def uncovered_rules(found: Iterable[Grant], rules: Iterable[Any]) -> list[dict[str, Any]]:
+    """The simple rules of ``rules`` that none of the user's grants cover (``validation.Covers``); empty: all held.
+
+    The apiserver refuses a Role or ClusterRole (without ``escalate``), or a binding to one (without ``bind``), that
+    would give rights its writer does not hold: RBAC's escalation prevention."""
+    owners = [rule for grant in found for rule in grant.rules]
+    missing = []
+    for rule in rules:
+        if not isinstance(rule, Mapping):
+            continue
+        missing += [simple for simple in _simple_rules(rule) if not any(_owner_covers(owner, simple) for owner in owners)]
+    return missing
+
+
+def escalation_message(kind_plural: str, name: str, user: UserInfo, missing: list[dict[str, Any]]) -> str:
+    """The apiserver's refusal of a write that would grant rights not held (``rbac/validation``)."""
+    groups = " ".join(f'"{group}"' for group in user.groups)
+
+    def shown(rule: dict[str, Any]) -> str:
+        if "nonResourceURLs" in rule:
+            return f'{{NonResourceURLs:["{rule["nonResourceURLs"][0]}"], Verbs:["{rule["verbs"][0]}"]}}'
+        names = f', ResourceNames:["{rule["resourceNames"][0]}"]' if "resourceNames" in rule else ""
+        return (f'{{APIGroups:["{rule["apiGroups"][0]}"], Resources:["{rule["resources"][0]}"]{names}, '
+                f'Verbs:["{rule["verbs"][0]}"]}}')
+
+    return (f'{kind_plural}.rbac.authorization.k8s.io "{name}" is forbidden: user "{user.name}" (groups=[{groups}]) is '
+            "attempting to grant RBAC permissions not currently held:\n" + "\n".join(shown(rule) for rule in missing[:20]))

@@ -27,6 +27,7 @@ from demo.emulator.discovery import DiscoveryMixin
 from demo.emulator.events import EventRecorderMixin
 from demo.emulator.http import HttpMixin
 from demo.emulator.objects import ObjectsMixin
+from demo.emulator.rbac import UserInfo
 from demo.emulator.reads import ReadsMixin
 from demo.emulator.resources import BUILTIN_RESOURCES, ResourceSpec
 from demo.emulator.store import StoreEvent, StoreMixin
@@ -117,6 +118,9 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     _outcomes: dict[int, Outcome] = attrs.field(factory=dict, init=False)
     _specs: dict[kmock.resource, ResourceSpec] = attrs.field(factory=dict, init=False)
     _issued_tokens: dict[str, tuple[str, str, str, float]] = attrs.field(factory=dict, init=False)  # TokenRequests
+    _request_users: dict[int, UserInfo] = attrs.field(factory=dict, init=False)  # id(request) -> who sent it
+    # tokens the tokens controller wrote: token -> (namespace, Secret, ServiceAccount, its uid)
+    _secret_tokens: dict[str, tuple[str, str, str, str]] = attrs.field(factory=dict, init=False)
     _next_cluster_ip: int = attrs.field(default=10, init=False)
     _listeners: list[Callable[[StoreEvent], None]] = attrs.field(factory=list, init=False)
     _tasks: set = attrs.field(factory=set, init=False)  # the controllers' background tasks

@@ -199,3 +199,43 @@ def test_token_secrets_carry_the_ca_over_tls():
         assert base64.b64decode(secret["data"]["ca.crt"]) == running.ca_pem
         assert base64.b64decode(secret["data"]["namespace"]).decode() == NS
         assert secret["metadata"]["annotations"]["kubernetes.io/service-account.uid"]
+
+
+def test_rbac_writes_cannot_grant_what_their_writer_does_not_hold(cluster):
+    """The apiserver's escalation prevention: a ServiceAccount that may write Roles and RoleBindings still cannot bind
+    cluster-admin or write a Role with rights it lacks, unless it may ``bind`` or ``escalate``."""
+    token = token_secret(cluster)
+    grant(cluster, [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+                     "verbs": ["create", "update", "patch", "get"]},
+                    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}], namespace=NS)
+    subject = [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]
+    admin_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
+    assert call(cluster, "admin", f"{RBAC}/clusterroles", "POST", {"metadata": {"name": "cluster-admin"}, "rules": [
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]})[0] == 201
+    status, body = call(cluster, token, f"{RBAC}/namespaces/{NS}/rolebindings", "POST",
+                        {"metadata": {"name": "mine"}, "roleRef": admin_ref, "subjects": subject})
+    assert status == 403, body
+    assert body["message"].startswith(f'rolebindings.rbac.authorization.k8s.io "mine" is forbidden: user "{USER}"')
+    assert "attempting to grant RBAC permissions not currently held" in body["message"]
+    status, body = call(cluster, token, f"{RBAC}/namespaces/{NS}/roles", "POST", {"metadata": {"name": "more"}, "rules": [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})
+    assert status == 403 and 'Resources:["secrets"]' in body["message"], body
+    # What it holds it may grant (a Role, and a binding to it).
+    status, role = call(cluster, token, f"{RBAC}/namespaces/{NS}/roles", "POST", {"metadata": {"name": "same"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": ["allowed"]}]})
+    assert status == 201, role
+    assert call(cluster, token, f"{RBAC}/namespaces/{NS}/rolebindings", "POST", {"metadata": {"name": "same"}, "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "same"}})[0] == 201
+    # Widening it afterwards by a patch is refused the same way.
+    status, body = call(cluster, token, f"{RBAC}/namespaces/{NS}/roles/same", "PATCH", {"rules": [
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}, "application/merge-patch+json")
+    assert status == 403, body
+    # With `bind` on cluster-admin, or `escalate` on roles, the apiserver allows it.
+    grant(cluster, [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
+                     "resourceNames": ["cluster-admin"]},
+                    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}],
+          namespace=NS, name="binder")
+    assert call(cluster, token, f"{RBAC}/namespaces/{NS}/rolebindings", "POST",
+                {"metadata": {"name": "mine"}, "roleRef": admin_ref, "subjects": subject})[0] == 201
+    assert call(cluster, token, f"{RBAC}/namespaces/{NS}/roles", "POST", {"metadata": {"name": "more"}, "rules": [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})[0] == 201

@@ -649,7 +649,7 @@ def test_attach_from_a_laptop_reaches_the_control_plane_only_through_its_api(
     })
     run = subprocess.run(
         [str(ROOT / "hack" / "attach-cluster.sh"), "--kubeconfig", str(kubeconfig_path), "--name", "lab-c1", "--control-plane", live_server.url,
-         "--session-domain", "lab-c1.gpu.example.org", "--ingress-node", "lab-c1-cp-01", "--skip-ingress", "--token-file", str(token_file)],
+         "--session-domain", "lab-c1.gpu.localhost", "--ingress-node", "lab-c1-cp-01", "--skip-ingress", "--token-file", str(token_file)],
         env=env, capture_output=True, text=True, timeout=170, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Cluster lab-c1 is attached as clu_" in run.stdout
