@@ -301,3 +301,15 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler], *, tls=None) -> I
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def lock_waiters(cursor) -> int:
+    """How many sessions of this test's database wait on a lock (``pg_blocking_pids``), e.g. on a row this test holds.
+
+    Counted per database, not server-wide: pytest-xdist's other workers run in their own test databases on the same
+    server, and their waits must not be taken for this test's. Inside a transaction PostgreSQL keeps the first
+    snapshot of ``pg_stat_activity`` it read, so each call clears it first.
+    """
+    cursor.execute("SELECT pg_stat_clear_snapshot()")
+    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0")
+    return cursor.fetchone()[0]

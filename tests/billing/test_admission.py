@@ -18,7 +18,7 @@ from sessions import placement, services
 from sessions.models import Allocation, Session
 from storage.models import StoragePool, Volume
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
-from tests.helpers import Http
+from tests.helpers import Http, lock_waiters
 
 H100, T4 = ("NVIDIA H100 80GB HBM3", 81559), ("Tesla T4", 15360)
 
@@ -296,8 +296,7 @@ def _race(live_server, user, n: int, clusters: list[str]) -> list[tuple[int, dic
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
-                if cursor.fetchone()[0] >= n:
+                if lock_waiters(cursor) >= n:
                     break
             time.sleep(0.05)
         else:

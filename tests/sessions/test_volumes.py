@@ -20,7 +20,7 @@ from sessions import placement, services
 from sessions.models import Session
 from storage.models import ClusterStorageClasses, StoragePool, Volume
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
-from tests.helpers import Http, kubeconfig_text
+from tests.helpers import Http, kubeconfig_text, lock_waiters
 
 pytestmark = pytest.mark.django_db
 
@@ -253,8 +253,7 @@ def test_two_sessions_racing_for_a_new_volume_on_different_clusters(http_user, p
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted")
-                if cursor.fetchone()[0] >= 2:
+                if lock_waiters(cursor) >= 2:
                     break
             time.sleep(0.05)
         else:
