@@ -81,10 +81,10 @@ def control_plane_rules(*, volume_move: bool | None = None) -> dict[str, list[di
         sessions.append({"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]})
     secret = settings.GSHARE_OPERATOR_TOKEN_SECRET
     operator = [
-        # clusters/operator_token/rotation.py: read and replace the operator's token Secret ...
+        # clusters/operator_token/rotation.py: read and replace the operator's token Secret. No `create`: Kubernetes
+        # cannot limit create to one name or type, and create + get on that name would let the credential make it a
+        # ServiceAccount-token Secret of the operator and read the operator's token. apply_credential creates it.
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"], "resourceNames": [secret]},
-        # ... and create it when it is missing (Kubernetes cannot limit create to one name)
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     ]
     return {"cluster": cluster, settings.GSHARE_SESSION_NAMESPACE: sessions, settings.GSHARE_OPERATOR_NAMESPACE: operator}
 
@@ -135,6 +135,15 @@ def _token_of(secret: dict) -> str:
         return ""
 
 
+def _ensure_operator_token_secret(kube: KubeGateway) -> None:
+    """Create the operator token Secret, empty, when it is missing: the credential may only read and replace it."""
+    from clusters.operator_token.rotation import MANAGED_BY_LABELS
+
+    kube.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": settings.GSHARE_OPERATOR_TOKEN_SECRET, "namespace": settings.GSHARE_OPERATOR_NAMESPACE,
+                              "labels": dict(MANAGED_BY_LABELS)}}, exists_ok=True)
+
+
 def apply_credential(kube: KubeGateway, *, volume_move: bool | None = None, wait_seconds: float = 30.0) -> str:
     """Create or update the control plane's ServiceAccount and RBAC, and return its token.
 
@@ -157,6 +166,7 @@ def apply_credential(kube: KubeGateway, *, volume_move: bool | None = None, wait
     """
     namespace = settings.GSHARE_OPERATOR_NAMESPACE
     _ensure_session_namespace(kube)
+    _ensure_operator_token_secret(kube)
     account_uid = ""
     for obj in credential_objects(volume_move=volume_move):
         applied = kube.apply(obj)

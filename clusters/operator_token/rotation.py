@@ -305,8 +305,9 @@ def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str
         if exc.status in (401, 403):
             return "token_push_forbidden", (
                 f"The cluster's apiserver refused to let the control plane write the {where} ({exc.status} {exc.reason}): "
-                f"give the control plane's ServiceAccount get, create and update on secrets in {namespace} "
-                "(docs/rotation.md)"
+                f"the control plane's ServiceAccount may get and update that Secret but not create it, so when it is missing "
+                f"re-run the attach (which creates it) or create it empty: `kubectl -n {namespace} create secret generic {name}`; "
+                "otherwise give the credential get and update on it (docs/rotation.md)"
             )
         if exc.status == 404:
             return "token_push_namespace_missing", (

@@ -15,7 +15,7 @@ from clusters.attach import credential
 from clusters.kube import KubeGateway, KubeRefused
 from clusters.kube.gateway import NAMESPACES, NODES, PERSISTENT_VOLUMES, PODS, SECRETS, SELF_SUBJECT_RULES_REVIEWS
 from clusters.kubeconfig import validate_kubeconfig
-from clusters.operator_token.rotation import operator_token_push
+from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
 from demo import fleet
 from operator_agent import contract
@@ -123,12 +123,19 @@ def test_sessions_are_applied_and_deleted(least, settings):
     assert emulated.objects_of(*group) == []
 
 
-def test_the_operator_token_is_pushed_created_then_replaced(least):
+def test_the_operator_token_replaces_the_secret_the_attach_made_and_a_missing_one_names_the_fix(least, settings):
     cluster, emulated = least()
-    assert operator_token_push(cluster).secret_action == "created"
+    ns, name = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_OPERATOR_TOKEN_SECRET
+    assert operator_token_push(cluster).secret_action == "replaced"  # created empty by the credential step (admin)
     assert operator_token_push(cluster).secret_action == "replaced"
     cluster.refresh_from_db()
     assert not cluster.operator_token_rotation_error
+    with KubeGateway.for_kubeconfig(admin_config(emulated, settings), call_timeout=10) as admin:
+        admin.delete(SECRETS, name, namespace=ns)
+    with pytest.raises(OperatorTokenPushFailed) as refused:  # the credential may not create Secrets
+        operator_token_push(cluster)
+    assert refused.value.code == "token_push_forbidden"
+    assert f"kubectl -n {ns} create secret generic {name}" in refused.value.detail and "re-run the attach" in refused.value.detail
 
 
 def test_storage_class_check_and_pvc_delete(least, settings, plain_user):

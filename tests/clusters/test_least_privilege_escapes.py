@@ -75,8 +75,8 @@ def test_the_named_secret_grant_reaches_no_other_secret(attached, settings):
     emulated, token = attached
     ns, allowed = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_OPERATOR_TOKEN_SECRET
     other = credential.TOKEN_SECRET_NAME
-    assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": allowed}, "data": {"internal-jwt": "eA=="}})[0] == 201
+    assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {  # no create at all: the attach made it
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": allowed}, "data": {"internal-jwt": "eA=="}})[0] == 403
     assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{allowed}")[0] == 200
     # A PUT or PATCH on the allowed name whose body names another Secret (or another namespace) is refused.
     status, body = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{allowed}", "PUT", {
@@ -105,16 +105,18 @@ def test_the_named_secret_grant_reaches_no_other_secret(attached, settings):
 
 
 def test_a_forged_token_secret_is_no_credential(attached, settings):
-    """A credential that may create Secrets writes one of the token type for the operator's ServiceAccount with a token
-    of its choosing: a real apiserver only accepts a token it signed, so that string authenticates nobody."""
+    """A token Secret for the operator's ServiceAccount with a token of its writer's choosing: the credential may not
+    write one at all, and one the admin writes authenticates nobody (a real apiserver only accepts tokens it signed)."""
     emulated, token = attached
     ns = settings.GSHARE_OPERATOR_NAMESPACE
     forged = "forged-token-of-the-operator"
-    status, body = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {
+    forged_secret = {
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
         "metadata": {"name": "forged", "annotations": {"kubernetes.io/service-account.name": "gshare-operator"}},
-        "data": {"token": base64.b64encode(forged.encode()).decode()}})
-    assert status == 201, body
+        "data": {"token": base64.b64encode(forged.encode()).decode()}}
+    status, body = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", forged_secret)
+    assert status == 403, body
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets", "POST", forged_secret)[0] == 201
     time.sleep(0.3)  # the tokens controller's turn
     assert call(emulated, forged, "/version")[0] == 401
     assert call(emulated, forged, "/api/v1/nodes")[0] == 401
@@ -125,11 +127,11 @@ def test_a_forged_token_secret_is_no_credential(attached, settings):
         "data": {"token": base64.b64encode(b"by-hand").decode()}})[0] == 201
     time.sleep(0.3)
     assert call(emulated, "by-hand", "/version")[0] == 401
-    # A token Secret the credential creates for another ServiceAccount is filled, but it cannot read it.
+    # Nor may it create a token Secret of its own for another ServiceAccount, under any name.
     status, _ = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
         "metadata": {"name": "mine", "annotations": {"kubernetes.io/service-account.name": "gshare-operator"}}})
-    assert status == 201
+    assert status == 403
     assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/mine")[0] == 403
 
 
@@ -200,20 +202,16 @@ def test_a_deleted_service_accounts_token_is_revoked_even_when_it_is_made_again(
     assert call(emulated, token, "/version")[0] == 401
 
 
-@pytest.mark.xfail(strict=True, reason="real-Kubernetes gap: `create secrets` in the operator namespace plus `get` on the "
-                   "operator token Secret's name lets the credential mint the operator ServiceAccount's token while that "
-                   "Secret is missing (docs/attach.md); RBAC cannot limit create by type")
 def test_the_credential_cannot_become_the_operator_while_its_secret_is_missing(attached, settings):
     emulated, token = attached
     ns, name = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_OPERATOR_TOKEN_SECRET
+    """The credential may not create Secrets (RBAC cannot limit create by name or type): with create and get on the token
+    Secret's name it could make that Secret the operator ServiceAccount's token and read it. The attach creates it."""
     call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets/{name}", "DELETE")
     assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-        "metadata": {"name": name, "annotations": {"kubernetes.io/service-account.name": "gshare-operator"}}})[0] == 201
-    time.sleep(0.3)
-    status, secret = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{name}")
-    operator_token = base64.b64decode((secret.get("data") or {}).get("token") or "").decode() if status == 200 else ""
-    assert not operator_token or call(emulated, operator_token, "/version")[0] == 401
+        "metadata": {"name": name, "annotations": {"kubernetes.io/service-account.name": "gshare-operator"}}})[0] == 403
+    assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{name}")[0] == 404
 
 
 def test_its_grants_stop_at_their_verb_subresource_and_namespace(attached, settings):

@@ -212,7 +212,7 @@ def test_refused_credentials_are_a_clear_failure(fleet_cluster):
     with pytest.raises(OperatorTokenPushFailed) as excinfo:
         operator_token_push(Cluster.objects.get(pk=cluster.pk))
     assert excinfo.value.code == "token_push_forbidden"
-    assert "secrets in gshare-system" in excinfo.value.detail
+    assert "create secret generic gshare-operator-internal-jwt" in excinfo.value.detail
     assert secret_of(emulated) is None
 
 
