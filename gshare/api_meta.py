@@ -3,13 +3,13 @@ before it changes anything: which release the control plane runs and whether its
 
 from __future__ import annotations
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
+from clusters.attach.credential import cluster_layout
 from gshare.version import GSHARE_VERSION
 from operator_agent.contract import GSHARE_API_VERSION
 
@@ -23,17 +23,6 @@ def version(request):
     ``/internal/v1``), and where in every cluster the control plane acts (``cluster_layout()``), so a client that
     prepares a cluster (attach) grants its credential rights on the same namespaces."""
     return Response({"version": GSHARE_VERSION, "api": "v1", "operator_contract": GSHARE_API_VERSION, "cluster_layout": cluster_layout()})
-
-
-def cluster_layout() -> dict:
-    """The settings that decide which Kubernetes objects the control plane touches in each cluster:
-    ``{"session_namespace", "operator_namespace", "operator_token_secret", "volume_move_enabled"}``."""
-    return {
-        "session_namespace": settings.GSHARE_SESSION_NAMESPACE,
-        "operator_namespace": settings.GSHARE_OPERATOR_NAMESPACE,
-        "operator_token_secret": settings.GSHARE_OPERATOR_TOKEN_SECRET,
-        "volume_move_enabled": bool(settings.GSHARE_VOLUME_MOVE_ENABLED),
-    }
 
 
 @extend_schema(responses=OpenApiTypes.OBJECT)

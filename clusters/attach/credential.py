@@ -41,6 +41,17 @@ class CredentialError(Exception):
     """The credential could not be made (the token Secret was never filled, or belongs to another ServiceAccount)."""
 
 
+def cluster_layout() -> dict:
+    """The settings that decide which Kubernetes objects the control plane touches in each cluster:
+    ``{"session_namespace", "operator_namespace", "operator_token_secret", "volume_move_enabled"}``."""
+    return {
+        "session_namespace": settings.GSHARE_SESSION_NAMESPACE,
+        "operator_namespace": settings.GSHARE_OPERATOR_NAMESPACE,
+        "operator_token_secret": settings.GSHARE_OPERATOR_TOKEN_SECRET,
+        "volume_move_enabled": bool(settings.GSHARE_VOLUME_MOVE_ENABLED),
+    }
+
+
 def control_plane_rules(*, volume_move: bool | None = None) -> dict[str, list[dict[str, Any]]]:
     """The RBAC rules of the control plane's ServiceAccount, by where they apply.
 

@@ -276,9 +276,7 @@ class Attach:
         (``GET /api/v1/version``'s ``cluster_layout``), or the credential would miss the rights the control plane uses."""
         if not isinstance(layout, dict):
             return  # a control plane of this release always sends it; nothing to compare against otherwise
-        from gshare.api_meta import cluster_layout
-
-        ours = cluster_layout()
+        ours = credential.cluster_layout()
         names = {"session_namespace": "GSHARE_SESSION_NAMESPACE", "operator_namespace": "GSHARE_OPERATOR_NAMESPACE",
                  "operator_token_secret": "GSHARE_OPERATOR_TOKEN_SECRET", "volume_move_enabled": "GSHARE_VOLUME_MOVE_ENABLED"}
         differ = [(key, layout.get(key), value) for key, value in ours.items() if key in layout and layout[key] != value]
