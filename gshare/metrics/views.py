@@ -7,6 +7,7 @@ import os
 
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -29,6 +30,7 @@ def _unauthorized(code: str, detail: str) -> JsonResponse:
     return response
 
 
+@csrf_exempt  # a scraper has no CSRF cookie; every unsafe method gets the JSON 405 below, not Django's HTML 403
 def metrics(request):
     """``GET /metrics`` (internal hosts only, ``gshare.middleware.InternalHostsMiddleware``).
 
@@ -42,9 +44,10 @@ def metrics(request):
     expected = settings.GSHARE_METRICS_TOKEN
     if expected:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
+        given = given.strip(" \t")  # HTTP's optional whitespace only (str.strip() would also drop control characters)
+        if scheme.lower() != "bearer" or not given:
             return _unauthorized("token_missing", "Send the metrics token: Authorization: Bearer <GSHARE_METRICS_TOKEN>.")
-        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        if not hmac.compare_digest(given.encode(), expected.encode()):
             return _unauthorized("token_invalid", "The metrics token is wrong: use the value of GSHARE_METRICS_TOKEN.")
     body = inventory_exposition() + _counters()
     response = HttpResponse(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)

@@ -212,3 +212,21 @@ def test_under_gunicorn_the_absolute_form_and_path_tricks_on_a_public_host_never
         status = answer.split(b"\r\n", 1)[0]
         assert b"gshare_cluster_info" not in answer, (head[:60], status)
         assert status.split(b" ")[1] in statuses, (head[:60], status)
+
+
+def test_an_unsafe_method_from_a_real_client_is_the_json_405_not_the_csrf_page(db):
+    from django.test import Client
+
+    response = Client(enforce_csrf_checks=True).post("/metrics", HTTP_HOST="127.0.0.1")
+    assert response.status_code == 405 and response.json()["code"] == "method_not_allowed"
+
+
+def test_control_characters_around_the_token_are_not_whitespace(db, settings):
+    from django.test import Client
+
+    settings.GSHARE_METRICS_TOKEN = "metrics-secret-0123456789"
+    client = Client()
+    assert client.get("/metrics", HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION="Bearer metrics-secret-0123456789 ").status_code == 200
+    for wrapped in ("\x1fmetrics-secret-0123456789", "metrics-secret-0123456789\x0b"):
+        response = client.get("/metrics", HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {wrapped}")
+        assert response.status_code == 401 and response.json()["code"] == "token_invalid"
