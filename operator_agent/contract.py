@@ -197,6 +197,44 @@ the offending sample in ``samples``; nothing of the batch stored); 403 ``FORBIDD
 session or device of another cluster; nothing stored); 401 token problems.
 """
 
+ACTIVITY_PATH = "/internal/v1/activity"
+"""``POST``: the GPU activity of the cluster's Running sessions (``operator_agent.gpu_activity``), every
+``GSHARE_ACTIVITY_INTERVAL`` s, read from HAMi's vGPU monitor on each node that runs a session.
+
+Body::
+
+    {"sessions": [{"session": "ses_...", "node": "gpu-h100-01", "state": "ok" | "unknown", "reason": str,
+                   "sampled_at": RFC 3339 UTC,
+                   "gpus": [{"device_uuid": "GPU-...", "last_kernel_seconds": 12.0 | null,
+                             "utilization_percent": 87.0 | null, "memory_used_bytes": int | null,
+                             "memory_limit_bytes": int | null, "sampled_at": RFC 3339 UTC}]}]}
+
+One entry per Running session the operator knows, at most ``ACTIVITY_MAX_SESSIONS``. ``state`` is ``ok`` when the
+node's monitor answered and was parsed (``reason`` ""), ``unknown`` when it could not be scraped or read (``reason``
+says why: no monitor pod on the node, the proxy's status, a timeout, unparseable text); an unknown entry's ``gpus``
+is empty: activity is never reported as zero for want of a reading. In an ``ok`` entry every GPU of the session is
+listed; a GPU for which the monitor lists no series of the session's container (it never initialised CUDA there) has
+every value ``null``. ``last_kernel_seconds`` is HAMi's seconds since the container last launched a kernel on that
+GPU, ``utilization_percent`` its SM utilization (0-100), the memory values its vGPU memory used and limit, in bytes.
+Answers 200 ``{"server_time", "accepted"}``; 403 ``FORBIDDEN_CLUSTER_SCOPE`` when an entry names a session of another
+cluster (nothing stored); entries naming sessions the control plane does not know or that have ended are ignored.
+"""
+
+ACTIVITY_MAX_SESSIONS = 5000
+"""``POST ACTIVITY_PATH`` carries at most this many session entries."""
+
+ACTIVITY_STATE_OK = "ok"
+ACTIVITY_STATE_UNKNOWN = "unknown"
+ACTIVITY_STATES = (ACTIVITY_STATE_OK, ACTIVITY_STATE_UNKNOWN)
+"""``state`` of an activity entry: the monitor was read (``ok``) or not (``unknown``, with the reason)."""
+
+HAMI_MONITOR_PORT_DEFAULT = 9394
+"""Container port of HAMi's ``vGPUmonitor`` (``/metrics``, Prometheus text format) in the ``hami-device-plugin`` pod."""
+
+HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT = "app.kubernetes.io/component=hami-device-plugin"
+"""Label selector of the pods of HAMi's device-plugin DaemonSet (``charts/hami`` ``daemonsetnvidia.yaml``), whose
+``vGPUmonitor`` container serves the monitor."""
+
 USAGE_MAX_SAMPLES_PER_CALL = 5000
 """``POST /internal/v1/usage`` accepts at most this many samples per call."""
 
@@ -408,6 +446,45 @@ USAGE_SCHEMA = {
     "properties": {"samples": {"type": "array", "maxItems": USAGE_MAX_SAMPLES_PER_CALL, "items": USAGE_SAMPLE_SCHEMA}},
 }
 """Body of ``POST USAGE_PATH``."""
+
+
+_ACTIVITY_GPU = {
+    "type": "object",
+    "required": ["device_uuid", "last_kernel_seconds", "utilization_percent", "memory_used_bytes", "memory_limit_bytes",
+                 "sampled_at"],
+    "properties": {
+        "device_uuid": {"type": "string", "minLength": 1, "maxLength": 128},
+        "last_kernel_seconds": {"type": ["number", "null"], "minimum": 0, "maximum": 1e12},
+        "utilization_percent": {"type": ["number", "null"], "minimum": 0, "maximum": 100},
+        "memory_used_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": _INT64},
+        "memory_limit_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": _INT64},
+        "sampled_at": _TIME,
+    },
+}
+
+ACTIVITY_SCHEMA = {
+    "type": "object",
+    "required": ["sessions"],
+    "properties": {
+        "sessions": {
+            "type": "array",
+            "maxItems": ACTIVITY_MAX_SESSIONS,
+            "items": {
+                "type": "object",
+                "required": ["session", "state", "reason", "sampled_at", "gpus"],
+                "properties": {
+                    "session": {"type": "string", "pattern": "^ses_[a-z0-9]{1,32}$"},
+                    "node": {"type": ["string", "null"], "maxLength": 253},
+                    "state": {"enum": list(ACTIVITY_STATES)},
+                    "reason": {"type": "string", "maxLength": 1000},
+                    "sampled_at": _TIME,
+                    "gpus": {"type": "array", "maxItems": 64, "items": _ACTIVITY_GPU},
+                },
+            },
+        }
+    },
+}
+"""Body of ``POST ACTIVITY_PATH``. Sessions are listed once, and a session's GPUs once each (not expressible here)."""
 
 
 def session_object_name(session_id: str) -> str:
