@@ -359,6 +359,8 @@ def run_demo(options: DemoOptions) -> dict:
                 "GSHARE_VOLUME_SYNC_INTERVAL": str(options.inventory_interval),
                 "GSHARE_USAGE_INTERVAL": str(options.inventory_interval),
                 "GSHARE_USAGE_QUEUE_PATH": str(kubeconfig_path.parent / "usage-queue.sqlite3"),
+                # One operator per cluster on one machine: their /metrics would clash on one port (and listen off loopback).
+                "GSHARE_METRICS_PORT": "0",
                 "KUBECONFIG": str(kubeconfig_path),
                 "PYTHONUNBUFFERED": "1",
             })

@@ -31,6 +31,17 @@ are a small frozen dataclass built from ``os.environ``:
   chart mounts a volume there); it is not created.
 * ``GSHARE_USAGE_QUEUE_MAX``: most samples kept unsent; beyond it the oldest are dropped (and logged); default
   ``200000``.
+* ``GSHARE_ACTIVITY_INTERVAL``: seconds between GPU activity reports of the Running sessions
+  (``operator_agent.gpu_activity``, ``POST /internal/v1/activity``), read from HAMi's vGPU monitor; default ``30``.
+* ``GSHARE_HAMI_MONITOR_SELECTOR``: label selector of HAMi's device-plugin pods (in any namespace), whose
+  ``vGPUmonitor`` container serves the monitor; default ``app.kubernetes.io/component=hami-device-plugin``
+  (``contract.HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT``).
+* ``GSHARE_HAMI_MONITOR_PORT``: the monitor's container port, reached through the apiserver's pod proxy; default
+  ``9394`` (``contract.HAMI_MONITOR_PORT_DEFAULT``).
+* ``GSHARE_HAMI_MONITOR_TIMEOUT``: seconds one monitor scrape may take as a whole (connect, answer, body); default
+  ``5``. A node whose monitor does not answer in time is reported ``unknown`` for that tick.
+* ``GSHARE_METRICS_PORT``: port of the operator's own ``/metrics`` (Prometheus text, ``operator_agent.metrics``) on
+  all interfaces; default ``8080``; ``0`` turns it off.
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -49,7 +60,12 @@ from urllib.parse import urlsplit
 import kubernetes.client
 import kubernetes.config
 
-from operator_agent.contract import DEFAULT_TOKEN_FILE, SESSION_NAMESPACE_DEFAULT
+from operator_agent.contract import (
+    DEFAULT_TOKEN_FILE,
+    HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT,
+    HAMI_MONITOR_PORT_DEFAULT,
+    SESSION_NAMESPACE_DEFAULT,
+)
 
 __all__ = ["DEFAULT_USAGE_QUEUE_MAX", "DEFAULT_USAGE_QUEUE_PATH", "ConfigError", "OperatorConfig", "kubernetes_api_client"]
 
@@ -63,6 +79,8 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # DNS-1123 label: what Kubernetes accepts as a namespace name.
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 # DNS-1123 subdomain: what Kubernetes accepts as a Secret name.
+# Label selector characters: keys, values, and the operators =, ==, !=, in/notin (...), !key, commas and spaces.
+_SELECTOR = re.compile(r"[A-Za-z0-9_./=!,() -]+\Z")
 _DNS1123_SUBDOMAIN = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
@@ -93,6 +111,11 @@ class OperatorConfig:
         usage_interval: seconds between usage samples (> 0).
         usage_queue_path: path of the SQLite file of the usage queue.
         usage_queue_max: most unsent samples kept (>= 1); the oldest are dropped beyond it.
+        activity_interval: seconds between GPU activity reports (> 0).
+        hami_monitor_selector: label selector of HAMi's device-plugin pods.
+        hami_monitor_port: container port of HAMi's vGPU monitor (1-65535).
+        hami_monitor_timeout: seconds one monitor scrape may take as a whole (> 0).
+        metrics_port: port of the operator's ``/metrics``, 0 = not served.
     """
 
     cluster_id: str
@@ -111,6 +134,11 @@ class OperatorConfig:
     usage_interval: float = 60.0
     usage_queue_path: str = DEFAULT_USAGE_QUEUE_PATH
     usage_queue_max: int = DEFAULT_USAGE_QUEUE_MAX
+    activity_interval: float = 30.0
+    hami_monitor_selector: str = HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT
+    hami_monitor_port: int = HAMI_MONITOR_PORT_DEFAULT
+    hami_monitor_timeout: float = 5.0
+    metrics_port: int = 8080
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -168,6 +196,11 @@ class OperatorConfig:
             usage_interval=_seconds(environ, "GSHARE_USAGE_INTERVAL", 60.0),
             usage_queue_path=(environ.get("GSHARE_USAGE_QUEUE_PATH") or "").strip() or DEFAULT_USAGE_QUEUE_PATH,
             usage_queue_max=_positive_int(environ, "GSHARE_USAGE_QUEUE_MAX", DEFAULT_USAGE_QUEUE_MAX),
+            activity_interval=_seconds(environ, "GSHARE_ACTIVITY_INTERVAL", 30.0),
+            hami_monitor_selector=_selector(environ, "GSHARE_HAMI_MONITOR_SELECTOR", HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT),
+            hami_monitor_port=_port(environ, "GSHARE_HAMI_MONITOR_PORT", HAMI_MONITOR_PORT_DEFAULT, allow_zero=False),
+            hami_monitor_timeout=_seconds(environ, "GSHARE_HAMI_MONITOR_TIMEOUT", 5.0),
+            metrics_port=_port(environ, "GSHARE_METRICS_PORT", 8080, allow_zero=True),
         )
 
     @property
@@ -242,3 +275,26 @@ def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, got {raw!r}")
     return value
+
+
+def _port(environ: Mapping[str, str], name: str, default: int, *, allow_zero: bool) -> int:
+    """Parse ``name`` as a TCP port (1-65535, or 0 when ``allow_zero``), ``default`` when unset or empty."""
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    lowest = 0 if allow_zero else 1
+    if not raw.isdigit() or not lowest <= int(raw) <= 65535:
+        off = " (0 turns it off)" if allow_zero else ""
+        raise ConfigError(f"{name} must be a port number between {lowest} and 65535{off}, got {raw!r}")
+    return int(raw)
+
+
+def _selector(environ: Mapping[str, str], name: str, default: str) -> str:
+    """Parse ``name`` as a Kubernetes label selector (its shape only: the apiserver judges the grammar)."""
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    if len(raw) > 1000 or not raw.isprintable() or not _SELECTOR.match(raw):
+        raise ConfigError(f"{name} must be a label selector such as app.kubernetes.io/component=hami-device-plugin, "
+                          f"got {raw[:100]!r}")
+    return raw

@@ -45,7 +45,7 @@ import urllib3.exceptions
 
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import INVENTORY_PATH, STORAGE_PATH, USAGE_PATH
+from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, STORAGE_PATH, USAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
@@ -147,6 +147,8 @@ class ControlPlaneClient:
         rng: returns a float in ``[0, 1)`` for the backoff jitter.
         max_attempts: attempts per call, including the first.
         tokens: where the token comes from (shared between clients); by default the token file only.
+        on_success: called with the route's path (``INVENTORY_PATH`` ...) after each call answered 2xx (the operator's
+            ``/metrics`` keeps the time of each report's last success: ``operator_agent.metrics``).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class ControlPlaneClient:
         rng: Callable[[], float] = random.random,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         tokens: TokenSource | None = None,
+        on_success: Callable[[str], object] | None = None,
     ):
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
@@ -169,6 +172,7 @@ class ControlPlaneClient:
         self._stopped = stopped
         self._rng = rng
         self.max_attempts = max_attempts
+        self._on_success = on_success
 
     def put_inventory(self, snapshot: dict) -> dict:
         """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``; return the response body.
@@ -194,6 +198,17 @@ class ControlPlaneClient:
             400 ``invalid_usage_sample``), TokenUnavailable.
         """
         return self.request("POST", USAGE_PATH, json_body={"samples": samples})
+
+    def post_activity(self, report: dict) -> dict:
+        """``POST /internal/v1/activity`` with the GPU activity report of ``operator_agent.gpu_activity``; return the body.
+
+        Args:
+            report: ``{"sessions": [...]}`` as ``contract.ACTIVITY_SCHEMA`` describes.
+
+        Raises:
+            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
+        """
+        return self.request("POST", ACTIVITY_PATH, json_body=report)
 
     def request(self, method: str, path: str, *, json_body: Any = None) -> dict:
         """Send ``method path`` with retries (see the module docstring) and return the decoded JSON body.
@@ -228,7 +243,10 @@ class ControlPlaneClient:
             else:
                 status = response.status_code
                 if 200 <= status < 300 and not _foreign_answer(response):
-                    return _json_object(response)
+                    answer = _json_object(response)
+                    if self._on_success is not None:
+                        self._on_success(path)
+                    return answer
                 body = _error_body(response)
                 explained = explain_answer(status, url, code=body.code, foreign=_foreign_answer(response),
                                            location=response.headers.get("Location") or "")

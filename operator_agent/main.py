@@ -6,7 +6,11 @@ GShareSession -> PVCs, Pod, Service, Ingress, status reports), a third the volum
 (``operator_agent.storage.run_volume_sync``: ``POST /internal/v1/storage`` every
 ``GSHARE_VOLUME_SYNC_INTERVAL`` seconds) and a fourth usage metering (``operator_agent.usage.run_usage``: a
 sample per GPU of every Running session every ``GSHARE_USAGE_INTERVAL`` seconds, kept in an on-disk queue and sent
-with ``POST /internal/v1/usage``); all stop with the same SIGTERM/SIGINT.
+with ``POST /internal/v1/usage``) and a fifth the GPU activity report (``operator_agent.gpu_activity.run_activity``:
+each Running session's activity read from HAMi's vGPU monitor on its node, ``POST /internal/v1/activity`` every
+``GSHARE_ACTIVITY_INTERVAL`` seconds); all stop with the same SIGTERM/SIGINT. The operator's own ``/metrics``
+(``operator_agent.metrics``) is served on ``GSHARE_METRICS_PORT`` (0: not served); a port that cannot be bound is
+logged and the operator runs without it.
 ``--once`` reports the inventory once and starts none of the other threads.
 
 With each inventory the loop sends the session-path checks of the previous tick (``operator_agent.session_path``:
@@ -40,6 +44,7 @@ this tick stays a thread beside it.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -54,7 +59,9 @@ import urllib3.exceptions
 from operator_agent import __version__
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
+from operator_agent.gpu_activity import run_activity
 from operator_agent.inventory import collect_inventory, snapshot_counts
+from operator_agent.metrics import OperatorMetrics, serve_metrics
 from operator_agent.session_path import SessionPathChecks
 from operator_agent.sessions import run_sessions
 from operator_agent.storage import run_volume_sync
@@ -77,6 +84,9 @@ VOLUME_SYNC_JOIN_TIMEOUT = 30.0
 
 USAGE_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the usage thread to stop (a request in flight finishes within the timeout)."""
+
+ACTIVITY_JOIN_TIMEOUT = 30.0
+"""Seconds the process waits for the activity thread to stop (a request in flight finishes within the timeout)."""
 
 
 def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig,
@@ -196,7 +206,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             name=config.token_secret_name, cluster_id=config.cluster_id, request_timeout=config.http_timeout,
         )
     tokens = TokenSource(config.token_file, secret=secret_store, cluster_id=config.cluster_id)
-    client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
+    metrics = OperatorMetrics(usage_queue_path=config.usage_queue_path)
+    client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens,
+                                on_success=metrics.report_succeeded)
     logger.info(
         "gshare operator %s for cluster %s: reporting to %s every %gs",
         __version__,
@@ -212,19 +224,32 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         # Each loop gets its own apiserver and control-plane clients (a requests.Session is not shared between
         # threads); the TokenSource is shared, so every loop sends the same, newest token.
         api = kubernetes_api_client(environ)
-        loop_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens)
+        loop_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens,
+                                         on_success=metrics.report_succeeded)
         thread = threading.Thread(target=target, args=(config, api, loop_client, stop), name=name, daemon=True)
         loops.append(_Loop(thread, api, loop_client, join_timeout, what))
         thread.start()
 
+    metrics_server = None
     try:
         if args.once:
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
+        if config.metrics_port:
+            try:
+                metrics_server, _ = serve_metrics(metrics, config.metrics_port)
+            except OSError as exc:
+                logger.error("operator /metrics not served: cannot listen on port %d (%s); set GSHARE_METRICS_PORT to a "
+                             "free port, or 0 to turn it off", config.metrics_port, exc)
+            else:
+                logger.info("operator metrics at :%d/metrics", config.metrics_port)
         start_loop("sessions", run_sessions, SESSIONS_JOIN_TIMEOUT, "session reconciler")
         start_loop("volume-sync", run_volume_sync, VOLUME_SYNC_JOIN_TIMEOUT, "volume sync")
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
                     config.volume_storage_class or "none set")
         start_loop("usage", run_usage, USAGE_JOIN_TIMEOUT, "usage metering")
+        start_loop("activity", functools.partial(run_activity, metrics=metrics), ACTIVITY_JOIN_TIMEOUT, "GPU activity")
+        logger.info("GPU activity every %gs from HAMi's vGPU monitor (pods %s, port %d)", config.activity_interval,
+                    config.hami_monitor_selector, config.hami_monitor_port)
         checks = SessionPathChecks()
         try:
             run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client), checks=checks)
@@ -241,6 +266,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             loop.api_client.close()
         client.session.close()
         api_client.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         if secret_store is not None:
             secret_store.core_v1.api_client.close()
     logger.info("operator stopped")

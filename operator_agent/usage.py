@@ -75,6 +75,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,7 @@ __all__ = [
     "observe_sessions",
     "parse_time_ms",
     "plan_samples",
+    "queue_stats",
     "run_usage",
     "sample_id",
     "split_window",
@@ -439,6 +441,34 @@ class UsageQueue:
         """Remove samples the control plane answered for."""
         with self._transaction():
             self._db.executemany("DELETE FROM samples WHERE id = ?", [(q.row,) for q in queued])
+
+
+def queue_stats(path: str, *, timeout: float = 2.0) -> tuple[int, int | None] | None:
+    """How many samples wait in the queue file at ``path`` and when the oldest of them was taken, read-only.
+
+    Opens its own read-only connection (the queue's own belongs to the usage thread), for the operator's ``/metrics``.
+
+    Args:
+        path: the queue file (``GSHARE_USAGE_QUEUE_PATH``).
+        timeout: seconds to wait for the usage thread's write lock.
+
+    Returns:
+        ``(depth, oldest_end_ms)``: the number of unsent samples and the window end (epoch ms) of the oldest one
+        (``None`` when the queue is empty); ``None`` when the file does not exist yet or cannot be read.
+    """
+    if not os.path.exists(path):
+        return None
+    try:
+        db = sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro", uri=True, timeout=timeout)
+    except sqlite3.Error:
+        return None
+    try:
+        depth, oldest = db.execute("SELECT COUNT(*), MIN(end_ms) FROM samples").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return int(depth), None if oldest is None else int(oldest)
 
 
 class _Transaction:

@@ -223,6 +223,8 @@ def operator_process(tmp_path, live_server):
             "KUBECONFIG": str(kubeconfig_path),
             # Its own usage queue: operators of tests running at once (pytest-xdist) must not share the default file.
             "GSHARE_USAGE_QUEUE_PATH": str(tmp_path / f"usage-queue-{cluster.name}.sqlite3"),
+            # No /metrics listener on all interfaces (and no port clash between operators of tests running at once).
+            "GSHARE_METRICS_PORT": "0",
             "PYTHONUNBUFFERED": "1",
             **extra,
         })

@@ -58,6 +58,7 @@ users:
             "GSHARE_TOKEN_FILE": str(token),
             "GSHARE_INVENTORY_INTERVAL": "0.5",
             "GSHARE_HTTP_TIMEOUT": "2",
+            "GSHARE_METRICS_PORT": "0",
             "PYTHONUNBUFFERED": "1",
         }
     )

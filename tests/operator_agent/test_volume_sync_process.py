@@ -84,7 +84,7 @@ def test_operator_reports_capacity_volumes_and_the_missing_nfs_client(tmp_path, 
             "KUBECONFIG": str(kubeconfig), "GSHARE_CLUSTER_ID": "clu_test", "GSHARE_CONTROL_PLANE_URL": control_plane["url"],
             "GSHARE_TOKEN_FILE": str(token), "GSHARE_INVENTORY_INTERVAL": "5", "GSHARE_VOLUME_SYNC_INTERVAL": "0.5",
             "GSHARE_VOLUME_STORAGE_CLASS": fleet.STORAGE_CLASS, "GSHARE_RECONCILE_INTERVAL": "0.5",
-            "GSHARE_HTTP_TIMEOUT": "5", "GSHARE_BACKOFF_MAX": "1", "PYTHONUNBUFFERED": "1",
+            "GSHARE_HTTP_TIMEOUT": "5", "GSHARE_BACKOFF_MAX": "1", "GSHARE_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
         })
         log = tmp_path / "operator.log"
         with open(log, "wb") as output:
