@@ -33,6 +33,7 @@ session is ``unknown`` with that reason. Scrape failures are counted in the oper
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import datetime
 import json
 import logging
@@ -219,10 +220,12 @@ def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: st
     try:
         chunks: list[bytes] = []
         size = 0
+        # read1: what has arrived (up to a chunk), so the deadline is checked between chunks of a trickling body
+        read = getattr(response, "read1", None) or response.read
         while True:
             if clock() > deadline:
                 raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s")
-            chunk = response.read(_CHUNK)
+            chunk = read(_CHUNK)
             if not chunk:
                 break
             size += len(chunk)
@@ -289,6 +292,11 @@ class ActivityReporter:
     def __init__(self, api_client: kubernetes.client.ApiClient, client: ControlPlaneClient, config: OperatorConfig, *,
                  metrics: OperatorMetrics | None = None, clock: Callable[[], float] = time.time):
         self.core = kubernetes.client.CoreV1Api(api_client)
+        # Scrapes get their own client without urllib3's default retries (3): a read timeout retried would scrape the
+        # node again and take four times GSHARE_HAMI_MONITOR_TIMEOUT; one scrape per node and tick, the next tick retries.
+        scrape_configuration = copy.copy(api_client.configuration)
+        scrape_configuration.retries = False
+        self.scrape_core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(scrape_configuration))
         self.client = client
         self.config = config
         self.metrics = metrics
@@ -370,7 +378,7 @@ class ActivityReporter:
     def _scrape_one(self, node: str, namespace: str, pod: str) -> tuple[tuple[MonitorReadings, str] | ScrapeError, float]:
         started = time.monotonic()
         try:
-            body = scrape_monitor(self.core, namespace, pod, port=self.config.hami_monitor_port,
+            body = scrape_monitor(self.scrape_core, namespace, pod, port=self.config.hami_monitor_port,
                                   timeout=self.config.hami_monitor_timeout)
             sampled_at = _rfc3339(self._clock())
             outcome: tuple[MonitorReadings, str] | ScrapeError = (parse_monitor(body), sampled_at)
@@ -390,6 +398,10 @@ class ActivityReporter:
             elif failure is None and before is not None:
                 logger.info("GPU activity on node %s read again from its HAMi vGPU monitor", node)
                 del self._problems[node]
+
+    def close(self) -> None:
+        """Close the scraping client's connections."""
+        self.scrape_core.api_client.close()
 
     def tick(self) -> bool:
         """Collect and send this tick's report; ``True`` when it was sent (or there was nothing to send)."""
@@ -425,12 +437,15 @@ def run_activity(config: OperatorConfig, api_client: kubernetes.client.ApiClient
         metrics: the operator's metrics, or ``None``.
     """
     reporter = ActivityReporter(api_client, client, config, metrics=metrics)
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            reporter.tick()
-        except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
-            logger.exception("activity tick failed unexpectedly")
-        remaining = config.activity_interval - (time.monotonic() - started)
-        if remaining > 0:
-            stop.wait(remaining)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                reporter.tick()
+            except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
+                logger.exception("activity tick failed unexpectedly")
+            remaining = config.activity_interval - (time.monotonic() - started)
+            if remaining > 0:
+                stop.wait(remaining)
+    finally:
+        reporter.close()

@@ -24,6 +24,7 @@ STATUS = validator(contract.STATUS_SCHEMA)
 STORAGE_REPORT = validator(contract.STORAGE_REPORT_SCHEMA)
 USAGE = validator(contract.USAGE_SCHEMA)
 USAGE_SAMPLE = validator(contract.USAGE_SAMPLE_SCHEMA)
+ACTIVITY = validator(contract.ACTIVITY_SCHEMA)
 
 
 def problems(checker: Draft202012Validator, body) -> list[str]:

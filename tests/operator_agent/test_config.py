@@ -140,3 +140,26 @@ def test_volume_sync_settings():
 def test_bad_volume_sync_settings_name_the_variable(name, value):
     with pytest.raises(ConfigError, match=name):
         OperatorConfig.from_environ({**REQUIRED, name: value})
+
+
+def test_activity_and_metrics_settings():
+    defaults = OperatorConfig.from_environ(REQUIRED)
+    assert (defaults.activity_interval, defaults.hami_monitor_selector, defaults.hami_monitor_port,
+            defaults.hami_monitor_timeout, defaults.metrics_port) == (
+        30.0, "app.kubernetes.io/component=hami-device-plugin", 9394, 5.0, 8080)
+    config = OperatorConfig.from_environ({
+        **REQUIRED, "GSHARE_ACTIVITY_INTERVAL": "10", "GSHARE_HAMI_MONITOR_SELECTOR": "app=hami-device-plugin,tier!=x",
+        "GSHARE_HAMI_MONITOR_PORT": "19394", "GSHARE_HAMI_MONITOR_TIMEOUT": "2.5", "GSHARE_METRICS_PORT": "0"})
+    assert (config.activity_interval, config.hami_monitor_selector, config.hami_monitor_port,
+            config.hami_monitor_timeout, config.metrics_port) == (10.0, "app=hami-device-plugin,tier!=x", 19394, 2.5, 0)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("GSHARE_ACTIVITY_INTERVAL", "0"), ("GSHARE_HAMI_MONITOR_TIMEOUT", "-3"),
+    ("GSHARE_HAMI_MONITOR_PORT", "0"), ("GSHARE_HAMI_MONITOR_PORT", "65536"), ("GSHARE_HAMI_MONITOR_PORT", "http"),
+    ("GSHARE_METRICS_PORT", "-1"), ("GSHARE_METRICS_PORT", "8080.5"),
+    ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami\nx"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami;rm"),
+])
+def test_bad_activity_and_metrics_settings_name_the_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        OperatorConfig.from_environ({**REQUIRED, name: value})
