@@ -36,6 +36,8 @@ are a small frozen dataclass built from ``os.environ``:
 * ``GSHARE_HAMI_MONITOR_SELECTOR``: label selector of HAMi's device-plugin pods (in any namespace), whose
   ``vGPUmonitor`` container serves the monitor; default ``app.kubernetes.io/component=hami-device-plugin``
   (``contract.HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT``).
+* ``GSHARE_HAMI_MONITOR_NAMESPACE``: the namespace of those pods (HAMi's release namespace, ``kube-system`` in HAMi's
+  install guide); empty: they are looked for in every namespace (which needs ``list`` on pods cluster-wide).
 * ``GSHARE_HAMI_MONITOR_PORT``: the monitor's container port, reached through the apiserver's pod proxy; default
   ``9394`` (``contract.HAMI_MONITOR_PORT_DEFAULT``).
 * ``GSHARE_HAMI_MONITOR_TIMEOUT``: seconds one monitor scrape may take as a whole (connect, answer, body); default
@@ -113,6 +115,7 @@ class OperatorConfig:
         usage_queue_max: most unsent samples kept (>= 1); the oldest are dropped beyond it.
         activity_interval: seconds between GPU activity reports (> 0).
         hami_monitor_selector: label selector of HAMi's device-plugin pods.
+        hami_monitor_namespace: namespace of those pods, or None for every namespace.
         hami_monitor_port: container port of HAMi's vGPU monitor (1-65535).
         hami_monitor_timeout: seconds one monitor scrape may take as a whole (> 0).
         metrics_port: port of the operator's ``/metrics``, 0 = not served.
@@ -136,6 +139,7 @@ class OperatorConfig:
     usage_queue_max: int = DEFAULT_USAGE_QUEUE_MAX
     activity_interval: float = 30.0
     hami_monitor_selector: str = HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT
+    hami_monitor_namespace: str | None = None
     hami_monitor_port: int = HAMI_MONITOR_PORT_DEFAULT
     hami_monitor_timeout: float = 5.0
     metrics_port: int = 8080
@@ -173,6 +177,10 @@ class OperatorConfig:
             raise ConfigError(
                 f"GSHARE_TOKEN_SECRET_NAME must be a Kubernetes object name (DNS-1123 subdomain), got {token_secret_name!r}"
             )
+        hami_monitor_namespace = (environ.get("GSHARE_HAMI_MONITOR_NAMESPACE") or "").strip() or None
+        if hami_monitor_namespace is not None and not _DNS1123_LABEL.match(hami_monitor_namespace):
+            raise ConfigError("GSHARE_HAMI_MONITOR_NAMESPACE must be a Kubernetes namespace name (DNS-1123 label), "
+                              f"got {hami_monitor_namespace!r}")
         volume_storage_class = (environ.get("GSHARE_VOLUME_STORAGE_CLASS") or "").strip() or None
         if volume_storage_class is not None and not _DNS1123_SUBDOMAIN.match(volume_storage_class):
             raise ConfigError(
@@ -198,6 +206,7 @@ class OperatorConfig:
             usage_queue_max=_positive_int(environ, "GSHARE_USAGE_QUEUE_MAX", DEFAULT_USAGE_QUEUE_MAX),
             activity_interval=_seconds(environ, "GSHARE_ACTIVITY_INTERVAL", 30.0),
             hami_monitor_selector=_selector(environ, "GSHARE_HAMI_MONITOR_SELECTOR", HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT),
+            hami_monitor_namespace=hami_monitor_namespace,
             hami_monitor_port=_port(environ, "GSHARE_HAMI_MONITOR_PORT", HAMI_MONITOR_PORT_DEFAULT, allow_zero=False),
             hami_monitor_timeout=_seconds(environ, "GSHARE_HAMI_MONITOR_TIMEOUT", 5.0),
             metrics_port=_port(environ, "GSHARE_METRICS_PORT", 8080, allow_zero=True),

@@ -5,9 +5,10 @@ Every ``GSHARE_ACTIVITY_INTERVAL`` seconds (default 30) the activity thread (``r
 1. **Sessions.** It lists the session Pods of the session namespace (label ``gshare.io/session-id``) and keeps those in
    phase ``Running`` and not being deleted: each gives the session id (the label), its node (``spec.nodeName``) and
    its GPUs (HAMi's ``hami.io/vgpu-devices-allocated`` annotation, as the status reports and usage read it).
-2. **Monitors.** It lists HAMi's device-plugin pods in every namespace (label selector ``GSHARE_HAMI_MONITOR_SELECTOR``,
-   default ``app.kubernetes.io/component=hami-device-plugin``), keeps the Running ones and picks one per node (a ready
-   one first, then the newest: during a rolling update two may run).
+2. **Monitors.** It lists HAMi's device-plugin pods (label selector ``GSHARE_HAMI_MONITOR_SELECTOR``, default
+   ``app.kubernetes.io/component=hami-device-plugin``) in ``GSHARE_HAMI_MONITOR_NAMESPACE``, or in every namespace
+   when that is empty (the chart names HAMi's namespace, so the operator needs no cluster-wide pod access), keeps the
+   Running ones and picks one per node (a ready one first, then the newest: during a rolling update two may run).
 3. **Scrape.** For each node that runs a session, once per tick, it reads the monitor through the apiserver's pod
    proxy: ``GET /api/v1/namespaces/<ns>/pods/<pod>:<GSHARE_HAMI_MONITOR_PORT>/proxy/metrics``
    (``CoreV1Api.connect_get_namespaced_pod_proxy_with_path``). The proxy, not the pod IP, because the operator then
@@ -321,10 +322,16 @@ class ActivityReporter:
             return []
         now = _rfc3339(self._clock())
         try:
-            monitors = self.core.list_pod_for_all_namespaces(label_selector=self.config.hami_monitor_selector, **timeout)
+            if self.config.hami_monitor_namespace:
+                monitors = self.core.list_namespaced_pod(self.config.hami_monitor_namespace,
+                                                         label_selector=self.config.hami_monitor_selector, **timeout)
+            else:
+                monitors = self.core.list_pod_for_all_namespaces(label_selector=self.config.hami_monitor_selector,
+                                                                 **timeout)
         except kubernetes.client.exceptions.ApiException as exc:
-            why = (f"cannot list HAMi's device-plugin pods ({self.config.hami_monitor_selector}): the apiserver answered "
-                   f"{exc.status} {exc.reason}")
+            where = f"namespace {self.config.hami_monitor_namespace}" if self.config.hami_monitor_namespace else "any namespace"
+            why = (f"cannot list HAMi's device-plugin pods ({self.config.hami_monitor_selector}, {where}): the apiserver "
+                   f"answered {exc.status} {exc.reason}: {_api_message(exc)}")
             logger.warning("activity of %d sessions unknown: %s", len(targets), why)
             return activity_entries(targets, {}, {t.node: why for t in targets}, now=now)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -343,7 +350,9 @@ class ActivityReporter:
         for node in nodes:
             if node not in by_node:
                 failures[node] = ScrapeError("no_monitor_pod", (
-                    f"no Running HAMi device-plugin pod ({self.config.hami_monitor_selector}) on node {node}"))
+                    f"no Running HAMi device-plugin pod ({self.config.hami_monitor_selector}"
+                    f"{' in namespace ' + self.config.hami_monitor_namespace if self.config.hami_monitor_namespace else ''})"
+                    f" on node {node}"))
         wanted = [node for node in nodes if node in by_node]
         timeout = self.config.hami_monitor_timeout
         if wanted:

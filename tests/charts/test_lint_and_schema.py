@@ -34,6 +34,8 @@ RENDERINGS = {
         "tokenSecretName": "my-operator-token", "volumeStorageClass": "gshare-nfs", "createSessionNamespace": False,
         "sessionNamespace": "gpu-sessions", "image": {"repository": "registry.example.com/gshare/gshare", "tag": "9.9.9"},
     })), OPERATOR_NAMESPACE),
+    "operator-hami-cluster-wide": (lambda: render_operator(merged(OPERATOR_VALUES, {
+        "hamiMonitor": {"namespace": ""}, "metrics": {"port": 0}})), OPERATOR_NAMESPACE),
 }
 
 
@@ -78,7 +80,8 @@ def test_operator_crds_are_valid(kube_version):
 
 @pytest.mark.parametrize("rendering", RENDERINGS, ids=str)
 def test_objects_are_namespaced_in_the_release_namespace_or_cluster_scoped(rendering):
-    """Everything lives in the release namespace, except the operator's session-namespace Role and RoleBinding."""
+    """Everything lives in the release namespace, except the operator's Roles and RoleBindings in the session namespace
+    and in HAMi's."""
     objects = rendered(rendering)
     release_namespace = RENDERINGS[rendering][1]
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
@@ -86,7 +89,7 @@ def test_objects_are_namespaced_in_the_release_namespace_or_cluster_scoped(rende
         where = f"{obj['kind']} {obj['metadata']['name']}"
         if obj["kind"] in cluster_scoped:
             assert "namespace" not in obj["metadata"], where
-        elif obj["metadata"]["name"] == "gshare-operator-sessions":
+        elif obj["metadata"]["name"] in ("gshare-operator-sessions", "gshare-operator-hami-monitor"):
             assert obj["metadata"]["namespace"] not in (release_namespace, None), where
         else:
             assert obj["metadata"]["namespace"] == release_namespace, where

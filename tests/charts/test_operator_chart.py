@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from operator_agent.contract import DEFAULT_TOKEN_FILE, OPERATOR_TOKEN_SECRET_KEY, OPERATOR_TOKEN_SECRET_NAME
+from operator_agent.config import OperatorConfig
+from operator_agent.contract import (
+    DEFAULT_TOKEN_FILE,
+    HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT,
+    HAMI_MONITOR_PORT_DEFAULT,
+    OPERATOR_TOKEN_SECRET_KEY,
+    OPERATOR_TOKEN_SECRET_NAME,
+)
 from tests.charts.rendering import (
     OPERATOR_CHART,
     OPERATOR_NAMESPACE,
@@ -160,3 +167,71 @@ def test_volume_sync_interval_is_passed_to_the_operator():
     defaults = chart_defaults(OPERATOR_CHART)
     assert defaults["volumeSyncIntervalSeconds"] == 60
     assert env_of(operator_container(render_operator()))["GSHARE_VOLUME_SYNC_INTERVAL"]["value"] == "60"
+
+
+def test_activity_settings_reach_the_operator():
+    defaults = chart_defaults(OPERATOR_CHART)
+    env = env_of(operator_container(render_operator()))
+    assert {name: env[name]["value"] for name in (
+        "GSHARE_ACTIVITY_INTERVAL", "GSHARE_HAMI_MONITOR_NAMESPACE", "GSHARE_HAMI_MONITOR_SELECTOR",
+        "GSHARE_HAMI_MONITOR_PORT", "GSHARE_HAMI_MONITOR_TIMEOUT", "GSHARE_METRICS_PORT")} == {
+        "GSHARE_ACTIVITY_INTERVAL": str(defaults["activityIntervalSeconds"]),
+        "GSHARE_HAMI_MONITOR_NAMESPACE": defaults["hamiMonitor"]["namespace"],
+        "GSHARE_HAMI_MONITOR_SELECTOR": defaults["hamiMonitor"]["selector"],
+        "GSHARE_HAMI_MONITOR_PORT": str(defaults["hamiMonitor"]["port"]),
+        "GSHARE_HAMI_MONITOR_TIMEOUT": str(defaults["hamiMonitor"]["timeoutSeconds"]),
+        "GSHARE_METRICS_PORT": str(defaults["metrics"]["port"]),
+    }
+    # the chart's defaults are the operator's own
+    assert OperatorConfig.from_environ({
+        "GSHARE_CLUSTER_ID": "clu_x", "GSHARE_CONTROL_PLANE_URL": "https://cp.example.com",
+        **{name: value["value"] for name, value in env.items() if "value" in value and name.startswith("GSHARE_")},
+    }).hami_monitor_port == HAMI_MONITOR_PORT_DEFAULT
+    assert defaults["hamiMonitor"]["selector"] == HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT
+
+
+def test_the_metrics_port_is_declared_and_zero_turns_it_off():
+    container = operator_container(render_operator())
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    off = operator_container(render_operator(merged(OPERATOR_VALUES, {"metrics": {"port": 0}})))
+    assert "ports" not in off and env_of(off)["GSHARE_METRICS_PORT"]["value"] == "0"
+
+
+def test_the_hami_monitor_is_read_with_a_role_in_hamis_namespace_only():
+    objects = render_operator(merged(OPERATOR_VALUES, {"hamiMonitor": {"namespace": "hami-system"}}))
+    role = one(objects, "Role", "gshare-operator-hami-monitor")
+    assert role["metadata"]["namespace"] == "hami-system"
+    assert grants(role["rules"], "", "pods") == {"list"} and grants(role["rules"], "", "pods/proxy") == {"get"}
+    binding = one(objects, "RoleBinding", "gshare-operator-hami-monitor")
+    assert binding["metadata"]["namespace"] == "hami-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gshare-operator", "namespace": OPERATOR_NAMESPACE}]
+    cluster = rules_of(objects, "ClusterRole", "gshare-operator")
+    assert grants(cluster, "", "pods") == set() and grants(cluster, "", "pods/proxy") == set()
+    sessions = rules_of(objects, "Role", "gshare-operator-sessions")
+    assert grants(sessions, "", "pods/proxy") == set()
+
+
+def test_an_empty_hami_namespace_grants_the_monitor_reads_cluster_wide():
+    objects = render_operator(merged(OPERATOR_VALUES, {"hamiMonitor": {"namespace": ""}}))
+    cluster = rules_of(objects, "ClusterRole", "gshare-operator")
+    assert grants(cluster, "", "pods") == {"list"} and grants(cluster, "", "pods/proxy") == {"get"}
+    assert [r for r in of_kind(objects, "Role") if r["metadata"]["name"] == "gshare-operator-hami-monitor"] == []
+
+
+def test_the_pod_monitor_is_off_by_default_and_scrapes_the_metrics_port():
+    assert of_kind(render_operator(), "PodMonitor") == []
+    objects = render_operator(merged(OPERATOR_VALUES, {"metrics": {"podMonitor": {
+        "enabled": True, "labels": {"release": "kube-prometheus-stack"}}}}))
+    monitor = one(objects, "PodMonitor", "gshare-operator")
+    assert monitor["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    pod_labels = one(objects, "Deployment", "gshare-operator")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_a_pod_monitor_without_a_metrics_port_fails():
+    message = expect_render_error(render_operator, merged(OPERATOR_VALUES, {
+        "metrics": {"port": 0, "podMonitor": {"enabled": True}}}))
+    assert "metrics.podMonitor.enabled needs metrics.port" in message

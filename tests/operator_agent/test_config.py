@@ -149,16 +149,17 @@ def test_activity_and_metrics_settings():
         30.0, "app.kubernetes.io/component=hami-device-plugin", 9394, 5.0, 8080)
     config = OperatorConfig.from_environ({
         **REQUIRED, "GSHARE_ACTIVITY_INTERVAL": "10", "GSHARE_HAMI_MONITOR_SELECTOR": "app=hami-device-plugin,tier!=x",
-        "GSHARE_HAMI_MONITOR_PORT": "19394", "GSHARE_HAMI_MONITOR_TIMEOUT": "2.5", "GSHARE_METRICS_PORT": "0"})
+        "GSHARE_HAMI_MONITOR_PORT": "19394", "GSHARE_HAMI_MONITOR_NAMESPACE": "kube-system", "GSHARE_HAMI_MONITOR_TIMEOUT": "2.5", "GSHARE_METRICS_PORT": "0"})
     assert (config.activity_interval, config.hami_monitor_selector, config.hami_monitor_port,
             config.hami_monitor_timeout, config.metrics_port) == (10.0, "app=hami-device-plugin,tier!=x", 19394, 2.5, 0)
+    assert (defaults.hami_monitor_namespace, config.hami_monitor_namespace) == (None, "kube-system")
 
 
 @pytest.mark.parametrize(("name", "value"), [
     ("GSHARE_ACTIVITY_INTERVAL", "0"), ("GSHARE_HAMI_MONITOR_TIMEOUT", "-3"),
     ("GSHARE_HAMI_MONITOR_PORT", "0"), ("GSHARE_HAMI_MONITOR_PORT", "65536"), ("GSHARE_HAMI_MONITOR_PORT", "http"),
     ("GSHARE_METRICS_PORT", "-1"), ("GSHARE_METRICS_PORT", "8080.5"),
-    ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami\nx"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami;rm"),
+    ("GSHARE_HAMI_MONITOR_NAMESPACE", "Kube_System"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami\nx"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami;rm"),
 ])
 def test_bad_activity_and_metrics_settings_name_the_variable(name, value):
     with pytest.raises(ConfigError, match=name):

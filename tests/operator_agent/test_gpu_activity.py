@@ -86,7 +86,7 @@ class FakeApiserver:
                     assert query.get("labelSelector") == [SESSION_ID_LABEL]
                     return self.json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
                                            "items": fake.session_pods})
-                if path == "/api/v1/pods":
+                if path in ("/api/v1/pods", f"/api/v1/namespaces/{HAMI_NS}/pods"):
                     if fake.monitor_list_status:
                         return self.json(fake.monitor_list_status, {
                             "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
@@ -320,6 +320,17 @@ def test_monitor_pods_that_cannot_be_listed_make_every_session_unknown(cluster):
     for entry in valid(body)["sessions"]:
         assert entry["state"] == "unknown" and entry["gpus"] == []
         assert "cannot list HAMi's device-plugin pods" in entry["reason"] and "403" in entry["reason"]
+
+
+def test_monitor_pods_are_looked_for_in_hamis_namespace_when_it_is_named(cluster):
+    fake, stub, reporter, _ = cluster
+    reporter.config = OperatorConfig(**{**vars(reporter.config), "hami_monitor_namespace": HAMI_NS})
+    fake.session_pods = [session_pod("ses_a", "node-a", (GPU_A,))]
+    fake.monitor_pods = [monitor_pod("node-a")]
+    fake.proxy = {"hami-device-plugin-node-a": text(exposition([], host_uuids=(GPU_A,)))}
+    assert reporter.tick() is True
+    assert valid(stub.bodies[0])["sessions"][0]["state"] == "ok"
+    assert f"/api/v1/namespaces/{HAMI_NS}/pods" in fake.requests and "/api/v1/pods" not in fake.requests
 
 
 def test_a_trickling_monitor_is_cut_off_at_the_deadline(cluster):
