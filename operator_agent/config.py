@@ -43,7 +43,8 @@ are a small frozen dataclass built from ``os.environ``:
 * ``GSHARE_HAMI_MONITOR_TIMEOUT``: seconds one monitor scrape may take as a whole (connect, answer, body); default
   ``5``. A node whose monitor does not answer in time is reported ``unknown`` for that tick.
 * ``GSHARE_METRICS_PORT``: port of the operator's own ``/metrics`` (Prometheus text, ``operator_agent.metrics``) on
-  all interfaces; default ``8080``; ``0`` turns it off.
+  ``GSHARE_METRICS_ADDRESS`` (an IP address, default ``0.0.0.0``: all interfaces, as a Prometheus in the cluster
+  scrapes the pod IP); default ``8080``; ``0`` turns it off.
 
 Kubernetes access (``kubernetes_api_client``): in-cluster service-account config when
 ``KUBERNETES_SERVICE_HOST`` is set (the operator runs as a pod), otherwise the kubeconfig
@@ -52,6 +53,7 @@ named by ``KUBECONFIG`` (``~/.kube/config`` when unset), as ``kubectl`` does.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -119,6 +121,7 @@ class OperatorConfig:
         hami_monitor_port: container port of HAMi's vGPU monitor (1-65535).
         hami_monitor_timeout: seconds one monitor scrape may take as a whole (> 0).
         metrics_port: port of the operator's ``/metrics``, 0 = not served.
+        metrics_address: IP address the ``/metrics`` server binds.
     """
 
     cluster_id: str
@@ -143,6 +146,7 @@ class OperatorConfig:
     hami_monitor_port: int = HAMI_MONITOR_PORT_DEFAULT
     hami_monitor_timeout: float = 5.0
     metrics_port: int = 8080
+    metrics_address: str = "0.0.0.0"
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -181,6 +185,12 @@ class OperatorConfig:
         if hami_monitor_namespace is not None and not _DNS1123_LABEL.match(hami_monitor_namespace):
             raise ConfigError("GSHARE_HAMI_MONITOR_NAMESPACE must be a Kubernetes namespace name (DNS-1123 label), "
                               f"got {hami_monitor_namespace!r}")
+        metrics_address = (environ.get("GSHARE_METRICS_ADDRESS") or "").strip() or "0.0.0.0"
+        try:
+            ipaddress.ip_address(metrics_address)
+        except ValueError:
+            raise ConfigError(f"GSHARE_METRICS_ADDRESS must be an IP address such as 0.0.0.0 or 127.0.0.1, "
+                              f"got {metrics_address[:100]!r}") from None
         volume_storage_class = (environ.get("GSHARE_VOLUME_STORAGE_CLASS") or "").strip() or None
         if volume_storage_class is not None and not _DNS1123_SUBDOMAIN.match(volume_storage_class):
             raise ConfigError(
@@ -210,6 +220,7 @@ class OperatorConfig:
             hami_monitor_port=_port(environ, "GSHARE_HAMI_MONITOR_PORT", HAMI_MONITOR_PORT_DEFAULT, allow_zero=False),
             hami_monitor_timeout=_seconds(environ, "GSHARE_HAMI_MONITOR_TIMEOUT", 5.0),
             metrics_port=_port(environ, "GSHARE_METRICS_PORT", 8080, allow_zero=True),
+            metrics_address=metrics_address,
         )
 
     @property

@@ -236,12 +236,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             return EXIT_OK if report_inventory(core_v1, client, config) else EXIT_TICK_FAILED
         if config.metrics_port:
             try:
-                metrics_server, _ = serve_metrics(metrics, config.metrics_port)
+                metrics_server, _ = serve_metrics(metrics, config.metrics_port, addr=config.metrics_address)
             except OSError as exc:
-                logger.error("operator /metrics not served: cannot listen on port %d (%s); set GSHARE_METRICS_PORT to a "
-                             "free port, or 0 to turn it off", config.metrics_port, exc)
+                logger.error("operator /metrics not served: cannot listen on %s port %d (%s); set GSHARE_METRICS_PORT to "
+                             "a free port, or 0 to turn it off", config.metrics_address, config.metrics_port, exc)
             else:
-                logger.info("operator metrics at :%d/metrics", config.metrics_port)
+                logger.info("operator metrics at http://%s:%d/metrics", config.metrics_address, config.metrics_port)
         start_loop("sessions", run_sessions, SESSIONS_JOIN_TIMEOUT, "session reconciler")
         start_loop("volume-sync", run_volume_sync, VOLUME_SYNC_JOIN_TIMEOUT, "volume sync")
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,

@@ -153,12 +153,14 @@ def test_activity_and_metrics_settings():
     assert (config.activity_interval, config.hami_monitor_selector, config.hami_monitor_port,
             config.hami_monitor_timeout, config.metrics_port) == (10.0, "app=hami-device-plugin,tier!=x", 19394, 2.5, 0)
     assert (defaults.hami_monitor_namespace, config.hami_monitor_namespace) == (None, "kube-system")
+    assert defaults.metrics_address == "0.0.0.0"
+    assert OperatorConfig.from_environ({**REQUIRED, "GSHARE_METRICS_ADDRESS": "127.0.0.1"}).metrics_address == "127.0.0.1"
 
 
 @pytest.mark.parametrize(("name", "value"), [
     ("GSHARE_ACTIVITY_INTERVAL", "0"), ("GSHARE_HAMI_MONITOR_TIMEOUT", "-3"),
     ("GSHARE_HAMI_MONITOR_PORT", "0"), ("GSHARE_HAMI_MONITOR_PORT", "65536"), ("GSHARE_HAMI_MONITOR_PORT", "http"),
-    ("GSHARE_METRICS_PORT", "-1"), ("GSHARE_METRICS_PORT", "8080.5"),
+    ("GSHARE_METRICS_ADDRESS", "localhost"), ("GSHARE_METRICS_PORT", "-1"), ("GSHARE_METRICS_PORT", "8080.5"),
     ("GSHARE_HAMI_MONITOR_NAMESPACE", "Kube_System"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami\nx"), ("GSHARE_HAMI_MONITOR_SELECTOR", "app=hami;rm"),
 ])
 def test_bad_activity_and_metrics_settings_name_the_variable(name, value):

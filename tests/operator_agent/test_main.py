@@ -156,3 +156,45 @@ def test_signal_stops_the_loop_with_exit_0(tmp_path, signum):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_process_serves_its_metrics_and_runs_the_activity_loop(tmp_path):
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = closed_port()
+    process, lines = start(operator_env(tmp_path, GSHARE_METRICS_PORT=str(port), GSHARE_METRICS_ADDRESS="127.0.0.1"))
+    try:
+        seen = "".join(wait_for_line(lines, f"operator metrics at http://127.0.0.1:{port}/metrics"))
+        seen += "".join(wait_for_line(lines, "activity not reported: cannot reach the apiserver"))
+        assert "GPU activity every 30s from HAMi's vGPU monitor" in seen
+        answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert answer.status_code == 200
+        samples = [s for family in text_string_to_metric_families(answer.text) for s in family.samples]
+        ages = {s.labels["report"]: s.value for s in samples if s.name == "gshare_operator_report_age_seconds"}
+        assert set(ages) == {"inventory", "status", "storage", "usage", "activity"}  # nothing got through: since start
+        assert all(0 <= age < 120 for age in ages.values())
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in drain(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_busy_metrics_port_is_logged_and_the_operator_runs_on(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process, lines = start(operator_env(tmp_path, GSHARE_METRICS_PORT=str(port), GSHARE_METRICS_ADDRESS="127.0.0.1"))
+        try:
+            wait_for_line(lines, "operator /metrics not served: cannot listen on 127.0.0.1 port")
+            wait_for_line(lines, "cannot reach the apiserver")  # the loops run on
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
