@@ -23,7 +23,10 @@ Every ``GSHARE_ACTIVITY_INTERVAL`` seconds (default 30) the activity thread (``r
    of the session's pod gets every value ``null``: it never initialised CUDA there); ``unknown`` with the reason and no
    GPUs otherwise (no monitor pod on the node, the proxy's or the monitor's error status, a timeout, an unreachable
    apiserver, an unparseable answer). A missing reading is never reported as zero. Entries go out in calls of at most
-   ``ACTIVITY_MAX_SESSIONS`` through ``ControlPlaneClient.post_activity`` (its retries and token handling).
+   ``ACTIVITY_MAX_SESSIONS`` through ``ControlPlaneClient.post_activity`` (its retries and token handling). A report
+   refused with 403 ``forbidden_cluster_scope`` (it names a session the control plane does not know as this
+   cluster's) is sent again in halves until the refused sessions are found; those are logged and left out while
+   their Pods exist.
 
 A failed report is not queued: the next tick sends fresh readings, and an old reading of activity is worth little. When
 the session Pods cannot be listed nothing is sent that tick; when the monitor pods cannot be listed (RBAC) every
@@ -53,10 +56,16 @@ from operator_agent.contract import (
     ACTIVITY_MAX_SESSIONS,
     ACTIVITY_STATE_OK,
     ACTIVITY_STATE_UNKNOWN,
+    FORBIDDEN_CLUSTER_SCOPE,
     PHASE_RUNNING,
     SESSION_ID_LABEL,
 )
-from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
+from operator_agent.control_plane import (
+    ControlPlaneClient,
+    ControlPlaneError,
+    ControlPlaneRejected,
+    ControlPlaneUnavailable,
+)
 from operator_agent.hami import HamiDecodeError
 from operator_agent.hami_monitor import MAX_EXPOSITION_BYTES, GpuReading, MonitorParseError, MonitorReadings, parse_monitor
 from operator_agent.hami_pods import allocated_device_uuids
@@ -303,6 +312,7 @@ class ActivityReporter:
         self.metrics = metrics
         self._clock = clock
         self._problems: dict[str, str] = {}  # node -> the last problem logged
+        self._refused: set[str] = set()  # sessions the control plane refused as not this cluster's
 
     def collect(self) -> list[dict[str, Any]] | None:
         """The session entries of this tick, or ``None`` when the session Pods cannot be listed."""
@@ -417,20 +427,45 @@ class ActivityReporter:
         entries = self.collect()
         if entries is None:
             return False
+        present = {entry["session"] for entry in entries}
+        self._refused &= present  # a refused session whose Pod is gone is forgotten
+        entries = [entry for entry in entries if entry["session"] not in self._refused]
         if not entries:
             return True
+        sent = True
         for start in range(0, len(entries), ACTIVITY_MAX_SESSIONS):
-            batch = entries[start:start + ACTIVITY_MAX_SESSIONS]
-            try:
-                answer = self.client.post_activity({"sessions": batch})
-            except ControlPlaneUnavailable as exc:
-                logger.warning("activity not reported (%d sessions): %s", len(batch), exc)
-                return False
-            except ControlPlaneError:  # 401/403/4xx and token problems were logged by the client
-                return False
-            known = sum(1 for entry in batch if entry["state"] == ACTIVITY_STATE_OK)
-            logger.debug("activity reported: %d sessions (%d read, %d unknown), %s accepted", len(batch), known,
-                         len(batch) - known, answer.get("accepted"))
+            sent = self._send(entries[start:start + ACTIVITY_MAX_SESSIONS]) and sent
+        return sent
+
+    def _send(self, batch: list[dict[str, Any]]) -> bool:
+        """POST ``batch``; on 403 ``forbidden_cluster_scope`` send its halves, down to the sessions refused alone.
+
+        The control plane refuses a whole report naming one session it does not know as this cluster's (a stray Pod
+        with the session label, a session it has forgotten); halving finds those few in O(k log n) calls, and they are
+        left out of the next reports while their Pods exist, so one of them cannot hide every other session's activity.
+        """
+        try:
+            answer = self.client.post_activity({"sessions": batch})
+        except ControlPlaneRejected as exc:
+            if exc.status != 403 or exc.code != FORBIDDEN_CLUSTER_SCOPE:
+                return False  # logged by the client; the next tick sends fresh readings
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                first = self._send(batch[:middle])
+                return self._send(batch[middle:]) and first
+            session = batch[0]["session"]
+            self._refused.add(session)
+            logger.error("activity of session %s left out of the reports: the control plane says it is not this "
+                         "cluster's (403 %s: %s)", session, exc.code, exc.detail)
+            return True
+        except ControlPlaneUnavailable as exc:
+            logger.warning("activity not reported (%d sessions): %s", len(batch), exc)
+            return False
+        except ControlPlaneError:  # 401 and token problems were logged by the client
+            return False
+        known = sum(1 for entry in batch if entry["state"] == ACTIVITY_STATE_OK)
+        logger.debug("activity reported: %d sessions (%d read, %d unknown), %s accepted", len(batch), known,
+                     len(batch) - known, answer.get("accepted"))
         return True
 
 

@@ -159,9 +159,13 @@ def trickle(interval: float, count: int) -> Callable[[BaseHTTPRequestHandler], N
 
 
 class StubControlPlane:
+    """Takes activity reports; ``status`` answers every one, ``foreign`` sessions make a report 403 (as the control
+    plane refuses a report naming a session it does not know as this cluster's)."""
+
     def __init__(self):
         self.bodies: list[dict] = []
         self.status = 200
+        self.foreign: set[str] = set()
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         stub = self
@@ -171,10 +175,13 @@ class StubControlPlane:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 assert self.path == ACTIVITY_PATH
                 stub.bodies.append(body)
-                answer = ({"server_time": "2026-12-01T10:00:00Z", "accepted": len(body["sessions"])}
-                          if stub.status == 200 else {"code": "forbidden_cluster_scope", "detail": "not yours"})
+                status = stub.status
+                if stub.foreign & {entry["session"] for entry in body["sessions"]}:
+                    status = 403
+                answer = ({"server_time": "2026-12-01T10:00:00Z", "accepted": len(body["sessions"]), "ignored": 0}
+                          if status == 200 else {"code": "forbidden_cluster_scope", "detail": "not this cluster's"})
                 payload = json.dumps(answer).encode()
-                self.send_response(stub.status)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -350,10 +357,28 @@ def test_a_refused_report_is_not_an_error_of_the_loop(cluster):
     fake.session_pods = [session_pod("ses_a", "node-a", (GPU_A,))]
     fake.monitor_pods = [monitor_pod("node-a")]
     fake.proxy = {"hami-device-plugin-node-a": text(exposition([], host_uuids=(GPU_A,)))}
-    stub.status = 403
+    stub.status = 401
     assert reporter.tick() is False
     assert len(stub.bodies) == 1
     assert metrics.report_ages()["activity"] == pytest.approx(metrics.report_ages()["inventory"], abs=1)  # never ok
+
+
+def test_a_session_refused_as_foreign_is_found_by_halving_and_left_out(cluster, caplog):
+    fake, stub, reporter, _ = cluster
+    fake.session_pods = [session_pod(f"ses_{i:02d}", "node-a", (GPU_A,)) for i in range(8)]
+    fake.monitor_pods = [monitor_pod("node-a")]
+    fake.proxy = {"hami-device-plugin-node-a": text(exposition([], host_uuids=(GPU_A,)))}
+    stub.foreign = {"ses_05"}
+    assert reporter.tick() is True
+    delivered = {e["session"] for body in stub.bodies for e in body["sessions"]
+                 if "ses_05" not in {x["session"] for x in body["sessions"]}}
+    assert delivered == {f"ses_{i:02d}" for i in range(8)} - {"ses_05"}
+    assert len(stub.bodies) <= 1 + 2 * 3  # halving: at most two calls per level of 8 -> 1
+    assert "activity of session ses_05 left out of the reports" in caplog.text
+    stub.bodies.clear()
+    assert reporter.tick() is True
+    [body] = stub.bodies  # the next tick leaves it out at once
+    assert len(body["sessions"]) == 7 and "ses_05" not in {e["session"] for e in body["sessions"]}
 
 
 def test_the_monitor_pod_of_a_node_is_a_running_ready_newest_one():
