@@ -10,10 +10,10 @@ from storage.models import Volume
 
 
 def session_list(*, user) -> QuerySet[Session]:
-    """Sessions visible to ``user`` (their own; staff see all), with cluster and owner joined (the API's
+    """Sessions visible to ``user`` (their own; staff see all), with cluster, owner and activity joined (the API's
     ``?cluster=`` and ``?phase=``: ``sessions.api.filters.SessionFilter``)."""
     qs = (
-        Session.objects.select_related("cluster", "owner")
+        Session.objects.select_related("cluster", "owner", "activity")
         .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")))
         .order_by("-created_at", "-id")
     )
