@@ -107,6 +107,12 @@ def test_a_session_is_warned_then_stopped_and_its_end_entry_says_what_idle_cost(
     assert abs(end.idle_credits - expected) <= Decimal("0.000002"), (end.idle_credits, expected)
     assert f"Burned {end.idle_credits} credits while idle." in end.reason
     assert end.balance_after == session.owner.credit_account.balance
+    from gshare.auth.tokens import api_token_create
+
+    owner_http = http_for(api_token_create(username=session.owner.username)[1])
+    listed = owner_http.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"]
+    shown_end = [e for e in listed if e["kind"] == "end"]
+    assert len(shown_end) == 1 and shown_end[0]["idle_credits"] == format(end.idle_credits, "f") and shown_end[0]["amount"] == "0.000000"
     assert idle.idle_enforce(now=later + timedelta(minutes=1))["stopped"] == 0  # once
     assert LedgerEntry.objects.filter(session=session, kind="end").count() == 1
     stop = AuditRecord.objects.get(action="session_stop", object_id=session.public_id)
