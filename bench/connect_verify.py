@@ -11,6 +11,8 @@ Redis database 15, and load-tests, with the same client and in the same run:
   ``gshare_connect`` cookie (answer 200), what a browser sends on every request: one RS256 signature
   check per token and process, and the cached facts of the session and of its user. The cookie is the
   one the verify sets when the link (``?token=``) is opened, once, before the measurements;
+  Each 200 also notes the connection (``sessions.activity.connection_note``: a per-process check, and one Redis write
+  per session and minute; the run checks the note is there), as in production;
 * ``GET /internal/ping`` (answer 204): the same Django stack (middleware, URL routing) doing nothing,
   the baseline.
 
@@ -171,6 +173,10 @@ def main() -> int:
             refused = request(port, "/internal/connect/verify", {**verify_headers, "Cookie": f"{COOKIE_NAME}={value[:-4]}AAAA"})[0]
             if refused != 401:
                 raise RuntimeError(f"verify answered {refused} to a tampered cookie (expected 401)")
+            from sessions import activity
+
+            if session_id not in activity.connections_pending([session_id]):
+                raise RuntimeError("verify let the cookie in but noted no connection in Redis (sessions.activity.connection_note)")
             endpoints = {"ping": ("/internal/ping", {}, 204), "verify": ("/internal/connect/verify", verify_headers, 200)}
 
             def measure(name: str, warmup: bool = False) -> float:

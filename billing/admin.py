@@ -260,7 +260,7 @@ class PriceAdmin(_PriceAndPolicyAdmin):
 
 
 #: The policy fields the console edits (``allowed_clusters`` aside), as ``policy_set`` takes them.
-_POLICY_FIELDS = ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")
+_POLICY_FIELDS = ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "idle_timeout_minutes", "idle_warning_minutes")
 
 
 class PolicyForm(forms.ModelForm):
@@ -268,7 +268,8 @@ class PolicyForm(forms.ModelForm):
 
     class Meta:
         model = Policy
-        fields = ["user", "max_sessions", "max_gpus", "allowed_clusters", "min_balance_hours", "grace_seconds"]
+        fields = ["user", "max_sessions", "max_gpus", "allowed_clusters", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
+                  "idle_warning_minutes"]
 
     def clean(self):  # noqa: D102
         data = super().clean()
@@ -286,7 +287,8 @@ class PolicyAdmin(_PriceAndPolicyAdmin):
     ``policy_set``, deleted through ``policy_delete``."""
 
     form = PolicyForm
-    list_display = ["owner", "max_sessions", "max_gpus", "allowed", "min_balance_hours", "grace_seconds", "updated_at"]
+    list_display = ["owner", "max_sessions", "max_gpus", "allowed", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
+                    "idle_warning_minutes", "updated_at"]
     list_select_related = ["user"]
     search_fields = ["user__username"]
     filter_horizontal = ["allowed_clusters"]

@@ -62,6 +62,8 @@ class EffectivePolicy:
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
         source: ``"user"`` (the user's ``Policy``), ``"default"`` (the default ``Policy`` row) or
             ``"settings"`` (no row: ``GSHARE_BILLING_DEFAULT_*``).
+        idle_timeout_minutes: minutes without a GPU kernel or a connection before a session is stopped (0: never).
+        idle_warning_minutes: minutes before that stop when the session starts showing it.
     """
 
     max_sessions: int | None
@@ -70,11 +72,14 @@ class EffectivePolicy:
     min_balance_hours: Decimal
     grace_seconds: int
     source: str
+    idle_timeout_minutes: int = 60
+    idle_warning_minutes: int = 15
 
 
 def settings_policy() -> EffectivePolicy:
     """The policy when no ``Policy`` row applies: unlimited sessions and GPUs, all clusters, and
-    ``GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS`` (default 1) and ``GSHARE_BILLING_DEFAULT_GRACE_SECONDS`` (default 900)."""
+    ``GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS`` (default 1), ``GSHARE_BILLING_DEFAULT_GRACE_SECONDS`` (default 900) and
+    ``GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES``/``_IDLE_WARNING_MINUTES`` (60/15)."""
     return EffectivePolicy(
         max_sessions=None,
         max_gpus=None,
@@ -82,6 +87,8 @@ def settings_policy() -> EffectivePolicy:
         min_balance_hours=Decimal(str(getattr(settings, "GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS", 1))),
         grace_seconds=int(getattr(settings, "GSHARE_BILLING_DEFAULT_GRACE_SECONDS", 900)),
         source="settings",
+        idle_timeout_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES", 60)),
+        idle_warning_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES", 15)),
     )
 
 
@@ -93,10 +100,11 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
     rows = (
         Policy.objects.filter(Q(user_id__in=user_ids) | Q(user__isnull=True))
         .annotate(cluster_ids=ArrayAgg("allowed_clusters__id", filter=Q(allowed_clusters__isnull=False), distinct=True))
-        .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids")
+        .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids",
+                     "idle_timeout_minutes", "idle_warning_minutes")
     )
     found: dict[int | None, EffectivePolicy] = {}
-    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids in rows:
+    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning in rows:
         found[user_id] = EffectivePolicy(
             max_sessions=max_sessions,
             max_gpus=max_gpus,
@@ -104,6 +112,8 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
             min_balance_hours=hours,
             grace_seconds=grace,
             source="default" if user_id is None else "user",
+            idle_timeout_minutes=idle_timeout,
+            idle_warning_minutes=idle_warning,
         )
     fallback = found.get(None) or settings_policy()
     return {user_id: found.get(user_id, fallback) for user_id in user_ids}

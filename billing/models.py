@@ -47,7 +47,9 @@ class LedgerEntry(models.Model):
 
     ``amount`` is signed (grants and refunds positive, charges negative). ``idempotency_key`` is unique: a
     retried grant or a replayed usage batch finds its entry instead of writing a second one. Charges name the
-    ``session`` and the usage window (``window_start``..``window_end``, UTC) they price.
+    ``session`` and the usage window (``window_start``..``window_end``, UTC) they price. An ``end`` entry (amount 0)
+    closes a session the idle policy stopped: its window is the idle time and ``idle_credits`` what the session's
+    usage samples in that window cost (already charged by its charges; the entry moves no credits).
     """
 
     class Kind(models.TextChoices):
@@ -55,6 +57,7 @@ class LedgerEntry(models.Model):
         CHARGE = "charge", "Charge"
         REFUND = "refund", "Refund"
         ADJUSTMENT = "adjustment", "Adjustment"
+        END = "end", "Session end"
 
     # No single-column indexes on these two: ``ledger_account_recent`` and ``ledger_session`` serve them (migration 0002).
     account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries", db_index=False)
@@ -68,6 +71,7 @@ class LedgerEntry(models.Model):
     window_end = models.DateTimeField(null=True, blank=True)
     gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True,
                                       help_text="Charges: GPU-seconds priced (share × seconds, summed over samples)")
+    idle_credits = credit_field(null=True, blank=True, help_text="End entries: credits the session burned while idle (in its window)")
     reason = models.CharField(max_length=500, blank=True, default="")
     created_by = models.CharField(max_length=150, blank=True, default="", help_text="Who wrote it: api:<user>, console:<user>, usage")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -81,6 +85,7 @@ class LedgerEntry(models.Model):
         constraints = [
             models.CheckConstraint(condition=~Q(kind="charge") | Q(amount__lte=0), name="ledger_charge_not_positive"),
             models.CheckConstraint(condition=~Q(kind__in=["grant", "refund"]) | Q(amount__gte=0), name="ledger_grant_refund_not_negative"),
+            models.CheckConstraint(condition=~Q(kind="end") | Q(amount=0), name="ledger_end_moves_nothing"),
         ]
 
     def __str__(self) -> str:
@@ -117,6 +122,9 @@ class Policy(models.Model):
         min_balance_hours: a session may start only if the available balance covers this many hours of the
             requested resources at their price (0: any non-negative balance).
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
+        idle_timeout_minutes: a Running session none of whose GPUs ran a kernel, and that nobody connected to, for this
+            long is stopped (0: never; ``sessions.idle``). A minute lasts ``GSHARE_IDLE_POLICY_MINUTE_SECONDS``.
+        idle_warning_minutes: how long before that stop the session shows ``idle_since`` and ``stops_at``.
     """
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="policy")
@@ -125,6 +133,10 @@ class Policy(models.Model):
     allowed_clusters = models.ManyToManyField("clusters.Cluster", blank=True, related_name="+")
     min_balance_hours = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal(1), validators=[MinValueValidator(Decimal(0))])
     grace_seconds = models.PositiveIntegerField(default=900)
+    idle_timeout_minutes = models.PositiveIntegerField(
+        default=60, help_text="Stop a session after this many minutes without a GPU kernel or a connection (0: never)")
+    idle_warning_minutes = models.PositiveIntegerField(
+        default=15, help_text="Show the coming idle stop this many minutes before it (at most the timeout)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -78,7 +78,7 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
         for session in sessions:
             account = accounts[session.owner_id]
             reason = stop_reason(account=account, policy=policies[session.owner_id])
-            if session_services.session_stop(session=session, reason=reason).phase == Session.Phase.STOPPING:
+            if session_services.session_stop(session=session, reason=reason, stop_reason=Session.StopReason.CREDITS).phase == Session.Phase.STOPPING:
                 stopped += 1
                 logger.info("session %s of %s stopped: balance %s below zero since %s", session.public_id, account.user_id,
                             account.balance, format_utc(account.below_zero_since))

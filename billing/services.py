@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
-from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price
+from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from clusters.models import Cluster
 from gshare.exceptions import ApplicationError, NotFound
 
@@ -39,6 +39,8 @@ MAX_AMOUNT = Decimal(10) ** 12 - CREDITS
 MAX_BALANCE = Decimal(10) ** 12 - CREDITS
 #: Longest caller-chosen idempotency key (the stored key adds a ``grant:`` prefix; the column holds 200).
 MAX_IDEMPOTENCY_KEY = 150
+#: Longest idle timeout or warning of a policy, in minutes (a year).
+MAX_IDLE_MINUTES = 525_600
 
 
 # --------------------------------------------------------------------------- amounts
@@ -96,6 +98,8 @@ def _check_kind_and_sign(kind: str, amount: Decimal) -> None:
         raise InvalidAmount("A charge takes credits away: its amount must be 0 or less.")
     if kind in (LedgerEntry.Kind.GRANT, LedgerEntry.Kind.REFUND) and amount < 0:
         raise InvalidAmount(f"A {kind} adds credits: its amount must be 0 or more.")
+    if kind == LedgerEntry.Kind.END and amount != 0:
+        raise InvalidAmount("A session's end entry moves no credits: its amount must be 0.")
 
 
 def _same_entry_or_conflict(existing: LedgerEntry, *, account: CreditAccount, kind: str, amount: Decimal) -> tuple[LedgerEntry, bool]:
@@ -121,6 +125,7 @@ def ledger_append(
     gpu_seconds: Decimal | None = None,
     reason: str = "",
     created_by: str = "",
+    idle_credits: Decimal | None = None,
 ) -> tuple[LedgerEntry, bool]:
     """Append one entry to ``account``'s ledger and move its balance, once per ``idempotency_key``.
 
@@ -139,6 +144,7 @@ def ledger_append(
         gpu_seconds: GPU-seconds a charge prices (share × seconds).
         reason: free text (at most 500 characters).
         created_by: who wrote it (``api:<user>``, ``console:<user>``, ``usage``).
+        idle_credits: end entries: credits the session burned while idle.
 
     Returns:
         ``(entry, created)``.
@@ -165,7 +171,7 @@ def ledger_append(
     entry = LedgerEntry(
         account=account, kind=kind, amount=amount, balance_after=balance, idempotency_key=idempotency_key, session=session,
         window_start=window[0] if window else None, window_end=window[1] if window else None,
-        gpu_seconds=gpu_seconds, reason=reason[:500], created_by=created_by[:150],
+        gpu_seconds=gpu_seconds, reason=reason[:500], created_by=created_by[:150], idle_credits=idle_credits,
     )
     try:
         with transaction.atomic():
@@ -180,6 +186,46 @@ def ledger_append(
     account.below_zero_since = _below_zero_since(account, balance, now)
     account.save(update_fields=["balance", "below_zero_since"])
     return entry, True
+
+
+def idle_cost(*, session, since: datetime, until: datetime) -> tuple[Decimal, Decimal]:
+    """What the usage samples of ``session`` cost between ``since`` and ``until`` (one query).
+
+    A sample straddling a bound counts for the part of its window inside, pro rata of its ``cost`` and GPU-seconds.
+
+    Returns:
+        ``(credits, gpu_seconds)``, both ``Decimal`` rounded to 6 places (``CREDITS``); zeros when ``until`` is not after
+        ``since`` or no sample falls between.
+    """
+    if until <= since:
+        return Decimal(0).quantize(CREDITS), Decimal(0).quantize(CREDITS)
+    credits = Decimal(0)
+    gpu_seconds = Decimal(0)
+    rows = UsageSample.objects.filter(session=session, end__gt=since, start__lt=until).values_list("start", "end", "cost", "share")
+    for start, end, cost, share in rows:
+        whole = Decimal(str((end - start).total_seconds()))
+        inside = Decimal(str((min(end, until) - max(start, since)).total_seconds()))
+        if whole <= 0 or inside <= 0:
+            continue
+        credits += cost * inside / whole
+        gpu_seconds += share * inside
+    return credits.quantize(CREDITS), gpu_seconds.quantize(CREDITS)
+
+
+def ledger_session_end(*, session, idle_since: datetime, until: datetime, reason: str, created_by: str) -> tuple[LedgerEntry, bool]:
+    """Write the ``end`` entry of a session the idle policy stopped: amount 0, its window the idle time, ``idle_credits``
+    and ``gpu_seconds`` what its usage samples in that window cost (``idle_cost``). Once per session (idempotency key
+    ``end:<session id>``); the owner's account is made if missing.
+
+    Returns:
+        ``(entry, created)`` as ``ledger_append``.
+    """
+    credits, gpu_seconds = idle_cost(session=session, since=idle_since, until=until)
+    return ledger_append(
+        account=account_for(session.owner), kind=LedgerEntry.Kind.END, amount=Decimal(0), idempotency_key=f"end:{session.public_id}",
+        session=session, window=(idle_since, until), gpu_seconds=gpu_seconds, idle_credits=credits,
+        reason=f"{reason} Burned {credits} credits while idle.", created_by=created_by,
+    )
 
 
 def credit_grant(*, user, amount, reason: str, idempotency_key: str, created_by: str) -> tuple[LedgerEntry, bool]:
@@ -289,7 +335,9 @@ def price_delete(*, price: Price) -> None:
 def policy_validate(*, policy: Policy) -> Policy:
     """Check a policy's fields (``policy_set`` and the console form): ``max_sessions`` and ``max_gpus`` at least 1
     when set (empty: no limit), ``min_balance_hours`` at least 0, then the model's field checks (not uniqueness:
-    ``policy_set`` updates the user's row). ``allowed_clusters`` is not checked (any cluster may be named).
+    ``policy_set`` updates the user's row). ``idle_timeout_minutes`` and ``idle_warning_minutes`` from 0 to
+    ``MAX_IDLE_MINUTES``, the warning no longer than a non-zero timeout. ``allowed_clusters`` is not checked (any
+    cluster may be named).
 
     Raises:
         ApplicationError: ``invalid_request`` (400).
@@ -302,6 +350,13 @@ def policy_validate(*, policy: Policy) -> Policy:
     hours = policy.min_balance_hours
     if not isinstance(hours, (int, Decimal)) or isinstance(hours, bool) or not Decimal(hours).is_finite() or hours < 0:
         raise ApplicationError("min_balance_hours must be at least 0.", code="invalid_request")
+    for name in ("idle_timeout_minutes", "idle_warning_minutes"):
+        value = getattr(policy, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_IDLE_MINUTES:
+            raise ApplicationError(f"{name} must be a whole number of minutes from 0 to {MAX_IDLE_MINUTES}.", code="invalid_request")
+    if policy.idle_timeout_minutes and policy.idle_warning_minutes > policy.idle_timeout_minutes:
+        raise ApplicationError("idle_warning_minutes must not exceed idle_timeout_minutes: the warning runs inside the idle time.",
+                               code="invalid_request")
     policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
 
@@ -315,6 +370,8 @@ def policy_set(
     allowed_clusters: Iterable[Cluster] = (),
     min_balance_hours: Decimal = Decimal(1),
     grace_seconds: int = 900,
+    idle_timeout_minutes: int = 60,
+    idle_warning_minutes: int = 15,
 ) -> Policy:
     """Set the policy of ``user`` (None: the default policy for users without their own), creating its row when
     missing; every field is replaced.
@@ -326,6 +383,8 @@ def policy_set(
         allowed_clusters: clusters sessions may run on (empty: all).
         min_balance_hours: hours of the requested resources the available balance must cover at admission.
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
+        idle_timeout_minutes: minutes without a GPU kernel or a connection before a session is stopped (0: never).
+        idle_warning_minutes: minutes before that stop when the session shows it.
 
     Raises:
         As ``policy_validate``.
@@ -335,6 +394,7 @@ def policy_set(
     before = None if policy._state.adding else _policy_audit(policy)
     policy.max_sessions, policy.max_gpus = max_sessions, max_gpus
     policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
+    policy.idle_timeout_minutes, policy.idle_warning_minutes = idle_timeout_minutes, idle_warning_minutes
     policy_validate(policy=policy)
     policy.save()
     policy.allowed_clusters.set(list(allowed_clusters))
@@ -342,14 +402,16 @@ def policy_set(
     if before is None or (after_changes := diff(before, after)):
         audit_record(action=Action.POLICY_CREATE if before is None else Action.POLICY_UPDATE, obj=policy, object_repr=_policy_name(policy),
                      changes=created(after) if before is None else after_changes)
-    logger.info("policy set: %s (max_sessions=%s, max_gpus=%s, min_balance_hours=%s, grace_seconds=%s)",
-                policy, max_sessions, max_gpus, policy.min_balance_hours, grace_seconds)
+    logger.info("policy set: %s (max_sessions=%s, max_gpus=%s, min_balance_hours=%s, grace_seconds=%s, idle_timeout_minutes=%s, "
+                "idle_warning_minutes=%s)", policy, max_sessions, max_gpus, policy.min_balance_hours, grace_seconds,
+                idle_timeout_minutes, idle_warning_minutes)
     return policy
 
 
 def _policy_audit(policy: Policy) -> dict:
     """A policy's limits as its audit rows show them (the allowed clusters by id)."""
-    return {**snapshot(policy, ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds")),
+    return {**snapshot(policy, ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
+                                "idle_warning_minutes")),
             "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
 
 

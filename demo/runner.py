@@ -73,6 +73,8 @@ class DemoOptions:
         smoke: wait for the inventories, print the state, stop everything, exit.
         inventory_interval: operators' inventory interval, seconds.
         bare_clusters: names of bare clusters to start for trying attach (``demo.bare_demo``).
+        idle_timeout: seconds without a GPU kernel or a connection before the default policy stops a session (a policy
+            minute lasts a second, so the warning is a quarter of it); None keeps the production default (60 minutes).
     """
 
     port: int
@@ -80,6 +82,7 @@ class DemoOptions:
     smoke: bool
     inventory_interval: int = 10
     bare_clusters: tuple[str, ...] = ()
+    idle_timeout: int | None = None
 
 
 def _say(message: str) -> None:
@@ -227,7 +230,14 @@ def run_demo(options: DemoOptions) -> dict:
         researcher = get_user_model().objects.create_user(RESEARCHER, f"{RESEARCHER}@gshare.localhost", researcher_password)
         credit_grant(user=researcher, amount=Decimal(RESEARCHER_CREDITS), reason="demo credits",
                      idempotency_key="demo-researcher-grant", created_by="command:demo")
-        from billing.services import price_set
+        from billing.services import policy_set, price_set
+
+        if options.idle_timeout is not None:
+            # A policy minute lasts a second here (GSHARE_IDLE_POLICY_MINUTE_SECONDS, also in the children's environment).
+            settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS = 1
+            policy_set(user=None, idle_timeout_minutes=options.idle_timeout, idle_warning_minutes=max(1, options.idle_timeout // 4),
+                       min_balance_hours=Decimal(str(settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS)),
+                       grace_seconds=settings.GSHARE_BILLING_DEFAULT_GRACE_SECONDS)
 
         demo_prices = {"H100": "4.0", "H20": "3.0", "V100": "1.5", "T4": "0.5"}  # credits per GPU-hour, illustrative
         for model in sorted({m for spec in fleet.FLEET for m in fleet.expected_inventory(spec.name)["models"]}):
@@ -327,6 +337,7 @@ def run_demo(options: DemoOptions) -> dict:
             "GSHARE_INTERNAL_HOSTS": "127.0.0.1",
             "GSHARE_SESSION_SCHEME": "http",
             "GSHARE_SESSION_PORT": str(ingress_port),
+            "GSHARE_IDLE_POLICY_MINUTE_SECONDS": str(settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS),
             "PYTHONUNBUFFERED": "1",
         }
         _say(f"starting the web server on 127.0.0.1:{port} ({url} public, {internal_url} internal), a Celery worker and beat")
@@ -358,6 +369,8 @@ def run_demo(options: DemoOptions) -> dict:
                 "GSHARE_VOLUME_STORAGE_CLASS": fleet.STORAGE_CLASS,
                 "GSHARE_VOLUME_SYNC_INTERVAL": str(options.inventory_interval),
                 "GSHARE_USAGE_INTERVAL": str(options.inventory_interval),
+                # HAMi's vGPU monitor read this often: the idle policy's clock (a second per minute with --idle-timeout).
+                "GSHARE_ACTIVITY_INTERVAL": "2" if options.idle_timeout is not None else str(min(options.inventory_interval, 10)),
                 "GSHARE_USAGE_QUEUE_PATH": str(kubeconfig_path.parent / "usage-queue.sqlite3"),
                 # One operator per cluster on one machine: their /metrics would clash on one port (and listen off loopback).
                 "GSHARE_METRICS_PORT": "0",

@@ -216,8 +216,9 @@ is empty: activity is never reported as zero for want of a reading. In an ``ok``
 listed; a GPU for which the monitor lists no series of the session's container (it never initialised CUDA there) has
 every value ``null``. ``last_kernel_seconds`` is HAMi's seconds since the container last launched a kernel on that
 GPU, ``utilization_percent`` its SM utilization (0-100), the memory values its vGPU memory used and limit, in bytes.
-Answers 200 ``{"server_time", "accepted"}``; 403 ``FORBIDDEN_CLUSTER_SCOPE`` when an entry names a session of another
-cluster (nothing stored); entries naming sessions the control plane does not know or that have ended are ignored.
+Answers 200 ``{"server_time", "accepted", "ignored"}``; 400 ``invalid_activity``; 403 ``FORBIDDEN_CLUSTER_SCOPE`` when an entry names a session of another
+cluster or one the control plane does not know (nothing stored); entries of sessions that are no longer Running are
+ignored.
 """
 
 ACTIVITY_MAX_SESSIONS = 5000

@@ -269,6 +269,19 @@ def _cache() -> BaseCache:
     return bounded
 
 
+def redis_client() -> redis.Redis:
+    """A raw client of the default cache's Redis with every call bounded by ``CACHE_TIMEOUT_SECONDS`` (no key prefix:
+    callers name their keys with ``settings.CACHES["default"]["KEY_PREFIX"]``).
+
+    Raises:
+        redis.RedisError: the default cache is not on Redis.
+    """
+    cache = _cache()
+    if not isinstance(cache, RedisCache):
+        raise redis.RedisError("the default cache is not Redis")
+    return cache._cache.get_client(write=True)
+
+
 @contextmanager
 def _database() -> Iterator[None]:
     """Run the block's reads in a transaction whose statements stop after ``DATABASE_TIMEOUT_MS``.
@@ -301,6 +314,7 @@ class Verdict:
         reason: why it was refused (logged, never sent: it would tell a prober which check failed).
         code: the error code of a refusal (401 ``token_missing``, ``token_invalid`` or ``connect_refused``;
             403 ``connect_forbidden``).
+        session: the session let in (``ses_...``), when allowed.
     """
 
     status: int
@@ -308,6 +322,7 @@ class Verdict:
     set_cookie: tuple[str, str, str, int] | None = None
     reason: str = ""
     code: str = ""
+    session: str = ""
 
 
 #: The ``detail`` sentence of each refusal code (the body of a 401; nginx shows the browser its own page).
@@ -537,4 +552,4 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
     if user_pk != facts["owner"] and not user.get("open_any"):  # .get: facts cached before this key refuse
         return _refused("connect_forbidden", "user neither the owner nor allowed to open any session")
     set_cookie = _cookie(claims, session_id, host) if source == "query" else None
-    return Verdict(200, user=claims.get("name", ""), set_cookie=set_cookie)
+    return Verdict(200, user=claims.get("name", ""), set_cookie=set_cookie, session=session_id)

@@ -32,6 +32,11 @@ class Session(models.Model):
 
     TERMINAL_PHASES = (Phase.TERMINATED, Phase.FAILED)
 
+    class StopReason(models.TextChoices):
+        REQUESTED = "requested", "on request"
+        CREDITS = "credits", "credits ran out"
+        IDLE = "idle", "idle policy"
+
     public_id = models.CharField(max_length=24, unique=True, default=new_session_id, editable=False)
     name = models.CharField(max_length=63, blank=True, default="")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="gpu_sessions")
@@ -54,6 +59,8 @@ class Session(models.Model):
     stop_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="When it was asked to stop (a session Stopping for long is published again by sessions.reconcile)"
     )
+    stop_reason = models.CharField(max_length=16, choices=StopReason.choices, blank=True, default="",
+                                   help_text="Why it was asked to stop (empty while it was not)")
     volumes = models.ManyToManyField("storage.Volume", blank=True, related_name="sessions",
                                      help_text="Volumes mounted at /data/<volume name>")
     idempotency_key = models.CharField(max_length=150, blank=True, default="",
@@ -129,6 +136,47 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} on {self.device_id}"
+
+
+class SessionActivity(models.Model):
+    """What the session's GPUs and its users did last, and where the idle policy stands (``sessions.activity``,
+    ``sessions.idle``). One row per session, made by the first activity report or connection.
+
+    ``state``/``reason``/``sampled_at``/``gpus`` are the operator's last reading of HAMi's vGPU monitor
+    (``operator_agent.contract.ACTIVITY_PATH``; ``gpus`` as reported, per GPU: ``device_uuid``,
+    ``last_kernel_seconds``, ``utilization_percent``, ``memory_used_bytes``, ``memory_limit_bytes``, ``sampled_at``).
+    ``last_kernel_at`` is the newest instant any of its GPUs ran a kernel over every reading (never moves back);
+    ``last_connected_at`` the newest connect verify that let someone in (written at most once a minute, from Redis).
+    ``idle_since``/``stops_at`` are set while the idle policy's warning runs (null otherwise); ``exempt_until``,
+    with its reason and who set it, suspends the policy for this session.
+    """
+
+    class State(models.TextChoices):
+        OK = "ok"
+        UNKNOWN = "unknown"
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, primary_key=True, related_name="activity")
+    state = models.CharField(max_length=16, choices=State.choices, blank=True, default="",
+                             help_text="ok: the GPU monitor was read; unknown: it could not be (reason); empty: no report yet")
+    reason = models.CharField(max_length=1000, blank=True, default="")
+    sampled_at = models.DateTimeField(null=True, blank=True)
+    gpus = models.JSONField(default=list, blank=True)
+    last_kernel_at = models.DateTimeField(null=True, blank=True)
+    last_connected_at = models.DateTimeField(null=True, blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
+    stops_at = models.DateTimeField(null=True, blank=True)
+    exempt_until = models.DateTimeField(null=True, blank=True)
+    exempt_reason = models.CharField(max_length=500, blank=True, default="")
+    exempt_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        verbose_name = "session activity"
+        verbose_name_plural = "session activity"
+        # The dashboard and /metrics count the sessions in their idle warning.
+        indexes = [models.Index(fields=["idle_since"], name="activity_idle_since", condition=Q(idle_since__isnull=False))]
+
+    def __str__(self) -> str:
+        return f"activity of {self.session_id}"
 
 
 class SuggestedImage(models.Model):

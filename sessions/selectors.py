@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.db.models import Prefetch, QuerySet
+from django.db.models.functions import Greatest
 
 from gshare.exceptions import NotFound
 from sessions.models import Session
@@ -10,16 +14,35 @@ from storage.models import Volume
 
 
 def session_list(*, user) -> QuerySet[Session]:
-    """Sessions visible to ``user`` (their own; staff see all), with cluster and owner joined (the API's
+    """Sessions visible to ``user`` (their own; staff see all), with cluster, owner and activity joined (the API's
     ``?cluster=`` and ``?phase=``: ``sessions.api.filters.SessionFilter``)."""
     qs = (
-        Session.objects.select_related("cluster", "owner")
+        Session.objects.select_related("cluster", "owner", "activity")
         .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")))
         .order_by("-created_at", "-id")
     )
     if not user.is_staff:
         qs = qs.filter(owner=user)
     return qs
+
+
+#: Policy minutes without a GPU kernel or a connection after which the console, the dashboard and /metrics call a
+#: session idle (the policy's own stop is per user: ``sessions.idle``).
+IDLE_DISPLAY_MINUTES = 15
+
+
+def idle_sessions(*, now: datetime) -> QuerySet[Session]:
+    """Running sessions that are idle now: their GPU activity is known and fresh (an ``ok`` reading younger than
+    ``GSHARE_ACTIVITY_STALE_SECONDS``) and none of their GPUs ran a kernel, nobody connected, and they did not start,
+    for ``IDLE_DISPLAY_MINUTES`` policy minutes, exempt or not (connections noted in Redis but not flushed yet are not seen here:
+    at most a minute late). What the dashboard and ``gshare_cluster_idle_*`` count."""
+    quiet_since = now - IDLE_DISPLAY_MINUTES * timedelta(seconds=settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS)
+    fresh_since = now - timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)
+    return (
+        Session.objects.filter(phase=Session.Phase.RUNNING, activity__state="ok", activity__sampled_at__gte=fresh_since)
+        .alias(last_activity=Greatest("started_at", "activity__last_kernel_at", "activity__last_connected_at"))
+        .filter(last_activity__lt=quiet_since)
+    )
 
 
 def session_get(*, user, public_id: str) -> Session:

@@ -561,14 +561,16 @@ def session_apply_gave_up(*, session: Session, reason: str) -> Session:
 
 
 @transaction.atomic
-def session_stop(*, session: Session, reason: str = "Stopped on request.") -> Session:
+def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_reason: str = Session.StopReason.REQUESTED) -> Session:
     """Stop a session: Stopping now, its GShareSession is deleted by a task, then Terminated. Idempotent.
 
     Args:
         session: the session.
         reason: why it is stopped, written as its ``message`` and kept through Terminated (status reports do not
             replace the message of a Stopping session): "Stopped on request." by default; the credits task
-            (``billing.overdrawn.overdrawn_sessions_stop``) says the credits ran out.
+            (``billing.overdrawn.overdrawn_sessions_stop``) says the credits ran out, the idle policy
+            (``sessions.idle``) names itself and the last activity.
+        stop_reason: ``Session.StopReason`` (``requested``, ``credits``, ``idle``), kept as ``stop_reason``.
 
     Returns:
         The session (unchanged when it already ended or is stopping).
@@ -580,9 +582,10 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.") -> Se
     session.phase = Session.Phase.STOPPING
     session.message = reason[:2000]
     session.stop_requested_at = timezone.now()
-    session.save(update_fields=["phase", "message", "stop_requested_at"])
+    session.stop_reason = stop_reason
+    session.save(update_fields=["phase", "message", "stop_requested_at", "stop_reason"])
     audit_record(action=Action.SESSION_STOP, obj=session, changes={"phase": (previous, session.phase)},
-                 details={"owner": session.owner.get_username(), "reason": session.message})
+                 details={"owner": session.owner.get_username(), "reason": session.message, "stop_reason": stop_reason})
     _forget(session)
     transaction.on_commit(lambda: _enqueue("sessions.delete", session.pk))
     return session

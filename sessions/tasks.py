@@ -5,7 +5,7 @@ import logging
 from celery import Task, shared_task
 from django.conf import settings
 
-from sessions import services
+from sessions import activity, idle, services
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -85,3 +85,25 @@ def sessions_reconcile_task() -> dict:
     if any(result.values()):
         logger.info("sessions reconciled: %s", result)
     return result
+
+
+@shared_task(name="sessions.enforce_idle", ignore_result=True)
+def idle_enforce_task(cluster_pk: int | None = None) -> dict:
+    """Run the idle policy (``sessions.idle.idle_enforce``) on one cluster's sessions, or (beat, every 30 s) the fleet's."""
+    cluster = None
+    if cluster_pk is not None:
+        from clusters.models import Cluster
+
+        cluster = Cluster.objects.filter(pk=cluster_pk).first()
+        if cluster is None:
+            return {"checked": 0, "warned": 0, "stopped": 0}
+    result = idle.idle_enforce(cluster=cluster)
+    if result["stopped"]:
+        logger.info("idle policy: %s", result)
+    return result
+
+
+@shared_task(name="sessions.flush_connections", ignore_result=True)
+def connections_flush_task() -> int:
+    """Write the connections connect verify noted in Redis to the database (beat, every minute; ``sessions.activity``)."""
+    return activity.connections_flush()

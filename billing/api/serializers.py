@@ -33,12 +33,14 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
     balance_after = credits(read_only=True, help_text="The account's balance after this entry")
     session = serializers.SlugRelatedField(slug_field="public_id", read_only=True, help_text="Charges: the session (ses_...)")
     gpu_seconds = serializers.DecimalField(max_digits=18, decimal_places=6, read_only=True, allow_null=True,
-                                           help_text="Charges: GPU-seconds priced (share × seconds, summed)")
+                                           help_text="Charges: GPU-seconds priced (share × seconds, summed); end entries: those of the idle time")
+    idle_credits = credits(read_only=True, allow_null=True,
+                           help_text="End entries (kind end, amount 0) of sessions the idle policy stopped: credits burned while idle")
 
     class Meta:
         model = LedgerEntry
         fields = ["id", "user", "kind", "amount", "balance_after", "session", "window_start", "window_end", "gpu_seconds",
-                  "reason", "created_by", "idempotency_key", "created_at"]
+                  "idle_credits", "reason", "created_by", "idempotency_key", "created_at"]
         read_only_fields = fields
 
 

@@ -1,7 +1,7 @@
 """Gauges of every registered cluster, its GPUs and sessions, computed per scrape from the control plane's tables.
 
 :func:`inventory_exposition` reads the fleet in :data:`QUERIES` queries whatever its size (clusters, GPUs with
-their node names, live sessions by phase, charged credits by cluster), builds the metric families with
+their node names, live sessions by phase, idle sessions and their GPUs, charged credits by cluster), builds the metric families with
 prometheus-client and renders them in the Prometheus text format. The text is cached for
 ``GSHARE_METRICS_CACHE_SECONDS`` in Django's cache (Redis), so several Prometheus replicas and several gunicorn
 workers scraping within that window cost one computation. Decimal credits become floats only here.
@@ -26,12 +26,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from billing.models import LedgerEntry
 from clusters.models import Cluster, GpuDevice
+from sessions import selectors as session_selectors
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
 
 #: Queries one computation makes, whatever the number of clusters, nodes, GPUs or sessions.
-QUERIES = 4
+QUERIES = 5
 CACHE_KEY = "gshare:metrics:inventory"
 MIB = 1024 * 1024
 #: Phases counted by gshare_cluster_sessions (the terminal ones would only count history).
@@ -210,6 +211,16 @@ def collect_families(*, now: datetime.datetime | None = None) -> list:
         for phase in LIVE_PHASES:
             sessions.add_metric([c["name"], phase], by_phase.get((c["pk"], phase), 0))
 
+    idle_sessions = _gauge("gshare_cluster_idle_sessions", "Running sessions idle now: known GPU activity, no kernel and no connection "
+                           "for 15 policy minutes (sessions.selectors.idle_sessions).", ["cluster"])
+    idle_gpus = _gauge("gshare_cluster_idle_gpus", "GPUs held by the idle sessions.", ["cluster"])
+    idle = {row["cluster_id"]: (row["n"], row["gpus"]) for row in session_selectors.idle_sessions(now=now).filter(cluster_id__in=list(names))
+            .values("cluster_id").annotate(n=Count("pk"), gpus=Sum("gpus")).order_by()}
+    for c in clusters:
+        n, held = idle.get(c["pk"], (0, 0))
+        idle_sessions.add_metric([c["name"]], n)
+        idle_gpus.add_metric([c["name"]], held or 0)
+
     burned = CounterMetricFamily(
         "gshare_cluster_credits_burned", "Credits charged for usage of the cluster's GPUs (ledger charges; refunds not subtracted).", labels=["cluster"]
     )
@@ -229,7 +240,8 @@ def collect_families(*, now: datetime.datetime | None = None) -> list:
         [],
     )
     generated.add_metric([], now.timestamp())
-    return [info, heartbeat, expires, refused, gpus, healthy, reserved, *cluster_capacity.values(), sessions, burned, *gpu_families.values(), generated]
+    return [info, heartbeat, expires, refused, gpus, healthy, reserved, *cluster_capacity.values(), sessions, idle_sessions, idle_gpus, burned,
+            *gpu_families.values(), generated]
 
 
 class _Families:

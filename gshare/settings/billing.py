@@ -43,3 +43,15 @@ except InvalidOperation:
 if GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS is None or not GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS.is_finite() or GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS < 0:
     raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS must be a decimal number of hours, at least 0 (e.g. 1).")
 GSHARE_BILLING_DEFAULT_GRACE_SECONDS = env.int("GSHARE_BILLING_DEFAULT_GRACE_SECONDS", default=900)
+
+# The idle policy (sessions/idle.py, docs/idle.md) when no Policy row applies, and how long one of its minutes lasts:
+# 60 s, except in the demo (`make demo DEMO_ARGS="--idle-timeout 60"` makes a policy minute last one second).
+GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES = env.int("GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES", default=60)
+GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES = env.int("GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES", default=15)
+GSHARE_IDLE_POLICY_MINUTE_SECONDS = env.int("GSHARE_IDLE_POLICY_MINUTE_SECONDS", default=60)
+#: An operator's activity reading older than this (seconds) no longer counts: the session's GPU activity is unknown.
+GSHARE_ACTIVITY_STALE_SECONDS = env.int("GSHARE_ACTIVITY_STALE_SECONDS", default=300)
+if GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES < 0 or GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES < 0:
+    raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES and _IDLE_WARNING_MINUTES must be whole numbers of minutes, at least 0.")
+if GSHARE_IDLE_POLICY_MINUTE_SECONDS < 1 or GSHARE_ACTIVITY_STALE_SECONDS < 1:
+    raise ImproperlyConfigured("GSHARE_IDLE_POLICY_MINUTE_SECONDS and GSHARE_ACTIVITY_STALE_SECONDS must be whole numbers of seconds, at least 1.")

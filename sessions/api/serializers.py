@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from gshare.api_fields import StrictIntegerField
+from sessions import activity as session_activity
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -24,6 +25,26 @@ class SessionCreateSerializer(serializers.Serializer):
     )
 
 
+class _SessionListSerializer(serializers.ListSerializer):
+    """Reads the connections not yet flushed to the database for the whole page at once (one Redis call)."""
+
+    def to_representation(self, data):  # noqa: D102
+        items = list(data.all() if hasattr(data, "all") else data)
+        self.child.context["pending_connections"] = session_activity.connections_pending([s.public_id for s in items])
+        return super().to_representation(items)
+
+
+class IdleExemptionSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/sessions/{id}/idle-exemption`` (staff)."""
+
+    until = serializers.DateTimeField(help_text="When the exemption ends (RFC 3339 with a zone), at most a year ahead")
+    reason = serializers.CharField(max_length=500, help_text="Why the session may stay idle (audited)")
+
+
+def _time(value):
+    return serializers.DateTimeField().to_representation(value) if value else None
+
+
 class SessionSerializer(serializers.ModelSerializer):
     """Output of the sessions API."""
 
@@ -33,14 +54,54 @@ class SessionSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     url = serializers.SerializerMethodField()
     volumes = serializers.SerializerMethodField()
+    idle_since = serializers.SerializerMethodField()
+    stops_at = serializers.SerializerMethodField()
+    activity = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
+        list_serializer_class = _SessionListSerializer
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
+            "stop_reason", "idle_since", "stops_at", "activity",
         ]
         read_only_fields = fields
+
+    @staticmethod
+    def _row(obj: Session):
+        try:
+            return obj.activity
+        except Session.activity.RelatedObjectDoesNotExist:
+            return None
+
+    def get_idle_since(self, obj: Session) -> str | None:
+        """While the idle policy's warning runs: when the session's idle time started (else null)."""
+        row = self._row(obj)
+        return _time(row.idle_since) if row and obj.is_live else None
+
+    def get_stops_at(self, obj: Session) -> str | None:
+        """While the idle policy's warning runs: when it stops the session (else null)."""
+        row = self._row(obj)
+        return _time(row.stops_at) if row and obj.is_live else None
+
+    def get_activity(self, obj: Session) -> dict:
+        """GPU activity from HAMi's vGPU monitor (per GPU: ``last_kernel_seconds`` as of its ``sampled_at``,
+        ``utilization_percent``, ``memory_used_bytes``/``memory_limit_bytes``), ``state`` (``ok``, ``unknown`` with
+        ``reason``, ``none`` before any reading), ``last_kernel_at``, ``last_connected_at`` and any idle exemption."""
+        row = self._row(obj)
+        pending = self.context.get("pending_connections")
+        if pending is None:
+            pending = session_activity.connections_pending([obj.public_id]) if obj.is_live else {}
+        connected = max((t for t in (row.last_connected_at if row else None, pending.get(obj.public_id)) if t), default=None)
+        if row is None:
+            return {"state": "none", "reason": "", "sampled_at": None, "gpus": [], "last_kernel_at": None,
+                    "last_connected_at": _time(connected), "exempt_until": None, "exempt_reason": "", "exempt_by": ""}
+        return {
+            "state": row.state or "none", "reason": row.reason, "sampled_at": _time(row.sampled_at), "gpus": row.gpus,
+            "last_kernel_at": _time(row.last_kernel_at), "last_connected_at": _time(connected),
+            "exempt_until": _time(row.exempt_until), "exempt_reason": row.exempt_reason, "exempt_by": row.exempt_by,
+        }
 
     def get_cluster(self, obj: Session) -> str | None:
         """The cluster's id (``clu_...``)."""

@@ -9,9 +9,9 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
-from sessions import selectors, services
+from sessions import idle, selectors, services
 from sessions.api.filters import SessionFilter
-from sessions.api.serializers import SessionCreateSerializer, SessionSerializer
+from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
 from sessions.models import Session
 
 
@@ -66,3 +66,18 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         """A connect link: ``{"url": "https://<domain>/s/<id>/?token=..."}`` (owner or staff)."""
         session = selectors.session_get(user=request.user, public_id=public_id)
         return Response({"url": services.session_connect(session=session, user=request.user)})
+
+    @extend_schema(request=IdleExemptionSerializer, responses={200: SessionSerializer})
+    @action(detail=True, methods=["post", "delete"], url_path="idle-exemption")
+    def idle_exemption(self, request, public_id: str):
+        """Staff: exempt the session from the idle policy until ``until`` (POST, with a ``reason``), or end the exemption
+        (DELETE). Audited; 403 ``idle_exemption_forbidden`` for anyone else, the owner included."""
+        session = selectors.session_get(user=request.user, public_id=public_id)
+        if request.method == "DELETE":
+            idle.session_idle_exempt(session=session, user=request.user, until=None)
+        else:
+            data = IdleExemptionSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            idle.session_idle_exempt(session=session, user=request.user, until=data.validated_data["until"],
+                                     reason=data.validated_data["reason"])
+        return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)

@@ -2,8 +2,9 @@
 
 from django.urls import path
 
-from sessions.internal.views import StatusView
+from sessions.internal.views import ActivityView, StatusView
 
 urlpatterns = [
     path("status", StatusView.as_view(), name="internal-status"),
+    path("activity", ActivityView.as_view(), name="internal-activity"),
 ]

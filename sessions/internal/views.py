@@ -17,11 +17,12 @@ from gshare.api import schema_problems
 from gshare.exceptions import ApplicationError
 from gshare.metrics import instruments
 from operator_agent import contract, rfc3339
-from sessions import connect, services
+from sessions import activity, connect, idle, services
 
 logger = logging.getLogger(__name__)
 
 _status_validator = Draft202012Validator(contract.STATUS_SCHEMA)
+_activity_validator = Draft202012Validator(contract.ACTIVITY_SCHEMA)
 
 
 def _parse_time(value: str, index: int) -> datetime:
@@ -45,6 +46,20 @@ class StatusView(OperatorAPIView):
                                    code="invalid_status")
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]
         result = services.session_status_apply(cluster=self.cluster, reports=reports)
+        return Response({**result, "server_time": timezone.now().isoformat()})
+
+
+class ActivityView(OperatorAPIView):
+    """``POST /internal/v1/activity``: the GPU activity of the cluster's Running sessions (``contract.ACTIVITY_PATH``)."""
+
+    def post(self, request):
+        """Store the readings, then have the idle policy look at this cluster's sessions (a task, after the commit)."""
+        problems = schema_problems(_activity_validator, request.data, limit=5)
+        if problems:
+            raise ApplicationError(f"The activity report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
+                                   code="invalid_activity")
+        result = activity.activity_report_apply(cluster=self.cluster, entries=request.data["sessions"])
+        idle.idle_enforce_soon(cluster=self.cluster)
         return Response({**result, "server_time": timezone.now().isoformat()})
 
 
@@ -80,6 +95,7 @@ def _connect_verify(request):
             f"Connect verification failed unexpectedly; retry in {connect.RETRY_AFTER_SECONDS} s. The control plane's log has the cause."
         ))
     if verdict.status == 200:
+        activity.connection_note(verdict.session)
         response = HttpResponse(status=200)
         response["X-Auth-Request-User"] = verdict.user
         if verdict.set_cookie:

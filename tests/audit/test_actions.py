@@ -35,6 +35,9 @@ from tests.helpers import Http, kubeconfig_text, wait_for
 
 pytestmark = pytest.mark.django_db
 
+#: The idle policy fields of the policy form, at their defaults.
+IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15"}
+
 A = AuditRecord.Action
 
 
@@ -260,7 +263,7 @@ def test_grants_over_http_prices_and_policies_in_the_console(http, plain_user, c
     assert deleted.changes == {"credits_per_gpu_hour": {"old": "3.000000", "new": None}}
 
     cluster, _ = live_cluster("lab-c1")
-    form = {"user": plain_user.pk, "max_sessions": "2", "max_gpus": "", "min_balance_hours": "1", "grace_seconds": "900"}
+    form = {"user": plain_user.pk, "max_sessions": "2", "max_gpus": "", "min_balance_hours": "1", "grace_seconds": "900", **IDLE}
     assert console.post("/billing/policy/add/", form).status_code == 302
     policy = Policy.objects.get(user=plain_user)
     assert console.post(f"/billing/policy/{policy.pk}/change/", {**form, "max_sessions": "3", "allowed_clusters": [cluster.pk]}).status_code == 302

@@ -18,6 +18,9 @@ from tests.helpers import T0, device, metered_session, sample
 
 pytestmark = pytest.mark.django_db
 
+#: The idle policy fields of the policy form, at their defaults.
+IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15"}
+
 
 def _grow(lab_c1=None):
     """More of everything each page lists: a user with a policy, a grant, usage charges, a price."""
@@ -133,14 +136,14 @@ def test_price_form_uses_the_services_rules(console):
 
 def test_policy_form_uses_the_services_rules(console):
     user = UserFactory()
-    bad = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "0", "min_balance_hours": "1", "grace_seconds": "900"})
+    bad = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "0", "min_balance_hours": "1", "grace_seconds": "900", **IDLE})
     assert bad.status_code == 200 and "max_sessions must be at least 1" in bad.content.decode()
-    ok = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "2", "min_balance_hours": "1.5", "grace_seconds": "600"})
+    ok = console.post("/billing/policy/add/", {"user": user.pk, "max_sessions": "2", "min_balance_hours": "1.5", "grace_seconds": "600", **IDLE})
     assert ok.status_code == 302
     assert Policy.objects.get(user=user).min_balance_hours == Decimal("1.5")
-    default = console.post("/billing/policy/add/", {"min_balance_hours": "0", "grace_seconds": "900"})
+    default = console.post("/billing/policy/add/", {"min_balance_hours": "0", "grace_seconds": "900", **IDLE})
     assert default.status_code == 302
-    second_default = console.post("/billing/policy/add/", {"min_balance_hours": "1", "grace_seconds": "900"})
+    second_default = console.post("/billing/policy/add/", {"min_balance_hours": "1", "grace_seconds": "900", **IDLE})
     assert second_default.status_code == 200 and Policy.objects.filter(user__isnull=True).count() == 1
 
 
@@ -211,7 +214,7 @@ def test_price_form_refuses_what_price_set_refuses_and_saves_and_deletes_through
 def test_policy_form_refuses_what_policy_set_refuses_and_saves_and_deletes_through_it(console, caplog):
     caplog.set_level(logging.INFO, logger="billing.services")
     user, cluster = UserFactory(), ClusterFactory()
-    form = {"user": user.pk, "max_sessions": "2", "max_gpus": "", "allowed_clusters": [cluster.pk], "min_balance_hours": "1", "grace_seconds": "900"}
+    form = {"user": user.pk, "max_sessions": "2", "max_gpus": "", "allowed_clusters": [cluster.pk], "min_balance_hours": "1", "grace_seconds": "900", **IDLE}
     for field, value, kwargs in (("max_sessions", "0", {"max_sessions": 0}), ("max_gpus", "0", {"max_gpus": 0})):
         detail = _refusal(lambda kwargs=kwargs: services.policy_set(user=user, **kwargs))
         page = console.post("/billing/policy/add/", {**form, field: value})

@@ -86,7 +86,7 @@ def test_promtool_accepts_the_rules(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert alerts == {"GShareClusterNotReporting", "GShareOperatorTokenExpiring", "GShareOperatorCallbacksRefused",
-                      "GShareUsageNotArriving", "GShareUsageRefused", "GShareGpusMostlyReserved"}
+                      "GShareUsageNotArriving", "GShareUsageRefused", "GShareGpusMostlyReserved", "GShareIdleGpus"}
 
 
 #: promtool unit tests of the rules: each alert fires on the series that should raise it, and not before.
@@ -99,10 +99,11 @@ RULE_TESTS = {
                 {"series": 'gshare_cluster_heartbeat_age_seconds{cluster="alpha"}', "values": "400+60x10"},
                 {"series": 'gshare_cluster_heartbeat_age_seconds{cluster="beta"}', "values": "10x10"},
                 {"series": 'gshare_cluster_operator_token_expires_in_seconds{cluster="alpha"}', "values": "100000-60x90"},
-                {"series": 'gshare_cluster_gpus{cluster="alpha",model="H100"}', "values": "10x40"},
+                {"series": 'gshare_cluster_gpus{cluster="alpha",model="H100"}', "values": "10x90"},
                 {"series": 'gshare_cluster_gpus_reserved{cluster="alpha",model="H100",kind="whole"}', "values": "6x40"},
                 {"series": 'gshare_cluster_gpus_reserved{cluster="alpha",model="H100",kind="shared"}', "values": "4x40"},
                 {"series": 'gshare_cluster_sessions{cluster="alpha",phase="Running"}', "values": "2x60"},
+                {"series": 'gshare_cluster_idle_gpus{cluster="alpha"}', "values": "1x10 4x80"},
                 {"series": 'gshare_usage_samples_total{cluster="alpha",outcome="accepted"}', "values": "5x60"},
             ],
             "alert_rule_test": [
@@ -132,6 +133,17 @@ RULE_TESTS = {
                          "summary": "Cluster alpha has 100% of its GPUs reserved",
                          "description": "More than 90% of the GPUs of cluster alpha hold a reservation; new sessions may be refused "
                                         "with no_capacity.",
+                     }},
+                ]},
+                # 1 of 10 GPUs idle for 10 minutes, then 4: above the 25 % share for an hour from minute 11.
+                {"eval_time": "60m", "alertname": "GShareIdleGpus", "exp_alerts": []},
+                {"eval_time": "75m", "alertname": "GShareIdleGpus", "exp_alerts": [
+                    {"exp_labels": {"severity": "info", "cluster": "alpha"},
+                     "exp_annotations": {
+                         "summary": "40% of the GPUs of cluster alpha are held by idle sessions",
+                         "description": "More than 25% of the GPUs of cluster alpha are held by sessions that ran no GPU kernel and "
+                                        "had no connection for 15 minutes. The idle policy stops them after its timeout "
+                                        "(docs/idle.md); lower idle_timeout_minutes if this persists.",
                      }},
                 ]},
                 # Running sessions, a flat accepted counter: no usage arrives.

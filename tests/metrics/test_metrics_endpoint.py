@@ -276,3 +276,22 @@ def test_every_refused_operator_callback_is_counted_though_only_one_a_minute_is_
     written = [operator_refusal_record(reason="token_expired", cluster=cluster) for _ in range(3)]
     assert written == [True, False, False]
     assert counter("gshare_operator_callbacks_refused_total", cluster_id=cluster.public_id, reason="token_expired") == before + 3
+
+
+def test_idle_sessions_and_their_gpus_are_counted_per_cluster(client):
+    from sessions.models import SessionActivity
+
+    now = timezone.now()
+    alpha, beta = fleet(name="alpha", nodes=1, gpus=1), fleet(name="beta", nodes=1, gpus=1)
+    idle = SessionFactory(cluster=alpha, gpus=2)
+    busy = SessionFactory(cluster=alpha, gpus=1)
+    unknown = SessionFactory(cluster=beta, gpus=4)
+    for s in (idle, busy, unknown):
+        type(s).objects.filter(pk=s.pk).update(started_at=now - datetime.timedelta(hours=2))
+    SessionActivity.objects.create(session=idle, state="ok", sampled_at=now, last_kernel_at=now - datetime.timedelta(minutes=20))
+    SessionActivity.objects.create(session=busy, state="ok", sampled_at=now, last_kernel_at=now - datetime.timedelta(minutes=1))
+    SessionActivity.objects.create(session=unknown, state="unknown", reason="monitor down", sampled_at=now)
+    m = scrape(client)
+    assert value(m, "gshare_cluster_idle_sessions", cluster="alpha") == 1
+    assert value(m, "gshare_cluster_idle_gpus", cluster="alpha") == 2
+    assert value(m, "gshare_cluster_idle_sessions", cluster="beta") == 0, "unknown activity is never idle"

@@ -1,4 +1,5 @@
-"""``manage.py demo [--port N] [--state-file PATH] [--smoke] [--bare-cluster NAME ...]``: run the whole system locally."""
+"""``manage.py demo [--port N] [--state-file PATH] [--smoke] [--bare-cluster NAME ...] [--idle-timeout SECONDS]``: run the
+whole system locally."""
 
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ class Command(BaseCommand):
         parser.add_argument("--bare-cluster", action="append", default=[], metavar="NAME", dest="bare_clusters",
                             help="Also start an emulated GPU cluster with nothing installed, to attach with the printed "
                                  "command (repeatable; see docs/attach.md)")
+        parser.add_argument("--idle-timeout", type=int, default=None, metavar="SECONDS",
+                            help="The default policy stops a session after this many seconds without a GPU kernel or a "
+                                 "connection, warning a quarter of it before (a policy minute lasts a second; docs/idle.md)")
 
     @command_actor
     def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int,
-               bare_clusters: list[str], **options):  # noqa: D102
+               bare_clusters: list[str], idle_timeout: int | None, **options):  # noqa: D102
         from demo.bare_cluster import check_name
 
         try:
@@ -42,6 +46,8 @@ class Command(BaseCommand):
                 check_name(name)
         except ValueError as exc:
             raise CommandError(f"--bare-cluster: {exc}") from None
+        if idle_timeout is not None and not 1 <= idle_timeout <= 86400:
+            raise CommandError("--idle-timeout: give a number of seconds from 1 to 86400 (e.g. 60)")
         if len(set(bare_clusters)) != len(bare_clusters):
             raise CommandError(f"--bare-cluster: a name is given twice ({', '.join(bare_clusters)}): give each once")
         signal.signal(signal.SIGTERM, _terminate)
@@ -52,6 +58,7 @@ class Command(BaseCommand):
             smoke=smoke,
             inventory_interval=inventory_interval,
             bare_clusters=tuple(bare_clusters),
+            idle_timeout=idle_timeout,
         )
         try:
             state = run_demo(options_)

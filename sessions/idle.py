@@ -1,0 +1,284 @@
+"""The idle policy: a Running session none of whose GPUs ran a kernel, and that nobody connected to, for the policy's
+``idle_timeout_minutes`` is warned, then stopped with reason ``idle`` (docs/idle.md).
+
+The signals are the session's own, never the whole GPU's: HAMi's vGPU monitor measures each container's slice of a
+shared GPU (``sessions.activity``), and connect verify notes who was let in. The rules, in ``idle_judge``:
+
+* the clock starts at the latest of: the session's start, the last kernel on any of its GPUs, the last connection,
+  the end of a staff exemption;
+* GPU activity that is unknown (no reading yet, the monitor could not be read, or the reading is older than
+  ``GSHARE_ACTIVITY_STALE_SECONDS``) never makes a session idle: its clock does not run;
+* ``idle_warning_minutes`` before the stop the session shows ``idle_since`` (when its clock started) and ``stops_at``;
+* at ``stops_at`` it is stopped (``sessions.services.session_stop``, ``stop_reason`` ``idle``, its message naming the
+  policy and the last activity), and the ledger gets its ``end`` entry with the credits burned while idle
+  (``billing.services.ledger_session_end``).
+
+A policy minute lasts ``GSHARE_IDLE_POLICY_MINUTE_SECONDS`` (60; the demo shortens it). ``idle_enforce`` runs from beat
+(``sessions.enforce_idle``, every 30 s) and after each activity report of a cluster (``idle_enforce_soon``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.services import Action, audit_record
+from billing import admission
+from billing.services import ledger_session_end
+from gshare.exceptions import ApplicationError, Conflict, Forbidden
+from sessions import activity, services
+from sessions.models import Session, SessionActivity
+from sessions.permissions import may_open_any_session
+
+logger = logging.getLogger(__name__)
+
+#: The longest a staff exemption may last.
+MAX_EXEMPTION = timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class IdleJudgement:
+    """Where the idle policy stands for one session at one moment (``idle_judge``).
+
+    Attributes:
+        idle_since: when its idle clock started, once the warning runs (else None).
+        stops_at: when it is stopped, once the warning runs (else None).
+        due: True when it is to be stopped now.
+        unknown: why GPU activity does not count, or "" (then the clock does not run).
+        last_activity: the latest of start, last kernel, last connection and exemption end (None: nothing known).
+    """
+
+    idle_since: datetime | None = None
+    stops_at: datetime | None = None
+    due: bool = False
+    unknown: str = ""
+    last_activity: datetime | None = None
+
+
+def minute() -> timedelta:
+    """How long one minute of a policy lasts (``GSHARE_IDLE_POLICY_MINUTE_SECONDS``)."""
+    return timedelta(seconds=settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS)
+
+
+def activity_unknown(*, state: str, reason: str, sampled_at: datetime | None, now: datetime) -> str:
+    """Why a session's GPU activity does not count now, or "" when it does.
+
+    Args:
+        state: ``SessionActivity.state`` ("" before any reading).
+        reason: the operator's reason for an ``unknown`` reading.
+        sampled_at: when the last reading was taken.
+        now: the moment judged.
+    """
+    if not state or sampled_at is None:
+        return "no reading of HAMi's vGPU monitor yet"
+    if state == SessionActivity.State.UNKNOWN:
+        return reason or "the operator could not read HAMi's vGPU monitor"
+    stale = timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)
+    if now - sampled_at > stale:
+        return f"the last reading of HAMi's vGPU monitor is {int((now - sampled_at).total_seconds())} s old"
+    return ""
+
+
+def idle_judge(
+    *,
+    now: datetime,
+    started_at: datetime,
+    last_kernel_at: datetime | None,
+    last_connected_at: datetime | None,
+    exempt_until: datetime | None,
+    unknown: str,
+    timeout: timedelta,
+    warning: timedelta,
+) -> IdleJudgement:
+    """Judge one Running session (pure: no query).
+
+    Args:
+        now: the moment judged (aware UTC).
+        started_at: when it started running.
+        last_kernel_at: newest kernel on any of its GPUs, or None (none seen).
+        last_connected_at: newest connection let through, or None.
+        exempt_until: end of a staff exemption, or None.
+        unknown: ``activity_unknown``'s answer ("" when GPU activity counts).
+        timeout: the policy's idle timeout (zero: never idle).
+        warning: how long before the stop the warning starts (clipped to the timeout).
+
+    Returns:
+        The judgement: nothing while the timeout is zero, an exemption runs or GPU activity is unknown.
+    """
+    last = max(t for t in (started_at, last_kernel_at, last_connected_at, exempt_until) if t is not None)
+    if timeout <= timedelta(0) or (exempt_until is not None and exempt_until > now):
+        return IdleJudgement(last_activity=last)
+    if unknown:
+        return IdleJudgement(unknown=unknown, last_activity=last)
+    stops_at = last + timeout
+    if now < stops_at - min(warning, timeout):
+        return IdleJudgement(last_activity=last)
+    return IdleJudgement(idle_since=last, stops_at=stops_at, due=now >= stops_at, last_activity=last)
+
+
+def _policy_text(policy: admission.EffectivePolicy) -> str:
+    whose = {"user": "your own policy", "default": "the default policy"}.get(policy.source, "the default policy (settings)")
+    span = minute()
+    if span == timedelta(minutes=1):
+        length = f"{policy.idle_timeout_minutes} min"
+    else:
+        length = f"{policy.idle_timeout_minutes} policy minutes of {int(span.total_seconds())} s"
+    return f"{whose}: {length} without a GPU kernel or a connection"
+
+
+def _moment(value: datetime | None, never: str) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else never
+
+
+def stop_message(*, policy: admission.EffectivePolicy, last_kernel_at: datetime | None, last_connected_at: datetime | None) -> str:
+    """The message of a session stopped by the idle policy: the policy, its timeout, the last kernel and connection."""
+    return (f"Stopped by the idle policy ({_policy_text(policy)}). Last GPU kernel: {_moment(last_kernel_at, 'none seen')}; "
+            f"last connection: {_moment(last_connected_at, 'none')}.")
+
+
+_MARK = """
+INSERT INTO gpu_sessions_sessionactivity AS a
+    (session_id, state, reason, sampled_at, gpus, last_kernel_at, last_connected_at, idle_since, stops_at, exempt_until,
+     exempt_reason, exempt_by)
+SELECT r.session_id, '', '', NULL, '[]'::jsonb, NULL, NULL, r.idle_since, r.stops_at, NULL, '', ''
+FROM jsonb_to_recordset(%s::jsonb) AS r(session_id bigint, idle_since timestamptz, stops_at timestamptz)
+ON CONFLICT (session_id) DO UPDATE SET idle_since = EXCLUDED.idle_since, stops_at = EXCLUDED.stops_at
+"""
+
+
+def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]:
+    """Judge every Running session (of ``cluster``, or of the fleet), show or clear the warnings, stop the due ones.
+
+    Queries: three whatever the number of sessions (the sessions with their activity, the policies, one upsert of
+    the warnings that changed), one Redis call (the connections not flushed yet), plus per stopped session what
+    ``session_stop`` and the ledger's end entry cost.
+
+    Returns:
+        ``{"checked": n, "warned": sessions in their warning, "stopped": n}``.
+    """
+    now = now or timezone.now()
+    sessions = Session.objects.filter(phase=Session.Phase.RUNNING).select_related("activity")
+    if cluster is not None:
+        sessions = sessions.filter(cluster=cluster)
+    sessions = list(sessions.only("pk", "public_id", "owner_id", "started_at", "created_at", "phase", "cluster_id",
+                                  "activity__state", "activity__reason", "activity__sampled_at", "activity__last_kernel_at",
+                                  "activity__last_connected_at", "activity__idle_since", "activity__stops_at", "activity__exempt_until"))
+    if not sessions:
+        return {"checked": 0, "warned": 0, "stopped": 0}
+    policies = admission.policies_for(user_ids=[s.owner_id for s in sessions])
+    pending = activity.connections_pending([s.public_id for s in sessions])
+    changed, due, warned = [], [], 0
+    for session in sessions:
+        row = getattr(session, "activity", None)
+        policy = policies[session.owner_id]
+        connected = max((t for t in (row.last_connected_at if row else None, pending.get(session.public_id)) if t), default=None)
+        judgement = idle_judge(
+            now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
+            last_connected_at=connected, exempt_until=row.exempt_until if row else None,
+            unknown=activity_unknown(state=row.state if row else "", reason=row.reason if row else "",
+                                     sampled_at=row.sampled_at if row else None, now=now),
+            timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
+        )
+        warned += judgement.idle_since is not None
+        if (row.idle_since if row else None, row.stops_at if row else None) != (judgement.idle_since, judgement.stops_at):
+            changed.append({"session_id": session.pk, "idle_since": judgement.idle_since.isoformat() if judgement.idle_since else None,
+                            "stops_at": judgement.stops_at.isoformat() if judgement.stops_at else None})
+        if judgement.due:
+            due.append((session, judgement, policy, row.last_kernel_at if row else None, connected))
+    if changed:
+        with connection.cursor() as cursor:
+            cursor.execute(_MARK, [json.dumps(changed)])
+    stopped = sum(_stop_idle(session=s, judgement=j, policy=p, last_kernel_at=k, last_connected_at=c, now=now) for s, j, p, k, c in due)
+    return {"checked": len(sessions), "warned": warned, "stopped": stopped}
+
+
+@transaction.atomic
+def _stop_idle(*, session: Session, judgement: IdleJudgement, policy, last_kernel_at, last_connected_at, now: datetime) -> bool:
+    """Stop one due session and write its end entry, unless something changed since it was judged (under its row lock)."""
+    locked = Session.objects.select_for_update().select_related("owner").get(pk=session.pk)
+    row = SessionActivity.objects.filter(session_id=session.pk).first()
+    if locked.phase != Session.Phase.RUNNING or row is None or row.stops_at is None or row.stops_at > now:
+        return False
+    if row.exempt_until is not None and row.exempt_until > now:
+        return False
+    message = stop_message(policy=policy, last_kernel_at=last_kernel_at, last_connected_at=last_connected_at)
+    services.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
+    ledger_session_end(session=locked, idle_since=row.idle_since or judgement.idle_since, until=now, reason=message, created_by="idle-policy")
+    logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(row.idle_since, "?"))
+    return True
+
+
+def idle_enforce_soon(*, cluster) -> None:
+    """Have ``sessions.enforce_idle`` judge ``cluster``'s sessions once the current transaction commits (never raises:
+    beat runs it for the whole fleet anyway)."""
+    from sessions import tasks  # the tasks module imports this one
+
+    def publish():
+        try:
+            tasks.idle_enforce_task.apply_async(kwargs={"cluster_pk": cluster.pk}, expires=30)
+        except Exception as exc:  # the broker is down: beat's run covers it
+            logger.warning("idle: could not publish the policy run for %s (%s)", cluster.name, exc)
+
+    transaction.on_commit(publish)
+
+
+class InvalidExemption(ApplicationError):
+    """400: an exemption's end or reason is out of range."""
+
+    code = "invalid_exemption"
+    status = 400
+
+
+@transaction.atomic
+def session_idle_exempt(*, session: Session, user, until: datetime | None, reason: str = "") -> SessionActivity:
+    """Exempt ``session`` from the idle policy until ``until`` (None: end the exemption now), audited.
+
+    Only a user who may open any session (``sessions.permissions.may_open_any_session``: staff holding
+    ``gpu_sessions.change_session``, or a superuser) may: a session's owner cannot switch the policy off for themselves.
+
+    Args:
+        session: a live session.
+        user: who asks.
+        until: aware time in the future, at most ``MAX_EXEMPTION`` ahead; None to remove the exemption.
+        reason: why (1 to 500 characters; required to exempt).
+
+    Returns:
+        The session's activity row (made if missing).
+
+    Raises:
+        Forbidden: 403 ``idle_exemption_forbidden``.
+        InvalidExemption: 400 ``invalid_exemption``.
+        Conflict: 409 ``session_not_live`` (it ended).
+    """
+    if not may_open_any_session(user):
+        raise Forbidden("Only staff who may manage everyone's sessions can exempt a session from the idle policy.",
+                        code="idle_exemption_forbidden")
+    now = timezone.now()
+    reason = (reason or "").strip()
+    if until is not None:
+        if timezone.is_naive(until):
+            raise InvalidExemption("until must be a time with a zone, e.g. 2026-12-02T18:00:00Z.")
+        if until <= now or until > now + MAX_EXEMPTION:
+            raise InvalidExemption(f"until must be in the future and at most {MAX_EXEMPTION.days} days ahead.")
+        if not reason or len(reason) > 500:
+            raise InvalidExemption("reason must say why, in 1 to 500 characters.")
+    locked = Session.objects.select_for_update().get(pk=session.pk)
+    if not locked.is_live:
+        raise Conflict(f"Session {locked.public_id} has ended; there is nothing to exempt.", code="session_not_live")
+    row, _ = SessionActivity.objects.select_for_update().get_or_create(session=locked)
+    before = (row.exempt_until, row.exempt_reason)
+    row.exempt_until, row.exempt_reason = until, reason if until else ""
+    row.exempt_by = user.get_username() if until else ""
+    if until is not None:
+        row.idle_since = row.stops_at = None
+    row.save(update_fields=["exempt_until", "exempt_reason", "exempt_by", "idle_since", "stops_at"])
+    audit_record(action=Action.SESSION_IDLE_EXEMPT, obj=locked,
+                 changes={"exempt_until": (before[0], until), "exempt_reason": (before[1], row.exempt_reason)},
+                 details={"owner": locked.owner.get_username()})
+    return row
