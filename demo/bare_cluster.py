@@ -171,8 +171,7 @@ class BareCluster:
         self._hosts_seen = (stat.st_mtime, stat.st_size)
         operator_dir = self.folder / "operator"
         operator_dir.mkdir(exist_ok=True)
-        env = {"GSHARE_USAGE_QUEUE_PATH": str(operator_dir / "usage-queue.sqlite3"), "GSHARE_METRICS_PORT": "0",
-               **(self._operator_env or {})}
+        env = {"GSHARE_USAGE_QUEUE_PATH": str(operator_dir / "usage-queue.sqlite3"), **(self._operator_env or {})}
         self.kubelet = OperatorKubelet(self.cluster, self.kubeconfig_path, operator_dir, extra_env=env)
         return self
 

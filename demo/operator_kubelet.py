@@ -38,12 +38,15 @@ class OperatorKubelet:
         kubeconfig_path: kubeconfig of the emulated cluster, read by the watcher and given to the operator.
         workdir: folder for the token file and ``operator.log``.
         extra_env: environment set last, e.g. ``{"GSHARE_INVENTORY_INTERVAL": "1"}`` (default: inventory every
-            second, backoff at most one second, as the tests want).
+            second, backoff at most one second, as the tests want). The operator's ``/metrics`` is always off
+            (``GSHARE_METRICS_PORT=0``): the chart's port would listen on all interfaces of this machine, and several
+            local operators would clash on it.
     """
 
     def __init__(self, emulated, kubeconfig_path: Path, workdir: Path, extra_env: dict[str, str] | None = None):
         self.emulated, self.kubeconfig_path, self.workdir = emulated, Path(kubeconfig_path), Path(workdir)
         self.extra_env = {"GSHARE_INVENTORY_INTERVAL": "1", "GSHARE_BACKOFF_MAX": "1"} if extra_env is None else extra_env
+        self.extra_env = {**self.extra_env, "GSHARE_METRICS_PORT": "0"}
         self.process: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
         self._stop = threading.Event()
