@@ -405,6 +405,9 @@ class ActivityReporter:
             outcome = exc
         except MonitorParseError as exc:
             outcome = ScrapeError("parse_error", f"pod {namespace}/{pod} on node {node}: {exc}")
+        except Exception:  # a bug must cost this node's reading, not the report; the traceback is logged
+            logger.exception("reading the HAMi vGPU monitor of node %s failed unexpectedly", node)
+            outcome = ScrapeError("internal_error", f"the operator failed reading node {node}'s monitor (see its log)")
         return outcome, time.monotonic() - started
 
     def _log(self, nodes: Iterable[str], failures: Mapping[str, ScrapeError]) -> None:

@@ -20,7 +20,8 @@ name                                                        type    meaning
 ``gshare_operator_hami_monitor_scrape_errors_total``        counter failed scrapes of HAMi's vGPU monitor, by ``node``
 ``{node, reason}``                                                  and ``reason``: ``no_monitor_pod``, ``http_error``
                                                                     (the proxy's or the monitor's error status),
-                                                                    ``timeout``, ``unreachable``, ``parse_error``
+                                                                    ``timeout``, ``unreachable``, ``parse_error``,
+                                                                    ``internal_error`` (a bug: see the log)
 ``gshare_operator_hami_monitor_scrape_duration_seconds``    gauge   how long the last scrape of the node's monitor took
 ``{node}``                                                          (nodes no longer scraped are dropped)
 =========================================================== ======= ====================================================
@@ -50,7 +51,7 @@ REPORTS = {INVENTORY_PATH: "inventory", STATUS_PATH: "status", STORAGE_PATH: "st
            ACTIVITY_PATH: "activity"}
 """Route -> the ``report`` label of ``gshare_operator_report_age_seconds``."""
 
-SCRAPE_ERROR_REASONS = ("no_monitor_pod", "http_error", "timeout", "unreachable", "parse_error")
+SCRAPE_ERROR_REASONS = ("no_monitor_pod", "http_error", "timeout", "unreachable", "parse_error", "internal_error")
 """Values of the ``reason`` label of ``gshare_operator_hami_monitor_scrape_errors_total``."""
 
 
