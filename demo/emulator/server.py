@@ -15,8 +15,11 @@ import kmock
 
 from demo.emulator.auth import AuthMixin
 from demo.emulator.common import Outcome
+from demo.emulator.control import ControlMixin
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.device_plugin import HamiDevicePlugin
+from demo.emulator.controllers.hami_metrics import SCHEMES
+from demo.emulator.controllers.hami_monitor import HamiMonitor
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
 from demo.emulator.controllers.host_facts import validate_host_facts, validate_hosts
 from demo.emulator.controllers.kubelet import Kubelet
@@ -27,6 +30,7 @@ from demo.emulator.discovery import DiscoveryMixin
 from demo.emulator.events import EventRecorderMixin
 from demo.emulator.http import HttpMixin
 from demo.emulator.objects import ObjectsMixin
+from demo.emulator.proxy import ProxyMixin
 from demo.emulator.rbac import UserInfo
 from demo.emulator.reads import ReadsMixin
 from demo.emulator.resources import BUILTIN_RESOURCES, ResourceSpec
@@ -34,8 +38,8 @@ from demo.emulator.store import StoreEvent, StoreMixin
 
 
 @attrs.define(kw_only=True)
-class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRecorderMixin, ObjectsMixin, StoreMixin,
-                      kmock.KubernetesEmulator):
+class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin, ReadsMixin, DiscoveryMixin,
+                      EventRecorderMixin, ObjectsMixin, StoreMixin, kmock.KubernetesEmulator):
     """kmock's ``KubernetesEmulator`` made to behave like an apiserver for the official clients.
 
     The object store is kmock's (``self.objects``); resource metadata is kmock's (``self.resources``,
@@ -111,6 +115,8 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     check_pod_seconds: float = 0.2
     device_plugin_seconds: float = 0.2
     volume_controller_seconds: float = 0.1
+    hami_monitor_scheme: str = attrs.field(default="current", validator=attrs.validators.in_(SCHEMES))
+    hami_monitor_hang_seconds: float = 60.0
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
@@ -128,6 +134,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     scheduler: HamiScheduler = attrs.field(init=False)
     kubelet: Kubelet = attrs.field(init=False)
     device_plugin: HamiDevicePlugin = attrs.field(init=False)
+    hami_monitor: HamiMonitor = attrs.field(init=False)
     volumes: VolumeControllers = attrs.field(init=False)
     tokens: TokensController = attrs.field(init=False)
 
@@ -142,6 +149,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
         self.kubelet = Kubelet(self)
         self.scheduler = HamiScheduler(self, self.kubelet)
         self.device_plugin = HamiDevicePlugin(self)
+        self.hami_monitor = HamiMonitor(self)
         self.volumes = VolumeControllers(self)
         self.tokens = TokensController(self)
         self.subscribe(self._forget_recorded_events)
@@ -154,7 +162,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     @property
     def controllers(self) -> tuple[Controller, ...]:
         """The stand-in controllers, in the order they hear of each store event."""
-        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes, self.tokens)
+        return (self.scheduler, self.kubelet, self.device_plugin, self.hami_monitor, self.volumes, self.tokens)
 
     def start_controllers(self) -> None:
         """Let every controller act on the objects already stored (a seed) once serving; call it in the loop."""
@@ -202,6 +210,32 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     def kick_device_plugin(self) -> None:
         """Schedule a pass of HAMi's device-plugin stand-in (see ``HamiDevicePlugin.kick``)."""
         self.device_plugin.kick()
+
+    # ----------------------------------------------------------------- HAMi's vGPU monitor (never visible through the API)
+
+    def set_gpu_activity(self, namespace: str, name: str, state: str) -> dict[str, Any]:
+        """Make every container of a pod ``busy`` or ``idle`` on its HAMi GPUs, as the vGPU monitor reads them (idle:
+        the idle clock starts now). Call it in the emulator's loop (``EmulatedCluster.set_gpu_activity`` does).
+
+        Returns:
+            ``{"namespace", "name", "uid", "node", "state", "since", "gpus": [...]}`` (``HamiMonitor.describe_activity``).
+
+        Raises:
+            KeyError: no such pod. ValueError: a state other than ``busy``/``idle``.
+        """
+        return self.hami_monitor.set_activity(namespace, name, state)
+
+    def set_hami_monitor(self, node: str, mode: str) -> dict[str, Any]:
+        """Make a node's vGPU monitor answer (``ok``), refuse connections (``down``) or hang (``hang``). Call it in the
+        emulator's loop (``EmulatedCluster.set_hami_monitor`` does).
+
+        Returns:
+            ``{"node", "monitor", "pods": [{"namespace", "name"}]}`` (``HamiMonitor.describe_monitor``).
+
+        Raises:
+            KeyError: no such node. ValueError: another mode.
+        """
+        return self.hami_monitor.set_monitor(node, mode)
 
     def kick_volume_controller(self) -> None:
         """Schedule a pass of the PV controller stand-in (see ``VolumeControllers.kick``)."""
