@@ -25,7 +25,7 @@ import aiohttp.web
 import kmock
 
 from demo.emulator import rbac
-from demo.emulator.controllers.hami_monitor import ACTIVITY_STATES, MONITOR_MODES
+from demo.emulator.controllers.hami_monitor import GPU_ACTIVITY_STATES, MONITOR_MODES
 from demo.emulator.errors import ApiError
 from demo.emulator.rbac import Attributes, UserInfo
 
@@ -70,7 +70,7 @@ class ControlMixin:
                 answer: dict[str, Any]
                 if pod is not None:
                     namespace, name = pod.groups()
-                    answer = (monitor.set_activity(namespace, name, _body_field(request, "state", ACTIVITY_STATES))
+                    answer = (monitor.set_activity(namespace, name, _body_field(request, "state", GPU_ACTIVITY_STATES))
                               if method == "PUT" else monitor.describe_activity(namespace, name))
                 else:
                     (name,) = node.groups()

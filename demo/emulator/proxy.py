@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp.web
 import kmock
 
+from demo.emulator.controllers.hami_monitor import MonitorAnswer
 from demo.emulator.errors import ApiError, not_found
 
 _SCHEMES = ("", "http", "https")
@@ -96,7 +97,7 @@ class ProxyMixin:
                 break
             if hung:
                 target = f"{address}:{port or (443 if scheme == 'https' else 80)}"
-                answer = answer.__class__(unreachable=f"dial tcp {target}: i/o timeout")
+                answer = MonitorAnswer(unreachable=f"dial tcp {target}: i/o timeout")
                 break
             await self.hami_monitor.hang(pod)
             hung = True

@@ -83,6 +83,11 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
             plugin stand-in registers the selected nodes.
         volume_controller_seconds: how long after a PVC, PV or StorageClass change the PV controller and CSI
             provisioner stand-ins act (see the module docstring and ``controllers.volumes``).
+        hami_monitor_scheme: the metric names HAMi's vGPU monitor stand-in serves: ``current`` (HAMi 2.9+,
+            ``hami_container_last_kernel_elapsed_seconds`` ...) or ``legacy`` (HAMi 2.4-2.7,
+            ``Device_last_kernel_of_container`` ...; see ``controllers.hami_metrics``).
+        hami_monitor_hang_seconds: how long a request to a node's hung monitor (``set_hami_monitor(node, "hang")``)
+            waits before the apiserver's 503 (the caller's own time-out is meant to fire first).
 
     gShare attach checks (always on, whatever ``pod_startup_seconds`` says):
 
@@ -99,6 +104,28 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
       the devices' split counts (``operator_agent.hami.decode_node_register``). Nodes carrying a register
       annotation the stand-in did not write (a seed's, e.g. the demo fleet's) are left alone; deleting the
       DaemonSet leaves the annotations (like the real plugin).
+
+    HAMi's vGPU monitor (always on; ``controllers.hami_monitor``):
+
+    * the DaemonSet's pods: every node such a DaemonSet selects that has ``hami.io/node-nvidia-register`` runs one
+      ``Running`` Pod of it (``<daemonset>-<5 alphanumerics>`` in its namespace, the template's labels and containers,
+      an ``ownerReference``, ``spec.nodeName``, the node's IP with ``hostNetwork``), ``device_plugin_seconds`` after a
+      change; pods on nodes no longer selected, registered or existing are deleted, deleted pods are re-created, and
+      deleting the DaemonSet deletes them;
+    * the monitor: ``GET /api/v1/namespaces/<ns>/pods/<pod>:9394/proxy/metrics`` on such a pod (its ``vgpu-monitor``
+      container; RBAC ``get`` on ``pods/proxy``) answers HAMi's Prometheus text: per (container, GPU) of every Running
+      pod on that node with a ``hami.io/vgpu-devices-allocated`` annotation, its last kernel, SM utilization, vGPU
+      memory used and limit (the allocation's MiB), and per GPU of the node the host series, in
+      ``hami_monitor_scheme``'s names. Other pods, ports and paths answer as a real apiserver's proxy does (``503``
+      connection refused, Go's ``404 page not found``; ``demo.emulator.proxy``);
+    * busy or idle, per pod (all its containers and GPUs): ``set_gpu_activity(namespace, name, "busy"|"idle")`` or
+      ``PUT /emulator/v1/gpu-activity/namespaces/<ns>/pods/<name>`` ``{"state": ...}`` (admin token only,
+      ``demo.emulator.control``). A pod is idle from the moment it runs (last kernel = seconds since, utilization 0,
+      a CUDA context's memory); idle set later restarts that clock; busy: last kernel 0, utilization 60-99 % and memory
+      50-94 % of the limit, fixed per container and GPU;
+    * a node's monitor failing: ``set_hami_monitor(node, "down"|"hang"|"ok")`` or ``PUT
+      /emulator/v1/gpu-activity/nodes/<node>`` ``{"monitor": ...}``: ``down`` refuses (the proxy's ``503``), ``hang``
+      answers nothing for ``hami_monitor_hang_seconds`` (or until set ``ok``).
 
     Must be created and used inside the event loop that serves it (see ``serve``/``EmulatedCluster``).
     """

@@ -7,6 +7,7 @@ No Django here: run with ``pytest -p no:django tests/demo``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -24,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo import fleet
-from demo.emulator import EmulatedCluster
+from demo.emulator import EmulatedCluster, serve
+from demo.emulator.controllers.hami_metrics import ContainerGpu, HostGpu, render_metrics
 from operator_agent.contract import HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT, HAMI_MONITOR_PORT_DEFAULT
 from tests.helpers import ROOT, serve_seed, wait_for
 
@@ -228,6 +230,24 @@ def test_the_legacy_scheme_is_the_fixtures(lab):
         assert served == shape((FIXTURES / fixture).read_text(encoding="utf-8")), fixture
 
 
+def test_the_legacy_text_is_written_as_hami_writes_it():
+    """The fixtures' readings, rendered, give the fixtures byte for byte (order, label order, Go's number format)."""
+    busy = ContainerGpu(namespace="default", pod="hami-device", container="cuda-container", vdevice_index=0,
+                        device_uuid="GPU-xxxx", memory_used=2109867008, memory_limit=3145728000, memory_context=331350016,
+                        memory_module=0, memory_buffer=1778516992, utilization=99, last_kernel_seconds=0)
+    hosts = [HostGpu(index=0, uuid="GPU-xxxx", name="A", memory_used=56366661632, utilization=0, memory_utilization=0),
+             HostGpu(index=1, uuid="GPU-xxxx", name="A", memory_used=58484457472, utilization=100, memory_utilization=0)]
+    assert render_metrics("legacy", "node-1", [busy], hosts) == (
+        FIXTURES / "metrics.legacy.volcano-vgpu-device-plugin-readme.txt").read_text(encoding="utf-8")
+    uuid = "GPU-59ab1128-3130-b95a-9870-4bd748926e97"
+    idle = ContainerGpu(namespace="default", pod="gpu-cxeyttpu-5bc96fc469-8q2zb", container="gpu-cxeyttpu",
+                        vdevice_index=0, device_uuid=uuid, memory_used=0, memory_limit=314572800, memory_context=0,
+                        memory_module=0, memory_buffer=0, utilization=0, last_kernel_seconds=80450)
+    host = HostGpu(index=0, uuid=uuid, name="A", memory_used=287244288, utilization=0, memory_utilization=0)
+    assert render_metrics("legacy", "node-1", [idle], [host]) == (
+        FIXTURES / "metrics.legacy.idle-container.txt").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("scheme", ["current"])
 def test_the_current_scheme_is_hamis_source(lab):
     lab.core.create_namespaced_pod(NS, session_pod("s1"))
@@ -397,6 +417,35 @@ def test_a_node_monitor_can_refuse_or_hang(lab):
     lab.cluster.set_hami_monitor("gpu-h100-01", "ok")  # the hung request is answered now
     waiting.join(10)
     assert answered and "# TYPE" in answered[0]
+
+
+def test_a_hung_monitor_answers_the_apiservers_503_after_the_hang():
+    async def scenario() -> tuple[int, dict]:
+        async with serve(fleet.cluster_objects("lab-c1"), pod_startup_seconds=0.1,
+                         hami_monitor_hang_seconds=0.3) as (emulator, url):
+            emulator.set_hami_monitor("gpu-v100-01", "hang")
+            api = kubernetes.config.new_client_from_config_dict({
+                "apiVersion": "v1", "kind": "Config", "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": url}}], "users": [{"name": "c", "user": {}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "c"}}]})
+            core = kubernetes.client.CoreV1Api(api)
+
+            def scrape() -> tuple[int, dict]:
+                pods = wait_for(lambda: core.list_namespaced_pod(PLUGIN_NS, field_selector="spec.nodeName=gpu-v100-01").items)
+                try:
+                    core.connect_get_namespaced_pod_proxy_with_path(f"{pods[0].metadata.name}:9394", PLUGIN_NS, "metrics")
+                except ApiException as exc:
+                    return exc.status, json.loads(exc.body) | {"ip": pods[0].status.pod_ip}
+                return 200, {}
+
+            try:
+                return await asyncio.to_thread(scrape)
+            finally:
+                api.close()
+
+    status, body = asyncio.run(scenario())
+    assert (status, body["reason"]) == (503, "ServiceUnavailable")
+    assert body["message"] == f"error trying to reach service: dial tcp {body['ip']}:9394: i/o timeout"
 
 
 # --------------------------------------------------------------------------- command lines

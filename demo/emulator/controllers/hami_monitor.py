@@ -61,7 +61,7 @@ HAMI_MONITOR_CONTAINER = "vgpu-monitor"
 """Name of the monitor's container in HAMi's device-plugin pod (``daemonsetnvidia.yaml``)."""
 HAMI_MONITOR_PORT = HAMI_MONITOR_PORT_DEFAULT
 STATE_BUSY, STATE_IDLE = "busy", "idle"
-ACTIVITY_STATES = (STATE_BUSY, STATE_IDLE)
+GPU_ACTIVITY_STATES = (STATE_BUSY, STATE_IDLE)
 MONITOR_OK, MONITOR_DOWN, MONITOR_HANG = "ok", "down", "hang"
 MONITOR_MODES = (MONITOR_OK, MONITOR_DOWN, MONITOR_HANG)
 IDLE_MEMORY_BYTES = 331_350_016
@@ -266,8 +266,8 @@ class HamiMonitor(Controller):
         Raises:
             KeyError: no such pod. ValueError: an unknown state.
         """
-        if state not in ACTIVITY_STATES:
-            raise ValueError(f"state must be one of {', '.join(ACTIVITY_STATES)}, not {state!r}")
+        if state not in GPU_ACTIVITY_STATES:
+            raise ValueError(f"state must be one of {', '.join(GPU_ACTIVITY_STATES)}, not {state!r}")
         pod = self._pod(namespace, name)
         self._activity[pod["metadata"]["uid"]] = (state, time.time())
         return self.describe_activity(namespace, name)
