@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from operator_agent.contract import SESSION_NAMESPACE_DEFAULT
+from operator_agent.contract import HAMI_MONITOR_PORT_DEFAULT, SESSION_NAMESPACE_DEFAULT
 from operator_agent.hami import decode_node_register
 from operator_agent.inventory import device_to_snapshot
 
@@ -533,7 +533,8 @@ def hami_device_plugin_daemonset(cluster: ClusterSpec) -> dict[str, Any]:
     and ``_helpers.tpl`` (release ``hami``: fullname ``hami``, ``app.kubernetes.io/component:
     hami-device-plugin``, ``app.kubernetes.io/name: hami``, ``app.kubernetes.io/instance: hami``,
     ``helm.sh/chart: hami-<version>``); node selector ``gpu: "on"`` (chart ``devicePlugin.nvidianodeSelector``);
-    image ``docker.io/projecthami/hami:v<version>``. The status counts the cluster's GPU nodes; in lab-c2 one
+    image ``docker.io/projecthami/hami:v<version>``; the ``vgpu-monitor`` container (HAMi's vGPU monitor) with the
+    chart's ``ports: [{name: metrics, containerPort: 9394, protocol: TCP}]``. The status counts the cluster's GPU nodes; in lab-c2 one
     of them is not yet updated (its annotation is still the v2.4 one).
     """
     version = cluster.hami_chart_version
@@ -579,7 +580,8 @@ def hami_device_plugin_daemonset(cluster: ClusterSpec) -> dict[str, Any]:
                          "command": ["vGPUmonitor"],
                          "env": [env_node, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                                  {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"},
-                                 {"name": "HOOK_PATH", "value": "/usr/local/vgpu"}]},
+                                 {"name": "HOOK_PATH", "value": "/usr/local/vgpu"}],
+                         "ports": [{"name": "metrics", "containerPort": HAMI_MONITOR_PORT_DEFAULT, "protocol": "TCP"}]},
                     ],
                 },
             },
@@ -696,6 +698,17 @@ def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[st
     return objects
 
 
+def hami_monitor_scheme(name: str) -> str:
+    """The metric names the cluster's HAMi vGPU monitor serves: ``current`` from HAMi 2.9.0 (lab-c1's 2.10.0),
+    ``legacy`` before (lab-c2's 2.7.1; see ``demo.emulator.controllers.hami_metrics``).
+
+    Raises:
+        KeyError: no such cluster.
+    """
+    major, minor = (int(part) for part in cluster_spec(name).hami_chart_version.split(".")[:2])
+    return "current" if (major, minor) >= (2, 9) else "legacy"
+
+
 def write_seed(name: str, path: str | pathlib.Path,
                pod_startup_seconds: float | None = DEMO_POD_STARTUP_SECONDS) -> pathlib.Path:
     """Write the seed file ``python -m demo.emulator --seed`` serves.
@@ -708,12 +721,14 @@ def write_seed(name: str, path: str | pathlib.Path,
             ``Pending`` (the key is then omitted).
 
     Returns:
-        The path written: JSON ``{"cluster": name, "version": {...}, "podStartupSeconds": 1.0, "objects": [...]}``.
+        The path written: JSON ``{"cluster": name, "version": {...}, "podStartupSeconds": 1.0,
+        "hamiMonitorScheme": "current"|"legacy", "objects": [...]}`` (the monitor's metric names: ``hami_monitor_scheme``).
     """
     path = pathlib.Path(path)
     seed: dict[str, Any] = {"cluster": name, "version": cluster_version(name)}
     if pod_startup_seconds is not None:
         seed["podStartupSeconds"] = pod_startup_seconds
+    seed["hamiMonitorScheme"] = hami_monitor_scheme(name)
     seed["objects"] = cluster_objects(name)
     path.write_text(json.dumps(seed, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     return path

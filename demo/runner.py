@@ -47,6 +47,7 @@ from django.db import connections
 from demo import fleet
 from demo.bare_cluster import UNPREPARED_NODE
 from demo.bare_demo import BareClusters
+from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
 
@@ -424,6 +425,9 @@ def run_demo(options: DemoOptions) -> dict:
                     "session_host": f"{cluster.session_domain}:{ingress_port}",
                     "ingress_url": f"http://{cluster.session_domain}:{ingress_port}",
                     "kubeconfig_path": str(kubeconfig_path),
+                    # The emulator's control API (demo.gpu_activity marks a session's GPUs busy or idle through it).
+                    "emulator_url": urls[spec.name],
+                    "emulator_token_file": str(kubeconfig_path.parent / "emulator-token"),
                     "nodes": counts[cluster.public_id][0],
                     "gpus": counts[cluster.public_id][1],
                 }
@@ -434,6 +438,18 @@ def run_demo(options: DemoOptions) -> dict:
         if options.smoke:
             _say("smoke: starting a session on each cluster and waiting until both are Running")
             state["sessions"] = _smoke_sessions(url, api_token, state["clusters"], group, ingress_url)
+            state["metrics"] = _smoke_metrics(internal_url, state["clusters"])
+            _say("smoke: GET /metrics on the internal host lists every GPU of every cluster: "
+                 + ", ".join(f"{name} {n}" for name, n in state["metrics"]["gpus"].items()))
+            if options.idle_timeout is not None:
+                _say(f"smoke: one session busy, one left idle: the idle one must be warned and stopped within {options.idle_timeout} s")
+                try:
+                    state["idle_policy"] = idle_smoke(state, idle_timeout=options.idle_timeout, check_children=lambda: _check_children(group))
+                except GpuActivityError as exc:
+                    raise DemoError(f"idle policy: {exc}") from None
+                idle = state["idle_policy"]["idle"]
+                _say(f"smoke: {idle['id']} warned (stops at {idle['stops_at']}), then stopped by the idle policy; its end entry: "
+                     f"{idle['idle_credits']} credits burned while idle; {state['idle_policy']['busy']['id']} (busy) kept running")
         options.state_file.parent.mkdir(parents=True, exist_ok=True)
         options.state_file.write_text(json.dumps(state, indent=2) + "\n")
         options.state_file.chmod(0o600)
@@ -445,6 +461,10 @@ def run_demo(options: DemoOptions) -> dict:
         _say("sessions: " + ", ".join(f"{c['ingress_url']}/s/<session id>/" for c in state["clusters"])
              + f"  (each cluster's ingress, on 127.0.0.1:{ingress_port}; Open in the console gives the link)")
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
+        idle_text = (f"{options.idle_timeout} s without a GPU kernel or a connection" if options.idle_timeout is not None
+                     else "60 min without a GPU kernel or a connection (--idle-timeout SECONDS shortens it)")
+        _say(f"idle policy: sessions stop after {idle_text}; new sessions' GPUs are idle: mark one busy with "
+             f".venv/bin/python -m demo.gpu_activity <session id> busy")
         _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")
         _say(f"         curl {url}/.well-known/gshare-internal-jwks.json  -> 404;  curl {internal_url}/.well-known/gshare-internal-jwks.json  -> the JWKS")
         for entry in [] if options.smoke else state["bare_clusters"]:
@@ -604,6 +624,32 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
     _say(f"smoke: the link of the stopped {results[0]['id']} is refused ({refused})")
     results[0]["opened"] = {**{k: v for k, v in opened.items() if k != "link"}, "refused_after_stop": refused}
     return results
+
+
+def _smoke_metrics(internal_url: str, clusters: list[dict]) -> dict:
+    """Scrape ``/metrics`` on the internal host; every GPU of every cluster must be there (``gshare_gpu_healthy``).
+
+    Returns:
+        ``{"gpus": {cluster name: GPUs listed}}``.
+
+    Raises:
+        DemoError: the scrape failed or a cluster's GPUs are missing.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = requests.get(f"{internal_url}/metrics", timeout=30)
+    if response.status_code != 200:
+        raise DemoError(f"GET /metrics answered {response.status_code}: {response.text[:300]}")
+    listed: dict[str, int] = {c["name"]: 0 for c in clusters}
+    for family in text_string_to_metric_families(response.text):
+        if family.name == "gshare_gpu_healthy":
+            for sample in family.samples:
+                if sample.labels.get("cluster") in listed:
+                    listed[sample.labels["cluster"]] += 1
+    missing = [c["name"] for c in clusters if listed[c["name"]] != c["gpus"]]
+    if missing:
+        raise DemoError(f"/metrics lists {listed} GPUs; expected {[(c['name'], c['gpus']) for c in clusters]}")
+    return {"gpus": listed}
 
 
 def _expected(name: str) -> tuple[int, int]:

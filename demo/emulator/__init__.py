@@ -81,6 +81,23 @@ kmock's per-resource buses. What this package adds on top of kmock 0.8
   once the DaemonSet exists or a node gets the selected label (see ``KubeApiEmulator``);
 * ``pods/log`` (``GET``, ``text/plain``; the check pods' logs, ``""`` for other pods; ``container``,
   ``tailLines``, ``limitBytes``);
+* always on, HAMi's device-plugin pods and their vGPU monitor (``controllers.hami_monitor``): while a HAMi device-plugin
+  DaemonSet exists, every node it selects that has HAMi-registered GPUs runs one Pod of it as the DaemonSet controller
+  makes them (``<daemonset>-<5 alphanumerics>``, the template's labels and containers, an ``ownerReference``,
+  ``spec.nodeName``, ``Running`` with a pod IP; gone with the DaemonSet, the node or its selection), and its
+  ``vgpu-monitor`` container answers ``GET .../pods/<pod>:9394/proxy/metrics`` with HAMi's per-container metrics of the
+  GPU pods on that node (one series per container and GPU, from their ``hami.io/vgpu-devices-allocated``; last kernel,
+  SM utilization, vGPU memory used and limit, and the host GPU series) in HAMi's ``current`` (2.9+) or ``legacy``
+  (2.4-2.7) names (``hami_monitor_scheme``, ``--hami-monitor-scheme``; ``controllers.hami_metrics``);
+* the pod proxy subresource (``proxy``: ``[scheme:]name[:port]``, RBAC ``get`` on ``pods/proxy``, ``404``/``400
+  address not allowed``/``503 error trying to reach service: ... connection refused`` as the apiserver answers): only
+  the vGPU monitor listens, every other pod and port refuses;
+* the emulator's own control API (``control``, admin token only; ServiceAccounts ``403``): ``PUT
+  /emulator/v1/gpu-activity/namespaces/<ns>/pods/<name>`` ``{"state": "busy"|"idle"}`` sets what a pod's containers do
+  on their GPUs as the monitor reads it (default: idle since it started running; idle's clock starts when set), and
+  ``PUT /emulator/v1/gpu-activity/nodes/<node>`` ``{"monitor": "ok"|"down"|"hang"}`` makes a node's monitor refuse
+  (``503``) or hang; ``GET`` on either shows the current state; also ``KubeApiEmulator.set_gpu_activity``/
+  ``set_hami_monitor``, ``EmulatedCluster``'s methods of the same names and ``python -m demo.emulator.activity``;
 * always on, stand-ins for kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner
   (``controllers.volumes``), ~``volume_controller_seconds`` (0.1 s) after a PVC, PV or
   StorageClass change: a PVC whose StorageClass's provisioner is a CSI driver gets PV ``pvc-<PVC uid>`` (``csi``
@@ -107,12 +124,13 @@ impersonation, JWT tokens (ServiceAccount tokens are opaque random strings), adm
 at once, like ``Immediate``), static binding of a PVC to any matching unclaimed PV (only the two pre-bound cases above),
 PV/PVC protection finalizers, volume expansion, snapshots, attach/detach, CSI drivers' own behaviour (a class's CSI
 driver always provisions, whether or not it is installed; no CSIStorageCapacity is ever written: seed them), field
-validation against schemas, controllers (Deployments and DaemonSets keep the status they were given; the device
-plugin stand-in creates no Pods), scheduling beyond the stand-in above
+validation against schemas, controllers (Deployments and DaemonSets keep the status they were given; only HAMi's
+device-plugin DaemonSet gets Pods, see above; no rolling updates), scheduling beyond the stand-in above
 (taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
 like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
-their known output), ``exec``/``attach``/``portforward``/``proxy``/``scale`` and other subresources besides
-``status`` and ``pods/log`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR (except
+their known output; the vGPU monitor answers from the state set through the control API), ``exec``/``attach``/
+``portforward``/``scale``, the ``proxy`` of nodes and Services and other subresources besides ``status``, ``pods/log``
+and ``pods/proxy`` (``404``), ``pods/log`` streaming (``follow``) and timestamps, protobuf/CBOR (except
 the protobuf ``Secret``/``ConfigMap`` request bodies Helm's release storage sends, decoded by ``demo.k8s_protobuf``;
 responses are always JSON), aggregated discovery (clients fall back to the legacy documents served here), OpenAPI
 schemas (``/openapi/v3`` serves only what client-go's field-validation check reads), client certificates.
@@ -122,7 +140,10 @@ Entry points:
 * ``EmulatedCluster`` – a thread-backed server for tests and scripts (``start()``/``stop()``, context
   manager);
 * ``serve()`` – the same as an async context manager for code that already runs an event loop;
-* ``python -m demo.emulator --seed PATH --port N [--tls]`` – a process serving a seed file until SIGTERM/SIGINT.
+* ``python -m demo.emulator --seed PATH --port N [--tls] [--hami-monitor-scheme current|legacy]`` – a process serving
+  a seed file until SIGTERM/SIGINT;
+* ``python -m demo.emulator.activity --url URL --token-file F pod NS/NAME [busy|idle]`` / ``node NODE [ok|down|hang]``
+  – the control API from a shell (``activity``).
 
 Where things are (one module each):
 
@@ -130,16 +151,20 @@ Where things are (one module each):
   versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults,
   CRDs), ``crud`` (create, replace, patch, delete), ``patches`` (merge patches), ``apply`` (server-side apply and
   field ownership), ``reads`` (get, list, watch), ``selectors``, ``discovery``, ``http`` (request parsing,
-  errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac`` (RBAC evaluation), ``errors``, ``events``
-  (Events as components record them), ``resources`` (what is served);
+  errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac`` (RBAC evaluation), ``proxy`` (``pods/proxy``),
+  ``control`` (``/emulator/v1/``), ``errors``, ``events`` (Events as components record them), ``resources`` (what is
+  served);
 * the stand-in controllers, fed by the store's events: ``controllers.hami_scheduler`` (with ``hami_rules``),
-  ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.volumes``,
+  ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.hami_monitor`` (the
+  device-plugin pods and their vGPU monitor, its metrics in ``controllers.hami_metrics``), ``controllers.volumes``,
   ``controllers.tokens``;
-* serving: ``cluster`` (``serve``, ``EmulatedCluster``), ``tls``, ``cli`` (``python -m demo.emulator``).
+* serving: ``cluster`` (``serve``, ``EmulatedCluster``), ``tls``, ``cli`` (``python -m demo.emulator``), ``activity``
+  (``python -m demo.emulator.activity``).
 
 This package must not import Django (the demo starts one emulator process per cluster and they must
 start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock, the ``kubernetes`` client's quantity
-parser (through ``operator_agent.quantity``), ``demo.k8s_protobuf``
+parser (through ``operator_agent.quantity``), ``operator_agent.contract`` (standard library only: the monitor's port),
+``demo.k8s_protobuf``
 (Google's ``protobuf`` runtime), ``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the
 operator's decoders of HAMi's node-register and pod-allocation annotations, so each format has one decoder) and,
 in TLS mode only (imported when certificates are generated), ``cryptography``.
@@ -156,6 +181,14 @@ from demo.emulator.controllers.device_plugin import (
     HAMI_NODE_HANDSHAKE,
     HAMI_NODE_REGISTER,
     go_time_string,
+)
+from demo.emulator.controllers.hami_metrics import SCHEME_CURRENT, SCHEME_LEGACY, go_float, render_metrics
+from demo.emulator.controllers.hami_monitor import (
+    GPU_ACTIVITY_STATES,
+    HAMI_MONITOR_CONTAINER,
+    HAMI_MONITOR_PORT,
+    IDLE_MEMORY_BYTES,
+    MONITOR_MODES,
 )
 from demo.emulator.controllers.hami_rules import (
     HAMI_BIND_PHASE,
@@ -215,7 +248,9 @@ from operator_agent.quantity import parse_quantity
 __all__ = [
     "ApiError", "BEFORE_FIRST_APPLY", "BUILTIN_RESOURCES", "CHECK_KINDS", "CHECK_KIND_LABEL", "CHECK_POD_LABEL",
     "CHECK_POD_LABEL_VALUE", "CHECK_PREFIX", "CHECK_TARGETS_ENV", "CLAIM_LOST_MESSAGE", "DEFAULT_STORAGE_CLASS_ANNOTATION",
-    "DEMOCRATIC_CSI_MOUNT_WRAPPER", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GpuAllocation",
+    "DEMOCRATIC_CSI_MOUNT_WRAPPER", "EmulatedCluster", "FIELD_SELECTORS", "FieldRequirement", "GPU_ACTIVITY_STATES",
+    "GpuAllocation", "HAMI_MONITOR_CONTAINER", "HAMI_MONITOR_PORT", "IDLE_MEMORY_BYTES", "MONITOR_MODES",
+    "SCHEME_CURRENT", "SCHEME_LEGACY", "go_float", "render_metrics",
     "GpuRequest", "HAMI_BIND_PHASE", "HAMI_BIND_TIME", "HAMI_DEVICES_ALLOCATED", "HAMI_DEVICES_TO_ALLOCATE",
     "HAMI_DEVICE_PLUGIN_COMPONENT", "HAMI_DEVICE_PLUGIN_LABEL", "HAMI_DEVICE_TYPE", "HAMI_NODE_HANDSHAKE",
     "HAMI_NODE_REGISTER", "HAMI_NOUSE_GPUTYPE", "HAMI_NOUSE_GPUUUID", "HAMI_RESOURCE_CORES", "HAMI_RESOURCE_COUNT",

@@ -146,8 +146,10 @@ class AuthMixin:
         namespace = request.namespace or ""
         if resource.plural == "namespaces" and (resource.group or "") == "" and name:
             namespace = name  # the apiserver treats /api/v1/namespaces/<name> as a request in that namespace
+        # Only the first segment is the subresource: the rest of ``pods/<name>/proxy/<path>`` is the proxied path.
+        subresource = (request.subresource or "").split("/")[0]
         return Attributes(verb=verb, api_group=resource.group or "", resource=resource.plural,
-                          subresource=request.subresource or "", namespace=namespace, name=name, path=request.url.path)
+                          subresource=subresource, namespace=namespace, name=name, path=request.url.path)
 
     def _grants(self, user: UserInfo, namespace: str | None) -> list[rbac.Grant]:
         def objects(plural: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from demo.emulator.cluster import serve
+from demo.emulator.controllers.hami_metrics import SCHEMES
 from demo.emulator.controllers.host_facts import validate_hosts
 from demo.emulator.tls import generate_certificates
 
@@ -22,9 +23,9 @@ logger = logging.getLogger("demo.emulator")
 _FROM_SEED: Any = object()  # --pod-startup-seconds not given
 
 
-def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], float | None, dict[str, dict]]:
-    """``(version, objects, podStartupSeconds, hosts)`` of a seed file (podStartupSeconds None and hosts ``{}`` when
-    the seed has no such key)."""
+def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], float | None, dict[str, dict], str]:
+    """``(version, objects, podStartupSeconds, hosts, hamiMonitorScheme)`` of a seed file (podStartupSeconds None,
+    hosts ``{}`` and the scheme ``current`` when the seed has no such key)."""
     seed = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(seed, dict) or not isinstance(seed.get("objects", []), list):
         raise ValueError(f"{path}: a seed is a JSON object {{\"version\": {{...}}, \"objects\": [...]}}")
@@ -35,7 +36,10 @@ def _read_seed(path: pathlib.Path) -> tuple[dict[str, str] | None, list[dict], f
         hosts = validate_hosts(seed.get("hosts"))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    return seed.get("version"), seed.get("objects", []), startup, hosts
+    scheme = seed.get("hamiMonitorScheme", "current")
+    if scheme not in SCHEMES:
+        raise ValueError(f"{path}: hamiMonitorScheme must be one of {', '.join(SCHEMES)}, not {scheme!r}")
+    return seed.get("version"), seed.get("objects", []), startup, hosts, scheme
 
 
 def _startup_seconds(text: str) -> float | None:
@@ -49,7 +53,7 @@ def _startup_seconds(text: str) -> float | None:
 
 
 async def _serve_until_signalled(args: argparse.Namespace) -> None:
-    version, objects, seed_startup, hosts = _read_seed(pathlib.Path(args.seed))
+    version, objects, seed_startup, hosts, seed_scheme = _read_seed(pathlib.Path(args.seed))
     startup = seed_startup if args.pod_startup_seconds is _FROM_SEED else args.pod_startup_seconds
     token = pathlib.Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else None
     certificates = generate_certificates(args.host) if args.tls else None
@@ -58,7 +62,8 @@ async def _serve_until_signalled(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with serve(objects, version=version, token=token, host=args.host, port=args.port,
-                     pod_startup_seconds=startup, hosts=hosts, tls=certificates or False) as (_, url):
+                     pod_startup_seconds=startup, hosts=hosts, tls=certificates or False,
+                     hami_monitor_scheme=args.hami_monitor_scheme or seed_scheme) as (_, url):
         if args.ready_file:
             ready = pathlib.Path(args.ready_file)
             tmp = ready.with_name(ready.name + ".tmp")
@@ -76,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: serve a seed file until SIGTERM/SIGINT.
 
     ``python -m demo.emulator --seed PATH --port N [--host 127.0.0.1] [--ready-file PATH] [--token-file PATH]
-    [--tls] [--pod-startup-seconds S|off] [--log-level LEVEL]``
+    [--tls] [--pod-startup-seconds S|off] [--hami-monitor-scheme current|legacy] [--log-level LEVEL]``
 
-    The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "objects": [...], "hosts": {...}}``
+    The seed is JSON ``{"version": {...}, "podStartupSeconds": 1.0, "hamiMonitorScheme": "current", "objects": [...],
+    "hosts": {...}}``
     (``demo.fleet.write_seed`` writes one; ``podStartupSeconds`` is optional and enables the scheduler/HAMi/kubelet
     stand-in, see ``KubeApiEmulator``; ``--pod-startup-seconds`` overrides it, ``off`` disables it; ``hosts`` is
     optional: host facts per node name, see ``HOST_FACTS``, for gShare's attach check pods and HAMi's device
-    plugin stand-in). Once
+    plugin stand-in; ``hamiMonitorScheme`` is optional, ``current`` by default: the metric names of HAMi's vGPU monitor
+    stand-in, ``--hami-monitor-scheme`` overrides it, see ``KubeApiEmulator``). Once
     listening, ``{"url": "http://127.0.0.1:N", "pid": <pid>}`` is written to the ready file (atomically); with
     ``--tls`` the server speaks HTTPS with a CA generated at start and the ready file is
     ``{"url": "https://127.0.0.1:N", "pid": <pid>, "ca_data": "<base64 of the CA's PEM>"}`` (a kubeconfig's
@@ -106,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pod-startup-seconds", type=_startup_seconds, default=_FROM_SEED, metavar="S|off",
                         help="schedule created Pods (HAMi rules) and run them S seconds after binding; 'off': they "
                              "stay Pending (default: the seed's podStartupSeconds, else off)")
+    parser.add_argument("--hami-monitor-scheme", choices=SCHEMES,
+                        help="metric names of HAMi's vGPU monitor stand-in: current (HAMi 2.9+) or legacy (HAMi "
+                             "2.4-2.7) (default: the seed's hamiMonitorScheme, else current)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

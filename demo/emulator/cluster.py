@@ -121,6 +121,8 @@ class EmulatedCluster:
             ``KubeApiEmulator``); change them while running with ``set_host``.
         tls: serve HTTPS with a throwaway CA and server certificate generated at start (see
             ``generate_certificates``, ``ca_pem``) instead of plain HTTP.
+        hami_monitor_scheme: the metric names of HAMi's vGPU monitor stand-in, ``current`` or ``legacy`` (see
+            ``KubeApiEmulator``).
 
     Raises:
         ValueError: bad host facts.
@@ -128,8 +130,10 @@ class EmulatedCluster:
 
     def __init__(self, objects: list[dict], version: dict | None = None, token: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, *, pod_startup_seconds: float | None = None,
-                 hosts: Mapping[str, Mapping[str, Any]] | None = None, tls: bool = False) -> None:
+                 hosts: Mapping[str, Mapping[str, Any]] | None = None, tls: bool = False,
+                 hami_monitor_scheme: str = "current") -> None:
         self._tls = tls
+        self._hami_monitor_scheme = hami_monitor_scheme
         self._certificates: ServerCertificates | None = None
         self._pod_startup_seconds = pod_startup_seconds
         self._hosts = validate_hosts(hosts)
@@ -226,7 +230,8 @@ class EmulatedCluster:
         self._stop = asyncio.Event()
         async with serve(self._objects, version=self._version, token=self._token, host=self._host,
                          port=self._port, pod_startup_seconds=self._pod_startup_seconds,
-                         hosts=self._hosts, tls=self._certificates or False) as (emulator, url):
+                         hosts=self._hosts, tls=self._certificates or False,
+                         hami_monitor_scheme=self._hami_monitor_scheme) as (emulator, url):
             self._emulator, self._url = emulator, url
             self._ready.set()
             await self._stop.wait()
@@ -358,3 +363,26 @@ class EmulatedCluster:
             return self.emulator.pod_log(namespace, name)
 
         return self.call(read)
+
+    def set_gpu_activity(self, namespace: str, name: str, state: str) -> dict[str, Any]:
+        """Make a pod ``busy`` or ``idle`` on its HAMi GPUs from any thread (see ``KubeApiEmulator.set_gpu_activity``).
+
+        Raises:
+            KeyError: no such pod. ValueError: another state.
+        """
+        async def apply() -> dict[str, Any]:
+            return self.emulator.set_gpu_activity(namespace, name, state)
+
+        return self.call(apply)
+
+    def set_hami_monitor(self, node: str, mode: str) -> dict[str, Any]:
+        """Make a node's vGPU monitor ``ok``, ``down`` or ``hang`` from any thread (see
+        ``KubeApiEmulator.set_hami_monitor``).
+
+        Raises:
+            KeyError: no such node. ValueError: another mode.
+        """
+        async def apply() -> dict[str, Any]:
+            return self.emulator.set_hami_monitor(node, mode)
+
+        return self.call(apply)

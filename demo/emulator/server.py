@@ -15,8 +15,11 @@ import kmock
 
 from demo.emulator.auth import AuthMixin
 from demo.emulator.common import Outcome
+from demo.emulator.control import ControlMixin
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.device_plugin import HamiDevicePlugin
+from demo.emulator.controllers.hami_metrics import SCHEMES
+from demo.emulator.controllers.hami_monitor import HamiMonitor
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
 from demo.emulator.controllers.host_facts import validate_host_facts, validate_hosts
 from demo.emulator.controllers.kubelet import Kubelet
@@ -27,6 +30,7 @@ from demo.emulator.discovery import DiscoveryMixin
 from demo.emulator.events import EventRecorderMixin
 from demo.emulator.http import HttpMixin
 from demo.emulator.objects import ObjectsMixin
+from demo.emulator.proxy import ProxyMixin
 from demo.emulator.rbac import UserInfo
 from demo.emulator.reads import ReadsMixin
 from demo.emulator.resources import BUILTIN_RESOURCES, ResourceSpec
@@ -34,8 +38,8 @@ from demo.emulator.store import StoreEvent, StoreMixin
 
 
 @attrs.define(kw_only=True)
-class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixin, EventRecorderMixin, ObjectsMixin, StoreMixin,
-                      kmock.KubernetesEmulator):
+class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin, ReadsMixin, DiscoveryMixin,
+                      EventRecorderMixin, ObjectsMixin, StoreMixin, kmock.KubernetesEmulator):
     """kmock's ``KubernetesEmulator`` made to behave like an apiserver for the official clients.
 
     The object store is kmock's (``self.objects``); resource metadata is kmock's (``self.resources``,
@@ -79,6 +83,11 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
             plugin stand-in registers the selected nodes.
         volume_controller_seconds: how long after a PVC, PV or StorageClass change the PV controller and CSI
             provisioner stand-ins act (see the module docstring and ``controllers.volumes``).
+        hami_monitor_scheme: the metric names HAMi's vGPU monitor stand-in serves: ``current`` (HAMi 2.9+,
+            ``hami_container_last_kernel_elapsed_seconds`` ...) or ``legacy`` (HAMi 2.4-2.7,
+            ``Device_last_kernel_of_container`` ...; see ``controllers.hami_metrics``).
+        hami_monitor_hang_seconds: how long a request to a node's hung monitor (``set_hami_monitor(node, "hang")``)
+            waits before the apiserver's 503 (the caller's own time-out is meant to fire first).
 
     gShare attach checks (always on, whatever ``pod_startup_seconds`` says):
 
@@ -96,6 +105,28 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
       annotation the stand-in did not write (a seed's, e.g. the demo fleet's) are left alone; deleting the
       DaemonSet leaves the annotations (like the real plugin).
 
+    HAMi's vGPU monitor (always on; ``controllers.hami_monitor``):
+
+    * the DaemonSet's pods: every node such a DaemonSet selects that has ``hami.io/node-nvidia-register`` runs one
+      ``Running`` Pod of it (``<daemonset>-<5 alphanumerics>`` in its namespace, the template's labels and containers,
+      an ``ownerReference``, ``spec.nodeName``, the node's IP with ``hostNetwork``), ``device_plugin_seconds`` after a
+      change; pods on nodes no longer selected, registered or existing are deleted, deleted pods are re-created, and
+      deleting the DaemonSet deletes them;
+    * the monitor: ``GET /api/v1/namespaces/<ns>/pods/<pod>:9394/proxy/metrics`` on such a pod (its ``vgpu-monitor``
+      container; RBAC ``get`` on ``pods/proxy``) answers HAMi's Prometheus text: per (container, GPU) of every Running
+      pod on that node with a ``hami.io/vgpu-devices-allocated`` annotation, its last kernel, SM utilization, vGPU
+      memory used and limit (the allocation's MiB), and per GPU of the node the host series, in
+      ``hami_monitor_scheme``'s names. Other pods, ports and paths answer as a real apiserver's proxy does (``503``
+      connection refused, Go's ``404 page not found``; ``demo.emulator.proxy``);
+    * busy or idle, per pod (all its containers and GPUs): ``set_gpu_activity(namespace, name, "busy"|"idle")`` or
+      ``PUT /emulator/v1/gpu-activity/namespaces/<ns>/pods/<name>`` ``{"state": ...}`` (admin token only,
+      ``demo.emulator.control``). A pod is idle from the moment it runs (last kernel = seconds since, utilization 0,
+      a CUDA context's memory); idle set later restarts that clock; busy: last kernel 0, utilization 60-99 % and memory
+      50-94 % of the limit, fixed per container and GPU;
+    * a node's monitor failing: ``set_hami_monitor(node, "down"|"hang"|"ok")`` or ``PUT
+      /emulator/v1/gpu-activity/nodes/<node>`` ``{"monitor": ...}``: ``down`` refuses (the proxy's ``503``), ``hang``
+      answers nothing for ``hami_monitor_hang_seconds`` (or until set ``ok``).
+
     Must be created and used inside the event loop that serves it (see ``serve``/``EmulatedCluster``).
     """
 
@@ -111,6 +142,8 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     check_pod_seconds: float = 0.2
     device_plugin_seconds: float = 0.2
     volume_controller_seconds: float = 0.1
+    hami_monitor_scheme: str = attrs.field(default="current", validator=attrs.validators.in_(SCHEMES))
+    hami_monitor_hang_seconds: float = 60.0
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted_rv: int = attrs.field(default=0, init=False)
@@ -128,6 +161,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     scheduler: HamiScheduler = attrs.field(init=False)
     kubelet: Kubelet = attrs.field(init=False)
     device_plugin: HamiDevicePlugin = attrs.field(init=False)
+    hami_monitor: HamiMonitor = attrs.field(init=False)
     volumes: VolumeControllers = attrs.field(init=False)
     tokens: TokensController = attrs.field(init=False)
 
@@ -142,6 +176,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
         self.kubelet = Kubelet(self)
         self.scheduler = HamiScheduler(self, self.kubelet)
         self.device_plugin = HamiDevicePlugin(self)
+        self.hami_monitor = HamiMonitor(self)
         self.volumes = VolumeControllers(self)
         self.tokens = TokensController(self)
         self.subscribe(self._forget_recorded_events)
@@ -154,7 +189,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     @property
     def controllers(self) -> tuple[Controller, ...]:
         """The stand-in controllers, in the order they hear of each store event."""
-        return (self.scheduler, self.kubelet, self.device_plugin, self.volumes, self.tokens)
+        return (self.scheduler, self.kubelet, self.device_plugin, self.hami_monitor, self.volumes, self.tokens)
 
     def start_controllers(self) -> None:
         """Let every controller act on the objects already stored (a seed) once serving; call it in the loop."""
@@ -202,6 +237,32 @@ class KubeApiEmulator(HttpMixin, AuthMixin, CrudMixin, ReadsMixin, DiscoveryMixi
     def kick_device_plugin(self) -> None:
         """Schedule a pass of HAMi's device-plugin stand-in (see ``HamiDevicePlugin.kick``)."""
         self.device_plugin.kick()
+
+    # ----------------------------------------------------------------- HAMi's vGPU monitor (never visible through the API)
+
+    def set_gpu_activity(self, namespace: str, name: str, state: str) -> dict[str, Any]:
+        """Make every container of a pod ``busy`` or ``idle`` on its HAMi GPUs, as the vGPU monitor reads them (idle:
+        the idle clock starts now). Call it in the emulator's loop (``EmulatedCluster.set_gpu_activity`` does).
+
+        Returns:
+            ``{"namespace", "name", "uid", "node", "state", "since", "gpus": [...]}`` (``HamiMonitor.describe_activity``).
+
+        Raises:
+            KeyError: no such pod. ValueError: a state other than ``busy``/``idle``.
+        """
+        return self.hami_monitor.set_activity(namespace, name, state)
+
+    def set_hami_monitor(self, node: str, mode: str) -> dict[str, Any]:
+        """Make a node's vGPU monitor answer (``ok``), refuse connections (``down``) or hang (``hang``). Call it in the
+        emulator's loop (``EmulatedCluster.set_hami_monitor`` does).
+
+        Returns:
+            ``{"node", "monitor", "pods": [{"namespace", "name"}]}`` (``HamiMonitor.describe_monitor``).
+
+        Raises:
+            KeyError: no such node. ValueError: another mode.
+        """
+        return self.hami_monitor.set_monitor(node, mode)
 
     def kick_volume_controller(self) -> None:
         """Schedule a pass of the PV controller stand-in (see ``VolumeControllers.kick``)."""

@@ -252,3 +252,23 @@ def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_por
     finally:
         if demo.poll() is None:
             demo.kill()
+
+
+def test_with_an_idle_timeout_the_idle_session_is_warned_and_stopped_and_the_busy_one_runs(tmp_path):
+    """``make demo DEMO_ARGS="--smoke --idle-timeout 20"``: through the operators and the emulated HAMi monitors (lab-c1
+    serves HAMi's current metric names, lab-c2 the legacy ones), one session is marked busy and one left idle."""
+    state_file = tmp_path / "state.json"
+    done = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--smoke", "--idle-timeout", "20", "--port", "0", "--state-file", str(state_file),
+         "--inventory-interval", "2"],
+        cwd=ROOT, env=demo_env(tmp_path), capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    state = json.loads(done.stdout)
+    idle, busy = state["idle_policy"]["idle"], state["idle_policy"]["busy"]
+    assert idle["stop_reason"] == "idle" and "Stopped by the idle policy" in idle["message"]
+    assert "20 policy minutes of 1 s" in idle["message"]
+    assert datetime.fromisoformat(idle["stops_at"]) > datetime.fromisoformat(idle["idle_since"])
+    assert Decimal(idle["idle_credits"]) > 0 and "credits while idle" in idle["end_reason"]
+    assert busy["phase"] == "Running" and busy["utilization_percent"] > 0
+    assert state["metrics"]["gpus"] == {c["name"]: c["gpus"] for c in state["clusters"]}

@@ -4,10 +4,12 @@
 * ``kubelet`` -- the kubelet: runs gShare's attach check pods, starts scheduled Pods, mounts their volumes, serves
   ``pods/log`` (what a host has installed: ``host_facts``);
 * ``device_plugin`` -- HAMi's NVIDIA device plugin registering nodes;
+* ``hami_monitor`` -- the DaemonSet controller running the device plugin's pods, and their ``vGPUmonitor`` container
+  (what it answers through the pod proxy: ``hami_metrics``);
 * ``volumes`` -- kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner;
 * ``tokens`` -- kube-controller-manager's tokens controller, filling ServiceAccount token Secrets.
 
-Stand-ins still to come go here too, one module each, e.g. an ingress controller and HAMi's vGPU monitor.
+Stand-ins still to come go here too, one module each, e.g. an ingress controller.
 
 A controller is a ``Controller``: the emulator calls ``on_event`` with every store event (``StoreEvent``, in the
 emulator's loop and under its lock, so it must not block: it starts a task with ``api.spawn`` for anything that waits),

@@ -7,7 +7,7 @@ exists, every Node its template's ``nodeSelector`` selects whose host facts have
 (``operator_agent.hami.decode_node_register``), ``device_plugin_seconds`` after the DaemonSet appears, a selected
 label changes or the host's facts change. Nodes carrying a register annotation the stand-in did not write (a seed's,
 e.g. the demo fleet's) are left alone; deleting the DaemonSet leaves the annotations (like the real plugin). The
-plugin creates no Pods.
+plugin creates no Pods (the DaemonSet's pods are ``controllers.hami_monitor``'s).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def go_time_string(wall_ns: int, monotonic_ns: int | None = None) -> str:
     return text
 
 
-def _is_hami_device_plugin(daemonset: Mapping[str, Any]) -> bool:
+def is_hami_device_plugin(daemonset: Mapping[str, Any]) -> bool:
     """Whether a DaemonSet is HAMi's device plugin (the component label on the DaemonSet or its pod template)."""
     if (daemonset.get("metadata") or {}).get("deletionTimestamp"):
         return False
@@ -72,7 +72,7 @@ def _is_hami_device_plugin(daemonset: Mapping[str, Any]) -> bool:
                               (template.get("metadata") or {}).get("labels")))
 
 
-def _daemonset_selects(daemonset: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+def daemonset_selects(daemonset: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     """Whether a DaemonSet's pod template ``nodeSelector`` matches a node's labels (affinity is not emulated)."""
     selector = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
@@ -100,7 +100,7 @@ class HamiDevicePlugin(Controller):
             if labels_changed and self.plugins():
                 self.kick()
         elif event.kind == ("apps", "daemonsets"):
-            if event.type in ("ADDED", "MODIFIED") and _is_hami_device_plugin(event.object):
+            if event.type in ("ADDED", "MODIFIED") and is_hami_device_plugin(event.object):
                 self.kick()
 
     def on_host_change(self, node: str) -> None:
@@ -115,7 +115,7 @@ class HamiDevicePlugin(Controller):
 
     def plugins(self) -> list[dict[str, Any]]:
         """The live DaemonSets that are HAMi's device plugin."""
-        return [ds for ds in self.api.live_objects(self.api.served("apps", "v1", "daemonsets")) if _is_hami_device_plugin(ds)]
+        return [ds for ds in self.api.live_objects(self.api.served("apps", "v1", "daemonsets")) if is_hami_device_plugin(ds)]
 
     def kick(self) -> None:
         """Schedule a pass ``device_plugin_seconds`` from now (see ``DelayedPass.kick``); in the emulator's loop."""
@@ -131,7 +131,7 @@ class HamiDevicePlugin(Controller):
         for node in self.api.live_objects(nodes):
             name = node["metadata"]["name"]
             value = (self.api.hosts.get(name) or {}).get("hami_register")
-            if value is None or not any(_daemonset_selects(ds, node) for ds in daemonsets):
+            if value is None or not any(daemonset_selects(ds, node) for ds in daemonsets):
                 continue
             annotations = node["metadata"].get("annotations") or {}
             present = node_register_annotation(annotations)
