@@ -150,7 +150,10 @@ def four(running):
             idle_since=now - timedelta(minutes=50), stops_at=stops)
     unknown = SessionFactory(cluster=running.cluster, started_at=now - timedelta(hours=3))
     reading(unknown, at=at, gpus=[], state="unknown", reason="monitor unreachable")
-    return {"busy": running, "idle": idle, "warned": warned, "unknown": unknown, "stops": stops}
+    silent = SessionFactory(cluster=running.cluster, started_at=now - timedelta(hours=3))  # no reading at all
+    ended = SessionFactory(cluster=running.cluster, phase=Session.Phase.TERMINATED, ended_at=now)
+    reading(ended, at=at, gpus=[gpu("GPU-5", kernel_seconds=3600, utilization=0, used_gib=1, limit_gib=2, at=at)])
+    return {"busy": running, "idle": idle, "warned": warned, "unknown": unknown, "silent": silent, "ended": ended, "stops": stops}
 
 
 def _cell(text: str, session: Session) -> str:
@@ -166,12 +169,15 @@ def test_the_list_says_busy_idle_warned_and_unknown(console, four):
     assert _cell(text, four["warned"]) == f"idle · stops {four['stops'].astimezone(UTC):%H:%M}"
     assert _cell(text, four["unknown"]) == "unknown"
     assert 'title="monitor unreachable"' in text
+    assert _cell(text, four["silent"]) == "no reading"
+    assert _cell(text, four["ended"]) == "—"
 
 
-@pytest.mark.parametrize(("value", "expected"), [("idle", {"idle", "warned"}), ("busy", {"busy"}), ("unknown", {"unknown"})])
+@pytest.mark.parametrize(("value", "expected"), [("idle", {"idle", "warned"}), ("busy", {"busy"}), ("unknown", {"unknown", "silent"}),
+                                               ("", {"busy", "idle", "warned", "unknown", "silent", "ended"})])
 def test_the_activity_filter(console, four, value, expected):
-    text = page_text(console.get(f"{LIST}?activity={value}"))
-    shown = {name for name in ("busy", "idle", "warned", "unknown") if four[name].public_id in text}
+    text = page_text(console.get(f"{LIST}?activity={value}" if value else LIST))
+    shown = {name for name in ("busy", "idle", "warned", "unknown", "silent", "ended") if four[name].public_id in text}
     assert shown == expected
 
 
