@@ -10,7 +10,7 @@ The rules are the policy's own: ``sessions.idle.activity_unknown`` says whether 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
@@ -234,14 +234,9 @@ def activity_summary(session: Session, *, now: datetime) -> ActivitySummary:
     if unknown:
         return ActivitySummary("unknown" if row and row.state else "none", "unknown" if row and row.state else "no reading", unknown)
     if getattr(session, "is_idle", False):
-        last = max(t for t in (session.started_at, row.last_kernel_at, row.last_connected_at) if t is not None)
+        last = max((t for t in (session.started_at, row.last_kernel_at, row.last_connected_at) if t is not None), default=now)
         quiet = seconds_text((now - last).total_seconds())
         return ActivitySummary("idle", f"idle {quiet}", f"no GPU kernel and no connection since {utc(last)}")
     mean = mean_utilization(row.gpus)
     return ActivitySummary("busy", "busy" if mean is None else f"busy {mean} %",
                            f"last reading {utc(row.sampled_at)}" + (f"; SM utilization {mean} % (mean of its GPUs)" if mean is not None else ""))
-
-
-def fresh_since(now: datetime) -> datetime:
-    """The oldest reading that still counts at ``now`` (``GSHARE_ACTIVITY_STALE_SECONDS``)."""
-    return now - timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)

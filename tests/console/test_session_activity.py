@@ -6,6 +6,7 @@ queries. ``SessionActivity`` rows are made directly: the operator's report path 
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -107,7 +108,6 @@ def test_the_idle_warning_shows_a_banner_with_the_stop_and_the_users_policy(cons
     fmt = "%Y-%m-%d %H:%M:%S UTC"
     banner = (f"Idle since {since.astimezone(UTC):{fmt}} — stops at {stops.astimezone(UTC):{fmt}} unless someone uses it "
               "(policy: bob's own policy: 30 min without a GPU kernel or a connection, warned 10 min before).")
-    import re
     found = re.search(r'<p class="gs-idle-banner".*?</p>', text, re.S)
     assert found and " ".join(re.sub(r"<[^>]+>", "", found.group(0)).split()) == banner
 
@@ -157,7 +157,6 @@ def four(running):
 
 
 def _cell(text: str, session: Session) -> str:
-    import re
     row = re.search(rf"<tr[^>]*>(?:(?!</tr>).)*{session.public_id}(?:(?!</tr>).)*</tr>", text, re.S).group(0)
     return re.sub(r"<[^>]+>", "", re.search(r'<td class="field-activity_cell">(.*?)</td>', row, re.S).group(1)).strip()
 
