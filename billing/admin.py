@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -174,11 +175,18 @@ class LedgerEntryAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     cluster_lookup = "session__cluster"
     list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "window_start", "window_end",
-                    "gpu_seconds", "reason", "created_by"]
+                    "gpu_seconds", "idle", "reason", "created_by"]
     list_select_related = ["account__user", "session"]
     list_filter = ["kind", "created_at"]
     search_fields = ["idempotency_key", "account__user__username", "session__public_id", "reason", "created_by"]
     show_full_result_count = False
+
+    @admin.display(description="idle credits", ordering="idle_credits")
+    def idle(self, obj: LedgerEntry) -> str:
+        """End entries (a session the idle policy stopped): the credits it burned while idle; empty ("-") for other kinds."""
+        if obj.kind != LedgerEntry.Kind.END or obj.idle_credits is None:
+            return ""
+        return format(obj.idle_credits, "f")
 
 
 @admin.register(UsageSample)
@@ -270,6 +278,15 @@ class PolicyForm(forms.ModelForm):
         model = Policy
         fields = ["user", "max_sessions", "max_gpus", "allowed_clusters", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
                   "idle_warning_minutes"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        seconds = settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS
+        if seconds != 60:  # a shortened minute (the demo): say so where the minutes are typed
+            note = f" Here a policy minute lasts {seconds} s (GSHARE_IDLE_POLICY_MINUTE_SECONDS)."
+            for name in ("idle_timeout_minutes", "idle_warning_minutes"):
+                if name in self.fields:
+                    self.fields[name].help_text = f"{self.fields[name].help_text}.{note}"
 
     def clean(self):  # noqa: D102
         data = super().clean()

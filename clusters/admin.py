@@ -530,7 +530,7 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     ordering = ["node__cluster_name", "node__name", "index"]  # the node keeps its cluster's name: no join to sort
     list_per_page = 48
     readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "reserved",
-                       "holding_sessions", "last_seen_at", "missing_since"]
+                       "sm_utilization", "holding_sessions", "last_seen_at", "missing_since"]
     fields = readonly_fields
 
     class Media:
@@ -548,6 +548,12 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
         """The card's three bars: memory, cores and HAMi split slots reserved by live sessions."""
         card = console.gpu_card(obj)
         return format_html('<div class="gs-meters gs-detail-meters">{}{}{}</div>', _bar(card.memory), _bar(card.cores), _bar(card.slots))
+
+    @admin.display(description="SM utilization")
+    def sm_utilization(self, obj: GpuDevice) -> str:
+        """What its Running sessions report for it (``clusters.console.gpu_utilization``), or "—"."""
+        value = console.gpu_utilization([obj], {obj.pk: console.gpu_card(obj).holders}, now=timezone.now()).get(obj.pk)
+        return "— (no fresh reading)" if value is None else f"{value} %"
 
     @admin.display(description="sessions on this GPU")
     def holding_sessions(self, obj: GpuDevice):

@@ -63,8 +63,10 @@ class GpuCardList(LeanChangeList):
         node_list = list_url("admin:clusters_gpudevice_changelist") + "?node={}"
         self.cards = []
         holders = console.live_holders([device.pk for device in rows]) if rows else {}
+        utilization = console.gpu_utilization(rows, holders, now=timezone.now())
         for device in rows:
             card = console.gpu_card(device, holders.get(device.pk, []))
+            card.utilization = utilization.get(device.pk)
             card.change_url, card.cluster_url = change.format(device.pk), cluster.format(device.cluster_id)
             card.node_url = node_list.format(device.node_id)
             card.holder_links = [(holder, session.format(holder.session_pk)) for holder in card.holders]
@@ -102,6 +104,15 @@ def _holder_html(holder: console.Holder, url: str) -> str:
     )
 
 
+def _utilization_html(card: console.GpuCard) -> str:
+    title = "SM utilization its Running sessions report for this GPU (HAMi's vGPU monitor, summed, at most 100 %)"
+    if card.utilization is None:
+        return (f'    <div class="gs-util gs-muted" data-utilization="" title="{title}: no fresh reading">'
+                'SM utilization <strong>—</strong></div>\n')
+    return (f'    <div class="gs-util" data-utilization="{card.utilization}" title="{title}">'
+            f'SM utilization <strong>{card.utilization} %</strong></div>\n')
+
+
 def card_html(card: console.GpuCard) -> SafeString:
     """One GPU card as HTML (every value escaped), built in Python once: a page of 48 cards through the template
     language cost several hundred variable lookups per card, most of the page's render time.
@@ -135,5 +146,6 @@ def card_html(card: console.GpuCard) -> SafeString:
         f'    <div class="gs-uuid">\n      <code title="{uuid}">{escape(card.short_uuid)}</code>\n'
         f'      <button type="button" class="gs-copy" data-copy="{uuid}" aria-label="Copy UUID {uuid}" title="Copy {uuid}">Copy UUID</button>\n'
         f'    </div>\n    <div class="gs-meters">\n      {"".join(_meter_html(m) for m in card.meters)}    </div>\n'
+        f'{_utilization_html(card)}'
         f'    <section class="gs-holders" aria-label="Sessions on this GPU">\n{holders}    </section>\n  </article>\n'
     )

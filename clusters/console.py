@@ -9,13 +9,15 @@ annotations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import cached_property
 
+from django.conf import settings
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from clusters.models import GpuDevice, Node
-from sessions.models import Allocation, Session
+from sessions.models import Allocation, Session, SessionActivity
 
 #: An allocation that still holds its GPU: its session has not ended (Terminated/Failed release it).
 LIVE_ALLOCATION = ~Q(session__phase__in=Session.TERMINAL_PHASES) & Q(session__ended_at__isnull=True)
@@ -142,6 +144,9 @@ class GpuCard:
     cores: Meter
     slots: Meter
     holders: list[Holder] = field(default_factory=list)
+    #: SM utilization (percent, 0-100) its Running sessions report for it, or None (no fresh known reading):
+    #: :func:`gpu_utilization`.
+    utilization: int | None = None
 
     @property
     def meters(self) -> tuple[Meter, Meter, Meter]:
@@ -185,6 +190,35 @@ def live_holders(device_ids: list[int]) -> dict[int, list[Holder]]:
     for device_id, *holder in rows:
         holders.setdefault(device_id, []).append(Holder(*holder))
     return holders
+
+
+def gpu_utilization(devices: list[GpuDevice], holders: dict[int, list[Holder]], *, now: datetime) -> dict[int, int]:
+    """The SM utilization the sessions on each of ``devices`` report for it, by GPU id: one query whatever the number
+    of GPUs and sessions.
+
+    For each GPU, the sum over its Running holders (:func:`live_holders`) whose last activity reading is ``ok`` and
+    fresh (younger than ``GSHARE_ACTIVITY_STALE_SECONDS``: ``sessions.idle.activity_unknown``'s rule) of that reading's
+    ``utilization_percent`` for the GPU's UUID (HAMi's vGPU monitor measures each container's own slice), capped at 100.
+
+    Returns:
+        ``{device_id: percent}``; a GPU without such a reading is absent (the card shows "—").
+    """
+    running = {h.session_pk for hs in holders.values() for h in hs if h.phase == Session.Phase.RUNNING}
+    if not running:
+        return {}
+    fresh = now - timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)
+    readings = {
+        session_id: {g.get("device_uuid"): g.get("utilization_percent") for g in gpus or [] if isinstance(g, dict)}
+        for session_id, gpus in SessionActivity.objects.filter(session_id__in=running, state=SessionActivity.State.OK,
+                                                              sampled_at__gte=fresh).values_list("session_id", "gpus")
+    }
+    found: dict[int, int] = {}
+    for device in devices:
+        values = [readings[h.session_pk][device.uuid] for h in holders.get(device.pk, [])
+                  if h.session_pk in readings and readings[h.session_pk].get(device.uuid) is not None]
+        if values:
+            found[device.pk] = min(100, round(sum(values)))
+    return found
 
 
 def gpu_card(device: GpuDevice, holders: list[Holder] | None = None) -> GpuCard:

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.http import Http404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
@@ -25,7 +26,7 @@ from gshare.console.changelist import LeanChangeList
 from gshare.console.links import row_url_format
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
 from gshare.console.scope import ClusterScopedAdmin
-from sessions import console, console_selectors, services
+from sessions import console, console_activity, console_selectors, services
 from sessions.manifests import session_url
 from sessions.models import Allocation, Session, SuggestedImage
 from sessions.permissions import SessionRights
@@ -86,6 +87,25 @@ class SessionChangeList(LeanChangeList):
         )
 
 
+class ActivityListFilter(admin.SimpleListFilter):
+    """Sessions by GPU activity: idle (``sessions.selectors.idle_sessions``, what the dashboard's Idle GPUs tile counts),
+    busy, unknown (``console_selectors.filter_activity``)."""
+
+    title = "activity"
+    parameter_name = "activity"
+
+    def lookups(self, request, model_admin):  # noqa: D102
+        return list(console_selectors.ACTIVITY_CHOICES)
+
+    def queryset(self, request, queryset):  # noqa: D102
+        return console_selectors.filter_activity(queryset, self.value() or "", now=request_now(request))
+
+
+def request_now(request):
+    """The request's one "now" (every cell of a list judged at the same moment)."""
+    return request.__dict__.setdefault("_gshare_now", timezone.now())
+
+
 @admin.register(Session)
 class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     """Sessions: phase, where they run, what they cost so far, their URL; Open, Stop and Start session.
@@ -101,15 +121,16 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     owner_lookup = "owner"
     researcher_title = "My sessions"
     researcher_order = 10
-    list_display = ["session_id", "phase_badge", "owner", "cluster_name", "node", "gpus_asked", "started", "cost", "url_link"]
+    list_display = ["session_id", "phase_badge", "activity_cell", "owner", "cluster_name", "node", "gpus_asked", "started", "cost",
+                    "url_link"]
     list_display_links = ["session_id"]
-    list_filter = ["phase", ("cluster", ClusterListFilter)]
-    list_select_related = ["owner", "cluster"]
+    list_filter = ["phase", ActivityListFilter, ("cluster", ClusterListFilter)]
+    list_select_related = ["owner", "cluster", "activity"]
     list_per_page = 50
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
-        "gpu_devices", "volumes", "message", "cost", "created", "started", "ended", "last_status",
+        "gpu_devices", "volumes", "message", "stop_reason_text", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -118,7 +139,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     change_form_template = "admin/gpu_sessions/session/change_form.html"
 
     def get_queryset(self, request):  # noqa: D102
-        return console_selectors.with_cost_so_far(self.plain_queryset(request))
+        qs = console_selectors.with_cost_so_far(self.plain_queryset(request))
+        return console_selectors.with_activity(qs, now=request_now(request))
 
     def plain_queryset(self, request):
         """The sessions this user may see, with owner and cluster, without the cost so far (a sum over the ledger that
@@ -170,8 +192,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         return "My sessions" if is_researcher(request.user) else "Sessions"
 
     def get_list_filter(self, request):
-        """Researchers filter their sessions by phase only (a cluster filter would list the fleet's clusters)."""
-        return ["phase"] if is_researcher(request.user) else super().get_list_filter(request)
+        """Researchers filter their sessions by phase and activity only (a cluster filter would list the fleet's clusters)."""
+        return ["phase", ActivityListFilter] if is_researcher(request.user) else super().get_list_filter(request)
 
     def has_stop_permission(self, request) -> bool:
         """Researchers stop their own sessions (the queryset holds no other); staff need the permission to change
@@ -215,6 +237,13 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         # linked column stays a name (list_display_links matches names).
         columns = [name if name in self.list_display_links or not hasattr(type(self), name) else getattr(self, name)
                    for name in self.list_display]
+        now = request_now(request)
+
+        @admin.display(description="activity")
+        def activity_cell(obj: Session) -> str:
+            return self.activity_cell(obj, now)
+
+        columns = [activity_cell if name == "activity_cell" else column for name, column in zip(self.list_display, columns, strict=True)]
         return [*columns, row_actions]
 
     def action_checkbox(self, obj: Session) -> str:
@@ -239,11 +268,15 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def status(request, object_id):
             return console.status_view(self, request, object_id)
 
+        def idle_exemption(request, object_id):
+            return console.idle_exemption_view(self, request, object_id)
+
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
             path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
             path("<path:object_id>/stop/", wrap(require_POST(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
+            path("<path:object_id>/idle-exemption/", wrap(idle_exemption), name="gpu_sessions_session_idle_exemption"),
             *super().get_urls(),
         ]
 
@@ -262,6 +295,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
             extra = {
                 "session": session, "can_open": actions.open, "can_stop": actions.stop,
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
+                "activity": console_activity.activity_view(session, now=request_now(request)),
+                "exemption_form": console.IdleExemptionForm() if console.may_exempt(request.user, session) else None,
             }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
@@ -269,6 +304,19 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     def session_id(self, obj: Session) -> str:
         """The session's id (``ses_...``), the link to its page."""
         return obj.public_id
+
+    @admin.display(description="activity")
+    def activity_cell(self, obj: Session, now=None) -> str:
+        """``idle · stops 14:05`` / ``idle 20 min`` / ``busy 87 %`` / ``unknown`` (the sentence on hover):
+        ``console_activity.activity_summary`` at ``now`` (the list passes its request's moment)."""
+        summary = console_activity.activity_summary(obj, now=now or timezone.now())
+        return mark_safe(f'<span class="gs-activity gs-activity-{_esc(summary.kind)}" title="{_esc(summary.title)}">'  # noqa: S308
+                         f"{_esc(summary.text)}</span>")
+
+    @admin.display(description="stop reason")
+    def stop_reason_text(self, obj: Session) -> str:
+        """Why it was asked to stop (``stop_reason``), or "-"."""
+        return obj.get_stop_reason_display() if obj.stop_reason else "-"
 
     @admin.display(description="phase", ordering="phase")
     def phase_badge(self, obj: Session) -> str:

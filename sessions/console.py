@@ -18,11 +18,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from gshare.console.options import service_errors
 from gshare.exceptions import ApplicationError
-from sessions import console_selectors, services
+from sessions import console_activity, console_selectors, idle, services
 from sessions.manifests import session_url
 from sessions.models import Session
-from sessions.permissions import may_open_session
+from sessions.permissions import may_open_any_session, may_open_session
 
 #: Phases the session page keeps following (its status is polled until the session runs or ends).
 FOLLOWED_PHASES = (Session.Phase.PENDING, Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.STOPPING)
@@ -194,3 +195,69 @@ def status_view(admin, request, object_id: str):
         "url": session_url(session), "started_at": utc(session.started_at), "ended_at": utc(session.ended_at),
         "follow": session.phase in FOLLOWED_PHASES, "can_open": actions.open, "can_stop": actions.stop,
     }, headers={"Cache-Control": "no-store"})
+
+
+def may_exempt(user, session: Session) -> bool:
+    """Whether the session page offers ``user`` the idle exemption form: a live session, and a user who may open any
+    session (``sessions.idle.session_idle_exempt``'s own rule; researchers never see the form)."""
+    return session.is_live and may_open_any_session(user)
+
+
+class IdleExemptionForm(forms.Form):
+    """Exempt a session from the idle policy until a time (UTC), for a reason; or end the exemption (the
+    ``end`` button). ``clean`` calls ``sessions.idle.session_idle_exempt``; its refusal is shown on the form."""
+
+    until = forms.DateTimeField(
+        label="Until (UTC)", required=False, input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="When the exemption ends, at most a year ahead.",
+    )
+    reason = forms.CharField(max_length=500, required=False, help_text="Why the session may stay idle (audited).")
+
+    def __init__(self, *args, session: Session | None = None, user=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.session, self.user = session, user
+        self.ending = bool(self.data.get("end"))
+        self.activity = None
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        until = None if self.ending else data.get("until")
+        if not self.ending and until is None:
+            self.add_error("until", "Say until when, e.g. tomorrow 18:00 UTC; or end the exemption.")
+            return data
+        if until is not None:
+            until = until.astimezone(UTC)  # the form's time zone is UTC (settings.TIME_ZONE)
+        with service_errors(self):
+            self.activity = idle.session_idle_exempt(session=self.session, user=self.user, until=until,
+                                                     reason="" if self.ending else data.get("reason") or "")
+        return data
+
+
+def idle_exemption_view(admin, request, object_id: str):
+    """``<session>/idle-exemption/``: GET the exemption form, POST it (``session_idle_exempt``): back to the
+    session's page with a message, or the form again with the service's refusal; 403 for a user who may not exempt
+    (a researcher's other sessions are a 404, as on their page)."""
+    session = _session_or_404(admin, request, object_id)
+    if not may_open_any_session(request.user):
+        raise PermissionDenied
+    if request.method == "POST":
+        form = IdleExemptionForm(request.POST, session=session, user=request.user)
+        if form.is_valid():
+            row = form.activity
+            if row.exempt_until:
+                text = f"Session {session.public_id} is exempt from the idle policy until {console_activity.utc(row.exempt_until)}."
+            else:
+                text = f"Session {session.public_id} is no longer exempt from the idle policy."
+            admin.message_user(request, text, messages.SUCCESS)
+            return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk]))
+    else:
+        form = IdleExemptionForm(session=session, user=request.user)
+    context = {
+        **admin.admin_site.each_context(request),
+        "opts": admin.opts, "title": f"Idle policy exemption of {session.public_id}", "form": form, "session": session,
+        "list_title": admin.list_title(request),
+    }
+    return TemplateResponse(request, "admin/gpu_sessions/session/idle_exemption.html", context)

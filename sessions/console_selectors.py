@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import DecimalField, OuterRef, QuerySet, Subquery, Sum, Value
+from django.conf import settings
+from django.db.models import DecimalField, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
 from billing.models import CREDIT_PLACES, LedgerEntry
 from clusters.models import Cluster
 from sessions.models import Session, SuggestedImage
+from sessions.selectors import idle_sessions
 from storage.models import Volume
 from storage.selectors import volume_list
 
@@ -34,6 +37,40 @@ def with_cost_so_far(qs: QuerySet[Session]) -> QuerySet[Session]:
 def cost_so_far(session: Session) -> Decimal:
     """Credits charged to ``session`` so far (one query): see :func:`with_cost_so_far`."""
     return with_cost_so_far(Session.objects.filter(pk=session.pk)).values_list("cost_so_far", flat=True).get()
+
+
+#: The list's Activity filter: its values and labels.
+ACTIVITY_CHOICES = (("idle", "idle"), ("busy", "busy"), ("unknown", "unknown"))
+
+
+def with_activity(qs: QuerySet[Session], *, now: datetime) -> QuerySet[Session]:
+    """``qs`` with each session's ``activity`` joined and ``is_idle`` annotated: whether it is one of
+    ``sessions.selectors.idle_sessions(now=now)`` (one ``EXISTS`` in the list's own query, no query per row)."""
+    return qs.select_related("activity").annotate(is_idle=Exists(idle_sessions(now=now).filter(pk=OuterRef("pk"))))
+
+
+def _known(now: datetime) -> Q:
+    """Running sessions whose GPU activity counts at ``now``: an ``ok`` reading younger than
+    ``GSHARE_ACTIVITY_STALE_SECONDS`` (``sessions.idle.activity_unknown``'s rule, as ``idle_sessions`` reads it)."""
+    fresh = now - timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)
+    return Q(phase=Session.Phase.RUNNING, activity__state="ok", activity__sampled_at__gte=fresh)
+
+
+def filter_activity(qs: QuerySet[Session], value: str, *, now: datetime) -> QuerySet[Session]:
+    """The sessions of ``qs`` the list's Activity filter keeps.
+
+    Args:
+        value: ``idle`` (``idle_sessions``: known, fresh, quiet for ``IDLE_DISPLAY_MINUTES`` policy minutes), ``busy``
+            (Running, known and fresh, not idle) or ``unknown`` (Running, no fresh ``ok`` reading); anything else keeps all.
+    """
+    idle = Q(pk__in=idle_sessions(now=now).values("pk"))
+    if value == "idle":
+        return qs.filter(idle)
+    if value == "busy":
+        return qs.filter(_known(now)).exclude(idle)
+    if value == "unknown":
+        return qs.filter(phase=Session.Phase.RUNNING).exclude(_known(now))
+    return qs
 
 
 def suggested_images() -> list[SuggestedImage]:

@@ -12,6 +12,9 @@ Definitions (docs/console.md#the-dashboard):
   ended (``ended_at``, else its last status report, else its creation) in the last 24 hours.
 - **Burn per hour** is what the Running sessions cost per hour now at the prices (``billing.selectors.burn_rate``'s
   definition, summed fleet-wide): the ledger lags behind it, since usage is charged as operators report it.
+- **Idle GPUs** are the GPUs held (live allocations) by ``sessions.selectors.idle_sessions(now)``: Running sessions
+  with fresh, known GPU activity and no kernel, connection or start for ``IDLE_DISPLAY_MINUTES`` policy minutes; their
+  credits per hour are the burn definition above over those sessions.
 - The **storage** tile is the fleet-wide ``storage.selectors.storage_summary``: its headline is the largest single
   pool (pools never add up), whichever cluster is chosen.
 """
@@ -38,6 +41,7 @@ from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_state
 from gshare.console.reuse import reused
 from sessions.models import Allocation, Session
+from sessions.selectors import IDLE_DISPLAY_MINUTES, idle_sessions
 from storage.capacity import format_bytes
 from storage.models import StoragePool
 from storage.selectors import storage_summary
@@ -266,7 +270,10 @@ class SessionsTile:
 
 
 def _sessions_of(cluster: Cluster | None):
-    qs = Session.objects.all()
+    return _narrow(Session.objects.all(), cluster)
+
+
+def _narrow(qs, cluster: Cluster | None):
     if cluster is not None:
         # A session not placed yet belongs to the cluster it is pinned to.
         qs = qs.filter(Q(cluster=cluster) | Q(cluster__isnull=True, requested_cluster=cluster))
@@ -334,19 +341,23 @@ class CreditsTile:
         return [(name, credits_text(balance)) for name, balance in self.lowest]
 
 
-def burn_per_hour(*, cluster: Cluster | None = None, prices: dict[str, Decimal] | None = None) -> Decimal:
-    """Credits per hour the Running sessions (of ``cluster``, or all) cost now.
+def burn_per_hour(*, cluster: Cluster | None = None, prices: dict[str, Decimal] | None = None, sessions=None) -> Decimal:
+    """Credits per hour the Running sessions (of ``cluster``, or all; or the Running ones of ``sessions``) cost now.
 
     The same sum as ``billing.selectors.session_hourly_cost`` over each session (each GPU's ``share × price``
     rounded to 0.000001 credits; a session without reservations ``gpus × share × the default price``), computed
     from one grouped query: identical terms are counted, not read one by one.
+
+    Args:
+        sessions: a ``Session`` queryset to sum over instead of all sessions (the idle tile's), still narrowed to ``cluster``.
 
     Returns:
         Credits per hour (``Decimal``). One query (two without ``prices``).
     """
     if prices is None:
         prices = pricing.prices_by_model()
-    running = _sessions_of(cluster).filter(phase=Session.Phase.RUNNING)
+    running = _sessions_of(cluster) if sessions is None else _narrow(sessions, cluster)
+    running = running.filter(phase=Session.Phase.RUNNING)
     rows = (
         running.order_by()
         .values("gpus", "gpu_memory_mib", "gpu_cores", "allocations__device__model", "allocations__device__memory_mib")
@@ -389,6 +400,44 @@ def credits_tile(*, cluster: Cluster | None = None, threshold: Decimal | None = 
                 .values_list("user__username", "balance", "matching")[:LOW_ACCOUNTS_SHOWN])
     return CreditsTile(burn_per_hour=burn, running=running, threshold=threshold, low_count=rows[0][2] if rows else 0,
                        lowest=[(name, balance) for name, balance, _ in rows])
+
+
+# --------------------------------------------------------------------------- idle GPUs
+
+
+@dataclass(frozen=True)
+class IdleTile:
+    """GPUs held by idle sessions (``sessions.selectors.idle_sessions``), how many sessions, and what they cost.
+
+    Attributes:
+        gpus: distinct GPUs the idle sessions hold (live allocations).
+        sessions: how many sessions are idle.
+        burn_per_hour: credits per hour those sessions cost now at the prices (``Decimal``, :func:`burn_per_hour`).
+        quiet_minutes: policy minutes without a kernel or connection after which a session counts as idle.
+    """
+
+    gpus: int
+    sessions: int
+    burn_per_hour: Decimal
+    quiet_minutes: int = IDLE_DISPLAY_MINUTES
+
+    @property
+    def burn_text(self) -> str:
+        """The idle sessions' burn as text, ``12.5``."""
+        return credits_text(self.burn_per_hour)
+
+
+def idle_tile(*, cluster: Cluster | None = None, now: datetime.datetime | None = None) -> IdleTile:
+    """The idle sessions of ``cluster`` (or all) at ``now``: their GPUs, their number and their credits per hour.
+
+    Returns:
+        An :class:`IdleTile`. Three queries (the counts; the prices and the burn only when a session is idle).
+    """
+    now = now or timezone.now()
+    idle = _narrow(idle_sessions(now=now), cluster)
+    counts = idle.aggregate(sessions=Count("id", distinct=True), gpus=Count("allocations__device", distinct=True))
+    burn = burn_per_hour(sessions=idle) if counts["sessions"] else _ZERO
+    return IdleTile(gpus=counts["gpus"], sessions=counts["sessions"], burn_per_hour=burn)
 
 
 # --------------------------------------------------------------------------- storage
@@ -570,6 +619,7 @@ class Dashboard:
     gpus: GpusTile
     sessions: SessionsTile
     credits: CreditsTile
+    idle: IdleTile
     storage: StorageTile
     chart: list[HourBucket]
 
@@ -593,8 +643,8 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
     ``now`` is not given): together they were more than half the page's time on a big fleet (docs/performance.md).
 
     Returns:
-        A :class:`Dashboard`. A fixed number of queries (ten), whatever the fleet's size; three when the reused
-        parts are fresh.
+        A :class:`Dashboard`. A fixed number of queries (ten, plus one to three for the idle tile), whatever the
+        fleet's size; four to six when the reused parts are fresh.
     """
     # An explicit time (tests, reports): everything computed for it, nothing reused.
     reuse = now is None
@@ -616,6 +666,7 @@ def dashboard(*, cluster: Cluster | None = None, now: datetime.datetime | None =
         gpus=gpus,
         sessions=sessions,
         credits=dataclasses.replace(credits, running=sessions.running),
+        idle=idle_tile(cluster=cluster, now=now),
         storage=part("storage", lambda: storage_tile(cluster=cluster, now=now)),
         chart=part("chart", lambda: usage_chart(cluster=cluster, now=now)),
     )

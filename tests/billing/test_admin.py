@@ -2,6 +2,7 @@
 credit_grant, once per form), prices and policies validated by the services."""
 
 import logging
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -233,3 +234,35 @@ def test_policy_form_refuses_what_policy_set_refuses_and_saves_and_deletes_throu
 
     assert console.post(f"/billing/policy/{policy.pk}/delete/", {"post": "yes"}).status_code == 302
     assert not Policy.objects.exists() and f"policy deleted: policy of {user}" in caplog.text
+
+
+def test_policy_form_shows_the_idle_fields_and_says_how_long_a_policy_minute_lasts(console, settings):
+    text = page_text(console.get("/billing/policy/add/"))
+    assert 'name="idle_timeout_minutes"' in text and 'name="idle_warning_minutes"' in text
+    assert "a policy minute lasts" not in text
+    settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS = 2
+    text = page_text(console.get("/billing/policy/add/"))
+    assert text.count("Here a policy minute lasts 2 s (GSHARE_IDLE_POLICY_MINUTE_SECONDS).") == 2
+    Policy.objects.create(user=UserFactory(), idle_timeout_minutes=30, idle_warning_minutes=5)
+    listed = page_text(console.get("/billing/policy/"))
+    assert "column-idle_timeout_minutes" in listed and "column-idle_warning_minutes" in listed
+
+
+def test_the_ledger_list_shows_an_end_entrys_idle_credits(console, lab_c1):
+    from django.utils import timezone
+
+    from sessions.models import Session
+
+    session = metered_session(lab_c1, owner=UserFactory(username="idler"))
+    services.credit_grant(user=session.owner, amount="5", reason="welcome", idempotency_key="idle-grant", created_by="test")
+    ingest.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
+                                                  for i in range(3)])
+    Session.objects.filter(pk=session.pk).update(phase=Session.Phase.STOPPING, stop_reason=Session.StopReason.IDLE)
+    entry, _ = services.ledger_session_end(session=session, idle_since=T0, until=timezone.now(), reason="Stopped by the idle policy.",
+                                           created_by="idle-policy")
+    assert entry.idle_credits is not None and entry.idle_credits > 0
+    text = page_text(console.get("/billing/ledgerentry/"))
+    assert "Idle credits" in text
+    cells = dict(re.findall(r'<tr[^>]*>.*?<a href="/billing/ledgerentry/(\d+)/change/">.*?<td class="field-idle">(.*?)</td>', text, re.S))
+    assert cells[str(entry.pk)] == format(entry.idle_credits, "f")
+    assert {value for pk, value in cells.items() if pk != str(entry.pk)} == {"-"}

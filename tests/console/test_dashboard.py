@@ -381,3 +381,55 @@ def test_browser_cluster_selector_narrows_the_tiles(live_server, console_users, 
     box = header.bounding_box()
     assert box and box["width"] > box["height"], "the fleet table's headers must not stack letter by letter"
     shot(page, "console-dashboard")
+
+
+# --------------------------------------------------------------------------- idle GPUs
+
+
+def _idle_fleet(now):
+    """On lab-a: s_whole (alice, whole H100 at 4/h) quiet for an hour, s_mem (bob, 25 % cores of an H100: 1/h) quiet
+    for an hour, s_cores (bob, 50 %: 2/h) busy a minute ago, all with fresh readings; on lab-b s_nores (2 GPUs with no
+    reservation, 3/h) quiet but its reading is stale, so not idle."""
+    from sessions.models import SessionActivity
+
+    def reading(session, *, quiet: datetime.timedelta, age: datetime.timedelta = datetime.timedelta(seconds=5)):
+        Session.objects.filter(pk=session.pk).update(started_at=now - datetime.timedelta(hours=3))
+        SessionActivity.objects.create(session=session, state="ok", sampled_at=now - age, last_kernel_at=now - quiet, gpus=[])
+
+    return reading
+
+
+def test_idle_tile_counts_the_gpus_of_idle_sessions_and_what_they_burn(fleet):
+    from gshare.console.dashboard import idle_tile
+
+    now = fleet["now"]
+    s_whole, s_cores, s_mem, s_nores = fleet["running"]
+    reading = _idle_fleet(now)
+    hour = datetime.timedelta(hours=1)
+    reading(s_whole, quiet=hour)
+    reading(s_mem, quiet=hour)
+    reading(s_cores, quiet=datetime.timedelta(minutes=1))
+    reading(s_nores, quiet=hour, age=datetime.timedelta(hours=1))
+    tile = idle_tile(now=now)
+    assert (tile.gpus, tile.sessions) == (2, 2)  # g0 (whole) and g1 (s_mem's share)
+    expected = sum(session_hourly_cost(Session.objects.get(pk=s.pk)) for s in (s_whole, s_mem))
+    assert tile.burn_per_hour == expected == Decimal("5") and isinstance(tile.burn_per_hour, Decimal)
+    assert tile.burn_text == "5"
+    on_b = idle_tile(cluster=fleet["b"], now=now)
+    assert (on_b.gpus, on_b.sessions, on_b.burn_per_hour) == (0, 0, Decimal(0))
+    with CaptureQueriesContext(connection) as queries:
+        idle_tile(now=now)
+    assert len(queries) == 3
+
+
+def test_the_page_shows_the_idle_tile_linking_to_idle_sessions(fleet, admin_client):
+    now = timezone.now()
+    s_whole = fleet["running"][0]
+    _idle_fleet(now)(s_whole, quiet=datetime.timedelta(hours=1))
+    text = admin_client.get("/").content.decode()
+    tile = re.search(r'<article class="gs-tile" id="tile-idle">.*?</article>', text, re.S).group(0)
+    assert 'data-stat="idle_gpus" class="gs-bad">1<' in tile and 'data-stat="idle_sessions">1<' in tile
+    assert 'data-stat="idle_burn">4<' in tile
+    assert 'href="/gpu_sessions/session/?activity=idle"' in tile
+    listed = admin_client.get("/gpu_sessions/session/?activity=idle").content.decode()
+    assert s_whole.public_id in listed and fleet["running"][1].public_id not in listed

@@ -168,7 +168,7 @@ def test_the_session_filter_lists_no_cluster_to_researchers_and_no_unused_deregi
     page = client.get("/gpu_sessions/session/")
     assert page.status_code == 200
     assert b"cluster__id__exact" not in page.content and b"lab-old-secret" not in page.content
-    assert [spec.title for spec in page.context["cl"].filter_specs] == ["phase"]
+    assert [spec.title for spec in page.context["cl"].filter_specs] == ["phase", "activity"]
     boss = django_user_model.objects.create_superuser("boss", "b@example.test", "Pw-123456789!")
     client.force_login(boss)
     page = client.get("/gpu_sessions/session/")
