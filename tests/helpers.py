@@ -205,6 +205,16 @@ def silent_kubeconfig(host_port: str) -> dict:
     }
 
 
+def send_json(handler: http.server.BaseHTTPRequestHandler, status: int, body: Any) -> None:
+    """Answer ``body`` as JSON with ``status`` from a ``serving`` handler (Content-Type and Content-Length set)."""
+    payload = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 def status_body(message: str, code: int = 403) -> bytes:
     """A Kubernetes ``Status`` body (JSON) carrying ``message``."""
     return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}).encode()

@@ -31,7 +31,7 @@ from operator_agent.gpu_activity import ActivityReporter, monitor_pods_by_node, 
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION
 from operator_agent.metrics import OperatorMetrics, serve_metrics
 from tests import contract
-from tests.helpers import serving
+from tests.helpers import send_json, serving
 from tests.operator_agent.hami_exposition import Series, exposition
 
 NS = "gshare-sessions"
@@ -106,12 +106,7 @@ class FakeApiserver:
                 return self.json(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": f"{path} not found"})
 
             def json(self, status: int, body: dict) -> None:
-                payload = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(self, status, body)
 
             def log_message(self, *args):
                 pass
@@ -181,12 +176,7 @@ class StubControlPlane:
                     status = 403
                 answer = ({"server_time": "2026-12-01T10:00:00Z", "accepted": len(body["sessions"]), "ignored": 0}
                           if status == 200 else {"code": "forbidden_cluster_scope", "detail": "not this cluster's"})
-                payload = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(self, status, answer)
 
             def log_message(self, *args):
                 pass
