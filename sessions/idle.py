@@ -148,6 +148,7 @@ INSERT INTO gpu_sessions_sessionactivity AS a
      exempt_reason, exempt_by)
 SELECT r.session_id, '', '', NULL, '[]'::jsonb, NULL, NULL, r.idle_since, r.stops_at, NULL, '', ''
 FROM jsonb_to_recordset(%s::jsonb) AS r(session_id bigint, idle_since timestamptz, stops_at timestamptz)
+ORDER BY r.session_id
 ON CONFLICT (session_id) DO UPDATE SET idle_since = EXCLUDED.idle_since, stops_at = EXCLUDED.stops_at
 """
 
