@@ -196,15 +196,20 @@ def _moments(raw: dict) -> dict[str, datetime]:
     return moments
 
 
-def connections_pending(session_ids: list[str]) -> dict[str, datetime]:
-    """The connections noted in Redis and not flushed yet, for ``session_ids`` (one call; ``{}`` when Redis fails)."""
+def connections_pending(session_ids: list[str]) -> dict[str, datetime] | None:
+    """The connections noted in Redis and not flushed yet, for ``session_ids`` (one call).
+
+    Returns:
+        ``{session id: noted at}``; None when Redis failed (then who connected lately is unknown: while Redis is
+        down verify cannot note connections either).
+    """
     if not session_ids:
         return {}
     try:
         values = _redis().hmget(_hash_key(), session_ids)
     except (redis.RedisError, OSError) as exc:
         logger.warning("idle: could not read the pending connections (%s)", exc)
-        return {}
+        return None
     return _moments({sid: value for sid, value in zip(session_ids, values, strict=True) if value is not None})
 
 

@@ -157,8 +157,9 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
     """Judge every Running session (of ``cluster``, or of the fleet), show or clear the warnings, stop the due ones.
 
     Queries: three whatever the number of sessions (the sessions with their activity, the policies, one upsert of
-    the warnings that changed), one Redis call (the connections not flushed yet), plus per stopped session what
-    ``session_stop`` and the ledger's end entry cost.
+    the warnings that changed), one Redis call (the connections not flushed yet), plus per due session its locks,
+    one Redis call and what ``session_stop`` and the ledger's end entry cost. While Redis fails nobody is stopped
+    (recent connections are unknown); the warnings are still shown.
 
     Returns:
         ``{"checked": n, "warned": sessions in their warning, "stopped": n}``.
@@ -174,11 +175,13 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
         return {"checked": 0, "warned": 0, "stopped": 0}
     policies = admission.policies_for(user_ids=[s.owner_id for s in sessions])
     pending = activity.connections_pending([s.public_id for s in sessions])
+    if pending is None:  # Redis is down: verify notes no connection either, so nobody may look unconnected
+        logger.warning("idle: the recent connections are unknown (Redis); no session is stopped this run")
     changed, due, warned = [], [], 0
     for session in sessions:
         row = getattr(session, "activity", None)
         policy = policies[session.owner_id]
-        connected = max((t for t in (row.last_connected_at if row else None, pending.get(session.public_id)) if t), default=None)
+        connected = max((t for t in (row.last_connected_at if row else None, (pending or {}).get(session.public_id)) if t), default=None)
         judgement = idle_judge(
             now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
             last_connected_at=connected, exempt_until=row.exempt_until if row else None,
@@ -190,28 +193,43 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
         if (row.idle_since if row else None, row.stops_at if row else None) != (judgement.idle_since, judgement.stops_at):
             changed.append({"session_id": session.pk, "idle_since": judgement.idle_since.isoformat() if judgement.idle_since else None,
                             "stops_at": judgement.stops_at.isoformat() if judgement.stops_at else None})
-        if judgement.due:
-            due.append((session, judgement, policy, row.last_kernel_at if row else None, connected))
+        if judgement.due and pending is not None:
+            due.append((session, policy))
     if changed:
         with connection.cursor() as cursor:
             cursor.execute(_MARK, [json.dumps(changed)])
-    stopped = sum(_stop_idle(session=s, judgement=j, policy=p, last_kernel_at=k, last_connected_at=c, now=now) for s, j, p, k, c in due)
+    stopped = sum(_stop_idle(session=s, policy=p, now=now) for s, p in due)
     return {"checked": len(sessions), "warned": warned, "stopped": stopped}
 
 
 @transaction.atomic
-def _stop_idle(*, session: Session, judgement: IdleJudgement, policy, last_kernel_at, last_connected_at, now: datetime) -> bool:
-    """Stop one due session and write its end entry, unless something changed since it was judged (under its row lock)."""
+def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
+    """Stop one session judged due, and write its end entry, if it is still due when judged again under its locks.
+
+    Between the fleet-wide judgement and this stop an activity report, a connection (noted or flushed) or an
+    exemption may have come: the session's row and its activity row are locked (in the order ``session_idle_exempt``
+    takes them), its pending connection read again from Redis (no stop when Redis fails), and it is judged afresh, so
+    a kernel that just ran or a staff exemption is never overruled by a stale judgement.
+    """
     locked = Session.objects.select_for_update().select_related("owner").get(pk=session.pk)
-    row = SessionActivity.objects.filter(session_id=session.pk).first()
-    if locked.phase != Session.Phase.RUNNING or row is None or row.stops_at is None or row.stops_at > now:
+    row = SessionActivity.objects.select_for_update().filter(session_id=session.pk).first()
+    if locked.phase != Session.Phase.RUNNING or row is None:
         return False
-    if row.exempt_until is not None and row.exempt_until > now:
+    pending = activity.connections_pending([locked.public_id])
+    if pending is None:
         return False
-    message = stop_message(policy=policy, last_kernel_at=last_kernel_at, last_connected_at=last_connected_at)
+    connected = max((t for t in (row.last_connected_at, pending.get(locked.public_id)) if t), default=None)
+    judgement = idle_judge(
+        now=now, started_at=locked.started_at or locked.created_at, last_kernel_at=row.last_kernel_at, last_connected_at=connected,
+        exempt_until=row.exempt_until, unknown=activity_unknown(state=row.state, reason=row.reason, sampled_at=row.sampled_at, now=now),
+        timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
+    )
+    if not judgement.due:
+        return False
+    message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected)
     services.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
-    ledger_session_end(session=locked, idle_since=row.idle_since or judgement.idle_since, until=now, reason=message, created_by="idle-policy")
-    logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(row.idle_since, "?"))
+    ledger_session_end(session=locked, idle_since=judgement.idle_since, until=now, reason=message, created_by="idle-policy")
+    logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(judgement.idle_since, "?"))
     return True
 
 

@@ -285,3 +285,9 @@ def test_verify_lets_in_and_skips_the_note_when_redis_goes_away(client, running,
     assert all(token not in r.getMessage() for r in caplog.records)
     settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": settings.CACHES["default"]["LOCATION"]}}
 
+
+def test_connections_pending_reads_nothing_when_redis_is_away(running, settings, closed_port):
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": f"redis://{closed_port}/0"}}
+    started = time.monotonic()
+    assert activity.connections_pending([running.public_id]) is None
+    assert time.monotonic() - started < 2
