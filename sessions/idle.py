@@ -264,7 +264,8 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
     Args:
         session: a live session.
         user: who asks.
-        until: aware time in the future, at most ``MAX_EXEMPTION`` ahead; None to remove the exemption.
+        until: aware time in the future, at most ``MAX_EXEMPTION`` ahead; None to end the exemption now (``exempt_until``
+            then keeps when it ended, now or earlier: the idle clock starts there).
         reason: why (1 to 500 characters; required to exempt).
 
     Returns:
@@ -292,12 +293,16 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
         raise Conflict(f"Session {locked.public_id} has ended; there is nothing to exempt.", code="session_not_live")
     row, _ = SessionActivity.objects.select_for_update().get_or_create(session=locked)
     before = (row.exempt_until, row.exempt_reason)
-    row.exempt_until, row.exempt_reason = until, reason if until else ""
+    if until is None and row.exempt_until is not None and row.exempt_until > now:
+        until_kept = now  # an exemption ended early ends now: the idle clock starts from here, as when it runs out
+    else:
+        until_kept = until if until is not None else row.exempt_until
+    row.exempt_until, row.exempt_reason = until_kept, reason if until else ""
     row.exempt_by = user.get_username() if until else ""
     if until is not None:
         row.idle_since = row.stops_at = None
     row.save(update_fields=["exempt_until", "exempt_reason", "exempt_by", "idle_since", "stops_at"])
     audit_record(action=Action.SESSION_IDLE_EXEMPT, obj=locked,
-                 changes={"exempt_until": (before[0], until), "exempt_reason": (before[1], row.exempt_reason)},
+                 changes={"exempt_until": (before[0], row.exempt_until), "exempt_reason": (before[1], row.exempt_reason)},
                  details={"owner": locked.owner.get_username()})
     return row

@@ -121,6 +121,27 @@ def test_no_secret_reaches_the_exemption_audit_row(http_for, staff_token):
     assert staff_token.split(".")[-1] not in str(record.changes) + str(record.details)
 
 
+# --- ending an exemption -------------------------------------------------------------------------------------------
+
+
+def test_ending_an_exemption_early_restarts_the_clock_instead_of_stopping_at_once(http_for, staff_token, settings):
+    settings.GSHARE_ACTIVITY_STALE_SECONDS = 10**9  # the last step judges an hour ahead
+    session = SessionFactory()
+    idle_for(session, minutes=240)
+    staff = http_for(staff_token)
+    assert staff.post(exemption_path(session), json=exemption_body()).status_code == 200
+    assert idle.idle_enforce()["stopped"] == 0
+    ended = staff.delete(exemption_path(session))
+    assert ended.status_code == 200
+    assert idle.idle_enforce()["stopped"] == 0, "a session whose exemption just ended has its whole timeout again"
+    session.refresh_from_db()
+    assert session.phase == "Running"
+    row = SessionActivity.objects.get(session=session)
+    assert row.exempt_until <= datetime.now(UTC) and row.exempt_reason == ""
+    assert idle.idle_enforce(now=row.exempt_until + HOUR + timedelta(seconds=1))["stopped"] == 1
+    assert LedgerEntry.objects.filter(session=session, kind="end").count() == 1
+
+
 # --- races with a stop ---------------------------------------------------------------------------------------------
 
 
