@@ -175,7 +175,7 @@ def main() -> int:
                 raise RuntimeError(f"verify answered {refused} to a tampered cookie (expected 401)")
             from sessions import activity
 
-            if session_id not in activity.connections_pending([session_id]):
+            if session_id not in (activity.connections_pending([session_id]) or {}):
                 raise RuntimeError("verify let the cookie in but noted no connection in Redis (sessions.activity.connection_note)")
             endpoints = {"ping": ("/internal/ping", {}, 204), "verify": ("/internal/connect/verify", verify_headers, 200)}
 

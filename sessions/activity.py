@@ -49,12 +49,23 @@ def _time(value: str, where: str) -> datetime:
     return parsed
 
 
+def _text(value: str, where: str) -> str:
+    """``value`` unchanged, unless PostgreSQL could not store it (a NUL character, a lone UTF-16 surrogate)."""
+    if "\x00" in value or any("\ud800" <= char <= "\udfff" for char in value):
+        raise InvalidActivity(f"{where} contains a NUL character or a lone surrogate: send plain UTF-8 text.")
+    return value
+
+
 def _last_kernel_at(entry: dict, sampled_at: datetime) -> datetime | None:
-    """The newest instant one of the entry's GPUs ran a kernel (``sampled_at`` minus the smallest elapsed seconds)."""
+    """The newest instant one of the entry's GPUs ran a kernel (``sampled_at`` minus the smallest elapsed seconds);
+    None when none did, or when that instant would fall before year 1 (the schema allows 1e12 s: no kernel seen)."""
     ages = [gpu["last_kernel_seconds"] for gpu in entry["gpus"] if gpu["last_kernel_seconds"] is not None]
     if entry["state"] != contract.ACTIVITY_STATE_OK or not ages:
         return None
-    return sampled_at - timedelta(seconds=float(min(ages)))
+    try:
+        return sampled_at - timedelta(seconds=float(min(ages)))
+    except OverflowError:
+        return None
 
 
 def _parse(entries: list[dict]) -> list[dict]:
@@ -69,6 +80,9 @@ def _parse(entries: list[dict]) -> list[dict]:
             raise InvalidActivity(f"sessions[{i}].gpus lists a GPU twice: list each GPU of the session once.")
         if entry["state"] == contract.ACTIVITY_STATE_UNKNOWN and entry["gpus"]:
             raise InvalidActivity(f"sessions[{i}] is unknown but lists GPU readings: an unknown entry has no gpus.")
+        _text(entry["reason"], f"sessions[{i}].reason")
+        for j, gpu in enumerate(entry["gpus"]):
+            _text(gpu["device_uuid"], f"sessions[{i}].gpus[{j}].device_uuid")
         sampled_at = min(_time(entry["sampled_at"], f"sessions[{i}].sampled_at"), latest)
         gpus = [{**gpu, "sampled_at": min(_time(gpu["sampled_at"], f"sessions[{i}].gpus[{j}].sampled_at"), latest).isoformat()}
                 for j, gpu in enumerate(entry["gpus"])]
@@ -76,6 +90,8 @@ def _parse(entries: list[dict]) -> list[dict]:
     return parsed
 
 
+# Every multi-row upsert of SessionActivity (this one, _FLUSH, sessions.idle._MARK) locks its rows in session id
+# order: two of them crossing over the same sessions in different orders would deadlock.
 _UPSERT = """
 INSERT INTO gpu_sessions_sessionactivity AS a
     (session_id, state, reason, sampled_at, gpus, last_kernel_at, last_connected_at, idle_since, stops_at, exempt_until,
@@ -83,6 +99,7 @@ INSERT INTO gpu_sessions_sessionactivity AS a
 SELECT r.session_id, r.state, r.reason, r.sampled_at, r.gpus, r.last_kernel_at, NULL, NULL, NULL, NULL, '', ''
 FROM jsonb_to_recordset(%s::jsonb) AS r(session_id bigint, state text, reason text, sampled_at timestamptz, gpus jsonb,
                                         last_kernel_at timestamptz)
+ORDER BY r.session_id
 ON CONFLICT (session_id) DO UPDATE SET
     state = EXCLUDED.state, reason = EXCLUDED.reason, sampled_at = EXCLUDED.sampled_at, gpus = EXCLUDED.gpus,
     last_kernel_at = GREATEST(a.last_kernel_at, EXCLUDED.last_kernel_at)
@@ -105,7 +122,8 @@ def activity_report_apply(*, cluster, entries: list[dict]) -> dict:
         ``{"accepted": n, "ignored": m}`` (ignored: sessions no longer, or not yet, Running).
 
     Raises:
-        InvalidActivity: 400 ``invalid_activity``: a session or GPU listed twice, a bad time, an unknown entry with GPUs.
+        InvalidActivity: 400 ``invalid_activity``: a session or GPU listed twice, a bad time, an unknown entry with GPUs,
+            a reason or device UUID with a NUL character or a lone surrogate.
         Forbidden: 403 ``forbidden_cluster_scope``: an entry names a session of another cluster, or none the control plane
             knows; nothing is stored.
     """
@@ -178,15 +196,20 @@ def _moments(raw: dict) -> dict[str, datetime]:
     return moments
 
 
-def connections_pending(session_ids: list[str]) -> dict[str, datetime]:
-    """The connections noted in Redis and not flushed yet, for ``session_ids`` (one call; ``{}`` when Redis fails)."""
+def connections_pending(session_ids: list[str]) -> dict[str, datetime] | None:
+    """The connections noted in Redis and not flushed yet, for ``session_ids`` (one call).
+
+    Returns:
+        ``{session id: noted at}``; None when Redis failed (then who connected lately is unknown: while Redis is
+        down verify cannot note connections either).
+    """
     if not session_ids:
         return {}
     try:
         values = _redis().hmget(_hash_key(), session_ids)
     except (redis.RedisError, OSError) as exc:
         logger.warning("idle: could not read the pending connections (%s)", exc)
-        return {}
+        return None
     return _moments({sid: value for sid, value in zip(session_ids, values, strict=True) if value is not None})
 
 
@@ -196,6 +219,7 @@ INSERT INTO gpu_sessions_sessionactivity AS a
      exempt_reason, exempt_by)
 SELECT s.id, '', '', NULL, '[]'::jsonb, NULL, r.at, NULL, NULL, NULL, '', ''
 FROM jsonb_to_recordset(%s::jsonb) AS r(session text, at timestamptz) JOIN gpu_sessions_session s ON s.public_id = r.session
+ORDER BY s.id
 ON CONFLICT (session_id) DO UPDATE SET last_connected_at = GREATEST(a.last_connected_at, EXCLUDED.last_connected_at)
 """
 

@@ -148,6 +148,7 @@ INSERT INTO gpu_sessions_sessionactivity AS a
      exempt_reason, exempt_by)
 SELECT r.session_id, '', '', NULL, '[]'::jsonb, NULL, NULL, r.idle_since, r.stops_at, NULL, '', ''
 FROM jsonb_to_recordset(%s::jsonb) AS r(session_id bigint, idle_since timestamptz, stops_at timestamptz)
+ORDER BY r.session_id
 ON CONFLICT (session_id) DO UPDATE SET idle_since = EXCLUDED.idle_since, stops_at = EXCLUDED.stops_at
 """
 
@@ -156,8 +157,9 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
     """Judge every Running session (of ``cluster``, or of the fleet), show or clear the warnings, stop the due ones.
 
     Queries: three whatever the number of sessions (the sessions with their activity, the policies, one upsert of
-    the warnings that changed), one Redis call (the connections not flushed yet), plus per stopped session what
-    ``session_stop`` and the ledger's end entry cost.
+    the warnings that changed), one Redis call (the connections not flushed yet), plus per due session its locks,
+    one Redis call and what ``session_stop`` and the ledger's end entry cost. While Redis fails nobody is stopped
+    (recent connections are unknown); the warnings are still shown.
 
     Returns:
         ``{"checked": n, "warned": sessions in their warning, "stopped": n}``.
@@ -173,11 +175,13 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
         return {"checked": 0, "warned": 0, "stopped": 0}
     policies = admission.policies_for(user_ids=[s.owner_id for s in sessions])
     pending = activity.connections_pending([s.public_id for s in sessions])
+    if pending is None:  # Redis is down: verify notes no connection either, so nobody may look unconnected
+        logger.warning("idle: the recent connections are unknown (Redis); no session is stopped this run")
     changed, due, warned = [], [], 0
     for session in sessions:
         row = getattr(session, "activity", None)
         policy = policies[session.owner_id]
-        connected = max((t for t in (row.last_connected_at if row else None, pending.get(session.public_id)) if t), default=None)
+        connected = max((t for t in (row.last_connected_at if row else None, (pending or {}).get(session.public_id)) if t), default=None)
         judgement = idle_judge(
             now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
             last_connected_at=connected, exempt_until=row.exempt_until if row else None,
@@ -189,28 +193,43 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
         if (row.idle_since if row else None, row.stops_at if row else None) != (judgement.idle_since, judgement.stops_at):
             changed.append({"session_id": session.pk, "idle_since": judgement.idle_since.isoformat() if judgement.idle_since else None,
                             "stops_at": judgement.stops_at.isoformat() if judgement.stops_at else None})
-        if judgement.due:
-            due.append((session, judgement, policy, row.last_kernel_at if row else None, connected))
+        if judgement.due and pending is not None:
+            due.append((session, policy))
     if changed:
         with connection.cursor() as cursor:
             cursor.execute(_MARK, [json.dumps(changed)])
-    stopped = sum(_stop_idle(session=s, judgement=j, policy=p, last_kernel_at=k, last_connected_at=c, now=now) for s, j, p, k, c in due)
+    stopped = sum(_stop_idle(session=s, policy=p, now=now) for s, p in due)
     return {"checked": len(sessions), "warned": warned, "stopped": stopped}
 
 
 @transaction.atomic
-def _stop_idle(*, session: Session, judgement: IdleJudgement, policy, last_kernel_at, last_connected_at, now: datetime) -> bool:
-    """Stop one due session and write its end entry, unless something changed since it was judged (under its row lock)."""
+def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
+    """Stop one session judged due, and write its end entry, if it is still due when judged again under its locks.
+
+    Between the fleet-wide judgement and this stop an activity report, a connection (noted or flushed) or an
+    exemption may have come: the session's row and its activity row are locked (in the order ``session_idle_exempt``
+    takes them), its pending connection read again from Redis (no stop when Redis fails), and it is judged afresh, so
+    a kernel that just ran or a staff exemption is never overruled by a stale judgement.
+    """
     locked = Session.objects.select_for_update().select_related("owner").get(pk=session.pk)
-    row = SessionActivity.objects.filter(session_id=session.pk).first()
-    if locked.phase != Session.Phase.RUNNING or row is None or row.stops_at is None or row.stops_at > now:
+    row = SessionActivity.objects.select_for_update().filter(session_id=session.pk).first()
+    if locked.phase != Session.Phase.RUNNING or row is None:
         return False
-    if row.exempt_until is not None and row.exempt_until > now:
+    pending = activity.connections_pending([locked.public_id])
+    if pending is None:
         return False
-    message = stop_message(policy=policy, last_kernel_at=last_kernel_at, last_connected_at=last_connected_at)
+    connected = max((t for t in (row.last_connected_at, pending.get(locked.public_id)) if t), default=None)
+    judgement = idle_judge(
+        now=now, started_at=locked.started_at or locked.created_at, last_kernel_at=row.last_kernel_at, last_connected_at=connected,
+        exempt_until=row.exempt_until, unknown=activity_unknown(state=row.state, reason=row.reason, sampled_at=row.sampled_at, now=now),
+        timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
+    )
+    if not judgement.due:
+        return False
+    message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected)
     services.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
-    ledger_session_end(session=locked, idle_since=row.idle_since or judgement.idle_since, until=now, reason=message, created_by="idle-policy")
-    logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(row.idle_since, "?"))
+    ledger_session_end(session=locked, idle_since=judgement.idle_since, until=now, reason=message, created_by="idle-policy")
+    logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(judgement.idle_since, "?"))
     return True
 
 
@@ -245,7 +264,8 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
     Args:
         session: a live session.
         user: who asks.
-        until: aware time in the future, at most ``MAX_EXEMPTION`` ahead; None to remove the exemption.
+        until: aware time in the future, at most ``MAX_EXEMPTION`` ahead; None to end the exemption now (``exempt_until``
+            then keeps when it ended, now or earlier: the idle clock starts there).
         reason: why (1 to 500 characters; required to exempt).
 
     Returns:
@@ -273,12 +293,16 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
         raise Conflict(f"Session {locked.public_id} has ended; there is nothing to exempt.", code="session_not_live")
     row, _ = SessionActivity.objects.select_for_update().get_or_create(session=locked)
     before = (row.exempt_until, row.exempt_reason)
-    row.exempt_until, row.exempt_reason = until, reason if until else ""
+    if until is None and row.exempt_until is not None and row.exempt_until > now:
+        until_kept = now  # an exemption ended early ends now: the idle clock starts from here, as when it runs out
+    else:
+        until_kept = until if until is not None else row.exempt_until
+    row.exempt_until, row.exempt_reason = until_kept, reason if until else ""
     row.exempt_by = user.get_username() if until else ""
     if until is not None:
         row.idle_since = row.stops_at = None
     row.save(update_fields=["exempt_until", "exempt_reason", "exempt_by", "idle_since", "stops_at"])
     audit_record(action=Action.SESSION_IDLE_EXEMPT, obj=locked,
-                 changes={"exempt_until": (before[0], until), "exempt_reason": (before[1], row.exempt_reason)},
+                 changes={"exempt_until": (before[0], row.exempt_until), "exempt_reason": (before[1], row.exempt_reason)},
                  details={"owner": locked.owner.get_username()})
     return row

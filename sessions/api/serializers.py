@@ -30,7 +30,7 @@ class _SessionListSerializer(serializers.ListSerializer):
 
     def to_representation(self, data):  # noqa: D102
         items = list(data.all() if hasattr(data, "all") else data)
-        self.child.context["pending_connections"] = session_activity.connections_pending([s.public_id for s in items])
+        self.child.context["pending_connections"] = session_activity.connections_pending([s.public_id for s in items]) or {}
         return super().to_representation(items)
 
 
@@ -92,7 +92,7 @@ class SessionSerializer(serializers.ModelSerializer):
         row = self._row(obj)
         pending = self.context.get("pending_connections")
         if pending is None:
-            pending = session_activity.connections_pending([obj.public_id]) if obj.is_live else {}
+            pending = (session_activity.connections_pending([obj.public_id]) if obj.is_live else None) or {}
         connected = max((t for t in (row.last_connected_at if row else None, pending.get(obj.public_id)) if t), default=None)
         if row is None:
             return {"state": "none", "reason": "", "sampled_at": None, "gpus": [], "last_kernel_at": None,
