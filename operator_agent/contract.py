@@ -221,8 +221,9 @@ cluster or one the control plane does not know (nothing stored); entries of sess
 ignored.
 """
 
-ACTIVITY_MAX_SESSIONS = 5000
-"""``POST ACTIVITY_PATH`` carries at most this many session entries."""
+ACTIVITY_MAX_SESSIONS = 1000
+"""``POST ACTIVITY_PATH`` carries at most this many session entries: at 64 GPUs each, still under the control plane's
+32 MiB body limit (the operator sends a larger cluster's report in several calls)."""
 
 ACTIVITY_STATE_OK = "ok"
 ACTIVITY_STATE_UNKNOWN = "unknown"

@@ -174,7 +174,7 @@ def activity_view(session: Session, *, now: datetime, pending: dict[str, datetim
     """
     row = _row(session)
     if pending is None:
-        pending = session_activity.connections_pending([session.public_id]) if session.is_live else {}
+        pending = (session_activity.connections_pending([session.public_id]) if session.is_live else None) or {}  # None: Redis down
     if policy is None:
         policy = admission.policy_for(session.owner)
     connected = max((t for t in (row.last_connected_at if row else None, pending.get(session.public_id)) if t), default=None)
