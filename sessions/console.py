@@ -247,7 +247,7 @@ def idle_exemption_view(admin, request, object_id: str):
         form = IdleExemptionForm(request.POST, session=session, user=request.user)
         if form.is_valid():
             row = form.activity
-            if row.exempt_until:
+            if row.exempt_until and row.exempt_reason:  # an ended exemption keeps its moment, without a reason
                 text = f"Session {session.public_id} is exempt from the idle policy until {console_activity.utc(row.exempt_until)}."
             else:
                 text = f"Session {session.public_id} is no longer exempt from the idle policy."
