@@ -8,8 +8,8 @@ No Django here: run with ``pytest -p no:django tests/demo``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import base64
+import concurrent.futures
 import json
 import re
 import subprocess
