@@ -415,3 +415,22 @@ def test_the_usage_queue_and_report_ages_on_the_operators_metrics(tmp_path: Path
     ages = {dict(labels)["report"]: value for (name, labels), value in seen.items()
             if name == "gshare_operator_report_age_seconds"}
     assert ages == {"inventory": 50, "usage": 8, "status": 50, "storage": 50, "activity": 50}
+
+
+def test_the_operators_exposition_passes_promtool(tmp_path: Path):
+    """``promtool check metrics`` on what the operator serves over HTTP (scrape errors and durations included)."""
+    from tests.metrics.promtool import check
+
+    metrics = OperatorMetrics(usage_queue_path=str(tmp_path / "q.sqlite3"))
+    metrics.scrape_failed("gpu-h100-01", "timeout")
+    metrics.scraped({"gpu-v100-01": 0.012})
+    server, thread = serve_metrics(metrics, 0, addr="127.0.0.1")
+    try:
+        answer = requests.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert "gshare_operator_hami_monitor_scrape_errors_total" in answer.text
+    result = check("metrics", stdin=answer.content)
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
