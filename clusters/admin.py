@@ -18,6 +18,7 @@ from clusters.admin_cards import GpuCardList
 from clusters.diagnosis import cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token import rotation as token_rotation
+from gshare.console.dashboard import age
 from gshare.console.links import list_url, row_url
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from gshare.console.scope import ClusterScopedAdmin
@@ -25,16 +26,7 @@ from gshare.exceptions import ApplicationError
 
 
 def _age(value) -> str:
-    if value is None:
-        return "never"
-    seconds = max(0, int((timezone.now() - value).total_seconds()))
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    if seconds < 172800:
-        return f"{seconds // 3600} h ago"
-    return f"{seconds // 86400} d ago"
+    return "never" if value is None else f"{age((timezone.now() - value).total_seconds())} ago"
 
 
 def _age_html(value):

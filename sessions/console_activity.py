@@ -16,6 +16,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 
 from billing import admission
+from gshare.console.dashboard import age
 from sessions import activity as session_activity
 from sessions.idle import activity_unknown
 from sessions.models import Session, SessionActivity
@@ -26,20 +27,6 @@ GIB = 1024 ** 3
 def utc(value: datetime | None) -> str:
     """``2026-12-01 11:40:05 UTC`` (empty for None)."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
-
-
-def seconds_text(seconds: float | None) -> str:
-    """An elapsed time as the console says it: ``12 s``, ``5 min``, ``3 h``, ``2 d`` (``""`` for None)."""
-    if seconds is None:
-        return ""
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"
 
 
 def gib_text(value: int | None) -> str:
@@ -99,7 +86,7 @@ def _gpu_reading(gpu: dict) -> GpuReading:
         sampled_text = str(sampled)
     return GpuReading(
         device_uuid=str(gpu.get("device_uuid", "")),
-        last_kernel="no kernel seen" if seconds is None else f"{seconds_text(seconds)} ago",
+        last_kernel="no kernel seen" if seconds is None else f"{age(seconds)} ago",
         utilization=gpu.get("utilization_percent"),
         memory=f"{gib_text(gpu.get('memory_used_bytes'))} / {gib_text(gpu.get('memory_limit_bytes'))} GiB",
         sampled_at=sampled_text,
@@ -235,7 +222,7 @@ def activity_summary(session: Session, *, now: datetime) -> ActivitySummary:
         return ActivitySummary("unknown" if row and row.state else "none", "unknown" if row and row.state else "no reading", unknown)
     if getattr(session, "is_idle", False):
         last = max((t for t in (session.started_at, row.last_kernel_at, row.last_connected_at) if t is not None), default=now)
-        quiet = seconds_text((now - last).total_seconds())
+        quiet = age((now - last).total_seconds())
         return ActivitySummary("idle", f"idle {quiet}", f"no GPU kernel and no connection since {utc(last)}")
     mean = mean_utilization(row.gpus)
     return ActivitySummary("busy", "busy" if mean is None else f"busy {mean} %",
