@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gshare.api import unstorable_text_path
 from gshare.exceptions import ApplicationError, Forbidden
 from operator_agent import contract, rfc3339
 from sessions.models import Session
@@ -49,13 +50,6 @@ def _time(value: str, where: str) -> datetime:
     return parsed
 
 
-def _text(value: str, where: str) -> str:
-    """``value`` unchanged, unless PostgreSQL could not store it (a NUL character, a lone UTF-16 surrogate)."""
-    if "\x00" in value or any("\ud800" <= char <= "\udfff" for char in value):
-        raise InvalidActivity(f"{where} contains a NUL character or a lone surrogate: send plain UTF-8 text.")
-    return value
-
-
 def _last_kernel_at(entry: dict, sampled_at: datetime) -> datetime | None:
     """The newest instant one of the entry's GPUs ran a kernel (``sampled_at`` minus the smallest elapsed seconds);
     None when none did, or when that instant would fall before year 1 (the schema allows 1e12 s: no kernel seen)."""
@@ -69,6 +63,9 @@ def _last_kernel_at(entry: dict, sampled_at: datetime) -> datetime | None:
 
 
 def _parse(entries: list[dict]) -> list[dict]:
+    bad_text = unstorable_text_path(entries, "sessions")
+    if bad_text:
+        raise InvalidActivity(f"{bad_text} contains a NUL character or a lone surrogate, which cannot be stored: send plain UTF-8 text.")
     seen: set[str] = set()
     latest = timezone.now() + CLOCK_SKEW
     parsed = []
@@ -80,9 +77,6 @@ def _parse(entries: list[dict]) -> list[dict]:
             raise InvalidActivity(f"sessions[{i}].gpus lists a GPU twice: list each GPU of the session once.")
         if entry["state"] == contract.ACTIVITY_STATE_UNKNOWN and entry["gpus"]:
             raise InvalidActivity(f"sessions[{i}] is unknown but lists GPU readings: an unknown entry has no gpus.")
-        _text(entry["reason"], f"sessions[{i}].reason")
-        for j, gpu in enumerate(entry["gpus"]):
-            _text(gpu["device_uuid"], f"sessions[{i}].gpus[{j}].device_uuid")
         sampled_at = min(_time(entry["sampled_at"], f"sessions[{i}].sampled_at"), latest)
         gpus = [{**gpu, "sampled_at": min(_time(gpu["sampled_at"], f"sessions[{i}].gpus[{j}].sampled_at"), latest).isoformat()}
                 for j, gpu in enumerate(entry["gpus"])]
@@ -123,7 +117,7 @@ def activity_report_apply(*, cluster, entries: list[dict]) -> dict:
 
     Raises:
         InvalidActivity: 400 ``invalid_activity``: a session or GPU listed twice, a bad time, an unknown entry with GPUs,
-            a reason or device UUID with a NUL character or a lone surrogate.
+            text (a reason, a device UUID) with a NUL character or a lone surrogate.
         Forbidden: 403 ``forbidden_cluster_scope``: an entry names a session of another cluster, or none the control plane
             knows; nothing is stored.
     """
