@@ -207,6 +207,12 @@ def connections_pending(session_ids: list[str]) -> dict[str, datetime] | None:
     return _moments({sid: value for sid, value in zip(session_ids, values, strict=True) if value is not None})
 
 
+def last_connection(row, pending: dict[str, datetime] | None, session_id: str) -> datetime | None:
+    """The newest connection to ``session_id``: its ``SessionActivity.last_connected_at`` (``row`` may be None) or the
+    one noted in Redis and not flushed yet (``connections_pending``'s answer; None or ``{}`` when unread)."""
+    return max((t for t in (row.last_connected_at if row else None, (pending or {}).get(session_id)) if t), default=None)
+
+
 _FLUSH = """
 INSERT INTO gpu_sessions_sessionactivity AS a
     (session_id, state, reason, sampled_at, gpus, last_kernel_at, last_connected_at, idle_since, stops_at, exempt_until,

@@ -164,7 +164,7 @@ def activity_view(session: Session, *, now: datetime, pending: dict[str, datetim
         pending = (session_activity.connections_pending([session.public_id]) if session.is_live else None) or {}  # None: Redis down
     if policy is None:
         policy = admission.policy_for(session.owner)
-    connected = max((t for t in (row.last_connected_at if row else None, pending.get(session.public_id)) if t), default=None)
+    connected = session_activity.last_connection(row, pending, session.public_id)
     state = row.state if row else ""
     unknown = activity_unknown(state=state, reason=row.reason if row else "", sampled_at=row.sampled_at if row else None, now=now)
     shown_state = "none" if not state or row.sampled_at is None else ("unknown" if unknown else "ok")

@@ -153,6 +153,17 @@ ON CONFLICT (session_id) DO UPDATE SET idle_since = EXCLUDED.idle_since, stops_a
 """
 
 
+def _judge(session: Session, row: SessionActivity | None, policy, connected: datetime | None, now: datetime) -> IdleJudgement:
+    """``idle_judge`` on a session, its activity row (None: no reading yet), its owner's policy and last connection."""
+    return idle_judge(
+        now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
+        last_connected_at=connected, exempt_until=row.exempt_until if row else None,
+        unknown=activity_unknown(state=row.state if row else "", reason=row.reason if row else "",
+                                 sampled_at=row.sampled_at if row else None, now=now),
+        timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
+    )
+
+
 def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]:
     """Judge every Running session (of ``cluster``, or of the fleet), show or clear the warnings, stop the due ones.
 
@@ -181,14 +192,7 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
     for session in sessions:
         row = getattr(session, "activity", None)
         policy = policies[session.owner_id]
-        connected = max((t for t in (row.last_connected_at if row else None, (pending or {}).get(session.public_id)) if t), default=None)
-        judgement = idle_judge(
-            now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
-            last_connected_at=connected, exempt_until=row.exempt_until if row else None,
-            unknown=activity_unknown(state=row.state if row else "", reason=row.reason if row else "",
-                                     sampled_at=row.sampled_at if row else None, now=now),
-            timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
-        )
+        judgement = _judge(session, row, policy, activity.last_connection(row, pending, session.public_id), now)
         warned += judgement.idle_since is not None
         if (row.idle_since if row else None, row.stops_at if row else None) != (judgement.idle_since, judgement.stops_at):
             changed.append({"session_id": session.pk, "idle_since": judgement.idle_since.isoformat() if judgement.idle_since else None,
@@ -218,12 +222,8 @@ def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
     pending = activity.connections_pending([locked.public_id])
     if pending is None:
         return False
-    connected = max((t for t in (row.last_connected_at, pending.get(locked.public_id)) if t), default=None)
-    judgement = idle_judge(
-        now=now, started_at=locked.started_at or locked.created_at, last_kernel_at=row.last_kernel_at, last_connected_at=connected,
-        exempt_until=row.exempt_until, unknown=activity_unknown(state=row.state, reason=row.reason, sampled_at=row.sampled_at, now=now),
-        timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
-    )
+    connected = activity.last_connection(row, pending, locked.public_id)
+    judgement = _judge(locked, row, policy, connected, now)
     if not judgement.due:
         return False
     message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected)

@@ -93,7 +93,7 @@ class SessionSerializer(serializers.ModelSerializer):
         pending = self.context.get("pending_connections")
         if pending is None:
             pending = (session_activity.connections_pending([obj.public_id]) if obj.is_live else None) or {}
-        connected = max((t for t in (row.last_connected_at if row else None, pending.get(obj.public_id)) if t), default=None)
+        connected = session_activity.last_connection(row, pending, obj.public_id)
         if row is None:
             return {"state": "none", "reason": "", "sampled_at": None, "gpus": [], "last_kernel_at": None,
                     "last_connected_at": _time(connected), "exempt_until": None, "exempt_reason": "", "exempt_by": ""}
