@@ -53,6 +53,22 @@ def stop_demo(demo: subprocess.Popen) -> None:
     assert not alive, [p.cmdline() for p in alive]
 
 
+def kill_tree(demo: subprocess.Popen) -> None:
+    """After a failed test: the demo and every process it started are gone (a SIGKILL of the demo alone would leave
+    its emulators, operators, gunicorn and Celery running, and slow every later test)."""
+    if demo.poll() is not None:
+        return
+    children = psutil.Process(demo.pid).children(recursive=True)
+    demo.kill()
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=15)
+    demo.wait(15)
+
+
 def operator_processes(demo: subprocess.Popen) -> dict[str, psutil.Process]:
     """The demo's running operator processes by cluster id."""
     found = {}
@@ -105,8 +121,7 @@ def test_demo_runs_and_ctrl_c_stops_everything(tmp_path):
         assert len(children) >= 2 + 3 + len(fleet.FLEET)  # emulators, web, worker, beat, operators
         stop_demo(demo)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        kill_tree(demo)
 
 
 def test_an_operator_that_exits_is_restarted_and_the_demo_keeps_running(tmp_path):
@@ -151,8 +166,7 @@ def test_an_operator_that_exits_is_restarted_and_the_demo_keeps_running(tmp_path
         assert state_file.exists() and demo.poll() is None
         stop_demo(demo)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        kill_tree(demo)
 
 
 def test_two_smoke_runs_in_a_row_in_one_checkout_both_pass(tmp_path):
@@ -250,8 +264,7 @@ def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_por
             time.sleep(0.5)
         stop_demo(demo)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        kill_tree(demo)
 
 
 def test_with_an_idle_timeout_the_idle_session_is_warned_and_stopped_and_the_busy_one_runs(tmp_path):
