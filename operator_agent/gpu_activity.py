@@ -11,7 +11,8 @@ Every ``GSHARE_ACTIVITY_INTERVAL`` seconds (default 30) the activity thread (``r
    Running ones and picks one per node (a ready one first, then the newest: during a rolling update two may run).
 3. **Scrape.** For each node that runs a session, once per tick, it reads the monitor through the apiserver's pod
    proxy: ``GET /api/v1/namespaces/<ns>/pods/<pod>:<GSHARE_HAMI_MONITOR_PORT>/proxy/metrics``
-   (``CoreV1Api.connect_get_namespaced_pod_proxy_with_path``). The proxy, not the pod IP, because the operator then
+   (the URL of ``CoreV1Api.connect_get_namespaced_pod_proxy_with_path``, sent through ``ApiClient.call_api`` so that an
+   error answer's body is bounded too). The proxy, not the pod IP, because the operator then
    needs no network path to pod IPs beyond the apiserver (no NetworkPolicy hole towards the device plugin, nothing on
    the node's host network), the call is authorised like every other one by RBAC (``get`` on ``pods/proxy``, in the
    operator chart), and the demo's emulated apiserver can serve it. Nodes are scraped concurrently by at most
@@ -90,6 +91,7 @@ SCRAPE_WORKERS = 4
 
 _CHUNK = 64 * 1024
 _MAX_REASON = 1000  # the contract's maxLength of ``reason``
+_ERROR_BODY_BYTES = 64 * 1024  # of a non-2xx answer: enough for the apiserver's Status
 
 
 @dataclass(frozen=True)
@@ -212,15 +214,18 @@ def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: st
     """
     deadline = clock() + timeout
     where = f"pod {namespace}/{pod} port {port}"
+    api = core_v1.api_client
+    # The URL of CoreV1Api.connect_get_namespaced_pod_proxy_with_path, called without it: on a non-2xx status that
+    # method reads the whole body (no bound in size or time) before raising, so a flooding or trickling error answer
+    # would hold this thread past every deadline. Every body is read here, in chunks, against the deadline.
+    request = api.param_serialize(
+        method="GET", resource_path="/api/v1/namespaces/{namespace}/pods/{name}/proxy/{path}",
+        path_params={"namespace": namespace, "name": f"{pod}:{port}", "path": "metrics"},
+        header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
     try:
-        response = core_v1.connect_get_namespaced_pod_proxy_with_path(
-            name=f"{pod}:{port}", namespace=namespace, path="metrics", _preload_content=False,
-            _request_timeout=(timeout, timeout))
-    except kubernetes.client.exceptions.ApiException as exc:
-        if not exc.status:
-            raise ScrapeError("unreachable", f"cannot reach the apiserver to read {where}: {_cut(str(exc.reason), 300)}") from None
-        raise ScrapeError("http_error", f"the apiserver's pod proxy answered {exc.status} {exc.reason or ''} reading "
-                                        f"{where}: {_api_message(exc)}".strip()) from None
+        response = api.call_api(*request, _request_timeout=(timeout, timeout)).response
+    except kubernetes.client.exceptions.ApiException as exc:  # status 0: TLS or a request that could not be made
+        raise ScrapeError("unreachable", f"cannot reach the apiserver to read {where}: {_cut(str(exc.reason), 300)}") from None
     except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
         raise ScrapeError("timeout", f"no answer within {timeout:g} s reading {where} ({type(exc).__name__})") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -228,21 +233,19 @@ def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: st
             raise ScrapeError("timeout", f"no answer within {timeout:g} s reading {where}") from None
         raise ScrapeError("unreachable", f"cannot reach the apiserver to read {where}: {_cut(str(exc), 300)}") from None
     try:
-        chunks: list[bytes] = []
-        size = 0
-        # read1: what has arrived (up to a chunk), so the deadline is checked between chunks of a trickling body
-        read = getattr(response, "read1", None) or response.read
-        while True:
-            if clock() > deadline:
-                raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s")
-            chunk = read(_CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise ScrapeError("parse_error", f"{where} answered more than {max_bytes} bytes: not the vGPU monitor")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        if not 200 <= response.status <= 299:
+            try:
+                body = _read_bounded(response, deadline, _ERROR_BODY_BYTES, clock)
+            except (_TooLarge, _TooSlow) as cut:
+                body = cut.args[0]  # the start of the apiserver's Status is enough for its message
+            raise ScrapeError("http_error", f"the apiserver's pod proxy answered {response.status} {response.reason or ''} "
+                                            f"reading {where}: {_body_message(body)}".strip())
+        try:
+            return _read_bounded(response, deadline, max_bytes, clock)
+        except _TooSlow:
+            raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s") from None
+        except _TooLarge:
+            raise ScrapeError("parse_error", f"{where} answered more than {max_bytes} bytes: not the vGPU monitor") from None
     except ScrapeError:
         raise
     except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
@@ -252,6 +255,32 @@ def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: st
     finally:
         response.close()
         response.release_conn()
+
+
+class _TooLarge(Exception):
+    """The body passed its bound; ``args[0]`` holds what was read."""
+
+
+class _TooSlow(Exception):
+    """The deadline passed before the body ended; ``args[0]`` holds what was read."""
+
+
+def _read_bounded(response, deadline: float, max_bytes: int, clock: Callable[[], float]) -> bytes:
+    """The body of a urllib3 response, read in chunks of what has arrived (``read1``) so the deadline is checked
+    between the chunks of a trickling body. Raises ``_TooLarge`` past ``max_bytes``, ``_TooSlow`` past ``deadline``."""
+    chunks: list[bytes] = []
+    size = 0
+    read = getattr(response, "read1", None) or response.read
+    while True:
+        if clock() > deadline:
+            raise _TooSlow(b"".join(chunks))
+        chunk = read(_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        chunks.append(chunk)
+        if size > max_bytes:
+            raise _TooLarge(b"".join(chunks)[:max_bytes])
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -267,7 +296,12 @@ def _timed_out(exc: BaseException) -> bool:
 
 def _api_message(exc: kubernetes.client.exceptions.ApiException) -> str:
     """The ``message`` of the apiserver's Status body, else the start of the body."""
-    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    return _body_message(exc.body)
+
+
+def _body_message(body: bytes | str | None) -> str:
+    """The ``message`` of a Kubernetes ``Status`` body (JSON), else the body's start (at most 300 characters)."""
+    body = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
     try:
         data = json.loads(body)
     except ValueError:
