@@ -23,6 +23,9 @@ from tests.factories import ClusterFactory, SessionFactory, UserFactory
 
 LIST = "/gpu_sessions/session/"
 SCRIPT = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+#: In a page: how many elements the reason could have injected (a script calling alert, the img).
+INJECTED = ("() => [...document.querySelectorAll('script')].filter(s => s.textContent.includes('alert(')).length"
+            " + document.querySelectorAll('img[src=x]').length")
 
 
 def tomorrow() -> str:
@@ -242,3 +245,28 @@ def test_ten_concurrent_posts_leave_one_audit_row_each_and_a_consistent_row(staf
     row = SessionActivity.objects.get(session=session)
     assert row.exempt_reason == previous
     assert (row.exempt_by == "admin") == bool(row.exempt_reason)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_chromium_a_reason_with_script_is_shown_as_text_and_never_runs(live_server, console_users, page):
+    from tests.console.conftest import login
+
+    session = SessionFactory(owner=console_users["alice"][0], cluster=ClusterFactory(name="lab-c3"), started_at=timezone.now())
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    login(page, live_server.url, "admin", console_users["admin"][1])
+    page.goto(f"{live_server.url}{LIST}{session.pk}/change/")
+    form = page.get_by_role("form", name="Exempt from idle policy")
+    form.get_by_label("Until (UTC)").fill(tomorrow())
+    form.get_by_label("Reason").fill(SCRIPT)
+    form.get_by_role("button", name="Exempt", exact=True).click()
+    page.wait_for_url(f"{live_server.url}{LIST}{session.pk}/change/")
+    note = page.locator("#gs-idle-exempt")
+    assert note.inner_text().endswith(f"(set by admin): {SCRIPT}")
+    assert note.locator("script, img").count() == 0 and page.evaluate(INJECTED) == 0
+    [record] = AuditRecord.objects.filter(action="session_idle_exempt")
+    page.goto(f"{live_server.url}/audit/auditrecord/{record.pk}/change/")
+    assert "<script>alert(" in page.inner_text("#content")  # the trail shows the reason as text
+    # (the admin's own scripts are in #content too: only an injected one would run alert)
+    assert page.evaluate(INJECTED) == 0
+    assert dialogs == []
