@@ -10,8 +10,10 @@ could not be read, and the activity loop must keep running with no scraping thre
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 
@@ -129,6 +131,31 @@ def test_an_error_status_trickling_its_body_leaves_no_thread_behind(cluster):  #
     unknown(tick_entry(cluster), "")
     assert time.monotonic() - started < 3.5
     assert wait_no_scraping_threads(3) == [], "a scraping thread still reads the trickling error body"
+
+
+def test_a_gzip_bomb_is_bounded_by_its_decoded_size(cluster):  # noqa: F811
+    bomb = gzip.compress(exposition([busy()]) + b"#" * (256 << 20), compresslevel=1)  # 256 MiB of text in ~1 MiB
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Encoding", "gzip")
+        handler.send_header("Content-Length", str(len(bomb)))
+        handler.end_headers()
+        try:
+            handler.wfile.write(bomb)
+        except OSError:
+            pass
+
+    one_session(cluster[0], answer)
+    tracemalloc.start()
+    try:
+        entry = tick_entry(cluster)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    unknown(entry, f"more than {MAX_EXPOSITION_BYTES} bytes")
+    assert peak < 64 << 20, f"{peak} bytes held reading a 1 MiB gzip answer"
 
 
 # --- bytes that are not Prometheus text ----------------------------------------------------------------------------------
