@@ -188,6 +188,15 @@ def test_label_values_with_quotes_newlines_and_escapes_are_not_the_sessions_pod(
     assert gpu_values(tick_entry(cluster)) == {GPU_A: NULLS}
 
 
+@pytest.mark.parametrize("labels", [
+    f'namespace="attacker",namespace="{NS}",pod="ses-busy"', f'namespace="{NS}",pod="other",pod="ses-busy"',
+])
+def test_a_label_given_twice_is_refused_not_read_either_way(cluster, labels):  # noqa: F811
+    body = f'hami_vgpu_memory_used_bytes{{{labels},container="main",vdevice_index="0",device_uuid="{GPU_A}"}} 5\n'.encode()
+    one_session(cluster[0], text(body))
+    unknown(tick_entry(cluster), "not Prometheus text")
+
+
 def test_series_of_another_namespaces_pod_of_the_same_name_are_never_the_sessions(cluster):  # noqa: F811
     body = exposition([busy(namespace="attacker", used=7 << 30, util=100, last_kernel=0),
                        busy(namespace="", used=7 << 30, util=100, last_kernel=0),
