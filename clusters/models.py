@@ -8,6 +8,12 @@ from django.db.models import Q
 
 from gshare.crypto import EncryptedTextField
 from gshare.ids import new_cluster_id
+from operator_agent.contract import (
+    GATEWAY_NAME_DEFAULT,
+    GATEWAY_NAMESPACE_DEFAULT,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+)
 
 #: RFC 1123 DNS name (what Kubernetes calls a DNS subdomain): lowercase labels of letters, digits and '-'.
 dns_name_validator = RegexValidator(
@@ -49,6 +55,12 @@ class Cluster(models.Model):
         UNREACHABLE = "unreachable", "Unreachable"
         DEREGISTERED = "deregistered", "Deregistered"
 
+    class Routing(models.TextChoices):
+        """How session requests reach the cluster's pods (``spec.routing`` of its GShareSessions)."""
+
+        GATEWAY_API = ROUTING_GATEWAY_API, "Gateway API (Envoy Gateway, HTTPRoute + SecurityPolicy extAuth)"
+        INGRESS_NGINX = ROUTING_INGRESS_NGINX, "ingress-nginx (Ingress + auth-url; retired upstream 2026-03-24)"
+
     objects = ClusterQuerySet.as_manager()
 
     public_id = models.CharField(max_length=24, unique=True, default=new_cluster_id, editable=False)
@@ -57,6 +69,18 @@ class Cluster(models.Model):
     kubeconfig = EncryptedTextField()
     session_domain = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
     ingress_node = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
+    routing = models.CharField(
+        max_length=16, choices=Routing.choices, default=Routing.INGRESS_NGINX,
+        help_text="How session requests reach pods: gateway-api (an HTTPRoute on the Gateway below, Envoy Gateway's extAuth) or ingress-nginx",
+    )
+    gateway_name = models.CharField(
+        max_length=253, default=GATEWAY_NAME_DEFAULT, validators=[dns_name_validator],
+        help_text="The Gateway session HTTPRoutes attach to (gateway-api routing)",
+    )
+    gateway_namespace = models.CharField(
+        max_length=63, default=GATEWAY_NAMESPACE_DEFAULT, validators=[cluster_name_validator],
+        help_text="Namespace of that Gateway",
+    )
     volume_storage_class = models.CharField(max_length=253, blank=True, default="", validators=[dns_name_validator])
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     kubernetes_version = models.CharField(max_length=64, blank=True, default="")

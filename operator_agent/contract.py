@@ -266,6 +266,26 @@ VOLUME_PHASES = (VOLUME_PHASE_PENDING, VOLUME_PHASE_BOUND, VOLUME_PHASE_LOST)
 CONNECT_VERIFY_PATH = "/internal/connect/verify"
 """The ingress-nginx ``auth-url`` of every session Ingress (answers 2xx or 401/403 only)."""
 
+CONNECT_EXT_AUTHZ_PATH = "/internal/connect/ext-authz"
+"""Path prefix of Envoy's HTTP ext_authz check (Envoy Gateway ``SecurityPolicy.spec.extAuth.http.path``): Envoy sends
+``<prefix><original path and query>`` with the original method and ``:authority``; answers like the verify (200, 401, 403,
+503), and a connect link's first request 307 with the cookie (Envoy Gateway passes a denial's headers to the client, not
+an allowed answer's)."""
+
+ROUTING_GATEWAY_API = "gateway-api"
+"""Routing mode: a Gateway API ``HTTPRoute`` per session on the cluster's Gateway, guarded by Envoy Gateway's
+``SecurityPolicy`` ``extAuth`` (the mode ``attach_cluster`` installs by default)."""
+ROUTING_INGRESS_NGINX = "ingress-nginx"
+"""Routing mode: a ``networking.k8s.io/v1`` Ingress per session with ingress-nginx's ``auth-url`` (retired upstream on
+2026-03-24; kept for clusters that already run it)."""
+ROUTING_MODES = (ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX)
+"""``spec.routing`` of a GShareSession and ``routing`` of a cluster."""
+
+GATEWAY_NAME_DEFAULT = "gshare-sessions"
+"""Name of the Gateway session HTTPRoutes attach to (``spec.gateway.name``) unless the cluster names another."""
+GATEWAY_NAMESPACE_DEFAULT = "gshare-system"
+"""Namespace of that Gateway (``spec.gateway.namespace``)."""
+
 SESSION_DOMAIN_RESOLVES = "session_domain_resolves"
 """Operator check: the cluster's ``session_domain`` resolves, inside the cluster, to an address of its ingress node."""
 

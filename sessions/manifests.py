@@ -9,7 +9,9 @@ from django.conf import settings
 
 from operator_agent.contract import (
     CLUSTER_ID_LABEL,
+    CONNECT_EXT_AUTHZ_PATH,
     CONNECT_VERIFY_PATH,
+    ROUTING_GATEWAY_API,
     GSHARE_API_GROUP,
     GSHARE_API_VERSION,
     GSHARE_SESSION_KIND,
@@ -64,8 +66,9 @@ def gshare_session_manifest(session) -> dict:
     Returns:
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
         ``GSHARE_SESSION_NAMESPACE``, labels), and ``spec`` with image, GPU request (HAMi units:
-        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs), host, path, the
-        ingress-nginx ``authUrl`` and, when the session mounts volumes, ``volumes``
+        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs), host, path, the cluster's
+        ``routing`` (``gateway-api``: with ``gateway`` {name, namespace}), the ingress-nginx ``authUrl``, Envoy's
+        ``extAuthUrl`` (the ext_authz path prefix) and, when the session mounts volumes, ``volumes``
         (``session_volumes_spec``).
     """
     spec = {
@@ -76,8 +79,12 @@ def gshare_session_manifest(session) -> dict:
         "port": SESSION_PORT_DEFAULT,
         "host": session.cluster.session_domain,
         "path": session_path(session.public_id),
+        "routing": session.cluster.routing,
         "authUrl": settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_VERIFY_PATH,
+        "extAuthUrl": settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_EXT_AUTHZ_PATH,
     }
+    if session.cluster.routing == ROUTING_GATEWAY_API:
+        spec["gateway"] = {"name": session.cluster.gateway_name, "namespace": session.cluster.gateway_namespace}
     if session.gpu_memory_mib is not None:
         spec["gpuMemoryMiB"] = session.gpu_memory_mib
     if session.gpu_cores is not None:
