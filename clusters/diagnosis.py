@@ -21,7 +21,14 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
-from operator_agent.contract import CONNECT_VERIFY_PATH, OPERATOR_CHECKS, SESSION_DOMAIN_RESOLVES
+from clusters.routing import ATTACH_COMMAND, ext_authz_url
+from operator_agent.contract import (
+    CONNECT_EXT_AUTHZ_PATH,
+    CONNECT_VERIFY_PATH,
+    OPERATOR_CHECKS,
+    ROUTING_GATEWAY_API,
+    SESSION_DOMAIN_RESOLVES,
+)
 
 #: Where the operator's log is (charts/gshare-operator: Deployment ``gshare-operator`` in ``gshare-system``).
 OPERATOR_LOGS_COMMAND = "kubectl -n gshare-system logs deploy/gshare-operator"
@@ -84,10 +91,26 @@ def _fix(cluster: Cluster, name: str) -> str:
             '`{"session_domain": "<a name whose DNS record points at the ingress node>"}` (or `{"ingress_node": '
             '"<the node that runs the ingress controller>"}`), while no session runs there.'
         )
+    return session_auth_fix(cluster)
+
+
+def session_auth_fix(cluster: Cluster) -> str:
+    """Where the cluster's session routes ask whether a request may pass, and what must reach it (the "connect returns
+    401" fix), in the cluster's routing mode: ingress-nginx's ``auth-url``, or the Gateway's Envoy Gateway
+    ``SecurityPolicy`` ``extAuth`` (``GSHARE_CONTROL_PLANE_URL`` + ``CONNECT_EXT_AUTHZ_PATH``)."""
+    if cluster.routing == ROUTING_GATEWAY_API:
+        return (
+            f"Session HTTPRoutes on the Gateway {cluster.gateway_namespace}/{cluster.gateway_name} are guarded by Envoy "
+            f"Gateway's SecurityPolicy extAuth, which sends every request to {ext_authz_url()} (the control plane's "
+            f"`controlPlaneUrl` + {CONNECT_EXT_AUTHZ_PATH}) before letting it through: that host must be reachable from "
+            f"the Gateway's Envoy proxies, through {INTERNAL_PLANE_VALUES}. Envoy Gateway and that Gateway are installed "
+            f"by {ATTACH_COMMAND.format(mode=ROUTING_GATEWAY_API)}; the connection test's `routing` says whether its "
+            "GatewayClass is Accepted and the Gateway Programmed."
+        )
     return (
         f"Session Ingresses send every request to {connect_verify_url()} (the control plane's `controlPlaneUrl` + "
-        f"{CONNECT_VERIFY_PATH}) before letting it through: that host must be reachable from the cluster's ingress "
-        f"controller, through {INTERNAL_PLANE_VALUES}."
+        f"{CONNECT_VERIFY_PATH}, ingress-nginx's auth-url) before letting it through: that host must be reachable from "
+        f"the cluster's ingress controller, through {INTERNAL_PLANE_VALUES}."
     )
 
 
@@ -147,7 +170,8 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
     """Every problem of ``cluster`` now, each with its fix; empty when nothing is known to be wrong. No query.
 
     In order: the operator token's warning (refused callbacks first), the operator not reporting (judged now), the
-    failed session-path checks (as last reported), and the other checks the last connection test failed.
+    failed session-path checks (as last reported), the other checks the last connection test failed, and (``routing``)
+    its routing controller not found or Gateway not programmed, when that test was of the cluster's current mode.
     """
     if cluster.status == Cluster.Status.DEREGISTERED:
         return []
@@ -165,10 +189,15 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
     for name, ok in (test.get("checks") or {}).items():
         if ok is False and name not in ("operator_reporting", *OPERATOR_CHECKS):
             problems.append(Problem(name, str(details.get(name) or "")))
+    routing = test.get("routing")
+    if isinstance(routing, dict) and routing.get("mode") == cluster.routing and (
+        routing.get("controller") is False or routing.get("gateway_programmed") is False
+    ):
+        problems.append(Problem("routing", f"{routing.get('detail') or ''} {session_auth_fix(cluster)}".strip()))
     return problems
 
 
 __all__ = [
     "CheckVerdict", "Problem", "cluster_problems", "connect_verify_url", "operator_check_verdicts",
-    "operator_reporting_detail",
+    "operator_reporting_detail", "session_auth_fix",
 ]

@@ -24,14 +24,22 @@ from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
+from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL, OPERATOR_CHECKS
+from operator_agent.contract import (
+    FORBIDDEN_CLUSTER_SCOPE,
+    GATEWAY_NAME_DEFAULT,
+    GATEWAY_NAMESPACE_DEFAULT,
+    GPU_MODE_LABEL,
+    OPERATOR_CHECKS,
+    ROUTING_INGRESS_NGINX,
+)
 
 logger = logging.getLogger(__name__)
 
-EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
+EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class", *ROUTING_FIELDS)
 #: Fields of a new cluster in its ``cluster_register`` audit row (the kubeconfig as changed, without its value).
-REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "kubeconfig")
+REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", *ROUTING_FIELDS, "kubeconfig")
 #: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
 CREDENTIAL_FIELD = "kubeconfig"
 _INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
@@ -144,6 +152,9 @@ def cluster_register(
     session_domain: str = "",
     ingress_node: str = "",
     volume_storage_class: str = "",
+    routing: str = ROUTING_INGRESS_NGINX,
+    gateway_name: str = GATEWAY_NAME_DEFAULT,
+    gateway_namespace: str = GATEWAY_NAMESPACE_DEFAULT,
 ) -> Cluster:
     """Validate a kubeconfig, probe the cluster from the control plane, and record it.
 
@@ -157,6 +168,9 @@ def cluster_register(
             clusters, or empty).
         ingress_node: node that runs the cluster's ingress controller.
         volume_storage_class: StorageClass the operator uses for session volumes.
+        routing: how sessions are reached, ``gateway-api`` or ``ingress-nginx`` (the default: a cluster registered by
+            hand brings its own ingress; ``attach_cluster`` passes ``gateway-api``).
+        gateway_name, gateway_namespace: the Gateway session HTTPRoutes attach to (``gateway-api``).
 
     Returns:
         The new ``Cluster`` (status ``pending`` until its operator's first inventory).
@@ -173,8 +187,14 @@ def cluster_register(
             ``kube-system`` namespace, whose ``metadata.uid`` is recorded as the cluster's identity
             (``Cluster.kube_system_uid``; a server without that namespace is registered without one).
         django.core.exceptions.ValidationError: a field is malformed (rendered as 400 ``invalid_request``).
+        RoutingRefused: ``invalid_routing``, ``invalid_gateway_name``, ``invalid_gateway_namespace``,
+            ``session_domain_is_control_plane`` (400; ``clusters.routing``), before anything is dialled.
         ClusterPrerequisiteMissing: ``runtime_class_missing`` or ``hami_missing`` (422).
     """
+    refusal = routing_settings_refusal({"routing": routing, "gateway_name": gateway_name, "gateway_namespace": gateway_namespace})
+    refusal = refusal or session_domain_refusal(session_domain)
+    if refusal is not None:
+        raise refusal
     valid = validate_kubeconfig(kubeconfig, loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST)
     if Cluster.objects.filter(name=name).exclude(status=Cluster.Status.DEREGISTERED).exists():
         raise _name_taken(name)
@@ -186,6 +206,9 @@ def cluster_register(
         session_domain=session_domain,
         ingress_node=ingress_node,
         volume_storage_class=volume_storage_class,
+        routing=routing,
+        gateway_name=gateway_name,
+        gateway_namespace=gateway_namespace,
         status=Cluster.Status.PENDING,
     )
     cluster.full_clean(validate_constraints=False)  # before dialling anything
@@ -254,14 +277,19 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
 
     Args:
         cluster: the cluster (not deregistered).
-        changes: field -> new value; ``session_domain``, ``ingress_node``, ``volume_storage_class``
-            (strings) and ``kubeconfig`` (kubeconfig text, never logged or returned).
+        changes: field -> new value; ``session_domain``, ``ingress_node``, ``volume_storage_class``, ``routing``,
+            ``gateway_name``, ``gateway_namespace`` (strings) and ``kubeconfig`` (kubeconfig text, never logged or
+            returned). A change of the routing (or, in ``gateway-api`` mode, of the Gateway) re-applies every live
+            session (Scheduled, Starting, Running) of the cluster after the commit, so its routing objects follow.
         actor: who asked, for the audit line (``api:<user>``, ``console:<user>``, ...).
 
     Returns:
-        The updated ``Cluster``.
+        The updated ``Cluster``; its ``sessions_reapplied`` attribute (not a field) is how many live sessions it
+        re-applies (0 when the routing did not change).
 
     Raises:
+        RoutingRefused: ``invalid_routing``, ``invalid_gateway_name``, ``invalid_gateway_namespace``,
+            ``session_domain_is_control_plane`` (400), before anything is dialled.
         Conflict: ``cluster_deregistered`` (409) for a deregistered cluster; ``different_cluster`` (409)
             when the new kubeconfig reaches another cluster; ``cluster_identity_unknown`` (409) when the
             cluster has no recorded identity and its current kubeconfig cannot read it now;
@@ -287,6 +315,11 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
             code="invalid_request",
         )
     fields = {key: value for key, value in changes.items() if key != CREDENTIAL_FIELD}
+    refusal = routing_settings_refusal(fields)
+    if refusal is None and fields.get("session_domain", current.session_domain) != current.session_domain:
+        refusal = session_domain_refusal(fields["session_domain"])
+    if refusal is not None:
+        raise refusal
     if isinstance(fields.get("session_domain"), str):  # before dialling anything; checked again under the lock
         refusal = _session_domain_change_refusal(current, fields["session_domain"])
         if refusal is not None:
@@ -318,15 +351,22 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
                 if refusal is not None:
                     raise refusal
             before = {key: getattr(cluster, key) for key in (*changes, "apiserver_url")}
+            routed_before = routing_key(cluster)
             for key, value in fields.items():
                 setattr(cluster, key, value)
             cluster.full_clean(validate_constraints=False)
             cluster.save(update_fields=list(fields))
+            # The sessions' routing objects follow the new routing: each live session is marked due for a re-apply (a
+            # durable mark that sessions.reconcile relays when the publish after the commit is lost).
+            reapplied = _sessions_reapply(cluster) if routing_key(cluster) != routed_before else 0
             if changes:  # one audit row: the fields asked for (never the kubeconfig), and for a new kubeconfig the apiserver it reaches
+                details = {"apiserver_url": cluster.apiserver_url, "old_apiserver_url": before["apiserver_url"],
+                           "kube_system_uid": cluster.kube_system_uid} if credential is not None else {}
+                if routing_key(cluster) != routed_before:
+                    details["sessions_reapplied"] = reapplied
                 audit_record(
                     action=Action.CLUSTER_UPDATE, obj=cluster, actor=actor, changes={key: (before[key], getattr(cluster, key)) for key in sorted(changes)},
-                    details={"apiserver_url": cluster.apiserver_url, "old_apiserver_url": before["apiserver_url"],
-                             "kube_system_uid": cluster.kube_system_uid} if credential is not None else {},
+                    details=details,
                 )
     except IntegrityError:
         # Another cluster took the domain between the check and the save (the partial unique index decided).
@@ -340,7 +380,16 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
             "cluster credential changed: %s %s now reaches %s (kube-system uid %s, same cluster)",
             cluster.public_id, cluster.name, cluster.apiserver_url, cluster.kube_system_uid,
         )
+    cluster.sessions_reapplied = reapplied
     return cluster
+
+
+def _sessions_reapply(cluster: Cluster) -> int:
+    """Mark the live sessions of ``cluster`` (row locked by the caller) due for a re-apply of their GShareSession; the
+    publishes follow the commit (``sessions.reapply``). Returns how many."""
+    from sessions.reapply import sessions_reapply_mark  # sessions imports this app's models
+
+    return sessions_reapply_mark(cluster=cluster)
 
 
 def _credential_check(*, cluster: Cluster, valid) -> _Credential:
@@ -522,7 +571,10 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
 
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
-        "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC}``.
+        "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC, "routing": {"mode",
+        "controller", "gateway_programmed", "detail"}}``. ``routing`` (``clusters.routing.routing_probe``) says what
+        routes the sessions: the mode's controller found, the Gateway programmed (``gateway-api``), None when unknown;
+        it is reported, and shown as a problem when something is missing, but does not change the status.
         ``connected`` when every check in ``checks`` passes (``credential_least_privilege``, present when the apiserver
         answered a SelfSubjectAccessReview, is advisory: ``ADVISORY_CHECKS``), ``unreachable`` when the apiserver did
         not answer, ``degraded`` otherwise. ``detail`` has a sentence naming the fix for each failed check, and one for
@@ -543,6 +595,11 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
             details.setdefault(name, "Not checked: the apiserver did not answer.")
     if "credential_least_privilege" in result.checks:
         checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
+    if checks["apiserver_reachable"]:
+        routing = routing_probe(cluster, timeout=settings.GSHARE_PROBE_TIMEOUT)
+    else:
+        routing = {"mode": cluster.routing, "controller": None, "gateway_programmed": None,
+                   "detail": "Not checked: the apiserver did not answer."}
     with transaction.atomic():
         # What the operator reported meanwhile counts (the probe took seconds): its checks and heartbeat are read under
         # the row lock the inventory writes them under, after the probe (no lock is held over an apiserver call).
@@ -551,6 +608,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
             for field_name in ("operator_checks", "last_heartbeat_at", "session_domain", "ingress_node", "status"):
                 setattr(cluster, field_name, getattr(current, field_name))
         report, update = _connection_test_outcome(cluster, result, checks, details)
+        report["routing"] = routing
         if current is not None and current.status != Cluster.Status.DEREGISTERED:
             try:
                 with transaction.atomic():

@@ -17,8 +17,9 @@ class Session(models.Model):
     session ends (and after its cluster is deregistered) so history stays readable.
 
     The phase is also the outbox of the background work: ``Scheduled`` means "apply to the cluster is due",
-    ``Stopping`` "delete from the cluster is due"; ``sessions.reconcile`` publishes those tasks again when their
-    first publish was lost (docs/sessions.md).
+    ``Stopping`` "delete from the cluster is due", and ``reapply_due_at`` set "apply again, the cluster's routing
+    changed" (``sessions.reapply``); ``sessions.reconcile`` publishes those tasks again when their first publish was
+    lost (docs/sessions.md).
     """
 
     class Phase(models.TextChoices):
@@ -67,6 +68,11 @@ class Session(models.Model):
                                        help_text="The Idempotency-Key it was created with (unique per owner), or empty")
     request_fingerprint = models.CharField(max_length=64, blank=True, default="",
                                            help_text="SHA-256 of the create request of idempotency_key: a retry must match it")
+    reapply_due_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Since when its GShareSession must be applied again because its cluster's routing changed (cleared once "
+                  "applied; sessions.reconcile publishes it again when it stays set)",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -76,6 +82,8 @@ class Session(models.Model):
             # The console's sessions tile and 24-hour chart read live and recently ended sessions
             # (``ended_at IS NULL OR ended_at > ...``): a B-tree keeps NULLs, so one index serves both arms.
             models.Index(fields=["ended_at"], name="session_ended_at_idx"),
+            # sessions.reconcile looks for the re-applies still due; almost every row has none.
+            models.Index(fields=["reapply_due_at"], name="session_reapply_due_idx", condition=Q(reapply_due_at__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="session_gpus_positive"),

@@ -25,10 +25,11 @@ from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import GSHARE_SESSIONS
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
+from clusters.routing import routing_key
 from gshare.exceptions import ApplicationError, Conflict, Forbidden, NotFound
 from gshare.metrics import instruments
 from operator_agent import contract
-from sessions import connect, placement, selectors
+from sessions import connect, placement, reapply, selectors
 from sessions.manifests import gshare_session_manifest, session_url
 from sessions.models import Allocation, Session
 from sessions.permissions import may_open_session
@@ -410,7 +411,7 @@ def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool, b
 
 
 def _enqueue(task_name: str, session_pk: int) -> bool:
-    """Publish ``sessions.apply`` or ``sessions.delete`` for a session (called after the commit).
+    """Publish ``sessions.apply``, ``sessions.delete`` or ``sessions.reapply`` for a session (called after the commit).
 
     The publish is bounded (``GSHARE_REDIS_TIMEOUT``, gshare/settings/celery.py). When the broker is down or does
     not answer, the failure is logged, not raised: the row is committed, its phase says the work is still due,
@@ -421,7 +422,8 @@ def _enqueue(task_name: str, session_pk: int) -> bool:
     """
     from sessions import tasks  # tasks import this module
 
-    task = {"sessions.apply": tasks.session_apply_task, "sessions.delete": tasks.session_delete_task}[task_name]
+    task = {"sessions.apply": tasks.session_apply_task, "sessions.delete": tasks.session_delete_task,
+            "sessions.reapply": tasks.session_reapply_task}[task_name]
     try:
         task.delay(session_pk)
     except BrokerError as exc:
@@ -495,7 +497,9 @@ def session_apply(*, session: Session) -> Session:
     task retries with backoff; anything else fails the session with a message naming the cause.
     Does nothing for a session that is no longer Scheduled. A session stopped while the PATCH was in flight
     (Stopping, Terminated or Failed after it) gets its GShareSession deleted again at once, since the stop's
-    delete may have come first and found nothing; if that delete fails, ``sessions_reconcile`` re-issues it.
+    delete may have come first and found nothing; if that delete fails, ``sessions_reconcile`` re-issues it. When the
+    cluster's routing changed while the apply was in flight, the session is marked for a re-apply
+    (``sessions.reapply``).
     """
     session = (
         Session.objects.select_related("cluster", "owner")
@@ -504,6 +508,7 @@ def session_apply(*, session: Session) -> Session:
     )
     if session.phase != Session.Phase.SCHEDULED:
         return session
+    applied = routing_key(session.cluster)
     manifest = gshare_session_manifest(session)
     try:
         with _gateway(session.cluster) as kube:
@@ -522,6 +527,8 @@ def session_apply(*, session: Session) -> Session:
     updated = Session.objects.filter(pk=session.pk, phase=Session.Phase.SCHEDULED).update(phase=Session.Phase.STARTING)
     if updated:
         session.phase = Session.Phase.STARTING
+        # The cluster's routing changed while the apply was in flight (its re-apply found the session still Scheduled).
+        reapply.routing_changed_since(session, applied)
         return session
     session.phase = Session.objects.filter(pk=session.pk).values_list("phase", flat=True).get()
     if session.phase in _ENDED:
@@ -630,7 +637,8 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
     and sessions ``Stopping`` (GShareSession not deleted yet) asked to stop more than ``older_than`` seconds ago,
     and (deleted again, counted in ``delete``) sessions stopped before they ran that ended more than ``older_than``
     seconds but less than ``REDELETE_WINDOW`` ago (an apply in flight at the stop may have re-created the object),
-    oldest first, at most ``limit`` of each. ``older_than`` should exceed a task's usual retry chain
+    and (``reapply``) sessions marked for a re-apply after a routing change more than ``older_than`` seconds ago
+    (``Session.reapply_due_at``, ``sessions.reapply``), oldest first, at most ``limit`` of each. ``older_than`` should exceed a task's usual retry chain
     (``sessions.tasks.RETRY``), so a task still retrying is rarely doubled. Idempotent: both tasks do nothing for
     a session that moved on (a doubled task is harmless), and a run that finds nothing due publishes nothing. The first publish that fails
     (broker still down) ends the run; the next run starts over.
@@ -640,7 +648,8 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
         limit: most sessions of each kind per run.
 
     Returns:
-        ``{"apply": n, "delete": m, "unpublished": k}``: tasks published, and due sessions left for the next run.
+        ``{"apply": n, "delete": m, "reapply": r, "unpublished": k}``: tasks published, and due sessions left for
+        the next run.
     """
     cutoff = timezone.now() - timedelta(seconds=older_than)
     scheduled = Session.objects.filter(phase=Session.Phase.SCHEDULED, created_at__lt=cutoff).order_by("created_at", "pk")
@@ -657,7 +666,8 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
     due = [("sessions.apply", pk) for pk in scheduled.values_list("pk", flat=True)[:limit]]
     due += [("sessions.delete", pk) for pk in stopping.values_list("pk", flat=True)[:limit]]
     due += [("sessions.delete", pk) for pk in ended.values_list("pk", flat=True)[:limit]]
-    published = {"apply": 0, "delete": 0}
+    due += [("sessions.reapply", pk) for pk in reapply.sessions_reapply_due(cutoff=cutoff, limit=limit)]
+    published = {"apply": 0, "delete": 0, "reapply": 0}
     for done, (task_name, pk) in enumerate(due):
         if not _enqueue(task_name, pk):
             return {**published, "unpublished": len(due) - done}

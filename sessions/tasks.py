@@ -5,7 +5,7 @@ import logging
 from celery import Task, shared_task
 from django.conf import settings
 
-from sessions import activity, idle, services
+from sessions import activity, idle, reapply, services
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,20 @@ def session_delete_task(self, session_pk: int) -> None:
     For a session that already ended (``sessions.reconcile`` deleting again what a late apply may have created) only the delete runs.
     """
     self.run_once(session_pk, services.session_delete_remote)
+
+
+class _ReapplyTask(_SessionTask):
+    def give_up(self, session: Session, exc: Exception) -> None:
+        """Nothing to fail: the session runs on its old routing objects, and its mark (``reapply_due_at``) stays for
+        ``sessions.reconcile``."""
+
+
+@shared_task(name="sessions.reapply", base=_ReapplyTask, bind=True, ignore_result=True,
+             autoretry_for=(services.TransientApplyError,), **RETRY)
+def session_reapply_task(self, session_pk: int) -> None:
+    """Apply a live session's GShareSession again after its cluster's routing changed (``sessions.reapply``); after
+    the last retry it stays marked and ``sessions.reconcile`` publishes it again."""
+    self.run_once(session_pk, reapply.session_reapply)
 
 
 @shared_task(name="sessions.reconcile", ignore_result=True)

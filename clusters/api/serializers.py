@@ -13,6 +13,24 @@ from clusters.services import CREDENTIAL_FIELD, EDITABLE_FIELDS
 from gshare.api_fields import RefuseUnknownFieldsMixin
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
+ROUTING_HELP = (
+    "How sessions are reached: gateway-api (an HTTPRoute per session on the Gateway below, Envoy Gateway's ext_authz) "
+    "or ingress-nginx (an Ingress per session with its auth-url; retired upstream on 2026-03-24). Refused with 400 "
+    "invalid_routing otherwise."
+)
+GATEWAY_NAME_HELP = "The Gateway session HTTPRoutes attach to (gateway-api), a DNS name; 400 invalid_gateway_name otherwise"
+GATEWAY_NAMESPACE_HELP = "Namespace of that Gateway, a DNS label; 400 invalid_gateway_namespace otherwise"
+
+
+class ServiceCheckedField(serializers.CharField):
+    """A string setting whose rules, and the stable code of their refusal, are the service's (``clusters.routing``):
+    the value is passed on as given (a number or a list too), so every malformed value gets that code."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_blank=True, trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data):  # noqa: D102
+        return data
 
 
 class ClusterCreateSerializer(serializers.Serializer):
@@ -25,6 +43,9 @@ class ClusterCreateSerializer(serializers.Serializer):
     session_domain = serializers.CharField(required=False, allow_blank=True, default="", max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
+    routing = ServiceCheckedField(help_text=ROUTING_HELP + " Default ingress-nginx (attach_cluster registers gateway-api).")
+    gateway_name = ServiceCheckedField(help_text=GATEWAY_NAME_HELP + " (default gshare-sessions)")
+    gateway_namespace = ServiceCheckedField(help_text=GATEWAY_NAMESPACE_HELP + " (default gshare-system)")
 
 
 class ClusterUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
@@ -37,6 +58,9 @@ class ClusterUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
     session_domain = serializers.CharField(required=False, allow_blank=True, max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, max_length=253)
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, max_length=253)
+    routing = ServiceCheckedField(help_text=ROUTING_HELP + " A change re-applies the cluster's live sessions.")
+    gateway_name = ServiceCheckedField(help_text=GATEWAY_NAME_HELP)
+    gateway_namespace = ServiceCheckedField(help_text=GATEWAY_NAMESPACE_HELP)
     kubeconfig = serializers.CharField(
         required=False, trim_whitespace=False, write_only=True, max_length=256 * 1024,
         help_text="A new kubeconfig for the same cluster (checked like registration's, probed; its kube-system uid must match). Never returned.",
@@ -56,7 +80,8 @@ class ClusterSerializer(serializers.ModelSerializer):
     """Output of the clusters API for every user: what a researcher needs to pick a cluster.
 
     Nothing about how the control plane reaches the cluster (apiserver, identity, credential, operator token)
-    or how it is wired (ingress node, storage class): that is :class:`ClusterStaffSerializer`'s.
+    or how it is wired (ingress node, storage class, Gateway): that is :class:`ClusterStaffSerializer`'s. The routing
+    mode is shown to everyone (it decides how a session's URL is served).
     """
 
     id = serializers.CharField(source="public_id", read_only=True)
@@ -68,14 +93,15 @@ class ClusterSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "status", "session_domain", "gpu_models", "node_count", "gpu_count", "registered_at", "deregistered_at"]
+        fields = ["id", "name", "status", "session_domain", "routing", "gpu_models", "node_count", "gpu_count", "registered_at",
+                  "deregistered_at"]
         read_only_fields = fields
 
 
 #: Fields of a cluster only staff users see (``GET /api/v1/clusters`` answers them to staff alone).
 CLUSTER_STAFF_FIELDS = [
     "apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
-    "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
+    "gateway_name", "gateway_namespace", "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
     "operator_checks", "problems",
 ]
 

@@ -80,16 +80,20 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @extend_schema(request=ClusterUpdateSerializer, responses=ClusterStaffSerializer)
     def partial_update(self, request, public_id: str):
-        """Change ``session_domain``, ``ingress_node``, ``volume_storage_class`` and/or the ``kubeconfig``.
+        """Change ``session_domain``, ``ingress_node``, ``volume_storage_class``, ``routing``, ``gateway_name``,
+        ``gateway_namespace`` and/or the ``kubeconfig``.
 
         A new kubeconfig must reach the same cluster (409 ``different_cluster`` otherwise); the cluster keeps
-        its id, operator and tokens. Refusals as registration's for the kubeconfig (docs/errors.md).
+        its id, operator and tokens. Refusals as registration's for the kubeconfig (docs/errors.md). A change of the
+        routing (or of the Gateway, in gateway-api mode) re-applies every live session of the cluster: the answer's
+        ``sessions_reapplied`` says how many (0 otherwise).
         """
         cluster = selectors.cluster_get(public_id=public_id)
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        services.cluster_update(cluster=cluster, changes=data.validated_data, actor=f"api:{request.user.get_username()}")
-        return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data)
+        updated = services.cluster_update(cluster=cluster, changes=data.validated_data, actor=f"api:{request.user.get_username()}")
+        body = ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data
+        return Response({**body, "sessions_reapplied": updated.sessions_reapplied})
 
     @extend_schema(responses=ClusterStaffSerializer)
     def destroy(self, request, public_id: str):
