@@ -106,6 +106,8 @@ class ClusterForm(forms.ModelForm):
 
     #: ``console:<username>``, set per request by :meth:`ClusterAdmin.get_form`.
     actor = "console"
+    #: How many live sessions the change re-applies (a routing change), for the message after the save.
+    sessions_reapplied = 0
 
     class Meta:
         model = Cluster
@@ -120,6 +122,7 @@ class ClusterForm(forms.ModelForm):
             return
         with service_errors(self), transaction.atomic():
             self.instance = services.cluster_update(cluster=self.instance, changes=changes, actor=self.actor)
+            self.sessions_reapplied = self.instance.sessions_reapplied
 
 
 class ClusterStatusFilter(admin.SimpleListFilter):
@@ -141,19 +144,22 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     the top bar the list shows that cluster only."""
 
     list_display = [
-        "name", "public_id", "status_badge", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "operator_token",
+        "name", "public_id", "status_badge", "kubernetes_version", "heartbeat_age", "node_count", "gpu_count", "session_domain", "routing_mode",
+        "operator_token",
     ]
     list_display_links = ["name"]
     list_filter = [ClusterStatusFilter]
     Media = ConsoleCss
     search_fields = ["name", "public_id"]
     fields = [
-        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "ingress_node",
-        "volume_storage_class", "last_heartbeat_at", "credential_privilege", "last_connection_test", "last_connection_test_at",
+        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "routing",
+        "gateway_name", "gateway_namespace", "routing_report", "ingress_node", "volume_storage_class", "last_heartbeat_at",
+        "credential_privilege", "last_connection_test", "last_connection_test_at",
         "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     readonly_fields = [
-        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "last_heartbeat_at", "credential_privilege",
+        "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "routing_report", "last_heartbeat_at",
+        "credential_privilege",
         "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
@@ -187,7 +193,10 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
 
     def save_model(self, request, obj, form, change):
         """Nothing to save: ``ClusterForm`` made the change through ``cluster_update`` (the API's validation and
-        audit row)."""
+        audit row); a routing change says how many live sessions it re-applies."""
+        if form.sessions_reapplied:
+            self.message_user(request, f"{obj.name}: routing changed; {form.sessions_reapplied} live session(s) are re-applied so their "
+                                       "routes follow.", messages.INFO)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Cluster):
@@ -195,6 +204,29 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
         return format_html(
             '<span class="gs-badge gs-badge-{}" title="{}">{}</span>', STATUS_BADGES.get(obj.status, "info"), obj.get_status_display(), obj.status
         )
+
+    @admin.display(description="routing", ordering="routing")
+    def routing_mode(self, obj: Cluster):
+        """The routing mode, with the Gateway for ``gateway-api`` (``namespace/name``) and a retirement mark for
+        ``ingress-nginx``."""
+        if obj.routing == Cluster.Routing.GATEWAY_API:
+            return format_html('{} <span class="gs-muted">(Gateway {}/{})</span>', obj.routing, obj.gateway_namespace, obj.gateway_name)
+        return format_html('<span title="{}">{}</span>', obj.get_routing_display(), obj.routing)
+
+    @admin.display(description="routing (last connection test)")
+    def routing_report(self, obj: Cluster) -> str:
+        """What the last connection test found routing the sessions (``routing`` of its report): controller, Gateway,
+        and the sentence with the fix; "not tested" before one ran in the current mode."""
+        report = obj.last_connection_test if isinstance(obj.last_connection_test, dict) else {}
+        routing = report.get("routing") if isinstance(report.get("routing"), dict) else None
+        if routing is None or routing.get("mode") != obj.routing:
+            return "not tested in this mode (run the connection test)"
+        found = {True: "found", False: "not found", None: "unknown"}
+        summary = f"controller {found.get(routing.get('controller'), 'unknown')}"
+        if obj.routing == Cluster.Routing.GATEWAY_API:
+            summary += ", Gateway " + {True: "programmed", False: "not programmed"}.get(routing.get("gateway_programmed"), "unknown")
+        warn = routing.get("controller") is False or routing.get("gateway_programmed") is False
+        return format_html('<span class="{}">{}.</span> {}', "gs-warning" if warn else "", summary, str(routing.get("detail") or ""))
 
     @admin.display(description="heartbeat", ordering="last_heartbeat_at")
     def heartbeat_age(self, obj: Cluster):

@@ -68,11 +68,15 @@ def test_node_and_gpu_pages_filter_by_cluster(console):
     assert len(nodes) == 3 and {n.cluster_id for n in nodes} == {b.pk}
 
 
+#: The routing fields of the change form as a browser posts them for a cluster with the default routing.
+ROUTING_FORM = {"routing": "ingress-nginx", "gateway_name": "gshare-sessions", "gateway_namespace": "gshare-system"}
+
+
 def test_console_edit_goes_through_the_service(console):
     cluster = ClusterFactory()
     response = console.post(
         f"/clusters/cluster/{cluster.pk}/change/",
-        {"session_domain": "edited.example.com", "ingress_node": "n9", "volume_storage_class": "nfs"},
+        {"session_domain": "edited.example.com", "ingress_node": "n9", "volume_storage_class": "nfs", **ROUTING_FORM},
     )
     assert response.status_code == 302
     cluster.refresh_from_db()
@@ -130,7 +134,7 @@ def test_cluster_form_refuses_what_the_api_refuses(console, http):
     cluster = ClusterFactory(session_domain="lab-c1.example.com")
     ClusterFactory(session_domain="taken.example.com")
     SessionFactory(cluster=cluster, phase="Running")
-    form = {"session_domain": "lab-c1.example.com", "ingress_node": "", "volume_storage_class": ""}
+    form = {"session_domain": "lab-c1.example.com", "ingress_node": "", "volume_storage_class": "", **ROUTING_FORM}
     for domain in ("taken.example.com", "moved.example.com"):  # session_domain_taken, cluster_has_live_sessions (409)
         api = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"session_domain": domain})
         assert api.status_code == 409, api.text

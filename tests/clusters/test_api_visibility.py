@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 #: Every field a plain user sees, per endpoint (nothing else).
 PUBLIC = {
-    "clusters": {"id", "name", "status", "session_domain", "gpu_models", "node_count", "gpu_count", "registered_at", "deregistered_at"},
+    "clusters": {"id", "name", "status", "session_domain", "routing", "gpu_models", "node_count", "gpu_count", "registered_at", "deregistered_at"},
     "nodes": {"name", "cluster", "cluster_name", "gpu_mode", "ready", "last_seen_at", "gpu_count"},
     "gpus": {"uuid", "cluster", "cluster_name", "node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode",
              "last_seen_at"},
@@ -22,8 +22,8 @@ PUBLIC = {
 #: cluster is wired.
 STAFF_ONLY = {
     "clusters": {"apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
-                 "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
-                 "operator_checks", "problems"},
+                 "gateway_name", "gateway_namespace", "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds",
+                 "last_connection_test", "last_connection_test_at", "operator_checks", "problems"},
     "nodes": {"labels", "inventory_error"},
     "gpus": set(),
 }

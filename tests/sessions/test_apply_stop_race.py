@@ -142,10 +142,10 @@ def test_when_the_apply_cannot_delete_it_the_reconciler_does(http, held_cluster)
 
     assert tasks.sessions_reconcile_task.delay().get()["delete"] == 0  # ended just now: not due yet
     Session.objects.filter(pk=session.pk).update(ended_at=timezone.now() - timedelta(seconds=120))
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 1, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 1, "reapply": 0, "unpublished": 0}
     assert emulated.objects_of(*GSS) == []
     assert http.get(f"/api/v1/sessions/{session.public_id}").json()["phase"] == "Terminated"
 
     # Deleting again stops once the window has passed: a run after that publishes nothing for it.
     Session.objects.filter(pk=session.pk).update(ended_at=timezone.now() - services.REDELETE_WINDOW - timedelta(seconds=120))
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}

@@ -108,15 +108,15 @@ def test_create_answers_at_once_and_the_reconciler_applies_it_later(http, live_c
     assert emulated.objects_of(*GSS) == []  # nothing reached the cluster yet
 
     broker_down()
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}  # not due yet
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}  # not due yet
     backdate(created_at=True)
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 1, "delete": 0, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 1, "delete": 0, "reapply": 0, "unpublished": 0}
     shown = http.get(f"/api/v1/sessions/{body['id']}").json()
     assert shown["phase"] == "Starting"
     (gss,) = emulated.objects_of(*GSS)
     assert gss["metadata"]["name"] == body["id"].replace("_", "-")
     # Idempotent: nothing is due any more.
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}
     assert len(emulated.objects_of(*GSS)) == 1
 
 
@@ -149,10 +149,10 @@ def test_stop_answers_at_once_and_the_reconciler_deletes_it_later(http, live_clu
     app.conf.update(task_always_eager=True)  # a working broker again (eager: the task runs here)
     assert tasks.sessions_reconcile_task.delay().get()["delete"] == 0  # asked to stop just now: not due yet
     backdate(stop_requested_at=True)
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 1, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 1, "reapply": 0, "unpublished": 0}
     assert http.get(f"/api/v1/sessions/{session_id}").json()["phase"] == "Terminated"
     assert emulated.objects_of(*GSS) == []
-    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "unpublished": 0}
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -195,7 +195,7 @@ def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster
     backdate(created_at=True)
     broker(f"redis://{silent_listener}/0")
     started = time.monotonic()
-    assert services.sessions_reconcile(older_than=90) == {"apply": 0, "delete": 0, "unpublished": 3}
+    assert services.sessions_reconcile(older_than=90) == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 3}
     assert time.monotonic() - started < BOUND  # one bounded publish, not one per due session
 
 
