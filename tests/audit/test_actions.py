@@ -104,7 +104,8 @@ def test_a_refused_change_writes_no_row(http, fleet_cluster):
 def test_console_edits_and_actions_are_audited_as_the_staff_user(http, fleet_cluster, console):
     cluster_id = register(http, fleet_cluster("lab-c1"))
     cluster = Cluster.objects.get(public_id=cluster_id)
-    form = {"session_domain": "console.example.org", "ingress_node": "cp-1", "volume_storage_class": ""}
+    form = {"session_domain": "console.example.org", "ingress_node": "cp-1", "volume_storage_class": "",
+            "routing": "ingress-nginx", "gateway_name": "gshare-sessions", "gateway_namespace": "gshare-system"}
     assert console.post(f"/clusters/cluster/{cluster.pk}/change/", form).status_code == 302
     row = one(A.CLUSTER_UPDATE)
     assert (row.actor, row.source_address) == ("console:admin", "127.0.0.1")
