@@ -183,6 +183,30 @@ def test_concurrent_requests_with_a_silent_broker_all_answer(live_server, staff_
     assert Session.objects.filter(phase=Session.Phase.SCHEDULED).count() == 4
 
 
+def test_a_routing_change_answers_at_once_and_the_reconciler_reapplies_later(http, live_cluster, broker, silent_listener):
+    """The re-applies a routing change owes its live sessions are marked in its transaction: a lost publish is relayed."""
+    cluster, emulated = live_cluster("lab-c1")
+    session_id = start(http).json()["id"]  # eager: applied now
+    (gss,) = emulated.objects_of(*GSS)
+    assert gss["spec"]["routing"] == "ingress-nginx"
+    broker(f"redis://{silent_listener}/0")
+    response, took = timed(lambda: http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"routing": "gateway-api"}, timeout=15))
+    assert response.status_code == 200 and took < BOUND, (response.text, took)
+    assert response.json()["sessions_reapplied"] == 1
+    assert Session.objects.get().reapply_due_at is not None
+    assert emulated.objects_of(*GSS)[0]["spec"]["routing"] == "ingress-nginx"  # the publish was lost
+
+    app.conf.update(task_always_eager=True)  # a working broker again (eager: the task runs here)
+    assert tasks.sessions_reconcile_task.delay().get()["reapply"] == 0  # marked just now: not due yet
+    backdate(reapply_due_at=True)
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 1, "unpublished": 0}
+    (gss,) = emulated.objects_of(*GSS)
+    assert gss["spec"]["routing"] == "gateway-api" and gss["spec"]["gateway"] == {"name": "gshare-sessions", "namespace": "gshare-system"}
+    assert http.get(f"/api/v1/sessions/{session_id}").json()["phase"] == "Starting"
+    assert Session.objects.get().reapply_due_at is None
+    assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}
+
+
 def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster, broker, silent_listener):
     from sessions import services
     from tests.factories import UserFactory
