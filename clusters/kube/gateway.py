@@ -84,6 +84,8 @@ _BY_KIND = {
     ("storage.k8s.io/v1", "StorageClass"): STORAGE_CLASSES, ("storage.k8s.io/v1", "CSIStorageCapacity"): CSI_STORAGE_CAPACITIES,
     ("node.k8s.io/v1", "RuntimeClass"): RUNTIME_CLASSES, ("apps/v1", "DaemonSet"): DAEMON_SETS,
     (GSHARE_SESSIONS.api_version, contract.GSHARE_SESSION_KIND): GSHARE_SESSIONS,
+    (INGRESS_CLASSES.api_version, "IngressClass"): INGRESS_CLASSES, (GATEWAY_CLASSES.api_version, "GatewayClass"): GATEWAY_CLASSES,
+    (GATEWAYS.api_version, "Gateway"): GATEWAYS,
     ("v1", "ServiceAccount"): SERVICE_ACCOUNTS, (ROLES.api_version, "Role"): ROLES,
     (ROLE_BINDINGS.api_version, "RoleBinding"): ROLE_BINDINGS, (CLUSTER_ROLES.api_version, "ClusterRole"): CLUSTER_ROLES,
     (CLUSTER_ROLE_BINDINGS.api_version, "ClusterRoleBinding"): CLUSTER_ROLE_BINDINGS,

@@ -13,7 +13,18 @@ from django.utils import timezone
 from clusters import services
 from clusters.attach import credential
 from clusters.kube import KubeGateway, KubeRefused
-from clusters.kube.gateway import NAMESPACES, NODES, PERSISTENT_VOLUMES, PODS, SECRETS, SELF_SUBJECT_RULES_REVIEWS
+from clusters.kube.gateway import (
+    CLUSTER_ROLES,
+    GATEWAY_CLASSES,
+    GATEWAYS,
+    INGRESS_CLASSES,
+    NAMESPACES,
+    NODES,
+    PERSISTENT_VOLUMES,
+    PODS,
+    SECRETS,
+    SELF_SUBJECT_RULES_REVIEWS,
+)
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
@@ -39,11 +50,12 @@ def admin_config(emulated, settings) -> dict:
 
 @pytest.fixture
 def least(fleet_cluster, settings):
-    """Factory: ``start(name) -> (Cluster, EmulatedCluster)``, an emulated fleet cluster registered through the service
+    """Factory: ``start(name, objects=None) -> (Cluster, EmulatedCluster)``, an emulated fleet cluster (seeded with
+    ``objects`` when given) registered through the service
     with the kubeconfig ``least_privilege_kubeconfig`` made for it (the emulator enforces RBAC on that token)."""
 
-    def start(name: str = "lab-c1"):
-        emulated = fleet_cluster(name)
+    def start(name: str = "lab-c1", objects: list[dict] | None = None):
+        emulated = fleet_cluster(name, objects=objects)
         text = credential.least_privilege_kubeconfig(admin_config(emulated, settings), server=emulated.url, timeout=10)
         cluster = services.cluster_register(name=name, kubeconfig=text, session_domain=f"{name}.example.com")
         return cluster, emulated
@@ -192,3 +204,38 @@ def test_it_may_do_nothing_more(least, settings):
                               "spec": {"resourceAttributes": {"verb": "*", "group": "*", "resource": "*"}}})
         assert review["status"]["allowed"] is False
 
+
+
+def test_the_routing_reads_are_allowed_and_nothing_more_of_routing(least, settings):
+    from tests.clusters.test_routing_probe import condition, gateway_api_crds, gateway_class, ingress_class
+    from tests.clusters.test_routing_probe import gateway as gateway_object
+
+    objects = [*fleet.cluster_objects("lab-c1"), *gateway_api_crds(), ingress_class(), gateway_class(condition("Accepted")),
+               gateway_object(condition("Accepted"), condition("Programmed"))]
+    cluster, emulated = least(objects=objects)
+    routing = services.cluster_connection_test(cluster=cluster)["routing"]
+    assert (routing["mode"], routing["controller"]) == ("ingress-nginx", True), routing
+    cluster = services.cluster_update(cluster=cluster, changes={"routing": contract.ROUTING_GATEWAY_API})
+    routing = services.cluster_connection_test(cluster=cluster)["routing"]
+    assert (routing["controller"], routing["gateway_programmed"]) == (True, True), routing
+    with KubeGateway.for_cluster(cluster, call_timeout=10) as kube:
+        forbidden(kube.create, ingress_class(name="mine"))
+        forbidden(kube.patch, GATEWAY_CLASSES, "envoy-gateway", {"spec": {"description": "x"}})
+        forbidden(kube.create, {**gateway_object(), "metadata": {"name": "mine", "namespace": "gshare-system"}})
+        forbidden(kube.patch, GATEWAYS, "gshare-sessions", {"metadata": {"labels": {"x": "y"}}}, namespace="gshare-system")
+        forbidden(kube.delete, GATEWAYS, "gshare-sessions", namespace="gshare-system")
+        forbidden(kube.delete, INGRESS_CLASSES, "nginx")
+    assert len(emulated.objects_of("gateways", "gateway.networking.k8s.io", "v1")) == 1
+
+
+def test_a_credential_from_before_the_routing_reads_is_told_to_rerun_attach(least, settings):
+    cluster, emulated = least()
+    rules = [rule for rule in credential.control_plane_rules()["cluster"]
+             if not {"ingressclasses", "gatewayclasses", "gateways"} & set(rule["resources"])]
+    with KubeGateway.for_kubeconfig(admin_config(emulated, settings), call_timeout=10) as admin:
+        admin.patch(CLUSTER_ROLES, credential.ROLE_NAME, {"rules": rules})
+    for mode in (contract.ROUTING_INGRESS_NGINX, contract.ROUTING_GATEWAY_API):
+        cluster = services.cluster_update(cluster=cluster, changes={"routing": mode})
+        routing = services.cluster_connection_test(cluster=cluster)["routing"]
+        assert routing["controller"] is None, routing
+        assert "may not read" in routing["detail"] and "attach_cluster" in routing["detail"]
