@@ -88,16 +88,18 @@ def test_a_new_session_after_the_change_is_applied_with_the_new_routing(http, li
 @pytest.fixture
 def proxied_cluster(fleet_cluster, apiserver_proxy, settings):
     """lab-c1 registered through a proxy whose ``hook(method, path)`` (set by the test) runs before each request to the
-    emulator is relayed; returns ``(cluster, emulated, hooks)`` with ``hooks`` the list the test appends to."""
+    emulator is relayed (a hook returning ``(status, body)`` answers instead); returns ``(cluster, emulated, hooks)``
+    with ``hooks`` the list the test appends to."""
     settings.GSHARE_PROBE_TIMEOUT = 15.0
     emulated = fleet_cluster("lab-c1")
     hooks = []
 
     def answer(method, path, data):
+        given = None
         for hook in list(hooks):
-            hook(method, path)
+            given = hook(method, path) or given
         connections.close_all()  # the proxy's threads must not keep connections that outlive the test database
-        return None
+        return given
 
     url = apiserver_proxy(emulated.url, answer)
     kubeconfig = emulated.kubeconfig("lab")
@@ -155,3 +157,30 @@ def test_a_session_stopped_while_its_reapply_is_in_flight_keeps_no_object(proxie
     assert emulated.objects_of(*GSS) == []
     session.refresh_from_db()
     assert session.phase == Session.Phase.TERMINATED and session.reapply_due_at is None
+
+
+@pytest.mark.django_db
+def test_a_reapply_that_cannot_reach_the_apiserver_stays_due_and_fails_nothing(live_cluster):
+    cluster, emulated = live_cluster("lab-c1")
+    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)
+    Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
+    emulated.stop()
+    # Eager: the re-apply runs after the commit, its first transient failure is final (Celery retries it in production).
+    assert cluster_services.cluster_update(cluster=cluster, changes={"routing": "gateway-api"}).sessions_reapplied == 1
+    session.refresh_from_db()
+    assert session.phase == Session.Phase.RUNNING and session.reapply_due_at is not None  # sessions.reconcile relays it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_reapply_is_logged_and_not_retried_forever(proxied_cluster, caplog):
+    cluster, emulated, hooks = proxied_cluster
+    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)
+    Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
+    status = b'{"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "spec.routing: Unsupported value", "code": 422}'
+    hooks.append(lambda method, path: (422, status) if method == "PATCH" and "/gsharesessions/" in path else None)
+    assert cluster_services.cluster_update(cluster=cluster, changes={"routing": "gateway-api"}).sessions_reapplied == 1
+    session.refresh_from_db()
+    assert session.phase == Session.Phase.RUNNING and session.reapply_due_at is None
+    (spec,) = specs(emulated).values()
+    assert spec["routing"] == "ingress-nginx"
+    assert any("could not be re-applied" in r.getMessage() and "Unsupported value" in r.getMessage() for r in caplog.records)
