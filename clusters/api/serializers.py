@@ -149,6 +149,20 @@ class ClusterStaffSerializer(ClusterSerializer):
         return OperatorTokenSerializer(operator_token_state(obj)).data
 
 
+class ClusterUpdatedSerializer(ClusterStaffSerializer):
+    """Answer of ``PATCH /api/v1/clusters/{id}``: :class:`ClusterStaffSerializer` and how many live sessions the change
+    re-applies (``clusters.services.cluster_update``)."""
+
+    sessions_reapplied = serializers.IntegerField(
+        read_only=True, default=0,
+        help_text="Live sessions (Scheduled, Starting, Running) re-applied because the routing or its Gateway changed; 0 otherwise",
+    )
+
+    class Meta(ClusterStaffSerializer.Meta):
+        fields = [*ClusterStaffSerializer.Meta.fields, "sessions_reapplied"]
+        read_only_fields = fields
+
+
 class NodeSerializer(serializers.ModelSerializer):
     """Output of ``GET /api/v1/nodes`` for every user (no labels: they describe the host, not the GPUs)."""
 

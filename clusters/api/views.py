@@ -15,6 +15,7 @@ from clusters.api.serializers import (
     ClusterCreateSerializer,
     ClusterSerializer,
     ClusterStaffSerializer,
+    ClusterUpdatedSerializer,
     ClusterUpdateSerializer,
     GpuSerializer,
     NodeSerializer,
@@ -78,7 +79,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         cluster = services.cluster_register(**data.validated_data)
         return Response(ClusterStaffSerializer(selectors.cluster_get(public_id=cluster.public_id)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=ClusterUpdateSerializer, responses=ClusterStaffSerializer)
+    @extend_schema(request=ClusterUpdateSerializer, responses=ClusterUpdatedSerializer)
     def partial_update(self, request, public_id: str):
         """Change ``session_domain``, ``ingress_node``, ``volume_storage_class``, ``routing``, ``gateway_name``,
         ``gateway_namespace`` and/or the ``kubeconfig``.
@@ -92,8 +93,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         data = ClusterUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         updated = services.cluster_update(cluster=cluster, changes=data.validated_data, actor=f"api:{request.user.get_username()}")
-        body = ClusterStaffSerializer(selectors.cluster_get(public_id=public_id)).data
-        return Response({**body, "sessions_reapplied": updated.sessions_reapplied})
+        shown = selectors.cluster_get(public_id=public_id)
+        shown.sessions_reapplied = updated.sessions_reapplied
+        return Response(ClusterUpdatedSerializer(shown).data)
 
     @extend_schema(responses=ClusterStaffSerializer)
     def destroy(self, request, public_id: str):
