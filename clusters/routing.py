@@ -205,7 +205,7 @@ def _gateway_api(kube: KubeGateway, cluster: Cluster) -> dict:
     )}
 
 
-def routing_probe(cluster: Cluster, *, timeout: float) -> dict:
+def routing_probe(cluster: Cluster, *, timeout: float, reachable: bool = True) -> dict:
     """What routes the cluster's sessions, read now through its registered credential (read-only calls).
 
     ``ingress-nginx``: an IngressClass with ``spec.controller`` ``k8s.io/ingress-nginx``. ``gateway-api``: a
@@ -217,6 +217,7 @@ def routing_probe(cluster: Cluster, *, timeout: float) -> dict:
     Args:
         cluster: the registered cluster (its kubeconfig is decrypted in memory only).
         timeout: seconds for all the calls together.
+        reachable: False when the connection test's probe found the apiserver not answering: nothing is read.
 
     Returns:
         ``{"mode", "controller": bool | None, "gateway_programmed": bool | None, "detail": sentence}``; None is unknown
@@ -224,6 +225,8 @@ def routing_probe(cluster: Cluster, *, timeout: float) -> dict:
         ``ingress-nginx`` mode (no Gateway).
     """
     report = {"mode": cluster.routing, "controller": None, "gateway_programmed": None, "detail": ""}
+    if not reachable:
+        return {**report, "detail": "Not checked: the apiserver did not answer."}
     try:
         with KubeGateway.for_cluster(cluster, deadline=Deadline(timeout)) as kube:
             if cluster.routing == ROUTING_GATEWAY_API:

@@ -26,14 +26,8 @@ from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
-from operator_agent.contract import (
-    FORBIDDEN_CLUSTER_SCOPE,
-    GATEWAY_NAME_DEFAULT,
-    GATEWAY_NAMESPACE_DEFAULT,
-    GPU_MODE_LABEL,
-    OPERATOR_CHECKS,
-    ROUTING_INGRESS_NGINX,
-)
+from operator_agent import contract
+from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL, OPERATOR_CHECKS
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +146,9 @@ def cluster_register(
     session_domain: str = "",
     ingress_node: str = "",
     volume_storage_class: str = "",
-    routing: str = ROUTING_INGRESS_NGINX,
-    gateway_name: str = GATEWAY_NAME_DEFAULT,
-    gateway_namespace: str = GATEWAY_NAMESPACE_DEFAULT,
+    routing: str = contract.ROUTING_INGRESS_NGINX,
+    gateway_name: str = contract.GATEWAY_NAME_DEFAULT,
+    gateway_namespace: str = contract.GATEWAY_NAMESPACE_DEFAULT,
 ) -> Cluster:
     """Validate a kubeconfig, probe the cluster from the control plane, and record it.
 
@@ -358,7 +352,9 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
             cluster.save(update_fields=list(fields))
             # The sessions' routing objects follow the new routing: each live session is marked due for a re-apply (a
             # durable mark that sessions.reconcile relays when the publish after the commit is lost).
-            reapplied = _sessions_reapply(cluster) if routing_key(cluster) != routed_before else 0
+            from sessions.reapply import sessions_reapply_mark  # sessions imports this app's models
+
+            reapplied = sessions_reapply_mark(cluster=cluster) if routing_key(cluster) != routed_before else 0
             if changes:  # one audit row: the fields asked for (never the kubeconfig), and for a new kubeconfig the apiserver it reaches
                 details = {"apiserver_url": cluster.apiserver_url, "old_apiserver_url": before["apiserver_url"],
                            "kube_system_uid": cluster.kube_system_uid} if credential is not None else {}
@@ -382,14 +378,6 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
         )
     cluster.sessions_reapplied = reapplied
     return cluster
-
-
-def _sessions_reapply(cluster: Cluster) -> int:
-    """Mark the live sessions of ``cluster`` (row locked by the caller) due for a re-apply of their GShareSession; the
-    publishes follow the commit (``sessions.reapply``). Returns how many."""
-    from sessions.reapply import sessions_reapply_mark  # sessions imports this app's models
-
-    return sessions_reapply_mark(cluster=cluster)
 
 
 def _credential_check(*, cluster: Cluster, valid) -> _Credential:
@@ -572,9 +560,8 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
         "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC, "routing": {"mode",
-        "controller", "gateway_programmed", "detail"}}``. ``routing`` (``clusters.routing.routing_probe``) says what
-        routes the sessions: the mode's controller found, the Gateway programmed (``gateway-api``), None when unknown;
-        it is reported, and shown as a problem when something is missing, but does not change the status.
+        "controller", "gateway_programmed", "detail"}}`` (``clusters.routing.routing_probe``: reported, and a problem
+        when the controller or Gateway is missing, never a change of status).
         ``connected`` when every check in ``checks`` passes (``credential_least_privilege``, present when the apiserver
         answered a SelfSubjectAccessReview, is advisory: ``ADVISORY_CHECKS``), ``unreachable`` when the apiserver did
         not answer, ``degraded`` otherwise. ``detail`` has a sentence naming the fix for each failed check, and one for
@@ -595,11 +582,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
             details.setdefault(name, "Not checked: the apiserver did not answer.")
     if "credential_least_privilege" in result.checks:
         checks["credential_least_privilege"] = result.checks["credential_least_privilege"]
-    if checks["apiserver_reachable"]:
-        routing = routing_probe(cluster, timeout=settings.GSHARE_PROBE_TIMEOUT)
-    else:
-        routing = {"mode": cluster.routing, "controller": None, "gateway_programmed": None,
-                   "detail": "Not checked: the apiserver did not answer."}
+    routing = routing_probe(cluster, timeout=settings.GSHARE_PROBE_TIMEOUT, reachable=checks["apiserver_reachable"])
     with transaction.atomic():
         # What the operator reported meanwhile counts (the probe took seconds): its checks and heartbeat are read under
         # the row lock the inventory writes them under, after the probe (no lock is held over an apiserver call).
