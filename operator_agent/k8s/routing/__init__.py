@@ -27,6 +27,7 @@ __all__ = [
     "ExternalAuth",
     "RoutingError",
     "RoutingKind",
+    "all_kinds",
     "mode_kinds",
     "routing_mode",
     "routing_objects",
@@ -94,8 +95,13 @@ def routing_objects(gss: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def stale_kinds(mode: str) -> tuple[RoutingKind, ...]:
     """The kinds a session in ``mode`` must not have: those of every other mode (deleted when the mode changes)."""
-    wanted = set(mode_kinds(mode))
-    stale: list[RoutingKind] = []
-    for other in ROUTING_MODES:
-        stale.extend(kind for kind in mode_kinds(other) if kind not in wanted and kind not in stale)
-    return tuple(stale)
+    wanted = mode_kinds(mode)
+    return tuple(kind for kind in all_kinds() if kind not in wanted)
+
+
+def all_kinds() -> tuple[RoutingKind, ...]:
+    """Every kind some routing mode writes (each once)."""
+    kinds: list[RoutingKind] = []
+    for mode in ROUTING_MODES:
+        kinds.extend(kind for kind in mode_kinds(mode) if kind not in kinds)
+    return tuple(kinds)
