@@ -16,7 +16,6 @@ CEL rules (``x-kubernetes-validations``) are not evaluated; tests assert what th
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -158,7 +157,3 @@ def errors(obj: Mapping[str, Any]) -> list[str]:
     validator = _validator(group, obj["kind"], version)
     return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]
 
-
-def matches_pattern(pattern: str, value: str) -> bool:
-    """Whether ``value`` matches a CRD ``pattern`` as the apiserver applies it (a search, like JSON Schema)."""
-    return re.search(pattern, value) is not None
