@@ -130,8 +130,13 @@ def test_a_session_without_routing_keeps_its_ingress(gateway_cluster, control_pl
     session_id, name = "ses_noroutingfield01", "ses-noroutingfield01"
     apply_session(cluster, gshare_session(session_id))  # a GShareSession written before spec.routing existed
     wait_for(what="the ingress", check=lambda: routing_of(cluster, name)["ingresses"])
-    time.sleep(0.5)
+    apply_session(cluster, gshare_session(session_id, image="quay.io/jupyter/base-notebook:2025-01-06"))  # re-reconciled
+    time.sleep(1.0)
     assert not any(routing_of(cluster, name)[p] for p, _, _ in GATEWAY_KINDS)
+    # The other mode's objects are deleted once (the first reconcile after start), not at every reconcile.
+    deletes = [r["path"] for r in cluster.requests_seen() if r["method"] == "DELETE"]
+    for plural, group, version in GATEWAY_KINDS:
+        assert deletes.count(f"/apis/{group}/{version}/namespaces/gshare-sessions/{plural}/{name}") == 1, deletes
 
 
 def test_gateway_api_without_its_crds_says_so_on_the_session(plain_cluster, control_plane, start_operator):  # noqa: F811
