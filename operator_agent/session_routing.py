@@ -5,6 +5,9 @@ as much as the Gateway API and Envoy Gateway custom resources -- goes through ``
 ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>`` URL the typed clients use), server-side applied with the
 operator's field manager.
 
+Objects are applied in ``routing_objects``' order and deleted in ``stale_kinds``' order: an HTTPRoute is applied after,
+and deleted before, the policy that guards it, and is not applied at all when one of them could not be.
+
 When ``spec.routing`` changes (the control plane re-applies live sessions after a PATCH of the cluster's routing), the
 new mode's objects are applied first and the other mode's are deleted after, so the session stays reachable through the
 switch; a mode that cannot be applied (its CRDs are not installed) leaves the old objects in place. Which mode a

@@ -84,7 +84,8 @@ def objects(spec_name: str) -> list[dict]:
 @pytest.mark.parametrize("spec_name", SPECS)
 def test_gateway_api_objects_validate_against_the_upstream_crds(spec_name):
     built = objects(spec_name)
-    assert [o["kind"] for o in built] == ["HTTPRoute", "Backend", "SecurityPolicy", "BackendTrafficPolicy"]
+    # The route last: applied in this order, it never exists without its SecurityPolicy.
+    assert [o["kind"] for o in built] == ["Backend", "SecurityPolicy", "BackendTrafficPolicy", "HTTPRoute"]
     for obj in built:
         assert crd_schema.errors(obj) == [], obj
         json.dumps(obj)  # plain JSON, ready for server-side apply
@@ -104,7 +105,9 @@ def test_a_session_without_routing_is_ingress_nginx():
     del session["spec"]["routing"], session["spec"]["extAuthUrl"], session["spec"]["gateway"]
     assert routing.routing_mode(session) == ROUTING_INGRESS_NGINX
     assert [o["kind"] for o in routing.routing_objects(session)] == ["Ingress"]
-    assert routing.stale_kinds(ROUTING_INGRESS_NGINX) == routing.mode_kinds(ROUTING_GATEWAY_API)
+    # Deleted route first, so a route is never left without its policy.
+    assert routing.stale_kinds(ROUTING_INGRESS_NGINX) == tuple(reversed(routing.mode_kinds(ROUTING_GATEWAY_API)))
+    assert routing.stale_kinds(ROUTING_INGRESS_NGINX)[0].kind == "HTTPRoute"
     assert routing.stale_kinds(ROUTING_GATEWAY_API) == routing.mode_kinds(ROUTING_INGRESS_NGINX)
 
 
@@ -126,6 +129,7 @@ def test_common_metadata_and_owner():
 
 def test_http_route():
     route = gateway_api.session_http_route(gss(port=9000))
+    assert routing.routing_objects(gss(port=9000))[-1] == route
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
     assert route["spec"] == {
         "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gshare-sessions",
@@ -144,13 +148,13 @@ def test_http_route():
 def test_path_obeys_the_http_route_cel_rules():
     # CEL is not evaluated by the schema helper: check what the HTTPRoute path rules would.
     for spec_name in ("default", "long-id"):
-        value = objects(spec_name)[0]["spec"]["rules"][0]["matches"][0]["path"]["value"]
+        value = objects(spec_name)[-1]["spec"]["rules"][0]["matches"][0]["path"]["value"]
         assert value.startswith("/") and "//" not in value and "/./" not in value and "/../" not in value
         assert "%2f" not in value.lower() and "#" not in value
 
 
 def test_security_policy():
-    route, backend, policy, _ = objects("default")
+    backend, policy, _, route = objects("default")
     assert policy["apiVersion"] == "gateway.envoyproxy.io/v1alpha1"
     assert policy["spec"] == {
         "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route["metadata"]["name"]}],
@@ -168,12 +172,12 @@ def test_security_policy():
 
 
 def test_security_policy_path_keeps_a_url_prefix_without_trailing_slash():
-    policy = objects("ext-https-fqdn-port-prefix")[2]
+    policy = objects("ext-https-fqdn-port-prefix")[1]
     assert policy["spec"]["extAuth"]["http"]["path"] == "/gshare/internal/connect/ext-authz"
 
 
 def test_backend_traffic_policy_keeps_idle_websockets_an_hour():
-    route, _, _, traffic = objects("default")
+    _, _, traffic, route = objects("default")
     assert traffic["spec"] == {
         "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route["metadata"]["name"]}],
         "timeout": {"http": {"requestTimeout": "0s", "streamIdleTimeout": "1h"}},
@@ -200,14 +204,14 @@ def test_backend_traffic_policy_keeps_idle_websockets_an_hour():
     ("ext-ipv6-full", {"ip": {"address": "2001:0db8:0000:0000:0000:0000:0000:0001", "port": 80}}, None),
 ])
 def test_backend_endpoint_and_tls(spec_name, endpoint, tls):
-    backend = objects(spec_name)[1]
+    backend = objects(spec_name)[0]
     assert backend["spec"]["endpoints"] == [endpoint]
     assert backend["spec"].get("tls") == tls
 
 
 def test_compressed_ipv6_would_fail_the_backend_pattern():
     # Why IPv6 is written out: the v1.9.0 Backend address pattern refuses "::1" and other valid compressed forms.
-    backend = objects("ext-ipv6-loopback")[1]
+    backend = objects("ext-ipv6-loopback")[0]
     backend["spec"]["endpoints"][0]["ip"]["address"] = "::1"
     assert crd_schema.errors(backend)
 
@@ -261,13 +265,13 @@ def test_builders_are_pure():
 
 def test_the_external_auth_implementation_is_chosen_in_one_place():
     assert routing.EXTERNAL_AUTH is envoy_gateway
-    assert routing.mode_kinds(ROUTING_GATEWAY_API) == gateway_api.KINDS + envoy_gateway.KINDS
+    assert routing.mode_kinds(ROUTING_GATEWAY_API) == envoy_gateway.KINDS + gateway_api.KINDS
     kinds = [(o["apiVersion"], o["kind"]) for o in objects("default")]
     assert kinds == [(k.api_version, k.kind) for k in routing.mode_kinds(ROUTING_GATEWAY_API)]
 
 
 def test_schema_helper_catches_what_the_apiserver_would_refuse_or_prune():
-    route, backend, policy, traffic = objects("default")
+    backend, policy, traffic, route = objects("default")
     pruned = copy.deepcopy(policy)
     pruned["spec"]["extAuth"]["http"]["headersToBackends"] = ["x"]  # a typo the apiserver would prune silently
     assert crd_schema.errors(pruned)

@@ -145,11 +145,11 @@ def test_gateway_api_without_its_crds_says_so_on_the_session(plain_cluster, cont
     session_id, name = "ses_nogatewaycrds001", "ses-nogatewaycrds001"
     apply_session(cluster, gateway_session(session_id))
     report = wait_for(what="a report naming the missing CRD", check=lambda: [
-        r for r in control_plane.reports(session_id) if "does not serve httproutes.gateway.networking.k8s.io/v1" in r["message"]])
+        r for r in control_plane.reports(session_id) if "does not serve backends.gateway.envoyproxy.io/v1alpha1" in r["message"]])
     assert "attach_cluster --routing gateway-api" in report[-1]["message"]
     # Not a crash loop: the pod is still created and runs, the message stays while the CRDs are missing.
     wait_for(what="Running with the message", check=lambda: [
-        r for r in control_plane.reports(session_id) if r["phase"] == "Running" and "httproutes" in r["message"]])
+        r for r in control_plane.reports(session_id) if r["phase"] == "Running" and "backends" in r["message"]])
     assert session_object(cluster, name)["status"]["message"].startswith("routing: this cluster does not serve")
     assert named(cluster.objects_of("services"), name) is not None
 
@@ -170,3 +170,23 @@ def test_unusable_ext_auth_url_is_reported_not_retried(gateway_cluster, control_
     with api_client_for(cluster) as api:  # the GShareSession is still there and reconciled (no Kopf error loop)
         kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
             "gshare.io", "v1alpha1", "gshare-sessions", "gsharesessions", name)
+
+
+@pytest.fixture
+def gateway_api_only_cluster() -> Iterator[EmulatedCluster]:
+    crds = [crd for crd in upstream_crds() if crd["spec"]["group"] == "gateway.networking.k8s.io"]
+    with EmulatedCluster(seed() + crds, version=fleet.cluster_version(CLUSTER), token=APISERVER_TOKEN,
+                         pod_startup_seconds=0.2) as running:
+        yield running
+
+
+def test_a_route_is_never_written_without_its_auth_policy(gateway_api_only_cluster, control_plane, start_operator):  # noqa: F811
+    # The Gateway API is installed but Envoy Gateway is not: an HTTPRoute alone would route anyone to the session.
+    cluster = gateway_api_only_cluster
+    start_operator(cluster)
+    session_id, name = "ses_noenvoygateway01", "ses-noenvoygateway01"
+    apply_session(cluster, gateway_session(session_id))
+    wait_for(what="the missing Backend kind on the session", check=lambda: "does not serve backends.gateway.envoyproxy.io" in (
+        (session_object(cluster, name) or {}).get("status", {}).get("message") or ""))
+    time.sleep(0.5)
+    assert named(cluster.objects_of("httproutes", "gateway.networking.k8s.io", "v1"), name) is None

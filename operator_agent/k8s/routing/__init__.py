@@ -70,9 +70,9 @@ def routing_mode(gss: Mapping[str, Any]) -> str:
 
 
 def mode_kinds(mode: str) -> tuple[RoutingKind, ...]:
-    """The kinds routing mode ``mode`` writes, in the order ``routing_objects`` returns them."""
+    """The kinds routing mode ``mode`` writes, in the order ``routing_objects`` returns them (the order to apply)."""
     if mode == ROUTING_GATEWAY_API:
-        return gateway_api.KINDS + EXTERNAL_AUTH.KINDS
+        return EXTERNAL_AUTH.KINDS + gateway_api.KINDS
     return ingress_nginx.KINDS
 
 
@@ -80,8 +80,10 @@ def routing_objects(gss: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The routing objects of the session in its mode (``routing_mode``), ready for server-side apply.
 
     Returns:
-        ``[Ingress]`` for ``ingress-nginx``; ``[HTTPRoute, Backend, SecurityPolicy, BackendTrafficPolicy]`` for
-        ``gateway-api`` (the route first: the policies target it). All named ``session_object_name(sessionId)`` in the
+        ``[Ingress]`` for ``ingress-nginx``; ``[Backend, SecurityPolicy, BackendTrafficPolicy, HTTPRoute]`` for
+        ``gateway-api``: the route last, so that applied in this order it never exists without the policy that
+        guards it (a policy may target a route that does not exist yet; a route without its policy would be open to
+        anyone while, say, Envoy Gateway's CRDs are missing). All named ``session_object_name(sessionId)`` in the
         GShareSession's namespace, labelled and owned like the session's Pod.
 
     Raises:
@@ -89,14 +91,18 @@ def routing_objects(gss: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     if routing_mode(gss) == ROUTING_GATEWAY_API:
         route = gateway_api.session_http_route(gss)
-        return [route, *EXTERNAL_AUTH.objects(gss, route)]
+        return [*EXTERNAL_AUTH.objects(gss, route), route]
     return ingress_nginx.objects(gss)
 
 
 def stale_kinds(mode: str) -> tuple[RoutingKind, ...]:
-    """The kinds a session in ``mode`` must not have: those of every other mode (deleted when the mode changes)."""
+    """The kinds a session in ``mode`` must not have: those of every other mode (deleted when the mode changes), each
+    mode's in the reverse of its apply order (an HTTPRoute goes before the policy that guards it)."""
     wanted = mode_kinds(mode)
-    return tuple(kind for kind in all_kinds() if kind not in wanted)
+    stale: list[RoutingKind] = []
+    for other in ROUTING_MODES:
+        stale.extend(kind for kind in reversed(mode_kinds(other)) if kind not in wanted and kind not in stale)
+    return tuple(stale)
 
 
 def all_kinds() -> tuple[RoutingKind, ...]:
