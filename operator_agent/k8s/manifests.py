@@ -147,7 +147,7 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
       ``nvidia.com/gpucores`` (percent) only when ``spec.gpuMemoryMiB``/``spec.gpuCores`` are given
       (HAMi resource names; omitted = whole GPUs);
     * env ``GSHARE_SESSION_ID`` (``ses_...``), ``GSHARE_BASE_PATH`` (``spec.path``, the URL prefix the
-      Ingress routes) and ``NOTEBOOK_ARGS`` (``--ServerApp.base_url=<path> --ServerApp.port=<port>``,
+      session route serves) and ``NOTEBOOK_ARGS`` (``--ServerApp.base_url=<path> --ServerApp.port=<port>``,
       read by the Jupyter Docker Stacks' start script);
     * non-root (UID 1000, GID 100), no privilege escalation, all capabilities dropped, RuntimeDefault
       seccomp, no service-account token mounted, no service links;
