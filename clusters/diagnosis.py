@@ -21,7 +21,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
-from operator_agent.contract import CONNECT_VERIFY_PATH, OPERATOR_CHECKS, SESSION_DOMAIN_RESOLVES
+from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH, CONNECT_VERIFY_PATH, OPERATOR_CHECKS, SESSION_DOMAIN_RESOLVES
 
 #: Where the operator's log is (charts/gshare-operator: Deployment ``gshare-operator`` in ``gshare-system``).
 OPERATOR_LOGS_COMMAND = "kubectl -n gshare-system logs deploy/gshare-operator"
@@ -43,6 +43,12 @@ def _rotate(cluster: Cluster) -> str:
 def connect_verify_url() -> str:
     """The ``auth-url`` the control plane puts on every session Ingress (``GSHARE_CONTROL_PLANE_URL`` + verify path)."""
     return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_VERIFY_PATH
+
+
+def connect_ext_authz_url() -> str:
+    """The ext_authz URL prefix session SecurityPolicies send Envoy's checks to (``GSHARE_CONTROL_PLANE_URL`` +
+    ``CONNECT_EXT_AUTHZ_PATH``; a GShareSession's ``spec.extAuthUrl``)."""
+    return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_EXT_AUTHZ_PATH
 
 
 def operator_reporting_detail(cluster: Cluster, *, now: datetime.datetime | None = None) -> str:
@@ -169,6 +175,6 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
 
 
 __all__ = [
-    "CheckVerdict", "Problem", "cluster_problems", "connect_verify_url", "operator_check_verdicts",
+    "CheckVerdict", "Problem", "cluster_problems", "connect_ext_authz_url", "connect_verify_url", "operator_check_verdicts",
     "operator_reporting_detail",
 ]
