@@ -21,7 +21,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
-from clusters.routing import ATTACH_COMMAND, ext_authz_url
+from clusters.routing import ATTACH_COMMAND
 from operator_agent.contract import (
     CONNECT_EXT_AUTHZ_PATH,
     CONNECT_VERIFY_PATH,
@@ -50,6 +50,12 @@ def _rotate(cluster: Cluster) -> str:
 def connect_verify_url() -> str:
     """The ``auth-url`` the control plane puts on every session Ingress (``GSHARE_CONTROL_PLANE_URL`` + verify path)."""
     return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_VERIFY_PATH
+
+
+def connect_ext_authz_url() -> str:
+    """The ext_authz URL prefix session SecurityPolicies send Envoy's checks to (``GSHARE_CONTROL_PLANE_URL`` +
+    ``CONNECT_EXT_AUTHZ_PATH``; a GShareSession's ``spec.extAuthUrl``)."""
+    return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_EXT_AUTHZ_PATH
 
 
 def operator_reporting_detail(cluster: Cluster, *, now: datetime.datetime | None = None) -> str:
@@ -101,7 +107,7 @@ def session_auth_fix(cluster: Cluster) -> str:
     if cluster.routing == ROUTING_GATEWAY_API:
         return (
             f"Session HTTPRoutes on the Gateway {cluster.gateway_namespace}/{cluster.gateway_name} are guarded by Envoy "
-            f"Gateway's SecurityPolicy extAuth, which sends every request to {ext_authz_url()} (the control plane's "
+            f"Gateway's SecurityPolicy extAuth, which sends every request to {connect_ext_authz_url()} (the control plane's "
             f"`controlPlaneUrl` + {CONNECT_EXT_AUTHZ_PATH}) before letting it through: that host must be reachable from "
             f"the Gateway's Envoy proxies, through {INTERNAL_PLANE_VALUES}. Envoy Gateway and that Gateway are installed "
             f"by {ATTACH_COMMAND.format(mode=ROUTING_GATEWAY_API)}; the connection test's `routing` says whether its "
@@ -198,6 +204,6 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
 
 
 __all__ = [
-    "CheckVerdict", "Problem", "cluster_problems", "connect_verify_url", "operator_check_verdicts",
+    "CheckVerdict", "Problem", "cluster_problems", "connect_ext_authz_url", "connect_verify_url", "operator_check_verdicts",
     "operator_reporting_detail", "session_auth_fix",
 ]

@@ -15,7 +15,7 @@ from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import GATEWAY_CLASSES, GATEWAYS, INGRESS_CLASSES
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
-from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH, ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
+from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
 
 #: ``spec.controller`` of the IngressClass the ingress-nginx chart installs (``controller.ingressClassResource.controllerValue``).
 INGRESS_NGINX_CONTROLLER = "k8s.io/ingress-nginx"
@@ -32,12 +32,6 @@ class RoutingRefused(ApplicationError):
 
     status = 400
     code = "invalid_routing"
-
-
-def ext_authz_url() -> str:
-    """The ext_authz path prefix Envoy Gateway's SecurityPolicy asks (``GSHARE_CONTROL_PLANE_URL`` +
-    ``/internal/connect/ext-authz``; the GShareSession's ``spec.extAuthUrl``)."""
-    return settings.GSHARE_CONTROL_PLANE_URL.rstrip("/") + CONNECT_EXT_AUTHZ_PATH
 
 
 def routing_key(cluster: Cluster) -> tuple[str, str, str]:

@@ -290,8 +290,9 @@ SESSION_DOMAIN_RESOLVES = "session_domain_resolves"
 """Operator check: the cluster's ``session_domain`` resolves, inside the cluster, to an address of its ingress node."""
 
 VERIFY_REACHABLE = "verify_reachable"
-"""Operator check: the session Ingresses' ``auth-url`` (``connect_verify_url``) answers, from inside the cluster, 401 with
-the control plane's JSON to a request without a token (not a connection error, not an HTML page)."""
+"""Operator check: the session Ingresses' ``auth-url`` (``connect_verify_url``) -- on a ``gateway-api`` cluster the ext_authz
+URL (``connect_ext_authz_url``) -- answers, from inside the cluster, 401 with the control plane's JSON to a request
+without a token (not a connection error, not an HTML page)."""
 
 OPERATOR_CHECKS = (SESSION_DOMAIN_RESOLVES, VERIFY_REACHABLE)
 """The checks an operator reports in its inventory (``checks``); operators that predate them report none (the field is optional)."""
@@ -299,6 +300,12 @@ OPERATOR_CHECKS = (SESSION_DOMAIN_RESOLVES, VERIFY_REACHABLE)
 INVENTORY_RESPONSE_SESSION_PATH_KEYS = ("session_domain", "ingress_node", "connect_verify_url")
 """Keys of the ``PUT INVENTORY_PATH`` answer that tell the operator what to check: the cluster's ``session_domain`` and
 ``ingress_node`` as registered, and the ``auth-url`` the control plane puts on session Ingresses (strings, may be "")."""
+
+INVENTORY_RESPONSE_ROUTING_KEYS = ("routing", "connect_ext_authz_url")
+"""Keys of the ``PUT INVENTORY_PATH`` answer naming the cluster's routing mode (``ROUTING_MODES``) and the ext_authz URL
+prefix session SecurityPolicies send Envoy's checks to (control plane URL + ``CONNECT_EXT_AUTHZ_PATH``). On a
+``gateway-api`` cluster the operator's ``verify_reachable`` probes that URL instead of ``connect_verify_url``; a control
+plane that sends neither is taken as ``ingress-nginx``."""
 
 
 # --------------------------------------------------------------------------- payload schemas

@@ -10,10 +10,13 @@ happen and the connection test shows the result:
   of the attach guide.
 * ``verify_reachable``: the ``auth-url`` answers a request without a token with 401 and the control plane's JSON body
   (``token_missing``). A connection error, an HTML page or any other answer makes ingress-nginx answer 401/500 to
-  every user, which is the guide's "connecting returns 401".
+  every user, which is the guide's "connecting returns 401". On a ``gateway-api`` cluster the same probe goes to the
+  ext_authz URL as Envoy calls it (``<connect_ext_authz_url>/``: the prefix with the original path ``/`` appended),
+  where a failure makes Envoy Gateway refuse every session request.
 
 What to check comes from the control plane's answer to the inventory (``session_domain``, ``ingress_node``,
-``connect_verify_url``: ``contract.INVENTORY_RESPONSE_SESSION_PATH_KEYS``), so a ``PATCH`` of the cluster is checked at
+``connect_verify_url``: ``contract.INVENTORY_RESPONSE_SESSION_PATH_KEYS``; ``routing``, ``connect_ext_authz_url``:
+``contract.INVENTORY_RESPONSE_ROUTING_KEYS``), so a ``PATCH`` of the cluster is checked at
 the next tick. The operator token is never sent to the ``auth-url``.
 """
 
@@ -29,7 +32,14 @@ import kubernetes.client
 import requests
 import urllib3.exceptions
 
-from operator_agent.contract import INVENTORY_RESPONSE_SESSION_PATH_KEYS, SESSION_DOMAIN_RESOLVES, VERIFY_REACHABLE
+from operator_agent.contract import (
+    INVENTORY_RESPONSE_ROUTING_KEYS,
+    INVENTORY_RESPONSE_SESSION_PATH_KEYS,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+    SESSION_DOMAIN_RESOLVES,
+    VERIFY_REACHABLE,
+)
 from operator_agent.control_plane import USER_AGENT, explain_answer, explain_connection_error
 from operator_agent.rfc3339 import format_utc
 
@@ -115,20 +125,29 @@ def check_session_domain(core_v1: kubernetes.client.CoreV1Api, *, session_domain
     ))
 
 
-def check_verify(http: requests.Session, url: str, *, timeout: float = CHECK_TIMEOUT) -> dict | None:
+def check_verify(http: requests.Session, url: str, *, timeout: float = CHECK_TIMEOUT,
+                 routing: str = ROUTING_INGRESS_NGINX) -> dict | None:
     """Whether the ``auth-url`` ``url`` answers a request without a token as the control plane does (401, JSON).
 
     Args:
         http: a session that carries no credentials.
-        url: the control plane's ``/internal/connect/verify`` as put on session Ingresses ("" = nothing to check).
+        url: the control plane's ``/internal/connect/verify`` as put on session Ingresses, or for ``gateway-api`` routing
+            the ext_authz URL Envoy calls (``<connect_ext_authz_url>/``) ("" = nothing to check).
         timeout: seconds for the request.
+        routing: the cluster's routing mode (``contract.ROUTING_MODES``), which words the result.
 
     Returns:
         ``{"ok", "detail", "checked_at"}``, or None when ``url`` is empty.
     """
     if not url:
         return None
-    where = f"The session Ingresses' auth-url {url}, which the ingress controller calls for every session request,"
+    if routing == ROUTING_GATEWAY_API:
+        where = (f"The session routes' ext_authz URL {url}, which Envoy Gateway calls (SecurityPolicy extAuth) for every "
+                 "session request,")
+        proxy = "Envoy Gateway"
+    else:
+        where = f"The session Ingresses' auth-url {url}, which the ingress controller calls for every session request,"
+        proxy = "ingress-nginx"
     try:
         response = http.get(url, headers={"Accept": "application/json", "User-Agent": USER_AGENT}, timeout=timeout,
                             allow_redirects=False)
@@ -146,7 +165,7 @@ def check_verify(http: requests.Session, url: str, *, timeout: float = CHECK_TIM
     if not explained and response.status_code >= 500:
         explained = (
             f"it answered {response.status_code}{' ' + code if code else ''}: the control plane behind it is failing or not "
-            "running (its api pods, database or Redis), and ingress-nginx refuses every session request meanwhile"
+            f"running (its api pods, database or Redis), and {proxy} refuses every session request meanwhile"
         )
     elif not explained:
         explained = (
@@ -171,16 +190,23 @@ class SessionPathChecks:
         return dict(self.results)
 
     def update(self, core_v1: kubernetes.client.CoreV1Api, answer: Mapping[str, object], *, timeout: float = CHECK_TIMEOUT) -> None:
-        """Run both checks with the ``session_domain``, ``ingress_node`` and ``connect_verify_url`` of ``answer``.
+        """Run both checks with the ``session_domain``, ``ingress_node`` and ``connect_verify_url`` of ``answer`` -- or,
+        when its ``routing`` is ``gateway-api``, its ``connect_ext_authz_url`` (probed as ``<url>/``, what Envoy asks for
+        a request of ``/``).
 
         A control plane that does not send them (older than this operator) leaves nothing to check. A check that
         fails is logged as a warning with its fix; one that passes again is logged once.
         """
         session_domain, ingress_node, verify_url = (str(answer.get(key) or "") for key in INVENTORY_RESPONSE_SESSION_PATH_KEYS)
+        routing, ext_authz_url = (str(answer.get(key) or "") for key in INVENTORY_RESPONSE_ROUTING_KEYS)
+        if routing == ROUTING_GATEWAY_API and ext_authz_url:
+            verify_url = ext_authz_url.rstrip("/") + "/"
+        else:
+            routing = ROUTING_INGRESS_NGINX
         results = {
             SESSION_DOMAIN_RESOLVES: check_session_domain(core_v1, session_domain=session_domain, ingress_node=ingress_node,
                                                           timeout=timeout),
-            VERIFY_REACHABLE: check_verify(self.http, verify_url, timeout=timeout),
+            VERIFY_REACHABLE: check_verify(self.http, verify_url, timeout=timeout, routing=routing),
         }
         for name, result in results.items():
             before = self.results.get(name)

@@ -1,4 +1,4 @@
-"""Session reconcile: ``GShareSession`` -> Pod, Service, Ingress, and status back to the control plane.
+"""Session reconcile: ``GShareSession`` -> Pod, Service, routing objects, and status back to the control plane.
 
 Built on Kopf (the operator framework named in ``docs/architecture.md``), run in a thread of ``python -m operator_agent``
 beside the inventory loop (``operator_agent.main``), standalone (one replica, no peering), for
@@ -6,8 +6,10 @@ the one namespace ``GSHARE_SESSION_NAMESPACE``. One thin handler per event:
 
 * ``on.resume`` + ``on.create`` of a GShareSession, ``on.update`` of its ``spec`` and a
   ``timer`` every ``RESYNC_SECONDS`` -> ``SessionReconciler.reconcile``: server-side apply of the
-  Service and Ingress, create the PersistentVolumeClaims of ``spec.volumes`` that do not exist yet and then
-  the Pod when the session has none yet, then ``sync_status``. PVCs have no owner: volumes outlive sessions.
+  Service and of the routing objects of ``spec.routing`` (``operator_agent.session_routing``: an Ingress, or an
+  HTTPRoute with Envoy Gateway's policies; the other mode's are deleted when the mode changes), create the
+  PersistentVolumeClaims of ``spec.volumes`` that do not exist yet and then the Pod when the session has none yet,
+  then ``sync_status``. PVCs have no owner: volumes outlive sessions.
   A failed call raises ``kopf.TemporaryError(delay=GSHARE_RECONCILE_INTERVAL)``; an apiserver
   refusal of the Pod itself (400/422: invalid spec, admission denied) ends the session
   ``Failed`` with the apiserver's message instead of retrying forever.
@@ -63,7 +65,6 @@ GShareSession cannot block the others.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import threading
 from collections import deque
@@ -100,12 +101,12 @@ from operator_agent.hami_pods import allocated_device_uuids
 from operator_agent.k8s.manifests import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
-    session_ingress,
     session_pod,
     session_pvc,
     session_service,
     session_volumes,
 )
+from operator_agent.session_routing import RoutingApplier, api_message
 from operator_agent.storage import session_volume_wait
 
 __all__ = [
@@ -431,7 +432,7 @@ def _essence(report: Mapping[str, Any]) -> tuple:
 
 
 class SessionReconciler:
-    """Makes a GShareSession's Pod, Service and Ingress exist and keeps its ``status`` and reports current.
+    """Makes a GShareSession's Pod, Service and routing objects exist and keeps its ``status`` and reports current.
 
     Every public method may be called from several threads at once (Kopf runs sync handlers in a
     thread pool): the work on one session is serialised by a per-session lock.
@@ -446,19 +447,21 @@ class SessionReconciler:
     def __init__(self, api_client: kubernetes.client.ApiClient, reporter: StatusReporter, namespace: str, *,
                  request_timeout: float | None = None):
         self.core = kubernetes.client.CoreV1Api(api_client)
-        self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.routing = RoutingApplier(api_client, namespace, field_manager=FIELD_MANAGER, request_timeout=request_timeout)
         self.reporter = reporter
         self.namespace = namespace
         self._timeout_kwargs: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self._routing_problems: dict[str, str] = {}
 
     def reconcile(self, name: str) -> dict[str, Any] | None:
         """Ensure the children of GShareSession ``name`` and sync its status.
 
-        Service and Ingress are applied (server-side apply, ``fieldManager=gshare-operator``) while the
-        session is not over; the Pod is created only while the session has no phase yet (never
+        The Service and the routing objects are applied (server-side apply, ``fieldManager=gshare-operator``) while
+        the session is not over; a routing problem that retrying cannot fix (e.g. the mode's CRDs are not installed)
+        is put in ``status.message`` while it lasts (``RoutingApplier.apply``); the Pod is created only while the session has no phase yet (never
         recreated), after the PersistentVolumeClaim of each ``spec.volumes`` entry (``_ensure_pvcs``). An
         apiserver refusal of a PVC or of the Pod (400/422) makes the session ``Failed``.
 
@@ -475,7 +478,7 @@ class SessionReconciler:
             status = gss.get("status") or {}
             if status.get("phase") not in TERMINAL_PHASES:
                 self._apply(session_service(gss))
-                self._apply(session_ingress(gss))
+                self._note_routing_problem(gss, self.routing.apply(gss))
                 if not status.get("phase"):
                     refusal = self._ensure_pvcs(gss) or self._create_pod(session_pod(gss))
                     if refusal is not None:
@@ -504,6 +507,8 @@ class SessionReconciler:
         self.reporter.terminated(session_id)
         with self._locks_guard:
             self._locks.pop(gss["metadata"]["name"], None)
+        self.routing.forget(gss["metadata"]["name"])
+        self._routing_problems.pop(gss["metadata"]["name"], None)
         logger.info("session %s: GShareSession deleted, reporting Terminated", session_id)
 
     def _sync(self, gss: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -514,10 +519,25 @@ class SessionReconciler:
         if new is None:
             return None
         new = self._with_volume_wait(gss, new)
+        problem = self._routing_problems.get(name)
+        if problem and new["phase"] not in TERMINAL_PHASES:
+            new = {**new, "message": _cut(problem + (f" ({new['message']})" if new.get("message") else ""))}
         if status.get("observedAt") and _essence(new) == _essence(status):
             self.reporter.observe(status_report(gss["spec"]["sessionId"], status))
             return status
         return self._write_status(gss, new)
+
+    def _note_routing_problem(self, gss: Mapping[str, Any], problem: str | None) -> None:
+        """Remember (and log once) the session's routing problem for ``_sync``'s status message; ``None`` clears it."""
+        name = gss["metadata"]["name"]
+        before = self._routing_problems.get(name)
+        if problem is None:
+            if before is not None:
+                logger.info("session %s: routing applied", gss["spec"]["sessionId"])
+            self._routing_problems.pop(name, None)
+        elif problem != before:
+            logger.warning("session %s: %s", gss["spec"]["sessionId"], problem)
+            self._routing_problems[name] = problem
 
     def _with_volume_wait(self, gss: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         """A Pending session with volumes whose PVCs are not all bound: its message says which volume it waits for and
@@ -602,7 +622,7 @@ class SessionReconciler:
                 if exc.status == 409:
                     continue  # already there (an earlier session, a retry, or a move): left alone
                 if exc.status in (400, 422):
-                    return f"the apiserver refused the PersistentVolumeClaim {name} of volume {volume['name']}: {_api_message(exc)}"
+                    return f"the apiserver refused the PersistentVolumeClaim {name} of volume {volume['name']}: {api_message(exc)}"
                 raise
             logger.info("persistentvolumeclaim %s/%s created for volume %s (%s)", self.namespace, name,
                         volume["name"], volume["volumeId"])
@@ -616,37 +636,20 @@ class SessionReconciler:
             if exc.status == 409:
                 return None
             if exc.status in (400, 422):
-                return f"the apiserver refused the session pod: {_api_message(exc)}"
+                return f"the apiserver refused the session pod: {api_message(exc)}"
             raise
         logger.info("pod %s/%s created", self.namespace, pod["metadata"]["name"])
         return None
 
     def _apply(self, obj: dict[str, Any]) -> None:
-        """Server-side apply ``obj`` (a Service or an Ingress), taking over conflicting fields."""
-        name = obj["metadata"]["name"]
-        kwargs = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": "application/apply-patch+yaml",
-                  **self._timeout_kwargs}
-        if obj["kind"] == "Service":
-            self.core.patch_namespaced_service(name, self.namespace, obj, **kwargs)
-        elif obj["kind"] == "Ingress":
-            self.networking.patch_namespaced_ingress(name, self.namespace, obj, **kwargs)
-        else:  # pragma: no cover - programming error
-            raise ValueError(f"cannot apply a {obj['kind']}")
+        """Server-side apply the session Service ``obj``, taking over conflicting fields."""
+        self.core.patch_namespaced_service(obj["metadata"]["name"], self.namespace, obj, field_manager=FIELD_MANAGER,
+                                           force=True, _content_type="application/apply-patch+yaml",
+                                           **self._timeout_kwargs)
 
     def _lock(self, name: str) -> threading.RLock:
         with self._locks_guard:
             return self._locks.setdefault(name, threading.RLock())
-
-
-def _api_message(exc: kubernetes.client.exceptions.ApiException) -> str:
-    """The ``message`` of an apiserver ``Status`` error body, else the reason."""
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{exc.status} {exc.reason}"
 
 
 # --------------------------------------------------------------------------- Kopf wiring
@@ -737,7 +740,7 @@ def _temporarily(work: Callable[[], object], what: str, delay: float, *, raise_t
     try:
         work()
     except kubernetes.client.exceptions.ApiException as exc:
-        message = f"{what}: apiserver answered {exc.status} {exc.reason}: {_api_message(exc)}"
+        message = f"{what}: apiserver answered {exc.status} {exc.reason}: {api_message(exc)}"
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         message = f"{what}: cannot reach the apiserver: {exc}"
     else:

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters import services
-from clusters.diagnosis import connect_verify_url
+from clusters.diagnosis import connect_ext_authz_url, connect_verify_url
 from clusters.internal.schemas import inventory_errors
 from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
 from gshare.api import SafeJSONParser
@@ -35,7 +35,8 @@ class InventoryView(OperatorAPIView):
     def put(self, request):
         """Apply the snapshot (its optional ``checks`` recorded as ``Cluster.operator_checks``); answer counts (``*_missing``:
         left out but kept, live sessions hold them), what the operator is to check next (``session_domain``,
-        ``ingress_node``, ``connect_verify_url``) and server time."""
+        ``ingress_node``, ``connect_verify_url``; ``routing`` and ``connect_ext_authz_url``, which a ``gateway-api``
+        cluster's operator probes instead: ``contract.INVENTORY_RESPONSE_ROUTING_KEYS``) and server time."""
         problems = inventory_errors(request.data)
         if problems:
             raise ApplicationError(
@@ -56,6 +57,8 @@ class InventoryView(OperatorAPIView):
             "session_domain": cluster.session_domain,
             "ingress_node": cluster.ingress_node,
             "connect_verify_url": connect_verify_url(),
+            "routing": cluster.routing,
+            "connect_ext_authz_url": connect_ext_authz_url(),
             "server_time": timezone.now().isoformat(),
         })
 

@@ -1,4 +1,4 @@
-"""Pure functions that build the Kubernetes objects of one session from its ``GShareSession``.
+"""Pure functions that build the Kubernetes objects of one session from its ``GShareSession`` (routing aside).
 
 Each function takes the ``GShareSession`` object as the apiserver serves it (a dict with
 ``apiVersion``, ``kind``, ``metadata`` -- ``name``, ``namespace`` and ``uid`` are required --
@@ -8,16 +8,14 @@ the Kubernetes 1.32 schema with ``kubernetes-validate``.
 
 Where the formats come from:
 
-* object shapes: Kubernetes API reference v1.32 (``core/v1`` Pod and Service,
-  ``networking.k8s.io/v1`` Ingress);
+* object shapes: Kubernetes API reference v1.32 (``core/v1`` Pod, Service and PersistentVolumeClaim);
 * owner references: ``metadata.ownerReferences`` with ``controller: true`` and
   ``blockOwnerDeletion: true``, the same entry ``kopf.build_owner_reference`` (used by
   ``kopf.adopt``) builds, so deleting the GShareSession garbage-collects its children;
 * GPU resources: HAMi's extended resource names, ``charts/hami/values.yaml`` v2.10.0
   (``resourceName``/``resourceMem``/``resourceCores``; identical since v2.4.0; copy in
   ``/work/shared/fixtures/hami/helm-values.resource-names.v2.10.0.yaml``);
-* Ingress annotations: ingress-nginx "External Authentication" and "Custom timeouts"
-  annotations (``docs/user-guide/nginx-configuration/annotations.md``);
+* routing objects (Ingress, HTTPRoute, Envoy Gateway policies): ``operator_agent.k8s.routing``;
 * session volumes: ``core/v1`` PersistentVolumeClaim (``ReadWriteMany``: every cluster mounts the same NFS
   export through its democratic-csi driver, and a session pod may land on any node), mounted through a
   ``persistentVolumeClaim`` pod volume;
@@ -49,16 +47,17 @@ __all__ = [
     "HAMI_RESOURCE_CORES",
     "HAMI_RESOURCE_GPU",
     "HAMI_RESOURCE_MEMORY",
-    "INGRESS_CLASS",
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
+    "PORT_NAME",
     "RUNTIME_CLASS",
     "VOLUME_ACCESS_MODES",
     "pod_volume_name",
-    "session_ingress",
     "session_labels",
+    "session_metadata",
     "session_owner_reference",
     "session_pod",
+    "session_port",
     "session_pvc",
     "session_service",
     "session_volumes",
@@ -90,15 +89,6 @@ HAMI_RESOURCE_MEMORY = "nvidia.com/gpumem"
 
 HAMI_RESOURCE_CORES = "nvidia.com/gpucores"
 """HAMi ``resourceCores``: share of the GPU's SMs per vGPU, in percent (100 = whole GPU)."""
-
-INGRESS_CLASS = "nginx"
-"""IngressClass of the data-plane cluster's ingress-nginx."""
-
-PROXY_TIMEOUT_SECONDS = "3600"
-"""ingress-nginx proxy read/send timeout, seconds: idle Jupyter websockets (kernels, terminals) stay open an hour."""
-
-AUTH_RESPONSE_HEADERS = "X-Auth-Request-User"
-"""Headers of the verify answer ingress-nginx copies onto the proxied request (the authenticated user)."""
 
 RUN_AS_USER = 1000
 """UID of the session container: ``jovyan`` in the Jupyter Docker Stacks images (never root)."""
@@ -157,7 +147,7 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
       ``nvidia.com/gpucores`` (percent) only when ``spec.gpuMemoryMiB``/``spec.gpuCores`` are given
       (HAMi resource names; omitted = whole GPUs);
     * env ``GSHARE_SESSION_ID`` (``ses_...``), ``GSHARE_BASE_PATH`` (``spec.path``, the URL prefix the
-      Ingress routes) and ``NOTEBOOK_ARGS`` (``--ServerApp.base_url=<path> --ServerApp.port=<port>``,
+      session route serves) and ``NOTEBOOK_ARGS`` (``--ServerApp.base_url=<path> --ServerApp.port=<port>``,
       read by the Jupyter Docker Stacks' start script);
     * non-root (UID 1000, GID 100), no privilege escalation, all capabilities dropped, RuntimeDefault
       seccomp, no service-account token mounted, no service links;
@@ -167,7 +157,7 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
     """
     spec = _spec(gss)
     session_id = spec["sessionId"]
-    port = _port(spec)
+    port = session_port(spec)
     path = spec["path"]
     # Quantities as strings (the apiserver's canonical form; the typed kubernetes client refuses ints).
     limits: dict[str, str] = {HAMI_RESOURCE_GPU: str(int(spec["gpus"]))}
@@ -215,7 +205,7 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
             {"name": pod_volume_name(volume["name"]), "persistentVolumeClaim": {"claimName": volume["claimName"]}}
             for volume in volumes
         ]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(gss), "spec": pod_spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": session_metadata(gss), "spec": pod_spec}
 
 
 def session_volumes(gss: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -279,74 +269,15 @@ def session_service(gss: Mapping[str, Any]) -> dict[str, Any]:
     Selects the pod by the ``gshare.io/session-id`` label only; same name, labels and owner as the pod.
     """
     spec = _spec(gss)
-    port = _port(spec)
+    port = session_port(spec)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(gss),
+        "metadata": session_metadata(gss),
         "spec": {
             "type": "ClusterIP",
             "selector": {SESSION_ID_LABEL: spec["sessionId"]},
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
-        },
-    }
-
-
-def session_ingress(gss: Mapping[str, Any]) -> dict[str, Any]:
-    """The session's Ingress (``networking.k8s.io/v1``) for ingress-nginx.
-
-    ``ingressClassName: nginx``; one rule ``spec.host`` + ``spec.path`` (``Prefix``) to the session
-    Service's ``http`` port. ingress-nginx annotations:
-
-    * ``auth-url: spec.authUrl`` -- every request is first checked by the control plane's
-      ``/internal/connect/verify`` (2xx lets it through, 401/403 refuse it);
-    * ``auth-response-headers: X-Auth-Request-User`` -- the verified user reaches the pod;
-    * ``auth-always-set-cookie: "true"`` -- the ``Set-Cookie`` of the verify answer reaches the
-      browser whatever the pod answers (by default ingress-nginx adds it only when the upstream
-      answers 200/201/204/206/30x, so a first visit answered 404 by the pod would lose the cookie);
-    * ``proxy-read-timeout``/``proxy-send-timeout: "3600"`` -- kernel websockets are not cut after
-      the default 60 s of silence;
-    * ``proxy-body-size: "0"`` -- no request body limit, so saving a notebook larger than
-      ingress-nginx's default 1 MiB does not fail with 413.
-
-    No ``auth-signin``: the connect flow hands the browser its cookie; an unauthenticated request
-    gets the verify endpoint's 401/403.
-    """
-    spec = _spec(gss)
-    metadata = _metadata(gss)
-    metadata["annotations"] = {
-        "nginx.ingress.kubernetes.io/auth-url": spec["authUrl"],
-        "nginx.ingress.kubernetes.io/auth-response-headers": AUTH_RESPONSE_HEADERS,
-        "nginx.ingress.kubernetes.io/auth-always-set-cookie": "true",
-        "nginx.ingress.kubernetes.io/proxy-read-timeout": PROXY_TIMEOUT_SECONDS,
-        "nginx.ingress.kubernetes.io/proxy-send-timeout": PROXY_TIMEOUT_SECONDS,
-        "nginx.ingress.kubernetes.io/proxy-body-size": "0",
-    }
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": metadata,
-        "spec": {
-            "ingressClassName": INGRESS_CLASS,
-            "rules": [
-                {
-                    "host": spec["host"],
-                    "http": {
-                        "paths": [
-                            {
-                                "path": spec["path"],
-                                "pathType": "Prefix",
-                                "backend": {
-                                    "service": {
-                                        "name": session_object_name(spec["sessionId"]),
-                                        "port": {"name": PORT_NAME},
-                                    }
-                                },
-                            }
-                        ]
-                    },
-                }
-            ],
         },
     }
 
@@ -356,13 +287,18 @@ def _spec(gss: Mapping[str, Any]) -> Mapping[str, Any]:
     return gss["spec"]
 
 
-def _port(spec: Mapping[str, Any]) -> int:
+def session_port(spec: Mapping[str, Any]) -> int:
     """``spec.port`` as an int (``SESSION_PORT_DEFAULT``, 8888, when absent: the CRD defaults it too)."""
     return int(spec.get("port") or SESSION_PORT_DEFAULT)
 
 
-def _metadata(gss: Mapping[str, Any]) -> dict[str, Any]:
-    """Name, namespace, labels and owner reference shared by the session's Pod, Service and Ingress."""
+def session_metadata(gss: Mapping[str, Any]) -> dict[str, Any]:
+    """Name, namespace, labels and owner reference shared by every object of a session that its GShareSession owns.
+
+    Returns:
+        ``{"name": session_object_name(spec.sessionId), "namespace": <the GShareSession's>, "labels":
+        session_labels(gss), "ownerReferences": [session_owner_reference(gss)]}`` (a new dict on every call).
+    """
     return {
         "name": session_object_name(_spec(gss)["sessionId"]),
         "namespace": gss["metadata"]["namespace"],

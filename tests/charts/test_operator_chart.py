@@ -161,6 +161,20 @@ def test_volume_sync_rbac_is_least_privilege():
     assert role["metadata"]["namespace"] == merged(chart_defaults(OPERATOR_CHART), CUSTOM)["sessionNamespace"]
 
 
+def test_routing_objects_are_granted_in_the_session_namespace_only():
+    objects = render_operator(CUSTOM)
+    cluster = rules_of(objects, "ClusterRole", "gshare-operator")
+    sessions = rules_of(objects, "Role", "gshare-operator-sessions")
+    written = {"get", "create", "patch", "delete"}  # server-side apply, and delete when the routing mode changes
+    assert grants(sessions, "gateway.networking.k8s.io", "httproutes") == written
+    for resource in ("backends", "securitypolicies", "backendtrafficpolicies"):
+        assert grants(sessions, "gateway.envoyproxy.io", resource) == written
+        assert grants(cluster, "gateway.envoyproxy.io", resource) == set()
+    assert grants(cluster, "gateway.networking.k8s.io", "httproutes") == set()
+    assert grants(sessions, "gateway.networking.k8s.io", "gateways") == set()  # the Gateway is attach's, not ours
+    assert {r["apiGroups"][0] for r in cluster} <= {"", "storage.k8s.io"}
+
+
 def test_volume_sync_interval_is_passed_to_the_operator():
     env = env_of(operator_container(render_operator(merged(OPERATOR_VALUES, {"volumeSyncIntervalSeconds": 15}))))
     assert env["GSHARE_VOLUME_SYNC_INTERVAL"]["value"] == "15"

@@ -41,6 +41,8 @@ def test_an_old_operators_inventory_without_checks_stays_valid(operator, cluster
     body = response.json()
     assert (body["session_domain"], body["ingress_node"]) == ("gpu-a.example.org", "gpu-node-01")
     assert body["connect_verify_url"].endswith("/internal/connect/verify")
+    assert body["routing"] == cluster.routing
+    assert body["connect_ext_authz_url"] == body["connect_verify_url"].removesuffix("/verify") + "/ext-authz"
     cluster.refresh_from_db()
     assert cluster.operator_checks == {}
     assert [v.ok for v in operator_check_verdicts(cluster)] == [None, None]

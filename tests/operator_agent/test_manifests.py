@@ -27,12 +27,12 @@ from operator_agent.contract import (
 )
 from operator_agent.k8s.manifests import (
     pod_volume_name,
-    session_ingress,
     session_owner_reference,
     session_pod,
     session_pvc,
     session_service,
 )
+from operator_agent.k8s.routing.ingress_nginx import session_ingress
 
 KUBERNETES_VERSION = "1.32"
 SESSION_ID = "ses_ab12cd34ef56gh78"

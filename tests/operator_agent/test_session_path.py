@@ -133,3 +133,47 @@ def test_a_failing_control_plane_behind_the_auth_url_is_named():
     with answering(503, b'{"code": "verify_unavailable", "detail": "retry"}', "application/json") as url:
         result = check_verify(requests.Session(), url)
     assert result["ok"] is False and "answered 503 verify_unavailable: the control plane behind it is failing" in result["detail"]
+
+
+def test_a_gateway_api_cluster_probes_the_ext_authz_url_as_envoy_calls_it(core_v1):
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            ext_authz = self.path.startswith("/internal/connect/ext-authz/")
+            body = b'{"code": "token_missing", "detail": "No connect token."}' if ext_authz else b"<html>verify</html>"
+            self.send_response(401 if ext_authz else 200)
+            self.send_header("Content-Type", "application/json" if ext_authz else "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args):
+            pass
+
+    with serving(Handler) as base:
+        answer = {"session_domain": "", "ingress_node": "", "connect_verify_url": base + "/internal/connect/verify",
+                  "routing": "gateway-api", "connect_ext_authz_url": base + "/internal/connect/ext-authz"}
+        checks = SessionPathChecks()
+        checks.update(core_v1, answer)
+        result = checks.payload()["verify_reachable"]
+        assert result["ok"] is True, result
+        assert "ext_authz URL" in result["detail"] and "Envoy Gateway" in result["detail"]
+        assert seen == [("/internal/connect/ext-authz/", None)]  # no token, and the verify URL is not probed
+
+        # The same cluster moved back to ingress-nginx: the auth-url is probed again (here it answers HTML).
+        checks.update(core_v1, {**answer, "routing": "ingress-nginx"})
+        result = checks.payload()["verify_reachable"]
+        assert result["ok"] is False and "The session Ingresses' auth-url" in result["detail"]
+        assert seen[-1] == ("/internal/connect/verify", None)
+
+        # An older control plane sends no routing keys: ingress-nginx.
+        checks.update(core_v1, {k: answer[k] for k in ("session_domain", "ingress_node", "connect_verify_url")})
+        assert seen[-1] == ("/internal/connect/verify", None)
+
+
+def test_a_failing_ext_authz_names_envoy_gateway():
+    with answering(503, b'{"code": "verify_unavailable", "detail": "retry"}', "application/json") as url:
+        result = check_verify(requests.Session(), url, routing="gateway-api")
+    assert result["ok"] is False and "Envoy Gateway refuses every session request" in result["detail"]

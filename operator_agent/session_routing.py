@@ -1,0 +1,160 @@
+"""Apply a session's routing objects (``operator_agent.k8s.routing``) and remove those of its previous routing mode.
+
+Used by ``operator_agent.sessions.SessionReconciler`` under its per-session lock. Every routing object -- the Ingress
+as much as the Gateway API and Envoy Gateway custom resources -- goes through ``CustomObjectsApi`` (the same
+``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>`` URL the typed clients use), server-side applied with the
+operator's field manager.
+
+Objects are applied in ``routing_objects``' order and deleted in ``stale_kinds``' order: an HTTPRoute is applied after,
+and deleted before, the policy that guards it, and is not applied at all when one of them could not be.
+
+When ``spec.routing`` changes (the control plane re-applies live sessions after a PATCH of the cluster's routing), the
+new mode's objects are applied first and the other mode's are deleted after, so the session stays reachable through the
+switch; a mode that cannot be applied (its CRDs are not installed) leaves the old objects in place. Which mode a
+session was last applied in is kept in memory: after a restart the first reconcile of each session deletes the other
+mode's objects once (404 = already gone).
+
+A problem the operator cannot fix by retrying -- the cluster does not serve a kind the mode needs, the RBAC does not
+allow it, the apiserver refuses an object, the ``spec`` cannot be routed -- is returned as a message for the session's
+``status.message`` instead of raised, so Kopf does not retry it in a loop; the resync timer tries again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes.client
+
+from operator_agent.contract import ROUTING_GATEWAY_API
+from operator_agent.k8s.routing import RoutingError, RoutingKind, all_kinds, routing_mode, routing_objects, stale_kinds
+
+__all__ = ["RoutingApplier", "api_message", "kind_of"]
+
+logger = logging.getLogger(__name__)
+
+
+def kind_of(obj: Mapping[str, Any]) -> RoutingKind:
+    """The ``RoutingKind`` of a routing object (by ``apiVersion`` and ``kind``).
+
+    Raises:
+        ValueError: not a kind any routing mode writes.
+    """
+    for kind in all_kinds():
+        if kind.api_version == obj["apiVersion"] and kind.kind == obj["kind"]:
+            return kind
+    raise ValueError(f"{obj['apiVersion']} {obj['kind']} is not a routing kind")
+
+
+class RoutingApplier:
+    """Server-side applies a session's routing objects and deletes its other mode's.
+
+    Args:
+        api_client: client of the data-plane apiserver.
+        namespace: the session namespace.
+        field_manager: ``fieldManager`` of the applies.
+        request_timeout: seconds per apiserver call (``None``: the client's default).
+    """
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str, *, field_manager: str,
+                 request_timeout: float | None = None):
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.namespace = namespace
+        self.field_manager = field_manager
+        self._timeout_kwargs: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
+        self._applied_mode: dict[str, str] = {}
+
+    def apply(self, gss: Mapping[str, Any]) -> str | None:
+        """Apply the routing objects of ``gss`` (a GShareSession as served) in its mode; then, if the session was not
+        known to be in that mode, delete its objects of the other mode.
+
+        Returns:
+            ``None`` when every object is applied, else why not (for ``status.message``; also logged once per change).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException, urllib3 errors: the apiserver failed otherwise; retry later.
+        """
+        name = gss["metadata"]["name"]
+        try:
+            mode = routing_mode(gss)
+            objects = routing_objects(gss)
+        except RoutingError as exc:
+            return f"routing: {exc}"
+        for obj in objects:
+            problem = self._apply(obj, mode)
+            if problem is not None:
+                return problem
+        if self._applied_mode.get(name) != mode:
+            for kind in stale_kinds(mode):
+                self._delete(kind, name)
+            if name in self._applied_mode:
+                logger.info("session %s: routing switched to %s", name, mode)
+            self._applied_mode[name] = mode
+        return None
+
+    def forget(self, name: str) -> None:
+        """The GShareSession ``name`` is gone: drop what is remembered about it."""
+        self._applied_mode.pop(name, None)
+
+    def _apply(self, obj: dict[str, Any], mode: str) -> str | None:
+        kind = kind_of(obj)
+        name = obj["metadata"]["name"]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, name, obj, field_manager=self.field_manager,
+                force=True, _content_type="application/apply-patch+yaml", **self._timeout_kwargs,
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status == 404 and not self._served(kind):
+                return (f"routing: this cluster does not serve {kind.resource}, which {mode} routing needs: "
+                        + _install_hint(mode))
+            if exc.status == 403:
+                return (f"routing: the operator may not write {kind.resource} in namespace {self.namespace} "
+                        f"({api_message(exc)}): upgrade the gshare-operator chart, whose Role grants it")
+            if exc.status in (400, 422):
+                return f"routing: the apiserver refused the {kind.kind} {name}: {api_message(exc)}"
+            raise
+        return None
+
+    def _delete(self, kind: RoutingKind, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(kind.group, kind.version, self.namespace, kind.plural, name,
+                                                        **self._timeout_kwargs)
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status in (404, 405):  # gone already, or the kind is not served here (nothing of it to delete)
+                return
+            if exc.status == 403:
+                logger.warning("session %s: may not delete its %s (%s)", name, kind.resource, api_message(exc))
+                return
+            raise
+        logger.info("%s %s/%s deleted: the session's routing mode changed", kind.kind, self.namespace, name)
+
+    def _served(self, kind: RoutingKind) -> bool:
+        """Whether the apiserver serves ``kind`` (discovery of its group version; no RBAC needed)."""
+        try:
+            resources = self.custom.get_api_resources(kind.group, kind.version, **self._timeout_kwargs)
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.name == kind.plural for r in resources.resources or [])
+
+
+def _install_hint(mode: str) -> str:
+    if mode == ROUTING_GATEWAY_API:
+        return ("install Envoy Gateway v1.9.0 with its Gateway API CRDs (`manage.py attach_cluster --routing "
+                "gateway-api` does), or switch the cluster's routing to ingress-nginx")
+    return "install the networking.k8s.io/v1 Ingress API (Kubernetes 1.19 or later)"
+
+
+def api_message(exc: kubernetes.client.exceptions.ApiException) -> str:
+    """The ``message`` of an apiserver ``Status`` error body, else the status and reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}"
