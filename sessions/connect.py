@@ -303,6 +303,10 @@ def _database() -> Iterator[None]:
                     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
 
 
+#: :func:`_database` for the other reads of the hot path (``sessions.ext_authz``: the registered session domains).
+bounded_database = _database
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The answer to ingress-nginx.
