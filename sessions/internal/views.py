@@ -151,6 +151,7 @@ def _decided(decide) -> HttpResponse:
         logger.debug("connect refused: %s", verdict.reason)
         response = JsonResponse({"code": verdict.code, "detail": connect.REFUSAL_DETAILS[verdict.code]}, status=verdict.status)
     response["Cache-Control"] = "no-store"
+    response["Content-Length"] = str(len(response.content))  # the ext-authz check skips CommonMiddleware, which sets it
     return response
 
 
