@@ -85,20 +85,23 @@ def test_link_then_cookie_for_every_method(control_plane, sessions):  # noqa: F8
             assert code_of(body) == "token_missing"
 
 
-@pytest.mark.parametrize("path", [
+TRICKS = [
     b"/s/{mine}/../{yours}/lab", b"/s/{mine}/../../s/{yours}/lab", b"/s/{mine}/%2e%2e/%2e%2e/s/{yours}/lab",
     b"/s/{mine}/%2E%2E/{yours}/", b"/s/{mine}/.%2e/{yours}/", b"/s/{mine}/%2e/lab", b"/s/{mine}/./lab",
     b"/s/{mine}/..%2f..%2fs/{yours}/lab", b"/s/{mine}%2F..%2F{yours}/", b"/s/{mine}/..%5c..%5cs%5c{yours}/",
     b"/s/{mine}/..\\..\\s\\{yours}\\lab", b"//s/{mine}/lab", b"/s/{mine}//lab", b"/s//{mine}/lab",
     b"/s/{mine}/x/s/{yours}/lab", b"/s/{mine}/%73/{yours}/", b"/s/{mine}/a%00b", b"/s/{mine}/%zz", b"/x/../s/{mine}/",
     b"/s/{mine}/%252e%252e/%252e%252e/s/{yours}/",
-])
-def test_every_path_trick_is_refused(control_plane, sessions, path):  # noqa: F811 -- the fixture
+]
+
+
+def test_every_path_trick_is_refused(control_plane, sessions):  # noqa: F811 -- the fixture
     mine, yours, token = sessions
-    target = PREFIX + path.replace(b"{mine}", mine.public_id.encode()).replace(b"{yours}", yours.public_id.encode())
-    status, headers, body = send(control_plane, b"GET", target + b"?token=" + token.encode())
-    assert (status, code_of(body)) == (401, "connect_refused"), (path, body)
-    assert "set-cookie" not in headers and "x-auth-request-user" not in headers
+    for path in TRICKS:
+        target = PREFIX + path.replace(b"{mine}", mine.public_id.encode()).replace(b"{yours}", yours.public_id.encode())
+        status, headers, body = send(control_plane, b"GET", target + b"?token=" + token.encode())
+        assert (status, code_of(body)) == (401, "connect_refused"), (path, body)
+        assert "set-cookie" not in headers and "x-auth-request-user" not in headers
 
 
 def test_non_utf8_and_overlong_paths_are_judged_never_a_500(control_plane, sessions):  # noqa: F811 -- the fixture
