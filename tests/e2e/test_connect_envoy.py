@@ -196,3 +196,49 @@ def test_path_tricks_never_reach_another_session(stack):
             status, _, body = send(proxy, "GET", headers["Location"].encode())
             assert (status, json.loads(body)["code"]) == (401, "connect_refused"), trick
         assert not stack["backends"][yours.public_id].seen and not stack["backends"][mine.public_id].seen, trick
+
+
+class _CannotDecide(BaseHTTPRequestHandler):
+    """A control plane that cannot decide: 503 ``verify_unavailable`` to every check, as ``sessions.connect`` answers
+    with its database or Redis out of reach."""
+
+    def _answer(self):
+        self.server.checks.append((self.command, self.path, self.headers.get("Host")))
+        body = b'{"code": "verify_unavailable", "detail": "..."}'
+        self.send_response(503)
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer  # noqa: N815 -- http.server's names
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+def test_a_control_plane_that_cannot_decide_or_cannot_be_reached_fails_closed(envoy_proxy, echo):  # noqa: F811 -- the fixture
+    """``failOpen: false``: Envoy turns the check's 5xx, and a control plane it cannot reach, into its own 403 (the
+    filter's default ``status_on_error``), and the backend sees nothing."""
+    undecided = ThreadingHTTPServer(("127.0.0.1", 0), _CannotDecide)
+    undecided.checks = []
+    threading.Thread(target=undecided.serve_forever, daemon=True).start()
+    backend = echo()
+    sid = "ses_abc123"
+    try:
+        proxy = envoy_proxy(host=DOMAIN, control_plane=f"http://127.0.0.1:{undecided.server_address[1]}",
+                            backends={sid: f"http://127.0.0.1:{backend.server_address[1]}"})
+        status, _, _ = send(proxy, "POST", f"/s/{sid}/lab?x=1".encode(), {"Content-Length": "0"})
+        assert status == 403, proxy.log_tail()
+        assert undecided.checks == [("POST", f"/internal/connect/ext-authz/s/{sid}/lab?x=1", DOMAIN)]  # the check's shape
+    finally:
+        undecided.shutdown()
+        undecided.server_close()
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    proxy = envoy_proxy(host=DOMAIN, control_plane=f"http://127.0.0.1:{port}",
+                        backends={sid: f"http://127.0.0.1:{backend.server_address[1]}"})
+    assert send(proxy, "GET", f"/s/{sid}/".encode())[0] == 403
+    assert not backend.seen
