@@ -3,6 +3,7 @@ answering only on the internal hosts (``GSHARE_INTERNAL_HOSTS``)."""
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 from django.conf import settings
@@ -161,8 +162,6 @@ class InternalHostsMiddleware:
 
 
 def _ext_authz(request):
-    import time
-
     from gshare.metrics import instruments
     from sessions import connect
     from sessions.internal.views import connect_ext_authz, verify_unavailable
