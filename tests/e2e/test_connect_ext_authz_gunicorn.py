@@ -13,11 +13,13 @@ import http.client
 import json
 import socket
 import time
+from contextlib import contextmanager
 from http.cookies import SimpleCookie
 
 import jwt
 import pytest
 from django.core.cache import cache
+from django.db import connections
 
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE
 from gshare.auth.keys import signing_key_ensure
@@ -151,3 +153,33 @@ def test_hosts(control_plane, sessions):  # noqa: F811 -- the fixture
     # An absolute-form target is not a check Envoy sends.
     absolute = b"http://" + DOMAIN.encode() + target
     assert send(control_plane, b"GET", absolute)[0] in (401, 404)
+
+
+@contextmanager
+def _table_locked(model):
+    """Hold an ACCESS EXCLUSIVE lock on ``model``'s table from another connection (a stuck migration, a slow database)."""
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(f'LOCK TABLE "{model._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+def test_a_database_too_slow_for_the_host_rule_is_a_fast_503(control_plane, sessions):  # noqa: F811 -- the fixture
+    """The registered session domains are read under the verify's statement timeout: a locked clusters table answers
+    503 ``verify_unavailable`` within about a second (Envoy then refuses, ``failOpen: false``), never a 404 or a 500."""
+    from clusters.models import Cluster
+
+    mine, _yours, token = sessions
+    target = PREFIX + b"/s/" + mine.public_id.encode() + b"/?token=" + token.encode()
+    with _table_locked(Cluster):  # a fresh gunicorn has not read the domains yet
+        started = time.monotonic()
+        status, headers, body = send(control_plane, b"GET", target)
+        elapsed = time.monotonic() - started
+    assert (status, code_of(body)) == (503, "verify_unavailable") and headers["retry-after"] == ["1"], body
+    assert elapsed < 3, elapsed
+    assert send(control_plane, b"GET", target)[0] == 307  # decides again at once

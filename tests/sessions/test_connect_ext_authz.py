@@ -173,3 +173,16 @@ def test_answers_are_observed_like_the_verify(client, running):
     token = token_of(running)
     assert check(client, f"/s/{running.public_id}/?token={token}").status_code == 307
     assert sum(b.get() for b in child._buckets) == before[1] + 1
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("/s/x/?token=a", "/s/x/"),
+    ("/s/x/?a=1&token=a&b=2", "/s/x/?a=1&b=2"),
+    ("/s/x/?token=a&token=b&c=%26", "/s/x/?c=%26"),
+    ("/s/x/?to%6Ben=a&tokens=1", "/s/x/?tokens=1"),
+    ("/s/x/?a=1&&token", "/s/x/?a=1"),
+    ("/s/x/?token+=a&x=token", "/s/x/?token+=a&x=token"),  # "token " is another name
+    ("/s/x/", "/s/x/"),
+])
+def test_without_token(uri, expected):
+    assert ext_authz.without_token(uri) == expected
