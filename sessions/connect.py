@@ -4,6 +4,9 @@ ingress-nginx (``nginx.ingress.kubernetes.io/auth-url``) sends a subrequest to
 ``/internal/connect/verify`` for each request to ``https://<session_domain>/s/<session id>/...``,
 with ``X-Original-URL`` (the full original URL) and ``X-Original-Method``; a 2xx lets the request
 through (``X-Auth-Request-User`` is copied to the pod by ``auth-response-headers``), 401/403 refuses it.
+On a ``gateway-api`` cluster Envoy's ext_authz check asks the same question in its own shape
+(``/internal/connect/ext-authz/<original path>``); ``sessions.ext_authz`` rebuilds the original URL from it and calls
+:func:`verify`.
 
 Connect tokens are RS256 JWTs (audience ``gshare-connect``) of two uses, claim ``use``:
 
