@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 from django.core.cache import cache
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gshare.metrics import instruments
 from operator_agent import contract
-from sessions import connect, ext_authz, services
+from sessions import activity, connect, ext_authz, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
 
@@ -186,3 +188,30 @@ def test_answers_are_observed_like_the_verify(client, running):
 ])
 def test_without_token(uri, expected):
     assert ext_authz.without_token(uri) == expected
+
+
+def test_a_check_let_in_notes_the_connection_for_the_idle_policy(client, running):
+    activity.forget_noted()
+    sid = running.public_id
+    assert sid not in (activity.connections_pending([sid]) or {})
+    assert check(client, f"/s/{sid}/?token={token_of(running)}").status_code == 307
+    assert sid in (activity.connections_pending([sid]) or {})
+
+
+_PIECES = ["/", "/", "s", "{sid}", "{other}", ".", "..", "%2e", "%2E", "%2f", "%5C", "\\", "%25", "%00", "%73", "?", "#",
+           "lab", "%C3%A9", "%ff", "token=", "&"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(_PIECES), max_size=12))
+def test_any_path_gets_the_verdict_the_verify_gives(running, other, pieces):
+    """For any original path and query, the check's verdict is the verify's for ``X-Original-URL`` = the same URI."""
+    token = _tokens.setdefault(running.public_id, token_of(running))
+    uri = ("/s/{sid}/" + "".join(pieces)).format(sid=running.public_id, other=other.public_id)
+    uri += ("&" if "?" in uri else "?") + f"token={token}"
+    envoy = ext_authz.check(raw_uri=PREFIX + uri, host=DOMAIN).verdict
+    nginx = connect.verify(original_url=f"https://{DOMAIN}{uri}")
+    assert (envoy.status, envoy.code, envoy.session) == (nginx.status, nginx.code, nginx.session), uri
+
+
+_tokens: dict[str, str] = {}
