@@ -22,6 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core.cache import cache
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from sessions import connect, services
 from sessions.models import Session
@@ -242,3 +245,22 @@ def test_a_control_plane_that_cannot_decide_or_cannot_be_reached_fails_closed(en
                         backends={sid: f"http://127.0.0.1:{backend.server_address[1]}"})
     assert send(proxy, "GET", f"/s/{sid}/".encode())[0] == 403
     assert not backend.seen
+
+
+_PIECES = [b"/", b"/", b"/", b"s", b"{mine}", b"{yours}", b".", b"..", b"%2e", b"%2E", b"%2e%2e", b"%2f", b"%2F", b"%5c",
+           b"%5C", b"\\", b"%25", b"%252e", b"%73", b"%00", b";", b"lab", b"?", b"#", b"%3f", b"+", b"%20"]
+
+
+@hypothesis_settings(max_examples=150, deadline=None, database=None,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(_PIECES), max_size=12))
+def test_no_spelling_of_a_path_takes_a_token_to_another_sessions_backend(stack, pieces):
+    """Whatever Envoy makes of a path (normalised, merged, redirected, refused), a Bearer token for one session lets
+    a request reach that session's backend only, and only on a path under it."""
+    mine, yours, proxy, token = stack["mine"], stack["yours"], stack["envoy"], stack["token"]
+    target = (b"/s/{mine}/" + b"".join(pieces)).replace(b"{mine}", mine.public_id.encode()).replace(b"{yours}", yours.public_id.encode())
+    status, _, _ = send(proxy, "GET", target, {"Authorization": f"Bearer {token}"})
+    assert not stack["backends"][yours.public_id].seen, (target, status)
+    for seen in stack["backends"][mine.public_id].seen:
+        assert seen["path"].startswith(f"/s/{mine.public_id}/") or seen["path"] == f"/s/{mine.public_id}", (target, seen)
+        assert seen["user"] == ["carol"]
