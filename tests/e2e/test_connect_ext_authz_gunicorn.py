@@ -139,6 +139,12 @@ def test_tokens_expired_forged_and_of_another_session(control_plane, sessions, s
 
 def test_hosts(control_plane, sessions):  # noqa: F811 -- the fixture
     mine, _yours, token = sessions
+    # A cluster whose session_domain is the control plane's public host (DJANGO_ALLOWED_HOSTS lists it): never answered.
+    public = Session.objects.create(owner=mine.owner, cluster=ClusterFactory(session_domain=PUBLIC_HOST), image="img", gpus=1,
+                                    phase=Session.Phase.RUNNING)
+    public_link = services.session_connect(session=public, user=mine.owner).split("token=")[1]
+    status, _, body = send(control_plane, b"GET", PREFIX + f"/s/{public.public_id}/?token={public_link}".encode(), host=PUBLIC_HOST.encode())
+    assert (status, code_of(body)) == (404, "not_found")
     target = PREFIX + b"/s/" + mine.public_id.encode() + b"/?token=" + token.encode()
     assert send(control_plane, b"GET", target, host=DOMAIN.encode() + b":443")[0] == 307
     for host in (PUBLIC_HOST.encode(), b"gone.example.com", b"unknown.example.net", b"gpu-a.example.com.evil.net"):
