@@ -62,7 +62,7 @@ kmock's per-resource buses. What this package adds on top of kmock 0.8
   sends a kubeconfig user's bearer token only over TLS: against the plain-HTTP server it sends no ``Authorization``
   header and gets ``401`` once a token is required. Plain HTTP stays the default;
 * custom resources checked against their CRD's ``openAPIV3Schema`` on every write and seed (``schema``): unknown
-  fields pruned, ``default``\ s filled, structural-schema rules (``type``, ``required``, ``enum``, ``pattern``, lengths,
+  fields pruned, defaults filled, structural-schema rules (``type``, ``required``, ``enum``, ``pattern``, lengths,
   bounds, item counts, ``format``, ``nullable``, ``x-kubernetes-int-or-string``/``preserve-unknown-fields``) refused
   with the apiserver's ``422 Invalid`` and ``details.causes``; CEL ``x-kubernetes-validations`` are not evaluated;
 * ``dryRun=All`` on create/patch/replace/delete;

@@ -15,7 +15,7 @@ version the request uses:
    v3.0's): ``type`` (``nullable`` adds ``null``; ``x-kubernetes-int-or-string`` is integer or string), ``required``,
    ``enum``, ``pattern``, ``minLength``/``maxLength``, ``minimum``/``maximum``, ``multipleOf``,
    ``minItems``/``maxItems``, ``minProperties``/``maxProperties``, ``allOf``/``anyOf``/``oneOf``/``not`` and the
-   ``format``\\ s the apiserver checks (``FORMATS``; others such as ``int32`` are ignored, as there). A refused object is
+   formats the apiserver checks (``FORMATS``; others such as ``int32`` are ignored, as there). A refused object is
    answered ``422 Invalid`` with the apiserver's ``details.causes`` (``reason``, ``message``, ``field`` such as
    ``spec.rules[0].matches``) and message (``HTTPRoute.gateway.networking.k8s.io "x" is invalid: spec...: ...``),
    built as apiextensions-apiserver's ``kubeOpenAPIResultToFieldErrors`` builds them from kube-openapi's errors.
@@ -180,7 +180,7 @@ def prune(value: Any, node: Mapping[str, Any], *, root: bool = False) -> Any:
 
 
 def apply_defaults(value: Any, node: Mapping[str, Any], *, root: bool = False) -> Any:
-    """``value`` with ``default``\\ s filled in for missing properties, recursively; in place, returns the value."""
+    """``value`` with defaults filled in for missing properties, recursively; in place, returns the value."""
     if isinstance(value, dict):
         properties = node.get("properties") or {}
         for key, child in properties.items():
