@@ -152,12 +152,12 @@ Entry points:
 Where things are (one module each):
 
 * the API server: ``server`` (``KubeApiEmulator``, assembled from the parts below), ``store`` (objects, resource
-  versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults,
-  CRDs), ``schema`` (custom resources against their CRD's schema), ``crud`` (create, replace, patch, delete), ``patches`` (merge patches), ``apply`` (server-side apply and
-  field ownership), ``reads`` (get, list, watch), ``selectors``, ``discovery``, ``http`` (request parsing,
-  errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac`` (RBAC evaluation), ``proxy`` (``pods/proxy``),
-  ``control`` (``/emulator/v1/``), ``errors``, ``events`` (Events as components record them), ``resources`` (what is
-  served);
+  versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults, CRDs),
+  ``schema`` (custom resources against their CRD's schema), ``crud`` (create, replace, patch, delete), ``patches``
+  (merge patches), ``apply`` (server-side apply and field ownership), ``reads`` (get, list, watch), ``selectors``,
+  ``discovery``, ``http`` (request parsing, errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac``
+  (RBAC evaluation), ``proxy`` (``pods/proxy``), ``control`` (``/emulator/v1/``), ``errors``, ``events`` (Events as
+  components record them), ``resources`` (what is served);
 * the stand-in controllers, fed by the store's events: ``controllers.hami_scheduler`` (with ``hami_rules``),
   ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.hami_monitor`` (the
   device-plugin pods and their vGPU monitor, its metrics in ``controllers.hami_metrics``), ``controllers.volumes``,
