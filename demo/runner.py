@@ -7,8 +7,9 @@ with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registratio
 least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
 server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
-session Ingresses, on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a stand-in
-page for each session pod). It then waits until every cluster's inventory has arrived through its
+session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
+``--gateway-cluster``, lab-c2 by default; on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a
+stand-in page for each session pod). It then waits until every cluster's inventory has arrived through its
 operator and writes the state file. Besides the staff user ``admin`` it creates a researcher
 ``alice`` (not staff) with credits, for the console's researcher side.
 
@@ -50,6 +51,7 @@ from demo.bare_demo import BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
+from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
 DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
@@ -76,6 +78,8 @@ class DemoOptions:
         bare_clusters: names of bare clusters to start for trying attach (``demo.bare_demo``).
         idle_timeout: seconds without a GPU kernel or a connection before the default policy stops a session (a policy
             minute lasts a second, so the warning is a quarter of it); None keeps the production default (60 minutes).
+        gateway_cluster: the fleet cluster in ``gateway-api`` routing mode (seeded with Envoy Gateway and the session
+            Gateway, registered with ``routing=gateway-api``); the others use ingress-nginx; None: every cluster does.
     """
 
     port: int
@@ -84,6 +88,11 @@ class DemoOptions:
     inventory_interval: int = 10
     bare_clusters: tuple[str, ...] = ()
     idle_timeout: int | None = None
+    gateway_cluster: str | None = fleet.GATEWAY_CLUSTER_DEFAULT
+
+    def routing(self, name: str) -> str:
+        """The routing mode of fleet cluster ``name`` in this run."""
+        return ROUTING_GATEWAY_API if name == self.gateway_cluster else ROUTING_INGRESS_NGINX
 
 
 def _say(message: str) -> None:
@@ -191,7 +200,7 @@ def run_demo(options: DemoOptions) -> dict:
 
     Returns:
         ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "researcher_user", "researcher_password",
-        "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "session_host" (domain:port),
+        "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "routing", "session_host" (domain:port),
         "ingress_url", "kubeconfig_path", "nodes", "gpus"}], "bare_clusters": [{"name", "admin_kubeconfig",
         "attach_command", ...}] (``BareClusters.state``; empty without ``options.bare_clusters``)}``.
 
@@ -253,7 +262,7 @@ def run_demo(options: DemoOptions) -> dict:
             folder.mkdir(parents=True, exist_ok=True)
             seed, ready = folder / "seed.json", folder / "emulator-ready.json"
             ready.unlink(missing_ok=True)
-            fleet.write_seed(spec.name, seed)
+            fleet.write_seed(spec.name, seed, routing=options.routing(spec.name))
             emulator_token = secrets.token_urlsafe(24)
             token_file = folder / "emulator-token"
             token_file.write_text(emulator_token)
@@ -294,9 +303,10 @@ def run_demo(options: DemoOptions) -> dict:
             cluster = cluster_services.cluster_register(
                 name=spec.name,
                 kubeconfig=least_privilege_kubeconfig(admin.config, server=admin.server, timeout=settings.GSHARE_PROBE_TIMEOUT),
-                session_domain=f"{spec.name}.gshare.localhost",
+                session_domain=fleet.session_domain(spec.name),
                 ingress_node=spec.ingress_node,
                 volume_storage_class="gshare-nfs",
+                routing=options.routing(spec.name),
             )
             token_path = folder / "internal-jwt"
             token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
@@ -422,6 +432,7 @@ def run_demo(options: DemoOptions) -> dict:
                     "id": cluster.public_id,
                     "name": spec.name,
                     "session_domain": cluster.session_domain,
+                    "routing": cluster.routing,
                     "session_host": f"{cluster.session_domain}:{ingress_port}",
                     "ingress_url": f"http://{cluster.session_domain}:{ingress_port}",
                     "kubeconfig_path": str(kubeconfig_path),
