@@ -14,9 +14,11 @@ What it does, after Envoy Gateway v1.9.0 and Envoy:
   ``internal/xds/translator/listener.go``: ``normalize_path: true``) and in the order of Envoy's
   ``ConnectionManagerUtility::maybeNormalizePath``: ``%2F``/``%5C`` (any case) in the path are unescaped and the
   client is redirected there (``307``, ``Location`` = the normalised path and query); RFC 3986 normalisation
-  (``PathUtil::canonicalPath``, Chromium's path canonicaliser: percent-encoded unreserved characters decoded, other
-  escapes upper-cased, characters that must be escaped escaped, ``.``/``..`` segments resolved, never above ``/``);
-  then ``//`` merged. A request target that is not an origin-form path, or one with a ``#`` fragment, is a ``400``;
+  (``PathUtil::canonicalPath``, Chromium's path canonicaliser: ``..;params``/``.;params`` are dot segments,
+  percent-encoded unreserved characters decoded, other escapes kept as sent, ``%00`` refused, ``\\`` a slash, characters
+  that must be escaped escaped, ``.``/``..`` segments resolved, never above ``/``; Envoy's ``path_utility_test.cc``
+  cases); then ``//`` merged. The query is left as sent. A request target that is not an origin-form path, or one
+  with a ``#`` fragment, is a ``400``;
 * **routing** (``GatewayTable.route``): an HTTPRoute attached (``parentRefs``) to a Gateway that exists and has an
   ``HTTP`` listener whose ``hostname`` (if any) and ``allowedRoutes.namespaces.from`` (``Same``, default, or
   ``All``; ``Selector`` is not honoured) admit it; ``hostnames`` exact or ``*.`` wildcard (the request's ``Host``
@@ -64,8 +66,10 @@ EXT_AUTH_TIMEOUT = 10.0
 ALWAYS_TO_EXT_AUTH = ("authorization",)
 _ESCAPED_SLASH = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-# what Chromium's path canonicaliser passes unchanged besides unreserved characters and "%" (RFC 3986 pchar and "/")
-_PASSED = frozenset("/!$&'()*+,;=:@[]|^{}\\")
+# what Chromium's path canonicaliser passes unchanged besides unreserved characters, "%" and "\\" (RFC 3986 pchar and
+# "/"); the rest (space, '"', "<", ">", "`", "{", "}", controls, non-ASCII) is percent-encoded
+_PASSED = frozenset("/!$&'()*+,;=:@[]|^")
+_DOT_PARAMETERS = re.compile(r"(?<=/)(\.\.?);[^/]*")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
                "content-length", "host"}
 
@@ -94,8 +98,10 @@ class EnvoyPath:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
-def _canonical_path(path: str) -> str:
-    """Chromium's ``CanonicalizePath`` as Envoy's ``PathUtil::canonicalPath`` applies it (see the module docstring)."""
+def _canonical_path(path: str) -> str | None:
+    """Envoy's ``PathUtil::canonicalPath`` (see the module docstring); None when it refuses the path (a ``%00``)."""
+    # envoy.reloadable_features.strip_dotdot_segments_with_parameters (on): "..;p" and ".;p" are dot segments
+    path = _DOT_PARAMETERS.sub(lambda m: m.group(1), path)
     out: list[str] = []
     i = 0
     while i < len(path):
@@ -104,10 +110,15 @@ def _canonical_path(path: str) -> str:
             pair = path[i + 1:i + 3]
             if len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair):
                 decoded = chr(int(pair, 16))
-                out.append(decoded if decoded in _UNRESERVED else f"%{pair.upper()}")
+                if decoded == "\x00":
+                    return None  # Chromium's INVALID_BIT: the canonicaliser fails and Envoy answers 400
+                # unreserved characters are decoded; other escapes are kept as sent (their case too)
+                out.append(decoded if decoded in _UNRESERVED else f"%{pair}")
                 i += 3
                 continue
             out.append("%")  # an invalid escape: the percent is copied as it is
+        elif char == "\\":
+            out.append("/")  # Chromium's path canonicaliser: a backslash is a slash
         elif char in _UNRESERVED or char in _PASSED:
             out.append(char)
         else:
@@ -138,8 +149,10 @@ def envoy_path(request_target: str) -> EnvoyPath | None:
     redirect = bool(_ESCAPED_SLASH.search(path))
     if redirect:
         path = _ESCAPED_SLASH.sub(lambda m: "/" if m.group(1).lower() == "2f" else "\\", path)
-    path = re.sub(r"/{2,}", "/", _canonical_path(path))
-    return EnvoyPath(path, query, redirect)
+    canonical = _canonical_path(path)
+    if canonical is None:
+        return None
+    return EnvoyPath(re.sub(r"/{2,}", "/", canonical), query, redirect)
 
 
 @dataclass(frozen=True)
@@ -275,7 +288,10 @@ class GatewayTable:
         Raises:
             requests.RequestException, ValueError: as ``get`` does.
         """
-        return cls.build(*(_items(get(path)) for path in (GATEWAYS, HTTPROUTES, SECURITY_POLICIES, BACKENDS)))
+        gateways = get(GATEWAYS)
+        if gateways is None:  # no Gateway API on the cluster: nothing else to list
+            return cls()
+        return cls.build(_items(gateways), *(_items(get(path)) for path in (HTTPROUTES, SECURITY_POLICIES, BACKENDS)))
 
     @classmethod
     def build(cls, gateways: list[dict[str, Any]], routes: list[dict[str, Any]], policies: list[dict[str, Any]],

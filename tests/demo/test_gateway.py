@@ -292,7 +292,15 @@ def test_a_cluster_without_gateway_crds_lists_no_routes():
     ("/a/b", ("/a/b", "", False)),
     ("/a/./b/../c?x=/../", ("/a/c", "x=/../", False)),
     ("/a/%2fb", ("/a/b", "", True)),
-    ("/a/%41%2d%7e%20%zz", ("/a/A-~%20%zz", "", False)),
+    ("/a/%41%2d%7e%20%zz", ("/a/A-~%20%zz", "", False)),  # unreserved escapes decoded, others kept as sent
+    ("/%c0%af/%25", ("/%c0%af/%25", "", False)),  # Envoy's path_utility_test.cc cases from here on
+    ("/a/..\\c", ("/c", "", False)),
+    ("/a/b/%2E./c", ("/a/c", "", False)),
+    ("/xyz/..;foo=bar/.;fff=zzz/remain;blah-bluh?query", ("/remain;blah-bluh", "query", False)),
+    ("/xyz/...;foo", ("/xyz/...;foo", "", False)),
+    ("/a//b?a=///c", ("/a/b", "a=///c", False)),
+    ("/x/%2E%2e/z%2f%2Fabc%5C../def", ("/z/def", "", True)),
+    ("/%c0%af/%5c%25", ("/%c0%af/%25", "", True)),
     ("/a b", ("/a%20b", "", False)),
     ("/a/..", ("/", "", False)),
     ("/a/.", ("/a/", "", False)),
@@ -300,3 +308,9 @@ def test_a_cluster_without_gateway_crds_lists_no_routes():
 def test_envoy_path(target, expected):
     path = envoy_path(target)
     assert path is not None and (path.path, path.query, path.redirect) == expected
+
+
+@pytest.mark.parametrize("target", ["/xyz/.%00../abc", "/xyz/AAAAA%%0000/abc", "/a#b", "a/b", "*",
+                                    "http://host/a"])
+def test_envoy_refuses(target):
+    assert envoy_path(target) is None
