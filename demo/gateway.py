@@ -28,15 +28,18 @@ What it does, after Envoy Gateway v1.9.0 and Envoy:
   header/query/method matches are not served (such a match never matches);
 * **ext_authz** (``ext_authz_check``): for a route targeted by a ``SecurityPolicy`` with ``extAuth.http``, the check
   Envoy's HTTP ext_authz client sends (``source/extensions/filters/common/ext_authz/ext_authz_http_impl.cc``,
-  ``RawHttpClientImpl::check``): to the ``Backend``'s first endpoint (``fqdn`` or ``ip``, plain HTTP), the ORIGINAL
-  method, ``:path`` = ``extAuth.http.path`` + the normalised path and query, ``Host`` = the request's authority,
-  ``Content-Length: 0``, no body, and only the headers Envoy always sends (``Authorization``) plus
-  ``headersToExtAuth`` (``X-Forwarded-Proto`` being the connection's scheme, set by Envoy at the edge, never the
-  client's). A ``200`` lets the request through with the answer's ``headersToBackend`` (the client's own
-  copies of those headers are dropped first, so only the check's values reach the backend); any other status is
-  sent to the client as Envoy sends a denial: that status, the check answer's headers (``Set-Cookie``, ``Location``
-  ...) and body; no answer (refused, reset, time-out) or a ``5xx`` is Envoy's ``403`` (``failOpen: false``,
-  ``status_on_error``);
+  ``RawHttpClientImpl::check`` and ``ClientConfig::toRequestMatchers``), as Envoy Gateway configures it
+  (``internal/xds/translator/extauth.go``: ``headersToExtAuth`` -> ``allowed_headers``, ``path`` -> ``path_prefix``,
+  ``headersToBackend`` -> ``allowed_upstream_headers``, 10 s timeout): to the ``Backend``'s first endpoint (``fqdn``
+  or ``ip``, plain HTTP), the ORIGINAL method, ``:path`` = ``extAuth.http.path`` + the normalised path and query,
+  ``Host`` = the request's authority, ``Content-Length: 0``, no body, and only the headers Envoy always sends
+  (``Authorization``) plus ``headersToExtAuth`` (``X-Forwarded-Proto`` being the connection's scheme, set by Envoy at
+  the edge, never the client's). A ``200`` lets the request through with the answer's ``headersToBackend`` (the
+  client's own copies of those headers are dropped first: stricter than Envoy, which leaves a client's copy when the
+  answer lacks the header); any other status below 500 is sent to the client as Envoy sends a denial: that status,
+  every header of the check's answer but ``Host`` (``allowed_client_headers`` unset: ``Set-Cookie``, ``Location``
+  ...) and its body; a ``5xx`` answer or none (refused, reset, time-out) is Envoy's error case, ``403``
+  (``failOpen: false``, no ``statusOnError``), and an allowed answer's ``Set-Cookie`` never reaches the client;
 * **the backend**: the ``backendRefs`` Service's session page (``demo.session_page``, through the caller's
   ``backend``); no Running pod is Envoy's ``503`` ``no healthy upstream``.
 """
