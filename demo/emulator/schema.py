@@ -20,10 +20,12 @@ version the request uses:
    ``spec.rules[0].matches``) and message (``HTTPRoute.gateway.networking.k8s.io "x" is invalid: spec...: ...``),
    built as apiextensions-apiserver's ``kubeOpenAPIResultToFieldErrors`` builds them from kube-openapi's errors.
 
-Not emulated: CEL rules (``x-kubernetes-validations`` are not evaluated), ``x-kubernetes-list-type`` set/map
-uniqueness, validation ratcheting of unchanged fields on update, ``metadata`` validation beyond what the rest of the
-emulator does, ``fieldValidation=Strict`` (unknown fields are always pruned, never refused, and no warning is sent),
-conversion between versions (each version is checked against its own schema).
+``x-kubernetes-list-type`` ``set`` and ``map`` lists are checked for duplicates too (``FieldValueDuplicate``).
+
+Not emulated: CEL rules (``x-kubernetes-validations`` are not evaluated), validation ratcheting of unchanged fields
+on update, ``metadata`` validation beyond what the rest of the emulator does, ``fieldValidation=Strict`` (unknown
+fields are always pruned, never refused, and no warning is sent), conversion between versions (each version is
+checked against its own schema).
 """
 
 from __future__ import annotations
@@ -277,6 +279,44 @@ def _cause(error: jsonschema.ValidationError) -> dict[str, str]:
             "field": path}
 
 
+def _go_map(keys: Mapping[str, Any]) -> str:
+    """A list-map key as Go's ``%#v`` prints a ``map[string]interface {}`` (keys sorted)."""
+    inner = ", ".join(f"{json.dumps(k)}:{json.dumps(v) if isinstance(v, str) else _go_value(v)}"
+                      for k, v in sorted(keys.items()))
+    return f"map[string]interface {{}}{{{inner}}}"
+
+
+def list_type_causes(value: Any, node: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> list[dict[str, str]]:
+    """Duplicates in ``x-kubernetes-list-type: set`` and ``map`` lists (apiextensions-apiserver's
+    ``listtype.ValidateListSetsAndMaps``): ``Duplicate value`` on the later item."""
+    causes: list[dict[str, str]] = []
+    if isinstance(value, dict):
+        properties = node.get("properties") or {}
+        extra = node.get("additionalProperties")
+        for key, child in value.items():
+            schema = properties.get(key) or (extra if isinstance(extra, Mapping) else None)
+            if schema is not None:
+                causes += list_type_causes(child, schema, (*path, key))
+    elif isinstance(value, list):
+        items = node.get("items") if isinstance(node.get("items"), Mapping) else {}
+        kind = node.get("x-kubernetes-list-type")
+        seen: list[Any] = []
+        for index, item in enumerate(value):
+            if kind == "set":
+                if item in seen:
+                    causes.append({"reason": "FieldValueDuplicate", "field": field_path((*path, index)),
+                                   "message": f"Duplicate value: {_go_value(item)}"})
+                seen.append(item)
+            elif kind == "map" and isinstance(item, Mapping):
+                keys = {k: item.get(k) for k in node.get("x-kubernetes-list-map-keys") or [] if k in item}
+                if keys in seen:
+                    causes.append({"reason": "FieldValueDuplicate", "field": field_path((*path, index)),
+                                   "message": f"Duplicate value: {_go_map(keys)}"})
+                seen.append(keys)
+            causes += list_type_causes(item, items, (*path, index))
+    return causes
+
+
 class CrdSchema:
     """The ``openAPIV3Schema`` of one served version of a CRD, compiled on first use and kept.
 
@@ -296,7 +336,7 @@ class CrdSchema:
 
     def errors(self, obj: Mapping[str, Any]) -> list[dict[str, str]]:
         """The ``details.causes`` of what is wrong with a (pruned, defaulted) object; ``[]`` when it is valid."""
-        return [_cause(e) for e in self._validator.iter_errors(obj)]
+        return [_cause(e) for e in self._validator.iter_errors(obj)] + list_type_causes(obj, self.schema)
 
     def admit(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Prune, default and validate an object about to be stored (changed in place and returned).
@@ -323,4 +363,5 @@ def version_schema(version: Mapping[str, Any], kind: str, group: str) -> CrdSche
     return CrdSchema(schema, kind, group) if isinstance(schema, Mapping) and schema else None
 
 
-__all__ = ["FORMATS", "CrdSchema", "apply_defaults", "field_path", "prune", "to_json_schema", "version_schema"]
+__all__ = ["FORMATS", "CrdSchema", "apply_defaults", "field_path", "list_type_causes", "prune", "to_json_schema",
+           "version_schema"]

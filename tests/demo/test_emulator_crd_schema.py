@@ -260,3 +260,18 @@ def test_a_seed_object_the_schema_refuses_is_an_error():
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
     with pytest.raises(ValueError, match="spec.hostnames"):
         EmulatedCluster([namespace, *_crds(), bad]).start()
+
+
+def test_duplicates_in_list_type_sets_and_maps_are_refused(cluster):
+    body = _route("dupes", hostnames=["a.example", "a.example"])  # listType atomic: duplicates allowed
+    body["spec"]["rules"][0]["filters"] = [{"type": "RequestHeaderModifier",
+                                            "requestHeaderModifier": {"remove": ["x-a", "x-b", "x-a"]}}]
+    causes = _causes(_post(cluster, ROUTES, body))
+    assert causes == {"spec.rules[0].filters[0].requestHeaderModifier.remove[2]": (
+        "FieldValueDuplicate", 'Duplicate value: "x-a"')}
+    gateway = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "g"},
+               "spec": {"gatewayClassName": "eg", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80},
+                                                                {"name": "http", "protocol": "HTTP", "port": 81}]}}
+    answer = _post(cluster, "/apis/gateway.networking.k8s.io/v1/namespaces/team-a/gateways", gateway)
+    assert _causes(answer)["spec.listeners[1]"] == (
+        "FieldValueDuplicate", 'Duplicate value: map[string]interface {}{"name":"http"}')
