@@ -76,7 +76,7 @@ def _crds() -> list[dict]:
     return [yaml.safe_load((ROOT / "tests/fixtures/crds" / f"{n}.yaml").read_text()) for n in names]
 
 
-def _session(name: str, prefix: str, auth_port: int, *, hostname: str = DOMAIN) -> list[dict]:
+def _session(name: str, prefix: str, auth_port: int, *, hostname: str = DOMAIN, fqdn: bool = False) -> list[dict]:
     """What the operator writes for one session in gateway-api mode (HTTPRoute, Backend, SecurityPolicy), with the
     Service and a Running pod behind it."""
     labels = {"app.kubernetes.io/name": "gshare-session", "gshare.io/session-id": name.replace("-", "_")}
@@ -94,7 +94,8 @@ def _session(name: str, prefix: str, auth_port: int, *, hostname: str = DOMAIN) 
                   "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": prefix}}],
                              "backendRefs": [{"name": name, "port": 8888}]}]}},
         {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "Backend", "metadata": meta,
-         "spec": {"endpoints": [{"ip": {"address": "127.0.0.1", "port": auth_port}}]}},
+         "spec": {"endpoints": [{"fqdn": {"hostname": "localhost", "port": auth_port}} if fqdn
+                                else {"ip": {"address": "127.0.0.1", "port": auth_port}}]}},
         {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "SecurityPolicy", "metadata": meta,
          "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": name}],
                   "extAuth": {"http": {"backendRefs": [{"group": "gateway.envoyproxy.io", "kind": "Backend",
@@ -119,8 +120,9 @@ def _gateway() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def stack():
-    """An emulated cluster in gateway-api mode with sessions ``ses-a`` (``/s/ses_a/``), ``ses-ab`` (``/s/ses_ab/``),
-    ``ses-wide`` (``/s/``), ``ses-down`` (its auth Backend on a closed port) and ``ses-far`` (another hostname)."""
+    """An emulated cluster in gateway-api mode with sessions ``ses-a`` (``/s/ses_a/``), ``ses-ab`` (``/s/ses_ab/``, its
+    auth Backend an ``fqdn``), ``ses-wide`` (``/s/``), ``ses-down`` (its auth Backend on a closed port) and ``ses-far``
+    (another hostname)."""
     auth = AuthServer()
     auth.thread.start()
     closed = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
@@ -130,7 +132,7 @@ def stack():
                   for n in (NAMESPACE, GATEWAY_NAMESPACE_DEFAULT)]
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}}
     objects = [*namespaces, node, *_crds(), *_gateway(), *_session("ses-a", "/s/ses_a/", auth.port),
-               *_session("ses-ab", "/s/ses_ab/", auth.port), *_session("ses-wide", "/s/", auth.port),
+               *_session("ses-ab", "/s/ses_ab/", auth.port, fqdn=True), *_session("ses-wide", "/s/", auth.port),
                *_session("ses-down", "/s/ses_down/", closed_port),
                *_session("ses-far", "/s/ses_far/", auth.port, hostname="elsewhere.gshare.localhost")]
     with EmulatedCluster(objects) as cluster:
