@@ -421,7 +421,8 @@ def handle(table: GatewayTable, *, method: str, authority: str, hostname: str, r
         if status >= 500:  # RawHttpClientImpl::toResponse: a 5xx is an error, answered with status_on_error
             return 403, [], b""
         if status != 200:
-            kept = [(k, v) for k, v in answer_headers if k.lower() not in _HOP_BY_HOP]
+            # Envoy's own Server and Date replace the check's (server_header_transformation: OVERWRITE)
+            kept = [(k, v) for k, v in answer_headers if k.lower() not in _HOP_BY_HOP | {"server", "date"}]
             return status, kept, body
         for name in route.auth.headers_to_backend:
             upstream.pop(name, None)

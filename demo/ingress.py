@@ -242,11 +242,13 @@ def locations_of(ingresses: list[dict[str, Any]]) -> dict[str, list[Location]]:
 
 @dataclass
 class Answer:
-    """A response to send: status, headers (in order, repeats allowed) and body."""
+    """A response to send: status, headers (in order, repeats allowed), body and the ``Server`` it names (``nginx``
+    for ingress-nginx's answers, ``envoy`` for Envoy Gateway's)."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    server: str = "nginx"
 
 
 def _error(status: int) -> Answer:
@@ -337,7 +339,7 @@ class DemoIngress:
             status, answer_headers, body = gateway_routing.handle(
                 cluster.gateway, method=method, authority=host_header, hostname=hostname, request_target=request_uri,
                 headers=headers, client_ip=client_ip, backend=backend)
-            return Answer(status, answer_headers, body)
+            return Answer(status, answer_headers, body, server="envoy")
         uri = nginx_uri(request_uri)
         if uri is None:
             return _error(400)
@@ -477,7 +479,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(answer)
 
     def _answer(self, answer: Answer) -> None:
-        self.send_response(answer.status, _REASONS.get(answer.status))
+        self.log_request(answer.status)
+        self.send_response_only(answer.status, _REASONS.get(answer.status))
+        self.send_header("Server", answer.server)
+        self.send_header("Date", self.date_time_string())
         for name, value in answer.headers:
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(answer.body)))

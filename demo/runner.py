@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import psycopg
 import requests
@@ -508,37 +508,56 @@ def _through_ingress(ingress_url: str, link: str, cookie: str = "") -> requests.
     return requests.get(target, headers=headers, timeout=30, allow_redirects=False)
 
 
-def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group: ProcessGroup) -> dict:
+def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group: ProcessGroup, *,
+                routing: str = ROUTING_INGRESS_NGINX) -> dict:
     """Open ``session``'s connect link through the demo ingress: its stand-in page and the connect cookie, then the
     cookie alone.
 
+    ingress-nginx (``routing``): the link answers the page with the cookie (``auth-always-set-cookie``). gateway-api:
+    Envoy passes the ext_authz check's ``307`` to the browser (the cookie, the link without its token), and the
+    browser follows it with the cookie; both answers must come from the Envoy stand-in (``Server: envoy``), i.e. from
+    the session's HTTPRoute, not from an Ingress.
+
     Returns:
-        ``{"link", "status", "cookie_status", "page_has_volume"}`` (the link keeps its token: the caller checks the
-        link is refused once the session has stopped).
+        ``{"link", "status", "cookie_status", "page_has_volume", "routing", "served_by"}`` (the link keeps its token:
+        the caller checks the link is refused once the session has stopped).
 
     Raises:
-        DemoError: the link or the cookie did not reach the session's page.
+        DemoError: the link or the cookie did not reach the session's page (the way its routing mode does it).
     """
     response = requests.post(f"{url}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=30)
     if response.status_code != 200:
         raise DemoError(f"a connect link for {session['id']} answered {response.status_code}: {response.text[:300]}")
     link = response.json()["url"]
     deadline = time.monotonic() + 30
-    while True:  # the ingress lists the cluster's Ingresses every second
+    while True:  # the ingress lists the cluster's Ingresses and HTTPRoutes every second
         page = _through_ingress(ingress_url, link)
         if page.status_code != 404 or time.monotonic() > deadline:
             break
         _check_children(group)
         time.sleep(0.5)
     cookie = page.headers.get("Set-Cookie", "").split(";", 1)[0]
+    first_status = page.status_code
+    if routing == ROUTING_GATEWAY_API:
+        served_by = page.headers.get("Server", "")
+        if page.status_code != 307 or served_by != "envoy" or not cookie.startswith("gshare_connect="):
+            raise DemoError(f"opening {session['id']} through Envoy Gateway ({urlsplit(link).netloc}) answered "
+                            f"{page.status_code} from {served_by or 'an unknown server'} "
+                            f"{'with' if cookie else 'without'} the connect cookie, not ext_authz's 307 with it "
+                            f"(an HTTPRoute and SecurityPolicy for the session, the control plane's ext-authz): "
+                            f"{page.text[:300]}")
+        page = _through_ingress(ingress_url, urljoin(link, page.headers.get("Location", "")), cookie=cookie)
     if page.status_code != 200 or session["id"] not in page.text or not cookie.startswith("gshare_connect="):
         raise DemoError(f"opening {session['id']} through the ingress ({urlsplit(link).netloc}) answered {page.status_code} "
                         f"{'with' if cookie else 'without'} the connect cookie: {page.text[:300]}")
     again = _through_ingress(ingress_url, f"{link.split('?', 1)[0]}lab", cookie=cookie)
     if again.status_code != 200 or session["id"] not in again.text:
         raise DemoError(f"the connect cookie of {session['id']} did not reach its page: {again.status_code} {again.text[:300]}")
-    return {"link": link, "status": page.status_code, "cookie_status": again.status_code,
-            "page_has_volume": "/data/" in page.text}
+    served_by = again.headers.get("Server", "")
+    if routing == ROUTING_GATEWAY_API and served_by != "envoy":
+        raise DemoError(f"the page of {session['id']} came from {served_by}, not from the session's HTTPRoute")
+    return {"link": link, "status": first_status, "cookie_status": again.status_code,
+            "page_has_volume": "/data/" in page.text, "routing": routing, "served_by": served_by}
 
 
 def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup, ingress_url: str) -> list[dict]:
@@ -593,8 +612,15 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         results.append({"id": body["id"], "cluster": body["cluster"], "url": body["url"], "node": running["node"],
                         "devices": running["devices"], "phase": running["phase"]})
     _say("smoke: " + ", ".join(f"{r['id']} Running on {r['node']} ({r['url']})" for r in results))
-    opened = _smoke_open(url, headers, ingress_url, results[0], group)
+    opened = _smoke_open(url, headers, ingress_url, results[0], group, routing=clusters[0]["routing"])
     _say(f"smoke: {results[0]['id']} opened through the ingress of {clusters[0]['name']}: its page and the connect cookie")
+    also_opened = {}  # every other session of a cluster in gateway-api mode: through Envoy Gateway
+    for index, cluster in enumerate(clusters[1:], start=1):
+        if cluster["routing"] == ROUTING_GATEWAY_API:
+            also_opened[index] = _smoke_open(url, headers, ingress_url, results[index], group,
+                                             routing=cluster["routing"])
+            _say(f"smoke: {results[index]['id']} opened through Envoy Gateway on {cluster['name']} (HTTPRoute, "
+                 "ext_authz's 307 with the connect cookie, then the cookie alone)")
     deadline = time.monotonic() + 60
     while True:
         volume = requests.get(f"{volumes_api}/{volume['id']}", headers=headers, timeout=10).json()
@@ -634,6 +660,14 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         time.sleep(0.5)
     _say(f"smoke: the link of the stopped {results[0]['id']} is refused ({refused})")
     results[0]["opened"] = {**{k: v for k, v in opened.items() if k != "link"}, "refused_after_stop": refused}
+    for index, other in also_opened.items():
+        deadline = time.monotonic() + 30
+        while (refused := _through_ingress(ingress_url, other["link"]).status_code) not in (401, 403, 404):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the link of the stopped session {results[index]['id']} still answers {refused}")
+            time.sleep(0.5)
+        _say(f"smoke: the link of the stopped {results[index]['id']} is refused ({refused})")
+        results[index]["opened"] = {**{k: v for k, v in other.items() if k != "link"}, "refused_after_stop": refused}
     return results
 
 

@@ -177,6 +177,7 @@ def test_an_allowed_request_is_checked_as_envoy_checks_it_then_served(stack):
     assert status == 200, body
     assert b"alice" in body and b"mallory" not in body and b"ses_a" in body
     assert _values(headers, "set-cookie") == []  # an allowed answer's Set-Cookie does not reach the client
+    assert _values(headers, "server") == ["envoy"]
     check = auth.requests[-1]
     assert check["method"] == "GET"
     assert check["path"] == f"{CONNECT_EXT_AUTHZ_PATH}/s/ses_a/lab/tree?x=1&token=t"
@@ -208,6 +209,7 @@ def test_a_denial_is_answered_with_the_checks_status_headers_and_body(stack):
     assert (status, body) == (401, denial)
     assert _values(headers, "content-type") == ["application/json"]
     assert _values(headers, "www-authenticate") == ["Bearer"]
+    assert _values(headers, "server") == ["envoy"]  # the check's own Server is not passed on
 
 
 def test_a_307_with_the_cookie_reaches_the_client(stack):
