@@ -39,7 +39,9 @@ What it does, after Envoy Gateway v1.9.0 and Envoy:
   answer lacks the header); any other status below 500 is sent to the client as Envoy sends a denial: that status,
   every header of the check's answer but ``Host`` (``allowed_client_headers`` unset: ``Set-Cookie``, ``Location``
   ...) and its body; a ``5xx`` answer or none (refused, reset, time-out) is Envoy's error case, ``403``
-  (``failOpen: false``, no ``statusOnError``), and an allowed answer's ``Set-Cookie`` never reaches the client;
+  (``failOpen: false``, no ``statusOnError``), and an allowed answer's ``Set-Cookie`` never reaches the client; a
+  route whose SecurityPolicy's check cannot be built (no Backend, no endpoint) answers ``500``, as Envoy Gateway
+  makes it (never unchecked);
 * **the backend**: the ``backendRefs`` Service's session page (``demo.session_page``, through the caller's
   ``backend``); no Running pod is Envoy's ``503`` ``no healthy upstream``.
 """
@@ -183,6 +185,9 @@ class GatewayRoute:
         namespace / route: the HTTPRoute. hostnames: its ``hostnames`` (lower-case; empty: the listener's).
         match_type: ``PathPrefix`` or ``Exact``; value: the path value (a prefix without its trailing ``/``, ``""`` for
         ``/``). service / port: the first ``backendRefs`` Service. auth: the SecurityPolicy's check, or None.
+        auth_broken: a SecurityPolicy targets the route but its ``extAuth`` cannot be built (no ``http``, no Backend
+        with an endpoint): Envoy Gateway then answers the route with a ``500`` direct response rather than let
+        requests through unchecked (``internal/gatewayapi/securitypolicy.go``, ``failOpen`` false).
     """
 
     namespace: str
@@ -193,6 +198,7 @@ class GatewayRoute:
     service: str
     port: int | None
     auth: ExtAuth | None
+    auth_broken: bool = False
 
     def matches(self, path: str) -> bool:
         """Whether the normalised ``path`` matches (Gateway API path semantics, case-sensitive)."""
@@ -302,13 +308,17 @@ class GatewayTable:
         """The table of these objects (see the module docstring for what attaches and what is checked)."""
         listeners = _listeners(gateways)
         by_name = {_meta(b): b for b in backends}
-        checks: dict[tuple[str, str], ExtAuth] = {}
+        checks: dict[tuple[str, str], ExtAuth | None] = {}  # None: a policy targets the route, its check is broken
         for policy in policies:
+            if (policy.get("metadata") or {}).get("deletionTimestamp"):
+                continue
             auth = _ext_auth(policy, by_name)
             namespace, _ = _meta(policy)
             for ref in (policy.get("spec") or {}).get("targetRefs") or []:
-                if auth and (ref.get("group"), ref.get("kind")) == (GATEWAY_GROUP, "HTTPRoute"):
-                    checks.setdefault((namespace, ref.get("name") or ""), auth)
+                if (ref.get("group"), ref.get("kind")) == (GATEWAY_GROUP, "HTTPRoute"):
+                    key = (namespace, ref.get("name") or "")
+                    if checks.get(key) is None:
+                        checks[key] = auth
         table = cls()
         for route in routes:
             if (route.get("metadata") or {}).get("deletionTimestamp"):
@@ -327,7 +337,8 @@ class GatewayTable:
                         continue
                     entry = GatewayRoute(namespace, name, tuple(hosts), kind,
                                          value.rstrip("/") if kind == "PathPrefix" else value, backend.get("name", ""),
-                                         backend.get("port"), checks.get((namespace, name)))
+                                         backend.get("port"), checks.get((namespace, name)),
+                                         auth_broken=(namespace, name) in checks and checks[(namespace, name)] is None)
                     for host in hosts:
                         table.routes.setdefault(host, []).append(entry)
         return table
@@ -410,6 +421,8 @@ def handle(table: GatewayTable, *, method: str, authority: str, hostname: str, r
     route = table.route(hostname, target.path)
     if route is None:
         return 404, [], b""
+    if route.auth_broken:
+        return 500, [], b""
     headers = _edge_headers(headers, client_ip)
     upstream = {k.lower(): v for k, v in headers if k.lower() not in _HOP_BY_HOP}
     if route.auth is not None:

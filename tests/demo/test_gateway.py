@@ -121,8 +121,8 @@ def _gateway() -> list[dict]:
 @pytest.fixture(scope="module")
 def stack():
     """An emulated cluster in gateway-api mode with sessions ``ses-a`` (``/s/ses_a/``), ``ses-ab`` (``/s/ses_ab/``, its
-    auth Backend an ``fqdn``), ``ses-wide`` (``/s/``), ``ses-down`` (its auth Backend on a closed port) and ``ses-far``
-    (another hostname)."""
+    auth Backend an ``fqdn``), ``ses-wide`` (``/s/``), ``ses-down`` (its auth Backend on a closed port), ``ses-far``
+    (another hostname) and ``ses-broken`` (its SecurityPolicy's Backend missing)."""
     auth = AuthServer()
     auth.thread.start()
     closed = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
@@ -134,7 +134,8 @@ def stack():
     objects = [*namespaces, node, *_crds(), *_gateway(), *_session("ses-a", "/s/ses_a/", auth.port),
                *_session("ses-ab", "/s/ses_ab/", auth.port, fqdn=True), *_session("ses-wide", "/s/", auth.port),
                *_session("ses-down", "/s/ses_down/", closed_port),
-               *_session("ses-far", "/s/ses_far/", auth.port, hostname="elsewhere.gshare.localhost")]
+               *_session("ses-far", "/s/ses_far/", auth.port, hostname="elsewhere.gshare.localhost"),
+               *[o for o in _session("ses-broken", "/s/ses_broken/", auth.port) if o["kind"] != "Backend"]]
     with EmulatedCluster(objects) as cluster:
         ingress = DemoIngress([ClusterIngress("lab-c2", DOMAIN, ClusterApi(server=cluster.url))],
                               poll_seconds=3600).start()
@@ -221,6 +222,13 @@ def test_a_307_with_the_cookie_reaches_the_client(stack):
     assert _values(headers, "location") == ["/s/ses_a/lab"] and _values(headers, "set-cookie") == [cookie]
 
 
+def test_a_policy_whose_backend_is_missing_fails_closed(stack):
+    count = len(stack["auth"].requests)
+    status, _, body = send(stack, "GET", "/s/ses_broken/")
+    assert (status, body) == (500, b"")
+    assert len(stack["auth"].requests) == count
+
+
 def test_an_auth_server_error_or_silence_is_a_403(stack):
     stack["auth"].answer = (503, [("Content-Type", "application/json")], b'{"code": "unavailable"}')
     status, _, body = send(stack, "GET", "/s/ses_a/")
@@ -283,6 +291,11 @@ def test_the_route_table_keeps_only_attached_routes():
                  for g in by_kind["Gateway"]]
     assert not GatewayTable.build(same_only, by_kind["HTTPRoute"], [], []).serves(DOMAIN)  # Same namespace only
     assert not GatewayTable.build([], by_kind["HTTPRoute"], [], []).serves(DOMAIN)  # no Gateway: not attached
+    no_backend = GatewayTable.build(by_kind["Gateway"], by_kind["HTTPRoute"], by_kind["SecurityPolicy"], [])
+    route = no_backend.route(DOMAIN, "/s/ses_a/")
+    assert route is not None and route.auth is None and route.auth_broken  # fails closed: Envoy Gateway's 500
+    unchecked = GatewayTable.build(by_kind["Gateway"], by_kind["HTTPRoute"], [], by_kind["Backend"])
+    assert not unchecked.route(DOMAIN, "/s/ses_a/").auth_broken  # no policy: no check, as Envoy would
 
 
 def test_a_cluster_without_gateway_crds_lists_no_routes():
