@@ -562,11 +562,13 @@ def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group:
 
 def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup, ingress_url: str) -> list[dict]:
     """Start one session per cluster through the API, wait until Running, check its URL's host, open the first
-    through the clusters' ingress (page and cookie), stop them, and check that link is refused.
+    through the clusters' ingress (page and cookie) and the session of every other cluster in ``gateway-api`` mode
+    through Envoy Gateway (``_smoke_open``), stop them, and check those links are refused.
 
     Returns:
-        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated); the first also
-        has ``"opened": {"status", "cookie_status", "page_has_volume", "refused_after_stop"}``.
+        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated); those opened
+        also have ``"opened": {"status", "cookie_status", "page_has_volume", "routing", "served_by",
+        "refused_after_stop"}``.
 
     Raises:
         DemoError: a session did not reach Running (or Terminated) in time, its URL is on another host, it did not
