@@ -382,7 +382,7 @@ def ext_authz_check(auth: ExtAuth, *, method: str, authority: str, path_and_quer
         response = connection.getresponse()
         body = response.read()
         return response.status, response.getheaders(), body
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a header http.client refuses
         logger.warning("ext_authz check to %s:%s failed: %s", auth.host, auth.port, type(exc).__name__)
         return None
     finally:
