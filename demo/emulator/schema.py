@@ -24,8 +24,9 @@ version the request uses:
 
 Not emulated: CEL rules (``x-kubernetes-validations`` are not evaluated), validation ratcheting of unchanged fields
 on update, ``metadata`` validation beyond what the rest of the emulator does, ``fieldValidation=Strict`` (unknown
-fields are always pruned, never refused, and no warning is sent), conversion between versions (each version is
-checked against its own schema).
+fields are always pruned, never refused, and no warning is sent; a real apiserver also refuses a server-side apply
+configuration naming an undeclared field, ``field not declared in schema``, where this one prunes it), conversion
+between versions (each version is checked against its own schema).
 """
 
 from __future__ import annotations
