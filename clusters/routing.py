@@ -9,12 +9,16 @@ follow, and what the connection test reads of the controller that routes its ses
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.http.request import validate_host
 
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import GATEWAY_CLASSES, GATEWAYS, INGRESS_CLASSES
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
+from gshare.middleware import internal_hosts
 from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
 
 #: ``spec.controller`` of the IngressClass the ingress-nginx chart installs (``controller.ingressClassResource.controllerValue``).
@@ -67,35 +71,27 @@ def routing_settings_refusal(changes: dict) -> RoutingRefused | None:
     return None
 
 
-def _host_of(entry: str) -> str:
-    """The host of an ``ALLOWED_HOSTS``-style entry or URL authority: lowercase, without port, brackets or the leading
-    dot of a domain pattern."""
-    host = entry.strip().lower()
-    if "://" in host:
-        host = host.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    if host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return host.lstrip(".").rstrip(".")
-
-
-def control_plane_hosts() -> set[str]:
-    """The hosts the control plane itself answers at: the host of ``GSHARE_CONTROL_PLANE_URL``, every
-    ``DJANGO_ALLOWED_HOSTS`` entry (a ``.example.com`` pattern as ``example.com``; ``*`` names none) and every
-    ``GSHARE_INTERNAL_HOSTS`` entry."""
-    entries = [settings.GSHARE_CONTROL_PLANE_URL, *settings.ALLOWED_HOSTS, *settings.GSHARE_INTERNAL_HOSTS]
-    return {host for host in map(_host_of, entries) if host and host != "*"}
+def is_control_plane_host(domain: str) -> bool:
+    """Whether ``domain`` is a host the control plane itself answers at: the host of ``GSHARE_CONTROL_PLANE_URL``, or
+    one a ``DJANGO_ALLOWED_HOSTS`` or ``GSHARE_INTERNAL_HOSTS`` entry matches as Django matches ``ALLOWED_HOSTS``
+    (``.example.com`` covers example.com and its subdomains; ``*`` names none). The same rule as the ext_authz check's
+    (``gshare.middleware.ext_authz_host_allowed``), which never answers on such a host."""
+    own = (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower()
+    patterns = [host for host in (*settings.ALLOWED_HOSTS, *internal_hosts()) if host != "*"]
+    domain = domain.lower()
+    return domain == own or validate_host(domain, patterns)
 
 
 def session_domain_refusal(domain: str) -> RoutingRefused | None:
-    """``session_domain_is_control_plane`` (400) when ``domain`` is one of ``control_plane_hosts()``: a session route
-    on that host (an HTTPRoute or Ingress for ``/s/...``) would sit on the control plane's own name; else None."""
-    if domain and domain.lower() in control_plane_hosts():
+    """``session_domain_is_control_plane`` (400) when ``domain`` is a host of the control plane
+    (``is_control_plane_host``): a session route there (an HTTPRoute or Ingress for ``/s/...``) would shadow the control
+    plane, and its checks would never be answered; else None."""
+    if domain and is_control_plane_host(domain):
         return RoutingRefused(
-            f"session_domain {domain!r} is the control plane's own host (GSHARE_CONTROL_PLANE_URL, DJANGO_ALLOWED_HOSTS or "
-            "GSHARE_INTERNAL_HOSTS): session routes there would shadow the control plane. Give the cluster a name of its "
-            "own whose DNS record points at its ingress node (e.g. lab-c1.sessions.example.com); nothing was changed.",
+            f"session_domain {domain!r} is a host of the control plane itself (the host of GSHARE_CONTROL_PLANE_URL, or "
+            "matched by a DJANGO_ALLOWED_HOSTS or GSHARE_INTERNAL_HOSTS entry; .example.com covers its subdomains): session "
+            "routes there would shadow the control plane. Give the cluster a name of its own that no such entry matches, "
+            "whose DNS record points at its ingress node (e.g. lab-c1.sessions.example.net); nothing was changed.",
             code="session_domain_is_control_plane",
         )
     return None

@@ -7,6 +7,9 @@
   hami-core) still carrying the 7-field v2.4 annotation (its plugin pod is not rolled yet: the DaemonSet
   reports 1 of 2 updated) and ``gpu-h20-01`` (8x NVIDIA H20-3e, mig) with the 9-field v2.5-v2.7 one.
 
+lab-c2 is in ``gateway-api`` routing mode by default (``GATEWAY_CLUSTER_DEFAULT``; Envoy Gateway, its CRDs and the
+session Gateway, ``demo.fleet_routing``), lab-c1 in ``ingress-nginx`` mode.
+
 Each cluster also has one control-plane node without ``gpu=on``, the namespaces ``default``, ``kube-system``,
 ``gshare-system``, ``gshare-sessions`` (where the control plane applies ``GShareSession`` objects) and
 ``democratic-csi``, the ``GShareSession`` CustomResourceDefinition (``charts/gshare-operator/crds/gsharesessions.gshare.io.yaml``,
@@ -32,7 +35,7 @@ captures where one matches the model (H100: ``--query-gpu`` CSV; T4: ``-q -x`` X
 HAMi annotation itself (model name and memory only).
 
 This module must not import Django (``python -m demo.emulator`` and the tests use it without settings); it
-reads only ``demo/data`` and the operator chart's CRD (never ``../shared``).
+reads only ``demo/data`` and the operator chart's CRD (never ``../shared`` nor ``tests/``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ from typing import Any
 
 import yaml
 
-from operator_agent.contract import HAMI_MONITOR_PORT_DEFAULT, SESSION_NAMESPACE_DEFAULT
+from demo.fleet_routing import gateway_objects
+from operator_agent.contract import (
+    HAMI_MONITOR_PORT_DEFAULT,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+    SESSION_NAMESPACE_DEFAULT,
+)
 from operator_agent.hami import decode_node_register
 from operator_agent.inventory import device_to_snapshot
 
@@ -273,6 +282,8 @@ class ClusterSpec:
             is left untainted, as its docs suggest for small clusters).
         storage_segments: ``(topology zone, capacity quantity)`` of each CSIStorageCapacity object the shared NFS
             pool's democratic-csi controller publishes on this cluster for ``STORAGE_CLASS``.
+        routing: how sessions are reached by default (``gateway-api``: Envoy Gateway, ``demo.fleet_routing``;
+            ``ingress-nginx``); the demo's ``--gateway-cluster`` overrides it.
     """
 
     name: str
@@ -283,6 +294,7 @@ class ClusterSpec:
     description: str
     ingress_node: str
     storage_segments: tuple[tuple[str, str], ...] = ()
+    routing: str = ROUTING_INGRESS_NGINX
 
     @property
     def gpu_nodes(self) -> tuple[NodeSpec, ...]:
@@ -323,6 +335,7 @@ FLEET: list[ClusterSpec] = [
         description="k3s v1.34.1+k3s1, HAMi 2.7.1: 1x Tesla T4 (hami-core) + 8x NVIDIA H20-3e (mig)",
         ingress_node="lab-c2-server-01",
         storage_segments=(("lab-c2-rack-1", "1643124Mi"),),
+        routing=ROUTING_GATEWAY_API,
         nodes=(
             NodeSpec(name="lab-c2-server-01", internal_ip="10.0.0.20", cpu="4", memory="16310120Ki"),
             NodeSpec(
@@ -341,6 +354,14 @@ FLEET: list[ClusterSpec] = [
     ),
 ]
 """The demo fleet (see the module docstring)."""
+
+GATEWAY_CLUSTER_DEFAULT = next((spec.name for spec in FLEET if spec.routing == ROUTING_GATEWAY_API), None)
+"""The cluster in ``gateway-api`` routing mode unless the demo is told otherwise (lab-c2); the others use ingress-nginx."""
+
+
+def session_domain(name: str) -> str:
+    """The session domain of a demo cluster: ``<name>.gshare.localhost`` (browsers resolve it to loopback)."""
+    return f"{name}.gshare.localhost"
 
 
 def cluster_spec(name: str) -> ClusterSpec:
@@ -668,13 +689,16 @@ def storage_objects(cluster: ClusterSpec) -> list[dict[str, Any]]:
     return [driver, storage_class, *csi_storage_capacities(cluster)]
 
 
-def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[str, Any]]:
+def cluster_objects(name: str, *, with_session_crd: bool = True, routing: str | None = None) -> list[dict[str, Any]]:
     """Every object of a demo cluster, ready for ``EmulatedCluster(objects)`` or a seed file.
 
     Args:
         name: cluster name.
         with_session_crd: False leaves the ``GShareSession`` CRD out (a cluster the operator chart was not
             installed on yet).
+        routing: ``gateway-api`` adds the Gateway API and Envoy Gateway CRDs, Envoy Gateway's Deployment, the
+            GatewayClass and the session Gateway (``demo.fleet_routing.gateway_objects``); None: the cluster's own
+            ``ClusterSpec.routing``.
 
     Returns:
         Namespaces (``default``, ``kube-system``, ``gshare-system``, ``gshare-sessions``, ``democratic-csi``), the
@@ -695,6 +719,8 @@ def cluster_objects(name: str, *, with_session_crd: bool = True) -> list[dict[st
     objects.append(runtime_class(name))
     objects.append(hami_device_plugin_daemonset(cluster))
     objects += storage_objects(cluster)
+    if (routing or cluster.routing) == ROUTING_GATEWAY_API:
+        objects += gateway_objects(name, session_domain(name))
     return objects
 
 
@@ -710,7 +736,7 @@ def hami_monitor_scheme(name: str) -> str:
 
 
 def write_seed(name: str, path: str | pathlib.Path,
-               pod_startup_seconds: float | None = DEMO_POD_STARTUP_SECONDS) -> pathlib.Path:
+               pod_startup_seconds: float | None = DEMO_POD_STARTUP_SECONDS, routing: str | None = None) -> pathlib.Path:
     """Write the seed file ``python -m demo.emulator --seed`` serves.
 
     Args:
@@ -719,6 +745,7 @@ def write_seed(name: str, path: str | pathlib.Path,
         pod_startup_seconds: ``podStartupSeconds`` of the seed: the emulator schedules Pods with HAMi's rules and
             runs them that many seconds after binding (``demo.emulator.KubeApiEmulator``); None leaves Pods
             ``Pending`` (the key is then omitted).
+        routing: the cluster's routing mode (``cluster_objects``), None: its own.
 
     Returns:
         The path written: JSON ``{"cluster": name, "version": {...}, "podStartupSeconds": 1.0,
@@ -729,7 +756,7 @@ def write_seed(name: str, path: str | pathlib.Path,
     if pod_startup_seconds is not None:
         seed["podStartupSeconds"] = pod_startup_seconds
     seed["hamiMonitorScheme"] = hami_monitor_scheme(name)
-    seed["objects"] = cluster_objects(name)
+    seed["objects"] = cluster_objects(name, routing=routing)
     path.write_text(json.dumps(seed, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     return path
 

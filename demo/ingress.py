@@ -35,6 +35,10 @@ same Ingress against a real nginx rendered that way, ``tests/e2e/nginx.py``):
 * the backend: the session pod's stand-in page (``demo.session_page``); no Running pod behind the Service is
   ingress-nginx's 503.
 
+A host some HTTPRoute of the cluster serves (Gateway API ``gateway-api`` routing: ``HTTPRoute``, Envoy Gateway's
+``SecurityPolicy`` with ``extAuth.http`` and ``Backend``, listed with the Ingresses) is answered as Envoy configured by
+Envoy Gateway would instead: path normalisation, routing and the ext_authz check are ``demo.gateway``'s.
+
 Request lines are logged without their query string, and the Host as its valid host name only: a connect link's
 ``?token=`` is a secret.
 
@@ -56,6 +60,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -65,6 +70,7 @@ from urllib.parse import urlsplit
 import requests
 import yaml
 
+from demo import gateway as gateway_routing
 from demo import session_page
 from sessions.connect_path import host_of_authority, nginx_uri
 
@@ -166,20 +172,25 @@ class ClusterIngress:
     session_domain: str
     api: ClusterApi
     locations: dict[str, list[Location]] = field(default_factory=dict)  # by host
+    gateway: gateway_routing.GatewayTable = field(default_factory=gateway_routing.GatewayTable)
     listed_at: float = 0.0
     error: str = ""
 
     def refresh(self) -> None:
-        """List the cluster's Ingress objects and rebuild its locations (kept as they were when the list fails)."""
+        """List the cluster's Ingress objects and its Gateway API and Envoy Gateway objects (``demo.gateway``), and
+        rebuild its routes (kept as they were when a list fails)."""
         try:
             listed = self.api.get("/apis/networking.k8s.io/v1/ingresses") or {}
+            table = gateway_routing.GatewayTable.list(self.api.get)
         except (requests.RequestException, ValueError) as exc:
             if not self.error:
-                logger.warning("cluster %s: listing Ingresses failed (%s); keeping the last list", self.name, type(exc).__name__)
+                logger.warning("cluster %s: listing its routes failed (%s); keeping the last list", self.name,
+                               type(exc).__name__)
             self.error = type(exc).__name__
             return
         self.error = ""
         self.locations = locations_of(listed.get("items") or [])
+        self.gateway = table
         self.listed_at = time.monotonic()
 
     def route(self, host: str, uri: str) -> Location | None:
@@ -231,11 +242,13 @@ def locations_of(ingresses: list[dict[str, Any]]) -> dict[str, list[Location]]:
 
 @dataclass
 class Answer:
-    """A response to send: status, headers (in order, repeats allowed) and body."""
+    """A response to send: status, headers (in order, repeats allowed), body and the ``Server`` it names (``nginx``
+    for ingress-nginx's answers, ``envoy`` for Envoy Gateway's)."""
 
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    server: str = "nginx"
 
 
 def _error(status: int) -> Answer:
@@ -318,6 +331,15 @@ class DemoIngress:
         cluster = self.clusters.get(hostname)
         if cluster is None:
             return _default_backend()
+        if cluster.gateway.serves(hostname):
+            def backend(route: gateway_routing.GatewayRoute, path: str, upstream: dict[str, str]) -> gateway_routing.Reply:
+                answer = _page(cluster, route.namespace, route.service, path, upstream, unavailable=_no_healthy_upstream)
+                return answer.status, answer.headers, answer.body
+
+            status, answer_headers, body = gateway_routing.handle(
+                cluster.gateway, method=method, authority=host_header, hostname=hostname, request_target=request_uri,
+                headers=headers, client_ip=client_ip, backend=backend)
+            return Answer(status, answer_headers, body, server="envoy")
         uri = nginx_uri(request_uri)
         if uri is None:
             return _error(400)
@@ -398,14 +420,25 @@ def _auth_subrequest(auth_url: str, *, method: str, host: str, request_uri: str,
 
 def _backend(cluster: ClusterIngress, location: Location, uri: str, upstream: dict[str, str]) -> Answer:
     """The session pod's answer (its stand-in page), or ingress-nginx's 503 without a Running pod behind the Service."""
+    return _page(cluster, location.namespace, location.service, uri, upstream, unavailable=lambda: _error(503))
+
+
+def _no_healthy_upstream() -> Answer:
+    """Envoy's answer when a route's backend has no ready endpoint."""
+    return Answer(503, [("Content-Type", "text/plain")], b"no healthy upstream")
+
+
+def _page(cluster: ClusterIngress, namespace: str, service: str, uri: str, upstream: dict[str, str], *,
+          unavailable: Callable[[], Answer]) -> Answer:
+    """The stand-in page of the Running pod behind ``namespace/service``, else ``unavailable()``."""
     try:
-        facts = session_page.pod_facts(cluster.api.get, location.namespace, location.service)
+        facts = session_page.pod_facts(cluster.api.get, namespace, service)
     except (requests.RequestException, ValueError, KeyError) as exc:
-        logger.warning("cluster %s: reading the pod behind %s/%s failed: %s", cluster.name, location.namespace,
-                       location.service, type(exc).__name__)
+        logger.warning("cluster %s: reading the pod behind %s/%s failed: %s", cluster.name, namespace, service,
+                       type(exc).__name__)
         facts = None
     if facts is None:
-        return _error(503)
+        return unavailable()
     body = session_page.render(facts, path=uri, user=upstream.get("x-auth-request-user", "")).encode()
     return Answer(200, [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")], body)
 
@@ -446,7 +479,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(answer)
 
     def _answer(self, answer: Answer) -> None:
-        self.send_response(answer.status, _REASONS.get(answer.status))
+        self.log_request(answer.status)
+        self.send_response_only(answer.status, _REASONS.get(answer.status))
+        self.send_header("Server", answer.server)
+        self.send_header("Date", self.date_time_string())
         for name, value in answer.headers:
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(answer.body)))

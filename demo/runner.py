@@ -7,8 +7,9 @@ with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registratio
 least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
 server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
-session Ingresses, on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a stand-in
-page for each session pod). It then waits until every cluster's inventory has arrived through its
+session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
+``--gateway-cluster``, lab-c2 by default; on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a
+stand-in page for each session pod). It then waits until every cluster's inventory has arrived through its
 operator and writes the state file. Besides the staff user ``admin`` it creates a researcher
 ``alice`` (not staff) with credits, for the console's researcher side.
 
@@ -35,7 +36,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import psycopg
 import requests
@@ -50,6 +51,7 @@ from demo.bare_demo import BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
+from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
 DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
@@ -76,6 +78,8 @@ class DemoOptions:
         bare_clusters: names of bare clusters to start for trying attach (``demo.bare_demo``).
         idle_timeout: seconds without a GPU kernel or a connection before the default policy stops a session (a policy
             minute lasts a second, so the warning is a quarter of it); None keeps the production default (60 minutes).
+        gateway_cluster: the fleet cluster in ``gateway-api`` routing mode (seeded with Envoy Gateway and the session
+            Gateway, registered with ``routing=gateway-api``); the others use ingress-nginx; None: every cluster does.
     """
 
     port: int
@@ -84,6 +88,11 @@ class DemoOptions:
     inventory_interval: int = 10
     bare_clusters: tuple[str, ...] = ()
     idle_timeout: int | None = None
+    gateway_cluster: str | None = fleet.GATEWAY_CLUSTER_DEFAULT
+
+    def routing(self, name: str) -> str:
+        """The routing mode of fleet cluster ``name`` in this run."""
+        return ROUTING_GATEWAY_API if name == self.gateway_cluster else ROUTING_INGRESS_NGINX
 
 
 def _say(message: str) -> None:
@@ -191,7 +200,7 @@ def run_demo(options: DemoOptions) -> dict:
 
     Returns:
         ``{"url", "internal_url", "admin_user", "admin_password", "api_token", "researcher_user", "researcher_password",
-        "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "session_host" (domain:port),
+        "ingress": {"url", "port"}, "clusters": [{"id", "name", "session_domain", "routing", "session_host" (domain:port),
         "ingress_url", "kubeconfig_path", "nodes", "gpus"}], "bare_clusters": [{"name", "admin_kubeconfig",
         "attach_command", ...}] (``BareClusters.state``; empty without ``options.bare_clusters``)}``.
 
@@ -253,7 +262,7 @@ def run_demo(options: DemoOptions) -> dict:
             folder.mkdir(parents=True, exist_ok=True)
             seed, ready = folder / "seed.json", folder / "emulator-ready.json"
             ready.unlink(missing_ok=True)
-            fleet.write_seed(spec.name, seed)
+            fleet.write_seed(spec.name, seed, routing=options.routing(spec.name))
             emulator_token = secrets.token_urlsafe(24)
             token_file = folder / "emulator-token"
             token_file.write_text(emulator_token)
@@ -294,9 +303,10 @@ def run_demo(options: DemoOptions) -> dict:
             cluster = cluster_services.cluster_register(
                 name=spec.name,
                 kubeconfig=least_privilege_kubeconfig(admin.config, server=admin.server, timeout=settings.GSHARE_PROBE_TIMEOUT),
-                session_domain=f"{spec.name}.gshare.localhost",
+                session_domain=fleet.session_domain(spec.name),
                 ingress_node=spec.ingress_node,
                 volume_storage_class="gshare-nfs",
+                routing=options.routing(spec.name),
             )
             token_path = folder / "internal-jwt"
             token_path.write_text(operator_token_mint(cluster_id=cluster.public_id))
@@ -422,6 +432,7 @@ def run_demo(options: DemoOptions) -> dict:
                     "id": cluster.public_id,
                     "name": spec.name,
                     "session_domain": cluster.session_domain,
+                    "routing": cluster.routing,
                     "session_host": f"{cluster.session_domain}:{ingress_port}",
                     "ingress_url": f"http://{cluster.session_domain}:{ingress_port}",
                     "kubeconfig_path": str(kubeconfig_path),
@@ -497,46 +508,67 @@ def _through_ingress(ingress_url: str, link: str, cookie: str = "") -> requests.
     return requests.get(target, headers=headers, timeout=30, allow_redirects=False)
 
 
-def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group: ProcessGroup) -> dict:
+def _smoke_open(url: str, headers: dict, ingress_url: str, session: dict, group: ProcessGroup, *,
+                routing: str = ROUTING_INGRESS_NGINX) -> dict:
     """Open ``session``'s connect link through the demo ingress: its stand-in page and the connect cookie, then the
     cookie alone.
 
+    ingress-nginx (``routing``): the link answers the page with the cookie (``auth-always-set-cookie``). gateway-api:
+    Envoy passes the ext_authz check's ``307`` to the browser (the cookie, the link without its token), and the
+    browser follows it with the cookie; both answers must come from the Envoy stand-in (``Server: envoy``), i.e. from
+    the session's HTTPRoute, not from an Ingress.
+
     Returns:
-        ``{"link", "status", "cookie_status", "page_has_volume"}`` (the link keeps its token: the caller checks the
-        link is refused once the session has stopped).
+        ``{"link", "status", "cookie_status", "page_has_volume", "routing", "served_by"}`` (the link keeps its token:
+        the caller checks the link is refused once the session has stopped).
 
     Raises:
-        DemoError: the link or the cookie did not reach the session's page.
+        DemoError: the link or the cookie did not reach the session's page (the way its routing mode does it).
     """
     response = requests.post(f"{url}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=30)
     if response.status_code != 200:
         raise DemoError(f"a connect link for {session['id']} answered {response.status_code}: {response.text[:300]}")
     link = response.json()["url"]
     deadline = time.monotonic() + 30
-    while True:  # the ingress lists the cluster's Ingresses every second
+    while True:  # the ingress lists the cluster's Ingresses and HTTPRoutes every second
         page = _through_ingress(ingress_url, link)
         if page.status_code != 404 or time.monotonic() > deadline:
             break
         _check_children(group)
         time.sleep(0.5)
     cookie = page.headers.get("Set-Cookie", "").split(";", 1)[0]
+    first_status = page.status_code
+    if routing == ROUTING_GATEWAY_API:
+        served_by = page.headers.get("Server", "")
+        if page.status_code != 307 or served_by != "envoy" or not cookie.startswith("gshare_connect="):
+            raise DemoError(f"opening {session['id']} through Envoy Gateway ({urlsplit(link).netloc}) answered "
+                            f"{page.status_code} from {served_by or 'an unknown server'} "
+                            f"{'with' if cookie else 'without'} the connect cookie, not ext_authz's 307 with it "
+                            f"(an HTTPRoute and SecurityPolicy for the session, the control plane's ext-authz): "
+                            f"{page.text[:300]}")
+        page = _through_ingress(ingress_url, urljoin(link, page.headers.get("Location", "")), cookie=cookie)
     if page.status_code != 200 or session["id"] not in page.text or not cookie.startswith("gshare_connect="):
         raise DemoError(f"opening {session['id']} through the ingress ({urlsplit(link).netloc}) answered {page.status_code} "
                         f"{'with' if cookie else 'without'} the connect cookie: {page.text[:300]}")
     again = _through_ingress(ingress_url, f"{link.split('?', 1)[0]}lab", cookie=cookie)
     if again.status_code != 200 or session["id"] not in again.text:
         raise DemoError(f"the connect cookie of {session['id']} did not reach its page: {again.status_code} {again.text[:300]}")
-    return {"link": link, "status": page.status_code, "cookie_status": again.status_code,
-            "page_has_volume": "/data/" in page.text}
+    served_by = again.headers.get("Server", "")
+    if routing == ROUTING_GATEWAY_API and served_by != "envoy":
+        raise DemoError(f"the page of {session['id']} came from {served_by}, not from the session's HTTPRoute")
+    return {"link": link, "status": first_status, "cookie_status": again.status_code,
+            "page_has_volume": "/data/" in page.text, "routing": routing, "served_by": served_by}
 
 
 def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: ProcessGroup, ingress_url: str) -> list[dict]:
     """Start one session per cluster through the API, wait until Running, check its URL's host, open the first
-    through the clusters' ingress (page and cookie), stop them, and check that link is refused.
+    through the clusters' ingress (page and cookie) and the session of every other cluster in ``gateway-api`` mode
+    through Envoy Gateway (``_smoke_open``), stop them, and check those links are refused.
 
     Returns:
-        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated); the first also
-        has ``"opened": {"status", "cookie_status", "page_has_volume", "refused_after_stop"}``.
+        ``[{"id", "cluster", "url", "node", "devices", "phase"}]`` with the final phase (Terminated); those opened
+        also have ``"opened": {"status", "cookie_status", "page_has_volume", "routing", "served_by",
+        "refused_after_stop"}``.
 
     Raises:
         DemoError: a session did not reach Running (or Terminated) in time, its URL is on another host, it did not
@@ -582,8 +614,15 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         results.append({"id": body["id"], "cluster": body["cluster"], "url": body["url"], "node": running["node"],
                         "devices": running["devices"], "phase": running["phase"]})
     _say("smoke: " + ", ".join(f"{r['id']} Running on {r['node']} ({r['url']})" for r in results))
-    opened = _smoke_open(url, headers, ingress_url, results[0], group)
+    opened = _smoke_open(url, headers, ingress_url, results[0], group, routing=clusters[0]["routing"])
     _say(f"smoke: {results[0]['id']} opened through the ingress of {clusters[0]['name']}: its page and the connect cookie")
+    also_opened = {}  # every other session of a cluster in gateway-api mode: through Envoy Gateway
+    for index, cluster in enumerate(clusters[1:], start=1):
+        if cluster["routing"] == ROUTING_GATEWAY_API:
+            also_opened[index] = _smoke_open(url, headers, ingress_url, results[index], group,
+                                             routing=cluster["routing"])
+            _say(f"smoke: {results[index]['id']} opened through Envoy Gateway on {cluster['name']} (HTTPRoute, "
+                 "ext_authz's 307 with the connect cookie, then the cookie alone)")
     deadline = time.monotonic() + 60
     while True:
         volume = requests.get(f"{volumes_api}/{volume['id']}", headers=headers, timeout=10).json()
@@ -623,6 +662,14 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
         time.sleep(0.5)
     _say(f"smoke: the link of the stopped {results[0]['id']} is refused ({refused})")
     results[0]["opened"] = {**{k: v for k, v in opened.items() if k != "link"}, "refused_after_stop": refused}
+    for index, other in also_opened.items():
+        deadline = time.monotonic() + 30
+        while (refused := _through_ingress(ingress_url, other["link"]).status_code) not in (401, 403, 404):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the link of the stopped session {results[index]['id']} still answers {refused}")
+            time.sleep(0.5)
+        _say(f"smoke: the link of the stopped {results[index]['id']} is refused ({refused})")
+        results[index]["opened"] = {**{k: v for k, v in other.items() if k != "link"}, "refused_after_stop": refused}
     return results
 
 

@@ -3,6 +3,7 @@ answering only on the internal hosts (``GSHARE_INTERNAL_HOSTS``)."""
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 from django.conf import settings
@@ -10,11 +11,14 @@ from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import JsonResponse
 from django.http.request import split_domain_port, validate_host
 
+from operator_agent import contract
+
 _JSON_PREFIXES = ("/api/", "/internal/")
 
 #: Path prefixes of the internal plane: the operators' routes and ingress-nginx's connect verify (``/internal``),
 #: the JWKS (``/.well-known``) and metrics (``/metrics``, should the control plane ever serve them).
 INTERNAL_PATH_PREFIXES = ("/internal", "/.well-known", "/metrics")
+_EXT_AUTHZ_PREFIX = contract.CONNECT_EXT_AUTHZ_PATH + "/"
 
 
 class ApiErrorsMiddleware:
@@ -28,7 +32,9 @@ class ApiErrorsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):  # noqa: D102
-        if "\x00" in request.path or "\x00" in request.META.get("QUERY_STRING", "") or "%00" in request.META.get("QUERY_STRING", ""):
+        # Envoy's ext_authz check judges a NUL in the original path itself: 401 connect_refused, as the verify does.
+        query = request.META.get("QUERY_STRING", "")
+        if not _is_ext_authz_check(request.path_info) and ("\x00" in request.path or "\x00" in query or "%00" in query):
             return JsonResponse({"code": "invalid_request", "detail": "The URL contains a NUL character: remove it."}, status=400)
         try:
             return self.get_response(request)
@@ -95,12 +101,50 @@ def on_internal_host(request) -> bool:
     return bool(domain) and validate_host(domain, internal_hosts())
 
 
+def _is_ext_authz_check(path: str) -> bool:
+    """True when ``path`` (``request.path_info``) is under ``operator_agent.contract.CONNECT_EXT_AUTHZ_PATH`` + ``/``."""
+    return path.startswith(_EXT_AUTHZ_PREFIX)
+
+
+def ext_authz_host_allowed(request) -> bool:
+    """True when Envoy's ext_authz check may be answered on the request's host.
+
+    On an internal host (``GSHARE_INTERNAL_HOSTS``), as every internal route: :func:`on_internal_host`. Otherwise on
+    the ``session_domain`` of a registered cluster (``sessions.ext_authz.session_domain_registered``, a cached set),
+    Envoy's ``Host`` for the check being the original ``:authority``; but never on a host an explicit
+    ``DJANGO_ALLOWED_HOSTS`` entry (not ``*``) matches: that is a public host of the control plane. The host is the
+    raw one ``request.get_host()`` would check (port stripped), read without ``ALLOWED_HOSTS``, which does not list
+    session domains.
+
+    Raises:
+        DisallowedHost: an internal host that ``ALLOWED_HOSTS`` does not list (Django answers 400), as for every
+            internal route.
+        VerifyUnavailable: the registered domains cannot be read from the database in time (503).
+    """
+    domain, _port = split_domain_port(request._get_raw_host())
+    if not domain:
+        return False
+    if validate_host(domain, internal_hosts()):
+        return on_internal_host(request)
+    if validate_host(domain, [host for host in settings.ALLOWED_HOSTS if host != "*"]):
+        return False
+    from sessions.ext_authz import session_domain_registered
+
+    return session_domain_registered(domain)
+
+
 class InternalHostsMiddleware:
     """The internal plane (``/internal``, ``/.well-known``, ``/metrics``) answers only on ``GSHARE_INTERNAL_HOSTS``.
 
     On any other host, a public one above all, those paths answer 404 ``not_found`` exactly like an unknown
     route, before authentication, so the public host does not even reveal that they exist. The path judged is
     ``request.path_info`` (decoded), the one the URL resolver routes.
+
+    One exception, Envoy's ext_authz check (``/internal/connect/ext-authz/...``): it also answers on a registered
+    cluster's ``session_domain`` (:func:`ext_authz_host_allowed`), and this middleware hands it straight to its view
+    (``sessions.internal.views.connect_ext_authz``) rather than to the rest of the stack, which would refuse a
+    ``Host`` that ``DJANGO_ALLOWED_HOSTS`` does not list and has nothing to add to a check (no session, CSRF or
+    console); it is the hot path of every session request.
     """
 
     def __init__(self, get_response):
@@ -108,9 +152,27 @@ class InternalHostsMiddleware:
         internal_hosts()  # a malformed setting stops the web server at boot, not at the first operator call
 
     def __call__(self, request):  # noqa: D102
-        if is_internal_path(request.path_info) and not on_internal_host(request):
-            return _not_found(request)
+        path = request.path_info
+        if is_internal_path(path):
+            if _is_ext_authz_check(path):
+                return _ext_authz(request)
+            if not on_internal_host(request):
+                return _not_found(request)
         return self.get_response(request)
+
+
+def _ext_authz(request):
+    from gshare.metrics import instruments
+    from sessions import connect
+    from sessions.internal.views import connect_ext_authz, verify_unavailable
+
+    started = time.perf_counter()
+    try:
+        allowed = ext_authz_host_allowed(request)
+    except connect.VerifyUnavailable as exc:
+        instruments.connect_verify_observe(503, time.perf_counter() - started)
+        return verify_unavailable(exc)
+    return connect_ext_authz(request) if allowed else _not_found(request)
 
 
 def _not_found(request):

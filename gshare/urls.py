@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gshare import api_meta, views
 from gshare.metrics.views import metrics
-from sessions.internal.views import connect_verify
+from sessions.internal.views import connect_ext_authz, connect_verify
 
 api_v1 = [
     path("", include("clusters.api.urls")),
@@ -32,6 +32,9 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("internal/v1/", include(internal_v1)),
     path("internal/connect/verify", connect_verify, name="connect-verify"),
+    # Envoy's ext_authz check, any method, the original path after the prefix. InternalHostsMiddleware answers it
+    # before the rest of the stack (its Host is a session domain); the route names it for reverse() and this map.
+    re_path(r"^internal/connect/ext-authz/", connect_ext_authz, name="connect-ext-authz"),
     path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),

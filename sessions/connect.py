@@ -4,6 +4,9 @@ ingress-nginx (``nginx.ingress.kubernetes.io/auth-url``) sends a subrequest to
 ``/internal/connect/verify`` for each request to ``https://<session_domain>/s/<session id>/...``,
 with ``X-Original-URL`` (the full original URL) and ``X-Original-Method``; a 2xx lets the request
 through (``X-Auth-Request-User`` is copied to the pod by ``auth-response-headers``), 401/403 refuses it.
+On a ``gateway-api`` cluster Envoy's ext_authz check asks the same question in its own shape
+(``/internal/connect/ext-authz/<original path>``); ``sessions.ext_authz`` rebuilds the original URL from it and calls
+:func:`verify`.
 
 Connect tokens are RS256 JWTs (audience ``gshare-connect``) of two uses, claim ``use``:
 
@@ -301,6 +304,10 @@ def _database() -> Iterator[None]:
             if nested:  # inside a caller's transaction (tests): leave its timeout as it was
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+
+
+#: :func:`_database` for the other reads of the hot path (``sessions.ext_authz``: the registered session domains).
+bounded_database = _database
 
 
 @dataclass(frozen=True)

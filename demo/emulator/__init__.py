@@ -61,6 +61,10 @@ kmock's per-resource buses. What this package adds on top of kmock 0.8
   the CA as ``certificate-authority-data`` and the CLI's ready file as ``ca_data``. client-go (so Helm and kubectl)
   sends a kubeconfig user's bearer token only over TLS: against the plain-HTTP server it sends no ``Authorization``
   header and gets ``401`` once a token is required. Plain HTTP stays the default;
+* custom resources checked against their CRD's ``openAPIV3Schema`` on every write and seed (``schema``): unknown
+  fields pruned, defaults filled, structural-schema rules (``type``, ``required``, ``enum``, ``pattern``, lengths,
+  bounds, item counts, ``format``, ``nullable``, ``x-kubernetes-int-or-string``/``preserve-unknown-fields``) refused
+  with the apiserver's ``422 Invalid`` and ``details.causes``; CEL ``x-kubernetes-validations`` are not evaluated;
 * ``dryRun=All`` on create/patch/replace/delete;
 * Services get a ``spec.clusterIP`` (from 10.96.0.0/16) when they ask for one;
 * opt-in (``pod_startup_seconds``): a stand-in for kube-scheduler with HAMi's scheduler extender, HAMi's
@@ -124,7 +128,7 @@ impersonation, JWT tokens (ServiceAccount tokens are opaque random strings), adm
 at once, like ``Immediate``), static binding of a PVC to any matching unclaimed PV (only the two pre-bound cases above),
 PV/PVC protection finalizers, volume expansion, snapshots, attach/detach, CSI drivers' own behaviour (a class's CSI
 driver always provisions, whether or not it is installed; no CSIStorageCapacity is ever written: seed them), field
-validation against schemas, controllers (Deployments and DaemonSets keep the status they were given; only HAMi's
+validation of built-in kinds against their schemas, CEL rules of CRDs, controllers (Deployments and DaemonSets keep the status they were given; only HAMi's
 device-plugin DaemonSet gets Pods, see above; no rolling updates), scheduling beyond the stand-in above
 (taints/tolerations, affinity, CPU/memory fit, preemption, HAMi's MIG geometries: ``mig``-mode GPUs are shared
 like ``hami-core`` ones, by memory, cores and split count), running containers (only check pods "run", by
@@ -148,12 +152,12 @@ Entry points:
 Where things are (one module each):
 
 * the API server: ``server`` (``KubeApiEmulator``, assembled from the parts below), ``store`` (objects, resource
-  versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults,
-  CRDs), ``crud`` (create, replace, patch, delete), ``patches`` (merge patches), ``apply`` (server-side apply and
-  field ownership), ``reads`` (get, list, watch), ``selectors``, ``discovery``, ``http`` (request parsing,
-  errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac`` (RBAC evaluation), ``proxy`` (``pods/proxy``),
-  ``control`` (``/emulator/v1/``), ``errors``, ``events`` (Events as components record them), ``resources`` (what is
-  served);
+  versions, the event log and the listeners the controllers subscribe with), ``objects`` (create-time defaults, CRDs),
+  ``schema`` (custom resources against their CRD's schema), ``crud`` (create, replace, patch, delete), ``patches``
+  (merge patches), ``apply`` (server-side apply and field ownership), ``reads`` (get, list, watch), ``selectors``,
+  ``discovery``, ``http`` (request parsing, errors), ``auth`` (identities, self reviews, TokenRequests), ``rbac``
+  (RBAC evaluation), ``proxy`` (``pods/proxy``), ``control`` (``/emulator/v1/``), ``errors``, ``events`` (Events as
+  components record them), ``resources`` (what is served);
 * the stand-in controllers, fed by the store's events: ``controllers.hami_scheduler`` (with ``hami_rules``),
   ``controllers.kubelet`` (with ``host_facts``), ``controllers.device_plugin``, ``controllers.hami_monitor`` (the
   device-plugin pods and their vGPU monitor, its metrics in ``controllers.hami_metrics``), ``controllers.volumes``,
@@ -162,7 +166,7 @@ Where things are (one module each):
   (``python -m demo.emulator.activity``).
 
 This package must not import Django (the demo starts one emulator process per cluster and they must
-start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, PyYAML, kmock, the ``kubernetes`` client's quantity
+start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, jsonschema, PyYAML, kmock, the ``kubernetes`` client's quantity
 parser (through ``operator_agent.quantity``), ``operator_agent.contract`` (standard library only: the monitor's port),
 ``demo.k8s_protobuf``
 (Google's ``protobuf`` runtime), ``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the

@@ -1,5 +1,6 @@
 """Writes: create, replace, patch (JSON patch, merge patch, strategic merge patch as a merge patch, server-side apply),
-delete with finalizers and cascades, ``dryRun=All``."""
+delete with finalizers and cascades, ``dryRun=All``; custom resources pruned, defaulted and validated against their
+CRD's schema (``demo.emulator.schema``) before they are stored."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ class CrudMixin:
                            None)
         self._require_namespace(spec, namespace)
         obj = self.build_object(spec, body, namespace, keep_status=False)
+        if spec.schema is not None:
+            spec.schema.admit(obj)
         if spec.group == RBAC_GROUP and spec.plural in RBAC_PLURALS:
             self._authorize_rbac_write(request, spec.plural, obj)
         name = obj["metadata"]["name"]
@@ -221,6 +224,8 @@ class CrudMixin:
             # the apiserver's ValidateSecretUpdate: an Opaque Secret never becomes a ServiceAccount token Secret
             raise ApiError(422, "Invalid", f'Secret "{meta["name"]}" is invalid: type: Invalid value: '
                            f'"{result.get("type") or "Opaque"}": field is immutable', None)
+        if spec.schema is not None:
+            spec.schema.admit(result)
         if manager is not None:
             apply.track_update(current, result, manager, spec.api_version, subresource, "status" in spec.subresources)
         if result == current:

@@ -13,6 +13,7 @@ from typing import Any
 from demo.emulator.common import timestamp
 from demo.emulator.errors import ApiError
 from demo.emulator.resources import BUILTIN_GROUPS, ResourceSpec
+from demo.emulator.schema import version_schema
 from operator_agent.quantity import same_quantity
 
 DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
@@ -129,6 +130,7 @@ class ObjectsMixin:
                 namespaced=spec.get("scope", "Namespaced") == "Namespaced",
                 short_names=tuple(names.get("shortNames") or ()), subresources=subresources,
                 categories=tuple(names.get("categories") or ()),
+                schema=version_schema(version, names["kind"], spec["group"]),
             ))
         return specs
 

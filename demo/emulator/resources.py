@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kmock
@@ -27,6 +27,7 @@ class ResourceSpec:
             for fidelity).
         categories: discovery categories (``all``).
         verbs: verbs listed in discovery.
+        schema: a custom resource's ``demo.emulator.schema.CrdSchema`` (None: not checked, e.g. built-in kinds).
     """
 
     group: str
@@ -38,6 +39,7 @@ class ResourceSpec:
     subresources: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     verbs: tuple[str, ...] = _STANDARD_VERBS
+    schema: Any = field(default=None, compare=False, repr=False)
 
     @property
     def api_version(self) -> str:

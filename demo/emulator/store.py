@@ -16,7 +16,7 @@ from typing import Any
 import kmock
 
 from demo.emulator.common import WatchClosed
-from demo.emulator.errors import no_resource
+from demo.emulator.errors import ApiError, no_resource
 from demo.emulator.resources import ResourceSpec, resource_key
 
 
@@ -181,14 +181,15 @@ class StoreMixin:
 
         Each object needs ``apiVersion``, ``kind`` and ``metadata.name`` (and ``metadata.namespace`` when
         namespaced); ``status`` is kept; ``uid``/``creationTimestamp`` are kept when given; the
-        ``resourceVersion`` is always assigned by the emulator. CRDs register their resources, so custom
+        ``resourceVersion`` is always assigned by the emulator; custom resources are pruned, defaulted and validated
+        as created ones (``demo.emulator.schema``). CRDs register their resources, so custom
         objects may follow their CRD in the same list.
 
         Returns:
             The stored objects.
 
         Raises:
-            ValueError: an object has no served resource or no name.
+            ValueError: an object has no served resource or no name, or its CRD's schema refuses it.
         """
         return [self._load_one(obj)[0] for obj in objects]
 
@@ -201,6 +202,11 @@ class StoreMixin:
             raise ValueError(f"{spec.kind} {meta['name']!r} is namespaced but has no metadata.namespace")
         old = self.get_object(spec, meta.get("namespace"), meta["name"])
         obj = self.build_object(spec, body, meta.get("namespace"), keep_status=True)
+        if spec.schema is not None:
+            try:
+                spec.schema.admit(obj)
+            except ApiError as exc:
+                raise ValueError(f"seed object refused: {exc.message}") from None
         obj["metadata"]["resourceVersion"] = self._next_rv()
         if old is not None:
             obj["metadata"]["uid"] = old["metadata"]["uid"]

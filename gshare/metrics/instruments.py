@@ -33,8 +33,9 @@ PLACEMENT_SECONDS = Histogram(
     buckets=PLACEMENT_BUCKETS, registry=REGISTRY,
 )
 CONNECT_VERIFY_SECONDS = Histogram(
-    "gshare_connect_verify_duration_seconds", "Time to answer /internal/connect/verify, seconds, by outcome: "
-    "allowed (200), refused (401/403), unavailable (503).", ["outcome"], buckets=VERIFY_BUCKETS, registry=REGISTRY,
+    "gshare_connect_verify_duration_seconds", "Time to answer /internal/connect/verify and Envoy's "
+    "/internal/connect/ext-authz check, seconds, by outcome: allowed (200; the ext-authz check's 307 of a link), "
+    "refused (401/403), unavailable (503).", ["outcome"], buckets=VERIFY_BUCKETS, registry=REGISTRY,
 )
 OPERATOR_REFUSALS = Counter(
     "gshare_operator_callbacks_refused", "Operator callbacks refused although their token's signature verified, "
@@ -54,6 +55,7 @@ _VERIFY_CHILDREN = {
 
 
 def connect_verify_observe(status: int, seconds: float) -> None:
-    """Record one answer of ``/internal/connect/verify``: its HTTP status and how long it took (seconds)."""
-    outcome = "allowed" if status == 200 else "unavailable" if status >= 500 else "refused"
+    """Record one answer of ``/internal/connect/verify`` or of the ext-authz check: its HTTP status (a 307 is a link
+    let in) and how long it took (seconds)."""
+    outcome = "allowed" if status in (200, 307) else "unavailable" if status >= 500 else "refused"
     _VERIFY_CHILDREN[outcome].observe(seconds)

@@ -111,11 +111,12 @@ def test_a_researcher_sees_the_routing_not_the_gateway_and_cannot_change_it(http
 @pytest.fixture
 def control_plane_host(settings):
     settings.GSHARE_CONTROL_PLANE_URL = "https://gshare.example.com"
-    settings.ALLOWED_HOSTS = ["console.example.com", ".example.org", "*", "[::1]:8000"]
-    settings.GSHARE_INTERNAL_HOSTS = ["internal.gshare.example.com:8443"]
+    settings.ALLOWED_HOSTS = ["console.example.com", ".example.org", "*", "[::1]"]
+    settings.GSHARE_INTERNAL_HOSTS = ["internal.gshare.example.com:8443", "10.0.0.7"]
 
 
-@pytest.mark.parametrize("domain", ["gshare.example.com", "console.example.com", "example.org", "internal.gshare.example.com"])
+@pytest.mark.parametrize("domain", ["gshare.example.com", "console.example.com", "example.org", "lab.example.org",
+                                    "internal.gshare.example.com"])
 def test_a_session_domain_on_the_control_planes_host_is_refused(http, control_plane_host, domain):
     body = refused(http.post("/api/v1/clusters", json={"name": "lab", "kubeconfig": "never read", "session_domain": domain}),
                    "session_domain_is_control_plane")
@@ -127,9 +128,10 @@ def test_a_session_domain_on_the_control_planes_host_is_refused(http, control_pl
     assert not AuditRecord.objects.filter(action__startswith="cluster_").exists()
 
 
-def test_names_under_the_control_planes_domain_are_session_domains_like_any_other(http, control_plane_host):
+def test_names_under_the_control_planes_own_names_are_session_domains_like_any_other(http, control_plane_host):
+    """Only a ``.domain`` pattern covers subdomains; ``*`` names no host."""
     cluster = ClusterFactory(session_domain="lab.gpu.example.com")
-    for domain in ("sessions.gshare.example.com", "lab.example.org"):
+    for domain in ("sessions.gshare.example.com", "lab.console.example.com", "example.org.example.net"):
         response = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={"session_domain": domain})
         assert response.status_code == 200, response.text
 

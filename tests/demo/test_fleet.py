@@ -12,13 +12,21 @@ from pathlib import Path
 import kubernetes
 import kubernetes_validate
 import pytest
+import requests
 
 from demo import fleet
 from demo.emulator import EmulatedCluster
+from operator_agent.contract import (
+    GATEWAY_NAME_DEFAULT,
+    GATEWAY_NAMESPACE_DEFAULT,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+)
 from tests.helpers import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [spec.name for spec in fleet.FLEET]
+GATEWAY_GROUPS = {"gateway.networking.k8s.io", "gateway.envoyproxy.io"}
 
 
 def gpu_nodes(name: str) -> list[dict]:
@@ -141,6 +149,8 @@ def test_hami_daemonset_runtime_class_namespaces_and_version():
 def test_objects_validate_against_the_kubernetes_schema(name):
     minor = fleet.cluster_version(name)["minor"]
     for obj in fleet.cluster_objects(name):
+        if obj["apiVersion"].split("/")[0] in GATEWAY_GROUPS:
+            continue  # custom resources: their CRDs' schemas judge them (the emulator's seed check, below)
         kubernetes_validate.validate(obj, f"1.{minor}", strict=True)
 
 
@@ -155,7 +165,7 @@ def test_every_data_file_has_provenance_in_the_readme():
     readme = (fleet.DATA_DIR / "README.md").read_text()
     charts = fleet.DATA_DIR / "charts"  # the stand-in charts: their own README names each chart
     files = [p for p in fleet.DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md" and not p.is_relative_to(charts)]
-    assert len(files) == 16
+    assert len(files) == 22
     for path in files:
         assert f"`{path.name}`" in readme, path.name
     assert "`charts/`" in readme
@@ -175,7 +185,9 @@ def test_emulated_cluster_serves_the_fleet_to_the_official_client(name):
         daemonsets = kubernetes.client.AppsV1Api(api).list_daemon_set_for_all_namespaces().items
         assert [d.metadata.name for d in daemonsets] == ["hami-device-plugin"]
         namespaces = sorted(n.metadata.name for n in core.list_namespace().items)
-        assert namespaces == ["default", "democratic-csi", "gshare-sessions", "gshare-system", "kube-system"]
+        gateway = ["envoy-gateway-system"] if name == fleet.GATEWAY_CLUSTER_DEFAULT else []
+        assert namespaces == sorted(["default", "democratic-csi", "gshare-sessions", "gshare-system", "kube-system",
+                                     *gateway])
         assert kubernetes.client.VersionApi(api).get_code().git_version == fleet.cluster_version(name)["gitVersion"]
         api.close()
 
@@ -219,10 +231,11 @@ def test_every_cluster_can_host_gshare_sessions():
     crd_file = ROOT / "charts/gshare-operator/crds/gsharesessions.gshare.io.yaml"
     assert fleet.SESSION_CRD_FILE == crd_file and crd_file.is_file()
     for name in NAMES:
-        crds = [o for o in fleet.cluster_objects(name) if o["kind"] == "CustomResourceDefinition"]
+        crds = [o for o in fleet.cluster_objects(name, routing=ROUTING_INGRESS_NGINX)
+                if o["kind"] == "CustomResourceDefinition"]
         assert [c["metadata"]["name"] for c in crds] == ["gsharesessions.gshare.io"]
         assert crds[0]["spec"] == fleet.session_crd(name)["spec"]
-        assert not [o for o in fleet.cluster_objects(name, with_session_crd=False)
+        assert not [o for o in fleet.cluster_objects(name, with_session_crd=False, routing=ROUTING_INGRESS_NGINX)
                     if o["kind"] == "CustomResourceDefinition"]
     objects = fleet.cluster_objects("lab-c1")
     with EmulatedCluster(objects, version=fleet.cluster_version("lab-c1")) as cluster:
@@ -240,3 +253,37 @@ def test_every_cluster_can_host_gshare_sessions():
         listed = custom.list_namespaced_custom_object("gshare.io", "v1alpha1", "gshare-sessions", "gsharesessions")
         assert [i["metadata"]["name"] for i in listed["items"]] == ["ses-ab12"]
         api.close()
+
+
+def test_the_gateway_cluster_serves_envoy_gateway_and_the_session_gateway():
+    """lab-c2 (gateway-api by default): the upstream CRDs copied unchanged, Envoy Gateway's Deployment, the GatewayClass
+    and the Gateway, all accepted by the emulator's schema check; a session's HTTPRoute as the operator writes it is
+    accepted; lab-c1 has none of it, and lab-c2 neither with ``routing=ingress-nginx``."""
+    assert fleet.GATEWAY_CLUSTER_DEFAULT == "lab-c2"
+    assert [s.routing for s in fleet.FLEET] == [ROUTING_INGRESS_NGINX, ROUTING_GATEWAY_API]
+    for path in sorted((fleet.DATA_DIR / "crds").glob("*.yaml")):
+        assert path.read_bytes() == (ROOT / "tests/fixtures/crds" / path.name).read_bytes(), path.name
+    for objects in (fleet.cluster_objects("lab-c1"), fleet.cluster_objects("lab-c2", routing=ROUTING_INGRESS_NGINX)):
+        assert not [o for o in objects if o["apiVersion"].split("/")[0] in GATEWAY_GROUPS]
+    objects = fleet.cluster_objects("lab-c2")
+    with EmulatedCluster(objects, version=fleet.cluster_version("lab-c2")) as cluster:
+        get = lambda path: requests.get(cluster.url + path, timeout=10).json()  # noqa: E731
+        gateways = get("/apis/gateway.networking.k8s.io/v1/gateways")["items"]
+        assert [(g["metadata"]["namespace"], g["metadata"]["name"]) for g in gateways] == [
+            (GATEWAY_NAMESPACE_DEFAULT, GATEWAY_NAME_DEFAULT)]
+        listener = gateways[0]["spec"]["listeners"][0]
+        assert (listener["hostname"], listener["protocol"]) == ("lab-c2.gshare.localhost", "HTTP")
+        classes = get("/apis/gateway.networking.k8s.io/v1/gatewayclasses")["items"]
+        assert classes[0]["spec"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+        assert get("/apis/apps/v1/namespaces/envoy-gateway-system/deployments/envoy-gateway")["status"][
+            "availableReplicas"] == 1
+        route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": "ses-ab12", "namespace": "gshare-sessions"},
+                 "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                          "name": GATEWAY_NAME_DEFAULT, "namespace": GATEWAY_NAMESPACE_DEFAULT}],
+                          "hostnames": ["lab-c2.gshare.localhost"],
+                          "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s/ses_ab12/"}}],
+                                     "backendRefs": [{"name": "ses-ab12", "port": 8888}]}]}}
+        answer = requests.post(cluster.url + "/apis/gateway.networking.k8s.io/v1/namespaces/gshare-sessions/httproutes",
+                               json=route, timeout=10)
+        assert answer.status_code == 201, answer.text
