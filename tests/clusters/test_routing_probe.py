@@ -109,13 +109,18 @@ def test_gateway_api_needs_an_accepted_envoy_gateway_class_and_a_programmed_gate
     assert f"No GatewayClass with controllerName {ENVOY}" in routing["detail"]
     assert "Gateway gshare-system/gshare-sessions" in routing["detail"] and "does not exist" in routing["detail"]
 
-    # Written, but no controller took them up yet (no status).
+    # Written, but no controller took them up yet: the status the CRDs default (Unknown, "Waiting for controller").
     emulated.add(gateway_class())
     emulated.add(gateway())
     routing = connection_test(http, cluster_id)["routing"]
     assert (routing["controller"], routing["gateway_programmed"]) == (False, False)
-    assert "is not Accepted (envoy-gateway: no Accepted condition" in routing["detail"]
-    assert "is not programmed (no Programmed condition" in routing["detail"]
+    assert "is not Accepted (envoy-gateway: Accepted=Unknown (Pending: Waiting for controller))" in routing["detail"]
+    assert "is not programmed (Programmed=Unknown (Pending: Waiting for controller))" in routing["detail"]
+
+    # A status without conditions.
+    emulated.add({**gateway_class(), "status": {"conditions": []}})
+    routing = connection_test(http, cluster_id)["routing"]
+    assert routing["controller"] is False and "envoy-gateway: no Accepted condition" in routing["detail"]
 
     # A controller refused them.
     emulated.add(gateway_class(condition("Accepted", "False", reason="InvalidParameters")))
