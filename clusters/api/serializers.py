@@ -28,6 +28,7 @@ class ServiceCheckedField(serializers.CharField):
 
     def __init__(self, **kwargs):
         super().__init__(required=False, allow_blank=True, trim_whitespace=False, **kwargs)
+        self.validators = []  # CharField's own (NUL, surrogates) would answer invalid_request; the service refuses them
 
     def to_internal_value(self, data):  # noqa: D102
         return data
