@@ -502,9 +502,11 @@ class Attach:
         try:
             result = install_release(self.state.kubeconfig, release, timeout=settings.GSHARE_ATTACH_HELM_TIMEOUT)
         except HelmInstallFailed as exc:
-            source = f"--repo {release.repo_url} --version {release.version}" if release.repo_url else ""
+            oci = release.repo_url.startswith("oci://")
+            source = (f"--version {release.version}" if oci else
+                      f"--repo {release.repo_url} --version {release.version}" if release.repo_url else "")
             fix = (f"check it is reachable from the control plane: curl -k --max-time 10 {self.state.server}/version" if exc.unreachable
-                   else f"check the chart can be fetched and rendered: helm template {release.release} {release.chart} {source}".strip())
+                   else f"check the chart can be fetched and rendered: helm template {release.release} {release.chart_ref} {source}".strip())
             raise self._stop(f"Helm could not install {release.what} (release {release.release} in {release.namespace}): {exc}", fix) from None
         return f"{release.what}: release {release.release} {result.action} (revision {result.revision})"
 
