@@ -25,13 +25,20 @@ from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL, OPERATOR_CHECKS
+from operator_agent.contract import (
+    FORBIDDEN_CLUSTER_SCOPE,
+    GATEWAY_NAME_DEFAULT,
+    GATEWAY_NAMESPACE_DEFAULT,
+    GPU_MODE_LABEL,
+    OPERATOR_CHECKS,
+)
 
 logger = logging.getLogger(__name__)
 
-EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class")
+EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class", "routing", "gateway_name", "gateway_namespace")
 #: Fields of a new cluster in its ``cluster_register`` audit row (the kubeconfig as changed, without its value).
-REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "kubeconfig")
+REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", "routing", "gateway_name",
+                     "gateway_namespace", "kubeconfig")
 #: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
 CREDENTIAL_FIELD = "kubeconfig"
 _INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
@@ -144,6 +151,9 @@ def cluster_register(
     session_domain: str = "",
     ingress_node: str = "",
     volume_storage_class: str = "",
+    routing: str = Cluster.Routing.INGRESS_NGINX,
+    gateway_name: str = GATEWAY_NAME_DEFAULT,
+    gateway_namespace: str = GATEWAY_NAMESPACE_DEFAULT,
 ) -> Cluster:
     """Validate a kubeconfig, probe the cluster from the control plane, and record it.
 
@@ -157,6 +167,8 @@ def cluster_register(
             clusters, or empty).
         ingress_node: node that runs the cluster's ingress controller.
         volume_storage_class: StorageClass the operator uses for session volumes.
+        routing: ``gateway-api`` or ``ingress-nginx`` (``Cluster.Routing``).
+        gateway_name, gateway_namespace: the Gateway session HTTPRoutes attach to (gateway-api routing).
 
     Returns:
         The new ``Cluster`` (status ``pending`` until its operator's first inventory).
@@ -186,6 +198,9 @@ def cluster_register(
         session_domain=session_domain,
         ingress_node=ingress_node,
         volume_storage_class=volume_storage_class,
+        routing=routing,
+        gateway_name=gateway_name,
+        gateway_namespace=gateway_namespace,
         status=Cluster.Status.PENDING,
     )
     cluster.full_clean(validate_constraints=False)  # before dialling anything

@@ -11,8 +11,12 @@ from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_state
 from clusters.services import CREDENTIAL_FIELD, EDITABLE_FIELDS
 from gshare.api_fields import RefuseUnknownFieldsMixin
+from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
+ROUTING_HELP = ("How session requests reach the cluster: gateway-api (an HTTPRoute per session on the Gateway below, Envoy "
+                "Gateway's ext auth) or ingress-nginx (retired upstream, no security patches since 2026-03-24)")
+GATEWAY_HELP = "The Gateway session HTTPRoutes attach to (gateway-api routing), in gateway_namespace"
 
 
 class ClusterCreateSerializer(serializers.Serializer):
@@ -25,6 +29,10 @@ class ClusterCreateSerializer(serializers.Serializer):
     session_domain = serializers.CharField(required=False, allow_blank=True, default="", max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, default="", max_length=253)
+    routing = serializers.ChoiceField(choices=Cluster.Routing.choices, required=False, default=Cluster.Routing.INGRESS_NGINX,
+                                      help_text=ROUTING_HELP)
+    gateway_name = serializers.CharField(required=False, default=GATEWAY_NAME_DEFAULT, max_length=253, help_text=GATEWAY_HELP)
+    gateway_namespace = serializers.CharField(required=False, default=GATEWAY_NAMESPACE_DEFAULT, max_length=63)
 
 
 class ClusterUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
@@ -37,6 +45,9 @@ class ClusterUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
     session_domain = serializers.CharField(required=False, allow_blank=True, max_length=253, help_text=HOSTNAME_HELP)
     ingress_node = serializers.CharField(required=False, allow_blank=True, max_length=253)
     volume_storage_class = serializers.CharField(required=False, allow_blank=True, max_length=253)
+    routing = serializers.ChoiceField(choices=Cluster.Routing.choices, required=False, help_text=ROUTING_HELP)
+    gateway_name = serializers.CharField(required=False, max_length=253, help_text=GATEWAY_HELP)
+    gateway_namespace = serializers.CharField(required=False, max_length=63)
     kubeconfig = serializers.CharField(
         required=False, trim_whitespace=False, write_only=True, max_length=256 * 1024,
         help_text="A new kubeconfig for the same cluster (checked like registration's, probed; its kube-system uid must match). Never returned.",
@@ -75,6 +86,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 #: Fields of a cluster only staff users see (``GET /api/v1/clusters`` answers them to staff alone).
 CLUSTER_STAFF_FIELDS = [
     "apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
+    "routing", "gateway_name", "gateway_namespace",
     "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
     "operator_checks", "problems",
 ]

@@ -72,6 +72,9 @@ CLUSTER_ROLES = Resource("rbac.authorization.k8s.io/v1", "clusterroles", False)
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io/v1", "clusterrolebindings", False)
 SELF_SUBJECT_RULES_REVIEWS = Resource("authorization.k8s.io/v1", "selfsubjectrulesreviews", False)
 SELF_SUBJECT_ACCESS_REVIEWS = Resource("authorization.k8s.io/v1", "selfsubjectaccessreviews", False)
+INGRESS_CLASSES = Resource("networking.k8s.io/v1", "ingressclasses", False)
+GATEWAY_CLASSES = Resource("gateway.networking.k8s.io/v1", "gatewayclasses", False)
+GATEWAYS = Resource("gateway.networking.k8s.io/v1", "gateways", True)
 GSHARE_SESSIONS = Resource(f"{contract.GSHARE_API_GROUP}/{contract.GSHARE_API_VERSION}", contract.GSHARE_SESSION_PLURAL, True)
 
 #: ``(apiVersion, kind)`` -> resource, for the objects ``create``/``replace``/``apply`` are given.
@@ -86,6 +89,8 @@ _BY_KIND = {
     (CLUSTER_ROLE_BINDINGS.api_version, "ClusterRoleBinding"): CLUSTER_ROLE_BINDINGS,
     (SELF_SUBJECT_RULES_REVIEWS.api_version, "SelfSubjectRulesReview"): SELF_SUBJECT_RULES_REVIEWS,
     (SELF_SUBJECT_ACCESS_REVIEWS.api_version, "SelfSubjectAccessReview"): SELF_SUBJECT_ACCESS_REVIEWS,
+    (INGRESS_CLASSES.api_version, "IngressClass"): INGRESS_CLASSES, (GATEWAY_CLASSES.api_version, "GatewayClass"): GATEWAY_CLASSES,
+    (GATEWAYS.api_version, "Gateway"): GATEWAYS,
 }
 
 
