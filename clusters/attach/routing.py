@@ -343,11 +343,15 @@ class RoutingStep:
         gateway_class_obj = kube.get(GATEWAY_CLASSES, gateway_class, missing_ok=True)
         class_said = "" if is_true(gateway_class_obj, "Accepted") else f"; its GatewayClass {gateway_class} is not Accepted"
         namespace_eg = releases.ENVOY_GATEWAY_NAMESPACE
-        raise self._stop(
-            f"the Gateway {namespace}/{name} is not Programmed after {timeout:.0f} s (Programmed: {said}){class_said}",
-            f"see why: kubectl -n {namespace} describe gateway {name}; kubectl -n {namespace_eg} get deploy,pods; "
-            f"kubectl -n {namespace_eg} logs deploy/envoy-gateway\n"
-            f"(Envoy runs on --ingress-node {self.options.ingress_node} on the host network: ports 443 there must be free)")
+        fix = (f"see why: kubectl -n {namespace} describe gateway {name}; kubectl -n {namespace_eg} get deploy,pods; "
+               f"kubectl -n {namespace_eg} logs deploy/envoy-gateway")
+        if programmed.get("reason") == "AddressNotAssigned" and self.options.skip_ingress:
+            # Envoy Gateway's defaults put Envoy behind a LoadBalancer Service, which nothing serves on bare metal.
+            fix += ("\nEnvoy's LoadBalancer Service got no address: let the attach configure Envoy Gateway to run Envoy on "
+                    f"--ingress-node {self.options.ingress_node}'s host network: {self._install_commands()[ROUTING_GATEWAY_API]}")
+        else:
+            fix += f"\n(Envoy runs on --ingress-node {self.options.ingress_node} on the host network: port 443 there must be free)"
+        raise self._stop(f"the Gateway {namespace}/{name} is not Programmed after {timeout:.0f} s (Programmed: {said}){class_said}", fix)
 
     # The attributes RoutingStep uses, provided by Attach.
     if TYPE_CHECKING:
