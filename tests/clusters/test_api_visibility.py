@@ -22,6 +22,7 @@ PUBLIC = {
 #: cluster is wired.
 STAFF_ONLY = {
     "clusters": {"apiserver_url", "kube_system_uid", "credential_generation", "operator_token", "ingress_node", "volume_storage_class",
+                 "routing", "gateway_name", "gateway_namespace",
                  "kubernetes_version", "last_heartbeat_at", "heartbeat_age_seconds", "last_connection_test", "last_connection_test_at",
                  "operator_checks", "problems"},
     "nodes": {"labels", "inventory_error"},
