@@ -154,3 +154,18 @@ def test_skip_ingress_stops_with_the_fix_when_it_finds_no_controller_to_use(atta
         assert "the GatewayClass eg of Envoy Gateway is not Accepted (is Envoy Gateway running? kubectl -n envoy-gateway-system get "\
                "deploy envoy-gateway)" in str(run.error)
     assert not Cluster.objects.exists() and not emulated.objects_of("gateways", GATEWAY_GROUP, "v1")
+
+
+def test_envoy_gateway_comes_from_an_oci_registry_by_default(attach_settings, bare_cluster, live_server):
+    """The real chart is an OCI artifact (``oci://docker.io/envoyproxy/gateway-helm``): Helm pulls ``<base>/gateway-helm`` at
+    the pinned version. A registry on loopback that refuses connections shows the reference Helm was given."""
+    attach_settings.GSHARE_ATTACH_ENVOY_GATEWAY_REPO = "oci://127.0.0.1:9/envoyproxy"
+    emulated, kubeconfig_path = bare_cluster("lab-c1", ingress_class=False)
+    run = attach(kubeconfig_path, live_server)
+    assert "[5/10] session routing ... FAILED: Helm could not install Envoy Gateway v1.9.0 on lab-c1-cp-01 (release eg in "\
+           "envoy-gateway-system)" in run.out, run.out + run.err
+    # The OCI distribution API's manifest request for the tag: Helm was given the oci:// reference at the version.
+    assert "https://127.0.0.1:9/v2/envoyproxy/gateway-helm/manifests/v1.9.0" in str(run.error)
+    assert fix_of(run) == ("check the chart can be fetched and rendered: helm template eg oci://127.0.0.1:9/envoyproxy/gateway-helm "
+                           "--version v1.9.0")
+    assert "eg" not in helm_releases(emulated)
