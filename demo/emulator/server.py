@@ -106,6 +106,9 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
       annotation the stand-in did not write (a seed's, e.g. the demo fleet's) are left alone; deleting the
       DaemonSet leaves the annotations (like the real plugin).
 
+    Envoy Gateway (``controllers.envoy_gateway``): once its Deployment ``envoy-gateway-system/envoy-gateway`` exists,
+    the status Envoy Gateway writes on GatewayClasses of its controller, their Gateways and the HTTPRoutes attached.
+
     HAMi's vGPU monitor (always on; ``controllers.hami_monitor``):
 
     * the DaemonSet's pods: every node such a DaemonSet selects that has ``hami.io/node-nvidia-register`` runs one
