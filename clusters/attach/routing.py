@@ -221,12 +221,34 @@ class RoutingStep:
                 done = self._gateway(kube, gateway_class)
                 return f"skipped install (--skip-ingress): Envoy Gateway found (GatewayClass {', '.join(classes)}); {done}"
             state.routing = options.routing or ROUTING_GATEWAY_API
+            if not options.routing:
+                found = find_controllers(kube)
+                if found.ingress_classes and not found.gateway_classes:
+                    # A re-run (to roll the operator forward) must not move a cluster off ingress-nginx by surprise:
+                    # both would want port 443 of the ingress node. Moving is asked for with --routing gateway-api.
+                    state.routing = ROUTING_INGRESS_NGINX
+                    self.echo(RETIREMENT_WARNING)
+                    kept = f"ingress-nginx kept (the cluster runs it: IngressClass {', '.join(found.ingress_classes)}; --routing gateway-api moves it)"
+                    if not self._ingress_nginx_is_ours(kube, found):
+                        return f"ok: {kept}"
+                    return f"ok: {kept}; " + self._install(releases.ingress_nginx_release(options.ingress_node))
             if state.routing == ROUTING_INGRESS_NGINX:
                 self.echo(RETIREMENT_WARNING)
                 return "ok: " + self._install(releases.ingress_nginx_release(options.ingress_node))
             installed = self._install(releases.envoy_gateway_release(options.ingress_node))
             kube.apply(gateway_class_manifest())
             return f"ok: {installed}; GatewayClass {GATEWAY_CLASS_NAME}; {self._gateway(kube, GATEWAY_CLASS_NAME)}"
+
+    @staticmethod
+    def _ingress_nginx_is_ours(kube: KubeGateway, found: Controllers) -> bool:
+        """Whether an IngressClass of ingress-nginx belongs to the Helm release the attach installs (``ingress-nginx`` in
+        namespace ``ingress-nginx``): then a re-run upgrades that release as before; another installation is left alone."""
+        for name in found.ingress_classes:
+            annotations = ((kube.get(INGRESS_CLASSES, name, missing_ok=True) or {}).get("metadata") or {}).get("annotations") or {}
+            if (annotations.get("meta.helm.sh/release-name"), annotations.get("meta.helm.sh/release-namespace")) == (
+                    "ingress-nginx", "ingress-nginx"):
+                return True
+        return False
 
     # ----------------------------------------------------------------- --skip-ingress
 

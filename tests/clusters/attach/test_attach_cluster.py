@@ -205,12 +205,17 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
         ("namespaces", "", "v1"), ("secrets", "", "v1"), ("customresourcedefinitions", "apiextensions.k8s.io", "v1"))}
 
     gateways_before = gateway_api_objects(emulated)
-    out2, err2, error2, _ = attach(kubeconfig_path, live_server, *flags, via="hack")
+    # The same command again (for ingress-nginx without --routing: a cluster that runs it keeps it).
+    out2, err2, error2, _ = attach(kubeconfig_path, live_server, via="hack")
     assert error2 is None, out2 + err2
     assert "already registered as " + cluster.public_id in out2
     assert "0 node(s) labelled" in out2 and "RuntimeClass nvidia present" in out2
     assert out2.count("unchanged (revision 1)") == 3, out2  # hami, Envoy Gateway or ingress-nginx, the operator
-    if routing != "ingress-nginx":
+    if routing == "ingress-nginx":
+        assert ("[5/10] session routing ... ok: ingress-nginx kept (the cluster runs it: IngressClass nginx; --routing gateway-api "
+                "moves it); ingress-nginx 4.13.3 on lab-c1-cp-01: release ingress-nginx unchanged (revision 1)") in out2
+        assert RETIREMENT in out2 and Cluster.objects.get(name="lab-c1").routing == "ingress-nginx"
+    else:
         assert "Gateway gshare-system/gshare-sessions applied (self-signed certificate Secret gshare-sessions-tls kept" in out2
         after_gateways = gateway_api_objects(emulated)
         assert {key: (o["metadata"]["generation"], o["spec"]) for key, o in after_gateways["gateways"].items()} == {

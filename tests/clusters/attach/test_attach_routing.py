@@ -169,3 +169,23 @@ def test_envoy_gateway_comes_from_an_oci_registry_by_default(attach_settings, ba
     assert fix_of(run) == ("check the chart can be fetched and rendered: helm template eg oci://127.0.0.1:9/envoyproxy/gateway-helm "
                            "--version v1.9.0")
     assert "eg" not in helm_releases(emulated)
+
+
+def test_moving_a_cluster_from_ingress_nginx_to_gateway_api_is_a_rerun_with_the_other_routing(attach_settings, bare_cluster, live_server):
+    attach_settings.GSHARE_ATTACH_INVENTORY_TIMEOUT = 0.5  # no operator runs here: each run stops at step 10, registered
+    emulated, kubeconfig_path = bare_cluster("lab-c1", ingress_class=False)
+    run = attach(kubeconfig_path, live_server, "--routing", "ingress-nginx")
+    assert "[7/10] register with the control plane ... ok: registered as" in run.out and RETIREMENT in run.out, run.out + run.err
+    cluster = Cluster.objects.get(name="lab-c1")
+    assert cluster.routing == "ingress-nginx"
+
+    run = attach(kubeconfig_path, live_server, "--routing", "gateway-api")
+    assert "[5/10] session routing ... ok: Envoy Gateway v1.9.0 on lab-c1-cp-01: release eg installed (revision 1)" in run.out, run.out + run.err
+    assert f"already registered as {cluster.public_id} (kept, updated routing; credential checked)" in run.out
+    cluster.refresh_from_db()
+    assert (cluster.routing, cluster.gateway_namespace, cluster.gateway_name) == ("gateway-api", "gshare-system", "gshare-sessions")
+    assert RETIREMENT not in run.out
+
+    # From then on the command without --routing keeps the cluster on Gateway API (Envoy Gateway is there).
+    run = attach(kubeconfig_path, live_server)
+    assert "release eg unchanged (revision 1)" in run.out and "updated routing" not in run.out, run.out + run.err
