@@ -1,8 +1,8 @@
 """A Helm chart repository on loopback serving the stand-in charts attach installs (``demo/data/charts``).
 
-``attach_cluster`` fetches HAMi, ingress-nginx and democratic-csi from the repositories named by the settings
-``GSHARE_ATTACH_{HAMI,INGRESS_NGINX,DEMOCRATIC_CSI}_REPO``; the attach tests and ``manage.py demo --bare-cluster``
-point all three at one ``ChartRepository``, so nothing leaves loopback. The charts are the stand-ins described in
+``attach_cluster`` fetches HAMi, Envoy Gateway (``gateway-helm``), ingress-nginx and democratic-csi from the repositories
+named by the settings ``GSHARE_ATTACH_{HAMI,ENVOY_GATEWAY,INGRESS_NGINX,DEMOCRATIC_CSI}_REPO``; the attach tests and
+``manage.py demo --bare-cluster`` point all four at one ``ChartRepository``, so nothing leaves loopback. The charts are the stand-ins described in
 ``demo/data/charts/README.md`` (packaged with ``helm_python``, the embedded Helm engine attach uses).
 
 This module must not import Django.
@@ -27,7 +27,7 @@ _CREATED = "2026-11-01T00:00:00Z"
 
 #: ``GSHARE_ATTACH_*`` setting prefix of each chart (``<prefix>_REPO``, ``<prefix>_CHART_VERSION``).
 SETTING_PREFIXES = {"hami": "GSHARE_ATTACH_HAMI", "ingress-nginx": "GSHARE_ATTACH_INGRESS_NGINX",
-                    "democratic-csi": "GSHARE_ATTACH_DEMOCRATIC_CSI"}
+                    "gateway-helm": "GSHARE_ATTACH_ENVOY_GATEWAY", "democratic-csi": "GSHARE_ATTACH_DEMOCRATIC_CSI"}
 
 
 def chart_versions() -> dict[str, str]:
@@ -99,7 +99,7 @@ class ChartRepository:
     def attach_environment(self) -> dict[str, str]:
         """The settings that point ``attach_cluster`` at this repository and its chart versions, as environment
         variables (``gshare/settings/base.py`` reads them): ``{"GSHARE_ATTACH_HAMI_REPO": url,
-        "GSHARE_ATTACH_HAMI_CHART_VERSION": "2.7.1", ...}`` for the three charts."""
+        "GSHARE_ATTACH_HAMI_CHART_VERSION": "2.7.1", ...}`` for the four charts."""
         versions = chart_versions()
         env = {}
         for chart, prefix in SETTING_PREFIXES.items():

@@ -137,7 +137,11 @@ def _install_release(kubeconfig: str | None, release: ChartRelease, *, timeout: 
     """
     chart = release.chart
     options: dict[str, Any] = {"namespace": release.namespace, "timeout": timeout}
-    if release.repo_url:
+    if release.repo_url.startswith("oci://"):
+        # An OCI registry has no index.yaml: Helm pulls ``oci://<base>/<chart>`` at the version (a tag).
+        chart = release.chart_ref
+        options.update(chart_version=release.version or None)
+    elif release.repo_url:
         options.update(chart_repo_url=release.repo_url, chart_version=release.version or None,
                        plain_http=release.repo_url.startswith("http://"))
     # Helm's client has no per-request timeout: a silent apiserver would hold the call forever. Cancel it

@@ -21,6 +21,8 @@ from gshare.exceptions import ApplicationError
 
 OPERATOR_CHART = Path(settings.BASE_DIR) / "charts" / "gshare-operator"
 OPERATOR_RELEASE = "gshare-operator"
+#: ``GatewayClass.spec.controllerName`` of Envoy Gateway (its chart's ``config.envoyGateway.gateway.controllerName``).
+ENVOY_GATEWAY_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
 #: The democratic-csi release, where ``hack/cluster-bootstrap.sh storage`` installs it too: attach's
 #: ``--storage-values`` then upgrades that same release (``helm -n gshare-storage get values gshare-storage``
 #: gives the values back) instead of a second release claiming the same CSIDriver and StorageClass.
@@ -41,7 +43,8 @@ class ChartRelease:
         release: release name (``hami``, ``ingress-nginx``, ``gshare-storage``, ``gshare-operator``).
         namespace: namespace of the release (created when missing).
         chart: chart name in ``repo_url``, or a local chart directory when ``repo_url`` is empty.
-        repo_url: chart repository URL (``index.yaml`` lives there), or "" for a local chart.
+        repo_url: chart repository URL (``index.yaml`` lives there), an ``oci://`` registry base (the chart is
+            ``<repo_url>/<chart>``), or "" for a local chart.
         version: chart version to install ("" for a local chart: its own version).
         values: the values passed to Helm (never printed: they may hold secrets).
         secret_values: True when ``values`` came from an operator's file that may hold credentials.
@@ -56,6 +59,14 @@ class ChartRelease:
     values: dict[str, Any] = field(default_factory=dict)
     secret_values: bool = False
     what: str = ""
+
+    @property
+    def chart_ref(self) -> str:
+        """The chart as ``helm install`` names it: ``oci://<registry base>/<chart>`` for an OCI repository, else
+        ``chart`` (a name in ``repo_url``, or a local directory)."""
+        if self.repo_url.startswith("oci://"):
+            return f"{self.repo_url.rstrip('/')}/{self.chart}"
+        return self.chart
 
 
 class AttachInputError(ApplicationError):
@@ -161,6 +172,76 @@ def ingress_nginx_release(ingress_node: str) -> ChartRelease:
     return ChartRelease(release="ingress-nginx", namespace="ingress-nginx", chart="ingress-nginx",
                         repo_url=settings.GSHARE_ATTACH_INGRESS_NGINX_REPO, version=version, values=values,
                         what=f"ingress-nginx {version} on {ingress_node}")
+
+
+#: Envoy Gateway's release and namespace, as its install guide names them (``helm install eg
+#: oci://docker.io/envoyproxy/gateway-helm -n envoy-gateway-system``), so a cluster that followed the guide and one
+#: gShare attached look the same.
+ENVOY_GATEWAY_RELEASE = "eg"
+ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
+
+
+def envoy_proxy_defaults(ingress_node: str) -> dict[str, Any]:
+    """Envoy Gateway's default ``EnvoyProxy`` spec (``config.envoyGateway.envoyProxy``, Envoy Gateway v1.9.0
+    ``EnvoyGateway.envoyProxy``): the Envoy of every Gateway runs on ``ingress_node`` on the host's network, binding the
+    listener ports themselves (80, 443), as ingress-nginx does there.
+
+    The session domain resolves to the ingress node, as for ingress-nginx. ``useListenerPortAsContainerPort`` turns
+    off Envoy Gateway's shifting of privileged ports (80 -> 10080), so the container runs as root with only
+    ``NET_BIND_SERVICE`` (its image has no file capability to bind them as a user). One replica with ``Recreate``: two
+    pods on one host network would fight over the ports during a rolling update.
+
+    Returns:
+        An ``EnvoyProxySpec`` mapping (``provider.kubernetes``: ``envoyDeployment`` with node selector, ``Recreate``
+        strategy, a strategic-merge patch setting ``hostNetwork``; ``envoyService.type: ClusterIP``).
+    """
+    return {
+        "provider": {
+            "type": "Kubernetes",
+            "kubernetes": {
+                "useListenerPortAsContainerPort": True,
+                "envoyDeployment": {
+                    "replicas": 1,
+                    "strategy": {"type": "Recreate"},
+                    "pod": {"nodeSelector": {"kubernetes.io/hostname": ingress_node, "kubernetes.io/os": "linux"}},
+                    "container": {"securityContext": {
+                        "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                    }},
+                    "patch": {"type": "StrategicMerge", "value": {"spec": {"template": {"spec": {
+                        "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}}}}},
+                },
+                "envoyService": {"type": "ClusterIP"},
+            },
+        },
+    }
+
+
+def envoy_gateway_release(ingress_node: str) -> ChartRelease:
+    """Envoy Gateway (chart ``gateway-helm``, with its Gateway API and Envoy Gateway CRDs) in ``envoy-gateway-system``.
+
+    Values (``charts/gateway-helm/values.tmpl.yaml`` of envoyproxy/gateway v1.9.0): ``config.envoyGateway`` keeps the
+    chart's ``gateway.controllerName`` and ``provider``, turns on ``extensionApis.enableBackend`` (gShare's
+    SecurityPolicy ext auth reaches the control plane through a ``Backend``, which Envoy Gateway ignores otherwise)
+    and sets the default ``envoyProxy`` (:func:`envoy_proxy_defaults`: on ``ingress_node``'s host network).
+
+    Args:
+        ingress_node: node name (``kubernetes.io/hostname``) the session domain resolves to.
+
+    Returns:
+        The release ``eg`` of chart ``gateway-helm`` from ``GSHARE_ATTACH_ENVOY_GATEWAY_REPO`` at
+        ``GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION``.
+    """
+    version = settings.GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION
+    values = {"config": {"envoyGateway": {
+        "gateway": {"controllerName": ENVOY_GATEWAY_CONTROLLER},
+        "provider": {"type": "Kubernetes"},
+        "extensionApis": {"enableBackend": True},
+        "envoyProxy": envoy_proxy_defaults(ingress_node),
+    }}}
+    return ChartRelease(release=ENVOY_GATEWAY_RELEASE, namespace=ENVOY_GATEWAY_NAMESPACE, chart="gateway-helm",
+                        repo_url=settings.GSHARE_ATTACH_ENVOY_GATEWAY_REPO, version=version, values=values,
+                        what=f"Envoy Gateway {version} on {ingress_node}")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ Steps (docs/attach.md describes each, its failures and their fixes):
 2. GPU node prerequisites (a check pod per node: driver, container toolkit, containerd's nvidia runtime);
 3. the ``nvidia`` RuntimeClass and the labels ``gpu=on`` and ``gshare.io/gpu-mode`` on GPU nodes;
 4. HAMi, with its kube-scheduler pinned to the cluster's version, then wait for GPUs to be advertised;
-5. ingress-nginx on the ingress node (unless ``--skip-ingress``);
+5. session routing (``clusters.attach.routing``): Envoy Gateway and the session Gateway (``--routing gateway-api``, the
+   default), or ingress-nginx (``--routing ingress-nginx``, retired upstream), on the ingress node; with
+   ``--skip-ingress`` the controller the cluster already runs;
 6. the control plane's credential: ServiceAccount ``gshare-control-plane`` with least-privilege RBAC and its token
    (``clusters.attach.credential``): registration sends that, never the admin kubeconfig;
 7. registration through the control plane's API (``POST /api/v1/clusters``, probe included; an existing
@@ -42,6 +44,7 @@ from django.utils import timezone
 from clusters.attach import checks, credential, fixes, releases
 from clusters.attach.control_plane import ControlPlaneClient, ControlPlaneError
 from clusters.attach.helm import HelmInstallFailed, install_release
+from clusters.attach.routing import RoutingStep, parse_gateway_flag
 from clusters.kube import KubeError, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import NAMESPACES, NODES, PODS, RUNTIME_CLASSES
 from clusters.kubeconfig import KubeconfigError, validate_kubeconfig
@@ -49,7 +52,16 @@ from clusters.models import cluster_name_validator, dns_name_validator
 from gshare.exceptions import ApplicationError
 from gshare.version import GSHARE_VERSION, compatible
 from operator_agent import rfc3339
-from operator_agent.contract import GPU_MODE_LABEL, GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE, GSHARE_API_VERSION, OPERATOR_CHECKS
+from operator_agent.contract import (
+    GPU_MODE_LABEL,
+    GPU_NODE_LABEL_KEY,
+    GPU_NODE_LABEL_VALUE,
+    GSHARE_API_VERSION,
+    OPERATOR_CHECKS,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+    ROUTING_MODES,
+)
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 #: A Kubernetes object name (RFC 1123 subdomain: namespaces and Secret names are within it).
@@ -98,9 +110,11 @@ class AttachOptions:
         api_token: a staff API token (``GSHARE_API_TOKEN`` or ``--token-file``); never printed.
         api_url: ``--api-url``: where this machine reaches the control plane's public API ("" = ``control_plane_url``).
         session_domain: ``--session-domain``: hostname the cluster's ingress serves sessions at.
-        ingress_node: ``--ingress-node``: node that runs ingress-nginx (the session domain resolves to it).
+        ingress_node: ``--ingress-node``: node that runs the routing controller's proxy (the session domain resolves to it).
         storage_values_path: ``--storage-values``: democratic-csi NFS values file, or None.
-        skip_ingress: ``--skip-ingress``: the cluster already runs an ingress controller.
+        skip_ingress: ``--skip-ingress``: the cluster already runs its routing controller (found, not installed).
+        routing: ``--routing``: ``gateway-api`` or ``ingress-nginx``; "" = gateway-api, or with ``skip_ingress`` what is found.
+        gateway: ``--gateway``: ``NAMESPACE/NAME`` of the session Gateway ("" = ``gshare-system/gshare-sessions``).
         operator_image: ``--operator-image``: image of the operator, or None for the chart's default.
         argv: the command line as the user ran it, for "then re-run:" (``clusters.attach.fixes.invocation``).
         manage: the prefix that runs another manage.py command, for fixes that name one.
@@ -113,6 +127,8 @@ class AttachOptions:
     ingress_node: str
     storage_values_path: str | None = None
     skip_ingress: bool = False
+    routing: str = ""
+    gateway: str = ""
     operator_image: str | None = None
     api_token: str = field(default="", repr=False)
     api_url: str = ""
@@ -132,6 +148,9 @@ class _State:
     gpu_nodes: dict[str, int] = field(default_factory=dict)  # node -> GPUs on the PCI bus
     cluster: dict | None = None  # the registration as GET /api/v1/clusters/{id} shows it to staff
     storage: releases.StoragePlan | None = None
+    routing: str = ""  # the mode step 5 set up or found (what registration sends)
+    gateway_namespace: str = ""
+    gateway_name: str = ""
     started_at: Any = None
 
 
@@ -150,7 +169,7 @@ def _name(obj: dict) -> str:
     return (obj.get("metadata") or {}).get("name") or ""
 
 
-class Attach:
+class Attach(RoutingStep):
     """Runs the steps of one attach; ``run()`` returns the cluster or raises :class:`AttachStopped`.
 
     Args:
@@ -180,7 +199,7 @@ class Attach:
             ("GPU node prerequisites", self.step_prerequisites),
             ("RuntimeClass nvidia and GPU node labels", self.step_runtime_class_and_labels),
             ("HAMi", self.step_hami),
-            ("ingress-nginx", self.step_ingress),
+            ("session routing", self.step_routing),
             ("control plane credential", self.step_credential),
             ("register with the control plane", self.step_register),
             ("operator", self.step_operator),
@@ -319,6 +338,13 @@ class Attach:
                 shown = value if "@" not in value else "<the URL given>"
                 raise self._stop(f"{flag} {shown!r} is not an http(s) URL {problem}",
                                  f"pass the control plane's URL {what}, e.g. https://gshare.example.org")
+        if options.routing and options.routing not in ROUTING_MODES:
+            raise self._stop(f"--routing {options.routing!r} is not a routing mode",
+                             f"pass --routing {ROUTING_GATEWAY_API} (Envoy Gateway, the default) or --routing {ROUTING_INGRESS_NGINX}")
+        try:
+            parse_gateway_flag(options.gateway)
+        except ValueError as exc:
+            raise self._stop(str(exc), "pass --gateway NAMESPACE/NAME, or leave it out for gshare-system/gshare-sessions") from None
         if options.operator_image:
             try:
                 releases.split_image(options.operator_image)
@@ -502,9 +528,11 @@ class Attach:
         try:
             result = install_release(self.state.kubeconfig, release, timeout=settings.GSHARE_ATTACH_HELM_TIMEOUT)
         except HelmInstallFailed as exc:
-            source = f"--repo {release.repo_url} --version {release.version}" if release.repo_url else ""
+            oci = release.repo_url.startswith("oci://")
+            source = (f"--version {release.version}" if oci else
+                      f"--repo {release.repo_url} --version {release.version}" if release.repo_url else "")
             fix = (f"check it is reachable from the control plane: curl -k --max-time 10 {self.state.server}/version" if exc.unreachable
-                   else f"check the chart can be fetched and rendered: helm template {release.release} {release.chart} {source}".strip())
+                   else f"check the chart can be fetched and rendered: helm template {release.release} {release.chart_ref} {source}".strip())
             raise self._stop(f"Helm could not install {release.what} (release {release.release} in {release.namespace}): {exc}", fix) from None
         return f"{release.what}: release {release.release} {result.action} (revision {result.revision})"
 
@@ -538,14 +566,6 @@ class Attach:
                                      "-c device-plugin")
                 time.sleep(0.5)
         return f"ok: {done}; {advertised} vGPUs (nvidia.com/gpu) advertised on {len(self.state.gpu_nodes)} node(s)"
-
-    # ----------------------------------------------------------------- 5
-
-    def step_ingress(self) -> str:
-        """Step 5: ingress-nginx on the ingress node, unless ``--skip-ingress``."""
-        if self.options.skip_ingress:
-            return "skipped (--skip-ingress)"
-        return "ok: " + self._install(releases.ingress_nginx_release(self.options.ingress_node))
 
     # ----------------------------------------------------------------- 6
 
@@ -581,7 +601,8 @@ class Attach:
                                      f"pick another --name, or deregister the other one: DELETE /api/v1/clusters/{existing['id']}")
                 changes: dict[str, str] = {key: value for key, value in (("session_domain", self.options.session_domain),
                                                                          ("ingress_node", self.options.ingress_node),
-                                                                         ("volume_storage_class", storage_class))
+                                                                         ("volume_storage_class", storage_class),
+                                                                         *self._routing_fields().items())
                                            if value and existing.get(key) != value}
                 # The credential is sent every time: the control plane keeps it when it is the one it holds, else checks
                 # that it reaches the same cluster (kube-system uid) and replaces it in place.
@@ -599,7 +620,7 @@ class Attach:
             try:
                 cluster = api.register({"name": self.options.name, "kubeconfig": self.state.registered_kubeconfig,
                                         "session_domain": self.options.session_domain, "ingress_node": self.options.ingress_node,
-                                        "volume_storage_class": storage_class})
+                                        "volume_storage_class": storage_class, **self._routing_fields()})
             except ControlPlaneError as exc:
                 if not exc.code:
                     raise
@@ -608,6 +629,13 @@ class Attach:
                                                         cluster_lookup=_lookup(api))) from None
         self.state.cluster = cluster
         return f"ok: registered as {cluster['id']}"
+
+    def _routing_fields(self) -> dict[str, str]:
+        """The cluster's routing as step 5 set it up: ``routing``, and for gateway-api its Gateway's name and namespace."""
+        state = self.state
+        if state.routing != ROUTING_GATEWAY_API:
+            return {"routing": state.routing} if state.routing else {}
+        return {"routing": state.routing, "gateway_name": state.gateway_name, "gateway_namespace": state.gateway_namespace}
 
     # ----------------------------------------------------------------- 8
 

@@ -18,6 +18,7 @@ from demo.emulator.common import Outcome
 from demo.emulator.control import ControlMixin
 from demo.emulator.controllers import Controller
 from demo.emulator.controllers.device_plugin import HamiDevicePlugin
+from demo.emulator.controllers.envoy_gateway import EnvoyGateway
 from demo.emulator.controllers.hami_metrics import SCHEMES
 from demo.emulator.controllers.hami_monitor import HamiMonitor
 from demo.emulator.controllers.hami_scheduler import HamiScheduler
@@ -105,6 +106,9 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
       annotation the stand-in did not write (a seed's, e.g. the demo fleet's) are left alone; deleting the
       DaemonSet leaves the annotations (like the real plugin).
 
+    Envoy Gateway (``controllers.envoy_gateway``): once its Deployment ``envoy-gateway-system/envoy-gateway`` exists,
+    the status Envoy Gateway writes on GatewayClasses of its controller, their Gateways and the HTTPRoutes attached.
+
     HAMi's vGPU monitor (always on; ``controllers.hami_monitor``):
 
     * the DaemonSet's pods: every node such a DaemonSet selects that has ``hami.io/node-nvidia-register`` runs one
@@ -164,6 +168,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
     hami_monitor: HamiMonitor = attrs.field(init=False)
     volumes: VolumeControllers = attrs.field(init=False)
     tokens: TokensController = attrs.field(init=False)
+    envoy_gateway: EnvoyGateway = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -179,6 +184,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
         self.hami_monitor = HamiMonitor(self)
         self.volumes = VolumeControllers(self)
         self.tokens = TokensController(self)
+        self.envoy_gateway = EnvoyGateway(self)
         self.subscribe(self._forget_recorded_events)
         for controller in self.controllers:
             self.subscribe(controller.on_event)
@@ -189,7 +195,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
     @property
     def controllers(self) -> tuple[Controller, ...]:
         """The stand-in controllers, in the order they hear of each store event."""
-        return (self.scheduler, self.kubelet, self.device_plugin, self.hami_monitor, self.volumes, self.tokens)
+        return (self.scheduler, self.kubelet, self.device_plugin, self.hami_monitor, self.volumes, self.tokens, self.envoy_gateway)
 
     def start_controllers(self) -> None:
         """Let every controller act on the objects already stored (a seed) once serving; call it in the loop."""

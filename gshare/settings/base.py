@@ -186,6 +186,10 @@ GSHARE_ATTACH_HAMI_REPO = env.str("GSHARE_ATTACH_HAMI_REPO", default="https://pr
 GSHARE_ATTACH_HAMI_CHART_VERSION = env.str("GSHARE_ATTACH_HAMI_CHART_VERSION", default="2.7.1")
 GSHARE_ATTACH_INGRESS_NGINX_REPO = env.str("GSHARE_ATTACH_INGRESS_NGINX_REPO", default="https://kubernetes.github.io/ingress-nginx")
 GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION = env.str("GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION", default="4.13.3")
+#: Envoy Gateway's chart (``gateway-helm``) is published as an OCI artifact: an ``oci://`` base (the chart name is
+#: appended) or an HTTP chart repository (a mirror, or the tests' loopback repository).
+GSHARE_ATTACH_ENVOY_GATEWAY_REPO = env.str("GSHARE_ATTACH_ENVOY_GATEWAY_REPO", default="oci://docker.io/envoyproxy")
+GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION = env.str("GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION", default="v1.9.0")
 GSHARE_ATTACH_DEMOCRATIC_CSI_REPO = env.str("GSHARE_ATTACH_DEMOCRATIC_CSI_REPO", default="https://democratic-csi.github.io/charts/")
 GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION = env.str("GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION", default="0.15.0")
 #: Image of the node check pods (needs sh, chroot, grep, nc, timeout).
@@ -195,6 +199,8 @@ GSHARE_ATTACH_CHECK_TIMEOUT = env.float("GSHARE_ATTACH_CHECK_TIMEOUT", default=1
 GSHARE_ATTACH_GPU_TIMEOUT = env.float("GSHARE_ATTACH_GPU_TIMEOUT", default=300.0)
 GSHARE_ATTACH_HELM_TIMEOUT = env.int("GSHARE_ATTACH_HELM_TIMEOUT", default=300)
 GSHARE_ATTACH_INVENTORY_TIMEOUT = env.float("GSHARE_ATTACH_INVENTORY_TIMEOUT", default=300.0)
+#: Seconds attach_cluster waits for the session Gateway to be Programmed (gateway-api routing).
+GSHARE_ATTACH_GATEWAY_TIMEOUT = env.float("GSHARE_ATTACH_GATEWAY_TIMEOUT", default=300.0)
 
 # --- sessions ---------------------------------------------------------------------------------
 #: ``binpack`` (fill the busiest node first) or ``spread`` (the idlest first).

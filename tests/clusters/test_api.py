@@ -261,3 +261,25 @@ def test_malformed_names_are_refused_before_dialling(http, fleet_cluster, field)
     cluster = ClusterFactory()
     patched = http.patch(f"/api/v1/clusters/{cluster.public_id}", json={field: "UPPER_case"})
     assert patched.status_code == 400 and field in patched.json()["detail"]
+
+
+def test_routing_is_set_at_registration_shown_to_staff_and_changed_with_patch(http, fleet_cluster):
+    emulated = fleet_cluster("lab-c1")
+    plain = register(http, emulated, name="plain")
+    assert plain.status_code == 201, plain.text
+    assert (plain.json()["routing"], plain.json()["gateway_namespace"], plain.json()["gateway_name"]) == (
+        "ingress-nginx", "gshare-system", "gshare-sessions")  # left out: ingress-nginx, as for every existing cluster
+    http.delete(f"/api/v1/clusters/{plain.json()['id']}")
+    response = register(http, emulated, routing="gateway-api", gateway_name="sessions", gateway_namespace="edge")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert (body["routing"], body["gateway_namespace"], body["gateway_name"]) == ("gateway-api", "edge", "sessions")
+    patched = http.patch(f"/api/v1/clusters/{body['id']}", json={"routing": "ingress-nginx"})
+    assert patched.status_code == 200 and patched.json()["routing"] == "ingress-nginx"
+    for change, field in (({"routing": "istio"}, "routing"), ({"gateway_name": "Not a name!"}, "gateway_name"),
+                          ({"gateway_namespace": "a.b"}, "gateway_namespace")):
+        refused = http.patch(f"/api/v1/clusters/{body['id']}", json=change)
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_request", refused.text
+        assert field in refused.json()["detail"]
+    row = Cluster.objects.get(public_id=body["id"])
+    assert (row.routing, row.gateway_namespace, row.gateway_name) == ("ingress-nginx", "edge", "sessions")

@@ -131,15 +131,16 @@ def test_the_chart_repository_serves_an_index_and_the_charts_it_names(tmp_path):
     repository = ChartRepository(tmp_path / "repo").start()
     try:
         index = yaml.safe_load(requests.get(f"{repository.url}/index.yaml", timeout=10).text)
-        assert sorted(index["entries"]) == ["democratic-csi", "hami", "ingress-nginx"]
+        assert sorted(index["entries"]) == ["democratic-csi", "gateway-helm", "hami", "ingress-nginx"]
         assert {name: entries[0]["version"] for name, entries in index["entries"].items()} == chart_versions() == {
-            "democratic-csi": "0.15.0", "hami": "2.7.1", "ingress-nginx": "4.13.3"}
+            "democratic-csi": "0.15.0", "gateway-helm": "v1.9.0", "hami": "2.7.1", "ingress-nginx": "4.13.3"}
         for entries in index["entries"].values():
             archive = requests.get(f"{repository.url}/{entries[0]['urls'][0]}", timeout=10)
             assert archive.status_code == 200 and hashlib.sha256(archive.content).hexdigest() == entries[0]["digest"]
         assert repository.attach_environment() == {
             "GSHARE_ATTACH_HAMI_REPO": repository.url, "GSHARE_ATTACH_HAMI_CHART_VERSION": "2.7.1",
             "GSHARE_ATTACH_INGRESS_NGINX_REPO": repository.url, "GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION": "4.13.3",
+            "GSHARE_ATTACH_ENVOY_GATEWAY_REPO": repository.url, "GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION": "v1.9.0",
             "GSHARE_ATTACH_DEMOCRATIC_CSI_REPO": repository.url, "GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION": "0.15.0",
         }
     finally:

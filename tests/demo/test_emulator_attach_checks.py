@@ -470,3 +470,150 @@ def test_cli_seed_hosts_key(tmp_path):
     result = subprocess.run([sys.executable, "-m", "demo.emulator", "--seed", str(bad), "--port", "0"], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "nvidia_pci must be an integer >= 0" in result.stderr
+
+
+# --------------------------------------------------------------------------- Envoy Gateway's stand-in controller
+
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+EG_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
+EG_CONFIG = """apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyGateway
+gateway: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
+extensionApis: {enableBackend: true}
+envoyProxy:
+  provider:
+    type: Kubernetes
+    kubernetes:
+      envoyDeployment:
+        pod: {nodeSelector: {kubernetes.io/hostname: gpu-a}}
+"""
+
+
+def gateway_seed(*, running: bool = True, pinned: bool = True) -> list[dict]:
+    """``seed()`` plus the upstream Gateway API / Envoy Gateway CRDs (tests/fixtures/crds), the session namespace, and
+    (``running``) Envoy Gateway's Deployment and config (``pinned``: its default envoyProxy pins Envoy to gpu-a)."""
+    crds = [yaml.safe_load(path.read_text()) for path in sorted((FIXTURES / "crds").glob("*.yaml"))]
+    objects = [*seed(), *crds, _namespace("gshare-sessions"), _namespace("other"), _namespace("envoy-gateway-system")]
+    if running:
+        objects.append({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "envoy-gateway", "namespace": "envoy-gateway-system"},
+                        "spec": {"selector": {"matchLabels": {"app": "eg"}},
+                                 "template": {"metadata": {"labels": {"app": "eg"}},
+                                              "spec": {"containers": [{"name": "envoy-gateway", "image": "envoyproxy/gateway:v1.9.0"}]}}}})
+        config = EG_CONFIG if pinned else EG_CONFIG.split("envoyProxy:")[0]
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "envoy-gateway-config", "namespace": "envoy-gateway-system"},
+                        "data": {"envoy-gateway.yaml": config}})
+    return objects
+
+
+def _gateway_objects(custom, core, *, secret: bool = True, route_namespace: str = "gshare-sessions",
+                     host: str = "lab.gpu.example.org", service: bool = True) -> None:
+    custom.create_cluster_custom_object(GATEWAY_GROUP, "v1", "gatewayclasses", {
+        "apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": "gshare-envoy-gateway"},
+        "spec": {"controllerName": EG_CONTROLLER}})
+    custom.create_cluster_custom_object(GATEWAY_GROUP, "v1", "gatewayclasses", {
+        "apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": "istio"},
+        "spec": {"controllerName": "istio.io/gateway-controller"}})
+    if secret:
+        core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "gshare-sessions-tls"}, "type": "kubernetes.io/tls",
+                                                  "data": {"tls.crt": "", "tls.key": ""}})
+    custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1", NAMESPACE, "gateways", {
+        "apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "Gateway", "metadata": {"name": "gshare-sessions"},
+        "spec": {"gatewayClassName": "gshare-envoy-gateway", "listeners": [{
+            "name": "https", "protocol": "HTTPS", "port": 443, "hostname": "lab.gpu.example.org",
+            "tls": {"mode": "Terminate", "certificateRefs": [{"group": "", "kind": "Secret", "name": "gshare-sessions-tls"}]},
+            "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"kubernetes.io/metadata.name": "gshare-sessions"}}},
+                              "kinds": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute"}]}}]}})
+    if service:
+        core.create_namespaced_service(route_namespace, {"metadata": {"name": "s-1"}, "spec": {"ports": [{"port": 8888}]}})
+    custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1", route_namespace, "httproutes", {
+        "apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "HTTPRoute", "metadata": {"name": "s-1"},
+        "spec": {"parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway", "name": "gshare-sessions", "namespace": NAMESPACE}],
+                 "hostnames": [host],
+                 "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/s/s-1/"}}], "backendRefs": [{"name": "s-1", "port": 8888}]}]}})
+
+
+def _conditions(obj: dict | None) -> dict[str, dict]:
+    """Conditions by type of an object's status, or of a route's ``status.parents[]`` entry."""
+    found = (obj or {}).get("conditions") if "parentRef" in (obj or {}) else ((obj or {}).get("status") or {}).get("conditions")
+    return {c["type"]: c for c in found or []}
+
+
+def _read(custom, plural: str, name: str, namespace: str | None = None) -> dict:
+    if namespace is None:
+        return custom.get_cluster_custom_object(GATEWAY_GROUP, "v1", plural, name)
+    return custom.get_namespaced_custom_object(GATEWAY_GROUP, "v1", namespace, plural, name)
+
+
+def test_envoy_gateway_stand_in_accepts_its_class_programs_the_gateway_and_accepts_the_route():
+    with EmulatedCluster(gateway_seed(), token=TOKEN) as running:
+        client = kubernetes.config.new_client_from_config_dict(running.kubeconfig("attach"))
+        custom, core = kubernetes.client.CustomObjectsApi(client), kubernetes.client.CoreV1Api(client)
+        _gateway_objects(custom, core)
+        wait_for(lambda: _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE)).get("Programmed", {}).get("status") == "True")
+        accepted = _conditions(_read(custom, "gatewayclasses", "gshare-envoy-gateway"))["Accepted"]
+        assert (accepted["status"], accepted["reason"], accepted["message"], accepted["observedGeneration"]) == (
+            "True", "Accepted", "Valid GatewayClass", 1)
+        assert "status" not in _read(custom, "gatewayclasses", "istio") or not _conditions(_read(custom, "gatewayclasses", "istio"))
+        gateway = _read(custom, "gateways", "gshare-sessions", NAMESPACE)
+        conditions = _conditions(gateway)
+        assert (conditions["Accepted"]["reason"], conditions["Accepted"]["message"]) == (
+            "Accepted", "The Gateway has been scheduled by Envoy Gateway")
+        assert conditions["Programmed"]["message"] == "Address assigned to the Gateway, 1/1 envoy replicas available"
+        assert all(c["observedGeneration"] == gateway["metadata"]["generation"] for c in conditions.values())
+        assert gateway["status"]["addresses"] == [{"type": "IPAddress", "value": "10.0.0.11"}]  # gpu-a, where Envoy is pinned
+        (listener,) = gateway["status"]["listeners"]
+        wait_for(lambda: _read(custom, "gateways", "gshare-sessions", NAMESPACE)["status"]["listeners"][0]["attachedRoutes"] == 1)
+        assert listener["supportedKinds"] == [{"group": GATEWAY_GROUP, "kind": "HTTPRoute"}]
+        assert {c["type"]: c["status"] for c in listener["conditions"]} == {"Programmed": "True", "Accepted": "True", "ResolvedRefs": "True"}
+        route = _read(custom, "httproutes", "s-1", "gshare-sessions")
+        (parent,) = route["status"]["parents"]
+        assert parent["controllerName"] == EG_CONTROLLER and parent["parentRef"]["name"] == "gshare-sessions"
+        assert {t: (c["status"], c["reason"], c["message"]) for t, c in _conditions(parent).items()} == {
+            "Accepted": ("True", "Accepted", "Route is accepted"),
+            "ResolvedRefs": ("True", "ResolvedRefs", "Resolved all the Object references for the Route")}
+        stamp = conditions["Programmed"]["lastTransitionTime"]
+        # A spec change: judged again for the new generation, the unchanged verdict keeps its transition time.
+        custom.patch_namespaced_custom_object(GATEWAY_GROUP, "v1", NAMESPACE, "gateways", "gshare-sessions",
+                                              {"metadata": {"labels": {"x": "y"}}, "spec": {"listeners": [{
+                                                  **gateway["spec"]["listeners"][0], "port": 8443}]}})
+        wait_for(lambda: _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE))["Programmed"]["observedGeneration"] == 2)
+        assert _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE))["Programmed"]["lastTransitionTime"] == stamp
+        client.close()
+
+
+def test_envoy_gateway_stand_in_refuses_what_envoy_gateway_refuses():
+    with EmulatedCluster(gateway_seed(pinned=False), token=TOKEN) as running:
+        client = kubernetes.config.new_client_from_config_dict(running.kubeconfig("attach"))
+        custom, core = kubernetes.client.CustomObjectsApi(client), kubernetes.client.CoreV1Api(client)
+        _gateway_objects(custom, core, secret=False, route_namespace="other", service=False)
+        wait_for(lambda: "Programmed" in _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE)))
+        gateway = _read(custom, "gateways", "gshare-sessions", NAMESPACE)
+        conditions = _conditions(gateway)
+        # No Envoy placement: the LoadBalancer Service of a bare-metal cluster gets no address.
+        assert (conditions["Programmed"]["status"], conditions["Programmed"]["reason"]) == ("False", "AddressNotAssigned")
+        assert (conditions["Accepted"]["status"], conditions["Accepted"]["message"]) == ("False", "No listeners are valid: https")
+        refs = {c["type"]: c for c in gateway["status"]["listeners"][0]["conditions"]}["ResolvedRefs"]
+        assert (refs["reason"], refs["message"]) == ("InvalidCertificateRef", "Secret gshare-system/gshare-sessions-tls does not exist.")
+        wait_for(lambda: (_read(custom, "httproutes", "s-1", "other").get("status") or {}).get("parents"))
+        parent = _read(custom, "httproutes", "s-1", "other")["status"]["parents"][0]
+        assert _conditions(parent)["Accepted"]["reason"] == "NotAllowedByListeners"  # namespace "other" is not selected
+        assert _conditions(parent)["ResolvedRefs"]["message"] == (
+            "Failed to process route rule 0 backendRef 0: service other/s-1 not found.")
+        client.close()
+
+
+def test_nothing_is_judged_while_envoy_gateway_does_not_run():
+    with EmulatedCluster(gateway_seed(running=False), token=TOKEN) as running:
+        client = kubernetes.config.new_client_from_config_dict(running.kubeconfig("attach"))
+        custom, core, apps = (kubernetes.client.CustomObjectsApi(client), kubernetes.client.CoreV1Api(client),
+                              kubernetes.client.AppsV1Api(client))
+        _gateway_objects(custom, core)
+        time.sleep(0.5)
+        assert not _conditions(_read(custom, "gatewayclasses", "gshare-envoy-gateway"))
+        assert not _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE))
+        seeded = gateway_seed()
+        apps.create_namespaced_deployment("envoy-gateway-system", seeded[-2])
+        core.create_namespaced_config_map("envoy-gateway-system", seeded[-1])
+        wait_for(lambda: _conditions(_read(custom, "gateways", "gshare-sessions", NAMESPACE)).get("Programmed", {}).get("status") == "True")
+        client.close()

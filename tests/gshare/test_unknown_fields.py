@@ -14,7 +14,8 @@ from storage.api.serializers import PoolUpdateSerializer, VolumeUpdateSerializer
     (PoolUpdateSerializer, {"capacity_bytes": 1},
      "Only name, cluster, storage_class, sharing, allowed_clusters, manual_capacity_gb, storage_node can be changed; not capacity_bytes."),
     (ClusterUpdateSerializer, {"name": "x", "session_domain": "bad domain"},
-     "Only session_domain, ingress_node, volume_storage_class and kubeconfig can be changed; to change name, deregister and register again."),
+     "Only session_domain, ingress_node, volume_storage_class, routing, gateway_name, gateway_namespace and kubeconfig can be "
+     "changed; to change name, deregister and register again."),
 ])
 def test_unknown_fields_are_refused_first(serializer, body, detail):
     with pytest.raises(ApplicationError) as refused:

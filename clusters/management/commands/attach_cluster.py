@@ -16,6 +16,13 @@ from django.core.management.base import BaseCommand, CommandError
 from audit.context import command_actor
 from clusters.attach.fixes import invocation
 from clusters.attach.steps import Attach, AttachOptions, AttachStopped
+from operator_agent.contract import (
+    GATEWAY_NAME_DEFAULT,
+    GATEWAY_NAMESPACE_DEFAULT,
+    ROUTING_GATEWAY_API,
+    ROUTING_INGRESS_NGINX,
+    ROUTING_MODES,
+)
 
 #: Environment variable holding the staff API token (when ``--token-file`` is not given).
 TOKEN_ENV = "GSHARE_API_TOKEN"
@@ -28,8 +35,9 @@ class Command(BaseCommand):
     # Django's system checks inspect the database configuration; the attach has none.
     requires_system_checks: list[str] = []
     help = (
-        "Attach a GPU cluster in nine idempotent steps: check the nodes, install the nvidia RuntimeClass, HAMi and "
-        "ingress-nginx, register the cluster, deploy its operator (and NFS storage), wait for its first inventory. "
+        "Attach a GPU cluster in ten idempotent steps: check the nodes, install the nvidia RuntimeClass, HAMi and "
+        "session routing (Envoy Gateway and a Gateway, or ingress-nginx), register the cluster, "
+        "deploy its operator (and NFS storage), wait for its first inventory. "
         "Re-run it to repair a half-finished attach or to roll the operator forward (docs/attach.md)."
     )
 
@@ -38,9 +46,18 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True, help="the cluster's name in gShare (1-63 characters)")
         parser.add_argument("--control-plane", required=True, metavar="URL", help="the control plane's URL as the cluster's pods reach it")
         parser.add_argument("--session-domain", required=True, metavar="HOST", help="hostname the cluster's ingress serves sessions at")
-        parser.add_argument("--ingress-node", required=True, metavar="NODE", help="node that runs ingress-nginx (the session domain resolves to it)")
+        parser.add_argument("--ingress-node", required=True, metavar="NODE",
+                            help="node that runs the session proxy (Envoy, or ingress-nginx); the session domain resolves to it")
         parser.add_argument("--storage-values", metavar="PATH", help="democratic-csi NFS Helm values: check NFS on every node, install the CSI driver")
-        parser.add_argument("--skip-ingress", action="store_true", help="do not install ingress-nginx (the cluster has an ingress controller)")
+        parser.add_argument("--routing", choices=ROUTING_MODES, default="",
+                            help=f"how sessions are reached: {ROUTING_GATEWAY_API} (Envoy Gateway, the default) or {ROUTING_INGRESS_NGINX} "
+                                 "(retired upstream, no security patches since 2026-03-24)")
+        parser.add_argument("--gateway", metavar="NAMESPACE/NAME", default="",
+                            help=f"the Gateway session routes attach to (default {GATEWAY_NAMESPACE_DEFAULT}/{GATEWAY_NAME_DEFAULT}; "
+                                 "created when missing)")
+        parser.add_argument("--skip-ingress", action="store_true",
+                            help="install no routing controller: use the one the cluster runs (an ingress-nginx IngressClass or an "
+                                 "Envoy Gateway GatewayClass)")
         parser.add_argument("--operator-image", metavar="IMAGE", help="operator image repository:tag (default: the chart's)")
         parser.add_argument("--token-file", metavar="PATH",
                             help=f"file holding a staff API token (default: the {TOKEN_ENV} environment variable)")
@@ -57,6 +74,7 @@ class Command(BaseCommand):
             kubeconfig_path=options["kubeconfig"], name=options["name"], control_plane_url=options["control_plane"].rstrip("/"),
             session_domain=options["session_domain"], ingress_node=options["ingress_node"],
             storage_values_path=options["storage_values"], skip_ingress=options["skip_ingress"],
+            routing=options["routing"] or "", gateway=options["gateway"] or "",
             operator_image=options["operator_image"], api_token=token, api_url=(options["api_url"] or "").rstrip("/"),
             argv=rerun, manage=manage,
         )

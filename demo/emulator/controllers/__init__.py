@@ -7,9 +7,11 @@
 * ``hami_monitor`` -- the DaemonSet controller running the device plugin's pods, and their ``vGPUmonitor`` container
   (what it answers through the pod proxy: ``hami_metrics``);
 * ``volumes`` -- kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner;
-* ``tokens`` -- kube-controller-manager's tokens controller, filling ServiceAccount token Secrets.
+* ``tokens`` -- kube-controller-manager's tokens controller, filling ServiceAccount token Secrets;
+* ``envoy_gateway`` -- Envoy Gateway's controller: the status of GatewayClasses, Gateways and HTTPRoutes (the demo
+  ingress, ``demo/ingress.py``, does the routing).
 
-Stand-ins still to come go here too, one module each, e.g. an ingress controller.
+Stand-ins still to come go here too, one module each.
 
 A controller is a ``Controller``: the emulator calls ``on_event`` with every store event (``StoreEvent``, in the
 emulator's loop and under its lock, so it must not block: it starts a task with ``api.spawn`` for anything that waits),

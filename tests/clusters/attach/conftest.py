@@ -41,10 +41,12 @@ def attach_settings(settings, chart_repo, tmp_path, monkeypatch, live_server):
     node: ``session_domain_resolves`` passes too, and a re-run's connection test finds nothing to stop on).
     """
     settings.GSHARE_CONTROL_PLANE_URL = live_server.url
-    for key in ("HAMI", "INGRESS_NGINX", "DEMOCRATIC_CSI"):
+    for key in ("HAMI", "INGRESS_NGINX", "ENVOY_GATEWAY", "DEMOCRATIC_CSI"):
         setattr(settings, f"GSHARE_ATTACH_{key}_REPO", chart_repo)
     settings.GSHARE_ATTACH_HAMI_CHART_VERSION = "2.7.1"
     settings.GSHARE_ATTACH_INGRESS_NGINX_CHART_VERSION = "4.13.3"
+    settings.GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION = "v1.9.0"
+    settings.GSHARE_ATTACH_GATEWAY_TIMEOUT = 20.0
     settings.GSHARE_ATTACH_DEMOCRATIC_CSI_CHART_VERSION = "0.15.0"
     settings.GSHARE_ATTACH_CHECK_TIMEOUT = 20.0
     settings.GSHARE_ATTACH_GPU_TIMEOUT = 20.0
@@ -56,13 +58,19 @@ def attach_settings(settings, chart_repo, tmp_path, monkeypatch, live_server):
 
 @pytest.fixture
 def bare_cluster(fleet_cluster, tmp_path):
-    """Factory: ``start(name, **host_overrides)`` -> ``(EmulatedCluster, kubeconfig path)`` of a demo cluster before
-    attach (no gShare labels, HAMi, RuntimeClass or CRD), its hosts prepared unless overridden."""
+    """Factory: ``start(name, ingress_class=True, **host_overrides)`` -> ``(EmulatedCluster, kubeconfig path)`` of a demo
+    cluster before attach (no gShare labels, HAMi, RuntimeClass or CRD), its hosts prepared unless overridden.
 
-    def start(name: str = "lab-c1", **overrides):
+    ``ingress_class``: the cluster already runs ingress-nginx as the guide's flow has it (its IngressClass ``nginx``), so
+    ``--skip-ingress`` finds it; False: no routing controller at all."""
+
+    def start(name: str = "lab-c1", ingress_class: bool = True, **overrides):
+        objects = fleet.bare_cluster_objects(name)
+        if ingress_class:
+            objects.append({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "nginx"},
+                            "spec": {"controller": "k8s.io/ingress-nginx"}})
         # TLS: client-go (so Helm) sends the kubeconfig's bearer token only over TLS, as against a real apiserver.
-        emulated = fleet_cluster(name, objects=fleet.bare_cluster_objects(name), hosts=fleet.cluster_hosts(name, **overrides),
-                                 tls=True)
+        emulated = fleet_cluster(name, objects=objects, hosts=fleet.cluster_hosts(name, **overrides), tls=True)
         path = tmp_path / f"{name}.kubeconfig"
         path.write_text(kubeconfig_text(emulated))
         return emulated, path

@@ -8,6 +8,7 @@ process that reports to the live server.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import pytest
 import yaml
+from cryptography import x509
 from django.core.management import CommandError, call_command
 
 from clusters.attach.fixes import INVOKED_AS_ENV
@@ -29,6 +31,8 @@ from tests.helpers import FIXTURES
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[3]
+RETIREMENT = ("WARNING: ingress-nginx is retired upstream: no releases and no security patches since 2026-03-24 (Kubernetes SIG "
+              "Network and the Security Response Committee).")
 
 
 class Run(NamedTuple):
@@ -107,11 +111,20 @@ def names(emulated, plural, group="", version="v1"):
     return sorted((o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in emulated.objects_of(plural, group, version))
 
 
-def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bare_cluster, operator_kubelet, live_server):
-    emulated, kubeconfig_path = bare_cluster("lab-c1")
-    kubelet = operator_kubelet(emulated, kubeconfig_path)
+def gateway_api_objects(emulated) -> dict:
+    """The Gateway API objects of the cluster: ``{"gatewayclasses": {name: obj}, "gateways": {ns/name: obj}}``."""
+    return {plural: {"/".join(filter(None, (o["metadata"].get("namespace"), o["metadata"]["name"]))): o
+                     for o in emulated.objects_of(plural, "gateway.networking.k8s.io", "v1")}
+            for plural in ("gatewayclasses", "gateways")}
 
-    out, err, error, _ = attach(kubeconfig_path, live_server)
+
+@pytest.mark.parametrize("routing", ["default", "ingress-nginx"])
+def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bare_cluster, operator_kubelet, live_server, routing):
+    emulated, kubeconfig_path = bare_cluster("lab-c1", ingress_class=False)
+    kubelet = operator_kubelet(emulated, kubeconfig_path)
+    flags = [] if routing == "default" else ["--routing", routing]
+
+    out, err, error, _ = attach(kubeconfig_path, live_server, *flags)
     assert error is None, out + err
     lines = [line for line in out.splitlines() if line.startswith("[")]
     assert [line.split("]")[0] + "]" for line in lines] == [f"[{n}/10" + "]" for n in range(1, 11)]
@@ -140,16 +153,50 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
     scheduler = next(d for d in emulated.objects_of("deployments", "apps") if d["metadata"]["name"] == "hami-scheduler")
     images = [c["image"] for c in scheduler["spec"]["template"]["spec"]["containers"]]
     assert images[0] == "registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:v1.32.3"
-    # Step 5: ingress-nginx on the ingress node, on the host network.
-    controller = next(d for d in emulated.objects_of("deployments", "apps") if d["metadata"]["name"] == "ingress-nginx-controller")
-    pod_spec = controller["spec"]["template"]["spec"]
-    assert pod_spec["nodeSelector"]["kubernetes.io/hostname"] == "lab-c1-cp-01" and pod_spec["hostNetwork"] is True
+    deployments = {d["metadata"]["name"]: d for d in emulated.objects_of("deployments", "apps")}
+    if routing == "ingress-nginx":
+        # Step 5: ingress-nginx on the ingress node, on the host network, with the retirement warning.
+        pod_spec = deployments["ingress-nginx-controller"]["spec"]["template"]["spec"]
+        assert pod_spec["nodeSelector"]["kubernetes.io/hostname"] == "lab-c1-cp-01" and pod_spec["hostNetwork"] is True
+        assert RETIREMENT in out and "--routing gateway-api" in out
+        assert "envoy-gateway" not in deployments and not gateway_api_objects(emulated)["gateways"]
+        assert (cluster.routing, sorted(helm_releases(emulated))) == ("ingress-nginx", ["gshare-operator", "hami", "ingress-nginx"])
+    else:
+        # Step 5: Envoy Gateway (Backend API on, Envoy on the ingress node's host network), its GatewayClass, and the
+        # session Gateway with an HTTPS listener for the session domain, Programmed at the ingress node's address.
+        assert "ingress-nginx-controller" not in deployments and RETIREMENT not in out
+        assert deployments["envoy-gateway"]["metadata"]["namespace"] == "envoy-gateway-system"
+        config_map = next(c for c in emulated.objects_of("configmaps") if c["metadata"]["name"] == "envoy-gateway-config")
+        config = yaml.safe_load(config_map["data"]["envoy-gateway.yaml"])
+        assert config["extensionApis"] == {"enableBackend": True}
+        assert config["gateway"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+        envoy = config["envoyProxy"]["provider"]["kubernetes"]
+        assert envoy["envoyDeployment"]["pod"]["nodeSelector"]["kubernetes.io/hostname"] == "lab-c1-cp-01"
+        assert envoy["envoyDeployment"]["patch"]["value"]["spec"]["template"]["spec"]["hostNetwork"] is True
+        found = gateway_api_objects(emulated)
+        assert found["gatewayclasses"]["gshare-envoy-gateway"]["spec"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+        gateway = found["gateways"]["gshare-system/gshare-sessions"]
+        (listener,) = gateway["spec"]["listeners"]
+        assert (listener["protocol"], listener["port"], listener["hostname"]) == ("HTTPS", 443, "lab-c1.gpu.localhost")
+        assert listener["tls"]["certificateRefs"] == [{"group": "", "kind": "Secret", "name": "gshare-sessions-tls"}]
+        assert listener["allowedRoutes"]["namespaces"]["selector"]["matchLabels"] == {"kubernetes.io/metadata.name": "gshare-sessions"}
+        tls = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == "gshare-sessions-tls")
+        certificate = x509.load_pem_x509_certificate(base64.b64decode(tls["data"]["tls.crt"]))
+        assert certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName) == ["lab-c1.gpu.localhost"]
+        ingress_ip = next(a["address"] for n in emulated.objects_of("nodes") if n["metadata"]["name"] == "lab-c1-cp-01"
+                          for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+        assert gateway["status"]["addresses"] == [{"type": "IPAddress", "value": ingress_ip}]
+        assert (f"[5/10] session routing ... ok: Envoy Gateway v1.9.0 on lab-c1-cp-01: release eg installed (revision 1); GatewayClass "
+                "gshare-envoy-gateway; Gateway gshare-system/gshare-sessions created (self-signed certificate Secret gshare-sessions-tls "
+                f"for lab-c1.gpu.localhost created (put a real one there: docs/attach.md#routing)), Programmed at {ingress_ip}") in out
+        assert (cluster.routing, cluster.gateway_name, cluster.gateway_namespace) == ("gateway-api", "gshare-sessions", "gshare-system")
     # Step 7: the operator chart with this cluster's id and the control plane's URL, and its token Secret.
     assert kubelet.env["GSHARE_CLUSTER_ID"] == cluster.public_id
     assert kubelet.env["GSHARE_CONTROL_PLANE_URL"] == live_server.url
     assert ("gshare-system", "gshare-operator-internal-jwt") in names(emulated, "secrets")
     assert {name: [r["version"] for r in revs] for name, revs in helm_releases(emulated).items()} == {
-        "hami": ["1"], "ingress-nginx": ["1"], "gshare-operator": ["1"]}
+        "hami": ["1"], "ingress-nginx" if routing == "ingress-nginx" else "eg": ["1"], "gshare-operator": ["1"]}
     # Check pods are gone.
     assert not [p for p in emulated.objects_of("pods") if p["metadata"]["name"].startswith("gshare-check-")]
 
@@ -157,15 +204,28 @@ def test_fresh_attach_then_rerun_reaches_the_same_end_state(attach_settings, bar
         ("deployments", "apps", "v1"), ("daemonsets", "apps", "v1"), ("runtimeclasses", "node.k8s.io", "v1"),
         ("namespaces", "", "v1"), ("secrets", "", "v1"), ("customresourcedefinitions", "apiextensions.k8s.io", "v1"))}
 
+    gateways_before = gateway_api_objects(emulated)
+    # The same command again (for ingress-nginx without --routing: a cluster that runs it keeps it).
     out2, err2, error2, _ = attach(kubeconfig_path, live_server, via="hack")
     assert error2 is None, out2 + err2
     assert "already registered as " + cluster.public_id in out2
     assert "0 node(s) labelled" in out2 and "RuntimeClass nvidia present" in out2
-    assert out2.count("unchanged (revision 1)") == 3, out2  # hami, ingress-nginx, the operator
+    assert out2.count("unchanged (revision 1)") == 3, out2  # hami, Envoy Gateway or ingress-nginx, the operator
+    if routing == "ingress-nginx":
+        assert ("[5/10] session routing ... ok: ingress-nginx kept (the cluster runs it: IngressClass nginx; --routing gateway-api "
+                "moves it); ingress-nginx 4.13.3 on lab-c1-cp-01: release ingress-nginx unchanged (revision 1)") in out2
+        assert RETIREMENT in out2 and Cluster.objects.get(name="lab-c1").routing == "ingress-nginx"
+    else:
+        assert "Gateway gshare-system/gshare-sessions applied (self-signed certificate Secret gshare-sessions-tls kept" in out2
+        after_gateways = gateway_api_objects(emulated)
+        assert {key: (o["metadata"]["generation"], o["spec"]) for key, o in after_gateways["gateways"].items()} == {
+            key: (o["metadata"]["generation"], o["spec"]) for key, o in gateways_before["gateways"].items()}
     after = {plural: names(emulated, plural, group, version) for plural, group, version in (
         ("deployments", "apps", "v1"), ("daemonsets", "apps", "v1"), ("runtimeclasses", "node.k8s.io", "v1"),
         ("namespaces", "", "v1"), ("secrets", "", "v1"), ("customresourcedefinitions", "apiextensions.k8s.io", "v1"))}
     assert after == before
+    tls_after = [s["data"] for s in emulated.objects_of("secrets") if s["metadata"]["name"] == "gshare-sessions-tls"]
+    assert tls_after == ([] if routing == "ingress-nginx" else [tls["data"]])
     assert Cluster.objects.filter(name="lab-c1").count() == 1
     assert Cluster.objects.get(name="lab-c1").public_id == cluster.public_id
 
@@ -175,7 +235,9 @@ def test_rerun_rolls_the_operator_forward_to_a_new_image(attach_settings, bare_c
     operator_kubelet(emulated, kubeconfig_path)
     out, err, error, _ = attach(kubeconfig_path, live_server, "--skip-ingress", name="lab-c2", ingress_node="lab-c2-server-01")
     assert error is None, out + err
-    assert "skipped (--skip-ingress)" in out
+    # --skip-ingress finds the IngressClass of ingress-nginx the cluster runs, and registers the cluster so.
+    assert "[5/10] session routing ... skipped (--skip-ingress): ingress-nginx found (IngressClass nginx)" in out and RETIREMENT in out
+    assert Cluster.objects.get(name="lab-c2").routing == "ingress-nginx"
     # k3s reports v1.34.1+k3s1: the kube-scheduler tag drops the +k3s1 suffix.
     scheduler = next(d for d in emulated.objects_of("deployments", "apps") if d["metadata"]["name"] == "hami-scheduler")
     assert scheduler["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v1.34.1")
@@ -381,6 +443,8 @@ def mutations(emulated) -> list[dict]:
      "pass the control plane's URL as the cluster's pods reach it, e.g. https://gshare.example.org", "manage"),
     ("--operator-image", "UPPER/Case:tag!!", "is not an image reference",
      "pass --operator-image as registry/repository:tag, e.g. ghcr.io/gshare/gshare:0.2.0", "hack"),
+    ("--gateway", "gshare-sessions", "--gateway 'gshare-sessions' is not NAMESPACE/NAME",
+     "pass --gateway NAMESPACE/NAME, or leave it out for gshare-system/gshare-sessions", "manage"),
 ])
 def test_malformed_flags_are_refused_before_anything_touches_the_cluster(attach_settings, bare_cluster, live_server, flag, value, problem,
                                                                           fix, via):

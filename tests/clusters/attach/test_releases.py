@@ -189,3 +189,21 @@ def test_redaction_covers_short_escaped_and_multiline_credentials_but_keeps_othe
 def test_image_references_outside_the_docker_grammar_are_refused(image):
     with pytest.raises(releases.AttachInputError):
         releases.split_image(image)
+
+
+def test_the_envoy_gateway_release_a_real_cluster_would_get(settings):
+    settings.GSHARE_ATTACH_ENVOY_GATEWAY_REPO = "oci://docker.io/envoyproxy"
+    settings.GSHARE_ATTACH_ENVOY_GATEWAY_CHART_VERSION = "v1.9.0"
+    eg = releases.envoy_gateway_release("lab-c1-cp-01")
+    assert (eg.release, eg.namespace, eg.chart_ref, eg.version) == (
+        "eg", "envoy-gateway-system", "oci://docker.io/envoyproxy/gateway-helm", "v1.9.0")
+    config = eg.values["config"]["envoyGateway"]
+    # charts/gateway-helm/values.tmpl.yaml (v1.9.0): the chart's own controllerName and provider, and the Backend API.
+    assert config["gateway"] == {"controllerName": "gateway.envoyproxy.io/gatewayclass-controller"}
+    assert config["provider"] == {"type": "Kubernetes"} and config["extensionApis"] == {"enableBackend": True}
+    kubernetes = config["envoyProxy"]["provider"]["kubernetes"]
+    assert kubernetes["envoyDeployment"]["pod"]["nodeSelector"]["kubernetes.io/hostname"] == "lab-c1-cp-01"
+    assert kubernetes["useListenerPortAsContainerPort"] is True and kubernetes["envoyService"] == {"type": "ClusterIP"}
+    assert kubernetes["envoyDeployment"]["container"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+    plain = releases.ChartRelease(release="x", namespace="y", chart="gateway-helm", repo_url="http://127.0.0.1:1", version="v1.9.0")
+    assert plain.chart_ref == "gateway-helm"
