@@ -91,8 +91,6 @@ _BY_KIND = {
     (CLUSTER_ROLE_BINDINGS.api_version, "ClusterRoleBinding"): CLUSTER_ROLE_BINDINGS,
     (SELF_SUBJECT_RULES_REVIEWS.api_version, "SelfSubjectRulesReview"): SELF_SUBJECT_RULES_REVIEWS,
     (SELF_SUBJECT_ACCESS_REVIEWS.api_version, "SelfSubjectAccessReview"): SELF_SUBJECT_ACCESS_REVIEWS,
-    (INGRESS_CLASSES.api_version, "IngressClass"): INGRESS_CLASSES, (GATEWAY_CLASSES.api_version, "GatewayClass"): GATEWAY_CLASSES,
-    (GATEWAYS.api_version, "Gateway"): GATEWAYS,
 }
 
 
