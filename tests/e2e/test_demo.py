@@ -11,7 +11,7 @@ import time
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import psutil
 import pytest
@@ -218,8 +218,21 @@ def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_por
         assert ingress == f"http://127.0.0.1:{port}"
         assert [c["ingress_url"] for c in state["clusters"]] == [f"http://{spec.name}.gshare.localhost:{port}" for spec in fleet.FLEET]
 
-        def get(host: str, path: str) -> requests.Response:
-            return requests.get(ingress + path, headers={"Host": host}, timeout=10)
+        def get(host: str, path: str, cookie: str = "") -> requests.Response:
+            headers = {"Host": host, **({"Cookie": cookie} if cookie else {})}
+            return requests.get(ingress + path, headers=headers, timeout=10, allow_redirects=False)
+
+        def open_link(host: str, path: str) -> requests.Response:
+            """A connect link as a browser opens it: lab-c2 (gateway-api) answers Envoy's 307 with the cookie and the
+            link without its token, lab-c1 (ingress-nginx) the page with the cookie."""
+            first = get(host, path)
+            if first.status_code != 307:
+                return first
+            assert first.headers["Server"] == "envoy" and "token=" not in first.headers["Location"]
+            cookie = first.headers["Set-Cookie"].split(";", 1)[0]
+            page = get(host, urljoin(path, first.headers["Location"]), cookie=cookie)
+            page.headers["Set-Cookie"] = first.headers["Set-Cookie"]
+            return page
 
         for cluster in state["clusters"]:  # no session yet: the default backend's 404 on each cluster's host
             answer = get(cluster["session_host"], "/s/ses_abc/")
@@ -240,7 +253,8 @@ def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_por
             time.sleep(0.5)
         link = urlsplit(requests.post(f"{state['url']}/api/v1/sessions/{session['id']}/connect", headers=headers, timeout=10).json()["url"])
         deadline = time.monotonic() + 30
-        while (page := get(c2["session_host"], f"{link.path}?{link.query}")).status_code == 404:
+        assert c2["routing"] == "gateway-api" and c1["routing"] == "ingress-nginx"
+        while (page := open_link(c2["session_host"], f"{link.path}?{link.query}")).status_code == 404:
             assert time.monotonic() < deadline, "the session's Ingress was not routed"
             time.sleep(0.5)
         assert page.status_code == 200 and session["id"] in page.text and "gshare_connect=" in page.headers["Set-Cookie"]
@@ -256,7 +270,7 @@ def test_the_clusters_ingress_is_listed_routes_by_host_and_comes_back_on_its_por
         deadline = time.monotonic() + 30
         while True:
             try:
-                if get(c2["session_host"], f"{link.path}?{link.query}").status_code == 200:
+                if open_link(c2["session_host"], f"{link.path}?{link.query}").status_code == 200:
                     break
             except requests.ConnectionError:
                 pass
