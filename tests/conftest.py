@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.test import testcases
 
 from tests.helpers import ROOT, Http, InProcessHttp, kubeconfig_text
 
@@ -26,6 +27,20 @@ from tests.helpers import ROOT, Http, InProcessHttp, kubeconfig_text
 NETGUARD = Path(__file__).parent / "netguard"
 os.environ["GSHARE_NETGUARD"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD), os.environ.get("PYTHONPATH")]))
+
+
+class _RawUriRequestHandler(testcases.QuietWSGIRequestHandler):
+    """pytest-django's ``live_server`` (Django's test server) passing the raw request target as ``RAW_URI``, as gunicorn
+    does: Envoy's ext_authz check is judged on it (``sessions.ext_authz``), and without it the check answers 503."""
+
+    def get_environ(self):  # noqa: D102
+        environ = super().get_environ()
+        environ["RAW_URI"] = self.path
+        return environ
+
+
+# LiveServerThread._create_server names the handler through this module global.
+testcases.QuietWSGIRequestHandler = _RawUriRequestHandler
 
 
 @pytest.fixture(autouse=True)

@@ -97,7 +97,7 @@ def gateway_class_manifest(name: str = GATEWAY_CLASS_NAME) -> dict[str, Any]:
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
             "metadata": {"name": name, "labels": dict(MANAGED_BY)},
             "spec": {"controllerName": releases.ENVOY_GATEWAY_CONTROLLER,
-                     "description": "Envoy Gateway, installed by gShare's attach_cluster for session routing"}}
+                     "description": "gShare session routing (Envoy Gateway, by attach_cluster)"}}
 
 
 def gateway_manifest(*, name: str, namespace: str, gateway_class: str, session_domain: str, session_namespace: str,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from django.core.exceptions import ValidationError
 
 from audit.models import AuditRecord
 from clusters import services as cluster_services
 from clusters.models import Cluster
+from clusters.routing import RoutingRefused
 from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from tests.helpers import kubeconfig_text
 
@@ -28,10 +28,12 @@ def test_a_cluster_registered_in_gateway_api_mode_keeps_it(fleet_cluster):
 
 def test_the_default_is_ingress_nginx_and_an_unknown_mode_is_refused_before_any_probe(fleet_cluster):
     emulated = fleet_cluster("lab-c1")
-    with pytest.raises(ValidationError):
+    with pytest.raises(RoutingRefused) as refused:
         cluster_services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated), routing="istio")
-    with pytest.raises(ValidationError):
+    assert refused.value.code == "invalid_routing"
+    with pytest.raises(RoutingRefused) as refused:
         cluster_services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated), gateway_name="Not A Name")
+    assert refused.value.code == "invalid_gateway_name"
     cluster = cluster_services.cluster_register(name="lab-c1", kubeconfig=kubeconfig_text(emulated))
     assert cluster.routing == Cluster.Routing.INGRESS_NGINX
     assert not Cluster.objects.filter(routing="istio").exists()
