@@ -67,12 +67,18 @@ def ingress_routes(ingress: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def ext_authz_ingresses(objects) -> list[dict]:
+    """The host-less Ingress of Envoy's ext_authz check (``ingress-ext-authz.yaml``), judged by its own tests."""
+    return [i for i in of_kind(objects, "Ingress") if i["metadata"]["name"].endswith("-ext-authz")]
+
+
 def internal_ingresses(objects) -> list[dict]:
-    return [i for i in of_kind(objects, "Ingress") if SOURCE_RANGE_ANNOTATION in (i["metadata"].get("annotations") or {})]
+    return [i for i in of_kind(objects, "Ingress")
+            if SOURCE_RANGE_ANNOTATION in (i["metadata"].get("annotations") or {}) and i not in ext_authz_ingresses(objects)]
 
 
 def public_ingresses(objects) -> list[dict]:
-    return [i for i in of_kind(objects, "Ingress") if i not in internal_ingresses(objects)]
+    return [i for i in of_kind(objects, "Ingress") if i not in internal_ingresses(objects) and i not in ext_authz_ingresses(objects)]
 
 
 def backend_port_exists(ingress: dict, service: dict) -> bool:
@@ -419,7 +425,7 @@ def test_internal_plane_ingress_exposes_only_internal_and_well_known_to_the_api(
     service = api_service(objects)
     plane = values["ingress"]["internalPlane"]
     [ingress] = internal_ingresses(objects)
-    assert len(of_kind(objects, "Ingress")) == 2
+    assert len(of_kind(objects, "Ingress")) == 2 + len(ext_authz_ingresses(objects))
     routes = ingress_routes(ingress)
     host = plane.get("host") or values["ingress"]["host"]
     assert sorted(routes) == sorted((host, path, "Prefix", service["metadata"]["name"]) for path in INTERNAL_PATHS)
@@ -436,7 +442,8 @@ def test_both_ingresses_carry_the_proxy_body_size(body_size):
     if body_size == "32m":
         values["ingress"].pop("proxyBodySize")
         assert chart_defaults(CONTROL_PLANE_CHART)["ingress"]["proxyBodySize"] == body_size
-    ingresses = of_kind(render_control_plane(values), "Ingress")
+    objects = render_control_plane(values)
+    ingresses = public_ingresses(objects) + internal_ingresses(objects)
     assert len(ingresses) == 2
     for ingress in ingresses:
         assert (ingress["metadata"].get("annotations") or {}).get(annotation) == (body_size or None)
@@ -459,7 +466,8 @@ def test_every_ingress_sends_the_api_its_own_host_whatever_the_client_sent(value
     """upstream-vhost: ingress-nginx sends ``Host: <the Ingress's host>`` on each of that Ingress's locations, so the api
     judges the host nginx routed on (an absolute-form request line picks the server) and never the client's Host or
     X-Forwarded-Host (tests/e2e/test_internal_plane_nginx.py sends both through a real nginx)."""
-    ingresses = of_kind(render_control_plane(values), "Ingress")
+    objects = render_control_plane(values)
+    ingresses = public_ingresses(objects) + internal_ingresses(objects)
     assert ingresses
     for ingress in ingresses:
         [host] = {rule["host"] for rule in ingress["spec"]["rules"]}
@@ -588,3 +596,26 @@ def test_the_job_commands_are_management_commands_of_the_project():
     assert "import_signing_key" in get_commands()
     assert "migrate" in get_commands()
 
+
+
+def test_envoys_ext_authz_check_has_a_host_less_ingress_of_that_path_alone_restricted_and_without_upstream_vhost():
+    """Envoy's ext_authz check carries the session's host (the original ``:authority``), which no Ingress host can name:
+    one host-less rule routes ``/internal/connect/ext-authz`` alone, from the clusters' source range, with the client's
+    Host passed on (the api answers only a registered session domain there, tests/e2e/test_connect_ext_authz_gunicorn.py)."""
+    values = merged(CONTROL_PLANE_VALUES, INTERNAL_PLANE)
+    objects = render_control_plane(values)
+    [ingress] = ext_authz_ingresses(objects)
+    service = api_service(objects)
+    assert ingress_routes(ingress) == [(None, "/internal/connect/ext-authz", "Prefix", service["metadata"]["name"])]
+    assert backend_port_exists(ingress, service)
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations[SOURCE_RANGE_ANNOTATION] == values["ingress"]["internalPlane"]["sourceRange"]
+    assert UPSTREAM_VHOST_ANNOTATION not in annotations
+    assert "tls" not in ingress["spec"]  # the certificate is the internal host's, picked by the SNI Envoy sends
+
+
+@pytest.mark.parametrize("values", [
+    CONTROL_PLANE_VALUES, merged(CONTROL_PLANE_VALUES, merged(INTERNAL_PLANE, {"ingress": {"internalPlane": {"extAuthzAnyHost": False}}})),
+], ids=["no-internal-plane", "disabled"])
+def test_without_the_internal_plane_or_when_disabled_there_is_no_ext_authz_ingress(values):
+    assert ext_authz_ingresses(render_control_plane(values)) == []

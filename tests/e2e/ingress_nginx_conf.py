@@ -40,6 +40,9 @@ SOURCE_RANGE = NGINX_ANNOTATION + "whitelist-source-range"
 BODY_SIZE = NGINX_ANNOTATION + "proxy-body-size"
 UPSTREAM_VHOST = NGINX_ANNOTATION + "upstream-vhost"
 RENDERED_ANNOTATIONS = {SOURCE_RANGE, BODY_SIZE, UPSTREAM_VHOST}
+#: The server of a rule without ``host``: ingress-nginx puts its paths in the catch-all server (``server_name _``, the
+#: ``default_server``), beside the default backend's ``/`` (``controller.go``, ``defServerName``).
+CATCH_ALL = "_"
 
 
 @dataclass
@@ -75,12 +78,14 @@ def servers_of(ingresses: list[dict[str, Any]], ingress_class: str = "nginx") ->
     mine = [i for i in ingresses if i["kind"] == "Ingress" and i["spec"].get("ingressClassName") == ingress_class]
     for ingress in mine:  # createServers: a root location to the default backend, annotated by the host's first Ingress
         for rule in ingress["spec"]["rules"]:
-            if rule["host"] not in servers:
-                root = Location("/", "Prefix", _annotations(ingress), ingress["metadata"]["name"], default_backend=True)
-                servers[rule["host"]] = Server(rule["host"], [root])
+            host = rule.get("host") or CATCH_ALL
+            if host not in servers:
+                root = Location("/", "Prefix", {}, "-", default_backend=True) if host == CATCH_ALL else \
+                    Location("/", "Prefix", _annotations(ingress), ingress["metadata"]["name"], default_backend=True)
+                servers[host] = Server(host, [root])
     for ingress in mine:  # getBackendServers: each path of each Ingress, with its own Ingress's annotations
         for rule in ingress["spec"]["rules"]:
-            server = servers[rule["host"]]
+            server = servers[rule.get("host") or CATCH_ALL]
             for path in rule["http"]["paths"]:
                 same = next((loc for loc in server.locations if (loc.path, loc.path_type) == (path["path"], path["pathType"])), None)
                 location = Location(path["path"], path["pathType"], _annotations(ingress), ingress["metadata"]["name"])
@@ -142,23 +147,17 @@ def render_conf(ingresses: list[dict[str, Any]], *, prefix: Path, port: int, api
         default            $http_host_or_host;
     }"""
     blocks = ""
-    for server in servers_of(ingresses):
+    servers = servers_of(ingresses)
+    if not any(server.host == CATCH_ALL for server in servers):
+        servers.append(Server(CATCH_ALL, [Location("/", "Prefix", {}, "-", default_backend=True)]))
+    for server in servers:
         body = "".join(
             f"\n        location {where} {{  # Ingress {location.ingress}{_location_body(location, api)}        }}\n"
             for location in server.locations
             for where in _nginx_locations(location)
         )
-        blocks += f"\n    server {{\n        listen 127.0.0.1:{port};\n        server_name {server.host};\n{body}    }}\n"
-    blocks += f"""
-    server {{
-        listen 127.0.0.1:{port} default_server;
-        server_name _;
-
-        location / {{
-            return 404;  # the default backend
-        }}
-    }}
-"""
+        listen = f"127.0.0.1:{port} default_server" if server.host == CATCH_ALL else f"127.0.0.1:{port}"
+        blocks += f"\n    server {{\n        listen {listen};\n        server_name {server.host};\n{body}    }}\n"
     return f"""# Rendered by tests/e2e/ingress_nginx_conf.py after ingress-nginx's nginx.tmpl (use-forwarded-headers: {str(use_forwarded_headers).lower()}).
 {conf_head(prefix)}
     types {{ }}
