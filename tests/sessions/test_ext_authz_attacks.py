@@ -22,7 +22,10 @@ from clusters.models import Cluster
 from gshare.auth.keys import signing_key_ensure
 from sessions import connect, ext_authz, services
 from sessions.models import Session
+from tests.e2e.envoy import envoy_proxy  # noqa: F401 -- the fixture
 from tests.e2e.gunicorn import INTERNAL_HOST, PUBLIC_HOST, control_plane  # noqa: F401 -- the fixture
+from tests.e2e.test_connect_envoy import echo, stack  # noqa: F401 -- the fixtures
+from tests.e2e.test_connect_envoy import send as envoy_send
 from tests.e2e.test_connect_ext_authz_gunicorn import DOMAIN, PREFIX, code_of, send, sessions  # noqa: F401 -- fixture
 from tests.factories import ClusterFactory
 
@@ -216,3 +219,30 @@ def test_the_public_and_internal_hosts(control_plane, sessions):  # noqa: F811 -
         assert (status, code_of(body)) == (404, "not_found"), host
     assert _refused(send(control_plane, b"GET", target, host=INTERNAL_HOST.encode()), "connect_refused")
     assert Session.objects.get(pk=mine.pk).phase == Session.Phase.RUNNING
+
+
+def test_through_a_real_envoy_no_trick_reaches_the_other_sessions_backend(stack):  # noqa: F811 -- the fixture
+    """The same attacks in front of a real Envoy (``tests.e2e.envoy``): whatever Envoy answers, ``yours``'s backend
+    never sees a request carrying only ``mine``'s token, and no 307 leaves the session's path."""
+    mine, yours, proxy, token = stack["mine"], stack["yours"], stack["envoy"], stack["token"]
+    m, y = mine.public_id, yours.public_id
+    theirs = stack["backends"][y]
+    targets = [f"/s/{m}/..;/{y}/", f"/s/{m};/../{y}/", f"/s/{y};{m}/", f"/s/{m}/%2e%2e;/{y}/", f"/s/{m}/.%2e/{y}/",
+               f"/s/{m}%2f..%2f{y}/", f"/s/{m}/..%5c{y}/", f"//s/{m}/../../s/{y}/", f"/s/{m}/%252e%252e/{y}/",
+               f"http://{DOMAIN}/s/{y}/", f"http://evil.example/s/{y}/", f"/s/{m}/?next=//evil.example&a=%0d%0a"]
+    for target in targets:
+        status, headers, _ = envoy_send(proxy, "GET", f"{target}{'&' if '?' in target else '?'}token={token}".encode())
+        location = headers.get("Location") or ""
+        if status == 307:
+            assert location.startswith(("/s/", f"https://{DOMAIN}/s/", f"http://{DOMAIN}/s/")), (target, location)
+            # Envoy's own UNESCAPE_AND_REDIRECT 307 may point at /s/<yours>/?token=...: followed, it is refused.
+            envoy_send(proxy, "GET", location.encode() if location.startswith("/") else b"/" + location.split("/", 3)[3].encode())
+        assert not theirs.seen, (target, status, theirs.seen, proxy.log_tail())
+        # Bearer, the same spelling: never the other backend either.
+        envoy_send(proxy, "GET", target.encode(), {"Authorization": f"Bearer {token}"})
+        assert not theirs.seen, (target, theirs.seen)
+    # Two Host headers, or a huge cookie: Envoy refuses; nothing reaches a backend without a check.
+    status, _, _ = envoy_send(proxy, "GET", f"/s/{y}/".encode(), {"Host": DOMAIN, "Authorization": f"Bearer {token}"})
+    assert status >= 400 and not theirs.seen
+    status, _, _ = envoy_send(proxy, "GET", f"/s/{m}/".encode(), {"Cookie": "a=" + "x" * 70000})
+    assert status >= 400
