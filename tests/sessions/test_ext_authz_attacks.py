@@ -246,3 +246,17 @@ def test_through_a_real_envoy_no_trick_reaches_the_other_sessions_backend(stack)
     assert status >= 400 and not theirs.seen
     status, _, _ = envoy_send(proxy, "GET", f"/s/{m}/".encode(), {"Cookie": "a=" + "x" * 70000})
     assert status >= 400
+
+
+def test_the_control_plane_urls_host_is_never_a_session_domain_even_with_allowed_hosts_star(client, settings):
+    """A cluster row whose ``session_domain`` is the host of ``GSHARE_CONTROL_PLANE_URL`` (registered before the URL
+    changed: registration refuses it now) is not answered there, with ``DJANGO_ALLOWED_HOSTS=*`` too."""
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.GSHARE_CONTROL_PLANE_URL = "https://GShare.Example.COM.:8443/"
+    ext_authz.forget_session_domains()
+    ClusterFactory(session_domain="gshare.example.com")
+    ClusterFactory(session_domain=OTHER_DOMAIN)
+    raw = PREFIX.decode() + "/s/ses_abc/"
+    for host, status in (("gshare.example.com", 404), ("GSHARE.example.com.:443", 404), (OTHER_DOMAIN, 401)):
+        assert client.get(raw, HTTP_HOST=host, RAW_URI=raw).status_code == status, host
+    ext_authz.forget_session_domains()
