@@ -151,6 +151,9 @@ def test_hosts_of_another_cluster_and_their_spellings(control_plane, sessions): 
                  f"{DOMAIN},{OTHER_DOMAIN}", f"{DOMAIN}/s/{mine.public_id}/?token={link}&", "[::1]"):
         status, headers, _ = send(control_plane, b"GET", target, host=host.encode())
         assert status in (400, 401, 404) and "set-cookie" not in headers, host
+    for raw_host in (DOMAIN.encode() + b"\xff", b"gpu-a.ex\xc3\xa4mple.com", DOMAIN.encode() + b"\x00", b"xn--" + DOMAIN.encode()):
+        status, headers, _ = send(control_plane, b"GET", target, host=raw_host)
+        assert status in (400, 401, 404) and "set-cookie" not in headers, raw_host
     # Two Host headers (the session's and another): never let in.
     status, headers, _ = send(control_plane, b"GET", target, headers={b"Host": OTHER_DOMAIN.encode()})
     assert status in (400, 401, 404) and "set-cookie" not in headers
