@@ -114,10 +114,9 @@ def test_concurrent_routing_flips_end_with_every_gss_on_the_final_routing(http, 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_routing_change_during_the_first_apply_is_not_lost_when_the_operator_reports_first(http, live_cluster):
-    """The first apply reads the routing, a PATCH changes it (its re-apply finds the session still Scheduled and only
-    clears the mark), the apply lands, and the operator reports the session Starting before ``session_apply`` moves it
-    there itself: the routing check after the apply must still run, or the GShareSession keeps the old routing with
-    no mark left for ``sessions_reconcile``."""
+    """The first apply reads the routing, a PATCH changes it (its re-apply finds the session still Scheduled), the apply
+    lands, and the operator reports the session Starting before ``session_apply`` moves it there itself: the routing
+    check after the apply must still run (before the fix nothing did, and no mark was left for ``sessions_reconcile``)."""
     from clusters import services as cluster_services
     from clusters.kube import KubeGateway
 
@@ -130,7 +129,6 @@ def test_a_routing_change_during_the_first_apply_is_not_lost_when_the_operator_r
         raced.append(obj["spec"]["sessionId"])
         assert obj["spec"]["routing"] == "ingress-nginx"
         cluster_services.cluster_update(cluster=Cluster.objects.get(pk=cluster.pk), changes={"routing": "gateway-api"})
-        assert not Session.objects.filter(public_id=raced[0], reapply_due_at__isnull=False).exists()  # cleared, Scheduled
         answer = original(self, obj, **kwargs)
         Session.objects.filter(public_id=raced[0]).update(phase=Session.Phase.STARTING)  # the operator's report, first
         return answer
@@ -143,4 +141,32 @@ def test_a_routing_change_during_the_first_apply_is_not_lost_when_the_operator_r
             break
         session_services.sessions_reconcile(older_than=0)
     assert Cluster.objects.get(pk=cluster.pk).routing == "gateway-api"
+    assert specs(emulated)[object_name(sid)]["routing"] == "gateway-api"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_routing_change_during_an_apply_whose_answer_is_lost_is_not_lost(http, live_cluster):
+    """As above, but the apply's answer never arrives (it landed; the call timed out): the retry finds the session
+    Starting (the operator reported it) and does nothing, so the change must still be due somewhere."""
+    from clusters import services as cluster_services
+    from clusters.kube import KubeGateway, KubeUnavailable
+
+    cluster, emulated = live_cluster("lab-c1")
+    original, raced = KubeGateway.apply, []
+
+    def apply(self, obj, **kwargs):
+        if obj.get("kind") != "GShareSession" or raced:
+            return original(self, obj, **kwargs)
+        raced.append(obj["spec"]["sessionId"])
+        cluster_services.cluster_update(cluster=Cluster.objects.get(pk=cluster.pk), changes={"routing": "gateway-api"})
+        original(self, obj, **kwargs)
+        Session.objects.filter(public_id=raced[0]).update(phase=Session.Phase.STARTING)  # the operator's report
+        raise KubeUnavailable(cause=TimeoutError("read timed out"))
+
+    with mock.patch.object(KubeGateway, "apply", apply):
+        sid = start(http, cluster="lab-c1")
+    assert raced == [sid]
+    for _ in range(5):  # the task's retries (eager) and the beat's relay
+        session_services.session_apply(session=Session.objects.get(public_id=sid))
+        session_services.sessions_reconcile(older_than=0)
     assert specs(emulated)[object_name(sid)]["routing"] == "gateway-api"
