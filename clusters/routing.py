@@ -76,7 +76,8 @@ def is_control_plane_host(domain: str) -> bool:
     one a ``DJANGO_ALLOWED_HOSTS`` or ``GSHARE_INTERNAL_HOSTS`` entry matches as Django matches ``ALLOWED_HOSTS``
     (``.example.com`` covers example.com and its subdomains; ``*`` names none). The same rule as the ext_authz check's
     (``gshare.middleware.ext_authz_host_allowed``), which never answers on such a host."""
-    own = (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower()
+    # A trailing dot names the same host (Django's split_domain_port drops it from a Host header too).
+    own = (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower().rstrip(".")
     patterns = [host for host in (*settings.ALLOWED_HOSTS, *internal_hosts()) if host != "*"]
     domain = domain.lower()
     return domain == own or validate_host(domain, patterns)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
@@ -106,15 +107,22 @@ def _is_ext_authz_check(path: str) -> bool:
     return path.startswith(_EXT_AUTHZ_PREFIX)
 
 
+def _control_plane_host() -> str:
+    """The host of ``GSHARE_CONTROL_PLANE_URL`` (lowercase, no trailing dot): a public host even when
+    ``DJANGO_ALLOWED_HOSTS`` is ``*``, as ``clusters.routing.is_control_plane_host`` counts it."""
+    return (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower().rstrip(".")
+
+
 def ext_authz_host_allowed(request) -> bool:
     """True when Envoy's ext_authz check may be answered on the request's host.
 
     On an internal host (``GSHARE_INTERNAL_HOSTS``), as every internal route: :func:`on_internal_host`. Otherwise on
     the ``session_domain`` of a registered cluster (``sessions.ext_authz.session_domain_registered``, a cached set),
     Envoy's ``Host`` for the check being the original ``:authority``; but never on a host an explicit
-    ``DJANGO_ALLOWED_HOSTS`` entry (not ``*``) matches: that is a public host of the control plane. The host is the
-    raw one ``request.get_host()`` would check (port stripped), read without ``ALLOWED_HOSTS``, which does not list
-    session domains.
+    ``DJANGO_ALLOWED_HOSTS`` entry (not ``*``) matches, nor on the host of ``GSHARE_CONTROL_PLANE_URL``: those are
+    public hosts of the control plane (``clusters.routing.is_control_plane_host`` refuses them as session domains).
+    The host is the raw one ``request.get_host()`` would check (port stripped), read without ``ALLOWED_HOSTS``, which
+    does not list session domains.
 
     Raises:
         DisallowedHost: an internal host that ``ALLOWED_HOSTS`` does not list (Django answers 400), as for every
@@ -126,7 +134,7 @@ def ext_authz_host_allowed(request) -> bool:
         return False
     if validate_host(domain, internal_hosts()):
         return on_internal_host(request)
-    if validate_host(domain, [host for host in settings.ALLOWED_HOSTS if host != "*"]):
+    if validate_host(domain, [host for host in settings.ALLOWED_HOSTS if host != "*"]) or domain == _control_plane_host():
         return False
     from sessions.ext_authz import session_domain_registered
 

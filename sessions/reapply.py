@@ -71,8 +71,9 @@ def routing_changed_since(session: Session, applied: tuple[str, str, str]) -> bo
 def session_reapply(*, session: Session) -> Session:
     """Apply the session's GShareSession again (server-side apply) if it is marked due; then clear the mark.
 
-    A Scheduled session's first apply is still due (``sessions.apply`` reads the routing when it runs and checks it
-    again after, ``routing_changed_since``): only the mark is cleared. A session that ended (or is stopping) is not
+    A Scheduled session is not applied (its first apply, ``sessions.apply``, is still due) and keeps its mark, so
+    ``sessions.reconcile`` publishes it again once it is Starting: that apply may have read the routing before the
+    change and lost its answer, leaving no check of its own. A session that ended (or is stopping) is not
     applied: its GShareSession is deleted again, as an apply of this task may have landed after the stop's delete.
     A live session's phase is not changed.
 
@@ -89,6 +90,10 @@ def session_reapply(*, session: Session) -> Session:
     )
     due = session.reapply_due_at
     if due is None or session.cluster is None:
+        return session
+    if session.phase == Session.Phase.SCHEDULED:
+        # The mark stays: the first apply may have read the old routing, and its own check after it does not run when
+        # its answer is lost and the operator reports the session Starting before the retry (which then does nothing).
         return session
     if session.phase in _ENDED:
         _delete_object(session)

@@ -499,7 +499,7 @@ def session_apply(*, session: Session) -> Session:
     (Stopping, Terminated or Failed after it) gets its GShareSession deleted again at once, since the stop's
     delete may have come first and found nothing; if that delete fails, ``sessions_reconcile`` re-issues it. When the
     cluster's routing changed while the apply was in flight, the session is marked for a re-apply
-    (``sessions.reapply``).
+    (``sessions.reapply``), also when the operator reported it Starting or Running before this function could.
     """
     session = (
         Session.objects.select_related("cluster", "owner")
@@ -531,14 +531,18 @@ def session_apply(*, session: Session) -> Session:
         reapply.routing_changed_since(session, applied)
         return session
     session.phase = Session.objects.filter(pk=session.pk).values_list("phase", flat=True).get()
-    if session.phase in _ENDED:
-        # Stopped while the PATCH was in flight: the stop's delete may have found nothing (404) and counted it done, and
-        # the object exists now. Delete it again; if the apiserver does not answer, sessions_reconcile re-issues it.
-        try:
-            _delete_object(session)
-        except TransientApplyError as exc:
-            logger.warning("session %s ended during its apply; its GShareSession is deleted later by sessions.reconcile: %s",
-                           session.public_id, exc)
+    if session.phase not in _ENDED:
+        # The operator reported it (Starting, Running) before this update: the routing check is still this apply's,
+        # since a re-apply marked meanwhile found the session Scheduled and only cleared its mark.
+        reapply.routing_changed_since(session, applied)
+        return session
+    # Stopped while the PATCH was in flight: the stop's delete may have found nothing (404) and counted it done, and
+    # the object exists now. Delete it again; if the apiserver does not answer, sessions_reconcile re-issues it.
+    try:
+        _delete_object(session)
+    except TransientApplyError as exc:
+        logger.warning("session %s ended during its apply; its GShareSession is deleted later by sessions.reconcile: %s",
+                       session.public_id, exc)
     return session
 
 

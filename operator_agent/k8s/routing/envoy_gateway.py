@@ -70,6 +70,18 @@ _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z
 _HOSTNAME_MAX = 253
 # RFC 3986 path segments (pchar), at least one non-empty segment: Envoy appends the original path to it verbatim.
 _PATH = re.compile(r"(/[-A-Za-z0-9._~!$&'()*+,;=:@]|/%[0-9A-Fa-f]{2})+[-A-Za-z0-9._~!$&'()*+,;=:@/%]*")
+# urlsplit drops tabs and newlines anywhere and control characters or spaces around the URL (``http://ev\nil.example``
+# is ``evil.example`` to it): the URL must be printable ASCII as written, so what is parsed is what was sent.
+_PRINTABLE = re.compile(r"[\x21-\x7e]+")
+# The authority as written: a bracketed literal or a name, then an optional port. Python 3.11's urlsplit ignores what
+# follows "]" (``[::1]x``) and takes ``[v1.x]`` (an IPvFuture) for a host name.
+_AUTHORITY = re.compile(r"(?P<host>\[[^\[\]]*\]|[^\[\]@:]*)(?::[0-9]*)?")
+# A last label of digits or 0x-hex: an IPv4 address in a form ipaddress refuses (``127.1``, ``0x7f000001``,
+# ``2130706433``) that resolvers and URL parsers (WHATWG) read as an address, not a DNS name.
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
+# Dot segments and encoded dots, slashes, backslashes or NULs: a proxy on the way may resolve them, so the path Envoy
+# asks would not be the one written.
+_AMBIGUOUS_PATH = re.compile(r"%(?:2e|2f|5c|00)|(?:^|/)\.{1,2}(?:/|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -96,12 +108,17 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
     """Parse ``spec.extAuthUrl`` (``<control plane URL>/internal/connect/ext-authz``).
 
     Raises:
-        RoutingError: not an ``http``/``https`` URL with a host and a path; carries credentials, a query or a fragment
-            (Envoy appends the original path to the path, so neither could be kept); a port outside 1-65535; a host
-            that is neither an IP address (without zone) nor a DNS name of at most 253 characters.
+        RoutingError: not an ``http``/``https`` URL with a host and a path, written in printable ASCII; carries
+            credentials, a query or a fragment (Envoy appends the original path to the path, so neither could be
+            kept); a dot segment or an encoded ``.``/``/``/``\\``/NUL in the path; a port outside 1-65535; a host
+            that is neither an IP address (without zone; IPv6 in brackets) nor a DNS name of at most 253 characters
+            whose last label is not a number.
     """
     if not isinstance(url, str) or not url:
         raise RoutingError("spec.extAuthUrl is missing: the control plane sets it for gateway-api routing")
+    if not _PRINTABLE.fullmatch(url):
+        raise RoutingError(f"spec.extAuthUrl {url!r} has a space, a control or a non-ASCII character (an "
+                           "internationalized name goes in its xn-- form)")
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -119,16 +136,21 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
         raise RoutingError(f"spec.extAuthUrl {url!r} has port 0")
     port = port or (443 if scheme == "https" else 80)
     path = parts.path.rstrip("/")
+    if _AMBIGUOUS_PATH.search(path):
+        raise RoutingError(f"spec.extAuthUrl {url!r} has a dot segment or an encoded '.', '/', '\\' or NUL in its path")
     if not path or not _PATH.fullmatch(path):
         raise RoutingError(f"spec.extAuthUrl {url!r} needs a path (the control plane's {CONNECT_EXT_AUTHZ_PATH}) "
                            "made of URL path characters")
     host = parts.hostname or ""
-    if not host:
-        raise RoutingError(f"spec.extAuthUrl {url!r} has no host")
+    written = _AUTHORITY.fullmatch(parts.netloc)
+    if not host or written is None:
+        raise RoutingError(f"spec.extAuthUrl {url!r} has no host, or an authority that is not host[:port]")
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
         address = None
+    if written["host"].startswith("[") != isinstance(address, ipaddress.IPv6Address):
+        raise RoutingError(f"spec.extAuthUrl {url!r}: only an IPv6 address goes in brackets, and it must")
     if address is not None:
         if isinstance(address, ipaddress.IPv6Address) and address.scope_id:
             raise RoutingError(f"spec.extAuthUrl {url!r} has an IPv6 zone, which a Backend cannot carry")
@@ -139,6 +161,9 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
     if len(host) > _HOSTNAME_MAX or not _HOSTNAME.fullmatch(host):
         raise RoutingError(f"spec.extAuthUrl {url!r}: host {host!r} is not a DNS name (letters, digits, '-' and '.'; "
                            "an internationalized name in its xn-- form)")
+    if _NUMERIC_LABEL.fullmatch(host.rstrip(".").rsplit(".", 1)[-1]):
+        raise RoutingError(f"spec.extAuthUrl {url!r}: host {host!r} ends in a number, so it reads as an IPv4 address, "
+                           "not a DNS name: write the address as four decimal numbers (10.96.0.15) or use a DNS name")
     return ExtAuthTarget(scheme=scheme, host=host, kind="fqdn", port=port, path=path)
 
 
