@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -45,23 +47,32 @@ def test_database_url() -> str:
 test_database_url.__test__ = False  # a helper, not a test
 
 
-@pytest.fixture
-def control_plane(tmp_path):
-    """Start gunicorn (2 threads, 1 worker: every request sees the same process caches); yields its base URL."""
+@contextmanager
+def run_gunicorn(tmp_path: Path, *, env: dict[str, str], args: list[str]) -> Iterator[tuple[str, Path]]:
+    """``python -m gunicorn gshare.wsgi`` on ``127.0.0.1:<free port>`` against this test's database and Redis.
+
+    Args:
+        tmp_path: where its home and log go.
+        env: settings on top of the database, Redis, home and encryption keys (the parent's ``DJANGO_*``, ``DATABASE_*``,
+            ``REDIS_*``, ``GSHARE_*`` and ``PROMETHEUS_*`` variables are dropped first).
+        args: gunicorn's options after ``--bind``.
+
+    Yields:
+        ``(base URL, log file)`` once ``/internal/ping`` answers 204; the server is stopped on exit.
+    """
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "GSHARE_", "PROMETHEUS_"))}
-    env.update({
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "GSHARE_", "PROMETHEUS_"))}
+    environ.update({
         "DJANGO_SETTINGS_MODULE": "gshare.settings", "DATABASE_URL": test_database_url(), "REDIS_URL": settings.REDIS_URL,
         "GSHARE_HOME": str(tmp_path / "home"), "GSHARE_LOG_LEVEL": "WARNING",
         "GSHARE_ENCRYPTION_KEYS": ",".join(settings.GSHARE_ENCRYPTION_KEYS),  # the signing keys' private halves
-        "GSHARE_INTERNAL_HOSTS": INTERNAL_HOST, "DJANGO_ALLOWED_HOSTS": f"{PUBLIC_HOST},{INTERNAL_HOST}",
+        **env,
     })
     log = tmp_path / "gunicorn.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1",
-             "--threads", "4", "--no-control-socket"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", *args, "--no-control-socket"],
+            cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -71,12 +82,19 @@ def control_plane(tmp_path):
             try:
                 if requests.get(url + "/internal/ping", timeout=5).status_code == 204:
                     break
-            except requests.RequestException:  # not listening yet
+            except requests.RequestException:  # not listening yet, or a worker still loading the application
                 pass
             assert time.monotonic() < deadline, "gunicorn did not answer in 60 s:\n" + log.read_text()[-3000:]
             time.sleep(0.2)
-        server.log = log
-        yield url
+        yield url, log
     finally:
         server.terminate()
         server.wait(30)
+
+
+@pytest.fixture
+def control_plane(tmp_path):
+    """Start gunicorn (4 threads, 1 worker: every request sees the same process caches); yields its base URL."""
+    with run_gunicorn(tmp_path, env={"GSHARE_INTERNAL_HOSTS": INTERNAL_HOST, "DJANGO_ALLOWED_HOSTS": f"{PUBLIC_HOST},{INTERNAL_HOST}"},
+                      args=["--workers", "1", "--threads", "4"]) as (url, _log):
+        yield url

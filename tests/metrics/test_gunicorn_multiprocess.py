@@ -6,40 +6,17 @@ set, as the Helm chart runs the api, against this test's database; requests over
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-from urllib.parse import urlsplit
-
 import pytest
 import requests
-from django.conf import settings
-from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from gshare import embedded
+from tests.e2e.gunicorn import run_gunicorn
 from tests.factories import ClusterFactory, GpuDeviceFactory
 from tests.metrics.promtool import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 VERIFIES = 24
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _test_database_url() -> str:
-    """The URL of this test's database: the server's URL (DATABASE_URL or the embedded server) with its name."""
-    base = os.environ.get("DATABASE_URL") or embedded.embedded_database_url()
-    return urlsplit(base)._replace(path="/" + connection.settings_dict["NAME"]).geturl()
 
 
 @pytest.fixture
@@ -48,36 +25,9 @@ def gunicorn(tmp_path):
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     (multiproc / "counter_99999.db").write_bytes(b"left by an earlier run")  # the master must empty the directory
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_", "GSHARE_", "PROMETHEUS_"))}
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "gshare.settings", "DATABASE_URL": _test_database_url(), "REDIS_URL": settings.REDIS_URL,
-        "GSHARE_HOME": str(tmp_path / "home"), "GSHARE_METRICS_CACHE_SECONDS": "0", "GSHARE_LOG_LEVEL": "WARNING",
-        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
-    })
-    log = tmp_path / "gunicorn.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-             "--config", "python:gshare.gunicorn_hooks", "--no-control-socket"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            try:
-                if requests.get(url + "/internal/ping", timeout=5).status_code == 204:
-                    break
-            except requests.RequestException:  # not listening yet, or a worker still loading the application
-                pass
-            assert time.monotonic() < deadline, "gunicorn did not answer in 60 s:\n" + log.read_text()[-3000:]
-            time.sleep(0.2)
+    with run_gunicorn(tmp_path, env={"GSHARE_METRICS_CACHE_SECONDS": "0", "PROMETHEUS_MULTIPROC_DIR": str(multiproc)},
+                      args=["--workers", "2", "--config", "python:gshare.gunicorn_hooks"]) as (url, _log):
         yield url, multiproc
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def test_counters_are_summed_over_every_worker(gunicorn):
