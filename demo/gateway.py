@@ -20,8 +20,10 @@ What it does, after Envoy Gateway v1.9.0 and Envoy:
   cases); then ``//`` merged. The query is left as sent. A request target that is not an origin-form path, or one
   with a ``#`` fragment, is a ``400``;
 * **routing** (``GatewayTable.route``): an HTTPRoute attached (``parentRefs``) to a Gateway that exists and has an
-  ``HTTP`` listener whose ``hostname`` (if any) and ``allowedRoutes.namespaces.from`` (``Same``, default, or
-  ``All``; ``Selector`` is not honoured) admit it; ``hostnames`` exact or ``*.`` wildcard (the request's ``Host``
+  ``HTTP`` or ``HTTPS`` listener (TLS is not terminated here: the demo's ingress is plain HTTP, as for Ingresses) whose
+  ``hostname`` (if any) and ``allowedRoutes.namespaces.from`` (``Same``, default, ``All``, or ``Selector`` by
+  ``matchLabels`` on ``kubernetes.io/metadata.name``, the label the apiserver puts on every namespace, as
+  ``attach_cluster``'s Gateway uses it; other selectors admit nothing here) admit it; ``hostnames`` exact or ``*.`` wildcard (the request's ``Host``
   name, port dropped, lower-case); ``PathPrefix`` matches as the Gateway API specifies (element-wise: ``/s/a`` and
   ``/s/a/`` both match ``/s/a`` and ``/s/a/x`` but not ``/s/ab``), ``Exact`` exactly; the longest match wins
   (Envoy Gateway sorts routes so); nothing matching is Envoy's ``404`` with an empty body. ``RegularExpression`` and
@@ -228,10 +230,22 @@ def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _listeners(gateways: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """HTTP listeners of each Gateway, by ``(namespace, name)``."""
+    """HTTP and HTTPS listeners of each Gateway, by ``(namespace, name)``."""
     return {_meta(g): [listener for listener in (g.get("spec") or {}).get("listeners") or []
-                       if isinstance(listener, dict) and listener.get("protocol") == "HTTP"]
+                       if isinstance(listener, dict) and listener.get("protocol") in ("HTTP", "HTTPS")]
             for g in gateways if not (g.get("metadata") or {}).get("deletionTimestamp")}
+
+
+def _namespace_admitted(listener: Mapping[str, Any], gateway_namespace: str, route_namespace: str) -> bool:
+    """Whether ``allowedRoutes.namespaces`` of ``listener`` admits a route of ``route_namespace`` (Gateway API v1:
+    ``Same`` by default, ``All``, ``Selector``; a selector is judged only on ``kubernetes.io/metadata.name``)."""
+    namespaces = (listener.get("allowedRoutes") or {}).get("namespaces") or {}
+    allowed = namespaces.get("from") or "Same"
+    if allowed == "Selector":
+        selector = namespaces.get("selector") or {}
+        labels = selector.get("matchLabels") or {}
+        return not selector.get("matchExpressions") and labels == {"kubernetes.io/metadata.name": route_namespace}
+    return allowed == "All" or (allowed == "Same" and gateway_namespace == route_namespace)
 
 
 def _admitted_hosts(route: Mapping[str, Any], listeners: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
@@ -247,8 +261,7 @@ def _admitted_hosts(route: Mapping[str, Any], listeners: dict[tuple[str, str], l
         for listener in listeners.get(gateway, []):
             if ref.get("sectionName") and ref["sectionName"] != listener.get("name"):
                 continue
-            allowed = ((listener.get("allowedRoutes") or {}).get("namespaces") or {}).get("from") or "Same"
-            if allowed not in ("All", "Same") or (allowed == "Same" and gateway[0] != namespace):
+            if not _namespace_admitted(listener, gateway[0], namespace):
                 continue
             on_listener = (listener.get("hostname") or "").lower()
             if not on_listener:

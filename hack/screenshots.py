@@ -8,10 +8,11 @@ Through the demo's API it first creates a volume and starts one GPU session per 
 volume), waits until they are Running, the volume is bound and the ledger holds their first usage charges; then it
 logs into the console as ``admin`` with Playwright driving Debian's Chromium (``apt-get install chromium``:
 ``playwright install`` downloads a browser build of its own, which this project does not rely on) and saves one
-1400x900 PNG per page in ``--out``, opens a session (its cluster's stand-in page), then logs in as the demo's
-researcher, starts a session from **Start session** and shows their **My sessions**; at the end it stops the
-sessions. Every request goes to the demo on loopback (``*.localhost`` included: the session hosts): the browser is
-started with its background networking off and any request to another host is aborted.
+1400x900 PNG per page in ``--out``, opens the session of each cluster (its stand-in page, through lab-c1's
+ingress-nginx and lab-c2's Envoy Gateway routing), then logs in as the demo's researcher, starts a session from
+**Start session** and shows their **My sessions**; at the end it stops the sessions. Every request goes to the demo
+on loopback (``*.localhost`` included: the session hosts): the browser is started with its background networking
+off and any request to another host is aborted.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ PAGES = [
     ("console-home.png", "/", "#dashboard"),
     ("gpu-management.png", "/clusters/gpudevice/", "#content-main"),
     ("node-management.png", "/clusters/node/", "#result_list"),
+    ("clusters.png", "/clusters/cluster/", "#result_list"),
     ("sessions.png", "/gpu_sessions/session/", "#result_list"),
     ("start-session.png", "/gpu_sessions/session/start/", "#gs-start-form"),
     ("storage-pools.png", "/storage/storagepool/", "#result_list"),
@@ -158,13 +160,19 @@ def take_screenshots(state: dict, out: Path) -> list[Path]:
                 page.screenshot(path=str(target), full_page=False)
                 written.append(target)
                 print(f"screenshots: {target}", file=sys.stderr)
-            # Open on the first session of the list: the browser lands on the cluster's own host (the demo's ingress).
-            page.goto(f"{state['url']}/gpu_sessions/session/")
-            page.locator("#result_list button.gs-open").first.click()
-            page.wait_for_load_state()
-            if not (urlsplit(page.url).hostname or "").endswith(".localhost"):
-                raise ScreenshotError(f"Open did not land on a session host: {page.url}")
-            written.append(_save(page, out / "session-open.png"))
+            # Open a session of each routing mode: the browser lands on its cluster's own host (the demo's ingress), through
+            # ingress-nginx's auth-url, or through Envoy's ext_authz 307 that sets the cookie and drops the link's token.
+            for cluster in state["clusters"]:
+                name = "session-open.png" if cluster["routing"] == "ingress-nginx" else f"session-open-{cluster['routing']}.png"
+                page.goto(f"{state['url']}/gpu_sessions/session/")
+                page.locator("#result_list tbody tr", has_text=cluster["name"]).first.locator("button.gs-open").click()
+                page.wait_for_load_state()
+                landed = urlsplit(page.url)
+                if landed.hostname != cluster["session_domain"] or "token=" in (landed.query or "") and cluster["routing"] == "gateway-api":
+                    raise ScreenshotError(f"Open of a {cluster['name']} session did not land on its host without the token: {page.url}")
+                if page.locator("text=ses_").count() == 0:
+                    raise ScreenshotError(f"Open of a {cluster['name']} session shows no session page at {page.url}")
+                written.append(_save(page, out / name))
             # The researcher's console: only their own sections.
             if state.get("researcher_user"):
                 researcher = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import kubernetes
 import psutil
@@ -279,5 +279,12 @@ def test_the_walkthrough_fails_on_the_unprepared_node_then_attaches_after_fix_no
     deadline = time.monotonic() + 30
     while (page := requests.get(f"{state['ingress']['url']}{link.path}?{link.query}", headers={"Host": link.netloc},
                                 timeout=10, allow_redirects=False)).status_code == 404 and time.monotonic() < deadline:
-        time.sleep(0.5)  # the ingress lists the cluster's Ingresses every second
+        time.sleep(0.5)  # the ingress lists the cluster's routes every second
+    # Attached with the default routing (gateway-api): Envoy's ext_authz answers the link with a 307 that sets the
+    # cookie and drops the token; the cookie then opens the page.
+    assert cluster["routing"] == "gateway-api"
+    assert page.status_code == 307 and page.headers["Server"] == "envoy" and "token=" not in page.headers["Location"], page.text
+    cookie = page.headers["Set-Cookie"].split(";", 1)[0]
+    page = requests.get(f"{state['ingress']['url']}{urljoin(link.path, page.headers['Location'])}",
+                        headers={"Host": link.netloc, "Cookie": cookie}, timeout=10, allow_redirects=False)
     assert page.status_code == 200 and session["id"] in page.text

@@ -331,3 +331,22 @@ def test_envoy_path(target, expected):
                                     "http://host/a"])
 def test_envoy_refuses(target):
     assert envoy_path(target) is None
+
+
+def test_attach_clusters_gateway_admits_the_session_namespace_by_selector_on_its_https_listener():
+    """``attach_cluster``'s Gateway (one HTTPS listener, routes from the session namespace only, by the
+    ``kubernetes.io/metadata.name`` label) admits the session's route: TLS is not terminated in the demo."""
+    objects = [*_gateway(), *_session("ses-a", "/s/ses_a/", 1)]
+    by_kind = {k: [o for o in objects if o["kind"] == k] for k in ("Gateway", "HTTPRoute", "SecurityPolicy", "Backend")}
+    [route] = by_kind["HTTPRoute"]
+
+    def gateway_admitting(selector: dict) -> list[dict]:
+        listener = {"name": "https", "protocol": "HTTPS", "port": 443, "hostname": DOMAIN,
+                    "allowedRoutes": {"namespaces": {"from": "Selector", "selector": selector}}}
+        return [{**g, "spec": {**g["spec"], "listeners": [listener]}} for g in by_kind["Gateway"]]
+
+    own = {"matchLabels": {"kubernetes.io/metadata.name": route["metadata"]["namespace"]}}
+    assert GatewayTable.build(gateway_admitting(own), by_kind["HTTPRoute"], [], []).route(DOMAIN, "/s/ses_a/") is not None
+    for other in ({"matchLabels": {"kubernetes.io/metadata.name": "elsewhere"}}, {"matchLabels": {"team": "a"}},
+                  {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "Exists"}]}):
+        assert not GatewayTable.build(gateway_admitting(other), by_kind["HTTPRoute"], [], []).serves(DOMAIN), other
