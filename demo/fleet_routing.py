@@ -1,8 +1,8 @@
 """What a demo cluster in ``gateway-api`` routing mode holds besides the rest of the fleet (``demo.fleet``): Envoy
 Gateway as its chart installs it and the Gateway gShare's session HTTPRoutes attach to.
 
-* the Gateway API v1.6.1 and Envoy Gateway v1.9.0 CRDs, unchanged (``demo/data/crds/``, provenance in
-  ``demo/data/README.md``);
+* the Gateway API v1.6.1 and Envoy Gateway v1.9.0 CRDs, unchanged, as the Envoy Gateway chart installs them (the
+  ``crds/`` of its stand-in ``demo/data/charts/gateway-helm``, provenance in ``demo/data/README.md``);
 * the namespace ``envoy-gateway-system`` and the Deployment ``envoy-gateway`` (name, namespace and labels as the
   ``gateway-helm`` v1.9.0 chart renders them for the release ``eg``): what the emulator's Envoy Gateway stand-in
   controller waits for before it accepts GatewayClasses and programs Gateways;
@@ -26,8 +26,8 @@ import yaml
 
 from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 
-CRD_DIR = pathlib.Path(__file__).resolve().parent / "data" / "crds"
-"""The copied upstream CRDs (``demo/data/crds/``)."""
+CRD_DIR = pathlib.Path(__file__).resolve().parent / "data" / "charts" / "gateway-helm" / "crds"
+"""The upstream CRDs the Envoy Gateway chart installs (its stand-in's ``crds/``, the files unchanged)."""
 
 ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
 ENVOY_GATEWAY_DEPLOYMENT = "envoy-gateway"
@@ -51,7 +51,7 @@ def _read_crds() -> tuple[dict[str, Any], ...]:
 
 
 def gateway_crds(cluster: str) -> list[dict[str, Any]]:
-    """The CRDs of ``demo/data/crds/`` (sorted by file name; read once), fresh copies with a stable uid added."""
+    """The CRDs of ``CRD_DIR`` (sorted by file name; read once), fresh copies with a stable uid added."""
     crds = copy.deepcopy(list(_read_crds()))
     for crd in crds:
         crd["metadata"]["uid"] = _uid(cluster, "CustomResourceDefinition", crd["metadata"]["name"])
