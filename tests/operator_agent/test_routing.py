@@ -59,10 +59,9 @@ EXT_AUTH_URLS = {
     "trailing-dot": "https://gshare.example.com./internal/connect/ext-authz",
     "upper-case-host": "HTTPS://GShare.Example.COM/internal/connect/ext-authz",
     "ipv4": "http://10.96.0.15:8000/internal/connect/ext-authz",
-    "ipv4-https": "https://192.0.2.10/internal/connect/ext-authz",
     "ipv6": "http://[fd00:10:96::a]:8000/internal/connect/ext-authz",
     "ipv6-loopback": "http://[::1]:8000/internal/connect/ext-authz",
-    "ipv6-mapped": "https://[::ffff:192.0.2.10]/internal/connect/ext-authz",
+    "ipv6-mapped": "http://[::ffff:192.0.2.10]/internal/connect/ext-authz",
     "ipv6-full": "http://[2001:db8:0:0:0:0:0:1]/internal/connect/ext-authz",
 }
 
@@ -196,17 +195,42 @@ def test_backend_traffic_policy_keeps_idle_websockets_an_hour():
     ("ext-upper-case-host", {"fqdn": {"hostname": "gshare.example.com", "port": 443}},
      {"wellKnownCACertificates": "System", "sni": "gshare.example.com"}),
     ("ext-ipv4", {"ip": {"address": "10.96.0.15", "port": 8000}}, None),
-    ("ext-ipv4-https", {"ip": {"address": "192.0.2.10", "port": 443}}, {"wellKnownCACertificates": "System"}),
     ("ext-ipv6", {"ip": {"address": "fd00:0010:0096:0000:0000:0000:0000:000a", "port": 8000}}, None),
     ("ext-ipv6-loopback", {"ip": {"address": "0000:0000:0000:0000:0000:0000:0000:0001", "port": 8000}}, None),
-    ("ext-ipv6-mapped", {"ip": {"address": "0000:0000:0000:0000:0000:ffff:c000:020a", "port": 443}},
-     {"wellKnownCACertificates": "System"}),
+    ("ext-ipv6-mapped", {"ip": {"address": "0000:0000:0000:0000:0000:ffff:c000:020a", "port": 80}}, None),
     ("ext-ipv6-full", {"ip": {"address": "2001:0db8:0000:0000:0000:0000:0000:0001", "port": 80}}, None),
 ])
 def test_backend_endpoint_and_tls(spec_name, endpoint, tls):
     backend = objects(spec_name)[0]
     assert backend["spec"]["endpoints"] == [endpoint]
     assert backend["spec"].get("tls") == tls
+
+
+@pytest.mark.parametrize("spec_name", [n for n, url in EXT_AUTH_URLS.items() if url.lower().startswith("https:")])
+def test_https_backends_pin_the_certificate_name(spec_name):
+    # Envoy Gateway v1.9.0 makes a literal sni the exact DNS SAN the control plane's certificate must carry; without
+    # it Envoy would send and check the session domain.
+    target = ext_auth_target(EXT_AUTH_URLS[spec_name])
+    backend = objects(f"ext-{spec_name}")[0]
+    assert target.kind == "fqdn"
+    assert backend["spec"]["tls"] == {"wellKnownCACertificates": "System", "sni": target.host.rstrip(".")}
+    assert backend["spec"]["tls"]["sni"] == backend["spec"]["endpoints"][0]["fqdn"]["hostname"].rstrip(".")
+
+
+@pytest.mark.parametrize("url", [
+    "https://192.0.2.10/internal/connect/ext-authz",
+    "https://10.96.0.15:8443/internal/connect/ext-authz",
+    "https://[::ffff:192.0.2.10]/internal/connect/ext-authz",
+    "HTTPS://[fd00:10:96::a]:8443/internal/connect/ext-authz",
+])
+def test_https_to_an_ip_address_is_refused(url):
+    # No name to check the certificate against: a Backend sni must be a hostname, and without one Envoy checks the
+    # session domain, which the control plane's certificate does not carry.
+    with pytest.raises(routing.RoutingError, match="https to an IP address"):
+        ext_auth_target(url)
+    with pytest.raises(routing.RoutingError, match="https to an IP address"):
+        routing.routing_objects(gss(extAuthUrl=url))
+    assert ext_auth_target("http" + url[5:]).kind == "ip"
 
 
 def test_compressed_ipv6_would_fail_the_backend_pattern():

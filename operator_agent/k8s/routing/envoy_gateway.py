@@ -112,7 +112,8 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
             credentials, a query or a fragment (Envoy appends the original path to the path, so neither could be
             kept); a dot segment or an encoded ``.``/``/``/``\\``/NUL in the path; a port outside 1-65535; a host
             that is neither an IP address (without zone; IPv6 in brackets) nor a DNS name of at most 253 characters
-            whose last label is not a number.
+            whose last label is not a number; ``https`` to an IP address (the certificate's name could not be checked:
+            ``session_backend``).
     """
     if not isinstance(url, str) or not url:
         raise RoutingError("spec.extAuthUrl is missing: the control plane sets it for gateway-api routing")
@@ -154,6 +155,11 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
     if address is not None:
         if isinstance(address, ipaddress.IPv6Address) and address.scope_id:
             raise RoutingError(f"spec.extAuthUrl {url!r} has an IPv6 zone, which a Backend cannot carry")
+        if scheme == "https":
+            raise RoutingError(f"spec.extAuthUrl {url!r}: https to an IP address leaves Envoy no name to check the "
+                               "control plane's certificate against (Envoy Gateway v1.9.0 would check it against the "
+                               "session domain, which the control plane's certificate does not name): use the "
+                               "control plane's DNS name, or http to its in-cluster Service address")
         text = address.exploded if isinstance(address, ipaddress.IPv6Address) else str(address)
         return ExtAuthTarget(scheme=scheme, host=text, kind="ip", port=port, path=path)
     if "%" in host:  # a zone on something ipaddress did not take for an address
@@ -170,11 +176,13 @@ def ext_auth_target(url: str) -> ExtAuthTarget:
 def session_backend(gss: Mapping[str, Any]) -> dict[str, Any]:
     """The ``Backend`` (``gateway.envoyproxy.io/v1alpha1``) that is the control plane, from ``spec.extAuthUrl``.
 
-    ``endpoints: [{fqdn: {hostname, port}}]`` for a DNS name, ``[{ip: {address, port}}]`` for an IP literal. For an
-    ``https`` URL, ``tls: {wellKnownCACertificates: System}`` (the system trust store checks the control plane's
-    certificate) and, for a DNS name, ``sni: <hostname>`` (without it Envoy Gateway takes the SNI from the original
-    request's Host, the session domain). v1.9.0 checks the chain only; a pinned subject name needs a
-    ``BackendTLSPolicy``.
+    ``endpoints: [{fqdn: {hostname, port}}]`` for a DNS name, ``[{ip: {address, port}}]`` for an IP literal (``http``
+    only). For an ``https`` URL, ``tls: {wellKnownCACertificates: System, sni: <hostname>}``: the system trust store
+    checks the chain, and the ``sni`` is also the name the certificate must carry -- Envoy Gateway v1.9.0 turns a
+    literal SNI with no ``subjectAltNames`` into an exact DNS ``match_typed_subject_alt_names`` on the upstream TLS
+    context (``buildValidationContext`` in ``internal/xds/translator/translator.go``; its ext-auth-backend testdata
+    shows it for an ext_authz Backend), the same matcher a ``BackendTLSPolicy`` ``validation.hostname`` makes. Without
+    ``sni`` it would send, and check, the original request's Host (the session domain).
 
     Raises:
         RoutingError: ``spec.extAuthUrl`` cannot be used (``ext_auth_target``).
@@ -185,11 +193,8 @@ def session_backend(gss: Mapping[str, Any]) -> dict[str, Any]:
     else:
         endpoint = {"fqdn": {"hostname": target.host, "port": target.port}}
     spec: dict[str, Any] = {"endpoints": [endpoint]}
-    if target.scheme == "https":
-        tls: dict[str, Any] = {"wellKnownCACertificates": "System"}
-        if target.kind == "fqdn":
-            tls["sni"] = target.host.rstrip(".")
-        spec["tls"] = tls
+    if target.scheme == "https":  # ext_auth_target only takes https with a DNS name
+        spec["tls"] = {"wellKnownCACertificates": "System", "sni": target.host.rstrip(".")}
     return {"apiVersion": BACKEND.api_version, "kind": BACKEND.kind, "metadata": session_metadata(gss), "spec": spec}
 
 
