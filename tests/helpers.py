@@ -323,3 +323,19 @@ def lock_waiters(cursor) -> int:
     cursor.execute("SELECT pg_stat_clear_snapshot()")
     cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0")
     return cursor.fetchone()[0]
+
+
+@contextlib.contextmanager
+def table_locked(model) -> Iterator[None]:
+    """Hold an ACCESS EXCLUSIVE lock on ``model``'s table from another connection (a stuck migration, a slow database)."""
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(f'LOCK TABLE "{model._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
+        yield
+    finally:
+        other.rollback()
+        other.close()

@@ -13,13 +13,11 @@ import http.client
 import json
 import socket
 import time
-from contextlib import contextmanager
 from http.cookies import SimpleCookie
 
 import jwt
 import pytest
 from django.core.cache import cache
-from django.db import connections
 
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE
 from gshare.auth.keys import signing_key_ensure
@@ -28,6 +26,7 @@ from sessions import connect, services
 from sessions.models import Session
 from tests.e2e.gunicorn import INTERNAL_HOST, PUBLIC_HOST, control_plane  # noqa: F401 -- the fixture
 from tests.factories import ClusterFactory
+from tests.helpers import table_locked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -161,19 +160,6 @@ def test_hosts(control_plane, sessions):  # noqa: F811 -- the fixture
     assert send(control_plane, b"GET", absolute)[0] in (401, 404)
 
 
-@contextmanager
-def _table_locked(model):
-    """Hold an ACCESS EXCLUSIVE lock on ``model``'s table from another connection (a stuck migration, a slow database)."""
-    other = connections.create_connection("default")
-    try:
-        other.set_autocommit(False)
-        with other.cursor() as cursor:
-            cursor.execute(f'LOCK TABLE "{model._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
-        yield
-    finally:
-        other.rollback()
-        other.close()
-
 
 def test_a_database_too_slow_for_the_host_rule_is_a_fast_503(control_plane, sessions):  # noqa: F811 -- the fixture
     """The registered session domains are read under the verify's statement timeout: a locked clusters table answers
@@ -182,7 +168,7 @@ def test_a_database_too_slow_for_the_host_rule_is_a_fast_503(control_plane, sess
 
     mine, _yours, token = sessions
     target = PREFIX + b"/s/" + mine.public_id.encode() + b"/?token=" + token.encode()
-    with _table_locked(Cluster):  # a fresh gunicorn has not read the domains yet
+    with table_locked(Cluster):  # a fresh gunicorn has not read the domains yet
         started = time.monotonic()
         status, headers, body = send(control_plane, b"GET", target)
         elapsed = time.monotonic() - started

@@ -2,12 +2,11 @@
 
 import socket
 import time
-from contextlib import contextmanager
 
 import jwt
 import pytest
 from django.core.cache import cache
-from django.db import connection, connections
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
@@ -16,6 +15,7 @@ from gshare.exceptions import Forbidden  # noqa: F401
 from sessions import connect, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
+from tests.helpers import table_locked
 
 pytestmark = pytest.mark.django_db
 
@@ -193,19 +193,6 @@ def test_verify_answers_a_fast_503_when_redis_does_not_answer(running, anon, set
         _assert_unavailable(response, elapsed)
 
 
-@contextmanager
-def _table_locked(model):
-    """Hold an ACCESS EXCLUSIVE lock on ``model``'s table from another connection (a stuck migration, a slow database)."""
-    other = connections.create_connection("default")
-    try:
-        other.set_autocommit(False)
-        with other.cursor() as cursor:
-            cursor.execute(f'LOCK TABLE "{model._meta.db_table}" IN ACCESS EXCLUSIVE MODE')
-        yield
-    finally:
-        other.rollback()
-        other.close()
-
 
 @pytest.mark.django_db(transaction=True)
 def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
@@ -213,7 +200,7 @@ def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
 
     token = link(running).split("token=")[1]
     connect.clear_local_caches()  # the signing key is looked up again
-    with _table_locked(SigningKey):
+    with table_locked(SigningKey):
         response, elapsed = _verify_over_http(anon, running, token)
         _assert_unavailable(response, elapsed)
     response, _ = _verify_over_http(anon, running, token)
@@ -221,7 +208,7 @@ def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
 
     cache.clear()
     connect.clear_local_caches()
-    with _table_locked(Session):  # the session's facts must come from the database
+    with table_locked(Session):  # the session's facts must come from the database
         response, elapsed = _verify_over_http(anon, running, token)
         _assert_unavailable(response, elapsed)
 
