@@ -391,7 +391,7 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["name", "cluster__name"]
     ordering = ["cluster_name", "name"]
     readonly_fields = ["cluster", "name", "ready", "gpu_mode", "gpus", "free", "open_for_shares", "load_bar", "cards", "all_labels",
-                       "inventory_error", "last_seen_at", "missing_since"]
+                       "inventory_error", "last_report", "missing_since"]
     fields = readonly_fields
     list_per_page = 50
     Media = ConsoleCss
@@ -470,10 +470,15 @@ class NodeAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
         """Every label of the node, as chips."""
         return _label_chips(obj.labels)
 
-    @admin.display(description="last report", ordering="last_seen_at")
+    @admin.display(description="last report")
     def seen(self, obj: Node):
         """How long ago the node was last reported (the UTC time on hover)."""
-        return _age_html(obj.last_seen_at)
+        return _age_html(obj.reported_at)
+
+    @admin.display(description="last report")
+    def last_report(self, obj: Node):
+        """When the operator last reported the node (``Node.reported_at``)."""
+        return obj.reported_at
 
     @admin.display(description="GPU cards")
     def cards(self, obj: Node):
@@ -554,7 +559,7 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     ordering = ["node__cluster_name", "node__name", "index"]  # the node keeps its cluster's name: no join to sort
     list_per_page = 48
     readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "reserved",
-                       "sm_utilization", "holding_sessions", "last_seen_at", "missing_since"]
+                       "sm_utilization", "holding_sessions", "last_report", "missing_since"]
     fields = readonly_fields
 
     class Media:
@@ -566,6 +571,11 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     def get_changelist(self, request, **kwargs):  # noqa: D102
         return GpuCardList
+
+    @admin.display(description="last report")
+    def last_report(self, obj: GpuDevice):
+        """When the operator last reported the GPU (``GpuDevice.reported_at``)."""
+        return obj.reported_at
 
     @admin.display(description="reserved")
     def reserved(self, obj: GpuDevice):

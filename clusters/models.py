@@ -119,6 +119,11 @@ class Cluster(models.Model):
         help_text="The session-path checks of the operator's latest inventory, as reported from inside the cluster: name -> "
                   "{ok, detail, checked_at} (session_domain_resolves, verify_reachable); empty when the operator sends none",
     )
+    inventory_digest = models.CharField(
+        max_length=80, blank=True, default="", editable=False,
+        help_text="Digest of the operator's last applied inventory snapshot (operator_agent.contract.inventory_digest); a "
+                  "digest-only report naming it needs no full snapshot. Empty: the next report must be a full snapshot",
+    )
 
     class Meta:
         ordering = ["name", "id"]
@@ -202,11 +207,24 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def reported_at(self):
+        """When the operator last reported this node: its cluster's last report while the node is listed (an
+        unchanged node's row is not rewritten), else ``last_seen_at`` (the last report that listed it)."""
+        return _reported_at(self)
+
     def save(self, *args, **kwargs):
         """Fill ``cluster_name`` from the cluster when it is not set (rows made one by one, e.g. fixtures)."""
         if not self.cluster_name and self.cluster_id is not None:
             self.cluster_name = self.cluster.name
         super().save(*args, **kwargs)
+
+
+def _reported_at(row):
+    if row.missing_since is not None:
+        return row.last_seen_at
+    heartbeat = row.cluster.last_heartbeat_at
+    return max(row.last_seen_at, heartbeat) if heartbeat else row.last_seen_at
 
 
 #: A GPU a share may still go to: healthy, not held whole, split count not reached.
@@ -308,3 +326,8 @@ class GpuDevice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.uuid}"
+
+    @property
+    def reported_at(self):
+        """When the operator last reported this GPU (as ``Node.reported_at``)."""
+        return _reported_at(self)

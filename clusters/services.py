@@ -6,7 +6,6 @@ the management commands and the Celery tasks call them.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -19,6 +18,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.services import Action, audit_record, created
+from clusters import inventory
 from clusters.diagnosis import operator_check_verdicts, operator_reporting_detail
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
@@ -27,7 +27,7 @@ from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent import contract
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, GPU_MODE_LABEL, OPERATOR_CHECKS
+from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,6 @@ EDITABLE_FIELDS = ("session_domain", "ingress_node", "volume_storage_class", *RO
 REGISTERED_FIELDS = ("name", "apiserver_url", "session_domain", "ingress_node", "volume_storage_class", *ROUTING_FIELDS, "kubeconfig")
 #: The field of ``cluster_update`` that replaces the cluster's credential (checked, probed, same cluster only).
 CREDENTIAL_FIELD = "kubeconfig"
-_INVENTORY_LOCK_ID = 0x6753_494E  # "gSIN"
 
 
 class ClusterPrerequisiteMissing(ApplicationError):
@@ -650,61 +649,16 @@ class InventoryResult:
     """Counts after an inventory snapshot was applied: nodes and GPUs in the snapshot, those removed, and
     those kept although missing from it (``missing_since``) because live sessions hold them."""
 
-    nodes: int
-    gpus: int
+    nodes: int | None
+    gpus: int | None
     nodes_removed: int
     gpus_removed: int
     nodes_missing: int = 0
     gpus_missing: int = 0
-
-
-#: What an inventory does with the nodes and GPUs of the cluster that the snapshot left out (``%(uuids)s``,
-#: ``%(names)s``: what it lists). A GPU a live session holds (a reservation of placement, or HAMi's allocation as
-#: the operator reported it in ``Session.devices``) is kept, marked missing (``health`` false, so placement passes
-#: over it; its ``used_*`` counters untouched, as its reservations are); every other one is deleted, with any
-#: reservation of an ended session left on it. A node is kept (not ready) while it has a kept GPU, else deleted.
-#: The GPUs a snapshot moved off a node were moved by the upsert before this runs. Raw SQL because it is one
-#: statement (the query count stays constant); the foreign keys are deferred, so the deletes need no order.
-#: Built from the models on first use (``clusters`` does not import ``sessions``: the relation reaches it).
-_MISSING_SQL = """
-WITH gone AS (
-    SELECT d.id, d.node_id,
-           EXISTS (SELECT 1 FROM {allocation} a JOIN {session} s ON s.id = a.session_id
-                    WHERE a.device_id = d.id AND s.phase <> ALL(%(final)s::text[]))
-           OR EXISTS (SELECT 1 FROM {session} s
-                       WHERE s.cluster_id = %(cluster)s AND s.phase <> ALL(%(final)s::text[])
-                         AND jsonb_typeof(s.devices) = 'array' AND s.devices ? d.uuid) AS held
-      FROM clusters_gpudevice d
-     WHERE d.cluster_id = %(cluster)s AND d.uuid <> ALL(%(uuids)s::text[])
-),
-gone_nodes AS (
-    SELECT n.id, EXISTS (SELECT 1 FROM gone g WHERE g.node_id = n.id AND g.held) AS held
-      FROM clusters_node n
-     WHERE n.cluster_id = %(cluster)s AND n.name <> ALL(%(names)s::text[])
-),
-stale AS (DELETE FROM {allocation} a USING gone g WHERE a.device_id = g.id AND NOT g.held),
-gpus_removed AS (DELETE FROM clusters_gpudevice d USING gone g WHERE d.id = g.id AND NOT g.held RETURNING d.id),
-gpus_kept AS (
-    UPDATE clusters_gpudevice d SET health = FALSE, missing_since = COALESCE(d.missing_since, %(now)s)
-      FROM gone g WHERE d.id = g.id AND g.held AND (d.health OR d.missing_since IS NULL)
-),
-nodes_removed AS (DELETE FROM clusters_node n USING gone_nodes g WHERE n.id = g.id AND NOT g.held RETURNING n.id),
-nodes_kept AS (
-    UPDATE clusters_node n SET ready = FALSE, missing_since = COALESCE(n.missing_since, %(now)s)
-      FROM gone_nodes g WHERE n.id = g.id AND g.held AND (n.ready OR n.missing_since IS NULL)
-)
-SELECT (SELECT COUNT(*) FROM nodes_removed), (SELECT COUNT(*) FROM gpus_removed),
-       (SELECT COUNT(*) FROM gone_nodes WHERE held), (SELECT COUNT(*) FROM gone WHERE held)
-"""
-
-
-@functools.cache
-def _missing_statement() -> tuple[str, tuple[str, ...]]:
-    """``_MISSING_SQL`` with the reservation and session tables filled in, and the final session phases."""
-    allocation = GpuDevice._meta.get_field("allocations").related_model
-    session = allocation._meta.get_field("session").related_model
-    sql = _MISSING_SQL.format(allocation=allocation._meta.db_table, session=session._meta.db_table)
-    return sql, tuple(str(phase) for phase in session.TERMINAL_PHASES)
+    #: The digest recorded for the cluster ("" when none: the next report must be a full snapshot).
+    digest: str = ""
+    #: True for a digest-only report (``inventory_confirm``): nothing was read, ``nodes`` and ``gpus`` are None.
+    unchanged: bool = False
 
 
 #: C0 and C1 control characters: a detail is shown on the cluster page, in API answers and by the attach command on a
@@ -726,12 +680,21 @@ def _known_checks(checks: dict | None) -> dict:
     return known
 
 
+class InventorySnapshotRequired(Conflict):
+    """409 ``inventory_snapshot_required``: a digest-only report names a snapshot other than the one last applied."""
+
+    code = INVENTORY_SNAPSHOT_REQUIRED
+
+
 @transaction.atomic
-def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None = None) -> InventoryResult:
+def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None = None, digest: str = "") -> InventoryResult:
     """Replace a cluster's nodes and GPU devices with a full snapshot from its operator.
 
-    Upserts with ``INSERT ... ON CONFLICT DO UPDATE`` and removes what is gone, in one transaction
-    and a constant number of queries, whatever the number of nodes (asserted in the tests).
+    The snapshot is COPYed into staging tables and moved in by set-based statements that write only the rows whose
+    reported values changed (``clusters.inventory``), in one transaction and a constant number of queries, whatever
+    the number of nodes (asserted in the tests). Only this cluster's row is locked: snapshots of different clusters
+    run in parallel. A GPU UUID is one cluster's (the unique index on ``GpuDevice.uuid``): the upsert never takes
+    another cluster's row, also when two clusters race to claim a new UUID (the first to commit has it).
 
     What is gone is deleted, except a GPU a live session (not Terminated or Failed) holds, by a
     reservation or as HAMi's allocation reported by the operator: deleting it would drop the
@@ -748,113 +711,102 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
         checks: the snapshot's validated ``checks`` (name -> ``{"ok", "detail", "checked_at"}``), recorded as
             ``Cluster.operator_checks`` (names this control plane does not know are dropped); None or absent (an
             operator that predates them) records none, so the connection test shows them as unknown.
+        digest: the operator's ``contract.inventory_digest`` of ``nodes`` ("" when it sent none). Recorded as
+            ``Cluster.inventory_digest`` (what a later digest-only report is checked against, ``inventory_confirm``),
+            unless the snapshot left GPUs or nodes kept missing: their removal waits for the sessions that hold them,
+            which only a full snapshot decides, so then "" is recorded and the next report must be full.
 
     Returns:
         An ``InventoryResult``: ``nodes_removed`` / ``gpus_removed`` count deleted nodes and GPUs
-        (never the reservations deleted with them); ``nodes_missing`` / ``gpus_missing`` those kept.
+        (never the reservations deleted with them); ``nodes_missing`` / ``gpus_missing`` those kept; ``digest`` the one
+        recorded.
 
     Raises:
         Forbidden: ``forbidden_cluster_scope`` (403) when a GPU UUID in the snapshot belongs to
             another cluster (a kept, missing GPU still belongs to its cluster); nothing is changed.
         Conflict: ``cluster_deregistered`` (409) if the cluster was deregistered meanwhile.
     """
-    with connection.cursor() as cursor:
-        # One fleet-wide lock: a GPU UUID's owner is checked and upserted atomically, so two operators
-        # reporting the same UUID at once cannot both succeed (HAMi UUIDs are fleet-unique).
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_INVENTORY_LOCK_ID])
     # The cluster's row lock also keeps its sessions' reservations from changing meanwhile (placement and the
     # release paths take it first), so which missing GPUs are held cannot change under this transaction.
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.status == Cluster.Status.DEREGISTERED:
         raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")
-    uuids = [device["uuid"] for node in nodes for device in node["devices"]]
-    foreign = list(
-        GpuDevice.objects.filter(uuid__in=uuids).exclude(cluster=cluster).values_list("uuid", flat=True)[:5]
-    )
-    if foreign:
-        raise Forbidden(
-            f"GPU(s) {', '.join(foreign)} belong to another cluster; an operator may only report its own cluster's "
-            "GPUs. Check that this operator runs with its own cluster's token.",
-            code=FORBIDDEN_CLUSTER_SCOPE,
-        )
-
     now = timezone.now()
-    node_rows = [
-        Node(
-            cluster=cluster,
-            cluster_name=cluster.name,
-            name=node["name"],
-            labels=node.get("labels") or {},
-            gpu_mode=(node.get("labels") or {}).get(GPU_MODE_LABEL, ""),
-            ready=bool(node.get("ready")),
-            inventory_error=(node.get("hami_error") or "")[:500],
-            last_seen_at=now,
-            missing_since=None,
-        )
-        for node in nodes
-    ]
-    names = [row.name for row in node_rows]
-    # Upserts first, removals after: a GPU that moved off a node that is gone is on its new node by then, so
-    # deleting the old node cannot take it (and its reservations) along.
-    if node_rows:
-        Node.objects.bulk_create(
-            node_rows,
-            update_conflicts=True,
-            unique_fields=["cluster", "name"],
-            update_fields=["cluster_name", "labels", "gpu_mode", "ready", "inventory_error", "last_seen_at", "missing_since"],
-        )
-    device_rows = [
-        GpuDevice(
-            node=row,
-            cluster=cluster,
-            uuid=device["uuid"],
-            index=device["index"],
-            model=device["model"],
-            memory_mib=device["memory_mib"],
-            split_count=device["split_count"],
-            cores=device["cores"],
-            health=bool(device["health"]),
-            mode=device.get("mode") or "",
-            last_seen_at=now,
-            missing_since=None,
-        )
-        for row, node in zip(node_rows, nodes, strict=True)
-        for device in node["devices"]
-    ]
-    if device_rows:
-        GpuDevice.objects.bulk_create(
-            device_rows,
-            update_conflicts=True,
-            unique_fields=["uuid"],
-            # Never the usage counters (used_*): they belong to placement and the reservations.
-            update_fields=["node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "last_seen_at", "missing_since"],
-        )
-    sql, final = _missing_statement()
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"cluster": cluster.pk, "uuids": uuids, "names": names, "final": list(final), "now": now})
-        nodes_removed, gpus_removed, nodes_missing, gpus_missing = cursor.fetchone()
-    reported_status = _reported_status(cluster, checks)
-    # One statement for two things, so the query count stays what it was: the heartbeat, and
-    # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters
-    # for every node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone
-    # missing (health false), moved to another node, changed health, or come new; rows already right
-    # are not written. The cluster's row lock, held since the start, keeps reservations from changing meanwhile.
-    summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH nodes AS ({summary} RETURNING n.id)
-            UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status),
-                   operator_checks = %(checks)s::jsonb
-             WHERE id = %(cluster)s
-            """,
-            {"cluster": cluster.pk, "now": now, "status": str(reported_status) if reported_status else None,
-             "checks": json.dumps(_known_checks(checks))},
-        )
+        # Nodes first, then GPUs, removals last: a GPU that moved off a node that is gone is on its new node by then,
+        # so deleting the old node cannot take it (and its reservations) along.
+        gpus = inventory.stage(cursor, nodes)
+        inventory.node_upsert(cursor, cluster_id=cluster.pk, cluster_name=cluster.name, now=now)
+        foreign = inventory.device_upsert(cursor, cluster_id=cluster.pk, now=now)
+        if foreign:
+            raise Forbidden(
+                f"GPU(s) {', '.join(foreign)} belong to another cluster; an operator may only report its own cluster's "
+                "GPUs. Check that this operator runs with its own cluster's token.",
+                code=FORBIDDEN_CLUSTER_SCOPE,
+            )
+        nodes_removed, gpus_removed, nodes_missing, gpus_missing = inventory.missing_apply(
+            cursor, cluster_id=cluster.pk, now=now, seen=cluster.last_heartbeat_at)
+        recorded = "" if nodes_missing or gpus_missing else digest
+        # One statement for three things, so the query count stays what it was: the heartbeat, the digest, and
+        # placement's per-node summary (clusters.models.NODE_SUMMARY) recomputed from the device counters for every
+        # node of the cluster. GPUs may have gone (with the reservations of ended sessions), gone missing (health
+        # false), moved to another node, changed health, or come new; rows already right are not written. The
+        # cluster's row lock, held since the start, keeps reservations from changing meanwhile.
+        summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
+        cursor.execute(f"WITH nodes AS ({summary} RETURNING n.id) {_HEARTBEAT_SQL}",
+                       _heartbeat_params(cluster, checks, now=now, digest=recorded))
     return InventoryResult(
-        nodes=len(node_rows), gpus=len(device_rows), nodes_removed=nodes_removed, gpus_removed=gpus_removed,
-        nodes_missing=nodes_missing, gpus_missing=gpus_missing,
+        nodes=len(nodes), gpus=gpus, nodes_removed=nodes_removed, gpus_removed=gpus_removed,
+        nodes_missing=nodes_missing, gpus_missing=gpus_missing, digest=recorded,
     )
+
+
+#: The report's effect on the cluster row: heartbeat, status, the operator's checks and the recorded digest.
+_HEARTBEAT_SQL = """
+    UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status),
+           operator_checks = %(checks)s::jsonb, inventory_digest = %(digest)s
+     WHERE id = %(cluster)s"""
+
+
+def _heartbeat_params(cluster: Cluster, checks: dict | None, *, now, digest: str) -> dict:
+    reported_status = _reported_status(cluster, checks)
+    return {"cluster": cluster.pk, "now": now, "status": str(reported_status) if reported_status else None,
+            "checks": json.dumps(_known_checks(checks)), "digest": digest}
+
+
+@transaction.atomic
+def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = None) -> InventoryResult:
+    """Record a digest-only report: the operator's snapshot is still the one last applied, with digest ``digest``.
+
+    Nothing of the nodes and GPUs is read or written: they are what that snapshot made them (``inventory_apply``
+    records a digest only when it left nothing for a later snapshot to decide). The report counts as a heartbeat and
+    records its ``checks`` exactly as a full snapshot does.
+
+    Args:
+        cluster: the cluster named in the operator token.
+        digest: ``contract.inventory_digest`` of the operator's current snapshot.
+        checks: as for ``inventory_apply``.
+
+    Returns:
+        An ``InventoryResult`` with ``unchanged`` true (no counts: nothing was read).
+
+    Raises:
+        InventorySnapshotRequired: ``inventory_snapshot_required`` (409) when the recorded digest is another (or none):
+            the operator sends its full snapshot instead. Nothing is changed.
+        Conflict: ``cluster_deregistered`` (409).
+    """
+    cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+    if cluster.status == Cluster.Status.DEREGISTERED:
+        raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")
+    if not digest or cluster.inventory_digest != digest:
+        raise InventorySnapshotRequired(
+            f"The control plane's inventory of this cluster is not the snapshot with digest {digest[:80]!r} "
+            f"({'it has none recorded' if not cluster.inventory_digest else 'another snapshot was applied last'}): "
+            "send the full snapshot (`PUT /internal/v1/inventory` with `nodes`)."
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_HEARTBEAT_SQL, _heartbeat_params(cluster, checks, now=timezone.now(), digest=digest))
+    return InventoryResult(nodes=None, gpus=None, nodes_removed=0, gpus_removed=0, digest=digest, unchanged=True)
 
 
 def _reported_status(cluster: Cluster, reported: dict | None = None) -> Cluster.Status | None:

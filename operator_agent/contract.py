@@ -12,6 +12,9 @@ reads them; the control plane checks them with that function (for its own error 
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 # --------------------------------------------------------------------------- HTTP routes
 INTERNAL_API_PREFIX = "/internal/v1"
 """Prefix of every operator-facing route on the control plane (JSON, ``Authorization: Bearer``)."""
@@ -19,10 +22,29 @@ INTERNAL_API_PREFIX = "/internal/v1"
 INVENTORY_PATH = "/internal/v1/inventory"
 """``PUT``: full snapshot of the cluster's GPU nodes and devices (see ``operator_agent.inventory``).
 
-Body: ``{"nodes": [{"name", "labels", "ready", "devices": [...], "hami_error"?}]}``.
+Body: ``{"nodes": [{"name", "labels", "ready", "devices": [...], "hami_error"?}], "digest"?, "checks"?}``.
 The control plane upserts what is listed and removes what is gone, for the cluster named
-in the token.
+in the token, and records ``digest`` (``inventory_digest`` of ``nodes``) when it answers it back.
+
+Digest-only body: ``{"digest", "checks"?}`` (no ``nodes``): the snapshot is unchanged since the one the control plane
+answered that digest to. It counts as the same report without reading or writing any node; a control plane whose
+recorded digest is another answers 409 ``INVENTORY_SNAPSHOT_REQUIRED`` and the operator sends the full snapshot.
 """
+
+INVENTORY_DIGEST_PREFIX = "sha256:"
+"""Prefix of an inventory digest; 64 lowercase hex digits follow."""
+
+
+def inventory_digest(nodes: list) -> str:
+    """The digest of an inventory snapshot's ``nodes``: ``sha256:`` + the SHA-256 (hex) of their canonical JSON.
+
+    Canonical JSON: ``json.dumps(nodes, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` encoded as UTF-8,
+    so two snapshots with the same content have the same digest whatever the order of their keys (the order of the
+    nodes and of each node's devices counts: ``operator_agent.inventory`` sorts them).
+    """
+    canonical = json.dumps(nodes, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return INVENTORY_DIGEST_PREFIX + hashlib.sha256(canonical).hexdigest()
+
 
 # --------------------------------------------------------------------------- node labels
 GPU_NODE_LABEL_KEY = "gpu"
@@ -119,6 +141,10 @@ SESSION_PHASES = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED, PHASE_FAILED, P
 
 FORBIDDEN_CLUSTER_SCOPE = "forbidden_cluster_scope"
 """403: the request touches a session, node or device of a cluster other than the token's; nothing changed."""
+
+INVENTORY_SNAPSHOT_REQUIRED = "inventory_snapshot_required"
+"""409 to a digest-only ``PUT INVENTORY_PATH``: the control plane's last applied snapshot of the cluster is not the one with
+that digest (or it recorded none); nothing changed. The operator sends its full snapshot at once."""
 
 TOKEN_INVALID = "token_invalid"
 """401: the operator token is missing, malformed, expired, or signed by an unknown key."""
@@ -338,10 +364,13 @@ _OPERATOR_CHECK = {
     },
 }
 
+INVENTORY_DIGEST_PATTERN = "^sha256:[0-9a-f]{64}$"
+"""``digest`` of an inventory body (``inventory_digest``)."""
+
 INVENTORY_SCHEMA = {
     "type": "object",
-    "required": ["nodes"],
     "properties": {
+        "digest": {"type": "string", "pattern": INVENTORY_DIGEST_PATTERN},
         # Optional: operators that predate the checks send none (the control plane then shows them as unknown). Names
         # it does not know are ignored, so a newer operator's extra checks do not make its reports invalid.
         "checks": {"type": "object", "maxProperties": 16, "propertyNames": {"maxLength": 64},
@@ -363,7 +392,9 @@ INVENTORY_SCHEMA = {
         }
     },
 }
-"""Body of ``PUT INVENTORY_PATH``. Node names and GPU UUIDs are also unique in a snapshot (not expressible here)."""
+"""Body of ``PUT INVENTORY_PATH``: a full snapshot (``nodes``, with its ``digest`` or without) or a digest-only report
+(``digest`` alone); one of the two is required. Node names and GPU UUIDs are also unique in a snapshot (these two rules
+are not expressed here)."""
 
 STATUS_MAX_REPORTS = 500
 """``POST STATUS_PATH`` carries at most this many reports."""

@@ -45,7 +45,7 @@ import urllib3.exceptions
 
 from operator_agent import __version__
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, STORAGE_PATH, USAGE_PATH
+from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, INVENTORY_SNAPSHOT_REQUIRED, STORAGE_PATH, USAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
@@ -175,12 +175,16 @@ class ControlPlaneClient:
         self._on_success = on_success
 
     def put_inventory(self, snapshot: dict) -> dict:
-        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``; return the response body.
+        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``, or a digest-only report
+        (``{"digest", "checks"?}``); return the response body.
 
         Raises:
-            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
+            ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable. A digest-only report
+            refused with 409 ``inventory_snapshot_required`` (or 400 ``invalid_inventory``: a control plane that predates
+            them) raises ``ControlPlaneRejected`` without an error in the log: the caller sends the full snapshot.
         """
-        return self.request("PUT", INVENTORY_PATH, json_body=snapshot)
+        quiet = frozenset({INVENTORY_SNAPSHOT_REQUIRED, "invalid_inventory"}) if "nodes" not in snapshot else frozenset()
+        return self.request("PUT", INVENTORY_PATH, json_body=snapshot, quiet_codes=quiet)
 
     def post_storage(self, report: dict) -> dict:
         """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.storage``; return the body.
@@ -210,10 +214,11 @@ class ControlPlaneClient:
         """
         return self.request("POST", ACTIVITY_PATH, json_body=report)
 
-    def request(self, method: str, path: str, *, json_body: Any = None) -> dict:
+    def request(self, method: str, path: str, *, json_body: Any = None, quiet_codes: frozenset[str] = frozenset()) -> dict:
         """Send ``method path`` with retries (see the module docstring) and return the decoded JSON body.
 
-        A 2xx with an empty or non-object body returns ``{}``.
+        A 2xx with an empty or non-object body returns ``{}``. A 4xx whose ``code`` is in ``quiet_codes`` (an answer the
+        caller expects and acts on) raises ``ControlPlaneRejected`` logged at debug level only.
         """
         url = self.config.control_plane_url + path
         what = f"{method} {path}"
@@ -272,6 +277,11 @@ class ControlPlaneClient:
                     logger.error("%s failed: %s (answered %d: %s)", what, explained, status, body.detail[:_MAX_BODY_IN_LOG])
                     raise ControlPlaneRejected(
                         f"{what}: {explained}", status=status, code=body.code, detail=body.detail, body=body.data,
+                    )
+                if status != 429 and status < 500 and body.code in quiet_codes:
+                    logger.debug("control plane answered %s to %d %s", what, status, body.code)
+                    raise ControlPlaneRejected(
+                        f"{what}: {status} {body.code}: {body.detail}", status=status, code=body.code, detail=body.detail, body=body.data,
                     )
                 if status != 429 and status < 500:
                     logger.error(

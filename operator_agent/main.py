@@ -18,8 +18,8 @@ With each inventory the loop sends the session-path checks of the previous tick 
 control plane's answer names.
 
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
-snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``); a
-successful report logs ``inventory reported: N nodes, M GPUs``. A failed tick is logged and
+snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``), digest-only when it is the one the
+control plane acknowledged last (``report_inventory``); a successful report logs ``inventory reported: N nodes, M GPUs``. A failed tick is logged and
 the next tick tries again with a fresh snapshot and a freshly read token. SIGTERM and
 SIGINT stop the loop and the session reconciler (a backoff sleep is cut short; a request in
 flight finishes within ``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
@@ -58,7 +58,8 @@ import urllib3.exceptions
 
 from operator_agent import __version__
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
-from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneUnavailable
+from operator_agent.contract import INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
+from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneRejected, ControlPlaneUnavailable
 from operator_agent.gpu_activity import run_activity
 from operator_agent.inventory import collect_inventory, snapshot_counts
 from operator_agent.metrics import OperatorMetrics, serve_metrics
@@ -68,7 +69,7 @@ from operator_agent.storage import run_volume_sync
 from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
 from operator_agent.usage import run_usage
 
-__all__ = ["main", "report_inventory", "run"]
+__all__ = ["FULL_SNAPSHOT_EVERY", "InventoryState", "main", "report_inventory", "run"]
 
 logger = logging.getLogger("operator_agent")
 
@@ -89,11 +90,30 @@ ACTIVITY_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the activity thread to stop (a request in flight finishes within the timeout)."""
 
 
-def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig,
-                     checks: SessionPathChecks | None = None) -> bool:
-    """Run one tick: collect the inventory and PUT it. Return ``True`` on success; never raises for I/O failures.
+FULL_SNAPSHOT_EVERY = 600.0
+"""Seconds after which the full snapshot is sent even when nothing changed (digest-only reports in between)."""
 
-    With ``checks``, the snapshot carries the latest session-path checks (``operator_agent.session_path``), and they are
+
+@dataclass
+class InventoryState:
+    """What the inventory loop remembers between ticks: the digest the control plane last answered (``""``: none, the
+    next report is a full snapshot) and when the last full snapshot was accepted (``time.monotonic()``)."""
+
+    digest: str = ""
+    full_at: float = float("-inf")
+
+
+def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig,
+                     checks: SessionPathChecks | None = None, state: InventoryState | None = None) -> bool:
+    """Run one tick: collect the inventory and report it. Return ``True`` on success; never raises for I/O failures.
+
+    The snapshot carries its digest (``contract.inventory_digest`` of its nodes). With ``state``, a snapshot whose
+    digest is the one the control plane answered last is reported digest-only (``{"digest", "checks"?}``: no node
+    is sent, read or written), unless ``FULL_SNAPSHOT_EVERY`` seconds passed since the last full one; when the control
+    plane answers that it needs the full snapshot (409 ``inventory_snapshot_required``), it is sent at once. Without
+    ``state`` (``--once``) the full snapshot is sent.
+
+    With ``checks``, the report carries the latest session-path checks (``operator_agent.session_path``), and they are
     run again after the report with what the control plane's answer names (reported at the next tick).
     """
     try:
@@ -104,18 +124,33 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         logger.warning("cannot reach the apiserver to list GPU nodes: %s", exc)
         return False
-    if checks is not None and checks.payload():
-        snapshot["checks"] = checks.payload()
+    digest = inventory_digest(snapshot["nodes"])
+    snapshot["digest"] = digest
+    extra = {"checks": checks.payload()} if checks is not None and checks.payload() else {}
+    snapshot.update(extra)
+    answer = None
     try:
-        answer = client.put_inventory(snapshot)
+        if state is not None and state.digest == digest and time.monotonic() - state.full_at < FULL_SNAPSHOT_EVERY:
+            try:
+                answer = client.put_inventory({"digest": digest, **extra})
+            except ControlPlaneRejected as exc:
+                if exc.code not in (INVENTORY_SNAPSHOT_REQUIRED, "invalid_inventory"):
+                    raise
+                logger.info("control plane asks for the full inventory snapshot (%s): sending it", exc.code)
+        if answer is None:
+            answer = client.put_inventory(snapshot)
+            if state is not None:
+                state.full_at = time.monotonic()
     except ControlPlaneUnavailable as exc:
         logger.warning("inventory not reported: %s", exc)
         return False
     except ControlPlaneError:
         # 401/403/4xx and token-file problems were logged by the client with code and detail.
         return False
+    if state is not None:
+        state.digest = answer.get("digest") if isinstance(answer.get("digest"), str) else ""
     nodes, gpus = snapshot_counts(snapshot)
-    logger.info("inventory reported: %d nodes, %d GPUs", nodes, gpus)
+    logger.info("inventory reported: %d nodes, %d GPUs%s", nodes, gpus, " (unchanged: digest only)" if answer.get("unchanged") else "")
     if checks is not None:
         try:
             checks.update(core_v1, answer, timeout=min(config.http_timeout, 5.0))
@@ -137,6 +172,7 @@ def run(
     With ``refresher``, the operator token is refreshed first when it is due; with ``checks``, the session-path checks
     are run and reported with each inventory (``report_inventory``).
     """
+    state = InventoryState()
     while not stop.is_set():
         started = time.monotonic()
         if refresher is not None:
@@ -145,7 +181,7 @@ def run(
             except Exception:  # a refresh bug must not stop the reports; the traceback is logged
                 logger.exception("operator token refresh failed unexpectedly")
         try:
-            report_inventory(core_v1, client, config, checks)
+            report_inventory(core_v1, client, config, checks, state)
         except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
             logger.exception("inventory tick failed unexpectedly")
         remaining = config.inventory_interval - (time.monotonic() - started)

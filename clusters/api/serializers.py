@@ -170,6 +170,7 @@ class NodeSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.public_id", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     gpu_count = serializers.IntegerField(read_only=True, default=0)
+    last_seen_at = serializers.DateTimeField(source="reported_at", read_only=True, help_text="When the operator last reported the node")
 
     class Meta:
         model = Node
@@ -195,6 +196,7 @@ class GpuSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.public_id", read_only=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True)
+    last_seen_at = serializers.DateTimeField(source="reported_at", read_only=True, help_text="When the operator last reported the GPU")
 
     class Meta:
         model = GpuDevice

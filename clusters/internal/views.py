@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.diagnosis import connect_ext_authz_url, connect_verify_url
-from clusters.internal.schemas import inventory_errors
+from clusters.internal.schemas import inventory_errors, inventory_read
 from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
 from gshare.api import SafeJSONParser
 from gshare.auth.authentication import OperatorTokenAuthentication
@@ -30,29 +30,40 @@ class OperatorAPIView(APIView):
 
 
 class InventoryView(OperatorAPIView):
-    """``PUT /internal/v1/inventory``: a full snapshot of the cluster's GPU nodes and devices."""
+    """``PUT /internal/v1/inventory``: a full snapshot of the cluster's GPU nodes and devices, or a digest-only report
+    that the last one applied still holds."""
 
     def put(self, request):
-        """Apply the snapshot (its optional ``checks`` recorded as ``Cluster.operator_checks``); answer counts (``*_missing``:
-        left out but kept, live sessions hold them), what the operator is to check next (``session_domain``,
-        ``ingress_node``, ``connect_verify_url``; ``routing`` and ``connect_ext_authz_url``, which a ``gateway-api``
-        cluster's operator probes instead: ``contract.INVENTORY_RESPONSE_ROUTING_KEYS``) and server time."""
-        problems = inventory_errors(request.data)
-        if problems:
-            raise ApplicationError(
-                "The inventory snapshot is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
-                code="invalid_inventory",
-            )
-        result = services.inventory_apply(cluster=self.cluster, nodes=request.data["nodes"], checks=request.data.get("checks"))
+        """Apply the snapshot, or confirm the one recorded (``digest`` without ``nodes``; 409
+        ``inventory_snapshot_required`` when it is not the recorded one). The optional ``checks`` are recorded as
+        ``Cluster.operator_checks`` either way. Answer ``digest`` (the one recorded: "" asks for a full snapshot next
+        time), ``unchanged`` (a digest-only report), counts for a full snapshot (``*_missing``: left out but kept, live
+        sessions hold them), what the operator is to check next (``session_domain``, ``ingress_node``,
+        ``connect_verify_url``; ``routing`` and ``connect_ext_authz_url``, which a ``gateway-api`` cluster's operator
+        probes instead: ``contract.INVENTORY_RESPONSE_ROUTING_KEYS``) and server time."""
+        body = inventory_read(request.body)
+        if body is None:  # the contract's own reader decides, and names what is wrong
+            body = request.data
+            problems = inventory_errors(body)
+            if problems:
+                raise ApplicationError(
+                    "The inventory snapshot is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
+                    code="invalid_inventory",
+                )
+        if "nodes" in body:
+            result = services.inventory_apply(cluster=self.cluster, nodes=body["nodes"], checks=body.get("checks"),
+                                              digest=body.get("digest") or "")
+            counts = {"nodes": result.nodes, "gpus": result.gpus, "nodes_removed": result.nodes_removed,
+                      "gpus_removed": result.gpus_removed, "nodes_missing": result.nodes_missing, "gpus_missing": result.gpus_missing}
+        else:
+            result = services.inventory_confirm(cluster=self.cluster, digest=body["digest"], checks=body.get("checks"))
+            counts = {}
         cluster = self.cluster
         return Response({
-            "cluster": self.cluster.public_id,
-            "nodes": result.nodes,
-            "gpus": result.gpus,
-            "nodes_removed": result.nodes_removed,
-            "gpus_removed": result.gpus_removed,
-            "nodes_missing": result.nodes_missing,
-            "gpus_missing": result.gpus_missing,
+            "cluster": cluster.public_id,
+            "digest": result.digest,
+            "unchanged": result.unchanged,
+            **counts,
             # What the operator checks from inside the cluster before its next report (operator_agent.session_path).
             "session_domain": cluster.session_domain,
             "ingress_node": cluster.ingress_node,
