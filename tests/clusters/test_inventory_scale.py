@@ -212,7 +212,7 @@ def test_two_clusters_racing_to_claim_the_same_gpus_one_wins_the_other_changes_n
         barrier = threading.Barrier(2)
         responses: list = [None, None]
 
-        def send(index: int) -> None:
+        def send(index: int, barrier=barrier, responses=responses, bodies=bodies) -> None:
             barrier.wait()
             responses[index] = operators[index].put("/internal/v1/inventory", json=bodies[index])
 
