@@ -54,7 +54,9 @@ _NODE_UPSERT = """
            IS DISTINCT FROM (EXCLUDED.cluster_name, EXCLUDED.labels, EXCLUDED.gpu_mode, EXCLUDED.ready, EXCLUDED.inventory_error, TRUE)"""
 
 #: GPUs of the snapshot, on their nodes (upserted by ``_NODE_UPSERT`` before). ``changed`` is every staged GPU that is
-#: not already stored exactly so for this cluster: new, changed, back from missing, or another cluster's. The upsert
+#: not already stored exactly so for this cluster: new, changed, back from missing, or another cluster's (compared with
+#: this cluster's rows only, so the cost follows the cluster's size, not the fleet's: another cluster's UUID looks new
+#: here and is caught by the conflict below). The upsert
 #: writes them in UUID order (two clusters claiming the same UUIDs lock them in the same order: no deadlock) and
 #: never takes a row of another cluster (``WHERE ... cluster_id = EXCLUDED.cluster_id``), also one another cluster
 #: inserted and committed while this statement waited on it. Answers (rows to write, rows written): equal unless a
@@ -64,7 +66,7 @@ _DEVICE_UPSERT = """
         SELECT n.id AS node_id, s.*
           FROM inventory_device_staging s
           JOIN clusters_node n ON n.cluster_id = %(cluster)s AND n.name = s.node
-          LEFT JOIN clusters_gpudevice d ON d.uuid = s.uuid
+          LEFT JOIN clusters_gpudevice d ON d.uuid = s.uuid AND d.cluster_id = %(cluster)s
          WHERE d.id IS NULL
             OR (d.cluster_id, d.node_id, d.index, d.model, d.memory_mib, d.split_count, d.cores, d.health, d.mode, d.missing_since IS NULL)
                IS DISTINCT FROM (%(cluster)s, n.id, s.index, s.model, s.memory_mib, s.split_count, s.cores, s.health, s.mode, TRUE)
