@@ -245,12 +245,15 @@ def _create(
     pinned = _pinned_cluster(cluster) if cluster else None
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
     for _ in range(PLACEMENT_ATTEMPTS):
+        mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
+        _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
+        allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
         try:
             # A transaction per attempt (a savepoint inside a caller's): rolling it back releases the cluster's
             # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
             with transaction.atomic():
-                session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, volume_ids=volumes,
-                                            idempotency=idempotency)
+                session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
+                                            allowed=allowed, idempotency=idempotency)
         except _Raced:
             continue
         if created:
@@ -263,13 +266,11 @@ def _create(
     )
 
 
-def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, volume_ids: list[str],
-             idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
-    """One try of ``_create``, in the caller's transaction. Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
+def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+    """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
+    ``allowed`` (``placement.volume_clusters``; None: any). Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
     gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
-    mounted = selectors.session_volumes(owner=owner, volume_ids=volume_ids)
-    _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
-    allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
     # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
     account = admission.account_lock(user=owner)
     if idempotency is not None:
