@@ -1,4 +1,4 @@
-"""Placement: choosing the cluster, node and GPUs for a session request, in one SQL query.
+"""Placement: choosing the cluster, node and GPUs for a session request (one SQL query), and reserving them (one more).
 
 Capacity is the inventory (``clusters.GpuDevice``: HAMi's registered memory in MiB, core capacity in
 percent, split count) minus the live reservations (``sessions.Allocation``, kept summed on each GPU
@@ -339,8 +339,8 @@ def usage_recompute(*, node_ids: Iterable[int] | None = None, cluster_ids: Itera
     already right are not written. The counters are derived, never incremented, so they cannot drift.
 
     Call it in the transaction that changed the allocations, after the change, holding the row lock
-    of the cluster concerned (``session_create`` holds it for placement; the release paths take it
-    before deleting). In READ COMMITTED each statement sees what was committed before it started,
+    of the cluster concerned (the release paths take it before deleting; ``reserve`` does the same
+    recount in its own statement, under the lock ``session_create`` took). In READ COMMITTED each statement sees what was committed before it started,
     so under that lock the recount sees every other change of the cluster's allocations.
 
     Args:

@@ -110,13 +110,22 @@ def session_create(
     Admission first (``billing.admission``): the owner's credit account row is locked (created if missing),
     then the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
     holds and the balance are checked, so parallel requests of one user cannot overdraw or pass a limit.
-    The candidate clusters' rows are locked (``SELECT ... FOR UPDATE`` in primary-key order) for the
-    placement and the reservation, so two concurrent requests never both take the last capacity.
-    Lock order: credit account → clusters (pk order) → volumes (pk order).
+    Then placement, locking only the cluster the session lands on, so decisions on different clusters run
+    in parallel: ``placement.choose`` picks a node without any lock; that cluster's row is locked (``FOR NO
+    KEY UPDATE``, in the statement that inserts the session, refused if it no longer takes sessions), and
+    ``placement.reserve`` checks the fit again under the lock (the chosen node, else any node of that
+    cluster), inserts the allocations and recounts the node, in one statement. If the cluster filled up
+    between the choice and the lock, the attempt is rolled back (which releases the lock) and made again,
+    at most ``PLACEMENT_ATTEMPTS`` times. A pinned request skips the unlocked choice: the fit runs once,
+    under the lock. Two concurrent requests therefore never both take the last capacity.
+    Lock order: credit account → the chosen cluster (one) → volumes (pk order); a retry holds no cluster lock.
     Volumes narrow the candidates first (``placement.volume_clusters``: a volume's PVC keeps its
     sessions on its cluster; a pool is used only by the clusters it is shared with). Under the cluster
-    locks the volume rows are locked too (primary-key order) and checked again; a volume mounted for
-    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters.
+    lock the volume rows are locked too (primary-key order) and checked again; a volume mounted for
+    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters (a volume
+    claimed meanwhile for another cluster makes the attempt choose again, there).
+    Queries: 10 for a request without volumes or idempotency key, whatever the fleet's size (BEGIN and
+    COMMIT included; ``bench/placement.py``).
 
     Args:
         owner: the requesting user.
@@ -144,6 +153,8 @@ def session_create(
             or without session_domain); 409 ``no_capacity`` (detail says what is short);
             409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
             ``volume_pool_not_shared`` (see ``placement.volume_clusters``).
+        PlacementContended: 409 ``placement_contended``: concurrent requests took the chosen capacity on every
+            attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
                    name=name, volumes=volumes)[0]
