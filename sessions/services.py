@@ -326,6 +326,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     else:
         choice = placement.choose(request=request, cluster_ids=scope, policy=policy_name)
         if choice is None:
+            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
             raise no_capacity()
         cluster_id, node_id = choice.cluster_id, choice.node_id
     session = Session(
