@@ -14,7 +14,7 @@ Admission (``sessions.services.session_create`` calls it, inside its transaction
   ``insufficient_credits`` (available balance below ``min_balance_hours`` of the request).
 
 Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
-credit account → clusters (primary-key order) → volumes (primary-key order) in ``session_create``; credit
+credit account → the chosen cluster → volumes (primary-key order) in ``session_create``; credit
 accounts (primary-key order) → session rows in ``billing.overdrawn.overdrawn_sessions_stop``.
 
 Money:
@@ -39,13 +39,13 @@ from decimal import ROUND_CEILING, Decimal
 from django.conf import settings
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
-from django.db.models import Min, Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, CreditAccount, Policy
-from clusters.models import Cluster, GpuDevice
+from clusters.models import Cluster
 from sessions.models import Session
 
 
@@ -194,6 +194,50 @@ def _reserve(amount: Decimal) -> Decimal:
     return amount.quantize(CREDITS, rounding=ROUND_CEILING)
 
 
+#: The GPU models on the candidate clusters (``{clusters}``: a query of their ids), each with its smallest device
+#: memory, and every ``Price`` row, in one statement. The models are read by a skip scan of the index
+#: ``gpudevice_cluster_model`` (cluster, model, memory; ``sessions/migrations/0010_placement_scale.py``): per
+#: cluster, the first row, then the first row of the next model, ... — a few index probes per cluster instead of
+#: every GPU row of the fleet.
+_PRICES_AND_MODELS_SQL = """
+WITH RECURSIVE candidates AS ({clusters}),
+models AS (
+    SELECT c.id AS cluster_id, f.model, f.memory_mib
+    FROM candidates c CROSS JOIN LATERAL (
+        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = c.id ORDER BY d.model, d.memory_mib LIMIT 1
+    ) f
+    UNION ALL
+    SELECT m.cluster_id, f.model, f.memory_mib
+    FROM models m CROSS JOIN LATERAL (
+        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = m.cluster_id AND d.model > m.model
+        ORDER BY d.model, d.memory_mib LIMIT 1
+    ) f
+)
+SELECT FALSE, p.gpu_model, p.credits_per_gpu_hour, NULL::integer FROM billing_price p
+UNION ALL
+SELECT TRUE, m.model, NULL, MIN(m.memory_mib) FROM models m GROUP BY m.model
+"""
+
+
+def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, int]]]:
+    """``(pricing.prices_by_model(), [(model, smallest memory_mib)])`` of the GPUs on ``clusters`` (pks, or a
+    queryset of them), in one query."""
+    if isinstance(clusters, QuerySet):
+        subquery, params = clusters.values("pk").query.sql_with_params()
+        candidates = f"SELECT q.id FROM ({subquery}) q(id)"
+    else:
+        candidates, params = "SELECT unnest(%s::bigint[]) AS id", (sorted({int(pk) for pk in clusters}),)
+    prices, models = {}, []
+    with connection.cursor() as cursor:
+        cursor.execute(_PRICES_AND_MODELS_SQL.format(clusters=candidates), params)
+        for is_model, name, price, memory in cursor.fetchall():
+            if is_model:
+                models.append((name, memory))
+            else:
+                prices[name] = price
+    return prices, models
+
+
 def request_hourly_cost(*, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, clusters, prices: dict[str, Decimal] | None = None) -> Decimal:
     """Credits per hour the requested resources cost at most, before placement (conservative).
 
@@ -206,17 +250,19 @@ def request_hourly_cost(*, gpus: int, gpu_memory_mib: int | None, gpu_cores: int
         gpus: GPUs asked.
         gpu_memory_mib: MiB per GPU asked, or None.
         gpu_cores: percent of one GPU asked, or None (both None: whole GPUs, share 1).
-        clusters: pks of the candidate clusters.
-        prices: a ``billing.pricing.prices_by_model()`` result to reuse; None reads it (one more query).
+        clusters: pks of the candidate clusters, or a queryset of them (read as a subquery).
+        prices: a ``billing.pricing.prices_by_model()`` result to use instead of the table's.
 
     Returns:
-        Credits per hour, rounded up to 0.000001. One query (two without ``prices``).
+        Credits per hour, rounded up to 0.000001. One query.
     """
-    if prices is None:
-        prices = pricing.prices_by_model()
-    models = list(
-        GpuDevice.objects.filter(cluster_id__in=list(clusters)).order_by().values("model").annotate(memory=Min("memory_mib")).values_list("model", "memory")
-    )
+    read, models = _prices_and_models(clusters)
+    return _request_cost(gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, models=models,
+                         prices=read if prices is None else prices)
+
+
+def _request_cost(*, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, models: list[tuple[str, int]],
+                  prices: dict[str, Decimal]) -> Decimal:
     if models:
         price = max(pricing.price_for_model(model, prices) for model, _ in models)
         device_memory = min(memory for _, memory in models)
@@ -299,7 +345,8 @@ def admission_check(
     Args:
         user: the requesting user.
         gpus, gpu_memory_mib, gpu_cores: the request.
-        clusters: pks of the candidate clusters (after ``admission_clusters``): priced by ``request_hourly_cost``.
+        clusters: pks of the candidate clusters (after ``admission_clusters``), or a queryset of them: priced by
+            ``request_hourly_cost``.
         locked_account: the user's ``CreditAccount``, locked by ``account_lock``.
         policy: the user's ``EffectivePolicy`` (read when None).
 
@@ -328,8 +375,8 @@ def admission_check(
     balance = locked_account.balance
     zero = Decimal(0).quantize(CREDITS)
     if hours > 0:
-        prices = pricing.prices_by_model()
-        hourly = request_hourly_cost(gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=clusters, prices=prices)
+        prices, models = _prices_and_models(clusters)
+        hourly = _request_cost(gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, models=models, prices=prices)
         holds, required = _holds(live, policy=policy, prices=prices), _reserve(hourly * hours)
     else:
         hourly, holds, required = zero, zero, zero

@@ -84,6 +84,8 @@ class Session(models.Model):
             models.Index(fields=["ended_at"], name="session_ended_at_idx"),
             # sessions.reconcile looks for the re-applies still due; almost every row has none.
             models.Index(fields=["reapply_due_at"], name="session_reapply_due_idx", condition=Q(reapply_due_at__isnull=False)),
+            # Admission counts a user's live sessions on every session_create: only those, not the user's history.
+            models.Index(fields=["owner"], name="session_live_owner_idx", condition=~Q(phase__in=["Terminated", "Failed"])),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="session_gpus_positive"),

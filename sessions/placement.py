@@ -1,4 +1,4 @@
-"""Placement: choosing the cluster, node and GPUs for a session request, in one SQL query.
+"""Placement: choosing the cluster, node and GPUs for a session request (one SQL query), and reserving them (one more).
 
 Capacity is the inventory (``clusters.GpuDevice``: HAMi's registered memory in MiB, core capacity in
 percent, split count) minus the live reservations (``sessions.Allocation``, kept summed on each GPU
@@ -13,7 +13,8 @@ and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/sche
 
 Policies: ``binpack`` (default) fills the busiest node and GPUs first, ``spread`` the idlest. Ties
 break on cluster name, node name and GPU index, so the same state gives the same decision.
-The caller holds row locks on the candidate clusters (see ``sessions.services.session_create``).
+``choose`` reads without a lock; ``reserve`` checks the fit again and writes the reservation under the chosen
+cluster's row lock (see ``sessions.services.session_create``).
 
 Volumes narrow the candidate clusters before that query (``volume_clusters``): a volume whose PVC is
 on a cluster keeps its sessions there, a pool is only used by the clusters it is shared with, and only
@@ -71,15 +72,18 @@ class Choice:
 
 
 #: The fit query. Nodes are walked in policy order through a partial index on ``clusters_node``
-#: (``node_binpack_order`` / ``node_spread_order``: load, cluster name, node name, ready nodes only);
-#: for each, a LATERAL subquery picks its GPUs that fit from the device counters (index on
-#: ``clusters_gpudevice.node_id``, a handful of rows), and ``LIMIT 1`` stops at the first node with
-#: enough of them. The node's summary (``free_devices`` for whole GPUs; ``open_devices``,
-#: ``max_free_memory_mib``, ``max_free_cores`` for shares: bounds, never stricter than the GPUs' own
-#: check) passes over the nodes that cannot fit without reading their GPUs.
+#: (fleet-wide: ``node_binpack_order`` / ``node_spread_order``: load, cluster name, node name, ready nodes
+#: only; one cluster: ``node_cluster_binpack_order`` / ``node_cluster_spread_order``, the same per cluster,
+#: made by ``sessions/migrations/0010_placement_scale.py``); for each, a LATERAL subquery picks its GPUs that
+#: fit from the device counters (index on ``clusters_gpudevice.node_id``, a handful of rows), and ``LIMIT 1``
+#: stops at the first node with enough of them. The node's summary (``free_devices`` for whole GPUs;
+#: ``open_devices``, ``max_free_memory_mib``, ``max_free_cores`` for shares: bounds, never stricter than the
+#: GPUs' own check) passes over the nodes that cannot fit without reading their GPUs. ``{scope}`` says where
+#: (``_SCOPES``): the clusters that can take sessions (connected, with a session domain) among the candidates,
+#: or one locked cluster, or one node of it.
 _FIT_SQL = """
 SELECT n.cluster_id, n.id, n.name, p.ids, p.memories, p.cores
-FROM clusters_node n
+FROM clusters_node n {join}
 CROSS JOIN LATERAL (
     SELECT COUNT(*) AS fits,
            array_agg(d.id ORDER BY {device_order}) AS ids,
@@ -88,9 +92,9 @@ CROSS JOIN LATERAL (
     FROM clusters_gpudevice d
     WHERE d.node_id = n.id AND d.health AND {device_fit}
 ) p
-WHERE n.ready AND n.cluster_id = ANY(%(clusters)s::bigint[]) {node_fit}
+WHERE n.ready AND {scope} {node_fit}
   AND p.fits >= %(gpus)s
-ORDER BY n.load {node_direction}, n.cluster_name, n.name
+ORDER BY {order}
 LIMIT 1
 """
 
@@ -111,51 +115,80 @@ _FITS = {
 }
 
 _POLICIES = {
-    "binpack": {"device_order": "d.used_count DESC, d.index, d.id", "node_direction": "DESC"},
-    "spread": {"device_order": "d.used_count ASC, d.index, d.id", "node_direction": "ASC"},
+    "binpack": {"device_order": "d.used_count DESC, d.index, d.id", "direction": "DESC"},
+    "spread": {"device_order": "d.used_count ASC, d.index, d.id", "direction": "ASC"},
+}
+
+#: A cluster that can take sessions now (``sessions.services._pinned_cluster`` says the same in Python).
+_TAKES_SESSIONS = "c.status = 'connected' AND c.session_domain <> ''"
+_ELIGIBLE = "JOIN clusters_cluster c ON c.id = n.cluster_id"
+
+#: Where the fit query looks. ``fleet``/``some``/``one``: the clusters that take sessions (all of them, those of
+#: ``clusters``, the one of ``cluster``), read without a lock; ``cluster``/``node``: one cluster or node, read
+#: under its cluster's row lock (which already checked that it takes sessions). Within one cluster the order is
+#: load then node name (the cluster's name is the same for all), which the per-cluster indexes serve.
+_SCOPES = {
+    "fleet": {"join": _ELIGIBLE, "scope": _TAKES_SESSIONS, "order": "n.load {direction}, n.cluster_name, n.name"},
+    "some": {"join": _ELIGIBLE, "scope": f"{_TAKES_SESSIONS} AND n.cluster_id = ANY(%(clusters)s::bigint[])",
+             "order": "n.load {direction}, n.cluster_name, n.name"},
+    "one": {"join": _ELIGIBLE, "scope": f"{_TAKES_SESSIONS} AND n.cluster_id = %(cluster)s", "order": "n.load {direction}, n.name"},
+    "cluster": {"join": "", "scope": "n.cluster_id = %(cluster)s", "order": "n.load {direction}, n.name"},
+    "node": {"join": "", "scope": "n.id = %(node)s", "order": "n.id"},
 }
 
 
-_FIT_QUERIES = {(policy, whole): _FIT_SQL.format(**_POLICIES[policy], **_FITS[whole]) for policy in _POLICIES for whole in _FITS}
+def _fit_sql(policy: str, whole: bool, scope: str) -> str:
+    parts = _SCOPES[scope]
+    order = parts["order"].format(direction=_POLICIES[policy]["direction"])
+    return _FIT_SQL.format(join=parts["join"], scope=parts["scope"], order=order, device_order=_POLICIES[policy]["device_order"],
+                           **_FITS[whole])
+
+
+_FIT_QUERIES = {(policy, whole, scope): _fit_sql(policy, whole, scope) for policy in _POLICIES for whole in _FITS for scope in _SCOPES}
 
 
 def _int_array(ids: Iterable[int]) -> str:
     """``ids`` as a PostgreSQL array literal (cast in the SQL): one string parameter instead of a list
-    the driver adapts element by element (measurably slower for the fleet's 50 cluster ids)."""
+    the driver adapts element by element (measurably slower for the fleet's cluster ids)."""
     return "{" + ",".join(str(int(i)) for i in ids) + "}"
 
 
-def fit_query(*, request: Request, cluster_ids: list[int], policy: str) -> tuple[str, dict]:
-    """The fit query and its parameters for ``request`` (also used by ``bench/placement.py --explain``).
+def _params(request: Request) -> dict:
+    return {"mem": request.memory_mib, "mem_floor": request.memory_mib or 0, "cores": request.cores or 0, "gpus": request.gpus}
+
+
+def fit_query(*, request: Request, cluster_ids: list[int] | None, policy: str) -> tuple[str, dict]:
+    """The fit query and its parameters for ``request`` over the clusters that take sessions (connected, with a
+    session domain) among ``cluster_ids`` (None: the whole fleet). Also used by ``bench/placement.py --explain``.
 
     Raises:
         ValueError: unknown ``policy``.
     """
     if policy not in _POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}: use binpack or spread")
-    sql = _FIT_QUERIES[policy, request.whole]
-    params = {
-        "clusters": _int_array(cluster_ids),
-        "mem": request.memory_mib,
-        "mem_floor": request.memory_mib or 0,
-        "cores": request.cores or 0,
-        "gpus": request.gpus,
-    }
-    return sql, params
+    params = _params(request)
+    if cluster_ids is None:
+        scope = "fleet"
+    elif len(cluster_ids) == 1:
+        scope, params["cluster"] = "one", int(next(iter(cluster_ids)))
+    else:
+        scope, params["clusters"] = "some", _int_array(sorted(cluster_ids))
+    return _FIT_QUERIES[policy, request.whole, scope], params
 
 
-def choose(*, request: Request, cluster_ids: list[int], policy: str = "binpack") -> Choice | None:
-    """Choose a node and GPUs among ``cluster_ids`` for ``request``, or None when nothing fits now.
+def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: str = "binpack") -> Choice | None:
+    """Choose a node and GPUs for ``request`` among the clusters that take sessions (of ``cluster_ids``; None:
+    all), or None when nothing fits now.
 
-    One SQL query, whatever the fleet's size; it reads the usage counters, so the caller holds the
-    row locks of ``cluster_ids`` (nothing changes them meanwhile, see ``usage_recompute``).
+    One SQL query, whatever the fleet's size, taking no lock: the choice may be out of date by the time the
+    caller locks its cluster, so ``reserve`` checks it again under that lock (``sessions.services.session_create``).
 
     Raises:
         ValueError: unknown ``policy``.
     """
-    sql, params = fit_query(request=request, cluster_ids=cluster_ids, policy=policy)
-    if not cluster_ids:
+    if cluster_ids is not None and not cluster_ids:
         return None
+    sql, params = fit_query(request=request, cluster_ids=cluster_ids, policy=policy)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -169,6 +202,105 @@ def choose(*, request: Request, cluster_ids: list[int], policy: str = "binpack")
         else:
             devices.append((device_id, request.memory_mib if request.memory_mib is not None else device_memory, request.cores or 0))
     return Choice(cluster_id=cluster_id, node_id=node_id, node_name=node_name, devices=devices)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """GPUs reserved by ``reserve``.
+
+    Attributes:
+        node_id: ``Node.pk``; node_name: its Kubernetes name.
+        device_ids: ``GpuDevice.pk`` of each GPU reserved, in the fit's order.
+        over: pks of the node's GPUs whose reservations exceed their capacity after this one (see ``usage_recompute``).
+    """
+
+    node_id: int
+    node_name: str
+    device_ids: list[int]
+    over: list[int]
+
+
+#: ``reserve``: the fit (on one node, or one cluster) under the cluster's row lock, the INSERT of the session's
+#: allocations, and the recount of that node's counters and summary from its allocations (those committed, read
+#: by this statement's snapshot, which was taken after the lock, plus the rows this statement inserts, which it
+#: cannot read back from the table), in one statement. The session's ``node`` is corrected when the GPUs were
+#: found on another node than the one it was created with.
+_RESERVE_SQL = """
+WITH pick AS ({fit}),
+chosen AS (
+    SELECT x.device_id, x.memory_mib, x.cores, x.ord
+    FROM pick CROSS JOIN LATERAL unnest(pick.ids, pick.memories, pick.cores) WITH ORDINALITY AS x(device_id, memory_mib, cores, ord)
+    WHERE x.ord <= %(gpus)s
+),
+new AS (
+    INSERT INTO gpu_sessions_allocation (session_id, device_id, memory_mib, cores, exclusive)
+    SELECT %(session)s, c.device_id, {memory}, {cores}, %(whole)s FROM chosen c ORDER BY c.ord
+    RETURNING device_id, memory_mib, cores, exclusive
+),
+usage AS (
+    SELECT d.id, d.node_id, d.health, d.split_count, d.memory_mib, d.cores,
+           u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive
+    FROM clusters_gpudevice d
+    CROSS JOIN LATERAL (
+        SELECT COUNT(*)::int AS used_count, COALESCE(SUM(a.memory_mib), 0)::bigint AS used_memory_mib,
+               COALESCE(SUM(a.cores), 0)::int AS used_cores, COALESCE(BOOL_OR(a.exclusive), FALSE) AS used_exclusive
+        FROM (SELECT a.memory_mib, a.cores, a.exclusive FROM gpu_sessions_allocation a WHERE a.device_id = d.id
+              UNION ALL
+              SELECT r.memory_mib, r.cores, r.exclusive FROM new r WHERE r.device_id = d.id) a
+    ) u
+    WHERE d.node_id = (SELECT id FROM pick)
+),
+devices AS (
+    UPDATE clusters_gpudevice d
+       SET used_count = u.used_count, used_memory_mib = u.used_memory_mib, used_cores = u.used_cores, used_exclusive = u.used_exclusive
+      FROM usage u
+     WHERE d.id = u.id
+       AND (d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive)
+           IS DISTINCT FROM (u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive)
+),
+nodes AS ({nodes}),
+named AS (UPDATE gpu_sessions_session s SET node = pick.name FROM pick WHERE s.id = %(session)s AND s.node <> pick.name)
+SELECT pick.id, pick.name, ARRAY(SELECT c.device_id FROM chosen c ORDER BY c.ord),
+       ARRAY(SELECT u.id FROM usage u WHERE u.used_count > u.split_count OR u.used_memory_mib > u.memory_mib OR u.used_cores > u.cores
+             ORDER BY u.id)
+FROM pick
+"""
+
+_RESERVE_QUERIES = {
+    (policy, whole, scope): _RESERVE_SQL.format(
+        fit=_FIT_QUERIES[policy, whole, scope],
+        memory="c.memory_mib" if whole else "COALESCE(%(mem)s, c.memory_mib)",
+        cores="c.cores" if whole else "%(cores)s",
+        nodes=node_summary_update_sql(devices="usage"),
+    )
+    for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node")
+}
+
+
+def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int | None = None, policy: str = "binpack") -> Reservation | None:
+    """Reserve GPUs for session ``session_id`` on node ``node_id`` (or, with None, the node of ``cluster_id`` the
+    policy picks), or None when nothing there fits now (nothing is written then).
+
+    One statement: the fit, the ``Allocation`` rows, and the recount of the node's counters and summary
+    (``usage_recompute``'s result, without a second statement). The caller holds ``cluster_id``'s row lock,
+    taken before this statement, so what it reads is current and nothing changes it until the commit.
+
+    Raises:
+        ValueError: unknown ``policy``.
+        IntegrityError: the counters would break a constraint (a whole GPU on a shared one: only when they were
+            wrong before, see ``tests/sessions/test_placement.py``).
+    """
+    if policy not in _POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r}: use binpack or spread")
+    scope = "cluster" if node_id is None else "node"
+    params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id}
+    with connection.cursor() as cursor:
+        cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope], params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    node, name, device_ids, over = row
+    return Reservation(node_id=node, node_name=name, device_ids=list(device_ids), over=list(over))
 
 
 #: Recount of the usage counters from the allocations: ``usage`` has the columns of
@@ -207,8 +339,8 @@ def usage_recompute(*, node_ids: Iterable[int] | None = None, cluster_ids: Itera
     already right are not written. The counters are derived, never incremented, so they cannot drift.
 
     Call it in the transaction that changed the allocations, after the change, holding the row lock
-    of the cluster concerned (``session_create`` holds it for placement; the release paths take it
-    before deleting). In READ COMMITTED each statement sees what was committed before it started,
+    of the cluster concerned (the release paths take it before deleting; ``reserve`` does the same
+    recount in its own statement, under the lock ``session_create`` took). In READ COMMITTED each statement sees what was committed before it started,
     so under that lock the recount sees every other change of the cluster's allocations.
 
     Args:

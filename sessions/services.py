@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -31,7 +32,7 @@ from gshare.metrics import instruments
 from operator_agent import contract
 from sessions import connect, placement, reapply, selectors
 from sessions.manifests import gshare_session_manifest, session_url
-from sessions.models import Allocation, Session
+from sessions.models import Session
 from sessions.permissions import may_open_session
 from storage.models import Volume
 from storage.services import volume_claim_name
@@ -109,13 +110,22 @@ def session_create(
     Admission first (``billing.admission``): the owner's credit account row is locked (created if missing),
     then the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
     holds and the balance are checked, so parallel requests of one user cannot overdraw or pass a limit.
-    The candidate clusters' rows are locked (``SELECT ... FOR UPDATE`` in primary-key order) for the
-    placement and the reservation, so two concurrent requests never both take the last capacity.
-    Lock order: credit account → clusters (pk order) → volumes (pk order).
+    Then placement, locking only the cluster the session lands on, so decisions on different clusters run
+    in parallel: ``placement.choose`` picks a node without any lock; that cluster's row is locked (``FOR NO
+    KEY UPDATE``, in the statement that inserts the session, refused if it no longer takes sessions), and
+    ``placement.reserve`` checks the fit again under the lock (the chosen node, else any node of that
+    cluster), inserts the allocations and recounts the node, in one statement. If the cluster filled up
+    between the choice and the lock, the attempt is rolled back (which releases the lock) and made again,
+    at most ``PLACEMENT_ATTEMPTS`` times. A pinned request skips the unlocked choice: the fit runs once,
+    under the lock. Two concurrent requests therefore never both take the last capacity.
+    Lock order: credit account → the chosen cluster (one) → volumes (pk order); a retry holds no cluster lock.
     Volumes narrow the candidates first (``placement.volume_clusters``: a volume's PVC keeps its
     sessions on its cluster; a pool is used only by the clusters it is shared with). Under the cluster
-    locks the volume rows are locked too (primary-key order) and checked again; a volume mounted for
-    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters.
+    lock the volume rows are locked too (primary-key order) and checked again; a volume mounted for
+    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters (a volume
+    claimed meanwhile for another cluster makes the attempt choose again, there).
+    Queries: 10 for a request without volumes or idempotency key, whatever the fleet's size (BEGIN and
+    COMMIT included; ``bench/placement.py``).
 
     Args:
         owner: the requesting user.
@@ -143,6 +153,8 @@ def session_create(
             or without session_domain); 409 ``no_capacity`` (detail says what is short);
             409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
             ``volume_pool_not_shared`` (see ``placement.volume_clusters``).
+        PlacementContended: 409 ``placement_contended``: concurrent requests took the chosen capacity on every
+            attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
                    name=name, volumes=volumes)[0]
@@ -211,6 +223,21 @@ def _replayed(*, owner, idempotency: tuple[str, str]) -> Session | None:
     return session
 
 
+#: Attempts of a placement whose chosen cluster filled up, or stopped taking sessions, between the choice (no
+#: lock) and its row lock; each attempt chooses again from what is committed by then.
+PLACEMENT_ATTEMPTS = 3
+
+
+class PlacementContended(Conflict):
+    """409: every attempt lost its chosen capacity to concurrent requests; the request may simply be retried."""
+
+    code = "placement_contended"
+
+
+class _Raced(Exception):
+    """The capacity chosen without a lock was gone once the cluster was locked: roll back and choose again."""
+
+
 def _create(
     *,
     owner,
@@ -227,91 +254,177 @@ def _create(
     volumes = list(volumes or [])
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
     pinned = _pinned_cluster(cluster) if cluster else None
-    mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
-    _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
-    allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
-    with transaction.atomic():
-        # Lock order: credit account, then clusters, then volumes (billing.admission).
-        account = admission.account_lock(user=owner)
-        if idempotency is not None:
-            # Under the owner's lock: a request with the same key that held it before us has committed by now.
-            replayed = _replayed(owner=owner, idempotency=idempotency)
-            if replayed is not None:
-                return replayed, False
-        policy = admission.policy_for(owner)
+    for _ in range(PLACEMENT_ATTEMPTS):
+        mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
+        _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
+        allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
         try:
-            permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
-        except ClusterNotAllowed:
-            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
-            raise
-        candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="")
-        if pinned is not None:
-            candidates = candidates.filter(pk=pinned.pk)
-        if allowed is not None:
-            candidates = candidates.filter(pk__in=sorted(allowed))
-        if permitted is not None:
-            candidates = candidates.filter(pk__in=sorted(permitted))
-        # Saleor-style lock_objects: lock in primary-key order so concurrent placements never deadlock.
-        locked = list(candidates.order_by("pk").select_for_update().values_list("pk", flat=True))
-        claims: list[Volume] = []
-        if mounted:
-            locked, claims = _lock_volumes(volumes=mounted, cluster_ids=locked, pinned=pinned)
-        try:
-            admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=locked,
-                                      locked_account=account, policy=policy)
-        except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
-            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
-            raise
-        with instruments.PLACEMENT_SECONDS.time():
-            choice = placement.choose(request=request, cluster_ids=locked, policy=settings.GSHARE_PLACEMENT_POLICY)
-        if choice is None:
-            instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
-            scope, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
-            ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
-            raise Conflict(
-                f"Nothing in {scope} can host {ask} now ({placement.shortfall(request=request, cluster_ids=locked)}): "
-                f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
-                code="no_capacity",
-            )
-        session = Session(
-            owner=owner,
-            name=name,
-            image=image.strip(),
-            gpus=gpus,
-            gpu_memory_mib=gpu_memory_mib,
-            gpu_cores=gpu_cores,
-            requested_cluster=pinned,
-            cluster_id=choice.cluster_id,
-            node=choice.node_name,
-            phase=Session.Phase.SCHEDULED,
-            idempotency_key=idempotency[0] if idempotency else "",
-            request_fingerprint=idempotency[1] if idempotency else "",
+            # A transaction per attempt (a savepoint inside a caller's): rolling it back releases the cluster's
+            # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
+            with transaction.atomic():
+                session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
+                                            allowed=allowed, idempotency=idempotency)
+        except _Raced:
+            continue
+        if created:
+            logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
+        return session, created
+    instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
+    raise PlacementContended(
+        f"Concurrent requests took the capacity chosen for this session {PLACEMENT_ATTEMPTS} times in a row: send the "
+        "request again (nothing was reserved).",
+    )
+
+
+def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+    """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
+    ``allowed`` (``placement.volume_clusters``; None: any). Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
+    gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
+    # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
+    account = admission.account_lock(user=owner)
+    if idempotency is not None:
+        # Under the owner's lock: a request with the same key that held it before us has committed by now.
+        replayed = _replayed(owner=owner, idempotency=idempotency)
+        if replayed is not None:
+            return replayed, False
+    policy = admission.policy_for(owner)
+    try:
+        permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
+    except ClusterNotAllowed:
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+        raise
+    scope = _candidate_ids(pinned=pinned, allowed=allowed, permitted=permitted)
+    # Priced as a subquery of the admission's own query (no query of its own).
+    candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
+    if scope is not None:
+        candidates = candidates.filter(pk__in=scope)
+    try:
+        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=candidates,
+                                  locked_account=account, policy=policy)
+    except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+        raise
+    policy_name = settings.GSHARE_PLACEMENT_POLICY
+
+    def no_capacity() -> Conflict:
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
+        where, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
+        ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
+        looked = list(candidates.values_list("pk", flat=True))
+        return Conflict(
+            f"Nothing in {where} can host {ask} now ({placement.shortfall(request=request, cluster_ids=looked)}): "
+            f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
+            code="no_capacity",
         )
-        # Field checks only: ranges were validated above, and the database enforces the constraints.
-        session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
-        session.save()
-        Allocation.objects.bulk_create([
-            Allocation(session=session, device_id=device_id, memory_mib=memory, cores=cores, exclusive=request.whole)
-            for device_id, memory, cores in choice.devices
-        ])
-        # Recount the node's GPUs from the allocations (still under the cluster locks); refuse to commit a
-        # reservation that would leave one of its GPUs over capacity (cannot happen while every change of
-        # a cluster's allocations holds its row lock; the database's last word if that ever breaks).
-        chosen = {device_id for device_id, _, _ in choice.devices}
-        over = chosen.intersection(placement.usage_recompute(node_ids=[choice.node_id]))
-        if over:
-            raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
-        if mounted:
-            _mount(session=session, volumes=mounted, claims=claims, cluster_id=choice.cluster_id)
-        audit_record(action=Action.SESSION_CREATE, obj=session, changes=created({
-            "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": gpu_cores, "node": session.node,
-            "volumes": [v.public_id for v in mounted],
-        }), details={"owner": owner.get_username()})
-        transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
-        transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)
-    logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
+
+    started = time.perf_counter()
+    node_id = None
+    if pinned is not None:
+        cluster_id = pinned.pk  # one candidate: the fit runs once, under its lock (reserve)
+    else:
+        choice = placement.choose(request=request, cluster_ids=scope, policy=policy_name)
+        if choice is None:
+            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            raise no_capacity()
+        cluster_id, node_id = choice.cluster_id, choice.node_id
+    session = Session(
+        owner=owner,
+        name=name,
+        image=image.strip(),
+        gpus=gpus,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_cores=gpu_cores,
+        requested_cluster=pinned,
+        cluster_id=cluster_id,
+        node=choice.node_name if node_id is not None else "",
+        phase=Session.Phase.SCHEDULED,
+        idempotency_key=idempotency[0] if idempotency else "",
+        request_fingerprint=idempotency[1] if idempotency else "",
+    )
+    # Field checks only: ranges were validated above, and the database enforces the constraints.
+    session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
+    locked = _insert_on_locked_cluster(session)
+    if locked is None:
+        if pinned is not None:
+            _pinned_cluster(pinned.public_id)  # raises cluster_unavailable, saying why
+        raise _Raced
+    claims: list[Volume] = []
+    if mounted:
+        claims = _lock_volumes(volumes=mounted, cluster_id=cluster_id, pinned=pinned)
+    # Under the cluster's lock: the chosen node first, else any node of the cluster (the fit again, now exact).
+    reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=node_id, policy=policy_name)
+    if reserved is None and node_id is not None:
+        reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, policy=policy_name)
+    instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+    if reserved is None:
+        if pinned is not None:
+            raise no_capacity()
+        raise _Raced  # the cluster filled up since the choice: choose again
+    # The recount of the node after the INSERT: refuse to commit a reservation that leaves one of its GPUs over
+    # capacity (cannot happen while every change of a cluster's allocations holds its row lock; the database's
+    # last word if that ever breaks).
+    over = set(reserved.device_ids).intersection(reserved.over)
+    if over:
+        raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
+    session.node = reserved.node_name
+    if mounted:
+        _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
+    audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
+        "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": gpu_cores, "node": session.node,
+        "volumes": [v.public_id for v in mounted],
+    }), details={"owner": owner.get_username()})
+    transaction.on_commit(lambda: _enqueue("sessions.apply", session.pk))
+    transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)
     return session, True
+
+
+def _candidate_ids(*, pinned: Cluster | None, allowed: frozenset[int] | None, permitted: frozenset[int] | None) -> list[int] | None:
+    """The cluster pks the request may go to (pinned, volumes, policy), or None for any; placement and admission
+    further keep those that take sessions (connected, with a session domain)."""
+    scope: frozenset[int] | None = frozenset({pinned.pk}) if pinned is not None else None
+    for narrower in (allowed, permitted):
+        if narrower is not None:
+            scope = narrower if scope is None else scope & narrower
+    return None if scope is None else sorted(scope)
+
+
+#: ``_insert_on_locked_cluster``: lock the cluster's row, if it still takes sessions, and insert the session in
+#: the same statement (the INSERT reads nothing, so the statement's snapshot does not matter to it). ``FOR NO KEY
+#: UPDATE``: conflicts with every other placement and release on the cluster and with its inventory, not with
+#: the inserts of rows that merely reference it (usage samples).
+_LOCK_AND_INSERT_SQL = """
+WITH c AS (
+    SELECT id, public_id, name FROM clusters_cluster WHERE id = %s AND status = %s AND session_domain <> '' FOR NO KEY UPDATE
+)
+INSERT INTO {table} ({columns}) SELECT {values} FROM c
+RETURNING {pk}, (SELECT public_id FROM c), (SELECT name FROM c)
+"""
+
+
+def _insert_on_locked_cluster(session: Session) -> Cluster | None:
+    """Lock ``session.cluster_id``'s row and save ``session`` (new), in one statement.
+
+    Returns:
+        The cluster (only ``pk``, ``public_id`` and ``name`` loaded), or None when it no longer takes sessions
+        (not connected, or no session domain): nothing was saved then.
+    """
+    meta = Session._meta
+    fields = [f for f in meta.local_concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in fields]
+    sql = _LOCK_AND_INSERT_SQL.format(
+        table=connection.ops.quote_name(meta.db_table), columns=", ".join(connection.ops.quote_name(f.column) for f in fields),
+        values=", ".join(["%s"] * len(fields)), pk=connection.ops.quote_name(meta.pk.column),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [session.cluster_id, Cluster.Status.CONNECTED, *values])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    session.pk, public_id, cluster_name = row
+    session._state.adding, session._state.db = False, connection.alias
+    return Cluster.from_db(connection.alias, ["id", "public_id", "name"], (session.cluster_id, public_id, cluster_name))
 
 
 #: Volume statuses a new session cannot mount: the control plane is changing the volume's PVC.
@@ -335,15 +448,19 @@ def _refuse_moving(moving: list[Volume]) -> None:
         )
 
 
-def _lock_volumes(*, volumes: list[Volume], cluster_ids: list[int], pinned: Cluster | None) -> tuple[list[int], list[Volume]]:
-    """Lock the volumes' rows (primary-key order, after the cluster rows) and check them again.
+def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | None) -> list[Volume]:
+    """Lock the volumes' rows (primary-key order, after the chosen cluster's row) and check them again.
 
     Between the first check (``placement.volume_clusters``, no lock) and this one another session may
     have claimed a new volume for a cluster, or a move may have started: the locked rows decide.
 
     Returns:
-        ``(cluster ids the placement may use, volumes to claim for the chosen cluster)``; the claims
-        are unsaved ``Volume`` objects carrying only pk and ``claim_name`` (what ``_mount`` writes).
+        The volumes to claim for the chosen cluster: unsaved ``Volume`` objects carrying only pk and
+        ``claim_name`` (what ``_mount`` writes).
+
+    Raises:
+        _Raced: a volume is now held by another cluster than ``cluster_id`` (choose again: the next attempt's
+            first check keeps the session on that cluster).
     """
     by_pk = {v.pk: v for v in volumes}
     rows = list(
@@ -359,30 +476,26 @@ def _lock_volumes(*, volumes: list[Volume], cluster_ids: list[int], pinned: Clus
     _refuse_moving([by_pk[r.pk] for r in busy])
     claims = [Volume(pk=r.pk, claim_name=r.claim_name or volume_claim_name(by_pk[r.pk].public_id)) for r in rows if r.cluster_id is None]
     holders = sorted({r.cluster_id for r in rows if r.cluster_id is not None})
-    if not holders:
-        return cluster_ids, claims
+    if not holders or holders == [cluster_id]:
+        return claims
     if len(holders) > 1:
         raise Conflict(
             "The volumes were just claimed by sessions on different clusters and a session runs on one: move them onto one "
             "cluster first (`POST /api/v1/storage/volumes/{id}/move`), or mount them in separate sessions.",
             code="volumes_on_different_clusters",
         )
+    # A volume was claimed by a session on, or moved to, another cluster since the first check.
     (holder,) = holders
-    if holder in cluster_ids:
-        return [holder], claims
-    # Its cluster changed since the first check (a session claimed it, or a move finished), to one this
-    # request may not use (pinned elsewhere) or did not lock: refuse and say where it is now.
-    changed = [by_pk[r.pk] for r in rows if r.cluster_id == holder and by_pk[r.pk].cluster_id != holder]
-    if changed and (pinned is None or pinned.pk != holder):
-        held, volume = Cluster.objects.get(pk=holder), changed[0]
-        raise Conflict(
-            f"Volume {volume.name} ({volume.public_id}) was just mounted by a session on, or moved to, cluster {held.name} "
-            f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
-            f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
-            f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
-            code="volume_on_another_cluster",
-        )
-    return [], claims  # its cluster cannot take sessions now (not connected): no_capacity says so
+    if pinned is None:
+        raise _Raced
+    held, volume = Cluster.objects.get(pk=holder), next(by_pk[r.pk] for r in rows if r.cluster_id == holder)
+    raise Conflict(
+        f"Volume {volume.name} ({volume.public_id}) was just mounted by a session on, or moved to, cluster {held.name} "
+        f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
+        f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
+        f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
+        code="volume_on_another_cluster",
+    )
 
 
 def _mount(*, session: Session, volumes: list[Volume], claims: list[Volume], cluster_id: int) -> None:

@@ -29,7 +29,7 @@ PLACEMENT_DECISIONS = Counter(
     "(insufficient credits, over a quota, cluster not allowed).", ["outcome"], registry=REGISTRY,
 )
 PLACEMENT_SECONDS = Histogram(
-    "gshare_placement_duration_seconds", "Time of the placement fit query (sessions.placement.choose), seconds.",
+    "gshare_placement_duration_seconds", "Time of one placement (fit without a lock, the chosen cluster's lock, fit and reservation under it), seconds.",
     buckets=PLACEMENT_BUCKETS, registry=REGISTRY,
 )
 CONNECT_VERIFY_SECONDS = Histogram(
