@@ -42,6 +42,12 @@ REQUEST_MIX = [(45, 1, None, None), (10, 2, None, None), (5, 4, None, None), (2,
 EXPECTED_CREATE_REFUSALS = {(409, "no_capacity"), (403, "quota_exceeded")}
 
 
+#: ``value``: the wall time (``time.monotonic``) a scheduled call was due, set by ``bench/fleet.py``'s scheduler in the
+#: thread running it. Operators stamp with the simulated time of that moment, so a call sent late (the control plane
+#: fell behind) carries the windows it would have carried on time, as the operator's queue would send them.
+CALL_DUE = threading.local()
+
+
 class SimClock:
     """The fleet's clock: ``speed`` times faster than the wall clock, ``offset_s`` seconds off it at the start.
 
@@ -58,8 +64,10 @@ class SimClock:
         self._offset = offset_s
 
     def now_ms(self) -> int:
-        """Simulated now, epoch milliseconds."""
-        return int((self._wall0 + self._offset + self.speed * (time.monotonic() - self._mono0)) * 1000)
+        """Simulated now (when the running call was due, see ``CALL_DUE``), epoch milliseconds."""
+        due = getattr(CALL_DUE, "value", None)
+        moment = time.monotonic() if due is None else due
+        return int((self._wall0 + self._offset + self.speed * (moment - self._mono0)) * 1000)
 
     def iso(self) -> str:
         """Simulated now as RFC 3339 UTC with milliseconds."""
@@ -77,6 +85,7 @@ class Tally:
         self.error_samples: list[str] = []
         self.items: dict[str, int] = defaultdict(int)  # samples, reports, nodes sent per path
         self.lag: list[float] = []  # seconds each scheduled call started late
+        self.dropped = 0  # scheduled calls not started by the end of the run (plus a grace): the control plane fell behind
         self.created: dict[str, float] = {}  # session id -> perf_counter of its 201
         self.stopped: dict[str, float] = {}  # session id -> perf_counter of its 202
         self._early: dict[tuple[str, str], float] = {}  # (path, session id) -> seen before its request was answered
@@ -115,6 +124,10 @@ class Tally:
                 self._early[(path, session_id)] = time.perf_counter()
             else:
                 self.latencies[path].append(time.perf_counter() - mark)
+
+    def drop(self) -> None:
+        with self._lock:
+            self.dropped += 1
 
     def late(self, seconds: float) -> None:
         with self._lock:
