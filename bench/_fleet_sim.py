@@ -343,6 +343,11 @@ class SimCluster:
         body = inventory_body(self.snapshot)
         self._call("inventory", lambda: self.clients["inventory"].put_inventory(body), len(self.snapshot["nodes"]))
 
+    def has_due_reports(self) -> bool:
+        """Whether a session changed phase since the last status report."""
+        with self.lock:
+            return any(s.due is not None for s in self.sessions.values())
+
     def status_tick(self) -> None:
         """``POST /internal/v1/status`` with the sessions whose phase changed since the last report (nothing when none)."""
         with self.lock:
