@@ -113,17 +113,32 @@ def database_server_pid() -> int | None:
     return parent.pid if parent is not None and "postgres" in parent.name() else None
 
 
-def redis_server_pid(redis_url: str) -> int | None:
-    """The Redis server's pid (``INFO server``) when it runs on this machine, else None."""
+def _redis(redis_url: str):
     import redis
 
     parts = urlsplit(redis_url)
     if parts.scheme == "unix":
-        client = redis.Redis(unix_socket_path=parts.path, db=int(dict(parse_qsl(parts.query)).get("db", 0)))
-    elif parts.hostname in ("127.0.0.1", "localhost", "::1"):
-        client = redis.Redis.from_url(redis_url)
-    else:
+        return redis.Redis(unix_socket_path=parts.path, db=int(dict(parse_qsl(parts.query)).get("db", 0)))
+    return redis.Redis.from_url(redis_url)
+
+
+def purge_broker(redis_url: str) -> int:
+    """Delete Celery's queue keys (``celery``, ``unacked*``, ``_kombu.binding.*``) from the bench's Redis database, so
+    no task of this run (or of a killed one) reaches a later run's worker. Returns how many keys were deleted."""
+    client = _redis(redis_url)
+    try:
+        keys = [*client.scan_iter("_kombu.binding.*"), *client.scan_iter("unacked*"), *client.scan_iter("celery")]
+        return client.delete(*keys) if keys else 0
+    finally:
+        client.close()
+
+
+def redis_server_pid(redis_url: str) -> int | None:
+    """The Redis server's pid (``INFO server``) when it runs on this machine, else None."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
         return None
+    client = _redis(redis_url)
     pid = int(client.info("server")["process_id"])
     client.close()
     return pid if psutil.pid_exists(pid) else None

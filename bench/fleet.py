@@ -57,7 +57,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _benchenv import bench_environment, free_port, log, start_server, stop_server
-from _fleet_setup import CHART_ENV, CpuMeter, database_server_pid, make_fleet, redis_server_pid, start_celery, stop_process
+from _fleet_setup import (
+    CHART_ENV,
+    CpuMeter,
+    database_server_pid,
+    make_fleet,
+    purge_broker,
+    redis_server_pid,
+    start_celery,
+    stop_process,
+)
 from _fleet_sim import (
     CALL_DUE,
     MODELS,
@@ -198,6 +207,7 @@ def main() -> int:
         apiserver.start()
         fleet = make_fleet(clusters=args.clusters, node_counts=node_counts, researchers=args.researchers, apiserver=apiserver,
                            models=MODELS, token_dir=tmpdir / "tokens")
+        purge_broker(os.environ["REDIS_URL"])
         port = free_port()
         processes = {}
         server = start_server(port, env, args.workers, tmpdir / "gunicorn.log", CHART_ENV)
@@ -243,6 +253,7 @@ def main() -> int:
                 stop_process(process)
             stop_server(server)
             apiserver.stop()
+            purge_broker(os.environ["REDIS_URL"])
         return report(args, tally, meter, finals, wall, node_counts, apiserver.calls)
 
 
