@@ -98,9 +98,11 @@ class Scheduler:
         self._seq = itertools.count()
         self._cond = threading.Condition()
 
-    def at(self, due: float, fn) -> None:
+    def at(self, due: float, fn, *, inline: bool = False) -> None:
+        """Call ``fn`` at ``due``: on the pool, or (``inline``: quick bookkeeping that must not queue behind slow calls)
+        on the scheduler's own thread."""
         with self._cond:
-            heapq.heappush(self._heap, (due, next(self._seq), fn))
+            heapq.heappush(self._heap, (due, next(self._seq), fn, inline))
             self._cond.notify()
 
     def _run_one(self, due: float, fn) -> None:
@@ -128,8 +130,12 @@ class Scheduler:
                     wait = (self._heap[0][0] if self._heap else until) - now
                     self._cond.wait(timeout=min(wait, until - now, 0.5))
                     continue
-                due, _, fn = heapq.heappop(self._heap)
-            if due < until:
+                due, _, fn, inline = heapq.heappop(self._heap)
+            if due >= until:
+                continue
+            if inline:
+                fn()
+            else:
                 self._pool.submit(self._run_one, due, fn)
 
 
@@ -280,9 +286,9 @@ def run(args, clusters: list[SimCluster], researchers: list[Researcher], seeded,
                 if cluster.has_due_reports():
                     scheduler.at(due, cluster.status_tick)
             if due + check < until:
-                scheduler.at(due + check, lambda: status_sweep(due + check))
+                scheduler.at(due + check, lambda: status_sweep(due + check), inline=True)
 
-        scheduler.at(begin, lambda: status_sweep(begin))
+        scheduler.at(begin, lambda: status_sweep(begin), inline=True)
         for person, session_id in seeded:  # long-running sessions: half of them end during the run
             scheduler.at(begin + rng.uniform(0, 2 * wall), lambda p=person, s=session_id: stop_session(port, p, s, tally))
 
