@@ -27,6 +27,7 @@ from operator_agent import contract
 from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError
 from operator_agent.inventory import node_to_snapshot
+from operator_agent.main import InventoryState, send_inventory
 from operator_agent.sessions import status_report
 from operator_agent.usage import SessionUsage, format_ms, plan_samples
 
@@ -276,6 +277,7 @@ class SimCluster:
 
     def __post_init__(self):
         self.snapshot = {"nodes": [node_to_snapshot(node) for node in self.nodes]}
+        self.inventory_state = InventoryState()
         self.all_gpus = [(node["name"], device["uuid"]) for node in self.snapshot["nodes"] for device in node["devices"]]
         self.free = list(self.all_gpus)
         config = OperatorConfig(cluster_id=self.public_id, control_plane_url=self.control_plane_url, token_file=self.token_file,
@@ -336,12 +338,20 @@ class SimCluster:
         return True
 
     def inventory_tick(self, *, change: bool) -> None:
-        """``PUT /internal/v1/inventory``: the full snapshot; with ``change``, one node's readiness flipped first."""
+        """``PUT /internal/v1/inventory`` as the operator sends it (``operator_agent.main.send_inventory``): digest-only
+        while nothing changed, the full snapshot after a change (``change``: one node's readiness flipped first)."""
         if change:
             node = self.rng.choice(self.snapshot["nodes"])
             node["ready"] = not node["ready"]
-        body = inventory_body(self.snapshot)
-        self._call("inventory", lambda: self.clients["inventory"].put_inventory(body), len(self.snapshot["nodes"]))
+        snapshot = {"nodes": self.snapshot["nodes"]}
+        started = time.perf_counter()
+        try:
+            answer = send_inventory(self.clients["inventory"], snapshot, state=self.inventory_state)
+        except ControlPlaneError as exc:
+            self.tally.error("inventory", f"cluster {self.index}: {exc.status} {exc.code}: {exc}")
+            return
+        path = "inventory (digest only)" if answer.get("unchanged") else "inventory (full)"
+        self.tally.ok(path, time.perf_counter() - started, 0 if answer.get("unchanged") else len(self.snapshot["nodes"]))
 
     def has_due_reports(self) -> bool:
         """Whether a session changed phase since the last status report."""
@@ -383,12 +393,6 @@ class SimCluster:
             for session_id, end in ends.items():
                 if session_id in self.sessions:
                     self.cursors[session_id] = end
-
-
-def inventory_body(snapshot: dict) -> dict:
-    """The body of ``PUT /internal/v1/inventory`` (today the snapshot itself; a content hash or heartbeat-only call would
-    be built here)."""
-    return snapshot
 
 
 def status_body_report(applied: Applied, now_ms: int) -> dict:

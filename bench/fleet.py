@@ -85,7 +85,7 @@ SKEW_BUDGET_S = 240.0  # of the control plane's 300 s: what the simulated clock 
 INTERVAL_SIM_S = 60.0  # the operator's inventory and usage intervals (chart defaults: 30 s and 60 s; one a minute here)
 STATUS_CHECK_SIM_S = 5.0  # how often an operator looks for phase changes to report
 DROP_AFTER_S = 15.0  # a call not started this long after the run's end is dropped (and counted): the run stays bounded
-PATHS = ["inventory", "status", "usage", "create", "stop", "list", "account", "apply (worker)", "delete (worker)"]
+PATHS = ["inventory (full)", "inventory (digest only)", "status", "usage", "create", "stop", "list", "account", "apply (worker)", "delete (worker)"]
 
 
 class Scheduler:
@@ -343,7 +343,7 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
     print(f"  time: {args.sim_minutes:g} simulated minutes in {measured:.1f} s (x{args.speed:g}); inventory and usage every "
           f"simulated minute per cluster; {args.pool} client threads")
     print()
-    print(f"  {'path':<18} {'calls':>7} {'items':>8} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'refused':>8} {'errors':>7}")
+    print(f"  {'path':<24} {'calls':>7} {'items':>8} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'refused':>8} {'errors':>7}")
     for path in PATHS + sorted(set(tally.latencies) - set(PATHS)):
         values = tally.latencies.get(path, [])
         refused = sum(tally.refused.get(path, {}).values())
@@ -352,7 +352,7 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
         p50 = f"{percentile(values, 0.5) * 1000:.1f}" if values else "-"
         p99 = f"{percentile(values, 0.99) * 1000:.1f}" if values else "-"
         items = tally.items.get(path, 0)
-        print(f"  {path:<18} {len(values):>7} {items if items else '':>8} {p50:>8} {p99:>8} {len(values) / measured:>8.1f} "
+        print(f"  {path:<24} {len(values):>7} {items if items else '':>8} {p50:>8} {p99:>8} {len(values) / measured:>8.1f} "
               f"{refused:>8} {tally.errors.get(path, 0):>7}")
     for path, codes in tally.refused.items():
         print(f"  expected refusals of {path}: " + ", ".join(f"{n} x {code}" for code, n in sorted(codes.items())))
@@ -379,7 +379,8 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
     for line in tally.error_samples:
         print(f"  error: {line}")
     if args.quick:
-        called = {path for path in ("inventory", "status", "usage", "create", "stop") if tally.latencies.get(path)}
+        called = {path.split(" ")[0] for path in ("inventory (full)", "inventory (digest only)", "status", "usage", "create", "stop")
+                  if tally.latencies.get(path)}
         print(f"  quick run: no verdict ({errors} errors; paths called: {', '.join(sorted(called))})")
         return 0 if not errors and len(called) == 5 else 1
     met = not errors and not behind

@@ -107,11 +107,8 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
                      checks: SessionPathChecks | None = None, state: InventoryState | None = None) -> bool:
     """Run one tick: collect the inventory and report it. Return ``True`` on success; never raises for I/O failures.
 
-    The snapshot carries its digest (``contract.inventory_digest`` of its nodes). With ``state``, a snapshot whose
-    digest is the one the control plane answered last is reported digest-only (``{"digest", "checks"?}``: no node
-    is sent, read or written), unless ``FULL_SNAPSHOT_EVERY`` seconds passed since the last full one; when the control
-    plane answers that it needs the full snapshot (409 ``inventory_snapshot_required``), it is sent at once. Without
-    ``state`` (``--once``) the full snapshot is sent.
+    Sent by ``send_inventory``: digest-only when ``state`` says the control plane holds this snapshot already; without
+    ``state`` (``--once``) the full snapshot.
 
     With ``checks``, the report carries the latest session-path checks (``operator_agent.session_path``), and they are
     run again after the report with what the control plane's answer names (reported at the next tick).
@@ -124,31 +121,15 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         logger.warning("cannot reach the apiserver to list GPU nodes: %s", exc)
         return False
-    digest = inventory_digest(snapshot["nodes"])
-    snapshot["digest"] = digest
     extra = {"checks": checks.payload()} if checks is not None and checks.payload() else {}
-    snapshot.update(extra)
-    answer = None
     try:
-        if state is not None and state.digest == digest and time.monotonic() - state.full_at < FULL_SNAPSHOT_EVERY:
-            try:
-                answer = client.put_inventory({"digest": digest, **extra})
-            except ControlPlaneRejected as exc:
-                if exc.code not in (INVENTORY_SNAPSHOT_REQUIRED, "invalid_inventory"):
-                    raise
-                logger.info("control plane asks for the full inventory snapshot (%s): sending it", exc.code)
-        if answer is None:
-            answer = client.put_inventory(snapshot)
-            if state is not None:
-                state.full_at = time.monotonic()
+        answer = send_inventory(client, snapshot, state=state, extra=extra)
     except ControlPlaneUnavailable as exc:
         logger.warning("inventory not reported: %s", exc)
         return False
     except ControlPlaneError:
         # 401/403/4xx and token-file problems were logged by the client with code and detail.
         return False
-    if state is not None:
-        state.digest = answer.get("digest") if isinstance(answer.get("digest"), str) else ""
     nodes, gpus = snapshot_counts(snapshot)
     logger.info("inventory reported: %d nodes, %d GPUs%s", nodes, gpus, " (unchanged: digest only)" if answer.get("unchanged") else "")
     if checks is not None:
@@ -157,6 +138,43 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
         except Exception:  # a check's bug must not stop the reports; the traceback is logged
             logger.exception("session path checks failed unexpectedly")
     return True
+
+
+def send_inventory(client: ControlPlaneClient, snapshot: dict, *, state: InventoryState | None = None,
+                   extra: dict | None = None) -> dict:
+    """``PUT /internal/v1/inventory`` once for ``snapshot`` (``{"nodes": [...]}`` of ``operator_agent.inventory``), digest-only
+    when it can be; return the control plane's answer.
+
+    The snapshot gets its digest (``contract.inventory_digest`` of its nodes) and ``extra`` (e.g. ``{"checks": ...}``).
+    With ``state``, a snapshot whose digest is the one the control plane answered last is reported digest-only
+    (``{"digest", **extra}``: no node is sent, read or written), unless ``FULL_SNAPSHOT_EVERY`` seconds passed since the
+    last full one; when the control plane answers that it needs the full snapshot (409 ``inventory_snapshot_required``,
+    or 400 ``invalid_inventory`` from a control plane that predates digests), it is sent at once. Without ``state`` the
+    full snapshot is sent. ``state`` is updated from the answer.
+
+    Raises:
+        ControlPlaneUnavailable: the control plane did not answer (after the client's retries).
+        ControlPlaneError: any other refusal (logged by the client with code and detail).
+    """
+    extra = extra or {}
+    digest = inventory_digest(snapshot["nodes"])
+    snapshot["digest"] = digest
+    snapshot.update(extra)
+    answer = None
+    if state is not None and state.digest == digest and time.monotonic() - state.full_at < FULL_SNAPSHOT_EVERY:
+        try:
+            answer = client.put_inventory({"digest": digest, **extra})
+        except ControlPlaneRejected as exc:
+            if exc.code not in (INVENTORY_SNAPSHOT_REQUIRED, "invalid_inventory"):
+                raise
+            logger.info("control plane asks for the full inventory snapshot (%s): sending it", exc.code)
+    if answer is None:
+        answer = client.put_inventory(snapshot)
+        if state is not None:
+            state.full_at = time.monotonic()
+    if state is not None:
+        state.digest = answer.get("digest") if isinstance(answer.get("digest"), str) else ""
+    return answer
 
 
 def run(
