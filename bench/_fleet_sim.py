@@ -413,6 +413,10 @@ class Researcher:
     live: list[str] = field(default_factory=list)
 
 
+#: The baseline row of the report: ``/internal/ping`` on the same gunicorn during the run.
+BASELINE = "ping (baseline)"
+
+
 def api_call(port: int, method: str, path: str, token: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
     """One public API call on a fresh connection (gunicorn's sync workers close each one): status and decoded body."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -475,6 +479,25 @@ def stop_session(port: int, researcher: Researcher, session_id: str, tally: Tall
         tally.mark(tally.stopped, session_id, started, "delete (worker)")
     else:
         tally.error("stop", f"{status} {body.get('code')}: {str(body.get('detail'))[:300]}")
+
+
+def ping(port: int, tally: Tally) -> None:
+    """``GET /internal/ping`` (no database, no auth: 204), tallied under ``BASELINE``: the same server's floor, so each path's
+    p50 can be read as a multiple of it."""
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/internal/ping")
+        status = conn.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        tally.error(BASELINE, f"{type(exc).__name__}: {exc}")
+        return
+    finally:
+        conn.close()
+    if status == 204:
+        tally.ok(BASELINE, time.perf_counter() - started)
+    else:
+        tally.error(BASELINE, f"{status}")
 
 
 def read(port: int, researcher: Researcher, name: str, url: str, tally: Tally) -> None:

@@ -68,6 +68,7 @@ from _fleet_setup import (
     stop_process,
 )
 from _fleet_sim import (
+    BASELINE,
     CALL_DUE,
     MODELS,
     Apiserver,
@@ -77,6 +78,7 @@ from _fleet_sim import (
     Tally,
     create_session,
     hami_node,
+    ping,
     read,
     stop_session,
 )
@@ -85,7 +87,7 @@ SKEW_BUDGET_S = 240.0  # of the control plane's 300 s: what the simulated clock 
 INTERVAL_SIM_S = 60.0  # the operator's inventory and usage intervals (chart defaults: 30 s and 60 s; one a minute here)
 STATUS_CHECK_SIM_S = 5.0  # how often an operator looks for phase changes to report
 DROP_AFTER_S = 15.0  # a call not started this long after the run's end is dropped (and counted): the run stays bounded
-PATHS = ["inventory (full)", "inventory (digest only)", "status", "usage", "create", "stop", "list", "account", "apply (worker)", "delete (worker)"]
+PATHS = ["inventory (full)", "inventory (digest only)", "status", "usage", "create", "stop", "list", "account", "apply (worker)", "delete (worker)", BASELINE]
 
 
 class Scheduler:
@@ -306,6 +308,7 @@ def run(args, clusters: list[SimCluster], researchers: list[Researcher], seeded,
             person = rng.choice(researchers)
             scheduler.at(t, lambda p=person: create(p))
         for k in range(int(wall)):  # each second a researcher looks at their sessions; every other, at their account
+            scheduler.at(begin + k + rng.random(), lambda: ping(port, tally))
             person = rng.choice(researchers)
             scheduler.at(begin + k + rng.random(), lambda p=person: read(port, p, "list", "/api/v1/sessions", tally))
             if k % 2 == 0:
@@ -343,7 +346,9 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
     print(f"  time: {args.sim_minutes:g} simulated minutes in {measured:.1f} s (x{args.speed:g}); inventory and usage every "
           f"simulated minute per cluster; {args.pool} client threads")
     print()
-    print(f"  {'path':<24} {'calls':>7} {'items':>8} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'refused':>8} {'errors':>7}")
+    baseline = percentile(tally.latencies[BASELINE], 0.5) if tally.latencies.get(BASELINE) else None
+    print(f"  {'path':<24} {'calls':>7} {'items':>8} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>8} {'refused':>8} {'errors':>7} "
+          f"{'p50/ping':>9}")
     for path in PATHS + sorted(set(tally.latencies) - set(PATHS)):
         values = tally.latencies.get(path, [])
         refused = sum(tally.refused.get(path, {}).values())
@@ -352,8 +357,9 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
         p50 = f"{percentile(values, 0.5) * 1000:.1f}" if values else "-"
         p99 = f"{percentile(values, 0.99) * 1000:.1f}" if values else "-"
         items = tally.items.get(path, 0)
+        ratio = f"{percentile(values, 0.5) / baseline:.1f}" if values and baseline else "-"
         print(f"  {path:<24} {len(values):>7} {items if items else '':>8} {p50:>8} {p99:>8} {len(values) / measured:>8.1f} "
-              f"{refused:>8} {tally.errors.get(path, 0):>7}")
+              f"{refused:>8} {tally.errors.get(path, 0):>7} {ratio:>9}")
     for path, codes in tally.refused.items():
         print(f"  expected refusals of {path}: " + ", ".join(f"{n} x {code}" for code, n in sorted(codes.items())))
     if tally.lag:
