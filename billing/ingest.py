@@ -1,8 +1,9 @@
 """Usage ingestion (``POST /internal/v1/usage``): a batch of an operator's samples stored and charged exactly once.
 
-``usage_ingest`` is the only writer of ``UsageSample`` rows and of ``charge`` ledger entries. It parses with
-``billing.usage.parse_samples``, checks the batch against the database, then writes it in one transaction and a
-constant number of statements (COPY into per-connection staging tables, ``INSERT ... SELECT ... ON CONFLICT``).
+``usage_ingest`` is the only writer of ``UsageSample`` rows. It parses with ``billing.usage.parse_samples``, checks the
+batch against the database, then writes it in one transaction and a constant number of statements (COPY into
+per-connection staging tables, ``INSERT ... SELECT ... ON CONFLICT``): the samples, their sessions' accruals and
+their owners' accounts, and a session's period charge when a sample of a later period closes it (``billing.periods``).
 
 Lock order: the batch owners' credit accounts (primary-key order), as every billing writer (``billing.services``);
 the deferred foreign-key checks then take key-share locks on the sessions and the cluster at commit.
@@ -10,9 +11,7 @@ the deferred foreign-key checks then take key-share locks on the sessions and th
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
@@ -21,9 +20,9 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from billing import pricing
+from billing import periods, pricing
 from billing.exceptions import UsageConflict
-from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, LedgerEntry, UsageSample
+from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, Accrual, UsageSample
 from billing.usage import (
     CLOCK_SKEW_SECONDS,
     USAGE_DEVICE_NOT_ALLOCATED,
@@ -67,10 +66,11 @@ class _DeviceRow(NamedTuple):
 
 
 class _Account(NamedTuple):
-    """A locked credit account: its pk, balance and ``below_zero_since``."""
+    """A locked credit account: its pk, balance, accrued credits and ``below_zero_since``."""
 
     id: int
     balance: Decimal
+    accrued: Decimal
     below_zero_since: datetime | None
 
 
@@ -84,13 +84,15 @@ class _Pricing(NamedTuple):
 
 
 class _Priced(NamedTuple):
-    """One new sample with its session's pk, its GPU share, its cost (credits) and its length (seconds)."""
+    """One new sample with its session's pk, its GPU share, its cost (credits), its length (seconds) and the period
+    of its start."""
 
     sample: Sample
     session_pk: int
     share: Decimal
     cost: Decimal
     seconds: Decimal
+    period: datetime
 
 
 class _Window(NamedTuple):
@@ -102,21 +104,9 @@ class _Window(NamedTuple):
     index: int | None
 
 
-@dataclass(slots=True)
-class _SessionCharge:
-    """What the batch's new samples of one session add up to."""
-
-    cost: Decimal
-    gpu_seconds: Decimal
-    sample_ids: list[str]
-    start: datetime
-    end: datetime
-
-
 class _Charge(NamedTuple):
-    """One ``charge`` ledger entry to write: the columns of ``_CHARGE_COLUMNS``, in that order."""
+    """One period ``charge`` ledger entry to write: the columns of ``_CHARGE_COLUMNS``, in that order."""
 
-    id: int
     account_id: int
     amount: Decimal
     balance_after: Decimal
@@ -126,23 +116,27 @@ class _Charge(NamedTuple):
     window_end: datetime
     gpu_seconds: Decimal
     reason: str
+    period_start: datetime
+    period_end: datetime
+    sample_count: int
 
 
 #: Per-connection staging tables (temporary, emptied at every commit) the ingestion COPYs into.
 _STAGING_DDL = """
-    CREATE TEMP TABLE IF NOT EXISTS billing_usage_staging (
+    CREATE TEMP TABLE IF NOT EXISTS billing_usage_staging_p (
         sample_id text, session_id bigint, device_uuid text, start timestamptz, finish timestamptz, gpu_util_percent numeric,
-        memory_used_mib integer, gpu_model text, share numeric, cost numeric, entry_id bigint
+        memory_used_mib integer, gpu_model text, share numeric, cost numeric, billing_period timestamptz
     ) ON COMMIT DELETE ROWS;
-    CREATE TEMP TABLE IF NOT EXISTS billing_charge_staging (
-        id bigint, account_id bigint, amount numeric, balance_after numeric, idempotency_key text, session_id bigint,
-        window_start timestamptz, window_end timestamptz, gpu_seconds numeric, reason text
+    CREATE TEMP TABLE IF NOT EXISTS billing_charge_staging_p (
+        account_id bigint, amount numeric, balance_after numeric, idempotency_key text, session_id bigint,
+        window_start timestamptz, window_end timestamptz, gpu_seconds numeric, reason text, period_start timestamptz,
+        period_end timestamptz, sample_count integer
     ) ON COMMIT DELETE ROWS"""
 
 _USAGE_COLUMNS = ("sample_id", "session_id", "device_uuid", "start", "finish", "gpu_util_percent", "memory_used_mib", "gpu_model",
-                  "share", "cost", "entry_id")
-_CHARGE_COLUMNS = ("id", "account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
-                   "gpu_seconds", "reason")
+                  "share", "cost", "billing_period")
+_CHARGE_COLUMNS = ("account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
+                   "gpu_seconds", "reason", "period_start", "period_end", "sample_count")
 
 #: Moves the staged samples into the table; returns the ones really inserted (not already stored). The conflict target
 #: is the unique ``(cluster_id, sample_id)`` only: a row that overlaps another window of its session and GPU raises the
@@ -150,30 +144,47 @@ _CHARGE_COLUMNS = ("id", "account_id", "amount", "balance_after", "idempotency_k
 #: ``DO NOTHING`` would skip those rows too, but PostgreSQL then searches the GiST index once more for every row before
 #: inserting it: about twice the constraint's cost per batch.)
 _INSERT_SAMPLES = """
-    WITH staged AS (DELETE FROM billing_usage_staging RETURNING *)
+    WITH staged AS (DELETE FROM billing_usage_staging_p RETURNING *)
     INSERT INTO billing_usagesample
         (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
-         cost, entry_id, received_at)
+         cost, billing_period, received_at)
     SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
-           entry_id, %s
+           billing_period, %s
       FROM staged
     ON CONFLICT (cluster_id, sample_id) DO NOTHING
     RETURNING sample_id"""
 
+#: Period charges (only when a batch closes a period). No ``ON CONFLICT``: under the owners' account locks a period is
+#: charged once; a second charge of one (session, period) would be a bug, and the unique constraint makes it fail loudly.
 _INSERT_CHARGES = """
-    WITH staged AS (DELETE FROM billing_charge_staging RETURNING *)
+    WITH staged AS (DELETE FROM billing_charge_staging_p RETURNING *)
     INSERT INTO billing_ledgerentry
-        (id, account_id, kind, amount, balance_after, idempotency_key, session_id, window_start, window_end, gpu_seconds,
-         reason, created_by, created_at)
-    SELECT id, account_id, 'charge', amount, balance_after, idempotency_key, session_id, window_start, window_end,
-           gpu_seconds, reason, 'usage', %s
-      FROM staged
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id"""
+        (account_id, kind, amount, balance_after, idempotency_key, session_id, window_start, window_end, gpu_seconds,
+         reason, period_start, period_end, sample_count, created_by, created_at)
+    SELECT account_id, 'charge', amount, balance_after, idempotency_key, session_id, window_start, window_end,
+           gpu_seconds, reason, period_start, period_end, sample_count, 'usage', %s
+      FROM staged"""
+
+#: The batch's sessions' accruals as they are now (read under the owners' account locks).
+_READ_ACCRUALS = f"""
+    SELECT session_id, period_start, amount, gpu_seconds, samples, first_start, last_end
+      FROM {Accrual._meta.db_table} WHERE session_id = ANY(%s::bigint[])"""
+
+#: The accruals of the sessions with new samples, one set-based statement whatever their number: their new values,
+#: computed under the owners' account locks (every writer of accruals holds them).
+_UPSERT_ACCRUALS = f"""
+    INSERT INTO {Accrual._meta.db_table}
+        (session_id, account_id, period_start, amount, gpu_seconds, samples, first_start, last_end, updated_at)
+    SELECT v.*, %s FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::numeric[], %s::numeric[], %s::integer[],
+                               %s::timestamptz[], %s::timestamptz[])
+           AS v(session_id, account_id, period_start, amount, gpu_seconds, samples, first_start, last_end)
+    ON CONFLICT (session_id) DO UPDATE SET period_start = EXCLUDED.period_start, amount = EXCLUDED.amount,
+        gpu_seconds = EXCLUDED.gpu_seconds, samples = EXCLUDED.samples, first_start = EXCLUDED.first_start,
+        last_end = EXCLUDED.last_end, updated_at = EXCLUDED.updated_at"""
 
 _UPDATE_ACCOUNTS = """
-    UPDATE billing_creditaccount a SET balance = v.balance, below_zero_since = v.below_zero_since
-      FROM unnest(%s::bigint[], %s::numeric[], %s::timestamptz[]) AS v(id, balance, below_zero_since)
+    UPDATE billing_creditaccount a SET balance = v.balance, accrued = v.accrued, below_zero_since = v.below_zero_since
+      FROM unnest(%s::bigint[], %s::numeric[], %s::numeric[], %s::timestamptz[]) AS v(id, balance, accrued, below_zero_since)
      WHERE a.id = v.id"""
 
 
@@ -196,26 +207,20 @@ def _copy(cursor, table: str, columns: tuple[str, ...], rows) -> None:
 def _lock_accounts(user_ids: list[int]) -> dict[int, _Account]:
     """Lock the credit accounts of ``user_ids`` (primary-key order), creating the missing ones; ``{user_id:
     _Account}``. One query when they all exist, three otherwise."""
-    sql = ("SELECT user_id, id, balance, below_zero_since FROM billing_creditaccount WHERE user_id = ANY(%s) "
+    sql = ("SELECT user_id, id, balance, accrued, below_zero_since FROM billing_creditaccount WHERE user_id = ANY(%s) "
            "ORDER BY id FOR UPDATE")
     with connection.cursor() as cursor:
         cursor.execute(sql, [user_ids])
         rows = cursor.fetchall()
         if len(rows) < len(user_ids):
             cursor.execute(
-                "INSERT INTO billing_creditaccount (user_id, balance, created_at) SELECT u, 0, %s FROM unnest(%s::bigint[]) AS u "
+                "INSERT INTO billing_creditaccount (user_id, balance, accrued, created_at) SELECT u, 0, 0, %s FROM unnest(%s::bigint[]) AS u "
                 "ON CONFLICT (user_id) DO NOTHING",
                 [timezone.now(), user_ids],
             )
             cursor.execute(sql, [user_ids])
             rows = cursor.fetchall()
-    return {user_id: _Account(pk, balance, since) for user_id, pk, balance, since in rows}
-
-
-def _charge_key(cluster: Cluster, sample_ids: list[str]) -> str:
-    """``usage:<cluster id>:<sha256 of the sorted sample ids, one per line>``: the same new samples, the same key."""
-    digest = hashlib.sha256("\n".join(sorted(sample_ids)).encode()).hexdigest()
-    return f"usage:{cluster.public_id}:{digest}"
+    return {user_id: _Account(pk, balance, accrued, since) for user_id, pk, balance, accrued, since in rows}
 
 
 def _text_array(values) -> str:
@@ -230,9 +235,9 @@ def _array(values) -> str:
 
 
 def _update_accounts(cursor, changed: list[_Account]) -> None:
-    """Write the accounts' balances and ``below_zero_since`` in one ``UPDATE``."""
+    """Write the accounts' balances, accrued credits and ``below_zero_since`` in one ``UPDATE``."""
     cursor.execute(_UPDATE_ACCOUNTS, [_array(c.id for c in changed), _array(c.balance for c in changed),
-                                      _array(c.below_zero_since for c in changed)])
+                                      _array(c.accrued for c in changed), _array(c.below_zero_since for c in changed)])
 
 
 #: The batch's sessions, each with the GPUs it holds: those placement reserved for it (``Allocation``, released when
@@ -398,6 +403,8 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     staged: list[tuple] = []
     priced_rows: list[_Priced] = []
     million = Decimal(1_000_000)
+    length = periods.period_length()
+    period_of_start: dict[datetime, datetime] = {}  # a batch's samples share a few starts (sampling ticks)
     for sample in rows:
         pair = (sample.session_id, sample.device_uuid)
         priced = pairs.get(pair)
@@ -409,15 +416,19 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         session_pk, share, price, model = priced
         seconds = Decimal(sample.micros) / million
         cost = pricing.window_cost(price=price, share=share, seconds=seconds)
-        priced_rows.append(_Priced(sample, session_pk, share, cost, seconds))
+        period = period_of_start.get(sample.start)
+        if period is None:
+            period = period_of_start[sample.start] = periods.period_of(sample.start, length)
+        priced_rows.append(_Priced(sample, session_pk, share, cost, seconds, period))
         # Text for times and decimals: psycopg formats strings for COPY several times faster than datetimes/Decimals.
-        # The columns of _USAGE_COLUMNS but the last (entry_id, known once the entry ids are drawn).
+        # The columns of _USAGE_COLUMNS but the last (billing_period: it depends on the accruals, read under the locks).
         staged.append((sample.sample_id, session_pk, sample.device_uuid, sample.start.isoformat(), sample.end.isoformat(),
                        sample.gpu_util_percent, sample.memory_used_mib, model, str(share), str(cost)))
 
     batch_sessions = sorted({row.session_pk for row in priced_rows})
     owners = {row.pk: row.owner_id for row in sessions.values()}
     public_ids = {row.pk: row.public_id for row in sessions.values()}
+    clusters = {row.pk: cluster.name for row in sessions.values()}
     now = timezone.now()
     try:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -427,15 +438,18 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             # concurrent batches both pass and both store one window under two ids).
             _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
             _staging_tables(cursor)
-            cursor.execute("SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('billing_ledgerentry', 'id')::regclass AS seq) q, "
-                           "generate_series(1, %s)", [len(batch_sessions)])
-            entry_ids = dict(zip(batch_sessions, sorted(row[0] for row in cursor.fetchall()), strict=True))
-            _copy(cursor, "billing_usage_staging", _USAGE_COLUMNS,
-                  ((*row, entry_ids[priced.session_pk]) for row, priced in zip(staged, priced_rows, strict=True)))
+            cursor.execute(_READ_ACCRUALS, [_array(batch_sessions)])
+            opened = {row[0]: periods.Open(*row[1:]) for row in cursor.fetchall()}
+            # A sample accrues into the later of its own period and its session's open one (a period already charged
+            # is never charged again: its late samples go with the next).
+            floors = {pk: state.period_start for pk, state in opened.items()}
+            targets = [max(p.period, floors[p.session_pk]) if p.session_pk in floors else p.period for p in priced_rows]
+            _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS,
+                  ((*row, target.isoformat()) for row, target in zip(staged, targets, strict=True)))
             cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
             inserted = {row[0] for row in cursor.fetchall()}
-            charged = _charge_new_samples(cursor, cluster=cluster, priced_rows=priced_rows, inserted=inserted, entry_ids=entry_ids,
-                                          owners=owners, accounts=accounts, now=now)
+            charged = _accrue(cursor, priced_rows=priced_rows, targets=targets, inserted=inserted, opened=opened, owners=owners,
+                              accounts=accounts, public_ids=public_ids, clusters=clusters, length=length, now=now)
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != USAGE_OVERLAP_CONSTRAINT:
             raise
@@ -504,69 +518,84 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
                 reach = window
 
 
-def _charge_new_samples(cursor, *, cluster, priced_rows, inserted, entry_ids, owners, accounts, now) -> dict:
-    """Write one charge per session with newly inserted samples and the accounts' balances (a COPY and two statements,
-    nothing when no sample was new). Returns ``{session pk: credits charged}``."""
+def _accrue(cursor, *, priced_rows, targets, inserted, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
+    """Add the newly inserted samples to their sessions' accruals, charge the periods they close, and move the accounts.
+
+    Per session: the new samples are grouped by the period they accrue into (``targets``); every period but the
+    latest (the open accrual's included, when a later one arrived) gets its ``charge`` entry; the latest becomes the
+    open accrual. The accruals are written with one set-based upsert, the accounts with one ``UPDATE``, the charges
+    (when a period closes) with a COPY and one ``INSERT``. Nothing is written when no sample was new.
+
+    Returns:
+        ``{session pk: credits of the new samples}`` (what this batch added to the session's bill).
+    """
     if not inserted:
         return {}
-    per_session: dict[int, _SessionCharge] = {}
-    for sample, session_pk, share, cost, seconds in priced_rows:
+    grouped: dict[int, dict[datetime, periods.Open]] = {}
+    added: dict[int, Decimal] = {}
+    for priced, target in zip(priced_rows, targets, strict=True):
+        sample = priced.sample
         if sample.sample_id not in inserted:
             continue
-        charge = per_session.get(session_pk)
-        if charge is None:
-            per_session[session_pk] = _SessionCharge(cost, share * seconds, [sample.sample_id], sample.start, sample.end)
-            continue
-        charge.cost += cost
-        charge.gpu_seconds += share * seconds
-        charge.sample_ids.append(sample.sample_id)
-        if sample.start < charge.start:
-            charge.start = sample.start
-        if sample.end > charge.end:
-            charge.end = sample.end
-    balances = dict(accounts)
-    entries: list[_Charge] = []
-    for session_pk in sorted(per_session, key=entry_ids.__getitem__):
-        charge = per_session[session_pk]
-        account = balances[owners[session_pk]]
-        balance = account.balance - charge.cost
-        balances[owners[session_pk]] = _Account(account.id, balance, (account.below_zero_since or now) if balance < 0 else None)
-        entries.append(_Charge(entry_ids[session_pk], account.id, -charge.cost, balance, _charge_key(cluster, charge.sample_ids),
-                               session_pk, charge.start, charge.end, charge.gpu_seconds.quantize(CREDITS),
-                               f"{len(charge.sample_ids)} usage sample(s) on {cluster.name}"))
-    _copy(cursor, "billing_charge_staging", _CHARGE_COLUMNS, (  # text for times and decimals, as for the samples
-        (e.id, e.account_id, format(e.amount, "f"), format(e.balance_after, "f"), e.idempotency_key, e.session_id,
-         e.window_start.isoformat(), e.window_end.isoformat(), format(e.gpu_seconds, "f"), e.reason)
-        for e in entries
-    ))
-    cursor.execute(_INSERT_CHARGES, [now])
-    written = {row[0] for row in cursor.fetchall()}
-    if len(written) < len(entries):
-        # A key already in the ledger: these exact samples were charged before (their rows since deleted). Point the
-        # samples at that entry and leave the balance alone (cannot happen while samples are kept).
-        return _reuse_existing_charges(cursor, entries=entries, written=written, accounts=accounts, now=now)
-    touched = {owners[pk] for pk in per_session}
-    changed = [balances[user_id] for user_id in sorted(touched)]
-    _update_accounts(cursor, changed)
-    return {entry.session_id: -entry.amount for entry in entries}
-
-
-def _reuse_existing_charges(cursor, *, entries, written, accounts, now) -> dict:
-    """The rare path of ``_charge_new_samples``: some charge keys exist already. Re-point their samples, and recompute
-    the balances from the entries really written (a few more statements, only on this path)."""
-    missing = [e for e in entries if e.id not in written]
-    existing = dict(LedgerEntry.objects.filter(idempotency_key__in=[e.idempotency_key for e in missing]).values_list("idempotency_key", "pk"))
-    for entry in missing:
-        cursor.execute("UPDATE billing_usagesample SET entry_id = %s WHERE entry_id = %s", [existing[entry.idempotency_key], entry.id])
+        by_period = grouped.get(priced.session_pk)
+        if by_period is None:
+            by_period = grouped[priced.session_pk] = {}
+        group = by_period.get(target)
+        if group is None:
+            by_period[target] = periods.Open(target, priced.cost, priced.share * priced.seconds, 1, sample.start, sample.end)
+        else:
+            group.add(amount=priced.cost, gpu_seconds=priced.share * priced.seconds, samples=1, first_start=sample.start,
+                      last_end=sample.end)
+        added[priced.session_pk] = added.get(priced.session_pk, Decimal(0)) + priced.cost
     balances = {account.id: account for account in accounts.values()}
-    charged = {}
-    for entry in entries:
-        if entry.id not in written:
-            continue
-        account = balances[entry.account_id]
-        balance = account.balance + entry.amount
-        balances[entry.account_id] = _Account(account.id, balance, (account.below_zero_since or now) if balance < 0 else None)
-        cursor.execute("UPDATE billing_ledgerentry SET balance_after = %s WHERE id = %s", [balance, entry.id])
-        charged[entry.session_id] = -entry.amount
-    _update_accounts(cursor, list(balances.values()))
-    return charged
+    account_of = {pk: accounts[owners[pk]].id for pk in grouped}
+    entries: list[_Charge] = []
+    accruals: list[tuple[int, int, periods.Open]] = []
+    for session_pk in sorted(grouped):
+        by_period = grouped[session_pk]
+        state = opened.get(session_pk)
+        if state is not None and state.samples:
+            group = by_period.get(state.period_start)
+            if group is not None:  # targets are never before the open period: merge the open one's new samples into it
+                state.add(amount=group.amount, gpu_seconds=group.gpu_seconds, samples=group.samples, first_start=group.first_start,
+                          last_end=group.last_end)
+            by_period[state.period_start] = state
+        ordered = sorted(by_period)
+        account_id = account_of[session_pk]
+        for period in ordered[:-1]:
+            closing = by_period[period]
+            account = balances[account_id]
+            balance = account.balance - closing.amount
+            balances[account_id] = account._replace(balance=balance, accrued=account.accrued - closing.amount)
+            period_end = period + length
+            entries.append(_Charge(
+                account_id, -closing.amount, balance, periods.charge_key(public_ids[session_pk], period), session_pk,
+                closing.first_start, closing.last_end, closing.gpu_seconds.quantize(CREDITS),
+                periods.charge_reason(samples=closing.samples, cluster=clusters[session_pk], period_start=period, period_end=period_end),
+                period, period_end, closing.samples,
+            ))
+        accruals.append((session_pk, account_id, by_period[ordered[-1]]))
+    for session_pk, amount in added.items():
+        account = balances[account_of[session_pk]]
+        balances[account.id] = account._replace(accrued=account.accrued + amount)
+    cursor.execute(_UPSERT_ACCRUALS, [
+        now, _array(pk for pk, _, _ in accruals), _array(a for _, a, _ in accruals), _array(o.period_start for _, _, o in accruals),
+        _array(o.amount for _, _, o in accruals), _array(o.gpu_seconds.quantize(CREDITS) for _, _, o in accruals),
+        _array(o.samples for _, _, o in accruals), _array(o.first_start for _, _, o in accruals),
+        _array(o.last_end for _, _, o in accruals),
+    ])
+    if entries:
+        _copy(cursor, "billing_charge_staging_p", _CHARGE_COLUMNS, (  # text for times and decimals, as for the samples
+            (e.account_id, format(e.amount, "f"), format(e.balance_after, "f"), e.idempotency_key, e.session_id,
+             e.window_start.isoformat(), e.window_end.isoformat(), format(e.gpu_seconds, "f"), e.reason,
+             e.period_start.isoformat(), e.period_end.isoformat(), e.sample_count)
+            for e in entries
+        ))
+        cursor.execute(_INSERT_CHARGES, [now])
+    changed = []
+    for account_id in sorted({account_of[pk] for pk in grouped}):
+        account = balances[account_id]
+        below = account.balance - account.accrued < 0
+        changed.append(account._replace(below_zero_since=(account.below_zero_since or now) if below else None))
+    _update_accounts(cursor, changed)
+    return added
