@@ -85,14 +85,14 @@ class _Pricing(NamedTuple):
 
 class _Priced(NamedTuple):
     """One new sample with its session's pk, its GPU share, its cost (credits), its length (seconds) and the period
-    of its start."""
+    of its start (epoch seconds of the period's start)."""
 
     sample: Sample
     session_pk: int
     share: Decimal
     cost: Decimal
     seconds: Decimal
-    period: datetime
+    period: int
 
 
 class _Window(NamedTuple):
@@ -125,7 +125,7 @@ class _Charge(NamedTuple):
 _STAGING_DDL = """
     CREATE TEMP TABLE IF NOT EXISTS billing_usage_staging_p (
         sample_id text, session_id bigint, device_uuid text, start timestamptz, finish timestamptz, gpu_util_percent numeric,
-        memory_used_mib integer, gpu_model text, share numeric, cost numeric, billing_period timestamptz
+        memory_used_mib integer, gpu_model text, share numeric, cost numeric, billing_period bigint
     ) ON COMMIT DELETE ROWS;
     CREATE TEMP TABLE IF NOT EXISTS billing_charge_staging_p (
         account_id bigint, amount numeric, balance_after numeric, idempotency_key text, session_id bigint,
@@ -149,7 +149,7 @@ _INSERT_SAMPLES = """
         (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
          cost, billing_period, received_at)
     SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
-           billing_period, %s
+           to_timestamp(billing_period), %s
       FROM staged
     ON CONFLICT (cluster_id, sample_id) DO NOTHING
     RETURNING sample_id"""
@@ -165,22 +165,35 @@ _INSERT_CHARGES = """
            gpu_seconds, reason, period_start, period_end, sample_count, 'usage', %s
       FROM staged"""
 
-#: The batch's sessions' accruals as they are now (read under the owners' account locks).
+#: The batch's sessions' open periods (epoch seconds) and how many samples each holds, read under the owners' account
+#: locks (every writer of accruals holds them). Integers, not times: parsing a thousand timestamps costs more than the read.
 _READ_ACCRUALS = f"""
-    SELECT session_id, period_start, amount, gpu_seconds, samples, first_start, last_end
-      FROM {Accrual._meta.db_table} WHERE session_id = ANY(%s::bigint[])"""
+    SELECT session_id, EXTRACT(EPOCH FROM period_start)::bigint, samples FROM {Accrual._meta.db_table}
+     WHERE session_id = ANY(%s::bigint[])"""
 
-#: The accruals of the sessions with new samples, one set-based statement whatever their number: their new values,
-#: computed under the owners' account locks (every writer of accruals holds them).
+#: The whole accruals of the sessions whose open period a batch closes (only then).
+_READ_CLOSING = f"""
+    SELECT session_id, period_start, amount, gpu_seconds, samples, first_start, last_end FROM {Accrual._meta.db_table}
+     WHERE session_id = ANY(%s::bigint[])"""
+
+#: The accruals of the sessions with new samples, one set-based statement whatever their number: each row is what the
+#: batch's samples of the session's latest period add up to; it is added to the stored accrual of the same period, and
+#: replaces one of an earlier period (that one was charged by this batch, or held nothing).
 _UPSERT_ACCRUALS = f"""
-    INSERT INTO {Accrual._meta.db_table}
+    INSERT INTO {Accrual._meta.db_table} AS r
         (session_id, account_id, period_start, amount, gpu_seconds, samples, first_start, last_end, updated_at)
-    SELECT v.*, %s FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::numeric[], %s::numeric[], %s::integer[],
-                               %s::timestamptz[], %s::timestamptz[])
-           AS v(session_id, account_id, period_start, amount, gpu_seconds, samples, first_start, last_end)
-    ON CONFLICT (session_id) DO UPDATE SET period_start = EXCLUDED.period_start, amount = EXCLUDED.amount,
-        gpu_seconds = EXCLUDED.gpu_seconds, samples = EXCLUDED.samples, first_start = EXCLUDED.first_start,
-        last_end = EXCLUDED.last_end, updated_at = EXCLUDED.updated_at"""
+    SELECT v.session_id, v.account_id, to_timestamp(v.period), v.amount, v.gpu_seconds, v.samples, v.first_start, v.last_end, %s
+      FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::numeric[], %s::numeric[], %s::integer[], %s::timestamptz[],
+                  %s::timestamptz[]) AS v(session_id, account_id, period, amount, gpu_seconds, samples, first_start, last_end)
+    ON CONFLICT (session_id) DO UPDATE SET
+        amount = EXCLUDED.amount + CASE WHEN r.period_start = EXCLUDED.period_start THEN r.amount ELSE 0 END,
+        gpu_seconds = EXCLUDED.gpu_seconds + CASE WHEN r.period_start = EXCLUDED.period_start THEN r.gpu_seconds ELSE 0 END,
+        samples = EXCLUDED.samples + CASE WHEN r.period_start = EXCLUDED.period_start THEN r.samples ELSE 0 END,
+        first_start = CASE WHEN r.period_start = EXCLUDED.period_start THEN LEAST(r.first_start, EXCLUDED.first_start)
+                           ELSE EXCLUDED.first_start END,
+        last_end = CASE WHEN r.period_start = EXCLUDED.period_start THEN GREATEST(r.last_end, EXCLUDED.last_end)
+                        ELSE EXCLUDED.last_end END,
+        period_start = EXCLUDED.period_start, updated_at = EXCLUDED.updated_at"""
 
 _UPDATE_ACCOUNTS = """
     UPDATE billing_creditaccount a SET balance = v.balance, accrued = v.accrued, below_zero_since = v.below_zero_since
@@ -241,16 +254,24 @@ def _update_accounts(cursor, changed: list[_Account]) -> None:
 
 
 #: The batch's sessions, each with the GPUs it holds: those placement reserved for it (``Allocation``, released when
-#: it ends) and those HAMi gave its Pod as the operator reported them (``Session.devices``, kept after it ends).
+#: it ends) and those HAMi gave its Pod as the operator reported them (``Session.devices``, kept after it ends). Set-based
+#: (one join and one aggregate for all of them), not a subquery per session: its cost must not depend on the planner
+#: choosing an index for each of a thousand sessions.
 _SESSIONS = f"""
-    SELECT s.public_id, s.id, s.cluster_id, s.owner_id, s.gpu_memory_mib, s.gpu_cores, s.created_at,
-           ARRAY(SELECT d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
-                  WHERE a.session_id = s.id
-                 UNION
-                 SELECT jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END)),
+    WITH s AS MATERIALIZED (
+        SELECT id, public_id, cluster_id, owner_id, gpu_memory_mib, gpu_cores, created_at, ended_at, devices
+          FROM {Session._meta.db_table} WHERE public_id = ANY(%s::text[])
+    ), held AS (
+        SELECT session_id, array_agg(DISTINCT uuid) AS uuids
+          FROM (SELECT a.session_id, d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
+                 WHERE a.session_id IN (SELECT id FROM s)
+                UNION ALL
+                SELECT s.id, jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END) FROM s) h
+         GROUP BY session_id
+    )
+    SELECT s.public_id, s.id, s.cluster_id, s.owner_id, s.gpu_memory_mib, s.gpu_cores, s.created_at, COALESCE(held.uuids, '{{}}'),
            s.ended_at
-      FROM {Session._meta.db_table} s
-     WHERE s.public_id = ANY(%s::text[])"""
+      FROM s LEFT JOIN held ON held.session_id = s.id"""
 
 
 def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list) -> tuple[dict, dict]:
@@ -404,7 +425,9 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     priced_rows: list[_Priced] = []
     million = Decimal(1_000_000)
     length = periods.period_length()
-    period_of_start: dict[datetime, datetime] = {}  # a batch's samples share a few starts (sampling ticks)
+    length_seconds = settings.GSHARE_BILLING_PERIOD_SECONDS
+    epoch = periods.EPOCH
+    period_of_start: dict[datetime, int] = {}  # a batch's samples share a few starts (sampling ticks)
     for sample in rows:
         pair = (sample.session_id, sample.device_uuid)
         priced = pairs.get(pair)
@@ -418,7 +441,7 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
         cost = pricing.window_cost(price=price, share=share, seconds=seconds)
         period = period_of_start.get(sample.start)
         if period is None:
-            period = period_of_start[sample.start] = periods.period_of(sample.start, length)
+            period = period_of_start[sample.start] = (sample.start - epoch) // length * length_seconds
         priced_rows.append(_Priced(sample, session_pk, share, cost, seconds, period))
         # Text for times and decimals: psycopg formats strings for COPY several times faster than datetimes/Decimals.
         # The columns of _USAGE_COLUMNS but the last (billing_period: it depends on the accruals, read under the locks).
@@ -439,13 +462,12 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
             _staging_tables(cursor)
             cursor.execute(_READ_ACCRUALS, [_array(batch_sessions)])
-            opened = {row[0]: periods.Open(*row[1:]) for row in cursor.fetchall()}
+            opened = {session_pk: (floor, count) for session_pk, floor, count in cursor.fetchall()}
             # A sample accrues into the later of its own period and its session's open one (a period already charged
             # is never charged again: its late samples go with the next).
-            floors = {pk: state.period_start for pk, state in opened.items()}
-            targets = [max(p.period, floors[p.session_pk]) if p.session_pk in floors else p.period for p in priced_rows]
+            targets = [max(p.period, opened[p.session_pk][0]) if p.session_pk in opened else p.period for p in priced_rows]
             _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS,
-                  ((*row, target.isoformat()) for row, target in zip(staged, targets, strict=True)))
+                  ((*row, target) for row, target in zip(staged, targets, strict=True)))
             cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
             inserted = {row[0] for row in cursor.fetchall()}
             charged = _accrue(cursor, priced_rows=priced_rows, targets=targets, inserted=inserted, opened=opened, owners=owners,
@@ -521,69 +543,82 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
 def _accrue(cursor, *, priced_rows, targets, inserted, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
     """Add the newly inserted samples to their sessions' accruals, charge the periods they close, and move the accounts.
 
-    Per session: the new samples are grouped by the period they accrue into (``targets``); every period but the
-    latest (the open accrual's included, when a later one arrived) gets its ``charge`` entry; the latest becomes the
-    open accrual. The accruals are written with one set-based upsert, the accounts with one ``UPDATE``, the charges
-    (when a period closes) with a COPY and one ``INSERT``. Nothing is written when no sample was new.
+    Per session: the new samples are grouped by the period they accrue into (``targets``, epoch seconds); every
+    period but the latest gets its ``charge`` entry, and so does the open accrual when a later period arrived (read
+    whole, one query, only then); the latest period's samples go into the accrual (``_UPSERT_ACCRUALS``: one
+    set-based statement for all sessions). The accounts move with one ``UPDATE``; charges, when a period closes, are
+    a COPY and one ``INSERT``. Nothing is written when no sample was new.
 
     Returns:
         ``{session pk: credits of the new samples}`` (what this batch added to the session's bill).
     """
     if not inserted:
         return {}
-    grouped: dict[int, dict[datetime, periods.Open]] = {}
+    grouped: dict[int, dict[int, list]] = {}
     added: dict[int, Decimal] = {}
     for priced, target in zip(priced_rows, targets, strict=True):
         sample = priced.sample
         if sample.sample_id not in inserted:
             continue
-        by_period = grouped.get(priced.session_pk)
+        session_pk = priced.session_pk
+        by_period = grouped.get(session_pk)
         if by_period is None:
-            by_period = grouped[priced.session_pk] = {}
+            by_period = grouped[session_pk] = {}
         group = by_period.get(target)
-        if group is None:
-            by_period[target] = periods.Open(target, priced.cost, priced.share * priced.seconds, 1, sample.start, sample.end)
+        if group is None:  # [credits, GPU-seconds, samples, first start, last end]
+            by_period[target] = [priced.cost, priced.share * priced.seconds, 1, sample.start, sample.end]
         else:
-            group.add(amount=priced.cost, gpu_seconds=priced.share * priced.seconds, samples=1, first_start=sample.start,
-                      last_end=sample.end)
-        added[priced.session_pk] = added.get(priced.session_pk, Decimal(0)) + priced.cost
+            group[0] += priced.cost
+            group[1] += priced.share * priced.seconds
+            group[2] += 1
+            if sample.start < group[3]:
+                group[3] = sample.start
+            if sample.end > group[4]:
+                group[4] = sample.end
+        added[session_pk] = added.get(session_pk, Decimal(0)) + priced.cost
+    closing = [pk for pk, by_period in grouped.items() if pk in opened and opened[pk][1] > 0 and max(by_period) > opened[pk][0]]
+    states: dict[int, periods.Open] = {}
+    if closing:
+        cursor.execute(_READ_CLOSING, [_array(sorted(closing))])
+        states = {row[0]: periods.Open(*row[1:]) for row in cursor.fetchall()}
     balances = {account.id: account for account in accounts.values()}
     account_of = {pk: accounts[owners[pk]].id for pk in grouped}
     entries: list[_Charge] = []
-    accruals: list[tuple[int, int, periods.Open]] = []
+    rows: list[tuple] = []
     for session_pk in sorted(grouped):
         by_period = grouped[session_pk]
-        state = opened.get(session_pk)
-        if state is not None and state.samples:
-            group = by_period.get(state.period_start)
-            if group is not None:  # targets are never before the open period: merge the open one's new samples into it
-                state.add(amount=group.amount, gpu_seconds=group.gpu_seconds, samples=group.samples, first_start=group.first_start,
-                          last_end=group.last_end)
-            by_period[state.period_start] = state
         ordered = sorted(by_period)
         account_id = account_of[session_pk]
-        for period in ordered[:-1]:
-            closing = by_period[period]
+        bills: list[tuple[datetime, periods.Open]] = [
+            (periods.EPOCH + timedelta(seconds=period), periods.Open(periods.EPOCH + timedelta(seconds=period), *by_period[period]))
+            for period in ordered[:-1]
+        ]
+        state = states.get(session_pk)
+        if state is not None:  # its open period is charged too, with the batch's samples of it (all periods are later)
+            if bills and bills[0][0] == state.period_start:
+                group = bills[0][1]
+                state.add(amount=group.amount, gpu_seconds=group.gpu_seconds, samples=group.samples, first_start=group.first_start,
+                          last_end=group.last_end)
+                bills[0] = (state.period_start, state)
+            else:
+                bills.insert(0, (state.period_start, state))
+        for period_start, bill in bills:
             account = balances[account_id]
-            balance = account.balance - closing.amount
-            balances[account_id] = account._replace(balance=balance, accrued=account.accrued - closing.amount)
-            period_end = period + length
+            balance = account.balance - bill.amount
+            balances[account_id] = account._replace(balance=balance, accrued=account.accrued - bill.amount)
+            period_end = period_start + length
             entries.append(_Charge(
-                account_id, -closing.amount, balance, periods.charge_key(public_ids[session_pk], period), session_pk,
-                closing.first_start, closing.last_end, closing.gpu_seconds.quantize(CREDITS),
-                periods.charge_reason(samples=closing.samples, cluster=clusters[session_pk], period_start=period, period_end=period_end),
-                period, period_end, closing.samples,
+                account_id, -bill.amount, balance, periods.charge_key(public_ids[session_pk], period_start), session_pk,
+                bill.first_start, bill.last_end, bill.gpu_seconds.quantize(CREDITS),
+                periods.charge_reason(samples=bill.samples, cluster=clusters[session_pk], period_start=period_start, period_end=period_end),
+                period_start, period_end, bill.samples,
             ))
-        accruals.append((session_pk, account_id, by_period[ordered[-1]]))
+        amount, gpu_seconds, count, first, last = by_period[ordered[-1]]
+        rows.append((session_pk, account_id, ordered[-1], amount, gpu_seconds.quantize(CREDITS), count, first, last))
     for session_pk, amount in added.items():
         account = balances[account_of[session_pk]]
         balances[account.id] = account._replace(accrued=account.accrued + amount)
-    cursor.execute(_UPSERT_ACCRUALS, [
-        now, _array(pk for pk, _, _ in accruals), _array(a for _, a, _ in accruals), _array(o.period_start for _, _, o in accruals),
-        _array(o.amount for _, _, o in accruals), _array(o.gpu_seconds.quantize(CREDITS) for _, _, o in accruals),
-        _array(o.samples for _, _, o in accruals), _array(o.first_start for _, _, o in accruals),
-        _array(o.last_end for _, _, o in accruals),
-    ])
+    cursor.execute(_UPSERT_ACCRUALS, [now, *(_array(column) for column in zip(*rows, strict=True))])
     if entries:
         _copy(cursor, "billing_charge_staging_p", _CHARGE_COLUMNS, (  # text for times and decimals, as for the samples
             (e.account_id, format(e.amount, "f"), format(e.balance_after, "f"), e.idempotency_key, e.session_id,
