@@ -444,9 +444,13 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             period = period_of_start[sample.start] = (sample.start - epoch) // length * length_seconds
         priced_rows.append(_Priced(sample, session_pk, share, cost, seconds, period))
         # Text for times and decimals: psycopg formats strings for COPY several times faster than datetimes/Decimals.
-        # The columns of _USAGE_COLUMNS but the last (billing_period: it depends on the accruals, read under the locks).
+        # The columns of _USAGE_COLUMNS; billing_period is the sample's own period unless the session's open one is
+        # later (known under the locks).
         staged.append((sample.sample_id, session_pk, sample.device_uuid, sample.start.isoformat(), sample.end.isoformat(),
-                       sample.gpu_util_percent, sample.memory_used_mib, model, str(share), str(cost)))
+                       sample.gpu_util_percent, sample.memory_used_mib, model, str(share), str(cost), period))
+    # Grouped now, outside the account locks, for the usual batch (every sample new, none of a period already charged);
+    # regrouped under the locks otherwise.
+    grouped, added = _group(priced_rows, None, None)
 
     batch_sessions = sorted({row.session_pk for row in priced_rows})
     owners = {row.pk: row.owner_id for row in sessions.values()}
@@ -465,13 +469,17 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             opened = {session_pk: (floor, count) for session_pk, floor, count in cursor.fetchall()}
             # A sample accrues into the later of its own period and its session's open one (a period already charged
             # is never charged again: its late samples go with the next).
-            targets = [max(p.period, opened[p.session_pk][0]) if p.session_pk in opened else p.period for p in priced_rows]
-            _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS,
-                  ((*row, target) for row, target in zip(staged, targets, strict=True)))
+            targets = None
+            if any(floor > min(grouped[pk]) for pk, (floor, _) in opened.items() if pk in grouped):
+                targets = [max(p.period, opened[p.session_pk][0]) if p.session_pk in opened else p.period for p in priced_rows]
+                staged = [(*row[:-1], target) for row, target in zip(staged, targets, strict=True)]
+            _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS, staged)
             cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
             inserted = {row[0] for row in cursor.fetchall()}
-            charged = _accrue(cursor, priced_rows=priced_rows, targets=targets, inserted=inserted, opened=opened, owners=owners,
-                              accounts=accounts, public_ids=public_ids, clusters=clusters, length=length, now=now)
+            if targets is not None or len(inserted) < len(rows):
+                grouped, added = _group(priced_rows, targets, inserted)
+            charged = _accrue(cursor, grouped=grouped, added=added, opened=opened, owners=owners, accounts=accounts,
+                              public_ids=public_ids, clusters=clusters, length=length, now=now)
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != USAGE_OVERLAP_CONSTRAINT:
             raise
@@ -540,32 +548,23 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
                 reach = window
 
 
-def _accrue(cursor, *, priced_rows, targets, inserted, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
-    """Add the newly inserted samples to their sessions' accruals, charge the periods they close, and move the accounts.
-
-    Per session: the new samples are grouped by the period they accrue into (``targets``, epoch seconds); every
-    period but the latest gets its ``charge`` entry, and so does the open accrual when a later period arrived (read
-    whole, one query, only then); the latest period's samples go into the accrual (``_UPSERT_ACCRUALS``: one
-    set-based statement for all sessions). The accounts move with one ``UPDATE``; charges, when a period closes, are
-    a COPY and one ``INSERT``. Nothing is written when no sample was new.
-
-    Returns:
-        ``{session pk: credits of the new samples}`` (what this batch added to the session's bill).
-    """
-    if not inserted:
-        return {}
+def _group(priced_rows: list[_Priced], targets: list[int] | None, inserted: set[str] | None) -> tuple[dict, dict]:
+    """The samples (those in ``inserted``; all when None) by session and the period they accrue into (``targets``;
+    their own when None): ``({session pk: {period (epoch seconds): [credits, GPU-seconds, samples, first start, last
+    end]}}, {session pk: credits})``."""
     grouped: dict[int, dict[int, list]] = {}
     added: dict[int, Decimal] = {}
-    for priced, target in zip(priced_rows, targets, strict=True):
+    for n, priced in enumerate(priced_rows):
         sample = priced.sample
-        if sample.sample_id not in inserted:
+        if inserted is not None and sample.sample_id not in inserted:
             continue
+        target = priced.period if targets is None else targets[n]
         session_pk = priced.session_pk
         by_period = grouped.get(session_pk)
         if by_period is None:
             by_period = grouped[session_pk] = {}
         group = by_period.get(target)
-        if group is None:  # [credits, GPU-seconds, samples, first start, last end]
+        if group is None:
             by_period[target] = [priced.cost, priced.share * priced.seconds, 1, sample.start, sample.end]
         else:
             group[0] += priced.cost
@@ -576,6 +575,23 @@ def _accrue(cursor, *, priced_rows, targets, inserted, opened, owners, accounts,
             if sample.end > group[4]:
                 group[4] = sample.end
         added[session_pk] = added.get(session_pk, Decimal(0)) + priced.cost
+    return grouped, added
+
+
+def _accrue(cursor, *, grouped, added, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
+    """Add the newly inserted samples (``grouped``, ``added``: ``_group``) to their sessions' accruals, charge the
+    periods they close, and move the accounts.
+
+    Per session: every period of its new samples but the latest gets its ``charge`` entry, and so does the open
+    accrual when a later period arrived (read whole, one query, only then); the latest period's samples go into the
+    accrual (``_UPSERT_ACCRUALS``: one set-based statement for all sessions). The accounts move with one ``UPDATE``;
+    charges, when a period closes, are a COPY and one ``INSERT``. Nothing is written when no sample was new.
+
+    Returns:
+        ``{session pk: credits of the new samples}`` (what this batch added to the session's bill).
+    """
+    if not grouped:
+        return {}
     closing = [pk for pk, by_period in grouped.items() if pk in opened and opened[pk][1] > 0 and max(by_period) > opened[pk][0]]
     states: dict[int, periods.Open] = {}
     if closing:
