@@ -138,21 +138,33 @@ _USAGE_COLUMNS = ("sample_id", "session_id", "device_uuid", "start", "finish", "
 _CHARGE_COLUMNS = ("account_id", "amount", "balance_after", "idempotency_key", "session_id", "window_start", "window_end",
                    "gpu_seconds", "reason", "period_start", "period_end", "sample_count")
 
-#: Moves the staged samples into the table; returns the ones really inserted (not already stored). The conflict target
+#: Moves the staged samples into the table, each into the later of its own billing period and its session's open one
+#: (the accruals are read in the same statement, under the owners' account locks); returns the samples really inserted
+#: (not already stored) with the period each accrues into, then the sessions' accruals as they were (``sample_id``
+#: NULL: ``period`` the open period, ``session_id`` and ``samples``). The conflict target
 #: is the unique ``(cluster_id, sample_id)`` only: a row that overlaps another window of its session and GPU raises the
 #: exclusion violation of ``usage_sample_no_overlap`` instead of being skipped like a replay. (Without a target,
 #: ``DO NOTHING`` would skip those rows too, but PostgreSQL then searches the GiST index once more for every row before
 #: inserting it: about twice the constraint's cost per batch.)
-_INSERT_SAMPLES = """
-    WITH staged AS (DELETE FROM billing_usage_staging_p RETURNING *)
-    INSERT INTO billing_usagesample
-        (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
-         cost, billing_period, received_at)
-    SELECT %s, sample_id, session_id, device_uuid, start, finish, gpu_util_percent, memory_used_mib, gpu_model, share, cost,
-           to_timestamp(billing_period), %s
-      FROM staged
-    ON CONFLICT (cluster_id, sample_id) DO NOTHING
-    RETURNING sample_id"""
+_INSERT_SAMPLES = f"""
+    WITH staged AS (DELETE FROM billing_usage_staging_p RETURNING *),
+    acc AS (
+        SELECT session_id, period_start, samples FROM {Accrual._meta.db_table}
+         WHERE session_id IN (SELECT DISTINCT session_id FROM staged)
+    ),
+    ins AS (
+        INSERT INTO billing_usagesample
+            (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
+             cost, billing_period, received_at)
+        SELECT %s, s.sample_id, s.session_id, s.device_uuid, s.start, s.finish, s.gpu_util_percent, s.memory_used_mib,
+               s.gpu_model, s.share, s.cost, GREATEST(to_timestamp(s.billing_period), acc.period_start), %s
+          FROM staged s LEFT JOIN acc ON acc.session_id = s.session_id
+        ON CONFLICT (cluster_id, sample_id) DO NOTHING
+        RETURNING sample_id, EXTRACT(EPOCH FROM billing_period)::bigint AS period
+    )
+    SELECT sample_id, period, NULL::bigint, NULL::integer FROM ins
+    UNION ALL
+    SELECT NULL, EXTRACT(EPOCH FROM period_start)::bigint, session_id, samples FROM acc"""
 
 #: Period charges (only when a batch closes a period). No ``ON CONFLICT``: under the owners' account locks a period is
 #: charged once; a second charge of one (session, period) would be a bug, and the unique constraint makes it fail loudly.
@@ -164,12 +176,6 @@ _INSERT_CHARGES = """
     SELECT account_id, 'charge', amount, balance_after, idempotency_key, session_id, window_start, window_end,
            gpu_seconds, reason, period_start, period_end, sample_count, 'usage', %s
       FROM staged"""
-
-#: The batch's sessions' open periods (epoch seconds) and how many samples each holds, read under the owners' account
-#: locks (every writer of accruals holds them). Integers, not times: parsing a thousand timestamps costs more than the read.
-_READ_ACCRUALS = f"""
-    SELECT session_id, EXTRACT(EPOCH FROM period_start)::bigint, samples FROM {Accrual._meta.db_table}
-     WHERE session_id = ANY(%s::bigint[])"""
 
 #: The whole accruals of the sessions whose open period a batch closes (only then).
 _READ_CLOSING = f"""
@@ -357,28 +363,28 @@ def _scope_and_sessions(*, cluster: Cluster, parsed: list[Sample], samples: list
 
 
 def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
-    """Store a batch of an operator's usage samples and charge them, exactly once per ``(cluster, sample_id)``.
+    """Store a batch of an operator's usage samples and accrue them, exactly once per ``(cluster, sample_id)``.
 
     Every sample is checked first (``billing.usage.parse_samples``), then against the database: its session must be
     a session of ``cluster`` and its device a GPU of ``cluster`` (403), a GPU the session holds, and its window may
     not begin before the session or after it ended (400, ``_scope_and_sessions``). Refusals store nothing. Then, in
     one transaction and a constant number of statements whatever the batch size:
 
-    1. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
+    1. the samples, each priced (share of its device, price of the device's model, window: ``billing.pricing``) with
+       the billing period of its start, are COPYed into a temporary staging table (before any lock);
+    2. the accounts of the batch's session owners are locked (primary-key order; created when missing), and under
        those locks a new sample overlapping another of the same session and GPU is refused (``_refuse_overlaps``);
-    2. one ledger entry id per session is drawn from the entries' sequence;
-    3. the samples, each priced (share of its device, price of the device's model, window: ``billing.pricing``) and
-       pointing at its session's entry id, are COPYed into a temporary staging table and moved with one ``INSERT
-       ... SELECT ... ON CONFLICT (cluster_id, sample_id) DO NOTHING RETURNING sample_id``: only the rows this batch
-       really inserted come back, so replayed, duplicated (also within the batch) and reordered samples are never
-       charged twice, even when two deliveries of one batch run at the same time (the unique index makes the second
-       wait for the first, then skip). A row the exclusion constraint ``usage_sample_no_overlap`` refuses (an overlap
-       the check did not see: only a writer that does not take the account locks can cause one) rolls the whole
-       batch back; the check then runs again and names the sample (400), or the batch is refused as a conflict (409);
-    4. one ``charge`` entry per session with new samples (window min(start)..max(end) of them, ``gpu_seconds`` =
-       Σ share × seconds, amount = -Σ cost, idempotency key ``usage:<cluster>:<sha256 of the sorted new sample
-       ids>``), COPYed and inserted the same way, and the accounts' new balances (the samples' foreign keys to their
-       entries are deferred: checked at commit).
+    3. the staged samples are moved with one ``INSERT ... SELECT ... ON CONFLICT (cluster_id, sample_id) DO NOTHING
+       RETURNING``, each into the later of its own period and its session's open one (the accruals are read in the
+       same statement): only the rows this batch really inserted come back, so replayed, duplicated (also within the
+       batch) and reordered samples are never accrued twice, even when two deliveries of one batch run at the same
+       time (the unique index makes the second wait for the first, then skip). A row the exclusion constraint
+       ``usage_sample_no_overlap`` refuses (an overlap the check did not see: only a writer that does not take the
+       account locks can cause one) rolls the whole batch back; the check then runs again and names the sample
+       (400), or the batch is refused as a conflict (409);
+    4. the new samples' costs are added to their sessions' accruals (one set-based upsert) and the owners' ``accrued``,
+       a period a sample of a later one closes is charged (``billing.periods``: one ``charge`` per session and
+       period), and the accounts' new balances are written (one ``UPDATE``).
 
     Args:
         cluster: the cluster named in the operator token.
@@ -386,7 +392,7 @@ def usage_ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
 
     Returns:
         ``{"accepted": new samples, "duplicates": samples already stored or repeated, "charged": {session id:
-        credits charged, as a string}}``.
+        credits the new samples cost (accrued, charged with their period), as a string}}``.
 
     Raises:
         BatchTooLarge: ``batch_too_large`` (400).
@@ -450,7 +456,7 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
                        sample.gpu_util_percent, sample.memory_used_mib, model, str(share), str(cost), period))
     # Grouped now, outside the account locks, for the usual batch (every sample new, none of a period already charged);
     # regrouped under the locks otherwise.
-    grouped, added = _group(priced_rows, None, None)
+    grouped, added = _group(priced_rows, None)
 
     batch_sessions = sorted({row.session_pk for row in priced_rows})
     owners = {row.pk: row.owner_id for row in sessions.values()}
@@ -459,25 +465,27 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     now = timezone.now()
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            # Staged before the locks (a temporary table of this connection): the locks are held for less.
+            _staging_tables(cursor)
+            _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS, staged)
             accounts = _lock_accounts(sorted({owners[pk] for pk in batch_sessions}))
             # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no
             # other batch of these sessions is between this check and the commit (the check before these locks let two
             # concurrent batches both pass and both store one window under two ids).
             _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
-            _staging_tables(cursor)
-            cursor.execute(_READ_ACCRUALS, [_array(batch_sessions)])
-            opened = {session_pk: (floor, count) for session_pk, floor, count in cursor.fetchall()}
             # A sample accrues into the later of its own period and its session's open one (a period already charged
-            # is never charged again: its late samples go with the next).
-            targets = None
-            if any(floor > min(grouped[pk]) for pk, (floor, _) in opened.items() if pk in grouped):
-                targets = [max(p.period, opened[p.session_pk][0]) if p.session_pk in opened else p.period for p in priced_rows]
-                staged = [(*row[:-1], target) for row, target in zip(staged, targets, strict=True)]
-            _copy(cursor, "billing_usage_staging_p", _USAGE_COLUMNS, staged)
+            # is never charged again: its late samples go with the next): the INSERT says which, under the locks.
             cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
-            inserted = {row[0] for row in cursor.fetchall()}
-            if targets is not None or len(inserted) < len(rows):
-                grouped, added = _group(priced_rows, targets, inserted)
+            inserted: dict[str, int] = {}
+            opened: dict[int, tuple[int, int]] = {}
+            for sample_id, period, session_pk, count in cursor.fetchall():
+                if sample_id is None:
+                    opened[session_pk] = (period, count)
+                else:
+                    inserted[sample_id] = period
+            late = any(floor > min(grouped[pk]) for pk, (floor, _) in opened.items() if pk in grouped)
+            if late or len(inserted) < len(rows):
+                grouped, added = _group(priced_rows, inserted)
             charged = _accrue(cursor, grouped=grouped, added=added, opened=opened, owners=owners, accounts=accounts,
                               public_ids=public_ids, clusters=clusters, length=length, now=now)
     except IntegrityError as exc:
@@ -548,17 +556,20 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
                 reach = window
 
 
-def _group(priced_rows: list[_Priced], targets: list[int] | None, inserted: set[str] | None) -> tuple[dict, dict]:
-    """The samples (those in ``inserted``; all when None) by session and the period they accrue into (``targets``;
-    their own when None): ``({session pk: {period (epoch seconds): [credits, GPU-seconds, samples, first start, last
-    end]}}, {session pk: credits})``."""
+def _group(priced_rows: list[_Priced], inserted: dict[str, int] | None) -> tuple[dict, dict]:
+    """The samples by session and the period they accrue into: those of ``inserted`` (``{sample_id: period, epoch
+    seconds}``) into its period, or (None) all of them into their own: ``({session pk: {period: [credits,
+    GPU-seconds, samples, first start, last end]}}, {session pk: credits})``."""
     grouped: dict[int, dict[int, list]] = {}
     added: dict[int, Decimal] = {}
-    for n, priced in enumerate(priced_rows):
+    for priced in priced_rows:
         sample = priced.sample
-        if inserted is not None and sample.sample_id not in inserted:
-            continue
-        target = priced.period if targets is None else targets[n]
+        if inserted is None:
+            target = priced.period
+        else:
+            target = inserted.get(sample.sample_id)
+            if target is None:
+                continue
         session_pk = priced.session_pk
         by_period = grouped.get(session_pk)
         if by_period is None:
