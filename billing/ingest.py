@@ -188,9 +188,10 @@ _READ_CLOSING = f"""
 _UPSERT_ACCRUALS = f"""
     INSERT INTO {Accrual._meta.db_table} AS r
         (session_id, account_id, period_start, amount, gpu_seconds, samples, first_start, last_end, updated_at)
-    SELECT v.session_id, v.account_id, to_timestamp(v.period), v.amount, v.gpu_seconds, v.samples, v.first_start, v.last_end, %s
+    SELECT v.session_id, a.id, to_timestamp(v.period), v.amount, v.gpu_seconds, v.samples, v.first_start, v.last_end, %s
       FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::numeric[], %s::numeric[], %s::integer[], %s::timestamptz[],
-                  %s::timestamptz[]) AS v(session_id, account_id, period, amount, gpu_seconds, samples, first_start, last_end)
+                  %s::timestamptz[]) AS v(session_id, owner_id, period, amount, gpu_seconds, samples, first_start, last_end)
+      JOIN billing_creditaccount a ON a.user_id = v.owner_id
     ON CONFLICT (session_id) DO UPDATE SET
         amount = EXCLUDED.amount + CASE WHEN r.period_start = EXCLUDED.period_start THEN r.amount ELSE 0 END,
         gpu_seconds = EXCLUDED.gpu_seconds + CASE WHEN r.period_start = EXCLUDED.period_start THEN r.gpu_seconds ELSE 0 END,
@@ -249,6 +250,10 @@ def _text_array(values) -> str:
 
 def _array(values) -> str:
     """A PostgreSQL array literal of ints, ``Decimal``s and datetimes (None as NULL), cast by the query."""
+    values = list(values)
+    kinds = {type(v) for v in values}
+    if kinds <= {int}:  # the usual columns of ids: one join, no per-value tests
+        return "{" + ",".join(map(str, values)) + "}"
     return "{" + ",".join("NULL" if v is None else f'"{v.isoformat()}"' if isinstance(v, datetime) else format(v, "f") if isinstance(v, Decimal)
                           else str(v) for v in values) + "}"
 
@@ -457,6 +462,8 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     # Grouped now, outside the account locks, for the usual batch (every sample new, none of a period already charged);
     # regrouped under the locks otherwise.
     grouped, added = _group(priced_rows, None)
+    upsert = _accrual_rows(grouped, owners={row.pk: row.owner_id for row in sessions.values()})
+    in_batch = _overlap_in_batch(rows, sessions)
 
     batch_sessions = sorted({row.session_pk for row in priced_rows})
     owners = {row.pk: row.owner_id for row in sessions.values()}
@@ -472,7 +479,7 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             # Under the owners' account locks: every batch with samples of a session locks its owner's account, so no
             # other batch of these sessions is between this check and the commit (the check before these locks let two
             # concurrent batches both pass and both store one window under two ids).
-            _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples)
+            _refuse_overlaps(cluster=cluster, rows=rows, sessions=sessions, samples=samples, in_batch=in_batch)
             # A sample accrues into the later of its own period and its session's open one (a period already charged
             # is never charged again: its late samples go with the next): the INSERT says which, under the locks.
             cursor.execute(_INSERT_SAMPLES, [cluster.pk, now])
@@ -486,7 +493,8 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
             late = any(floor > min(grouped[pk]) for pk, (floor, _) in opened.items() if pk in grouped)
             if late or len(inserted) < len(rows):
                 grouped, added = _group(priced_rows, inserted)
-            charged = _accrue(cursor, grouped=grouped, added=added, opened=opened, owners=owners, accounts=accounts,
+                upsert = _accrual_rows(grouped, owners=owners)
+            charged = _accrue(cursor, grouped=grouped, added=added, upsert=upsert, opened=opened, owners=owners, accounts=accounts,
                               public_ids=public_ids, clusters=clusters, length=length, now=now)
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != USAGE_OVERLAP_CONSTRAINT:
@@ -506,7 +514,26 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     }
 
 
-def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list) -> None:
+def _overlap_in_batch(rows: list[Sample], sessions: dict) -> bool:
+    """Whether two samples of the batch (distinct ids) overlap on one session and GPU: then ``_refuse_overlaps``
+    judges them too (checked outside the locks; the usual batch has none, and its check under the locks only compares
+    the stored windows it finds)."""
+    spans: dict[tuple[int, str], list[tuple[datetime, datetime]]] = {}
+    for sample in rows:
+        spans.setdefault((sessions[sample.session_id].pk, sample.device_uuid), []).append((sample.start, sample.end))
+    for windows in spans.values():
+        if len(windows) < 2:
+            continue
+        windows.sort()
+        reach = windows[0][1]
+        for start, end in windows[1:]:
+            if start < reach:
+                return True
+            reach = max(reach, end)
+    return False
+
+
+def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, samples: list, in_batch: bool = True) -> None:
     """Refuse (400, with the index) a new sample whose window overlaps another sample of the same session and GPU.
 
     Idempotency is by ``sample_id``; this closes the other way to charge a GPU-second twice: two samples with
@@ -515,7 +542,8 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
     One query: the stored samples of the batch's sessions within the batch's time span (per session, through the
     GiST index of ``usage_sample_no_overlap``, whatever the session's history), under the same condition as that
     constraint. Run it under the sessions' owners' account locks, so no concurrent batch of these sessions can store
-    a window after it looked; the constraint holds regardless.
+    a window after it looked; the constraint holds regardless. ``in_batch`` False (``_overlap_in_batch`` found none)
+    skips the comparison when no stored window is near.
 
     Raises:
         InvalidUsageSample: ``invalid_usage_sample`` (400, ``index``, ``reason`` ``usage_window_overlap``).
@@ -532,6 +560,8 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
             [_array(session_pks), first, last],
         )
         stored = cursor.fetchall()
+    if not stored and not in_batch:
+        return
     stored_ids = {sample_id for cluster_id, sample_id, *_ in stored if cluster_id == cluster.pk}
     windows: dict[tuple[int, str], list[_Window]] = {}
     for _, sample_id, session_pk, device_uuid, start, end in stored:
@@ -589,7 +619,19 @@ def _group(priced_rows: list[_Priced], inserted: dict[str, int] | None) -> tuple
     return grouped, added
 
 
-def _accrue(cursor, *, grouped, added, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
+def _accrual_rows(grouped: dict, *, owners: dict[int, int]) -> list[str]:
+    """The array parameters of ``_UPSERT_ACCRUALS`` (after ``now``) for ``grouped`` (``_group``): per session, its
+    owner and what its samples of its latest period add up to."""
+    rows = []
+    for session_pk in sorted(grouped):
+        by_period = grouped[session_pk]
+        period = max(by_period)
+        amount, gpu_seconds, count, first, last = by_period[period]
+        rows.append((session_pk, owners[session_pk], period, amount, gpu_seconds.quantize(CREDITS), count, first, last))
+    return [_array(column) for column in zip(*rows, strict=True)]
+
+
+def _accrue(cursor, *, grouped, added, upsert, opened, owners, accounts, public_ids, clusters, length, now) -> dict:
     """Add the newly inserted samples (``grouped``, ``added``: ``_group``) to their sessions' accruals, charge the
     periods they close, and move the accounts.
 
@@ -611,7 +653,6 @@ def _accrue(cursor, *, grouped, added, opened, owners, accounts, public_ids, clu
     balances = {account.id: account for account in accounts.values()}
     account_of = {pk: accounts[owners[pk]].id for pk in grouped}
     entries: list[_Charge] = []
-    rows: list[tuple] = []
     for session_pk in sorted(grouped):
         by_period = grouped[session_pk]
         ordered = sorted(by_period)
@@ -640,12 +681,10 @@ def _accrue(cursor, *, grouped, added, opened, owners, accounts, public_ids, clu
                 periods.charge_reason(samples=bill.samples, cluster=clusters[session_pk], period_start=period_start, period_end=period_end),
                 period_start, period_end, bill.samples,
             ))
-        amount, gpu_seconds, count, first, last = by_period[ordered[-1]]
-        rows.append((session_pk, account_id, ordered[-1], amount, gpu_seconds.quantize(CREDITS), count, first, last))
     for session_pk, amount in added.items():
         account = balances[account_of[session_pk]]
         balances[account.id] = account._replace(accrued=account.accrued + amount)
-    cursor.execute(_UPSERT_ACCRUALS, [now, *(_array(column) for column in zip(*rows, strict=True))])
+    cursor.execute(_UPSERT_ACCRUALS, [now, *upsert])
     if entries:
         _copy(cursor, "billing_charge_staging_p", _CHARGE_COLUMNS, (  # text for times and decimals, as for the samples
             (e.account_id, format(e.amount, "f"), format(e.balance_after, "f"), e.idempotency_key, e.session_id,
