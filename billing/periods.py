@@ -47,12 +47,6 @@ def period_length() -> timedelta:
     return timedelta(seconds=settings.GSHARE_BILLING_PERIOD_SECONDS)
 
 
-def period_of(when: datetime, length: timedelta) -> datetime:
-    """The start (UTC) of the period of ``length`` that holds the aware datetime ``when`` (epoch-aligned; exact, in
-    microseconds)."""
-    return EPOCH + ((when - EPOCH) // length) * length
-
-
 def charge_key(session_public_id: str, period_start: datetime) -> str:
     """``period:<session id>:<period start, ISO 8601 UTC>``: the idempotency key of a session's charge for a period."""
     return f"period:{session_public_id}:{period_start.astimezone(UTC).isoformat()}"
