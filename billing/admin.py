@@ -54,7 +54,8 @@ class CreditAccountForm(forms.ModelForm):
 
 @admin.register(CreditAccount)
 class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
-    """Accounts: balance (read-only: it moves only through the ledger), when it went below zero; grant credits.
+    """Accounts: balance (read-only: it moves only through the ledger), the usage accrued in open billing periods, when
+    balance − accrued went below zero; grant credits.
 
     A researcher's **My credits** (the list's address): their balance, holds, available credits, burn per hour, their
     policy's limits and their ledger entries, read-only (:meth:`my_credits_view`)."""
@@ -66,12 +67,12 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
     my_ledger_page_size = 50
 
     form = CreditAccountForm
-    list_display = ["user", "balance", "below_zero_since", "created_at"]
+    list_display = ["user", "balance", "accrued", "below_zero_since", "created_at"]
     list_select_related = ["user"]
     list_filter = [("below_zero_since", admin.EmptyFieldListFilter)]
     search_fields = ["user__username", "user__email"]
     ordering = ["user__username", "id"]
-    readonly_fields = ["balance", "below_zero_since", "created_at"]
+    readonly_fields = ["balance", "accrued", "below_zero_since", "created_at"]
     actions = ["grant_credits"]
 
     def changelist_view(self, request, extra_context=None):
@@ -111,7 +112,8 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
         return TemplateResponse(request, "admin/billing/creditaccount/my_credits.html", context)
 
     def get_fields(self, request, obj=None):  # noqa: D102
-        return ["user"] if obj is None else self.researcher_fields(request, obj, ["user", "balance", "below_zero_since", "created_at"])
+        return ["user"] if obj is None else self.researcher_fields(request, obj, ["user", "balance", "accrued", "below_zero_since",
+                                                                                  "created_at"])
 
     def get_readonly_fields(self, request, obj=None):  # noqa: D102
         return self.readonly_fields if obj is None else self.researcher_fields(request, obj, ["user", *self.readonly_fields])
@@ -169,13 +171,13 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
-    """The ledger: read-only (append-only; entries are written by grants and usage ingestion only, and never changed
-    or deleted). Narrowed to a cluster: the entries of its sessions (grants and other entries without a session are
-    hidden then)."""
+    """The ledger: read-only (append-only; entries are written by grants, usage ingestion and the billing period close
+    only, and never changed or deleted); a charge names its billing period and how many samples it covers. Narrowed to
+    a cluster: the entries of its sessions (grants and other entries without a session are hidden then)."""
 
     cluster_lookup = "session__cluster"
-    list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "window_start", "window_end",
-                    "gpu_seconds", "idle", "reason", "created_by"]
+    list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "period_start", "sample_count",
+                    "window_start", "window_end", "gpu_seconds", "idle", "reason", "created_by"]
     list_select_related = ["account__user", "session"]
     list_filter = ["kind", "created_at"]
     search_fields = ["idempotency_key", "account__user__username", "session__public_id", "reason", "created_by"]
@@ -194,8 +196,8 @@ class UsageSampleAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     """Usage samples as the operators reported them (``POST /internal/v1/usage`` only), with their price share and
     cost; read-only: they are the evidence of what was charged."""
 
-    list_display = ["sample_id", "cluster", "session", "device_uuid", "gpu_model", "start", "end", "share", "cost", "entry_id",
-                    "received_at"]
+    list_display = ["sample_id", "cluster", "session", "device_uuid", "gpu_model", "start", "end", "share", "cost", "billing_period",
+                    "entry_id", "received_at"]
     list_select_related = ["cluster", "session"]
     list_filter = ["cluster"]
     search_fields = ["sample_id", "session__public_id", "device_uuid"]

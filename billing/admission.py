@@ -26,7 +26,8 @@ Money:
         (what usage will charge, ``billing.pricing``); a live session without reservations counts
         ``gpus × share × the default price``.
     holds (``session_holds``): the hourly costs of the user's live (not Terminated or Failed) sessions ×
-        the policy's ``min_balance_hours``. Available = balance − holds.
+        the policy's ``min_balance_hours``. Available = balance − accrued − holds, where accrued is the usage of
+        open billing periods not charged yet (``CreditAccount.accrued``, ``billing.periods``): exact to the sample.
     required: the request's hourly cost × ``min_balance_hours``; admitted when available ≥ required (with
         ``min_balance_hours`` 0: any non-negative balance).
 """
@@ -136,10 +137,10 @@ def account_lock(*, user) -> CreditAccount:
     if account is not None:
         return account
     table = CreditAccount._meta.db_table
-    columns = ["id", "user_id", "balance", "below_zero_since", "created_at"]
+    columns = ["id", "user_id", "balance", "accrued", "below_zero_since", "created_at"]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (user_id, balance, below_zero_since, created_at) VALUES (%s, 0, NULL, %s) "
+            f"INSERT INTO {table} (user_id, balance, accrued, below_zero_since, created_at) VALUES (%s, 0, 0, NULL, %s) "
             f"ON CONFLICT (user_id) DO NOTHING RETURNING {', '.join(columns)}",
             [user.pk, timezone.now()],
         )
@@ -353,8 +354,9 @@ def admission_check(
     Raises:
         QuotaExceeded: 403 ``quota_exceeded``: the live sessions + 1 would pass ``max_sessions``, or their GPUs +
             ``gpus`` would pass ``max_gpus``; the body adds ``limit``, ``allowed``, ``current``, ``requested``.
-        InsufficientCredits: 402 ``insufficient_credits``: balance − holds < hourly cost × ``min_balance_hours``;
-            the body adds ``balance``, ``holds``, ``available``, ``required``, ``hourly_cost`` (decimal strings).
+        InsufficientCredits: 402 ``insufficient_credits``: balance − accrued − holds < hourly cost ×
+            ``min_balance_hours``; the body adds ``balance``, ``accrued``, ``holds``, ``available``, ``required``,
+            ``hourly_cost`` (decimal strings).
     """
     policy = policy or policy_for(user)
     hours = policy.min_balance_hours
@@ -372,7 +374,7 @@ def admission_check(
             "(max_gpus): ask for fewer GPUs, stop a session (`DELETE /api/v1/sessions/{id}`), or ask an operator to raise the limit.",
             extra={"limit": "max_gpus", "allowed": policy.max_gpus, "current": used, "requested": gpus},
         )
-    balance = locked_account.balance
+    balance, accrued = locked_account.balance, locked_account.accrued
     zero = Decimal(0).quantize(CREDITS)
     if hours > 0:
         prices, models = _prices_and_models(clusters)
@@ -380,17 +382,19 @@ def admission_check(
         holds, required = _holds(live, policy=policy, prices=prices), _reserve(hourly * hours)
     else:
         hourly, holds, required = zero, zero, zero
-    available = balance - holds
+    available = balance - accrued - holds
     if available >= required:
         return
-    figures = {"balance": credits_text(balance), "holds": credits_text(holds), "available": credits_text(available),
-               "required": credits_text(required), "hourly_cost": credits_text(hourly)}
+    figures = {"balance": credits_text(balance), "accrued": credits_text(accrued), "holds": credits_text(holds),
+               "available": credits_text(available), "required": credits_text(required), "hourly_cost": credits_text(hourly)}
+    unbilled = f", usage not billed yet comes to {figures['accrued']}" if accrued else ""
     if hours > 0:
         need = (f"Starting this session needs {figures['required']} credits available ({credits_text(hours)} h at up to "
-                f"{figures['hourly_cost']} credits/hour for {gpus} GPU(s)); your balance is {figures['balance']} and your live "
-                f"sessions hold {figures['holds']}, so {figures['available']} is available.")
+                f"{figures['hourly_cost']} credits/hour for {gpus} GPU(s)); your balance is {figures['balance']}{unbilled} and "
+                f"your live sessions hold {figures['holds']}, so {figures['available']} is available.")
     else:
-        need = f"Your balance is {figures['balance']} credits; sessions start only with a balance that is not negative."
+        need = (f"Your balance is {figures['balance']} credits{unbilled}; sessions start only with a balance that is not "
+                "negative.")
     raise InsufficientCredits(
         f"{need} Ask an operator for a grant of credits, or stop a session (`DELETE /api/v1/sessions/{{id}}`) to free its hold.",
         extra=figures,

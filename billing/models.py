@@ -2,7 +2,9 @@
 
 Money is ``Decimal`` with 6 decimal places (``CREDITS``), never float. The balance of an account always equals
 the sum of its ledger entries' amounts; ``LedgerEntry.balance_after`` records it after each entry (entries of
-one account are written under the account's row lock, so the running balance is exact).
+one account are written under the account's row lock, so the running balance is exact). Usage is charged once per
+session and billing period (``billing.periods``); what its samples cost since the last charge is accrued
+(``Accrual``, ``CreditAccount.accrued``) and held against the balance until then.
 """
 
 from __future__ import annotations
@@ -27,16 +29,26 @@ def credit_field(**kwargs) -> models.DecimalField:
 
 
 class CreditAccount(models.Model):
-    """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries.
+    """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries; ``accrued`` (credits, >= 0) =
+    the sum of its sessions' ``Accrual.amount``: usage stored but not charged yet (its billing period is open).
 
-    ``below_zero_since`` is when the balance last went below zero (null while it is not): the grace of the
+    ``below_zero_since`` is when ``balance - accrued`` last went below zero (null while it is not): the grace of the
     user's policy counts from it before their sessions are stopped.
     """
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="credit_account")
     balance = credit_field(default=Decimal(0))
+    accrued = credit_field(default=Decimal(0), db_default=Decimal(0), help_text="Usage of open billing periods, not charged yet (held against the balance)")
     below_zero_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(accrued__gte=0), name="account_accrued_not_negative")]
+
+    @property
+    def unbilled_balance(self) -> Decimal:
+        """``balance - accrued``: what the account holds counting the usage not charged yet (credits)."""
+        return self.balance - self.accrued
 
     def __str__(self) -> str:
         return f"{self.user} ({self.balance} credits)"
@@ -47,7 +59,11 @@ class LedgerEntry(models.Model):
 
     ``amount`` is signed (grants and refunds positive, charges negative). ``idempotency_key`` is unique: a
     retried grant or a replayed usage batch finds its entry instead of writing a second one. Charges name the
-    ``session`` and the usage window (``window_start``..``window_end``, UTC) they price. An ``end`` entry (amount 0)
+    ``session`` and the usage window (``window_start``..``window_end``, UTC: the first sample's start and the last one's
+    end) they price. Charges written since billing periods (``billing.periods``) also name their period
+    (``period_start``..``period_end``) and how many samples they cover (``sample_count``: the session's samples whose
+    ``billing_period`` is ``period_start``); at most one per session and period (``ledger_one_charge_per_session_period``).
+    Older charges priced one usage batch each (their samples point at them through ``UsageSample.entry``). An ``end`` entry (amount 0)
     closes a session the idle policy stopped: its window is the idle time and ``idle_credits`` what the session's
     usage samples in that window cost (already charged by its charges; the entry moves no credits).
     """
@@ -72,6 +88,9 @@ class LedgerEntry(models.Model):
     gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True,
                                       help_text="Charges: GPU-seconds priced (share × seconds, summed over samples)")
     idle_credits = credit_field(null=True, blank=True, help_text="End entries: credits the session burned while idle (in its window)")
+    period_start = models.DateTimeField(null=True, blank=True, help_text="Charges: the billing period they close (start, UTC)")
+    period_end = models.DateTimeField(null=True, blank=True, help_text="Charges: the billing period they close (end, UTC)")
+    sample_count = models.PositiveIntegerField(null=True, blank=True, help_text="Charges of a period: the usage samples they cover")
     reason = models.CharField(max_length=500, blank=True, default="")
     created_by = models.CharField(max_length=150, blank=True, default="", help_text="Who wrote it: api:<user>, console:<user>, usage")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -86,6 +105,10 @@ class LedgerEntry(models.Model):
             models.CheckConstraint(condition=~Q(kind="charge") | Q(amount__lte=0), name="ledger_charge_not_positive"),
             models.CheckConstraint(condition=~Q(kind__in=["grant", "refund"]) | Q(amount__gte=0), name="ledger_grant_refund_not_negative"),
             models.CheckConstraint(condition=~Q(kind="end") | Q(amount=0), name="ledger_end_moves_nothing"),
+            models.CheckConstraint(condition=Q(period_start__isnull=True) | Q(period_end__gt=models.F("period_start")),
+                                   name="ledger_period_end_after_start"),
+            models.UniqueConstraint(fields=["session", "period_start"], condition=Q(kind="charge", period_start__isnull=False),
+                                    name="ledger_one_charge_per_session_period"),
         ]
 
     def __str__(self) -> str:
@@ -164,7 +187,9 @@ class UsageSample(models.Model):
 
     ``start``/``end`` (UTC) bound the window; ``share`` is the fraction of the GPU the session holds
     (``max(gpu_memory_mib / device memory, gpu_cores / 100)``, 1 for a whole GPU) and ``cost`` (credits) what the
-    window was charged, on the ledger entry ``entry``.
+    window costs. ``billing_period`` is the start of the billing period whose charge covers it (the period of its
+    start, or the session's open period when that one has been charged already: ``billing.periods``); samples stored
+    before periods existed have none and point at their per-batch charge, ``entry``, instead.
 
     No two samples of one session and GPU cover the same instant (``usage_sample_no_overlap``: an exclusion
     constraint on ``(session, device_uuid, tstzrange(start, end, '[)'))``, GiST with ``btree_gist``), so a GPU-second
@@ -185,6 +210,7 @@ class UsageSample(models.Model):
     share = models.DecimalField(max_digits=9, decimal_places=6)
     cost = credit_field()
     entry = models.ForeignKey(LedgerEntry, on_delete=models.PROTECT, null=True, blank=True, related_name="samples")
+    billing_period = models.DateTimeField(null=True, blank=True, help_text="Start of the billing period whose charge covers it")
     received_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -199,3 +225,40 @@ class UsageSample(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["session", "start"], name="usage_session_start")]
+
+
+class Accrual(models.Model):
+    """What one session's usage samples cost since its last charge: its open billing period (``billing.periods``).
+
+    One row per session that ever reported usage, written only under its owner's account lock (usage ingestion and
+    the period close). ``period_start`` is the open period: a new sample accrues into ``max(the period of its start,
+    period_start)``; a sample of a later period first closes this one. ``amount`` (credits), ``gpu_seconds``,
+    ``samples`` and the first start / last end of their windows are what the period's charge will say; all zero
+    (and the windows null) when nothing is open. The account's ``accrued`` is the sum of its rows' ``amount``.
+    """
+
+    session = models.OneToOneField("gpu_sessions.Session", on_delete=models.PROTECT, primary_key=True, related_name="accrual")
+    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="accruals", db_index=False)
+    period_start = models.DateTimeField()
+    amount = credit_field(default=Decimal(0))
+    gpu_seconds = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    samples = models.PositiveIntegerField(default=0)
+    first_start = models.DateTimeField(null=True, blank=True)
+    last_end = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "accrued usage"
+        verbose_name_plural = "accrued usage"
+        ordering = ["session_id"]
+        # One index besides the key, on a column an accrual never changes: ingestion's upsert then updates rows in place
+        # (PostgreSQL's HOT updates, helped by the table's fillfactor, migration 0007) without touching any index. The
+        # periodic close reads the open rows without one (one row per live session, once a minute).
+        indexes = [models.Index(fields=["account"], name="accrual_account")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0) & Q(gpu_seconds__gte=0), name="accrual_not_negative"),
+            models.CheckConstraint(condition=Q(samples__gt=0) | (Q(amount=0) & Q(first_start__isnull=True)), name="accrual_empty_when_closed"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.amount} credits accrued by session {self.session_id} since {self.period_start}"

@@ -13,7 +13,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from billing.admission import EffectivePolicy, credits_text, policies_for
@@ -29,18 +29,21 @@ _STOPPABLE_EXCLUDED = (*Session.TERMINAL_PHASES, Session.Phase.STOPPING)
 
 
 def _past_grace(account: CreditAccount, policy: EffectivePolicy, now: datetime) -> bool:
-    return (account.balance < 0 and account.below_zero_since is not None
+    return (account.balance - account.accrued < 0 and account.below_zero_since is not None
             and account.below_zero_since + timedelta(seconds=policy.grace_seconds) <= now)
 
 
 def stop_reason(*, account: CreditAccount, policy: EffectivePolicy) -> str:
     """The message written on a session stopped because its owner's credits ran out."""
-    return (f"Stopped: credits ran out (balance {credits_text(account.balance)} since {format_utc(account.below_zero_since)}, "
-            f"grace {policy.grace_seconds} s). Ask an operator for a grant of credits, then start a new session.")
+    unbilled = f"; it counts {credits_text(account.accrued)} credits of usage not billed yet" if account.accrued else ""
+    return (f"Stopped: credits ran out (balance {credits_text(account.balance - account.accrued)} since "
+            f"{format_utc(account.below_zero_since)}, grace {policy.grace_seconds} s{unbilled}). Ask an operator for a grant of "
+            "credits, then start a new session.")
 
 
 def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
-    """Stop the live sessions of every account below zero for longer than its owner's policy grace.
+    """Stop the live sessions of every account below zero for longer than its owner's policy grace: ``balance −
+    accrued`` (the usage of open billing periods counts, to the sample) below zero since ``below_zero_since``.
 
     Each session is stopped through ``sessions.services.session_stop`` (Stopping now, its GShareSession
     deleted by the task, then Terminated) with ``stop_reason`` as its message. Idempotent: sessions already
@@ -58,8 +61,8 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     stoppable = Session.objects.filter(owner_id=OuterRef("user_id")).exclude(phase__in=_STOPPABLE_EXCLUDED)
     overdrawn = list(
-        CreditAccount.objects.filter(balance__lt=0, below_zero_since__isnull=False).filter(Exists(stoppable))
-        .only("pk", "user_id", "balance", "below_zero_since")
+        CreditAccount.objects.filter(balance__lt=F("accrued"), below_zero_since__isnull=False).filter(Exists(stoppable))
+        .only("pk", "user_id", "balance", "accrued", "below_zero_since")
     )
     if not overdrawn:
         return 0
@@ -80,6 +83,6 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
             reason = stop_reason(account=account, policy=policies[session.owner_id])
             if session_services.session_stop(session=session, reason=reason, stop_reason=Session.StopReason.CREDITS).phase == Session.Phase.STOPPING:
                 stopped += 1
-                logger.info("session %s of %s stopped: balance %s below zero since %s", session.public_id, account.user_id,
-                            account.balance, format_utc(account.below_zero_since))
+                logger.info("session %s of %s stopped: balance %s (accrued %s) below zero since %s", session.public_id,
+                            account.user_id, account.balance, account.accrued, format_utc(account.below_zero_since))
     return stopped

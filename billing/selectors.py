@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.db.models import Prefetch, QuerySet
 
 from billing import admission, pricing
-from billing.models import CREDITS, CreditAccount, LedgerEntry
+from billing.models import CREDITS, Accrual, CreditAccount, LedgerEntry
 from sessions.models import Allocation, Session
 
 _ZERO = Decimal(0).quantize(CREDITS)
@@ -21,7 +21,7 @@ _ZERO = Decimal(0).quantize(CREDITS)
 
 def account_of(user) -> CreditAccount:
     """``user``'s credit account, or an unsaved one with a zero balance when they have none yet (reads create nothing)."""
-    return CreditAccount.objects.filter(user_id=user.pk).first() or CreditAccount(user=user, balance=_ZERO)
+    return CreditAccount.objects.filter(user_id=user.pk).first() or CreditAccount(user=user, balance=_ZERO, accrued=_ZERO)
 
 
 def _with_devices(sessions: QuerySet[Session]) -> QuerySet[Session]:
@@ -66,16 +66,18 @@ def account_holds(user) -> Decimal:
 
 
 def account_summary(user) -> dict:
-    """``{"user", "balance", "holds", "available", "burn_rate_per_hour", "below_zero_since"}`` for ``user``
-    (``available`` = balance − holds; credits as ``Decimal``). A constant number of queries."""
+    """``{"user", "balance", "accrued", "holds", "available", "burn_rate_per_hour", "below_zero_since"}`` for ``user``
+    (``accrued``: usage of open billing periods, not charged yet; ``available`` = balance − accrued − holds, what
+    admission judges; credits as ``Decimal``). A constant number of queries."""
     account = account_of(user)
     prices = pricing.prices_by_model()
     holds = admission.session_holds(user, prices=prices)
     return {
         "user": user.get_username(),
         "balance": account.balance,
+        "accrued": account.accrued,
         "holds": holds,
-        "available": account.balance - holds,
+        "available": account.balance - account.accrued - holds,
         "burn_rate_per_hour": burn_rate(user, prices),
         "below_zero_since": account.below_zero_since,
     }
@@ -113,4 +115,22 @@ def ledger_list(
         qs = qs.filter(created_at__gte=since)
     if until is not None:
         qs = qs.filter(created_at__lt=until)
+    return qs
+
+
+def accrual_list(*, user, session: str | None = None, username: str | None = None) -> QuerySet[Accrual]:
+    """The open accruals (usage of a billing period not charged yet) of ``user``'s sessions (staff: of ``username``
+    when given), by session, with the session joined.
+
+    Args:
+        session: only this session's (``ses_...``).
+        username: staff only: this user's instead of the caller's (ignored for others).
+    """
+    qs = Accrual.objects.filter(samples__gt=0).select_related("session").order_by("session_id")
+    if user.is_staff and username:
+        qs = qs.filter(account__user__username=username)
+    else:
+        qs = qs.filter(account__user_id=user.pk)
+    if session:
+        qs = qs.filter(session__public_id=session)
     return qs

@@ -86,7 +86,9 @@ def account_for(user) -> CreditAccount:
 
 
 def _below_zero_since(account: CreditAccount, balance: Decimal, now: datetime) -> datetime | None:
-    if balance < 0:
+    """``below_zero_since`` once the balance is ``balance``: judged on ``balance - accrued`` (the usage not charged yet
+    counts, so the stop at zero is exact to the sample)."""
+    if balance - account.accrued < 0:
         return account.below_zero_since or now
     return None
 
@@ -131,7 +133,7 @@ def ledger_append(
 
     Under the account's row lock: when an entry with ``idempotency_key`` exists, it is returned (``created``
     False) if it is the same movement (account, kind, amount), and refused otherwise; else the entry is written
-    with ``balance_after``, and the account's ``balance`` and ``below_zero_since`` (set when the balance goes
+    with ``balance_after``, and the account's ``balance`` and ``below_zero_since`` (set when ``balance - accrued`` goes
     below zero, kept while it stays there, cleared once it is back at 0 or more) change with it.
 
     Args:

@@ -4,7 +4,7 @@ import logging
 
 from celery import shared_task
 
-from billing import overdrawn
+from billing import overdrawn, periods
 
 logger = logging.getLogger(__name__)
 
@@ -16,3 +16,12 @@ def stop_overdrawn_sessions() -> int:
     if stopped:
         logger.info("credits: stopped %d session(s) of accounts below zero past their grace", stopped)
     return stopped
+
+
+@shared_task(name="billing.close_billing_periods", ignore_result=True)
+def close_billing_periods() -> int:
+    """Charge the billing periods that ended (or whose session ended) without a later sample (beat: every 60 s; idempotent)."""
+    written = periods.periods_close()
+    if written:
+        logger.info("billing: %d period charge(s) written by the periodic close", written)
+    return written

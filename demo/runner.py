@@ -635,22 +635,24 @@ def _smoke_sessions(url: str, api_token: str, clusters: list[dict], group: Proce
     _say(f"smoke: volume {volume['name']} ({volume['id']}) bound on {clusters[0]['name']} as PVC {volume['claim_name']}, "
          f"mounted by {results[0]['id']} at /data/{volume['name']}")
     results[0]["volume"] = {"id": volume["id"], "cluster": volume["cluster"], "status": volume["status"]}
-    ledger_api = f"{url}/api/v1/billing/ledger"
+    ledger_api, accruals_api = f"{url}/api/v1/billing/ledger", f"{url}/api/v1/billing/accruals"
     for result in results:
+        # Usage is charged once per billing period (an hour); until then it accrues, held against the balance.
         deadline = time.monotonic() + 90
         while True:
             entries = requests.get(ledger_api, params={"session": result["id"]}, headers=headers, timeout=10).json()["results"]
             charges = [e for e in entries if e["kind"] == "charge"]
-            if charges:
+            accrued = requests.get(accruals_api, params={"session": result["id"]}, headers=headers, timeout=10).json()["results"]
+            if charges or any(Decimal(a["amount"]) > 0 for a in accrued):
                 break
             if time.monotonic() > deadline:
-                raise DemoError(f"no usage charge for session {result['id']} in the ledger after 90 s")
+                raise DemoError(f"no usage charged or accrued for session {result['id']} after 90 s")
             _check_children(group)
             time.sleep(0.5)
-        result["charged"] = str(sum(Decimal(e["amount"]) for e in charges))
+        result["charged"] = str(sum(Decimal(e["amount"]) for e in charges) - sum(Decimal(a["amount"]) for a in accrued))
     account = requests.get(f"{url}/api/v1/billing/account", headers=headers, timeout=10).json()
-    _say("smoke: usage charged to the ledger: " + ", ".join(f"{r['id']} {r['charged']} credits" for r in results)
-         + f"; balance {account['balance']}")
+    _say("smoke: usage billed (charged or accrued in the open period): " + ", ".join(f"{r['id']} {r['charged']} credits" for r in results)
+         + f"; balance {account['balance']}, accrued {account['accrued']}")
     for result in results:
         requests.delete(f"{api}/{result['id']}", headers=headers, timeout=30)
     for result in results:

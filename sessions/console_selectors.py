@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.models import DecimalField, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
-from billing.models import CREDIT_PLACES, LedgerEntry
+from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
 from clusters.models import Cluster
 from sessions.models import Session, SuggestedImage
 from sessions.selectors import idle_sessions
@@ -23,15 +23,18 @@ def with_cost_so_far(qs: QuerySet[Session]) -> QuerySet[Session]:
     """``qs`` annotated with ``cost_so_far``: credits charged to each session so far (``Decimal``, 0 when none).
 
     It is minus the sum of the ledger entries naming the session (charges are negative; a refund or adjustment
-    of the session counts against them), one correlated subquery in the list's own query (the ``ledger_session``
-    index serves it), so the number of queries does not grow with the rows.
+    of the session counts against them) plus its usage not charged yet (its ``Accrual``: the open billing period),
+    two correlated subqueries in the list's own query (the ``ledger_session`` index and the accrual's key serve them),
+    so the number of queries does not grow with the rows.
     """
     charged = (
         LedgerEntry.objects.filter(session=OuterRef("pk")).order_by().values("session")
         .annotate(total=Sum("amount")).values("total")
     )
+    accrued = Accrual.objects.filter(session=OuterRef("pk")).values("amount")
     zero = Value(Decimal(0), output_field=_CREDITS)
-    return qs.annotate(cost_so_far=Value(Decimal(0), output_field=_CREDITS) - Coalesce(Subquery(charged, output_field=_CREDITS), zero))
+    return qs.annotate(cost_so_far=Coalesce(Subquery(accrued, output_field=_CREDITS), zero)
+                       - Coalesce(Subquery(charged, output_field=_CREDITS), zero))
 
 
 def cost_so_far(session: Session) -> Decimal:

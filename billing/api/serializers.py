@@ -6,7 +6,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from billing.models import CREDIT_PLACES, LedgerEntry
+from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
+from billing.periods import period_length
 
 
 def credits(**kwargs) -> serializers.DecimalField:
@@ -19,8 +20,9 @@ class AccountSerializer(serializers.Serializer):
 
     user = serializers.CharField(help_text="Username")
     balance = credits(help_text="Credits: the sum of the ledger")
+    accrued = credits(help_text="Credits of usage in open billing periods, not charged yet (held against the balance)")
     holds = credits(help_text="Credits the live sessions hold: their hourly cost × the policy's min_balance_hours")
-    available = credits(help_text="balance − holds: what new sessions can be admitted against")
+    available = credits(help_text="balance − accrued − holds: what new sessions can be admitted against")
     burn_rate_per_hour = credits(help_text="Credits per hour the Running sessions cost now")
     below_zero_since = serializers.DateTimeField(allow_null=True, help_text="When the balance went below zero (null while it is not)")
 
@@ -36,12 +38,37 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
                                            help_text="Charges: GPU-seconds priced (share × seconds, summed); end entries: those of the idle time")
     idle_credits = credits(read_only=True, allow_null=True,
                            help_text="End entries (kind end, amount 0) of sessions the idle policy stopped: credits burned while idle")
+    period_start = serializers.DateTimeField(read_only=True, allow_null=True, help_text="Charges: the billing period charged (start)")
+    period_end = serializers.DateTimeField(read_only=True, allow_null=True, help_text="Charges: the billing period charged (end)")
+    sample_count = serializers.IntegerField(read_only=True, allow_null=True, help_text="Charges of a period: the usage samples covered")
 
     class Meta:
         model = LedgerEntry
-        fields = ["id", "user", "kind", "amount", "balance_after", "session", "window_start", "window_end", "gpu_seconds",
-                  "idle_credits", "reason", "created_by", "idempotency_key", "created_at"]
+        fields = ["id", "user", "kind", "amount", "balance_after", "session", "period_start", "period_end", "sample_count",
+                  "window_start", "window_end", "gpu_seconds", "idle_credits", "reason", "created_by", "idempotency_key", "created_at"]
         read_only_fields = fields
+
+
+class AccrualSerializer(serializers.ModelSerializer):
+    """One session's usage not charged yet (output of ``GET /api/v1/billing/accruals``)."""
+
+    session = serializers.SlugRelatedField(slug_field="public_id", read_only=True, help_text="The session (ses_...)")
+    period_start = serializers.DateTimeField(read_only=True, help_text="The open billing period (start)")
+    period_end = serializers.SerializerMethodField(help_text="The open billing period (end)")
+    amount = credits(read_only=True, help_text="Credits its samples in this period cost so far (charged when the period closes)")
+    gpu_seconds = serializers.DecimalField(max_digits=18, decimal_places=6, read_only=True, help_text="GPU-seconds (share × seconds, summed)")
+    sample_count = serializers.IntegerField(source="samples", read_only=True, help_text="Usage samples accrued")
+    window_start = serializers.DateTimeField(source="first_start", read_only=True, help_text="The first sample's start")
+    window_end = serializers.DateTimeField(source="last_end", read_only=True, help_text="The last sample's end")
+
+    class Meta:
+        model = Accrual
+        fields = ["session", "period_start", "period_end", "amount", "gpu_seconds", "sample_count", "window_start", "window_end"]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_period_end(self, obj: Accrual):  # noqa: D102
+        return serializers.DateTimeField().to_representation(obj.period_start + period_length())
 
 
 @extend_schema_field(OpenApiTypes.STR)

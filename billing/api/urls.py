@@ -2,12 +2,13 @@
 
 from rest_framework.routers import SimpleRouter
 
-from billing.api.views import AccountViewSet, GrantViewSet, LedgerViewSet
+from billing.api.views import AccountViewSet, AccrualViewSet, GrantViewSet, LedgerViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"
 router.register("billing/account", AccountViewSet, basename="billing-account")
 router.register("billing/ledger", LedgerViewSet, basename="billing-ledger")
+router.register("billing/accruals", AccrualViewSet, basename="billing-accrual")
 router.register("billing/grants", GrantViewSet, basename="billing-grant")
 
 urlpatterns = router.urls

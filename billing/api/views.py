@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.utils import json as drf_json
 
 from billing import selectors, services
-from billing.api.serializers import AccountSerializer, GrantCreateSerializer, LedgerEntrySerializer
+from billing.api.serializers import AccountSerializer, AccrualSerializer, GrantCreateSerializer, LedgerEntrySerializer
 from gshare.api import SafeJSONParser, query_time
 
 USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users); without it, the caller's own")
@@ -52,7 +52,7 @@ def _subject(request):
 
 @extend_schema(parameters=[USER_FILTER])
 class AccountViewSet(viewsets.GenericViewSet):
-    """``GET /api/v1/billing/account``: balance, holds, available credits and burn rate of the caller."""
+    """``GET /api/v1/billing/account``: balance, accrued usage, holds, available credits and burn rate of the caller."""
 
     serializer_class = AccountSerializer
     pagination_class = None
@@ -81,6 +81,20 @@ class LedgerViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             user=self.request.user, session=params.get("session") or None, since=query_time(self.request, "since"),
             until=query_time(self.request, "until"), username=params.get("user") or None,
         )
+
+
+@extend_schema(parameters=[OpenApiParameter("session", str, description="Only this session's (ses_...)"), USER_FILTER])
+@extend_schema_view(list=extend_schema(description="List open accruals (paginated: ``?limit=&offset=``)."))
+class AccrualViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /api/v1/billing/accruals``: the caller's sessions' usage of open billing periods, not charged yet (staff:
+    another user's with ``?user=``)."""
+
+    serializer_class = AccrualSerializer
+
+    def get_queryset(self):  # noqa: D102
+        params = self.request.query_params
+        return selectors.accrual_list(user=self.request.user, session=params.get("session") or None,
+                                      username=params.get("user") or None)
 
 
 class GrantViewSet(viewsets.GenericViewSet):

@@ -535,7 +535,8 @@ class HourBucket:
 #: One query for both series, one pass over the sessions (not one per hour). Each session's time, clipped to the
 #: window, is hour ``i`` (where it begins) to hour ``j`` (where it ends): its part of hour ``i`` (``head``), its
 #: part of hour ``j`` when that is another hour (``tail``), and the whole hours between, summed in Python from
-#: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``), looked up
+#: where they ``open`` (``i + 1``) and ``close`` (``j``). Then the ledger's charges by hour (``burned``) and the open
+#: accruals by the hour their period began (``accrued``), looked up
 #: through the recent sessions (the ledger's session index) rather than by reading the whole ledger: a usage window
 #: ends at most a few minutes after its session (docs/billing.md), so an hour's margin finds every charge. Times are
 #: seconds since the window's start as ``date_part`` doubles (small numbers: exact to the microsecond), the sums
@@ -562,10 +563,16 @@ _CHART_SQL = """
     UNION ALL
     SELECT 'close', j, SUM(gpus) FROM k WHERE j > i + 1 GROUP BY j
     UNION ALL
-    SELECT 'burned', FLOOR(EXTRACT(EPOCH FROM COALESCE(e.window_end, e.created_at) - %(first)s) / 3600)::int, -SUM(e.amount)
+    SELECT 'burned', FLOOR(EXTRACT(EPOCH FROM COALESCE(e.period_start, e.window_end, e.created_at) - %(first)s) / 3600)::int,
+           -SUM(e.amount)
       FROM billing_ledgerentry e
      WHERE e.session_id IN (SELECT id FROM recent)
-       AND e.kind = 'charge' AND COALESCE(e.window_end, e.created_at) >= %(first)s
+       AND e.kind = 'charge' AND COALESCE(e.period_start, e.window_end, e.created_at) >= %(first)s
+     GROUP BY 2
+    UNION ALL
+    SELECT 'accrued', FLOOR(EXTRACT(EPOCH FROM a.period_start - %(first)s) / 3600)::int, SUM(a.amount)
+      FROM billing_accrual a
+     WHERE a.session_id IN (SELECT id FROM recent) AND a.samples > 0 AND a.period_start >= %(first)s
      GROUP BY 2"""
 
 
@@ -574,8 +581,9 @@ def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None
 
     GPUs reserved: the average over the hour of the GPUs the sessions held (a session holds its ``gpus`` from its
     creation, when placement reserves them, until it ends, when they are released: allocations are deleted then, so
-    the sessions' times are the history). Credits burned: the charges of the ledger whose usage window ended in the
-    hour (their creation time for a charge without a window), refunds not deducted.
+    the sessions' times are the history). Credits burned: the charges of the ledger of a billing period that began in
+    the hour (charges from before billing periods: whose usage window ended in it, or their creation time without a
+    window) plus the usage accrued in open periods that began in it, refunds not deducted.
 
     Returns:
         ``hours`` :class:`HourBucket` rows, oldest first. One query, one pass over the sessions.
@@ -587,7 +595,7 @@ def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None
     sql = _CHART_SQL.format(session_cluster="AND s.cluster_id = %(cluster)s" if cluster else "")
     if cluster is not None:
         params["cluster"] = cluster.pk
-    parts: dict[str, dict[int, Decimal]] = {"head": {}, "tail": {}, "open": {}, "close": {}, "burned": {}}
+    parts: dict[str, dict[int, Decimal]] = {"head": {}, "tail": {}, "open": {}, "close": {}, "burned": {}, "accrued": {}}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         for part, hour, value in cursor.fetchall():
@@ -601,7 +609,7 @@ def usage_chart(*, cluster: Cluster | None = None, now: datetime.datetime | None
         buckets.append(HourBucket(
             start=start,
             gpus_reserved=(Decimal(gpu_seconds) / Decimal(max(seconds, 1))).quantize(Decimal("0.01")),
-            credits_burned=parts["burned"].get(i, _ZERO).quantize(CREDITS),
+            credits_burned=(parts["burned"].get(i, _ZERO) + parts["accrued"].get(i, _ZERO)).quantize(CREDITS),
         ))
     return buckets
 

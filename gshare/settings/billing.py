@@ -32,6 +32,14 @@ GSHARE_USAGE_MAX_WINDOW_SECONDS = env.int("GSHARE_USAGE_MAX_WINDOW_SECONDS", def
 GSHARE_USAGE_MAX_AGE_SECONDS = env.int("GSHARE_USAGE_MAX_AGE_SECONDS", default=30 * 86400)
 if GSHARE_USAGE_MAX_WINDOW_SECONDS < 1:
     raise ImproperlyConfigured("GSHARE_USAGE_MAX_WINDOW_SECONDS must be a whole number of seconds, at least 1.")
+#: Length of a billing period, seconds (periods are aligned to the Unix epoch: with 3600, whole UTC hours). The ledger
+#: gets one charge per session and period (billing/periods.py).
+GSHARE_BILLING_PERIOD_SECONDS = env.int("GSHARE_BILLING_PERIOD_SECONDS", default=3600)
+#: How long after a period ends (or its session ended) the periodic close waits for late samples before charging it.
+GSHARE_BILLING_SETTLE_SECONDS = env.int("GSHARE_BILLING_SETTLE_SECONDS", default=120)
+if GSHARE_BILLING_PERIOD_SECONDS < 1 or GSHARE_BILLING_SETTLE_SECONDS < 0:
+    raise ImproperlyConfigured("GSHARE_BILLING_PERIOD_SECONDS must be a whole number of seconds, at least 1, and "
+                               "GSHARE_BILLING_SETTLE_SECONDS at least 0.")
 
 # Admission and stopping (billing/admission.py) when no Policy row applies to a user (neither their own nor the default
 # row): the minimum balance to start, in hours of the requested resources, and the grace before an account below

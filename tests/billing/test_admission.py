@@ -138,7 +138,7 @@ def test_a_balance_below_the_minimum_is_refused_with_the_figures(user):
     with pytest.raises(admission.InsufficientCredits) as refused:
         services.session_create(owner=user, image="img", gpus=1)
     assert refused.value.status == 402 and refused.value.code == "insufficient_credits"
-    assert refused.value.extra == {"balance": "0", "holds": "0", "available": "0", "required": "2", "hourly_cost": "2"}
+    assert refused.value.extra == {"balance": "0", "accrued": "0", "holds": "0", "available": "0", "required": "2", "hourly_cost": "2"}
     assert "grant" in refused.value.detail
     assert Session.objects.count() == 0 and Allocation.objects.count() == 0
     grant(user, "3")

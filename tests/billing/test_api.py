@@ -17,7 +17,7 @@ from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.auth.tokens import api_token_create
 from sessions.models import Allocation
 from tests.factories import SessionFactory
-from tests.helpers import Http, device, run_threads
+from tests.helpers import T0, Http, device, run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ def grant(http: Http, body: dict | str, key: str | None = "key-1"):
 
 def test_account_of_a_user_without_one_is_zero_and_creates_nothing(http_user):
     body = http_user.get("/api/v1/billing/account").json()
-    assert body == {"user": "alice", "balance": "0.000000", "holds": "0.000000", "available": "0.000000",
+    assert body == {"user": "alice", "balance": "0.000000", "accrued": "0.000000", "holds": "0.000000", "available": "0.000000",
                     "burn_rate_per_hour": "0.000000", "below_zero_since": None}
     assert not CreditAccount.objects.exists()
 
@@ -85,8 +85,9 @@ def test_ledger_lists_own_entries_newest_first_with_filters(http_user, plain_use
     assert body["count"] == 5 and [e["user"] for e in body["results"]] == ["alice"] * 5
     assert [e["id"] for e in body["results"]] == sorted((e["id"] for e in body["results"]), reverse=True)
     charge = body["results"][0]
-    assert set(charge) == {"id", "user", "kind", "amount", "balance_after", "session", "window_start", "window_end", "gpu_seconds", "idle_credits",
-                           "reason", "created_by", "idempotency_key", "created_at"}
+    assert set(charge) == {"id", "user", "kind", "amount", "balance_after", "session", "period_start", "period_end", "sample_count",
+                           "window_start", "window_end", "gpu_seconds", "idle_credits", "reason", "created_by", "idempotency_key",
+                           "created_at"}
     assert (charge["kind"], charge["amount"], charge["session"], charge["balance_after"]) == ("charge", "-1.000000", session.public_id, "4.000000")
     only = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()
     assert only["count"] == 2 and {e["session"] for e in only["results"]} == {session.public_id}
@@ -220,11 +221,47 @@ def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, http_fo
 
     session = metered_session(lab_c1, owner=plain_user)
     operator = http_for(operator_token_mint(cluster_id=lab_c1.public_id))
-    assert operator.post("/internal/v1/usage", json={"samples": [sample(session, device(lab_c1, "NVIDIA H100"))]}).status_code == 200
-    entry = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"][0]
-    assert (entry["kind"], entry["amount"], entry["created_by"], entry["gpu_seconds"]) == ("charge", "-0.016667", "usage", "60.000000")
+    h100 = device(lab_c1, "NVIDIA H100")
+    # Two samples of T0's hour: accrued, not charged yet (the period is open), held against the balance.
+    minutes = [sample(session, h100, start=T0 + timedelta(minutes=m)) for m in (0, 59)]
+    assert operator.post("/internal/v1/usage", json={"samples": minutes}).status_code == 200
+    assert http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["count"] == 0
     account = http_user.get("/api/v1/billing/account").json()
-    assert account["balance"] == "-0.016667" and account["below_zero_since"] is not None
+    assert (account["balance"], account["accrued"], account["available"]) == ("0.000000", "0.033334", "-0.033334")
+    assert account["below_zero_since"] is not None
+    [accrual] = http_user.get("/api/v1/billing/accruals").json()["results"]
+    assert accrual == {"session": session.public_id, "period_start": iso_z(T0), "period_end": iso_z(T0 + timedelta(hours=1)),
+                       "amount": "0.033334", "gpu_seconds": "120.000000", "sample_count": 2, "window_start": iso_z(T0),
+                       "window_end": iso_z(T0 + timedelta(hours=1))}
+    # A sample of the next hour closes T0's: one charge naming its period and its two samples.
+    nxt = sample(session, h100, start=T0 + timedelta(hours=1))
+    assert operator.post("/internal/v1/usage", json={"samples": [nxt]}).status_code == 200
+    [entry] = http_user.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"]
+    assert (entry["kind"], entry["amount"], entry["created_by"], entry["gpu_seconds"]) == ("charge", "-0.033334", "usage", "120.000000")
+    assert (entry["period_start"], entry["period_end"], entry["sample_count"]) == (iso_z(T0), iso_z(T0 + timedelta(hours=1)), 2)
+    assert (entry["window_start"], entry["window_end"]) == (iso_z(T0), iso_z(T0 + timedelta(hours=1)))
+    assert entry["reason"] == f"Usage {T0:%Y-%m-%d %H}:00–{T0 + timedelta(hours=1):%H}:00 UTC: 2 sample(s) on lab-c1"
+    account = http_user.get("/api/v1/billing/account").json()
+    assert (account["balance"], account["accrued"], account["available"]) == ("-0.033334", "0.016667", "-0.050001")
+    assert http_user.get("/api/v1/billing/accruals").json()["results"][0]["sample_count"] == 1
+
+
+def iso_z(when) -> str:
+    """A time as the API renders it (DRF: ISO 8601, UTC as ``Z``)."""
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def test_accruals_of_others_are_for_staff_only(http_user, http, plain_user, staff_user, lab_c1, http_for):
+    from clusters.operator_token.tokens import operator_token_mint
+    from tests.helpers import metered_session, sample
+
+    session = metered_session(lab_c1, owner=staff_user)
+    operator = http_for(operator_token_mint(cluster_id=lab_c1.public_id))
+    assert operator.post("/internal/v1/usage", json={"samples": [sample(session, device(lab_c1, "NVIDIA H100"))]}).status_code == 200
+    assert http_user.get("/api/v1/billing/accruals", params={"user": staff_user.username}).json()["count"] == 0
+    assert http.get("/api/v1/billing/accruals").json()["count"] == 1
+    assert http.get("/api/v1/billing/accruals", params={"user": "alice"}).json()["count"] == 0
+    assert http.get("/api/v1/billing/account", params={"user": staff_user.username}).json()["accrued"] == "0.016667"
 
 
 def test_account_queries_do_not_grow_with_the_sessions(plain_user, lab_c1, client):

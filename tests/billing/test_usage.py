@@ -8,13 +8,13 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, connections
-from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from billing import ingest, pricing
-from billing.models import CreditAccount, LedgerEntry, Price, UsageSample
+from billing.models import Accrual, CreditAccount, LedgerEntry, Price, UsageSample
 from clusters.operator_token.tokens import operator_token_mint
 from sessions.models import Session
+from tests.billing.books import assert_books
 from tests.factories import SessionFactory, UserFactory
 from tests.helpers import T0, Http, device, iso, metered_session, run_threads, sample
 
@@ -34,20 +34,11 @@ def post(operator: Http, samples: list[dict]):
     return operator.post("/internal/v1/usage", json={"samples": samples})
 
 
-def assert_books() -> None:
-    """Every balance equals its ledger's sum; every charge equals its samples' costs; every sample has its entry."""
-    for account in CreditAccount.objects.all():
-        total = LedgerEntry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"] or Decimal(0)
-        assert account.balance == total
-    for entry in LedgerEntry.objects.filter(kind="charge"):
-        assert entry.amount == -(entry.samples.aggregate(s=Sum("cost"))["s"] or Decimal(0))
-    assert not UsageSample.objects.filter(entry__isnull=True).exists()
-
-
 def ledger_state() -> tuple:
     return (
         list(LedgerEntry.objects.order_by("id").values_list("id", "amount", "balance_after")),
-        list(CreditAccount.objects.order_by("id").values_list("id", "balance")),
+        list(CreditAccount.objects.order_by("id").values_list("id", "balance", "accrued")),
+        list(Accrual.objects.order_by("session_id").values_list("session_id", "period_start", "amount", "samples")),
         UsageSample.objects.count(),
     )
 
@@ -72,16 +63,17 @@ def test_samples_are_stored_priced_and_charged_per_session(operator_c1, lab_c1, 
     assert (shared[v100.uuid].gpu_model, shared[v100.uuid].share, shared[v100.uuid].cost) == ("Tesla V100-PCIE-32GB", Decimal("0.610352"),
                                                                                           Decimal("0.009257"))
     assert shared[v100.uuid].gpu_util_percent is None and shared[h100.uuid].gpu_util_percent == Decimal("42.50")
-    whole_entry = LedgerEntry.objects.get(session=whole_session)
-    assert (whole_entry.kind, whole_entry.amount, whole_entry.created_by) == ("charge", Decimal("-0.083334"), "usage")
-    assert (whole_entry.window_start, whole_entry.window_end) == (T0, T0 + timedelta(seconds=120))
-    assert whole_entry.gpu_seconds == Decimal("120")
-    assert whole_entry.idempotency_key.startswith(f"usage:{lab_c1.public_id}:") and len(whole_entry.idempotency_key) == 6 + 20 + 1 + 64
-    shared_entry = LedgerEntry.objects.get(session=shared_session)
-    assert shared_entry.gpu_seconds == Decimal("0.245221") * 30 + Decimal("0.610352") * Decimal("45.5")
-    assert (shared_entry.window_start, shared_entry.window_end) == (T0, T0 + timedelta(seconds=75.5))
+    # The period (T0's hour) is open: nothing is charged yet, all of it is accrued and held against the balance.
+    assert not LedgerEntry.objects.exists()
+    whole = Accrual.objects.get(session=whole_session)
+    assert (whole.period_start, whole.amount, whole.samples) == (T0, Decimal("0.083334"), 2)
+    assert (whole.first_start, whole.last_end, whole.gpu_seconds) == (T0, T0 + timedelta(seconds=120), Decimal("120"))
+    shared = Accrual.objects.get(session=shared_session)
+    assert shared.gpu_seconds == Decimal("0.245221") * 30 + Decimal("0.610352") * Decimal("45.5")
+    assert (shared.first_start, shared.last_end) == (T0, T0 + timedelta(seconds=75.5))
     account = CreditAccount.objects.get(user=owner)
-    assert account.balance == Decimal("-0.097700") and account.below_zero_since is not None
+    assert (account.balance, account.accrued) == (Decimal(0), Decimal("0.097700")) and account.below_zero_since is not None
+    assert set(UsageSample.objects.values_list("billing_period", flat=True)) == {T0}
     assert_books()
 
 
@@ -127,11 +119,11 @@ def test_reordered_and_overlapping_batches_charge_only_new_samples(operator_c1, 
     assert post(operator_c1, list(reversed(samples[:4]))).json()["accepted"] == 0
     # Reordered and overlapping: two old, two new, the new ones first.
     answer = post(operator_c1, [samples[5], samples[2], samples[4], samples[0]]).json()
-    assert (answer["accepted"], answer["duplicates"]) == (2, 2)
-    entry = LedgerEntry.objects.order_by("-id").first()
-    assert (entry.window_start, entry.window_end) == (T0 + timedelta(minutes=4), T0 + timedelta(minutes=6))
-    assert entry.amount == Decimal("-0.083334") and entry.samples.count() == 2
-    assert LedgerEntry.objects.filter(kind="charge").count() == 2
+    assert (answer["accepted"], answer["duplicates"], answer["charged"]) == (2, 2, {whole_session.public_id: "0.083334"})
+    accrual = Accrual.objects.get()
+    assert (accrual.first_start, accrual.last_end) == (T0, T0 + timedelta(minutes=6))
+    assert accrual.amount == Decimal("0.041667") * 6 and accrual.samples == 6
+    assert not LedgerEntry.objects.exists()
     assert UsageSample.objects.count() == 6
     assert_books()
 
@@ -159,9 +151,9 @@ def test_concurrent_deliveries_of_one_batch_charge_once(live_server, lab_c1, pri
     run_threads(deliver, [()] * 5, timeout=120)
     assert not errors and all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert sum(a.json()["accepted"] for a in answers) == 120
-    assert UsageSample.objects.count() == 120 and LedgerEntry.objects.filter(kind="charge").count() == 6
+    assert UsageSample.objects.count() == 120 and not LedgerEntry.objects.exists() and Accrual.objects.count() == 6
     for account in CreditAccount.objects.all():
-        assert account.balance == Decimal("-0.041667") * 40  # two sessions × 20 whole minutes at 2.5/h
+        assert account.accrued == Decimal("0.041667") * 40  # two sessions × 20 whole minutes at 2.5/h
     assert_books()
 
 
@@ -172,7 +164,7 @@ def test_a_sample_of_another_clusters_session_refuses_the_whole_batch(operator_c
     assert response.status_code == 403
     body = response.json()
     assert body["code"] == "forbidden_cluster_scope" and body["index"] == 1 and foreign.public_id in body["detail"]
-    assert ledger_state() == ([], [], 0)
+    assert ledger_state() == ([], [], [], 0)
 
 
 @pytest.mark.parametrize("which", ["other cluster", "unknown"])
@@ -182,7 +174,7 @@ def test_a_gpu_that_is_not_the_clusters_refuses_the_whole_batch(operator_c1, lab
     response = post(operator_c1, [sample(whole_session, h100), sample(whole_session, h100), sample(whole_session, uuid)])
     assert response.status_code == 403 and response.json()["code"] == "forbidden_cluster_scope" and response.json()["index"] == 2
     assert uuid in response.json()["detail"]
-    assert ledger_state() == ([], [], 0)
+    assert ledger_state() == ([], [], [], 0)
 
 
 def test_a_session_without_a_cluster_is_out_of_scope(operator_c1, lab_c1, prices):
@@ -222,7 +214,7 @@ def test_a_malformed_sample_refuses_the_batch_with_its_index(operator_c1, lab_c1
     body = response.json()
     assert body["code"] == "invalid_usage_sample" and body["index"] == 3, body
     assert fragment in body["detail"], body["detail"]
-    assert ledger_state() == ([], [], 0)
+    assert ledger_state() == ([], [], [], 0)
 
 
 def test_the_window_limit_is_a_setting(operator_c1, lab_c1, whole_session, prices, settings):
@@ -281,22 +273,24 @@ def _batch(lab_c1, n: int, *, offset: int = 0) -> list[dict]:
 
 def test_query_count_does_not_grow_with_the_batch(lab_c1, prices, django_assert_max_num_queries):
     counts = []
-    for n in (10, 1000):
-        batch = _batch(lab_c1, n, offset=len(counts) * 1000)
+    for n in (10, 600):  # each within one billing period (an hour): nothing to charge yet
+        batch = _batch(lab_c1, n, offset=len(counts) * 120)
         with CaptureQueriesContext(connection) as queries:
             result = ingest.usage_ingest(cluster=lab_c1, samples=batch)
         assert result["accepted"] == n
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
-    batch = _batch(lab_c1, 3000, offset=5000)
-    with django_assert_max_num_queries(counts[1]):
+    batch = _batch(lab_c1, 3000, offset=5000)  # 300 minutes over six hours: five periods of each session are charged
+    with django_assert_max_num_queries(counts[1] + 2):
         ingest.usage_ingest(cluster=lab_c1, samples=batch)
+    assert LedgerEntry.objects.filter(kind="charge").count() == 50
     with django_assert_max_num_queries(counts[1]):  # the replay: nothing new, no more queries
         assert ingest.usage_ingest(cluster=lab_c1, samples=batch)["accepted"] == 0
-    # BEGIN, 4 look-ups (sessions, GPUs, overlapping stored windows, prices), lock accounts (+2 to create missing ones),
-    # the staging tables (IF NOT EXISTS), the entry ids, the samples, the charges, the balances, COMMIT (the two COPYs
-    # into the staging tables are not queries Django sees).
-    assert counts[1] <= 14, "\n".join(q["sql"][:60] for q in queries.captured_queries)
+    # BEGIN, 3 look-ups (sessions, GPUs, prices), the staging tables (IF NOT EXISTS), lock accounts (+2 to create
+    # missing ones), the overlapping stored windows, the samples (with the accruals read in the same statement), the
+    # accruals' upsert, the balances, COMMIT; +2 when a period closes (the whole accruals, the charges). The COPYs into
+    # the staging tables are not queries Django sees.
+    assert counts[1] <= 13, "\n".join(q["sql"][:60] for q in queries.captured_queries)
     assert_books()
 
 
@@ -310,24 +304,6 @@ def test_ids_with_quotes_backslashes_and_control_characters(operator_c1, lab_c1,
     assert unknown.status_code == 400 and unknown.json()["index"] == 0
     foreign = post(operator_c1, [sample(whole_session, 'GPU-"x\\y,{z}')])
     assert foreign.status_code == 403
-    assert_books()
-
-
-def test_samples_charged_before_and_since_deleted_are_not_charged_again(lab_c1, whole_session, prices):
-    """The charge key names the samples: if stored samples were ever purged and then replayed, the replay's samples are
-    stored again but point at the first charge, and the balance does not move."""
-    h100 = device(lab_c1, "NVIDIA H100")
-    batch = [sample(whole_session, h100, start=T0 + timedelta(minutes=i)) for i in range(3)]
-    ingest.usage_ingest(cluster=lab_c1, samples=batch)
-    entry = LedgerEntry.objects.get()
-    balance = CreditAccount.objects.get().balance
-    UsageSample.objects.all().delete()
-    other = metered_session(lab_c1, owner=whole_session.owner)
-    result = ingest.usage_ingest(cluster=lab_c1, samples=[*batch, sample(other, h100)])
-    assert result["accepted"] == 4 and result["charged"] == {other.public_id: "0.041667"}
-    assert set(UsageSample.objects.filter(session=whole_session).values_list("entry_id", flat=True)) == {entry.pk}
-    assert LedgerEntry.objects.count() == 2
-    assert CreditAccount.objects.get().balance == balance - Decimal("0.041667")
     assert_books()
 
 
@@ -347,7 +323,7 @@ def test_windows_outside_the_accepted_range_are_refused(operator_c1, lab_c1, who
     response = post(operator_c1, batch)
     assert response.status_code == 400 and response.json()["index"] == 1, response.text
     assert "check the operator node's clock" in response.json()["detail"]
-    assert ledger_state() == ([], [], 0)
+    assert ledger_state() == ([], [], [], 0)
 
 
 def test_a_sample_overlapping_another_of_the_same_gpu_is_refused_even_with_a_new_id(operator_c1, lab_c1, whole_session, prices):

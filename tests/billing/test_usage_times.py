@@ -7,10 +7,10 @@ from datetime import timezone as tz
 from decimal import Decimal
 
 import pytest
-from django.db.models import Sum
 
 from billing.models import LedgerEntry, Price, UsageSample
 from sessions.models import Session
+from tests.billing.books import billed
 from tests.factories import UserFactory
 from tests.helpers import T0, device, metered_session, sample
 
@@ -62,8 +62,7 @@ def test_an_offset_in_minutes_is_stored_and_charged_at_the_utc_instant_checked(o
         assert answer.status_code == 200, answer.text
         assert answer.json()["accepted"] == 1
     assert UsageSample.objects.filter(session=whole_session).count() == 3
-    charged = LedgerEntry.objects.filter(session=whole_session, kind="charge").aggregate(s=Sum("amount"))["s"]
-    assert charged == -3 * MINUTE
+    assert billed(whole_session) == 3 * MINUTE
 
 
 @pytest.mark.parametrize("offset", [
@@ -147,6 +146,6 @@ def test_a_window_beginning_after_the_session_ended_is_refused(operator_c1, lab_
     ]})
     assert answer.status_code == 200, answer.text
     assert answer.json()["accepted"] == 3
-    assert LedgerEntry.objects.get(session=ended, kind="charge").amount == -2 * MINUTE
-    assert LedgerEntry.objects.get(session=successor, kind="charge").amount == -MINUTE
+    assert billed(ended) == 2 * MINUTE
+    assert billed(successor) == MINUTE
     assert list(UsageSample.objects.filter(start=a_day_later).values_list("session_id", flat=True)) == [successor.pk]

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditRecord
-from billing.models import LedgerEntry, Policy
+from billing.models import LedgerEntry, Policy, UsageSample
 from billing.services import policy_set
 from clusters.operator_token.tokens import operator_token_mint
 from gshare.exceptions import ApplicationError
@@ -100,7 +100,7 @@ def test_a_session_is_warned_then_stopped_and_its_end_entry_says_what_idle_cost(
     assert "idle policy (the default policy (settings): 60 min without a GPU kernel or a connection)" in session.message
     assert kernel.strftime("%Y-%m-%d %H:%M:%S UTC") in session.message and "last connection: none" in session.message
     end = LedgerEntry.objects.get(session=session, kind="end")
-    charged_per_second = -sum(e.amount for e in LedgerEntry.objects.filter(session=session, kind="charge")) / (70 * 60)
+    charged_per_second = sum(UsageSample.objects.filter(session=session).values_list("cost", flat=True)) / (70 * 60)
     assert end.amount == 0 and (end.window_start, end.window_end) == (kernel, later)
     # 50 of the 70 minutes of samples lie in the idle window (from the last kernel to NOW, where the samples end).
     expected = (charged_per_second * 50 * 60).quantize(Decimal("0.000001"))
