@@ -1,7 +1,7 @@
 """Admission: who may start a session (credits, quota, clusters). Stopping the sessions of accounts that ran out
 of credits is ``billing.overdrawn`` (it drives ``sessions.services``, which calls this module: dependencies run one way).
 
-Admission (``sessions.services.session_create`` calls it, inside its transaction):
+Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
 * ``account_lock(user=...)`` locks the user's ``CreditAccount`` row first (creating it, race-safely, with a zero
   balance if the user has none). Every admission of that user waits for it, so counting the live sessions,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from clusters.models import Cluster, GpuDevice
 from gshare.exceptions import Conflict
 from operator_agent import contract
-from sessions import services
+from sessions import create, services
 from sessions.models import Allocation, Session
 from tests.helpers import run_threads
 from tests.sessions.test_placement import fleet, recount, stored
@@ -78,7 +78,7 @@ def test_concurrent_creators_and_releasers_never_over_commit_and_counters_equal_
                     continue
                 _, cluster, gpus, memory = step
                 try:
-                    mine.append(services.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory, cluster=cluster))
+                    mine.append(create.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory, cluster=cluster))
                     placed.append(mine[-1].cluster_id)
                 except Conflict as exc:
                     assert exc.code == "no_capacity", exc.code
@@ -111,7 +111,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     def hold_alpha():
         try:
             with transaction.atomic():
-                results["first"] = services.session_create(owner=first, image="img", gpus=1, cluster="alpha")
+                results["first"] = create.session_create(owner=first, image="img", gpus=1, cluster="alpha")
                 holding.set()
                 time.sleep(1.0)  # the second request chooses alpha meanwhile, then waits for its lock
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -123,7 +123,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     def place():
         try:
             assert holding.wait(10)
-            results["second"] = services.session_create(owner=second, image="img", gpus=1)
+            results["second"] = create.session_create(owner=second, image="img", gpus=1)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:
@@ -151,7 +151,7 @@ def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_
     def hold_alpha():
         try:
             with transaction.atomic():
-                services.session_create(owner=holder, image="img", gpus=2, cluster="alpha")
+                create.session_create(owner=holder, image="img", gpus=2, cluster="alpha")
                 holding.set()
                 results["released_in_time"] = done.wait(20)  # commits only once the other placements are done
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -163,9 +163,9 @@ def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_
     def place():
         try:
             assert holding.wait(10)
-            results["pinned"] = services.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, cluster="beta")
+            results["pinned"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, cluster="beta")
             rng = random.Random(3)
-            results["any"] = services.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]))
+            results["any"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]))
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:
