@@ -412,12 +412,12 @@ def summarize(plan: list[str]) -> str:
 
 
 def explain(policy: str, pinned: int) -> list[tuple[str, list[str]]]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the fit query (whole fleet, and one cluster) and of admission's prices and models query."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the fit query (whole fleet, and one cluster) and of admission's read (``admission_read``)."""
     from django.db import connection, transaction
 
     from billing import admission
-    from clusters.models import Cluster
     from sessions import placement
+    from sessions.models import Session
 
     out = []
     for label, request, ids in (
@@ -430,12 +430,12 @@ def explain(policy: str, pinned: int) -> list[tuple[str, list[str]]]:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             out.append((f"fit: {label} ({policy})", [row[0] for row in cursor.fetchall()]))
-    candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
-    subquery, params = candidates.values("pk").query.sql_with_params()
-    sql = admission._PRICES_AND_MODELS_SQL.format(clusters=f"SELECT q.id FROM ({subquery}) q(id)")
+    owner = Session.objects.filter(phase=Session.Phase.RUNNING).values_list("owner_id", flat=True).first()
+    params = {"user": owner, "scope": None, "default_hours": admission.settings_policy().min_balance_hours,
+              "ended": list(Session.TERMINAL_PHASES)}
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
-        out.append(("admission: prices and GPU models of every cluster", [row[0] for row in cursor.fetchall()]))
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + admission._ADMISSION_QUERY, params)
+        out.append(("admission: policy, live sessions, prices and GPU models of every cluster", [row[0] for row in cursor.fetchall()]))
     return out
 
 

@@ -84,7 +84,8 @@ def session_create(
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
     Admission first (``billing.admission``): the owner's credit account row is locked (created if missing),
-    then the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
+    then one query reads the policy, the live sessions, the prices and the candidates' GPU models
+    (``admission_read``), the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
     holds and the balance are checked, so parallel requests of one user cannot overdraw or pass a limit.
     Then placement, locking only the cluster the session lands on, so decisions on different clusters run
     in parallel: ``placement.choose`` picks a node without any lock; that cluster's row is locked (``FOR NO
@@ -100,7 +101,7 @@ def session_create(
     lock the volume rows are locked too (primary-key order) and checked again; a volume mounted for
     the first time is given the chosen cluster, so two sessions cannot claim it for two clusters (a volume
     claimed meanwhile for another cluster makes the attempt choose again, there).
-    Queries: 10 for a request without volumes or idempotency key, whatever the fleet's size (BEGIN and
+    Queries: 8 for a request without volumes or idempotency key, whatever the fleet's size (BEGIN and
     COMMIT included; ``bench/placement.py``).
 
     Args:
@@ -265,20 +266,22 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         replayed = _replayed(owner=owner, idempotency=idempotency)
         if replayed is not None:
             return replayed, False
-    policy = admission.policy_for(owner)
+    # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
+    state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None))
+    policy = state.policy
     try:
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
     except ClusterNotAllowed:
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
         raise
     scope = _candidate_ids(pinned=pinned, allowed=allowed, permitted=permitted)
-    # Priced as a subquery of the admission's own query (no query of its own).
+    # Read only to say what is short when nothing fits (no_capacity).
     candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
     if scope is not None:
         candidates = candidates.filter(pk__in=scope)
     try:
         admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=candidates,
-                                  locked_account=account, policy=policy)
+                                  locked_account=account, state=state)
     except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
         raise
