@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from clusters.models import Cluster, GpuDevice
 from gshare.exceptions import Conflict
+from gshare.metrics import instruments
 from operator_agent import contract
 from sessions import create, services
 from sessions.models import Allocation, Session
@@ -136,6 +137,54 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     assert Allocation.objects.count() == 2
     _never_over_capacity()
     assert stored() == recount()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_loses_its_choice_on_every_attempt_is_refused_as_contended(django_user_model, monkeypatch):
+    """With one attempt, the request whose choice went stale (as above) is refused 409 ``placement_contended``, reserves
+    nothing, and is counted under the ``contended`` outcome, not ``no_capacity`` (beta still had room)."""
+    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(create, "PLACEMENT_ATTEMPTS", 1)
+    fleet(nodes=1, gpus=1, name="alpha")
+    fleet(nodes=1, gpus=1, name="beta")
+    first, second = (django_user_model.objects.create_user(name) for name in ("first", "second"))
+
+    def decisions(outcome: str) -> float:
+        return instruments.REGISTRY.get_sample_value("gshare_placement_decisions_total", {"outcome": outcome}) or 0.0
+
+    contended, no_capacity = decisions(instruments.CONTENDED), decisions(instruments.NO_CAPACITY)
+    holding, results, errors = threading.Event(), {}, []
+
+    def hold_alpha():
+        try:
+            with transaction.atomic():
+                create.session_create(owner=first, image="img", gpus=1, cluster="alpha")
+                holding.set()
+                time.sleep(1.0)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            holding.set()
+            connections.close_all()
+
+    def place():
+        try:
+            assert holding.wait(10)
+            create.session_create(owner=second, image="img", gpus=1)
+        except create.PlacementContended as exc:
+            results["refused"] = exc
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    run_threads(lambda f: f(), [(hold_alpha,), (place,)], timeout=30)
+    assert errors == []
+    assert results["refused"].code == "placement_contended"
+    assert not Session.objects.filter(owner=second).exists()
+    assert Allocation.objects.count() == 1
+    assert decisions(instruments.CONTENDED) == contended + 1
+    assert decisions(instruments.NO_CAPACITY) == no_capacity
 
 
 @pytest.mark.django_db(transaction=True)
