@@ -10,7 +10,7 @@ clusters), of which a random 12,000 have ended: 50,000 live. The rows are loaded
 and the usage counters (``GpuDevice.used_*``, the node summaries) are computed while generating them, as the
 services would have kept them; a recount from the allocations at the end checks them (and every decision's).
 
-A decision is ``sessions.services.session_create`` as the API calls it, with a real price (a default ``Price`` of
+A decision is ``sessions.create.session_create`` as the API calls it, with a real price (a default ``Price`` of
 2 credits per GPU-hour, ``min_balance_hours`` 1): admission (the owner's credit account locked, policy, live
 sessions and their holds, the request priced on the candidate clusters), the fit query without a lock, the
 chosen cluster's row lock with the session's INSERT, the fit checked again under the lock with the allocations'
@@ -339,11 +339,11 @@ def _patch_enqueue() -> None:
 def decide(user, request, cluster: str | None = None) -> bool:
     """One ``session_create``; True when placed, False when answered ``no_capacity``."""
     from gshare.exceptions import Conflict
-    from sessions import services
+    from sessions import create
 
     gpus, memory, cores = request
     try:
-        services.session_create(owner=user, image="quay.io/jupyter/pytorch-notebook", gpus=gpus, gpu_memory_mib=memory,
+        create.session_create(owner=user, image="quay.io/jupyter/pytorch-notebook", gpus=gpus, gpu_memory_mib=memory,
                                 gpu_cores=cores, cluster=cluster)
     except Conflict as exc:
         if exc.code != "no_capacity":
@@ -412,12 +412,12 @@ def summarize(plan: list[str]) -> str:
 
 
 def explain(policy: str, pinned: int) -> list[tuple[str, list[str]]]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the fit query (whole fleet, and one cluster) and of admission's prices and models query."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the fit query (whole fleet, and one cluster) and of admission's read (``admission_read``)."""
     from django.db import connection, transaction
 
     from billing import admission
-    from clusters.models import Cluster
     from sessions import placement
+    from sessions.models import Session
 
     out = []
     for label, request, ids in (
@@ -430,12 +430,12 @@ def explain(policy: str, pinned: int) -> list[tuple[str, list[str]]]:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             out.append((f"fit: {label} ({policy})", [row[0] for row in cursor.fetchall()]))
-    candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
-    subquery, params = candidates.values("pk").query.sql_with_params()
-    sql = admission._PRICES_AND_MODELS_SQL.format(clusters=f"SELECT q.id FROM ({subquery}) q(id)")
+    owner = Session.objects.filter(phase=Session.Phase.RUNNING).values_list("owner_id", flat=True).first()
+    params = {"user": owner, "scope": None, "default_hours": admission.settings_policy().min_balance_hours,
+              "ended": list(Session.TERMINAL_PHASES)}
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
-        out.append(("admission: prices and GPU models of every cluster", [row[0] for row in cursor.fetchall()]))
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + admission._ADMISSION_QUERY, params)
+        out.append(("admission: policy, live sessions, prices and GPU models of every cluster", [row[0] for row in cursor.fetchall()]))
     return out
 
 
@@ -521,7 +521,7 @@ def main() -> int:
         print(f"  fleet: {CLUSTERS} clusters x {NODES_PER_CLUSTER} nodes x {GPUS_PER_NODE} GPUs = {CLUSTERS * NODES_PER_CLUSTER * GPUS_PER_NODE} "
               f"devices; {fleet['live']} live sessions, {fleet['allocations']} allocations, {fleet['gpus_in_use']} GPUs in use; "
               f"{USERS} users; policy {policy}; price {PRICE} credits/GPU-hour")
-        print("  decision = sessions.services.session_create as the API calls it (admission with a real price, fit, the chosen")
+        print("  decision = sessions.create.session_create as the API calls it (admission with a real price, fit, the chosen")
         print("             cluster's lock, INSERTs, recount, audit row, commit); only its on-commit Celery publish is not sent")
         print(f"  1. one client, not pinned: {len(latencies)} decisions in {wall:.2f} s ({refused} answered no_capacity)")
         print(f"     decisions/s: {rate:.1f}   latency median {statistics.median(latencies) * 1000:.2f} ms, p95 {p95 * 1000:.2f} ms")

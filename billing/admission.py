@@ -1,12 +1,14 @@
 """Admission: who may start a session (credits, quota, clusters). Stopping the sessions of accounts that ran out
 of credits is ``billing.overdrawn`` (it drives ``sessions.services``, which calls this module: dependencies run one way).
 
-Admission (``sessions.services.session_create`` calls it, inside its transaction):
+Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
 * ``account_lock(user=...)`` locks the user's ``CreditAccount`` row first (creating it, race-safely, with a zero
   balance if the user has none). Every admission of that user waits for it, so counting the live sessions,
   their holds and the balance, checking and placing happen one request at a time per user: parallel requests
   cannot overdraw or pass a limit together.
+* ``admission_read(...)`` reads, under that lock, in one query, the policy, the user's live sessions, the prices and
+  the GPU models of the candidate clusters (what the two checks below decide on).
 * ``admission_clusters(...)`` applies the policy's allowed clusters: a pinned cluster outside them is refused
   (403 ``cluster_not_allowed``); an unpinned request gets the allowed set, which placement's candidates are
   filtered with.
@@ -200,9 +202,7 @@ def _reserve(amount: Decimal) -> Decimal:
 #: ``gpudevice_cluster_model`` (cluster, model, memory; ``sessions/migrations/0010_placement_scale.py``): per
 #: cluster, the first row, then the first row of the next model, ... — a few index probes per cluster instead of
 #: every GPU row of the fleet.
-_PRICES_AND_MODELS_SQL = """
-WITH RECURSIVE candidates AS ({clusters}),
-models AS (
+_MODELS_SQL = """
     SELECT c.id AS cluster_id, f.model, f.memory_mib
     FROM candidates c CROSS JOIN LATERAL (
         SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = c.id ORDER BY d.model, d.memory_mib LIMIT 1
@@ -213,7 +213,11 @@ models AS (
         SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = m.cluster_id AND d.model > m.model
         ORDER BY d.model, d.memory_mib LIMIT 1
     ) f
-)
+"""
+
+_PRICES_AND_MODELS_SQL = """
+WITH RECURSIVE candidates AS ({clusters}),
+models AS ({models})
 SELECT FALSE, p.gpu_model, p.credits_per_gpu_hour, NULL::integer FROM billing_price p
 UNION ALL
 SELECT TRUE, m.model, NULL, MIN(m.memory_mib) FROM models m GROUP BY m.model
@@ -230,13 +234,125 @@ def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, in
         candidates, params = "SELECT unnest(%s::bigint[]) AS id", (sorted({int(pk) for pk in clusters}),)
     prices, models = {}, []
     with connection.cursor() as cursor:
-        cursor.execute(_PRICES_AND_MODELS_SQL.format(clusters=candidates), params)
+        cursor.execute(_PRICES_AND_MODELS_SQL.format(clusters=candidates, models=_MODELS_SQL), params)
         for is_model, name, price, memory in cursor.fetchall():
             if is_model:
                 models.append((name, memory))
             else:
                 prices[name] = price
     return prices, models
+
+
+#: ``admission_read``: the user's policy (their row, else the default row), its allowed clusters, the user's live
+#: sessions with their reserved GPUs, every price, and the GPU models of the candidate clusters (those that take
+#: sessions, within ``%(scope)s`` when not null and within the policy's allowed clusters) — read only when the
+#: policy holds hours — in one statement. Run it after ``account_lock``: its snapshot then sees every session the
+#: user's earlier requests committed.
+_ADMISSION_SQL = """
+WITH RECURSIVE own AS (
+    SELECT p.id, p.user_id, p.max_sessions, p.max_gpus, p.min_balance_hours, p.grace_seconds, p.idle_timeout_minutes,
+           p.idle_warning_minutes
+    FROM billing_policy p WHERE p.user_id = %(user)s OR p.user_id IS NULL
+    ORDER BY p.user_id NULLS LAST, p.id LIMIT 1
+),
+allowed AS (SELECT pc.cluster_id FROM billing_policy_allowed_clusters pc WHERE pc.policy_id = (SELECT id FROM own)),
+candidates AS (
+    SELECT c.id FROM clusters_cluster c
+    WHERE c.status = 'connected' AND c.session_domain <> ''
+      AND (%(scope)s::bigint[] IS NULL OR c.id = ANY(%(scope)s::bigint[]))
+      AND (NOT EXISTS (SELECT 1 FROM allowed) OR c.id IN (SELECT cluster_id FROM allowed))
+      AND COALESCE((SELECT min_balance_hours FROM own), %(default_hours)s) > 0
+),
+models AS ({models}),
+live AS (
+    SELECT s.id, s.gpus, s.gpu_memory_mib, s.gpu_cores, d.model, d.memory_mib, a.id AS allocation
+    FROM gpu_sessions_session s
+    LEFT JOIN gpu_sessions_allocation a ON a.session_id = s.id
+    LEFT JOIN clusters_gpudevice d ON d.id = a.device_id
+    WHERE s.owner_id = %(user)s AND s.phase <> ALL(%(ended)s::text[])
+)
+SELECT o.user_id IS NOT NULL, o.id IS NOT NULL, o.max_sessions, o.max_gpus, o.min_balance_hours, o.grace_seconds,
+       o.idle_timeout_minutes, o.idle_warning_minutes, ARRAY(SELECT cluster_id FROM allowed ORDER BY 1),
+       l.ids, l.gpus, l.memories, l.cores, l.models, l.device_memories,
+       ARRAY(SELECT p.gpu_model FROM billing_price p ORDER BY p.gpu_model),
+       ARRAY(SELECT p.credits_per_gpu_hour FROM billing_price p ORDER BY p.gpu_model),
+       m.models, m.memories
+FROM (SELECT 1) one
+LEFT JOIN own o ON TRUE
+CROSS JOIN (
+    SELECT array_agg(id ORDER BY id, allocation) AS ids, array_agg(gpus ORDER BY id, allocation) AS gpus,
+           array_agg(gpu_memory_mib ORDER BY id, allocation) AS memories, array_agg(gpu_cores ORDER BY id, allocation) AS cores,
+           array_agg(model ORDER BY id, allocation) AS models, array_agg(memory_mib ORDER BY id, allocation) AS device_memories
+    FROM live
+) l
+CROSS JOIN (
+    SELECT array_agg(model ORDER BY model) AS models, array_agg(memory ORDER BY model) AS memories
+    FROM (SELECT model, MIN(memory_mib) AS memory FROM models GROUP BY model) g
+) m
+"""
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    """What admission reads about one user and one request (``admission_read``).
+
+    Attributes:
+        policy: the user's ``EffectivePolicy``.
+        live: the user's live sessions with their reserved GPUs.
+        prices: ``pricing.prices_by_model()``.
+        models: ``[(model, smallest memory_mib)]`` of the GPUs on the candidate clusters; empty when the policy
+            holds no hours (nothing is priced then).
+    """
+
+    policy: EffectivePolicy
+    live: list[_Live]
+    prices: dict[str, Decimal]
+    models: list[tuple[str, int]]
+
+
+def admission_read(*, user, scope: list[int] | None) -> AdmissionState:
+    """Read in one query what ``admission_clusters`` and ``admission_check`` decide on for ``user``.
+
+    Call it holding the user's ``account_lock`` (the live sessions are read after that lock, so none committed by
+    an earlier request of the user is missed).
+
+    Args:
+        user: the requesting user.
+        scope: the cluster pks the request is limited to before its policy (pinned, volumes), or None (any). The
+            candidates priced are those of them that take sessions (connected, with a session domain) and that the
+            policy allows: the same as ``admission_clusters`` and ``session_create`` give ``admission_check``.
+
+    Returns:
+        An ``AdmissionState`` (the same values as ``policy_for``, ``_live_sessions``, ``_prices_and_models``).
+    """
+    fallback = settings_policy()
+    params = {"user": user.pk, "scope": _int_list(scope), "default_hours": fallback.min_balance_hours,
+              "ended": list(Session.TERMINAL_PHASES)}
+    with connection.cursor() as cursor:
+        cursor.execute(_ADMISSION_QUERY, params)
+        (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, allowed, ids, gpus, memories, cores,
+         models, device_memories, price_models, price_values, candidate_models, candidate_memories) = cursor.fetchone()
+    if found:
+        policy = EffectivePolicy(max_sessions=max_sessions, max_gpus=max_gpus, allowed_clusters=frozenset(allowed) if allowed else None,
+                                 min_balance_hours=hours, grace_seconds=grace, source="user" if own else "default",
+                                 idle_timeout_minutes=idle_timeout, idle_warning_minutes=idle_warning)
+    else:
+        policy = fallback
+    live: dict[int, _Live] = {}
+    for pk, count, memory, share, model, device_memory in zip(ids or [], gpus or [], memories or [], cores or [], models or [],
+                                                              device_memories or [], strict=True):
+        entry = live.setdefault(pk, _Live(gpus=count, gpu_memory_mib=memory, gpu_cores=share, devices=[]))
+        if device_memory is not None:
+            entry.devices.append((model, device_memory))
+    return AdmissionState(policy=policy, live=list(live.values()), prices=dict(zip(price_models, price_values, strict=True)),
+                          models=list(zip(candidate_models or [], candidate_memories or [], strict=True)))
+
+
+_ADMISSION_QUERY = _ADMISSION_SQL.format(models=_MODELS_SQL)
+
+
+def _int_list(ids) -> str | None:
+    return None if ids is None else "{" + ",".join(str(int(i)) for i in ids) + "}"
 
 
 def request_hourly_cost(*, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, clusters, prices: dict[str, Decimal] | None = None) -> Decimal:
@@ -334,14 +450,15 @@ def admission_check(
     clusters,
     locked_account: CreditAccount,
     policy: EffectivePolicy | None = None,
+    state: AdmissionState | None = None,
 ) -> None:
     """Refuse a session request the user's policy or credits do not allow; return None when admitted.
 
     Call it holding ``locked_account`` (``account_lock``), so the live sessions counted here cannot change
-    before the caller's transaction commits the new session. Queries: none more than ``policy_for`` (when not
-    given) with no limits and ``min_balance_hours`` 0; else one for the live sessions, and two for prices and the
-    candidate clusters' GPU models when ``min_balance_hours`` > 0: a constant number, whatever the number of
-    sessions, clusters or GPUs.
+    before the caller's transaction commits the new session. Queries: none with ``state``; else none more than
+    ``policy_for`` (when not given) with no limits and ``min_balance_hours`` 0; else one for the live sessions, and
+    one for prices and the candidate clusters' GPU models when ``min_balance_hours`` > 0: a constant number,
+    whatever the number of sessions, clusters or GPUs.
 
     Args:
         user: the requesting user.
@@ -350,6 +467,8 @@ def admission_check(
             ``request_hourly_cost``.
         locked_account: the user's ``CreditAccount``, locked by ``account_lock``.
         policy: the user's ``EffectivePolicy`` (read when None).
+        state: ``admission_read``'s result for this request, read under ``locked_account``'s lock: then no query is
+            made (its policy, live sessions, prices and the models of ``clusters`` are used; ``policy`` is ignored).
 
     Raises:
         QuotaExceeded: 403 ``quota_exceeded``: the live sessions + 1 would pass ``max_sessions``, or their GPUs +
@@ -358,9 +477,12 @@ def admission_check(
             ``min_balance_hours``; the body adds ``balance``, ``accrued``, ``holds``, ``available``, ``required``,
             ``hourly_cost`` (decimal strings).
     """
-    policy = policy or policy_for(user)
+    policy = state.policy if state is not None else policy or policy_for(user)
     hours = policy.min_balance_hours
-    live = _live_sessions(user) if (policy.max_sessions is not None or policy.max_gpus is not None or hours > 0) else []
+    if state is not None:
+        live = state.live
+    else:
+        live = _live_sessions(user) if (policy.max_sessions is not None or policy.max_gpus is not None or hours > 0) else []
     if policy.max_sessions is not None and len(live) + 1 > policy.max_sessions:
         raise QuotaExceeded(
             f"You have {len(live)} live session(s) and your policy allows at most {policy.max_sessions} at once (max_sessions): "
@@ -377,7 +499,7 @@ def admission_check(
     balance, accrued = locked_account.balance, locked_account.accrued
     zero = Decimal(0).quantize(CREDITS)
     if hours > 0:
-        prices, models = _prices_and_models(clusters)
+        prices, models = (state.prices, state.models) if state is not None else _prices_and_models(clusters)
         hourly = _request_cost(gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, models=models, prices=prices)
         holds, required = _holds(live, policy=policy, prices=prices), _reserve(hourly * hours)
     else:

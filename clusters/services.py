@@ -333,7 +333,7 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
 
     try:
         with transaction.atomic():
-            # Placement locks the cluster rows too (sessions.services.session_create), so under this lock no
+            # Placement locks the cluster rows too (sessions.create.session_create), so under this lock no
             # session can start on the old session_domain while it changes.
             cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
             _refuse_deregistered(cluster)

@@ -20,7 +20,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from gshare.console.options import service_errors
 from gshare.exceptions import ApplicationError
-from sessions import console_activity, console_selectors, idle, services
+from sessions import console_activity, console_selectors, create, idle, services
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_any_session, may_open_session
@@ -72,7 +72,7 @@ class StartSessionForm(forms.Form):
         self.suggestions = console_selectors.suggested_images()
         self.fields["image"].widget.attrs.update({"list": "gs-suggested-images", "autocomplete": "off", "size": 60,
                                                   "placeholder": self.suggestions[0].image if self.suggestions else "quay.io/jupyter/base-notebook"})
-        self.fields["gpus"].widget.attrs.update({"min": 1, "max": services.MAX_GPUS})
+        self.fields["gpus"].widget.attrs.update({"min": 1, "max": create.MAX_GPUS})
         self.fields["gpu_memory_mib"].widget.attrs.update({"min": 1, "step": 1})
         self.fields["gpu_cores"].widget.attrs.update({"min": 1, "max": 100})
         self.fields["cluster"].widget.choices = [("", "Automatic")] + [
@@ -107,7 +107,7 @@ class StartSessionForm(forms.Form):
         if not self.is_valid():
             return None
         try:
-            session, _ = services.session_create_idempotent(owner=self.owner, idempotency_key=self.cleaned_data["idempotency_key"],
+            session, _ = create.session_create_idempotent(owner=self.owner, idempotency_key=self.cleaned_data["idempotency_key"],
                                                             **self.request())
         except ApplicationError as exc:
             self.refusal = exc

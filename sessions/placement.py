@@ -14,7 +14,7 @@ and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/sche
 Policies: ``binpack`` (default) fills the busiest node and GPUs first, ``spread`` the idlest. Ties
 break on cluster name, node name and GPU index, so the same state gives the same decision.
 ``choose`` reads without a lock; ``reserve`` checks the fit again and writes the reservation under the chosen
-cluster's row lock (see ``sessions.services.session_create``).
+cluster's row lock (see ``sessions.create.session_create``).
 
 Volumes narrow the candidate clusters before that query (``volume_clusters``): a volume whose PVC is
 on a cluster keeps its sessions there, a pool is only used by the clusters it is shared with, and only
@@ -119,7 +119,7 @@ _POLICIES = {
     "spread": {"device_order": "d.used_count ASC, d.index, d.id", "direction": "ASC"},
 }
 
-#: A cluster that can take sessions now (``sessions.services._pinned_cluster`` says the same in Python).
+#: A cluster that can take sessions now (``sessions.create._pinned_cluster`` says the same in Python).
 _TAKES_SESSIONS = "c.status = 'connected' AND c.session_domain <> ''"
 _ELIGIBLE = "JOIN clusters_cluster c ON c.id = n.cluster_id"
 
@@ -181,7 +181,7 @@ def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: st
     all), or None when nothing fits now.
 
     One SQL query, whatever the fleet's size, taking no lock: the choice may be out of date by the time the
-    caller locks its cluster, so ``reserve`` checks it again under that lock (``sessions.services.session_create``).
+    caller locks its cluster, so ``reserve`` checks it again under that lock (``sessions.create.session_create``).
 
     Raises:
         ValueError: unknown ``policy``.

@@ -26,7 +26,8 @@ USAGE_SAMPLES = Counter(
 )
 PLACEMENT_DECISIONS = Counter(
     "gshare_placement_decisions", "Session placements by outcome: placed, no_capacity, refused_by_policy "
-    "(insufficient credits, over a quota, cluster not allowed).", ["outcome"], registry=REGISTRY,
+    "(insufficient credits, over a quota, cluster not allowed), contended (concurrent requests took the chosen capacity "
+    "on every attempt).", ["outcome"], registry=REGISTRY,
 )
 PLACEMENT_SECONDS = Histogram(
     "gshare_placement_duration_seconds", "Time of one placement (fit without a lock, the chosen cluster's lock, fit and reservation under it), seconds.",
@@ -44,7 +45,7 @@ OPERATOR_REFUSALS = Counter(
 )
 
 #: Outcomes of PLACEMENT_DECISIONS.
-PLACED, NO_CAPACITY, REFUSED_BY_POLICY = "placed", "no_capacity", "refused_by_policy"
+PLACED, NO_CAPACITY, REFUSED_BY_POLICY, CONTENDED = "placed", "no_capacity", "refused_by_policy", "contended"
 
 #: The verify histogram's children, bound once: the hot path skips the label lookup.
 _VERIFY_CHILDREN = {

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
-from sessions import idle, selectors, services
+from sessions import create, idle, selectors, services
 from sessions.api.filters import SessionFilter
 from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
 from sessions.models import Session
@@ -49,9 +49,9 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         data.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key")
         if key is None:
-            session, created = services.session_create(owner=request.user, **data.validated_data), True
+            session, created = create.session_create(owner=request.user, **data.validated_data), True
         else:
-            session, created = services.session_create_idempotent(owner=request.user, idempotency_key=key, **data.validated_data)
+            session, created = create.session_create_idempotent(owner=request.user, idempotency_key=key, **data.validated_data)
         session = selectors.session_get(user=request.user, public_id=session.public_id)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

@@ -12,7 +12,7 @@ from django_celery_beat.models import PeriodicTask
 from billing import overdrawn, tasks
 from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
-from sessions import services
+from sessions import create, services
 from sessions.models import Allocation, Session
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def lab(live_cluster):
 
 
 def start(owner, **kwargs) -> Session:
-    return services.session_create(owner=owner, image="quay.io/jupyter/base-notebook", gpus=1, **kwargs)
+    return create.session_create(owner=owner, image="quay.io/jupyter/base-notebook", gpus=1, **kwargs)
 
 
 def overdraw(user, amount="-1.23", key="debt") -> CreditAccount:

@@ -9,7 +9,7 @@ from clusters import services as cluster_services
 from clusters.models import GpuDevice, Node
 from demo import fleet
 from gshare.exceptions import Conflict
-from sessions import services as session_services
+from sessions import create
 from sessions.models import Allocation, Session
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
@@ -108,7 +108,7 @@ def test_console_cannot_delete_the_gpu_or_node_of_a_running_session(console):
     snapshot = fleet.expected_inventory("lab-c1")["snapshot"]["nodes"]  # 8x H100 80GB on gpu-h100-01, 2x V100 32GB
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot)
     user = UserFactory()
-    shared = session_services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=40000, gpu_cores=30)
+    shared = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=40000, gpu_cores=30)
     Session.objects.filter(pk=shared.pk).update(phase=Session.Phase.RUNNING)
     allocation = Allocation.objects.select_related("device__node").get(session=shared)
     gpu, node = allocation.device, allocation.device.node
@@ -123,7 +123,7 @@ def test_console_cannot_delete_the_gpu_or_node_of_a_running_session(console):
 
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot)  # the operator's next report
     with pytest.raises(Conflict) as refused:
-        session_services.session_create(owner=user, image="img", gpus=8)
+        create.session_create(owner=user, image="img", gpus=8)
     assert refused.value.code == "no_capacity"
     assert list(Allocation.objects.values()) == reserved
 

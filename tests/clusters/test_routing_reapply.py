@@ -15,7 +15,7 @@ from django.db import connections
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from demo import fleet
-from sessions import reapply
+from sessions import create, reapply
 from sessions import services as session_services
 from sessions.models import Session
 from tests.factories import UserFactory
@@ -124,7 +124,7 @@ def once_on_the_session_patch(action):
 @pytest.mark.django_db(transaction=True)
 def test_a_change_committed_while_a_reapply_is_in_flight_wins(proxied_cluster):
     cluster, emulated, hooks = proxied_cluster
-    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)  # eager: applied (ingress-nginx)
+    session = create.session_create(owner=UserFactory(), image="img", gpus=1)  # eager: applied (ingress-nginx)
     Cluster.objects.filter(pk=cluster.pk).update(routing="gateway-api")
     Session.objects.filter(pk=session.pk).update(reapply_due_at=session.created_at)
     # While the gateway-api PATCH is in flight, the routing goes back to ingress-nginx (another PATCH, committed).
@@ -139,7 +139,7 @@ def test_a_change_committed_while_a_reapply_is_in_flight_wins(proxied_cluster):
 def test_a_routing_change_during_the_first_apply_is_followed(proxied_cluster):
     cluster, emulated, hooks = proxied_cluster
     hooks.append(once_on_the_session_patch(lambda: cluster_services.cluster_update(cluster=cluster, changes={"routing": "gateway-api"})))
-    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)  # the apply reads ingress-nginx
+    session = create.session_create(owner=UserFactory(), image="img", gpus=1)  # the apply reads ingress-nginx
     (spec,) = specs(emulated).values()
     assert spec["routing"] == "gateway-api" and spec["gateway"]["name"] == "gshare-sessions"
     session.refresh_from_db()
@@ -149,7 +149,7 @@ def test_a_routing_change_during_the_first_apply_is_followed(proxied_cluster):
 @pytest.mark.django_db(transaction=True)
 def test_a_session_stopped_while_its_reapply_is_in_flight_keeps_no_object(proxied_cluster):
     cluster, emulated, hooks = proxied_cluster
-    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)
+    session = create.session_create(owner=UserFactory(), image="img", gpus=1)
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
     # The stop's delete runs (eager) before the re-apply's PATCH is relayed: it removes the object, the PATCH makes it again.
     hooks.append(once_on_the_session_patch(lambda: session_services.session_stop(session=session)))
@@ -162,7 +162,7 @@ def test_a_session_stopped_while_its_reapply_is_in_flight_keeps_no_object(proxie
 @pytest.mark.django_db
 def test_a_reapply_that_cannot_reach_the_apiserver_stays_due_and_fails_nothing(live_cluster):
     cluster, emulated = live_cluster("lab-c1")
-    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)
+    session = create.session_create(owner=UserFactory(), image="img", gpus=1)
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
     emulated.stop()
     # Eager: the re-apply runs after the commit, its first transient failure is final (Celery retries it in production).
@@ -174,7 +174,7 @@ def test_a_reapply_that_cannot_reach_the_apiserver_stays_due_and_fails_nothing(l
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_reapply_is_logged_and_not_retried_forever(proxied_cluster, caplog):
     cluster, emulated, hooks = proxied_cluster
-    session = session_services.session_create(owner=UserFactory(), image="img", gpus=1)
+    session = create.session_create(owner=UserFactory(), image="img", gpus=1)
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
     status = b'{"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "spec.routing: Unsupported value", "code": 422}'
     hooks.append(lambda method, path: (422, status) if method == "PATCH" and "/gsharesessions/" in path else None)

@@ -17,7 +17,7 @@ from clusters.models import Cluster
 from gshare.exceptions import Conflict
 from gshare.metrics import instruments
 from gshare.metrics.inventory import CACHE_KEY, QUERIES
-from sessions import placement, services
+from sessions import create, placement
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory
 from tests.metrics.promtool import check
 
@@ -72,8 +72,8 @@ def test_every_cluster_its_gpus_and_sessions_appear(client, django_user_model):
     gone = fleet(name="gone", nodes=1, gpus=1)
     Cluster.objects.filter(pk=gone.pk).update(status=Cluster.Status.DEREGISTERED)
     user = django_user_model.objects.create_user("alice")
-    whole = services.session_create(owner=user, image="img", gpus=1, cluster="alpha")
-    shared = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=8000, gpu_cores=30, cluster="alpha")
+    whole = create.session_create(owner=user, image="img", gpus=1, cluster="alpha")
+    shared = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=8000, gpu_cores=30, cluster="alpha")
     SessionFactory(cluster=b, phase="Starting")
     SessionFactory(cluster=b, phase="Terminated")
     account = CreditAccount.objects.get(user=user)
@@ -132,7 +132,7 @@ def test_a_scrape_makes_the_same_number_of_queries_whatever_the_fleet(client, dj
         fleet(name=f"c{n}", nodes=nodes, gpus=gpus)
     user = django_user_model.objects.create_user("bob")
     for _ in range(clusters):
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     with django_assert_num_queries(QUERIES):
         m = scrape(client)
     assert len(m["gshare_gpu_healthy"]) == clusters * nodes * gpus
@@ -187,9 +187,9 @@ def test_placement_decisions_and_latency_are_counted(client, django_user_model, 
     placed, no_capacity = counter("gshare_placement_decisions_total", outcome="placed"), counter("gshare_placement_decisions_total", outcome="no_capacity")
     timed = counter("gshare_placement_duration_seconds_count")
     with django_capture_on_commit_callbacks() as committed:  # "placed" is counted once the reservation commits
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     with pytest.raises(Conflict):
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     assert counter("gshare_placement_decisions_total", outcome="placed") == placed
     placed_child = instruments.PLACEMENT_DECISIONS.labels(outcome="placed")
     for callback in committed:  # only the counter's: the apply task would dial the factory cluster
@@ -210,7 +210,7 @@ def test_policy_refusals_are_counted(django_user_model):
     Policy.objects.create(user=user, max_gpus=1)
     before = counter("gshare_placement_decisions_total", outcome="refused_by_policy")
     with pytest.raises(Exception) as info:
-        services.session_create(owner=user, image="img", gpus=2)
+        create.session_create(owner=user, image="img", gpus=2)
     assert getattr(info.value, "code", None) == "quota_exceeded"
     assert counter("gshare_placement_decisions_total", outcome="refused_by_policy") == before + 1
 
@@ -258,7 +258,7 @@ def test_connect_verify_is_timed_by_outcome(client):
 def test_a_live_scrape_over_http_passes_promtool(live_server, django_user_model):
     fleet(name="alpha", nodes=2, gpus=2)
     user = django_user_model.objects.create_user("erin")
-    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=25)
+    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=25)
     response = requests.get(live_server.url + "/metrics", timeout=30)
     assert response.status_code == 200
     assert "gshare_gpu_memory_reserved_bytes{" in response.text

@@ -208,13 +208,13 @@ def test_a_routing_change_answers_at_once_and_the_reconciler_reapplies_later(htt
 
 
 def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster, broker, silent_listener):
-    from sessions import services
+    from sessions import create, services
     from tests.factories import UserFactory
 
     cluster, _ = live_cluster("lab-c1")
     owner = UserFactory()
     for n in range(3):
-        services.session_create(owner=owner, image="img", gpus=1, name=f"s{n}")  # eager: applied, then put back
+        create.session_create(owner=owner, image="img", gpus=1, name=f"s{n}")  # eager: applied, then put back
     Session.objects.update(phase=Session.Phase.SCHEDULED)
     backdate(created_at=True)
     broker(f"redis://{silent_listener}/0")

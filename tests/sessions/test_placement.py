@@ -14,7 +14,7 @@ from clusters import services as cluster_services
 from clusters.models import Cluster, GpuDevice, Node
 from gshare.exceptions import Conflict
 from operator_agent import contract
-from sessions import placement, services
+from sessions import create, placement, services
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 from tests.helpers import run_threads, silent_kubeconfig
@@ -39,12 +39,12 @@ def fleet(nodes=2, gpus=2, split=4, memory=16000, cores=100, name=None):
 
 def test_whole_gpus_are_exclusive(user):
     fleet(nodes=1, gpus=2)
-    a = services.session_create(owner=user, image="img", gpus=1)
-    b = services.session_create(owner=user, image="img", gpus=1)
+    a = create.session_create(owner=user, image="img", gpus=1)
+    b = create.session_create(owner=user, image="img", gpus=1)
     assert a.phase == Session.Phase.SCHEDULED
     assert {x.device_id for x in a.allocations.all()} != {x.device_id for x in b.allocations.all()}
     with pytest.raises(Conflict) as info:
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     assert info.value.code == "no_capacity"
     assert "2 healthy GPU(s)" in info.value.detail and "0 with nothing on them" in info.value.detail
 
@@ -52,35 +52,35 @@ def test_whole_gpus_are_exclusive(user):
 def test_shares_respect_split_memory_and_cores(user):
     fleet(nodes=1, gpus=1, split=3, memory=10000, cores=100)
     for _ in range(2):
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=40)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=40)
     with pytest.raises(Conflict):  # memory: 8000 + 4000 > 10000
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=10)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=10)
     with pytest.raises(Conflict):  # cores: 80 + 30 > 100
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=30)
-    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=2000, gpu_cores=20)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=30)
+    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=2000, gpu_cores=20)
     with pytest.raises(Conflict):  # split count 3 reached
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
     with pytest.raises(Conflict):  # whole GPU needs an empty device
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
 
 
 def test_multi_gpu_sessions_stay_on_one_node(user):
     fleet(nodes=2, gpus=2)
-    session = services.session_create(owner=user, image="img", gpus=2)
+    session = create.session_create(owner=user, image="img", gpus=2)
     nodes = {a.device.node_id for a in session.allocations.select_related("device")}
     assert len(nodes) == 1 and session.allocations.count() == 2
     with pytest.raises(Conflict):
-        services.session_create(owner=user, image="img", gpus=3)
+        create.session_create(owner=user, image="img", gpus=3)
 
 
 def test_binpack_fills_the_busy_node_and_spread_the_idle_one(user, settings):
     fleet(nodes=2, gpus=4)
-    first = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
-    second = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
+    first = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
+    second = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
     assert first.node == second.node
     assert first.allocations.get().device_id == second.allocations.get().device_id  # same GPU: binpack
     settings.GSHARE_PLACEMENT_POLICY = "spread"
-    third = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
+    third = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
     assert third.node != first.node
 
 
@@ -89,7 +89,7 @@ def test_decisions_are_deterministic(user):
     fleet(nodes=3, gpus=2, name="alpha")
     picks = []
     for _ in range(2):
-        session = services.session_create(owner=user, image="img", gpus=1)
+        session = create.session_create(owner=user, image="img", gpus=1)
         picks.append((session.cluster.name, session.node, session.allocations.get().device.index))
         services.session_fail(session=session, message="test")
     assert picks[0] == picks[1]
@@ -100,29 +100,29 @@ def test_unhealthy_devices_unready_nodes_and_other_clusters_are_skipped(user):
     cluster = fleet(nodes=1, gpus=1)
     cluster.devices.update(health=False)
     with pytest.raises(Conflict):
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     cluster.devices.update(health=True)
     cluster.nodes.update(ready=False)
     with pytest.raises(Conflict):
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     cluster.nodes.update(ready=True)
     Cluster.objects.filter(pk=cluster.pk).update(status=Cluster.Status.DEGRADED)
     with pytest.raises(Conflict):
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
 
 
 def test_ending_releases_the_gpus(user):
     fleet(nodes=1, gpus=1)
-    session = services.session_create(owner=user, image="img", gpus=1)
+    session = create.session_create(owner=user, image="img", gpus=1)
     services.session_fail(session=session, message="gone")
     assert Allocation.objects.count() == 0
-    services.session_create(owner=user, image="img", gpus=1)
+    create.session_create(owner=user, image="img", gpus=1)
 
 
 def test_query_count_is_bounded(user):
     fleet(nodes=5, gpus=4)
     with CaptureQueriesContext(connection) as queries:
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=100)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=100)
     assert len(queries) <= 11, [q["sql"][:80] for q in queries]  # 11: the audit row (its cluster by subqueries, no query)
 
 
@@ -140,7 +140,7 @@ def test_concurrent_requests_never_take_the_last_capacity_twice(django_user_mode
     def attempt():
         try:
             barrier.wait()
-            session = services.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=3000)
+            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=3000)
             results.append(session.public_id)
         except Conflict as exc:
             results.append(exc.code)
@@ -210,7 +210,7 @@ def test_counters_equal_a_recount_after_random_creates_and_ends(user, settings):
             gpus = rng.choice([1, 1, 2, 3])
             memory, cores = rng.choice([(None, None), (None, None), (2000, 10), (4000, 25), (None, 50), (3000, None)])
             try:
-                live.append(services.session_create(owner=user, image="img", gpus=gpus, gpu_memory_mib=memory, gpu_cores=cores,
+                live.append(create.session_create(owner=user, image="img", gpus=gpus, gpu_memory_mib=memory, gpu_cores=cores,
                                                     cluster=first.name if step % 5 == 0 else None))
                 placed += 1
             except Conflict as exc:
@@ -228,8 +228,8 @@ def test_counters_equal_a_recount_after_random_creates_and_ends(user, settings):
 
 def test_ended_sessions_of_a_status_report_release_their_gpus(user):
     cluster = fleet(nodes=1, gpus=2)
-    a = services.session_create(owner=user, image="img", gpus=1)
-    b = services.session_create(owner=user, image="img", gpus=1)
+    a = create.session_create(owner=user, image="img", gpus=1)
+    b = create.session_create(owner=user, image="img", gpus=1)
     assert Node.objects.get(cluster=cluster).free_devices == 0
     services.session_status_apply(cluster=cluster, reports=[
         {"session": a.public_id, "phase": contract.PHASE_FAILED, "observed_at": timezone.now()},
@@ -238,7 +238,7 @@ def test_ended_sessions_of_a_status_report_release_their_gpus(user):
     node = Node.objects.get(cluster=cluster)
     assert (node.load, node.free_devices) == (0, 2)
     assert stored() == recount()
-    services.session_create(owner=user, image="img", gpus=2)
+    create.session_create(owner=user, image="img", gpus=2)
 
 
 def snapshot_of(cluster, *, memory=16000, cores=100, split=4, drop=()):
@@ -256,8 +256,8 @@ def snapshot_of(cluster, *, memory=16000, cores=100, split=4, drop=()):
 
 def test_inventory_never_overwrites_counters_and_keeps_nodes_right(user):
     cluster = fleet(nodes=1, gpus=3, split=4, memory=16000)
-    shared = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=20)
-    whole = services.session_create(owner=user, image="img", gpus=1)
+    shared = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=20)
+    whole = create.session_create(owner=user, image="img", gpus=1)
     before = stored()
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster))  # same inventory again
     assert stored() == before == recount()
@@ -280,7 +280,7 @@ def test_inventory_never_overwrites_counters_and_keeps_nodes_right(user):
 
 def test_inventory_may_shrink_a_gpu_below_what_is_reserved(user):
     cluster = fleet(nodes=1, gpus=1, split=4, memory=16000)
-    session = services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=12000, gpu_cores=60)
+    session = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=12000, gpu_cores=60)
     # HAMi re-registers the GPU with less memory and fewer cores: accepted (the operator reports what is).
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, memory=10000, cores=50))
     device = GpuDevice.objects.get()
@@ -289,17 +289,17 @@ def test_inventory_may_shrink_a_gpu_below_what_is_reserved(user):
     node = Node.objects.get()
     assert (node.max_free_memory_mib, node.max_free_cores) == (0, 0)
     with pytest.raises(Conflict) as info:  # nothing more goes on the over-committed GPU
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
     assert info.value.code == "no_capacity"
     assert placement.usage_recompute(cluster_ids=[cluster.pk]) == [device.pk]  # reported as over capacity
     services.session_fail(session=session, message="test")  # and it is released as usual
     assert stored() == recount()
-    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=10000, gpu_cores=50)
+    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=10000, gpu_cores=50)
 
 
 def test_the_database_refuses_inconsistent_counters(user):
     fleet(nodes=1, gpus=1)
-    session = services.session_create(owner=user, image="img", gpus=1)
+    session = create.session_create(owner=user, image="img", gpus=1)
     device = session.allocations.get().device
     for change in ({"used_count": 2}, {"used_count": -1}, {"used_count": 0}, {"used_memory_mib": -5}):
         with pytest.raises(IntegrityError), transaction.atomic():
@@ -310,17 +310,17 @@ def test_the_database_refuses_inconsistent_counters(user):
 
 def test_a_reservation_that_would_over_commit_is_refused_by_the_database(user):
     fleet(nodes=1, gpus=1, split=4, memory=10000)
-    services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
     # Counters wrong behind placement's back (what a release path without the cluster lock could cause).
     GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0)
     Node.objects.update(max_free_memory_mib=10000, open_devices=1)
     with pytest.raises(IntegrityError, match="over-commit"):
-        services.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
     assert Allocation.objects.count() == 1  # nothing was reserved
     GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0, used_exclusive=False)
     Node.objects.update(free_devices=1)
     with pytest.raises(IntegrityError):  # a whole GPU on a shared one: the exclusive constraint refuses
-        services.session_create(owner=user, image="img", gpus=1)
+        create.session_create(owner=user, image="img", gpus=1)
     assert Allocation.objects.count() == 1
 
 
@@ -354,7 +354,7 @@ def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model
                     continue
                 memory = rng.choice([None, 3000])
                 try:
-                    mine.append(services.session_create(owner=owner, image="img", gpus=rng.choice([1, 2]), gpu_memory_mib=memory))
+                    mine.append(create.session_create(owner=owner, image="img", gpus=rng.choice([1, 2]), gpu_memory_mib=memory))
                 except Conflict as exc:
                     assert exc.code == "no_capacity"
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -377,7 +377,7 @@ def test_a_release_and_a_placement_on_one_node_do_not_lose_each_others_change(dj
     monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
     owner = django_user_model.objects.create_user("racer")
     fleet(nodes=1, gpus=2)
-    first = services.session_create(owner=owner, image="img", gpus=1)
+    first = create.session_create(owner=owner, image="img", gpus=1)
     recounted, real = threading.Event(), placement.usage_recompute
     releasing = threading.local()
 
@@ -403,7 +403,7 @@ def test_a_release_and_a_placement_on_one_node_do_not_lose_each_others_change(dj
     def place():
         try:
             assert recounted.wait(10)
-            services.session_create(owner=owner, image="img", gpus=1)
+            create.session_create(owner=owner, image="img", gpus=1)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from clusters.models import Cluster, GpuDevice
 from gshare.exceptions import Conflict
+from gshare.metrics import instruments
 from operator_agent import contract
-from sessions import services
+from sessions import create, services
 from sessions.models import Allocation, Session
 from tests.helpers import run_threads
 from tests.sessions.test_placement import fleet, recount, stored
@@ -78,7 +79,7 @@ def test_concurrent_creators_and_releasers_never_over_commit_and_counters_equal_
                     continue
                 _, cluster, gpus, memory = step
                 try:
-                    mine.append(services.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory, cluster=cluster))
+                    mine.append(create.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory, cluster=cluster))
                     placed.append(mine[-1].cluster_id)
                 except Conflict as exc:
                     assert exc.code == "no_capacity", exc.code
@@ -111,7 +112,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     def hold_alpha():
         try:
             with transaction.atomic():
-                results["first"] = services.session_create(owner=first, image="img", gpus=1, cluster="alpha")
+                results["first"] = create.session_create(owner=first, image="img", gpus=1, cluster="alpha")
                 holding.set()
                 time.sleep(1.0)  # the second request chooses alpha meanwhile, then waits for its lock
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -123,7 +124,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     def place():
         try:
             assert holding.wait(10)
-            results["second"] = services.session_create(owner=second, image="img", gpus=1)
+            results["second"] = create.session_create(owner=second, image="img", gpus=1)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:
@@ -139,6 +140,54 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_request_that_loses_its_choice_on_every_attempt_is_refused_as_contended(django_user_model, monkeypatch):
+    """With one attempt, the request whose choice went stale (as above) is refused 409 ``placement_contended``, reserves
+    nothing, and is counted under the ``contended`` outcome, not ``no_capacity`` (beta still had room)."""
+    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(create, "PLACEMENT_ATTEMPTS", 1)
+    fleet(nodes=1, gpus=1, name="alpha")
+    fleet(nodes=1, gpus=1, name="beta")
+    first, second = (django_user_model.objects.create_user(name) for name in ("first", "second"))
+
+    def decisions(outcome: str) -> float:
+        return instruments.REGISTRY.get_sample_value("gshare_placement_decisions_total", {"outcome": outcome}) or 0.0
+
+    contended, no_capacity = decisions(instruments.CONTENDED), decisions(instruments.NO_CAPACITY)
+    holding, results, errors = threading.Event(), {}, []
+
+    def hold_alpha():
+        try:
+            with transaction.atomic():
+                create.session_create(owner=first, image="img", gpus=1, cluster="alpha")
+                holding.set()
+                time.sleep(1.0)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            holding.set()
+            connections.close_all()
+
+    def place():
+        try:
+            assert holding.wait(10)
+            create.session_create(owner=second, image="img", gpus=1)
+        except create.PlacementContended as exc:
+            results["refused"] = exc
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    run_threads(lambda f: f(), [(hold_alpha,), (place,)], timeout=30)
+    assert errors == []
+    assert results["refused"].code == "placement_contended"
+    assert not Session.objects.filter(owner=second).exists()
+    assert Allocation.objects.count() == 1
+    assert decisions(instruments.CONTENDED) == contended + 1
+    assert decisions(instruments.NO_CAPACITY) == no_capacity
+
+
+@pytest.mark.django_db(transaction=True)
 def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_model, monkeypatch):
     """While a transaction holds alpha's lock (a placement on alpha not committed yet), a request pinned to beta is
     placed at once, and one not pinned that fits only on beta too: only the chosen cluster is locked."""
@@ -151,7 +200,7 @@ def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_
     def hold_alpha():
         try:
             with transaction.atomic():
-                services.session_create(owner=holder, image="img", gpus=2, cluster="alpha")
+                create.session_create(owner=holder, image="img", gpus=2, cluster="alpha")
                 holding.set()
                 results["released_in_time"] = done.wait(20)  # commits only once the other placements are done
         except Exception as exc:  # noqa: BLE001 - reported below
@@ -163,9 +212,9 @@ def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_
     def place():
         try:
             assert holding.wait(10)
-            results["pinned"] = services.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, cluster="beta")
+            results["pinned"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, cluster="beta")
             rng = random.Random(3)
-            results["any"] = services.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]))
+            results["any"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]))
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:

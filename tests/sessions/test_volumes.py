@@ -16,7 +16,7 @@ from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from gshare.exceptions import Conflict
 from operator_agent.storage import collect_storage
-from sessions import placement, services
+from sessions import create, placement
 from sessions.models import Session
 from storage.models import ClusterStorageClasses, StoragePool, Volume
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
@@ -291,7 +291,7 @@ def test_the_query_count_does_not_grow_with_the_number_of_volumes(django_user_mo
     counts = []
     for volumes in ([], one, eight):
         with CaptureQueriesContext(connection) as queries:
-            session = services.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100,
+            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100,
                                               volumes=[v.public_id for v in volumes])
         counts.append(len(queries))
         assert session.volumes.count() == len(volumes)
@@ -319,10 +319,10 @@ def test_a_claim_made_after_the_first_check_is_seen_under_the_lock(django_user_m
 
     monkeypatch.setattr(placement, "volume_clusters", claim_meanwhile)
     with pytest.raises(Conflict) as info:
-        services.session_create(owner=owner, image="img", gpus=1, cluster="alpha", volumes=[vol.public_id])
+        create.session_create(owner=owner, image="img", gpus=1, cluster="alpha", volumes=[vol.public_id])
     assert info.value.code == "volume_on_another_cluster" and "beta" in info.value.detail
     Volume.objects.filter(pk=vol.pk).update(cluster=None, claim_name="")
-    session = services.session_create(owner=owner, image="img", gpus=1, volumes=[vol.public_id])
+    session = create.session_create(owner=owner, image="img", gpus=1, volumes=[vol.public_id])
     assert session.cluster == beta
     vol.refresh_from_db()
     assert (vol.cluster, vol.claim_name) == (beta, "claimed")

@@ -12,7 +12,7 @@ from django.db import OperationalError, connections, transaction
 from audit.models import AuditRecord
 from clusters.probe import ClusterUnreachable
 from gshare.exceptions import Conflict
-from sessions import services as session_services
+from sessions import create
 from storage import services
 from storage.models import Volume
 from tests.factories import ClusterFactory, UserFactory, VolumeFactory
@@ -49,7 +49,7 @@ def test_the_row_is_not_locked_while_the_pvc_is_deleted(silent_listener, setting
             break
     assert seen == Volume.Status.DELETING
     with pytest.raises(Conflict) as refused:  # a session cannot mount it meanwhile
-        session_services.session_create(owner=volume.owner, image="img", gpus=1, volumes=[volume.public_id])
+        create.session_create(owner=volume.owner, image="img", gpus=1, volumes=[volume.public_id])
     assert refused.value.code == "volume_deleting"
     with pytest.raises(services.VolumeDeleting):
         services.volume_update_quota(volume=volume, quota_gb=volume.quota_gb + 1)

@@ -1,0 +1,502 @@
+"""Session creation: validation, admission, placement on the fleet, the reservation, volumes, the audit row.
+
+``session_create`` (and ``session_create_idempotent``, its retry-safe form) are the only functions that create
+sessions; the API and the console call them. Everything after creation (the apply to the cluster, stop, status
+reports) is ``sessions.services``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+
+from audit.services import Action, audit_record, created
+from billing import admission
+from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
+from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
+from clusters.models import Cluster
+from clusters.refs import cluster_by_ref
+from gshare.exceptions import ApplicationError, Conflict, NotFound
+from gshare.metrics import instruments
+from sessions import placement, selectors, services
+from sessions.models import Session
+from storage.models import Volume
+from storage.services import volume_claim_name
+
+logger = logging.getLogger(__name__)
+
+MAX_GPUS = 16
+
+class InvalidSessionRequest(ApplicationError):
+    """400: the request's numbers or image are out of range."""
+
+    code = "invalid_request"
+    status = 400
+
+
+def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str]) -> None:
+    problems = []
+    if not isinstance(image, str) or not image.strip():
+        problems.append("image must be a container image reference, e.g. quay.io/jupyter/base-notebook")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS:
+        problems.append(f"gpus must be a whole number from 1 to {MAX_GPUS}")
+    if gpu_memory_mib is not None and (not isinstance(gpu_memory_mib, int) or isinstance(gpu_memory_mib, bool) or gpu_memory_mib < 1):
+        problems.append("gpu_memory_mib must be a positive number of MiB per GPU (omit it for whole GPUs)")
+    if gpu_cores is not None and (not isinstance(gpu_cores, int) or isinstance(gpu_cores, bool) or not 1 <= gpu_cores <= 100):
+        problems.append("gpu_cores must be a percentage of one GPU from 1 to 100 (omit it for whole GPUs)")
+    if not isinstance(volumes, list | tuple) or not all(isinstance(v, str) and v for v in volumes):
+        problems.append("volumes must be a list of volume ids (vol_...)")
+    elif len(volumes) > placement.MAX_VOLUMES:
+        problems.append(f"volumes may name at most {placement.MAX_VOLUMES} volumes per session")
+    elif len(set(volumes)) != len(volumes):
+        problems.append("volumes must not name a volume twice")
+    if problems:
+        raise InvalidSessionRequest("; ".join(problems) + ".")
+
+
+def _pinned_cluster(cluster_ref: str) -> Cluster:
+    cluster = cluster_by_ref(cluster_ref)
+    if cluster.status in (Cluster.Status.DEREGISTERED, Cluster.Status.UNREACHABLE, Cluster.Status.PENDING) or not cluster.session_domain:
+        why = "has no session_domain" if not cluster.session_domain else f"is {cluster.status}"
+        raise Conflict(
+            f"Cluster {cluster.name} {why} and cannot take sessions now: pick another cluster or leave `cluster` out.",
+            code="cluster_unavailable",
+        )
+    return cluster
+
+
+def session_create(
+    *,
+    owner,
+    image: str,
+    gpus: int,
+    gpu_memory_mib: int | None = None,
+    gpu_cores: int | None = None,
+    cluster: str | None = None,
+    name: str = "",
+    volumes: list[str] | None = None,
+) -> Session:
+    """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
+
+    Admission first (``billing.admission``): the owner's credit account row is locked (created if missing),
+    then one query reads the policy, the live sessions, the prices and the candidates' GPU models
+    (``admission_read``), the policy's allowed clusters narrow the candidates, and under that lock the live sessions, their
+    holds and the balance are checked, so parallel requests of one user cannot overdraw or pass a limit.
+    Then placement, locking only the cluster the session lands on, so decisions on different clusters run
+    in parallel: ``placement.choose`` picks a node without any lock; that cluster's row is locked (``FOR NO
+    KEY UPDATE``, in the statement that inserts the session, refused if it no longer takes sessions), and
+    ``placement.reserve`` checks the fit again under the lock (the chosen node, else any node of that
+    cluster), inserts the allocations and recounts the node, in one statement. If the cluster filled up
+    between the choice and the lock, the attempt is rolled back (which releases the lock) and made again,
+    at most ``PLACEMENT_ATTEMPTS`` times. A pinned request skips the unlocked choice: the fit runs once,
+    under the lock. Two concurrent requests therefore never both take the last capacity.
+    Lock order: credit account → the chosen cluster (one) → volumes (pk order); a retry holds no cluster lock.
+    Volumes narrow the candidates first (``placement.volume_clusters``: a volume's PVC keeps its
+    sessions on its cluster; a pool is used only by the clusters it is shared with). Under the cluster
+    lock the volume rows are locked too (primary-key order) and checked again; a volume mounted for
+    the first time is given the chosen cluster, so two sessions cannot claim it for two clusters (a volume
+    claimed meanwhile for another cluster makes the attempt choose again, there).
+    Queries: 8 for a request without volumes or idempotency key, whatever the fleet's size (BEGIN and
+    COMMIT included; ``bench/placement.py``).
+
+    Args:
+        owner: the requesting user.
+        image: container image.
+        gpus: GPUs (1-16).
+        gpu_memory_mib: MiB per GPU (HAMi ``nvidia.com/gpumem``), or None.
+        gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``, 1-100), or None.
+        cluster: pin to this cluster (id ``clu_...`` or name), or None for any.
+        name: free label.
+        volumes: ids (``vol_...``) of the owner's volumes to mount at ``/data/<volume name>`` (at most
+            ``placement.MAX_VOLUMES``, each once).
+
+    Returns:
+        The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
+
+    Raises:
+        InvalidSessionRequest: 400 ``invalid_request``.
+        InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
+        QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
+        ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
+            allow) is not in the policy's allowed clusters.
+        NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster; 404 ``volume_not_found``
+            for a volume that is not a live volume of ``owner``.
+        Conflict: 409 ``cluster_unavailable`` (pinned cluster deregistered, unreachable, pending,
+            or without session_domain); 409 ``no_capacity`` (detail says what is short);
+            409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
+            ``volume_pool_not_shared`` (see ``placement.volume_clusters``).
+        PlacementContended: 409 ``placement_contended``: concurrent requests took the chosen capacity on every
+            attempt; nothing was reserved, and the request may be sent again as it is.
+    """
+    return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
+                   name=name, volumes=volumes)[0]
+
+
+def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
+    """``session_create`` once per ``(owner, idempotency_key)``: a retry gets the first session back.
+
+    The key is checked under the owner's credit account lock (the lock every ``session_create`` of that owner
+    takes first), so concurrent requests with one key create one session and the others return it; the
+    unique constraint ``session_idempotency_key_once_per_owner`` is the database's last word. A request that was
+    refused (e.g. 409 ``no_capacity``) stored nothing, so its retry is tried again.
+
+    Args:
+        owner: the requesting user.
+        idempotency_key: the caller's key (1 to 150 printable characters, e.g. a UUID).
+        **request: the keyword arguments of ``session_create`` (``image``, ``gpus``, ...).
+
+    Returns:
+        ``(session, created)``: ``created`` is False when the key named an existing session of the same request.
+
+    Raises:
+        InvalidSessionRequest: 400 ``invalid_request`` for a malformed key; and everything ``session_create`` raises.
+        IdempotencyKeyReused: 409 ``idempotency_key_reused`` when the key names a session of another request
+            (the body adds ``session``, its id).
+    """
+    key = idempotency_key.strip() if isinstance(idempotency_key, str) else ""
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise InvalidSessionRequest(f"The Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters (e.g. a UUID).")
+    idempotency = (key, _fingerprint(request))
+    replayed = _replayed(owner=owner, idempotency=idempotency)
+    if replayed is not None:
+        return replayed, False
+    try:
+        return _create(owner=owner, idempotency=idempotency, **request)
+    except IntegrityError:
+        replayed = _replayed(owner=owner, idempotency=idempotency)  # written by a request that did not wait for our lock
+        if replayed is None:
+            raise
+        return replayed, False
+
+
+def _fingerprint(request: dict) -> str:
+    """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
+    canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
+    if isinstance(canonical["volumes"], list | tuple):
+        canonical["volumes"] = sorted(map(str, canonical["volumes"]))
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_REQUEST_DEFAULTS = {"image": None, "gpus": None, "gpu_memory_mib": None, "gpu_cores": None, "cluster": None, "name": "", "volumes": []}
+
+
+def _replayed(*, owner, idempotency: tuple[str, str]) -> Session | None:
+    """The session ``owner`` created with this key, or None; refused when it was created for another request."""
+    key, fingerprint = idempotency
+    session = Session.objects.filter(owner=owner, idempotency_key=key).only("pk", "public_id", "request_fingerprint").first()
+    if session is None:
+        return None
+    if session.request_fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            f"The Idempotency-Key {key!r} was already used for session {session.public_id} with another request: send a new "
+            "key for a new session, or the same request again to get that session back.",
+            extra={"session": session.public_id},
+        )
+    return session
+
+
+#: Attempts of a placement whose chosen cluster filled up, or stopped taking sessions, between the choice (no
+#: lock) and its row lock; each attempt chooses again from what is committed by then.
+PLACEMENT_ATTEMPTS = 3
+
+
+class PlacementContended(Conflict):
+    """409: every attempt lost its chosen capacity to concurrent requests; the request may simply be retried."""
+
+    code = "placement_contended"
+
+
+class _Raced(Exception):
+    """The capacity chosen without a lock was gone once the cluster was locked: roll back and choose again."""
+
+
+def _create(
+    *,
+    owner,
+    image: str,
+    gpus: int,
+    gpu_memory_mib: int | None = None,
+    gpu_cores: int | None = None,
+    cluster: str | None = None,
+    name: str = "",
+    volumes: list[str] | None = None,
+    idempotency: tuple[str, str] | None = None,
+) -> tuple[Session, bool]:
+    """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
+    volumes = list(volumes or [])
+    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
+    pinned = _pinned_cluster(cluster) if cluster else None
+    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
+    for _ in range(PLACEMENT_ATTEMPTS):
+        mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
+        _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
+        allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
+        try:
+            # A transaction per attempt (a savepoint inside a caller's): rolling it back releases the cluster's
+            # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
+            with transaction.atomic():
+                session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
+                                            allowed=allowed, idempotency=idempotency)
+        except _Raced:
+            continue
+        if created:
+            logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
+        return session, created
+    instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.CONTENDED).inc()
+    raise PlacementContended(
+        f"Concurrent requests took the capacity chosen for this session {PLACEMENT_ATTEMPTS} times in a row: send the "
+        "request again (nothing was reserved).",
+    )
+
+
+def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+    """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
+    ``allowed`` (``placement.volume_clusters``; None: any). Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
+    gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
+    # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
+    account = admission.account_lock(user=owner)
+    if idempotency is not None:
+        # Under the owner's lock: a request with the same key that held it before us has committed by now.
+        replayed = _replayed(owner=owner, idempotency=idempotency)
+        if replayed is not None:
+            return replayed, False
+    # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
+    state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None))
+    policy = state.policy
+    try:
+        permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
+    except ClusterNotAllowed:
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+        raise
+    scope = _candidate_ids(pinned=pinned, allowed=allowed, permitted=permitted)
+    # Read only to say what is short when nothing fits (no_capacity).
+    candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
+    if scope is not None:
+        candidates = candidates.filter(pk__in=scope)
+    try:
+        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=candidates,
+                                  locked_account=account, state=state)
+    except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+        raise
+    policy_name = settings.GSHARE_PLACEMENT_POLICY
+
+    def no_capacity() -> Conflict:
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
+        where, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
+        ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
+        looked = list(candidates.values_list("pk", flat=True))
+        return Conflict(
+            f"Nothing in {where} can host {ask} now ({placement.shortfall(request=request, cluster_ids=looked)}): "
+            f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
+            code="no_capacity",
+        )
+
+    started = time.perf_counter()
+    node_id = None
+    if pinned is not None:
+        cluster_id = pinned.pk  # one candidate: the fit runs once, under its lock (reserve)
+    else:
+        choice = placement.choose(request=request, cluster_ids=scope, policy=policy_name)
+        if choice is None:
+            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            raise no_capacity()
+        cluster_id, node_id = choice.cluster_id, choice.node_id
+    session = Session(
+        owner=owner,
+        name=name,
+        image=image.strip(),
+        gpus=gpus,
+        gpu_memory_mib=gpu_memory_mib,
+        gpu_cores=gpu_cores,
+        requested_cluster=pinned,
+        cluster_id=cluster_id,
+        node=choice.node_name if node_id is not None else "",
+        phase=Session.Phase.SCHEDULED,
+        idempotency_key=idempotency[0] if idempotency else "",
+        request_fingerprint=idempotency[1] if idempotency else "",
+    )
+    # Field checks only: ranges were validated above, and the database enforces the constraints.
+    session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
+    locked = _insert_on_locked_cluster(session)
+    if locked is None:
+        if pinned is not None:
+            _pinned_cluster(pinned.public_id)  # raises cluster_unavailable, saying why
+        raise _Raced
+    claims: list[Volume] = []
+    if mounted:
+        claims = _lock_volumes(volumes=mounted, cluster_id=cluster_id, pinned=pinned)
+    # Under the cluster's lock: the chosen node first, else any node of the cluster (the fit again, now exact).
+    reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=node_id, policy=policy_name)
+    if reserved is None and node_id is not None:
+        reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, policy=policy_name)
+    instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+    if reserved is None:
+        if pinned is not None:
+            raise no_capacity()
+        raise _Raced  # the cluster filled up since the choice: choose again
+    # The recount of the node after the INSERT: refuse to commit a reservation that leaves one of its GPUs over
+    # capacity (cannot happen while every change of a cluster's allocations holds its row lock; the database's
+    # last word if that ever breaks).
+    over = set(reserved.device_ids).intersection(reserved.over)
+    if over:
+        raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
+    session.node = reserved.node_name
+    if mounted:
+        _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
+    audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
+        "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": gpu_cores, "node": session.node,
+        "volumes": [v.public_id for v in mounted],
+    }), details={"owner": owner.get_username()})
+    transaction.on_commit(lambda: services._enqueue("sessions.apply", session.pk))
+    transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)
+    return session, True
+
+
+def _candidate_ids(*, pinned: Cluster | None, allowed: frozenset[int] | None, permitted: frozenset[int] | None) -> list[int] | None:
+    """The cluster pks the request may go to (pinned, volumes, policy), or None for any; placement and admission
+    further keep those that take sessions (connected, with a session domain)."""
+    scope: frozenset[int] | None = frozenset({pinned.pk}) if pinned is not None else None
+    for narrower in (allowed, permitted):
+        if narrower is not None:
+            scope = narrower if scope is None else scope & narrower
+    return None if scope is None else sorted(scope)
+
+
+#: ``_insert_on_locked_cluster``: lock the cluster's row, if it still takes sessions, and insert the session in
+#: the same statement (the INSERT reads nothing, so the statement's snapshot does not matter to it). ``FOR NO KEY
+#: UPDATE``: conflicts with every other placement and release on the cluster and with its inventory, not with
+#: the inserts of rows that merely reference it (usage samples).
+_LOCK_AND_INSERT_SQL = """
+WITH c AS (
+    SELECT id, public_id, name FROM clusters_cluster WHERE id = %s AND status = %s AND session_domain <> '' FOR NO KEY UPDATE
+)
+INSERT INTO {table} ({columns}) SELECT {values} FROM c
+RETURNING {pk}, (SELECT public_id FROM c), (SELECT name FROM c)
+"""
+
+
+def _insert_on_locked_cluster(session: Session) -> Cluster | None:
+    """Lock ``session.cluster_id``'s row and save ``session`` (new), in one statement.
+
+    Returns:
+        The cluster (only ``pk``, ``public_id`` and ``name`` loaded), or None when it no longer takes sessions
+        (not connected, or no session domain): nothing was saved then.
+    """
+    meta = Session._meta
+    fields = [f for f in meta.local_concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(f.pre_save(session, True), connection) for f in fields]
+    sql = _LOCK_AND_INSERT_SQL.format(
+        table=connection.ops.quote_name(meta.db_table), columns=", ".join(connection.ops.quote_name(f.column) for f in fields),
+        values=", ".join(["%s"] * len(fields)), pk=connection.ops.quote_name(meta.pk.column),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [session.cluster_id, Cluster.Status.CONNECTED, *values])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    session.pk, public_id, cluster_name = row
+    session._state.adding, session._state.db = False, connection.alias
+    return Cluster.from_db(connection.alias, ["id", "public_id", "name"], (session.cluster_id, public_id, cluster_name))
+
+
+#: Volume statuses a new session cannot mount: the control plane is changing the volume's PVC.
+_BUSY_VOLUME = (Volume.Status.MOVING, Volume.Status.DELETING)
+
+
+def _refuse_moving(moving: list[Volume]) -> None:
+    """Refuse volumes being moved (409 ``volume_moving``) or deleted (409 ``volume_deleting``)."""
+    deleting = [v for v in moving if v.status == Volume.Status.DELETING]
+    if deleting:
+        volume = deleting[0]
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) is being deleted: leave it out of `volumes`.", code="volume_deleting",
+        )
+    if moving:
+        volume = moving[0]
+        raise Conflict(
+            f"Volume {volume.name} ({volume.public_id}) is being moved to another cluster: start the session once the move "
+            f"is done (`GET /api/v1/storage/volumes/{volume.public_id}` shows its cluster).",
+            code="volume_moving",
+        )
+
+
+def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | None) -> list[Volume]:
+    """Lock the volumes' rows (primary-key order, after the chosen cluster's row) and check them again.
+
+    Between the first check (``placement.volume_clusters``, no lock) and this one another session may
+    have claimed a new volume for a cluster, or a move may have started: the locked rows decide.
+
+    Returns:
+        The volumes to claim for the chosen cluster: unsaved ``Volume`` objects carrying only pk and
+        ``claim_name`` (what ``_mount`` writes).
+
+    Raises:
+        _Raced: a volume is now held by another cluster than ``cluster_id`` (choose again: the next attempt's
+            first check keeps the session on that cluster).
+    """
+    by_pk = {v.pk: v for v in volumes}
+    rows = list(
+        Volume.objects.filter(pk__in=sorted(by_pk)).order_by("pk").select_for_update()
+        .values_list("pk", "cluster_id", "status", "claim_name", named=True)
+    )
+    gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r.pk for r in rows})] + [by_pk[r.pk] for r in rows if r.status == Volume.Status.DELETED]
+    if gone:
+        raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code="volume_not_found")
+    busy = [r for r in rows if r.status in _BUSY_VOLUME]
+    for row in busy:
+        by_pk[row.pk].status = row.status
+    _refuse_moving([by_pk[r.pk] for r in busy])
+    claims = [Volume(pk=r.pk, claim_name=r.claim_name or volume_claim_name(by_pk[r.pk].public_id)) for r in rows if r.cluster_id is None]
+    holders = sorted({r.cluster_id for r in rows if r.cluster_id is not None})
+    if not holders or holders == [cluster_id]:
+        return claims
+    if len(holders) > 1:
+        raise Conflict(
+            "The volumes were just claimed by sessions on different clusters and a session runs on one: move them onto one "
+            "cluster first (`POST /api/v1/storage/volumes/{id}/move`), or mount them in separate sessions.",
+            code="volumes_on_different_clusters",
+        )
+    # A volume was claimed by a session on, or moved to, another cluster since the first check.
+    (holder,) = holders
+    if pinned is None:
+        raise _Raced
+    held, volume = Cluster.objects.get(pk=holder), next(by_pk[r.pk] for r in rows if r.cluster_id == holder)
+    raise Conflict(
+        f"Volume {volume.name} ({volume.public_id}) was just mounted by a session on, or moved to, cluster {held.name} "
+        f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
+        f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
+        f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
+        code="volume_on_another_cluster",
+    )
+
+
+def _mount(*, session: Session, volumes: list[Volume], claims: list[Volume], cluster_id: int) -> None:
+    """Give the new volumes (``claims``) the chosen cluster and record the session's volumes (two queries at most)."""
+    if claims:
+        for claim in claims:
+            claim.cluster_id = cluster_id
+        Volume.objects.bulk_update(claims, ["cluster", "claim_name"])
+    through = Session.volumes.through
+    through.objects.bulk_create([through(session_id=session.pk, volume_id=v.pk) for v in volumes])
+
+
+def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool, by_policy: bool = False) -> tuple[str, str]:
+    """Where a refused placement looked (for ``no_capacity``) and the volume move hint, if a volume kept it there."""
+    held = next((v for v in sorted(volumes, key=lambda v: v.name) if v.cluster_id is not None), None)
+    if held is not None:
+        return (f"cluster {held.cluster.name} (volume {held.name} is there)",
+                f", or move volume {held.name} to a cluster with room (`POST /api/v1/storage/volumes/{held.public_id}/move`)")
+    if pinned is not None:
+        return f"cluster {pinned.name}", ""
+    if restricted:
+        return "the clusters your volumes' storage pools are shared with", ""
+    if by_policy:
+        return "the clusters your policy allows", ""
+    return "the fleet", ""
