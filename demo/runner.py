@@ -58,6 +58,9 @@ DEMO_DATABASE = "gshare_demo"
 RESEARCHER = "alice"
 RESEARCHER_CREDITS = 200
 READY_TIMEOUT = 90.0
+#: The demo's billing period and settle time (seconds) unless the environment sets them: short, so period charges show.
+DEMO_BILLING_PERIOD_SECONDS = 300
+DEMO_BILLING_SETTLE_SECONDS = 30
 
 
 class DemoError(RuntimeError):
@@ -349,6 +352,9 @@ def run_demo(options: DemoOptions) -> dict:
             "GSHARE_SESSION_SCHEME": "http",
             "GSHARE_SESSION_PORT": str(ingress_port),
             "GSHARE_IDLE_POLICY_MINUTE_SECONDS": str(settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS),
+            # Five-minute billing periods (an hour by default), so a demo's ledger shows period charges within minutes.
+            "GSHARE_BILLING_PERIOD_SECONDS": os.environ.get("GSHARE_BILLING_PERIOD_SECONDS", str(DEMO_BILLING_PERIOD_SECONDS)),
+            "GSHARE_BILLING_SETTLE_SECONDS": os.environ.get("GSHARE_BILLING_SETTLE_SECONDS", str(DEMO_BILLING_SETTLE_SECONDS)),
             "PYTHONUNBUFFERED": "1",
         }
         _say(f"starting the web server on 127.0.0.1:{port} ({url} public, {internal_url} internal), a Celery worker and beat")
