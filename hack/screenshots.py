@@ -5,7 +5,8 @@ Usage (the demo running in another shell)::
     .venv/bin/python hack/screenshots.py [--state .gshare/demo/state.json] [--out docs/images]
 
 Through the demo's API it first creates a volume and starts one GPU session per cluster (the first one mounting the
-volume), waits until they are Running, the volume is bound and the ledger holds their first usage charges; then it
+volume), waits until they are Running, the volume is bound and the ledger holds their first period charges
+(five-minute billing periods in the demo: up to about six minutes); then it
 logs into the console as ``admin`` with Playwright driving Debian's Chromium (``apt-get install chromium``:
 ``playwright install`` downloads a browser build of its own, which this project does not rely on) and saves one
 1400x900 PNG per page in ``--out``, opens the session of each cluster (its stand-in page, through lab-c1's
@@ -114,7 +115,7 @@ def prepare_fleet(state: dict, sessions: list[str]) -> None:
     for session_id in sessions:
         _wait(f"a usage charge for {session_id}", lambda sid=session_id: any(
             e["kind"] == "charge" for e in http.get(f"{api}/billing/ledger", params={"session": sid}, timeout=10).json()["results"]
-        ), 120)
+        ), 420)
 
 
 def stop_sessions(state: dict, sessions: list[str]) -> None:
