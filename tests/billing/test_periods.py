@@ -263,5 +263,8 @@ def test_concurrent_ingests_and_closes_of_one_account_keep_the_totals_exact(lab_
     account.refresh_from_db()
     assert account.accrued == 0 and account.balance == -(UsageSample.objects.aggregate(s=Sum("cost"))["s"])
     for session in sessions:
-        assert sorted(c.period_start for c in charges(session)) == [T0 + n * HOUR for n in range(4)]
+        # A sample of a period the closers charged before it arrived is billed in the next period, so the last
+        # hour's samples may make a fifth period's charge; never two charges of one period.
+        starts = [c.period_start for c in charges(session)]
+        assert len(starts) == len(set(starts)) and {T0 + n * HOUR for n in range(4)} <= set(starts) <= {T0 + n * HOUR for n in range(5)}
     assert_books()
