@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable
 from datetime import datetime
 
-from clusters.models import GpuDevice
+from clusters.models import GpuDevice, Node
 from operator_agent.contract import GPU_MODE_LABEL
 
 #: The snapshot's nodes and GPUs, per connection, emptied at every commit (and gone with a rollback). Created in
@@ -35,6 +35,9 @@ _STAGING_DDL = """
     ) ON COMMIT DELETE ROWS;
     DELETE FROM inventory_node_staging;
     DELETE FROM inventory_device_staging"""
+
+#: ``Node.gpu_mode``'s length: the node's ``GPU_MODE_LABEL`` value is cut to it.
+_GPU_MODE_LENGTH = Node._meta.get_field("gpu_mode").max_length
 
 _NODE_COLUMNS = ("name", "labels", "gpu_mode", "ready", "inventory_error")
 _DEVICE_COLUMNS = ("uuid", "node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode")
@@ -159,14 +162,16 @@ def stage(cursor, nodes: list[dict]) -> int:
     """
     cursor.execute(_STAGING_DDL)
     dumps = json.dumps
+    # Cut to their columns' lengths: a label value is any string (the schema bounds none), an error any length.
     _copy(cursor, "inventory_node_staging", _NODE_COLUMNS, (
-        (node["name"], dumps(labels := node.get("labels") or {}), labels.get(GPU_MODE_LABEL, ""), bool(node["ready"]),
+        (node["name"], dumps(labels := node.get("labels") or {}), labels.get(GPU_MODE_LABEL, "")[:_GPU_MODE_LENGTH], bool(node["ready"]),
          (node.get("hami_error") or "")[:500])
         for node in nodes
     ))
+    # int(): the schema's integers include integral floats (``1.0``, ``8.1559e4``), which COPY's text would refuse.
     devices = [
-        (device["uuid"], node["name"], device["index"], device["model"], device["memory_mib"], device["split_count"], device["cores"],
-         bool(device["health"]), device.get("mode") or "")
+        (device["uuid"], node["name"], int(device["index"]), device["model"], int(device["memory_mib"]), int(device["split_count"]),
+         int(device["cores"]), bool(device["health"]), device.get("mode") or "")
         for node in nodes
         for device in node["devices"]
     ]

@@ -61,7 +61,9 @@ def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: i
 
 def _pinned_cluster(cluster_ref: str) -> Cluster:
     cluster = cluster_by_ref(cluster_ref)
-    if cluster.status in (Cluster.Status.DEREGISTERED, Cluster.Status.UNREACHABLE, Cluster.Status.PENDING) or not cluster.session_domain:
+    # Only a connected cluster takes sessions (the lock's statement, _LOCK_AND_INSERT_SQL, says so too): any other
+    # status refused here, or a pinned request would retry a lock it can never get and answer placement_contended.
+    if cluster.status != Cluster.Status.CONNECTED or not cluster.session_domain:
         why = "has no session_domain" if not cluster.session_domain else f"is {cluster.status}"
         raise Conflict(
             f"Cluster {cluster.name} {why} and cannot take sessions now: pick another cluster or leave `cluster` out.",
@@ -126,7 +128,7 @@ def session_create(
             allow) is not in the policy's allowed clusters.
         NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster; 404 ``volume_not_found``
             for a volume that is not a live volume of ``owner``.
-        Conflict: 409 ``cluster_unavailable`` (pinned cluster deregistered, unreachable, pending,
+        Conflict: 409 ``cluster_unavailable`` (pinned cluster not connected: degraded, unreachable, pending, deregistered;
             or without session_domain); 409 ``no_capacity`` (detail says what is short);
             409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
             ``volume_pool_not_shared`` (see ``placement.volume_clusters``).

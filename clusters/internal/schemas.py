@@ -61,7 +61,8 @@ class _Body(TypedDict):
 
 _decoder = msgspec.json.Decoder(_Body)
 #: What may decode to text PostgreSQL cannot store: an escaped NUL or surrogate, or a UTF-8-encoded surrogate. Found
-#: (rarely, and also inside an escaped backslash), the decoded body is searched exactly (``unstorable_text_path``).
+#: (rarely, and also inside an escaped backslash), the body is left to the schema's reader, which searches all of it
+#: exactly (``unstorable_text_path``), keys this reader drops included.
 _MAYBE_UNSTORABLE = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
@@ -78,7 +79,7 @@ def inventory_read(raw: bytes) -> dict | None:
         return None
     if "nodes" not in body and "digest" not in body:
         return None
-    if _MAYBE_UNSTORABLE.search(raw) and unstorable_text_path(body):
+    if _MAYBE_UNSTORABLE.search(raw):  # also in a key this reader drops, which the schema's reader refuses too
         return None
     if any(rfc3339.parse(result["checked_at"]) is None for result in (body.get("checks") or {}).values()):
         return None
