@@ -14,15 +14,12 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.db.models import Prefetch
 from django.utils import timezone
 
 from clusters.kube import KubeRefused, KubeUnavailable
 from clusters.models import Cluster
 from clusters.routing import routing_key
-from sessions.manifests import gshare_session_manifest
 from sessions.models import Session
-from storage.models import Volume
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +78,9 @@ def session_reapply(*, session: Session) -> Session:
         TransientApplyError: the apiserver did not answer or was overloaded (the task retries; when it gives up the mark
             stays for ``sessions.reconcile``).
     """
-    from sessions.services import _ENDED, TransientApplyError, _delete_object, _gateway  # services imports this module
+    from sessions.services import _ENDED, TransientApplyError, _delete_object, apply_gshare_session, session_for_apply  # services imports this module
 
-    session = (
-        Session.objects.select_related("cluster", "owner")
-        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.select_related("pool")))
-        .get(pk=session.pk)
-    )
+    session = session_for_apply(session.pk)
     due = session.reapply_due_at
     if due is None or session.cluster is None:
         return session
@@ -98,11 +91,8 @@ def session_reapply(*, session: Session) -> Session:
     if session.phase in _ENDED:
         _delete_object(session)
     elif session.phase in (Session.Phase.STARTING, Session.Phase.RUNNING):
-        applied = routing_key(session.cluster)
-        manifest = gshare_session_manifest(session)
         try:
-            with _gateway(session.cluster) as kube:
-                kube.apply(manifest)
+            applied = apply_gshare_session(session)
         except KubeUnavailable as exc:
             raise TransientApplyError(f"re-applying to {session.cluster.name}: the apiserver {exc}") from None
         except KubeRefused as exc:

@@ -125,6 +125,32 @@ def _gateway(cluster: Cluster) -> KubeGateway:
     return KubeGateway.for_cluster(cluster, call_timeout=settings.GSHARE_PROBE_TIMEOUT)
 
 
+def session_for_apply(pk: int) -> Session:
+    """The session ``pk`` with what its GShareSession is built from (cluster, owner, volumes and their pools)."""
+    return (
+        Session.objects.select_related("cluster", "owner")
+        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.select_related("pool")))
+        .get(pk=pk)
+    )
+
+
+def apply_gshare_session(session: Session) -> tuple[str, str, str]:
+    """Server-side apply ``session``'s GShareSession (``sessions.manifests``) to its cluster, with no row lock held.
+
+    Returns:
+        The ``clusters.routing.routing_key`` the manifest was built from, for ``reapply.routing_changed_since``.
+
+    Raises:
+        KubeUnavailable: the apiserver did not answer, or answered 5xx/429. KubeRefused: it refused the object.
+        KubeconfigError: the cluster's stored kubeconfig is unusable.
+    """
+    applied = routing_key(session.cluster)
+    manifest = gshare_session_manifest(session)
+    with _gateway(session.cluster) as kube:
+        kube.apply(manifest)
+    return applied
+
+
 def session_apply(*, session: Session) -> Session:
     """Apply the session's GShareSession to its cluster (server-side apply) and mark it Starting.
 
@@ -136,25 +162,18 @@ def session_apply(*, session: Session) -> Session:
     cluster's routing changed while the apply was in flight, the session is marked for a re-apply
     (``sessions.reapply``), also when the operator reported it Starting or Running before this function could.
     """
-    session = (
-        Session.objects.select_related("cluster", "owner")
-        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.select_related("pool")))
-        .get(pk=session.pk)
-    )
+    session = session_for_apply(session.pk)
     if session.phase != Session.Phase.SCHEDULED:
         return session
-    applied = routing_key(session.cluster)
-    manifest = gshare_session_manifest(session)
     try:
-        with _gateway(session.cluster) as kube:
-            kube.apply(manifest)
+        applied = apply_gshare_session(session)
     except KubeUnavailable as exc:
         if exc.status:
             raise TransientApplyError(f"the apiserver of {session.cluster.name} answered {exc.status} ({exc.reason})") from None
         raise TransientApplyError(f"the apiserver of {session.cluster.name} did not answer ({exc.cause_name})") from None
     except KubeRefused as exc:
         hint = {
-            404: f"the GShareSession CRD or the namespace {manifest['metadata']['namespace']} is missing: install charts/gshare-operator",
+            404: f"the GShareSession CRD or the namespace {settings.GSHARE_SESSION_NAMESPACE} is missing: install charts/gshare-operator",
             403: "the control plane's ServiceAccount may not apply GShareSessions: grant it the ClusterRole in docs/attach-a-cluster.md",
             401: "the cluster refused the control plane's credentials: register a fresh kubeconfig",
         }.get(exc.status, f"the apiserver refused the GShareSession ({exc.status} {exc.reason})")
