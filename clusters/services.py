@@ -527,7 +527,8 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
     credential_generation_bump(cluster=cluster, actor=actor, action="cluster_deregister", changes={"status": (cluster.status, Cluster.Status.DEREGISTERED)})
     cluster.status = Cluster.Status.DEREGISTERED
     cluster.deregistered_at = timezone.now()
-    cluster.save(update_fields=["status", "deregistered_at"])
+    cluster.inventory_digest = ""  # its nodes and GPUs are gone: no digest-only report may stand for them
+    cluster.save(update_fields=["status", "deregistered_at", "inventory_digest"])
     logger.info("cluster deregistered: %s %s", cluster.public_id, cluster.name)
     return cluster
 

@@ -365,12 +365,14 @@ _OPERATOR_CHECK = {
 }
 
 INVENTORY_DIGEST_PATTERN = "^sha256:[0-9a-f]{64}$"
+#: Its exact length: the pattern's ``$`` (JSON Schema and ``re.search``) also matches before a final newline.
+INVENTORY_DIGEST_LENGTH = len("sha256:") + 64
 """``digest`` of an inventory body (``inventory_digest``)."""
 
 INVENTORY_SCHEMA = {
     "type": "object",
     "properties": {
-        "digest": {"type": "string", "pattern": INVENTORY_DIGEST_PATTERN},
+        "digest": {"type": "string", "pattern": INVENTORY_DIGEST_PATTERN, "maxLength": INVENTORY_DIGEST_LENGTH},
         # Optional: operators that predate the checks send none (the control plane then shows them as unknown). Names
         # it does not know are ignored, so a newer operator's extra checks do not make its reports invalid.
         "checks": {"type": "object", "maxProperties": 16, "propertyNames": {"maxLength": 64},

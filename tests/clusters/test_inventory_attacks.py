@@ -93,6 +93,26 @@ def test_text_hostile_to_copy_is_stored_exactly(operator, cluster):
 
 
 @pytest.mark.django_db
+def test_a_digest_with_a_trailing_newline_is_refused(operator, cluster):
+    """``$`` in the digest's pattern matches before a final newline: the length rule refuses it, in both readers."""
+    nodes = snapshot(1)["nodes"]
+    digest = inventory_digest(nodes)
+    for body in ({"nodes": nodes, "digest": digest + "\n"}, {"digest": digest + "\n"}):
+        response = operator.put("/internal/v1/inventory", json=body)
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_inventory"), response.text
+    assert not Node.objects.filter(cluster=cluster).exists()
+
+
+@pytest.mark.django_db
+def test_deregistration_forgets_the_inventory_digest(operator, cluster):
+    nodes = snapshot(1)["nodes"]
+    assert operator.put("/internal/v1/inventory", json={"nodes": nodes, "digest": inventory_digest(nodes)}).status_code == 200
+    services.cluster_deregister(cluster=cluster)
+    cluster.refresh_from_db()
+    assert cluster.inventory_digest == ""
+
+
+@pytest.mark.django_db
 def test_another_clusters_token_replaying_a_digest_is_refused_and_changes_nothing(http_for, operator, cluster):
     nodes = snapshot(2)["nodes"]
     digest = operator.put("/internal/v1/inventory", json={"nodes": nodes, "digest": inventory_digest(nodes)}).json()["digest"]
