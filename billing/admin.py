@@ -5,6 +5,7 @@ validation."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC
 
 from django import forms
 from django.conf import settings
@@ -176,12 +177,22 @@ class LedgerEntryAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     a cluster: the entries of its sessions (grants and other entries without a session are hidden then)."""
 
     cluster_lookup = "session__cluster"
-    list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "period_start", "sample_count",
-                    "window_start", "window_end", "gpu_seconds", "idle", "reason", "created_by"]
+    # A bill's columns; the usage windows, GPU-seconds and author are on each entry's page.
+    list_display = ["id", "created_at", "account", "kind", "amount", "balance_after", "session", "period", "sample_count", "idle",
+                    "reason"]
     list_select_related = ["account__user", "session"]
     list_filter = ["kind", "created_at"]
     search_fields = ["idempotency_key", "account__user__username", "session__public_id", "reason", "created_by"]
     show_full_result_count = False
+
+    @admin.display(description="billing period", ordering="period_start")
+    def period(self, obj: LedgerEntry) -> str:
+        """Charges of a period: ``YYYY-MM-DD HH:MM–HH:MM UTC`` (the end's date too when it is another day); else empty."""
+        if obj.period_start is None or obj.period_end is None:
+            return ""
+        start, end = obj.period_start.astimezone(UTC), obj.period_end.astimezone(UTC)
+        until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
+        return f"{start:%Y-%m-%d %H:%M}–{until} UTC"
 
     @admin.display(description="idle credits", ordering="idle_credits")
     def idle(self, obj: LedgerEntry) -> str:

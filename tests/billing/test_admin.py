@@ -266,3 +266,24 @@ def test_the_ledger_list_shows_an_end_entrys_idle_credits(console, lab_c1):
     cells = dict(re.findall(r'<tr[^>]*>.*?<a href="/billing/ledgerentry/(\d+)/change/">.*?<td class="field-idle">(.*?)</td>', text, re.S))
     assert cells[str(entry.pk)] == format(entry.idle_credits, "f")
     assert {value for pk, value in cells.items() if pk != str(entry.pk)} == {"-"}
+
+
+def test_the_ledger_list_reads_like_a_bill(console, lab_c1, settings):
+    """A period charge shows its billing period and how many samples it covers; the per-window columns are on the
+    entry's page, not in the list."""
+    from billing import periods
+
+    settings.GSHARE_BILLING_PERIOD_SECONDS = 3600
+    session = metered_session(lab_c1, owner=UserFactory(username="billed"))
+    ingest.usage_ingest(cluster=lab_c1, samples=[sample(session, device(lab_c1, "NVIDIA H100"), start=T0 + timedelta(minutes=i))
+                                                  for i in range(3)])
+    periods.periods_close(now=T0 + timedelta(days=1))
+    charge = LedgerEntry.objects.get(session=session, kind="charge")
+    start, end = charge.period_start, charge.period_end
+    text = page_text(console.get("/billing/ledgerentry/"))
+    rows = {pk: (period, count) for pk, period, count in re.findall(
+        r'<a href="/billing/ledgerentry/(\d+)/change/">.*?<td class="field-period">(.*?)</td><td class="field-sample_count">(.*?)</td>',
+        text, re.S)}
+    until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
+    assert rows[str(charge.pk)] == (f"{start:%Y-%m-%d %H:%M}–{until} UTC", "3")
+    assert "column-window_start" not in text and "column-gpu_seconds" not in text
