@@ -198,25 +198,14 @@ def _reserve(amount: Decimal) -> Decimal:
 
 
 #: The GPU models on the candidate clusters (``{clusters}``: a query of their ids), each with its smallest device
-#: memory, and every ``Price`` row, in one statement. The models are read by a skip scan of the index
-#: ``gpudevice_cluster_model`` (cluster, model, memory; ``sessions/migrations/0010_placement_scale.py``): per
-#: cluster, the first row, then the first row of the next model, ... — a few index probes per cluster instead of
-#: every GPU row of the fleet.
+#: memory: one row per cluster and model from ``clusters_clustergpumodel`` (``clusters.models.ClusterGpuModel``, kept
+#: by triggers on the GPU rows in the transactions that change them), not the GPU rows of every candidate.
 _MODELS_SQL = """
-    SELECT c.id AS cluster_id, f.model, f.memory_mib
-    FROM candidates c CROSS JOIN LATERAL (
-        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = c.id ORDER BY d.model, d.memory_mib LIMIT 1
-    ) f
-    UNION ALL
-    SELECT m.cluster_id, f.model, f.memory_mib
-    FROM models m CROSS JOIN LATERAL (
-        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = m.cluster_id AND d.model > m.model
-        ORDER BY d.model, d.memory_mib LIMIT 1
-    ) f
+    SELECT g.cluster_id, g.model, g.memory_mib FROM clusters_clustergpumodel g WHERE g.cluster_id IN (SELECT id FROM candidates)
 """
 
 _PRICES_AND_MODELS_SQL = """
-WITH RECURSIVE candidates AS ({clusters}),
+WITH candidates AS ({clusters}),
 models AS ({models})
 SELECT FALSE, p.gpu_model, p.credits_per_gpu_hour, NULL::integer FROM billing_price p
 UNION ALL
@@ -249,7 +238,7 @@ def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, in
 #: policy holds hours — in one statement. Run it after ``account_lock``: its snapshot then sees every session the
 #: user's earlier requests committed.
 _ADMISSION_SQL = """
-WITH RECURSIVE own AS (
+WITH own AS (
     SELECT p.id, p.user_id, p.max_sessions, p.max_gpus, p.min_balance_hours, p.grace_seconds, p.idle_timeout_minutes,
            p.idle_warning_minutes
     FROM billing_policy p WHERE p.user_id = %(user)s OR p.user_id IS NULL
