@@ -127,6 +127,10 @@ def policy_for(user) -> EffectivePolicy:
     return policies_for(user_ids=[user.pk])[user.pk]
 
 
+#: The ``CreditAccount`` columns ``account_lock`` reads (its model's fields).
+_ACCOUNT_COLUMNS = ["id", "user_id", "balance", "accrued", "below_zero_since", "created_at"]
+
+
 def account_lock(*, user) -> CreditAccount:
     """Lock ``user``'s credit account row (``SELECT ... FOR UPDATE``) for the rest of the transaction; create it with
     a zero balance when the user has none.
@@ -135,11 +139,13 @@ def account_lock(*, user) -> CreditAccount:
     NOTHING``; a concurrent request inserting the same row waits for this transaction, finds the conflict and
     then locks the committed row. Call it inside ``transaction.atomic()``, before any cluster or volume lock.
     """
-    account = CreditAccount.objects.select_for_update().filter(user_id=user.pk).first()
-    if account is not None:
-        return account
-    table = CreditAccount._meta.db_table
-    columns = ["id", "user_id", "balance", "accrued", "below_zero_since", "created_at"]
+    table, columns = CreditAccount._meta.db_table, _ACCOUNT_COLUMNS
+    with connection.cursor() as cursor:
+        # Raw SQL: run on every session start, where the ORM's query building cost more than the query.
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE user_id = %s FOR UPDATE", [user.pk])
+        row = cursor.fetchone()
+    if row is not None:
+        return CreditAccount.from_db(connection.alias, columns, row)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (user_id, balance, accrued, below_zero_since, created_at) VALUES (%s, 0, 0, NULL, %s) "
@@ -457,7 +463,7 @@ def admission_check(
         locked_account: the user's ``CreditAccount``, locked by ``account_lock``.
         policy: the user's ``EffectivePolicy`` (read when None).
         state: ``admission_read``'s result for this request, read under ``locked_account``'s lock: then no query is
-            made (its policy, live sessions, prices and the models of ``clusters`` are used; ``policy`` is ignored).
+            made (its policy, live sessions, prices and candidates' models are used; ``clusters`` and ``policy`` are ignored).
 
     Raises:
         QuotaExceeded: 403 ``quota_exceeded``: the live sessions + 1 would pass ``max_sessions``, or their GPUs +
