@@ -49,6 +49,7 @@ from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, CreditAccount, Policy
 from clusters.models import Cluster
+from gshare.prepared import statement_cursor
 from sessions.models import Session
 
 
@@ -323,7 +324,7 @@ def admission_read(*, user, scope: list[int] | None) -> AdmissionState:
     fallback = settings_policy()
     params = {"user": user.pk, "scope": _int_list(scope), "default_hours": fallback.min_balance_hours,
               "ended": list(Session.TERMINAL_PHASES)}
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_ADMISSION_QUERY, params)
         (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, allowed, ids, gpus, memories, cores,
          models, device_memories, price_models, price_values, candidate_models, candidate_memories) = cursor.fetchone()

@@ -23,6 +23,7 @@ from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from gshare.metrics import instruments
+from gshare.prepared import statement_cursor
 from sessions import placement, selectors, services
 from sessions.models import Session
 from storage.models import Volume
@@ -399,8 +400,8 @@ def _insert_on_locked_cluster(session: Session) -> Cluster | None:
         table=connection.ops.quote_name(meta.db_table), columns=", ".join(connection.ops.quote_name(f.column) for f in fields),
         values=", ".join(["%s"] * len(fields)), pk=connection.ops.quote_name(meta.pk.column),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [session.cluster_id, Cluster.Status.CONNECTED, *values])
+    with statement_cursor() as cursor:
+        cursor.execute(sql, [session.cluster_id, str(Cluster.Status.CONNECTED), *values])
         row = cursor.fetchone()
     if row is None:
         return None
