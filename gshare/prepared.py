@@ -20,6 +20,7 @@ import sys
 import psycopg
 from django.conf import settings
 from django.db import connection
+from django.db.backends.utils import CursorDebugWrapper
 
 
 class _PreparingCursor(psycopg.Cursor):
@@ -27,6 +28,14 @@ class _PreparingCursor(psycopg.Cursor):
 
     def execute(self, query, params=None, *, prepare=None, binary=None):  # noqa: ARG002 - Django passes neither
         return super().execute(query, params, prepare=True, binary=binary)
+
+
+class _DebugWrapper(CursorDebugWrapper):
+    """Logs (``connection.queries``, ``CaptureQueriesContext``) the statement as written, with its placeholders:
+    Django reads the executed text from client-side binding's state, which a server-binding cursor leaves empty."""
+
+    def debug_sql(self, sql=None, params=None, use_last_executed_query=False, many=False):  # noqa: ARG002 - always the text
+        return super().debug_sql(sql, params, use_last_executed_query=False, many=many)
 
 
 def statement_cursor():
@@ -42,4 +51,6 @@ def statement_cursor():
         # Django turns psycopg's automatic preparation off (prepare_threshold None), which also refuses an explicit
         # prepare=True: only the statements this module runs get prepared, as no other cursor asks.
         raw.prepare_threshold = sys.maxsize
-    return connection._prepare_cursor(_PreparingCursor(raw))
+    cursor = _PreparingCursor(raw)
+    connection.validate_thread_sharing()
+    return _DebugWrapper(cursor, connection) if connection.queries_logged else connection.make_cursor(cursor)
