@@ -49,6 +49,7 @@ from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, CreditAccount, Policy
 from clusters.models import Cluster
+from gshare.prepared import statement_cursor
 from sessions.models import Session
 
 
@@ -127,6 +128,10 @@ def policy_for(user) -> EffectivePolicy:
     return policies_for(user_ids=[user.pk])[user.pk]
 
 
+#: The ``CreditAccount`` columns ``account_lock`` reads (its model's fields).
+_ACCOUNT_COLUMNS = ["id", "user_id", "balance", "accrued", "below_zero_since", "created_at"]
+
+
 def account_lock(*, user) -> CreditAccount:
     """Lock ``user``'s credit account row (``SELECT ... FOR UPDATE``) for the rest of the transaction; create it with
     a zero balance when the user has none.
@@ -135,11 +140,13 @@ def account_lock(*, user) -> CreditAccount:
     NOTHING``; a concurrent request inserting the same row waits for this transaction, finds the conflict and
     then locks the committed row. Call it inside ``transaction.atomic()``, before any cluster or volume lock.
     """
-    account = CreditAccount.objects.select_for_update().filter(user_id=user.pk).first()
-    if account is not None:
-        return account
-    table = CreditAccount._meta.db_table
-    columns = ["id", "user_id", "balance", "accrued", "below_zero_since", "created_at"]
+    table, columns = CreditAccount._meta.db_table, _ACCOUNT_COLUMNS
+    with connection.cursor() as cursor:
+        # Raw SQL: run on every session start, where the ORM's query building cost more than the query.
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE user_id = %s FOR UPDATE", [user.pk])
+        row = cursor.fetchone()
+    if row is not None:
+        return CreditAccount.from_db(connection.alias, columns, row)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (user_id, balance, accrued, below_zero_since, created_at) VALUES (%s, 0, 0, NULL, %s) "
@@ -198,25 +205,14 @@ def _reserve(amount: Decimal) -> Decimal:
 
 
 #: The GPU models on the candidate clusters (``{clusters}``: a query of their ids), each with its smallest device
-#: memory, and every ``Price`` row, in one statement. The models are read by a skip scan of the index
-#: ``gpudevice_cluster_model`` (cluster, model, memory; ``sessions/migrations/0010_placement_scale.py``): per
-#: cluster, the first row, then the first row of the next model, ... — a few index probes per cluster instead of
-#: every GPU row of the fleet.
+#: memory: one row per cluster and model from ``clusters_clustergpumodel`` (``clusters.models.ClusterGpuModel``, kept
+#: by triggers on the GPU rows in the transactions that change them), not the GPU rows of every candidate.
 _MODELS_SQL = """
-    SELECT c.id AS cluster_id, f.model, f.memory_mib
-    FROM candidates c CROSS JOIN LATERAL (
-        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = c.id ORDER BY d.model, d.memory_mib LIMIT 1
-    ) f
-    UNION ALL
-    SELECT m.cluster_id, f.model, f.memory_mib
-    FROM models m CROSS JOIN LATERAL (
-        SELECT d.model, d.memory_mib FROM clusters_gpudevice d WHERE d.cluster_id = m.cluster_id AND d.model > m.model
-        ORDER BY d.model, d.memory_mib LIMIT 1
-    ) f
+    SELECT g.cluster_id, g.model, g.memory_mib FROM clusters_clustergpumodel g WHERE g.cluster_id IN (SELECT id FROM candidates)
 """
 
 _PRICES_AND_MODELS_SQL = """
-WITH RECURSIVE candidates AS ({clusters}),
+WITH candidates AS ({clusters}),
 models AS ({models})
 SELECT FALSE, p.gpu_model, p.credits_per_gpu_hour, NULL::integer FROM billing_price p
 UNION ALL
@@ -249,7 +245,7 @@ def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, in
 #: policy holds hours — in one statement. Run it after ``account_lock``: its snapshot then sees every session the
 #: user's earlier requests committed.
 _ADMISSION_SQL = """
-WITH RECURSIVE own AS (
+WITH own AS (
     SELECT p.id, p.user_id, p.max_sessions, p.max_gpus, p.min_balance_hours, p.grace_seconds, p.idle_timeout_minutes,
            p.idle_warning_minutes
     FROM billing_policy p WHERE p.user_id = %(user)s OR p.user_id IS NULL
@@ -328,7 +324,7 @@ def admission_read(*, user, scope: list[int] | None) -> AdmissionState:
     fallback = settings_policy()
     params = {"user": user.pk, "scope": _int_list(scope), "default_hours": fallback.min_balance_hours,
               "ended": list(Session.TERMINAL_PHASES)}
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_ADMISSION_QUERY, params)
         (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, allowed, ids, gpus, memories, cores,
          models, device_memories, price_models, price_values, candidate_models, candidate_memories) = cursor.fetchone()
@@ -468,7 +464,7 @@ def admission_check(
         locked_account: the user's ``CreditAccount``, locked by ``account_lock``.
         policy: the user's ``EffectivePolicy`` (read when None).
         state: ``admission_read``'s result for this request, read under ``locked_account``'s lock: then no query is
-            made (its policy, live sessions, prices and the models of ``clusters`` are used; ``policy`` is ignored).
+            made (its policy, live sessions, prices and candidates' models are used; ``clusters`` and ``policy`` are ignored).
 
     Raises:
         QuotaExceeded: 403 ``quota_exceeded``: the live sessions + 1 would pass ``max_sessions``, or their GPUs +

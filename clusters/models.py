@@ -331,3 +331,26 @@ class GpuDevice(models.Model):
     def reported_at(self):
         """When the operator last reported this GPU (as ``Node.reported_at``)."""
         return _reported_at(self)
+
+
+class ClusterGpuModel(models.Model):
+    """A GPU model present on a cluster, with the smallest registered memory among its GPUs of that model.
+
+    A summary of ``GpuDevice`` (every row, healthy or not, as admission has always counted them) that admission
+    reads to price a request on its candidate clusters (``billing.admission``): one row per cluster and model instead
+    of probing the GPU rows of every candidate. Kept by triggers on ``clusters_gpudevice``
+    (``migrations/0015_cluster_gpu_models.py``): every statement that inserts or deletes GPUs, or changes their
+    cluster, model or memory, recomputes the rows of the clusters it touched, in its own transaction, so the summary
+    is never staler than the GPU rows a reader sees. Never written by the application.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    model = models.CharField(max_length=128)
+    memory_mib = models.PositiveIntegerField()
+
+    class Meta:
+        verbose_name = "cluster GPU model"
+        constraints = [models.UniqueConstraint(fields=["cluster", "model"], name="cluster_gpu_model_once")]
+
+    def __str__(self) -> str:
+        return f"{self.model} ({self.memory_mib} MiB)"

@@ -23,6 +23,7 @@ from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from gshare.exceptions import ApplicationError, Conflict, NotFound
 from gshare.metrics import instruments
+from gshare.prepared import statement_cursor
 from sessions import placement, selectors, services
 from sessions.models import Session
 from storage.models import Volume
@@ -277,12 +278,9 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
         raise
     scope = _candidate_ids(pinned=pinned, allowed=allowed, permitted=permitted)
-    # Read only to say what is short when nothing fits (no_capacity).
-    candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
-    if scope is not None:
-        candidates = candidates.filter(pk__in=scope)
     try:
-        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=candidates,
+        # ``state`` has the candidates' GPU models already: ``clusters`` is not read.
+        admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, clusters=(),
                                   locked_account=account, state=state)
     except (InsufficientCredits, QuotaExceeded, ClusterNotAllowed):
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
@@ -293,6 +291,10 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
         where, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
         ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
+        # Built only here: the ORM's query building is measurable on every decision.
+        candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
+        if scope is not None:
+            candidates = candidates.filter(pk__in=scope)
         looked = list(candidates.values_list("pk", flat=True))
         return Conflict(
             f"Nothing in {where} can host {ask} now ({placement.shortfall(request=request, cluster_ids=looked)}): "
@@ -398,8 +400,8 @@ def _insert_on_locked_cluster(session: Session) -> Cluster | None:
         table=connection.ops.quote_name(meta.db_table), columns=", ".join(connection.ops.quote_name(f.column) for f in fields),
         values=", ".join(["%s"] * len(fields)), pk=connection.ops.quote_name(meta.pk.column),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [session.cluster_id, Cluster.Status.CONNECTED, *values])
+    with statement_cursor() as cursor:
+        cursor.execute(sql, [session.cluster_id, str(Cluster.Status.CONNECTED), *values])
         row = cursor.fetchone()
     if row is None:
         return None

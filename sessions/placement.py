@@ -30,6 +30,7 @@ from django.db import connection
 
 from clusters.models import node_summary_update_sql
 from gshare.exceptions import Conflict
+from gshare.prepared import statement_cursor
 from storage.capacity import pool_clusters, pools_usability
 from storage.models import StoragePool, Volume
 
@@ -189,7 +190,7 @@ def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: st
     if cluster_ids is not None and not cluster_ids:
         return None
     sql, params = fit_query(request=request, cluster_ids=cluster_ids, policy=policy)
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -294,7 +295,7 @@ def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int 
         raise ValueError(f"unknown placement policy {policy!r}: use binpack or spread")
     scope = "cluster" if node_id is None else "node"
     params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id}
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope], params)
         row = cursor.fetchone()
     if row is None:

@@ -207,6 +207,9 @@ GSHARE_ATTACH_GATEWAY_TIMEOUT = env.float("GSHARE_ATTACH_GATEWAY_TIMEOUT", defau
 GSHARE_PLACEMENT_POLICY = env.str("GSHARE_PLACEMENT_POLICY", default="binpack")
 if GSHARE_PLACEMENT_POLICY not in ("binpack", "spread"):
     raise ImproperlyConfigured("GSHARE_PLACEMENT_POLICY must be binpack or spread.")
+#: Prepare session creation's big statements on the server (``gshare.prepared``). Off by default: unsafe behind a
+#: transaction-mode pooler without prepared-statement tracking (PgBouncer before 1.21).
+GSHARE_DB_PREPARED_STATEMENTS = env.bool("GSHARE_DB_PREPARED_STATEMENTS", default=False)
 #: Namespace of GShareSession objects on every cluster (must match the operator's).
 GSHARE_SESSION_NAMESPACE = env.str("GSHARE_SESSION_NAMESPACE", default="gshare-sessions")
 #: The control plane's URL as the clusters' ingress controllers reach it (for the connect auth-url).
