@@ -9,9 +9,10 @@ from django.db import migrations, models
 # deregistration) hold the cluster's row lock already, so the advisory lock never waits there.
 #
 # Statement-level triggers with transition tables: one recompute per statement and cluster, whatever the number of
-# rows (an inventory snapshot upserts thousands). UPDATE is a row trigger limited to the columns the summary
-# depends on (a transition table may not go with a column list): the placement's recounts of the used_* counters,
-# on the hot path, never fire it.
+# rows (an inventory snapshot upserts thousands, and may change the memory of every GPU: a row trigger would recompute
+# the cluster once per row). An UPDATE recomputes only the clusters of rows whose cluster, model or memory changed (a
+# transition table may not go with a column list, so the trigger compares the two): the placement's recounts of the
+# used_* counters, on the hot path, join a few rows and recompute nothing.
 FUNCTIONS = """
 CREATE FUNCTION clusters_gpu_models_refresh(ids bigint[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -40,7 +41,9 @@ END $$;
 
 CREATE FUNCTION clusters_gpu_models_updated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM clusters_gpu_models_refresh(ARRAY[OLD.cluster_id, NEW.cluster_id]);
+    PERFORM clusters_gpu_models_refresh(ARRAY(
+        SELECT DISTINCT x FROM old_rows o JOIN new_rows n ON n.id = o.id, LATERAL unnest(ARRAY[o.cluster_id, n.cluster_id]) x
+         WHERE (o.cluster_id, o.model, o.memory_mib) IS DISTINCT FROM (n.cluster_id, n.model, n.memory_mib)));
     RETURN NULL;
 END $$;
 
@@ -48,9 +51,8 @@ CREATE TRIGGER gpudevice_models_insert AFTER INSERT ON clusters_gpudevice
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION clusters_gpu_models_inserted();
 CREATE TRIGGER gpudevice_models_delete AFTER DELETE ON clusters_gpudevice
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION clusters_gpu_models_deleted();
-CREATE TRIGGER gpudevice_models_update AFTER UPDATE OF cluster_id, model, memory_mib ON clusters_gpudevice
-    FOR EACH ROW WHEN ((OLD.cluster_id, OLD.model, OLD.memory_mib) IS DISTINCT FROM (NEW.cluster_id, NEW.model, NEW.memory_mib))
-    EXECUTE FUNCTION clusters_gpu_models_updated();
+CREATE TRIGGER gpudevice_models_update AFTER UPDATE ON clusters_gpudevice
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION clusters_gpu_models_updated();
 
 INSERT INTO clusters_clustergpumodel (cluster_id, model, memory_mib)
 SELECT d.cluster_id, d.model, MIN(d.memory_mib) FROM clusters_gpudevice d GROUP BY d.cluster_id, d.model;
