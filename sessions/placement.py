@@ -221,6 +221,17 @@ class Reservation:
     over: list[int]
 
 
+#: Writes the ``used_*`` counters of ``usage`` (one row per GPU, recounted) to the GPUs whose counters differ: the
+#: ``devices`` step of the reservation and of the recount.
+_WRITE_COUNTERS = """
+    UPDATE clusters_gpudevice d
+       SET used_count = u.used_count, used_memory_mib = u.used_memory_mib, used_cores = u.used_cores, used_exclusive = u.used_exclusive
+      FROM usage u
+     WHERE d.id = u.id
+       AND (d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive)
+           IS DISTINCT FROM (u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive)
+"""
+
 #: ``reserve``: the fit (on one node, or one cluster) under the cluster's row lock, the INSERT of the session's
 #: allocations, and the recount of that node's counters and summary from its allocations (those committed, read
 #: by this statement's snapshot, which was taken after the lock, plus the rows this statement inserts, which it
@@ -251,14 +262,7 @@ usage AS (
     ) u
     WHERE d.node_id = (SELECT id FROM pick)
 ),
-devices AS (
-    UPDATE clusters_gpudevice d
-       SET used_count = u.used_count, used_memory_mib = u.used_memory_mib, used_cores = u.used_cores, used_exclusive = u.used_exclusive
-      FROM usage u
-     WHERE d.id = u.id
-       AND (d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive)
-           IS DISTINCT FROM (u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive)
-),
+devices AS ({write_counters}),
 nodes AS ({nodes}),
 named AS (UPDATE gpu_sessions_session s SET node = pick.name FROM pick WHERE s.id = %(session)s AND s.node <> pick.name)
 SELECT pick.id, pick.name, ARRAY(SELECT c.device_id FROM chosen c ORDER BY c.ord),
@@ -273,6 +277,7 @@ _RESERVE_QUERIES = {
         memory="c.memory_mib" if whole else "COALESCE(%(mem)s, c.memory_mib)",
         cores="c.cores" if whole else "%(cores)s",
         nodes=node_summary_update_sql(devices="usage"),
+        write_counters=_WRITE_COUNTERS,
     )
     for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node")
 }
@@ -317,14 +322,7 @@ WITH usage AS (
     WHERE {devices}
     GROUP BY d.id
 ),
-devices AS (
-    UPDATE clusters_gpudevice d
-       SET used_count = u.used_count, used_memory_mib = u.used_memory_mib, used_cores = u.used_cores, used_exclusive = u.used_exclusive
-      FROM usage u
-     WHERE d.id = u.id
-       AND (d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive)
-           IS DISTINCT FROM (u.used_count, u.used_memory_mib, u.used_cores, u.used_exclusive)
-),
+devices AS ({write_counters}),
 nodes AS ({nodes})
 SELECT u.id FROM usage u
 WHERE u.used_count > u.split_count OR u.used_memory_mib > u.memory_mib OR u.used_cores > u.cores
@@ -371,11 +369,14 @@ def usage_recompute(*, node_ids: Iterable[int] | None = None, cluster_ids: Itera
 
 
 # Every GPU of the nodes: their summaries come from those rows alone (the cheaper form to plan).
-_RECOMPUTE_NODES_SQL = _RECOMPUTE_SQL.format(devices="d.node_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage"))
+_RECOMPUTE_NODES_SQL = _RECOMPUTE_SQL.format(devices="d.node_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage"),
+                                             write_counters=_WRITE_COUNTERS)
 _RECOMPUTE_CLUSTERS_SQL = _RECOMPUTE_SQL.format(
-    devices="d.cluster_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage", nodes_where="n2.cluster_id = ANY(%(ids)s::bigint[])")
+    devices="d.cluster_id = ANY(%(ids)s::bigint[])", nodes=node_summary_update_sql(devices="usage", nodes_where="n2.cluster_id = ANY(%(ids)s::bigint[])"),
+    write_counters=_WRITE_COUNTERS,
 )
-_RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_update_sql(devices="usage", nodes_where="TRUE"))
+_RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_update_sql(devices="usage", nodes_where="TRUE"),
+                                           write_counters=_WRITE_COUNTERS)
 
 
 def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
