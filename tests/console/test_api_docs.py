@@ -180,7 +180,8 @@ def test_rst_inline_markup_becomes_commonmark():
     from gshare.api_schema import rst_to_commonmark
 
     assert rst_to_commonmark("Change ``session_domain`` and ``routing``.") == "Change `session_domain` and `routing`."
-    assert rst_to_commonmark(":class:`ClusterSerializer` plus :func:`~billing.selectors.price_list`") == "`ClusterSerializer` plus `billing.selectors.price_list`"
+    converted = rst_to_commonmark(":class:`ClusterSerializer` plus :func:`~billing.selectors.price_list`")
+    assert converted == "`ClusterSerializer` plus `billing.selectors.price_list`"
     assert rst_to_commonmark("no markup, `one` tick") == "no markup, `one` tick"
 
 
