@@ -81,6 +81,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "gshare.console.scope.console_scope",
             ],
+            # The console's template filters ({% load figures %}); gshare.console is not an app of its own.
+            "libraries": {"figures": "gshare.console.templatetags.figures"},
         },
     },
 ]
