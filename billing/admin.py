@@ -53,6 +53,13 @@ class CreditAccountForm(forms.ModelForm):
         fields = ["user"]
 
 
+def _prices_for_people(prices: dict) -> dict:
+    """``billing.selectors.price_list()`` with each model's memory in GiB (one decimal) for *My credits*."""
+    for row in prices["models"]:
+        row["memory_gib"] = f"{row['memory_mib'] / 1024:.1f}".removesuffix(".0")
+    return prices
+
+
 @admin.register(CreditAccount)
 class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
     """Accounts: balance (read-only: it moves only through the ledger), the usage accrued in open billing periods, when
@@ -105,6 +112,7 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
             "subtitle": None,
             "opts": self.opts,
             "summary": summary,
+            "prices": _prices_for_people(selectors.price_list()),
             "policy": policy,
             "allowed_clusters": allowed,
             "page": page,

@@ -7,13 +7,15 @@ credits), and a live session without reservations ``gpus × share × the default
 
 from __future__ import annotations
 
-from datetime import datetime
-from decimal import Decimal
+from datetime import datetime, timedelta
+from decimal import ROUND_FLOOR, Decimal
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Min, Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from billing import admission, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, LedgerEntry
+from clusters.models import Cluster, GpuDevice
 from sessions.models import Allocation, Session
 
 _ZERO = Decimal(0).quantize(CREDITS)
@@ -65,21 +67,95 @@ def account_holds(user) -> Decimal:
     return admission.session_holds(user)
 
 
-def account_summary(user) -> dict:
-    """``{"user", "balance", "accrued", "holds", "available", "burn_rate_per_hour", "below_zero_since"}`` for ``user``
-    (``accrued``: usage of open billing periods, not charged yet; ``available`` = balance − accrued − holds, what
-    admission judges; credits as ``Decimal``). A constant number of queries."""
+def credits_last_until(*, balance: Decimal, accrued: Decimal, burn_per_hour: Decimal, now: datetime) -> datetime | None:
+    """When ``balance − accrued`` runs out at ``burn_per_hour`` credits per hour from ``now`` (the account's runway).
+
+    Holds are not subtracted: they are a margin admission keeps for new sessions, not credits the running sessions
+    spend; the stop at zero (``billing.overdrawn``) judges ``balance − accrued``, so this is when it would stop them
+    if nothing else changed.
+
+    Args:
+        balance, accrued: credits (``Decimal``).
+        burn_per_hour: credits per hour the Running sessions cost now (``burn_rate``).
+        now: an aware UTC datetime.
+    Returns:
+        An aware datetime (whole seconds, rounded down; ``now`` when nothing is left), or None when nothing burns.
+    """
+    if burn_per_hour <= 0:
+        return None
+    left = balance - accrued
+    if left <= 0:
+        return now
+    seconds = (left * 3600 / burn_per_hour).to_integral_value(rounding=ROUND_FLOOR)
+    try:
+        return now + timedelta(seconds=int(seconds))
+    except OverflowError:  # beyond year 9999: as good as never
+        return None
+
+
+def account_summary(user, *, now: datetime | None = None) -> dict:
+    """``{"user", "balance", "accrued", "holds", "available", "burn_rate_per_hour", "credits_last_until",
+    "below_zero_since"}`` for ``user`` (``accrued``: usage of open billing periods, not charged yet; ``available`` =
+    balance − accrued − holds, what admission judges; ``credits_last_until``: :func:`credits_last_until`; credits as
+    ``Decimal``). A constant number of queries.
+
+    Args:
+        now: the time the runway counts from (default ``timezone.now()``).
+    """
     account = account_of(user)
     prices = pricing.prices_by_model()
     holds = admission.session_holds(user, prices=prices)
+    burn = burn_rate(user, prices)
     return {
         "user": user.get_username(),
         "balance": account.balance,
         "accrued": account.accrued,
         "holds": holds,
         "available": account.balance - account.accrued - holds,
-        "burn_rate_per_hour": burn_rate(user, prices),
+        "burn_rate_per_hour": burn,
+        "credits_last_until": credits_last_until(balance=account.balance, accrued=account.accrued, burn_per_hour=burn,
+                                                 now=now or timezone.now()),
         "below_zero_since": account.below_zero_since,
+    }
+
+
+def price_list() -> dict:
+    """The price of every GPU model the fleet has, for researchers (``GET /api/v1/prices``, the console's price list).
+
+    Returns:
+        ``{"default_credits_per_gpu_hour": Decimal, "models": [{"model", "credits_per_gpu_hour", "priced_as",
+        "memory_mib", "gpus", "free_gpus", "clusters"}, ...]}``, models by name. ``priced_as`` is ``"model"`` when the
+        model has its own price, ``"default"`` when the default applies; ``memory_mib`` is the smallest registered
+        memory of the model's GPUs (MiB, as HAMi registers it); ``gpus`` the healthy GPUs of that model on clusters
+        that are not deregistered, ``free_gpus`` those with no reservation; ``clusters`` their names. A session's
+        price per hour is this price × its share of each GPU (``billing.pricing``). Three queries.
+    """
+    prices = pricing.prices_by_model()
+    rows = (
+        GpuDevice.objects.exclude(cluster__status=Cluster.Status.DEREGISTERED)
+        .values("model")
+        .annotate(memory_mib=Min("memory_mib"), gpus=Count("id", filter=Q(health=True)),
+                  free_gpus=Count("id", filter=Q(health=True, used_count=0)))
+        .order_by("model")
+    )
+    clusters: dict[str, set[str]] = {}
+    for model, name in (GpuDevice.objects.exclude(cluster__status=Cluster.Status.DEREGISTERED)
+                        .values_list("model", "cluster__name").distinct()):
+        clusters.setdefault(model, set()).add(name)
+    return {
+        "default_credits_per_gpu_hour": pricing.price_for_model("", prices),
+        "models": [
+            {
+                "model": row["model"],
+                "credits_per_gpu_hour": pricing.price_for_model(row["model"], prices),
+                "priced_as": "model" if row["model"] in prices else "default",
+                "memory_mib": row["memory_mib"],
+                "gpus": row["gpus"],
+                "free_gpus": row["free_gpus"],
+                "clusters": sorted(clusters.get(row["model"], ())),
+            }
+            for row in rows
+        ],
     }
 
 

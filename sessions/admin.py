@@ -21,8 +21,10 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
+from billing.selectors import session_hourly_cost
 from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.changelist import LeanChangeList
+from gshare.console.figures import credits_display
 from gshare.console.links import row_url_format
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin
 from gshare.console.scope import ClusterScopedAdmin
@@ -130,7 +132,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
-        "gpu_devices", "volumes", "message", "stop_reason_text", "cost", "created", "started", "ended", "last_status",
+        "gpu_devices", "volumes", "message", "stop_reason_text", "rate", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -373,12 +375,22 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.display(description="cost so far", ordering="cost_so_far")
     def cost(self, obj: Session) -> str:
-        """Credits charged to the session so far (``console_selectors.with_cost_so_far``)."""
+        """Credits charged to the session so far (``console_selectors.with_cost_so_far``), as a person reads them
+        (``gshare.console.figures.credits_display``; the exact figure on hover)."""
         value = getattr(obj, "cost_so_far", None)
         if value is None:
             value = console_selectors.cost_so_far(obj)
-        text = _esc(f"{value:,.6f}".rstrip("0").rstrip(".") if value else "0")
-        return mark_safe(f'<span class="gs-credits" title="{text} credits">{text}</span>')  # noqa: S308
+        return format_html('<span class="gs-credits" title="{} credits">{}</span>', value or 0, credits_display(value or 0))
+
+    @admin.display(description="credits per hour")
+    def rate(self, obj: Session) -> str:
+        """What the live session costs per hour (``billing.selectors.session_hourly_cost``: the rate its usage is
+        charged at), "-" once it ended."""
+        if not obj.is_live:
+            return "-"
+        value = session_hourly_cost(obj)
+        return format_html('<span class="gs-credits" id="session-rate" title="{} credits per hour">{} per hour</span>', value,
+                           credits_display(value))
 
     @admin.display(description="URL")
     def url_link(self, obj: Session) -> str:

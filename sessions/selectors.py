@@ -9,16 +9,18 @@ from django.db.models import Prefetch, QuerySet
 from django.db.models.functions import Greatest
 
 from gshare.exceptions import NotFound
-from sessions.models import Session
+from sessions.models import Allocation, Session
 from storage.models import Volume
 
 
 def session_list(*, user) -> QuerySet[Session]:
-    """Sessions visible to ``user`` (their own; staff see all), with cluster, owner and activity joined (the API's
-    ``?cluster=`` and ``?phase=``: ``sessions.api.filters.SessionFilter``)."""
+    """Sessions visible to ``user`` (their own; staff see all), with cluster, owner and activity joined, volumes and
+    GPU reservations (with their GPUs, for the hourly cost) prefetched (the API's ``?cluster=`` and ``?phase=``:
+    ``sessions.api.filters.SessionFilter``)."""
     qs = (
         Session.objects.select_related("cluster", "owner", "activity")
-        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")))
+        .prefetch_related(Prefetch("volumes", queryset=Volume.objects.only("id", "public_id", "name").order_by("name", "id")),
+                          Prefetch("allocations", queryset=Allocation.objects.select_related("device").order_by("pk")))
         .order_by("-created_at", "-id")
     )
     if not user.is_staff:

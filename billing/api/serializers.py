@@ -24,6 +24,8 @@ class AccountSerializer(serializers.Serializer):
     holds = credits(help_text="Credits the live sessions hold: their hourly cost × the policy's min_balance_hours")
     available = credits(help_text="balance − accrued − holds: what new sessions can be admitted against")
     burn_rate_per_hour = credits(help_text="Credits per hour the Running sessions cost now")
+    credits_last_until = serializers.DateTimeField(
+        allow_null=True, help_text="At the burn rate now, when balance − accrued reaches zero (the stop at zero); null while nothing burns")
     below_zero_since = serializers.DateTimeField(allow_null=True, help_text="When the balance went below zero (null while it is not)")
 
 
@@ -89,3 +91,22 @@ class GrantCreateSerializer(serializers.Serializer):
     user = serializers.CharField(max_length=150, help_text="Username of the receiving user")
     amount = AmountField(help_text='Credits > 0, at most 6 decimal places, e.g. "10.5"')
     reason = serializers.CharField(max_length=500, help_text="Why (shown in the ledger)")
+
+
+class ModelPriceSerializer(serializers.Serializer):
+    """One GPU model of the fleet and its price (an item of ``GET /api/v1/prices``)."""
+
+    model = serializers.CharField(help_text="GPU model as the operators report it (e.g. NVIDIA H100 80GB HBM3)")
+    credits_per_gpu_hour = credits(help_text="Credits per hour for one whole GPU; a share pays its fraction (docs/billing.md)")
+    priced_as = serializers.ChoiceField(choices=["model", "default"], help_text="model: its own price; default: the default price applies")
+    memory_mib = serializers.IntegerField(help_text="Memory per GPU, MiB, as HAMi registers it (the smallest of the model's GPUs)")
+    gpus = serializers.IntegerField(help_text="Healthy GPUs of this model in the fleet")
+    free_gpus = serializers.IntegerField(help_text="Of those, GPUs nobody holds now")
+    clusters = serializers.ListField(child=serializers.CharField(), help_text="Names of the clusters that have it")
+
+
+class PriceListSerializer(serializers.Serializer):
+    """Output of ``GET /api/v1/prices``: what a GPU-hour costs, per model in the fleet."""
+
+    default_credits_per_gpu_hour = credits(help_text="Credits per GPU-hour of a model without its own price")
+    models = ModelPriceSerializer(many=True)

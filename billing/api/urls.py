@@ -2,7 +2,7 @@
 
 from rest_framework.routers import SimpleRouter
 
-from billing.api.views import AccountViewSet, AccrualViewSet, GrantViewSet, LedgerViewSet
+from billing.api.views import AccountViewSet, AccrualViewSet, GrantViewSet, LedgerViewSet, PriceListViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"
@@ -10,5 +10,6 @@ router.register("billing/account", AccountViewSet, basename="billing-account")
 router.register("billing/ledger", LedgerViewSet, basename="billing-ledger")
 router.register("billing/accruals", AccrualViewSet, basename="billing-accrual")
 router.register("billing/grants", GrantViewSet, basename="billing-grant")
+router.register("prices", PriceListViewSet, basename="price")
 
 urlpatterns = router.urls

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.utils import json as drf_json
 
 from billing import selectors, services
-from billing.api.serializers import AccountSerializer, AccrualSerializer, GrantCreateSerializer, LedgerEntrySerializer
+from billing.api.serializers import AccountSerializer, AccrualSerializer, GrantCreateSerializer, LedgerEntrySerializer, PriceListSerializer
 from gshare.api import SafeJSONParser, query_time
 
 USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users); without it, the caller's own")
@@ -61,6 +61,18 @@ class AccountViewSet(viewsets.GenericViewSet):
     def list(self, request):
         """The caller's account (staff: ``?user=<username>``); see docs/billing.md#the-api."""
         return Response(AccountSerializer(selectors.account_summary(_subject(request))).data)
+
+
+class PriceListViewSet(viewsets.GenericViewSet):
+    """``GET /api/v1/prices``: credits per GPU-hour of every GPU model in the fleet (every signed-in user)."""
+
+    serializer_class = PriceListSerializer
+    pagination_class = None
+
+    @extend_schema(responses=PriceListSerializer)
+    def list(self, request):
+        """Credits per GPU-hour of each GPU model the fleet has, with its memory and how many GPUs are free now."""
+        return Response(PriceListSerializer(selectors.price_list()).data)
 
 
 @extend_schema(parameters=[

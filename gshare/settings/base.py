@@ -81,6 +81,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "gshare.console.scope.console_scope",
             ],
+            # The console's template filters ({% load figures %}); gshare.console is not an app of its own.
+            "libraries": {"figures": "gshare.console.templatetags.figures"},
         },
     },
 ]
@@ -164,6 +166,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Each reader sees the operations they may call (gshare/api_schema.py): drf-spectacular keeps an operation only
+    # when the view's permissions admit the caller; the operators' /internal/ routes are left out, operations are
+    # tagged by resource and docstrings' reStructuredText is turned into the CommonMark Swagger UI renders.
+    "SERVE_PUBLIC": False,
+    "PREPROCESSING_HOOKS": ["gshare.api_schema.public_endpoints_only"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "gshare.api_schema.tag_and_render"],
+    "ENUM_NAME_OVERRIDES": {"ClusterStatusEnum": "clusters.models.Cluster.Status"},
 }
 
 CACHES = {

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing import pricing
+from billing.models import CREDIT_PLACES
+from billing.selectors import session_hourly_cost
 from gshare.api_fields import StrictIntegerField
 from sessions import activity as session_activity
 from sessions.manifests import session_url
@@ -57,6 +61,7 @@ class SessionSerializer(serializers.ModelSerializer):
     idle_since = serializers.SerializerMethodField()
     stops_at = serializers.SerializerMethodField()
     activity = serializers.SerializerMethodField()
+    credits_per_hour = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -64,7 +69,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour",
         ]
         read_only_fields = fields
 
@@ -102,6 +107,17 @@ class SessionSerializer(serializers.ModelSerializer):
             "last_kernel_at": _time(row.last_kernel_at), "last_connected_at": _time(connected),
             "exempt_until": _time(row.exempt_until), "exempt_reason": row.exempt_reason, "exempt_by": row.exempt_by,
         }
+
+    @extend_schema_field(serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, allow_null=True))
+    def get_credits_per_hour(self, obj: Session) -> str | None:
+        """What the session costs per hour while it holds its GPUs (Σ over its GPUs of the model's price × its share:
+        the rate usage is charged at, ``billing.selectors.session_hourly_cost``), a decimal string; null once ended."""
+        if not obj.is_live:
+            return None
+        prices = self.context.get("prices")
+        if prices is None:
+            prices = self.context["prices"] = pricing.prices_by_model()
+        return serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES).to_representation(session_hourly_cost(obj, prices))
 
     def get_cluster(self, obj: Session) -> str | None:
         """The cluster's id (``clu_...``)."""

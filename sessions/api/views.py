@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
+from gshare.api_schema import STAFF_ONLY
 from sessions import create, idle, selectors, services
 from sessions.api.filters import SessionFilter
 from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
@@ -67,7 +68,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         session = selectors.session_get(user=request.user, public_id=public_id)
         return Response({"url": services.session_connect(session=session, user=request.user)})
 
-    @extend_schema(request=IdleExemptionSerializer, responses={200: SessionSerializer})
+    @extend_schema(request=IdleExemptionSerializer, responses={200: SessionSerializer}, extensions={STAFF_ONLY: True})
     @action(detail=True, methods=["post", "delete"], url_path="idle-exemption")
     def idle_exemption(self, request, public_id: str):
         """Staff: exempt the session from the idle policy until ``until`` (POST, with a ``reason``), or end the exemption

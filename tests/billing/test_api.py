@@ -33,7 +33,7 @@ def grant(http: Http, body: dict | str, key: str | None = "key-1"):
 def test_account_of_a_user_without_one_is_zero_and_creates_nothing(http_user):
     body = http_user.get("/api/v1/billing/account").json()
     assert body == {"user": "alice", "balance": "0.000000", "accrued": "0.000000", "holds": "0.000000", "available": "0.000000",
-                    "burn_rate_per_hour": "0.000000", "below_zero_since": None}
+                    "burn_rate_per_hour": "0.000000", "credits_last_until": None, "below_zero_since": None}
     assert not CreditAccount.objects.exists()
 
 

@@ -4,6 +4,7 @@ tokens. Through HTTP on the live server and in Chromium (any request off loopbac
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -136,3 +137,65 @@ def test_docs_render_in_the_browser_without_a_cdn(live_server, console_users, pa
     status.wait_for()
     assert status.inner_text().strip().startswith("201"), operation.locator(".live-responses-table").inner_text()
     assert Volume.objects.get(name="from-swagger").owner == console_users["alice"][0]
+
+
+STAFF_ONLY = [("post", "/api/v1/clusters/"), ("post", "/api/v1/billing/grants/"), ("get", "/api/v1/audit/"),
+              ("post", "/api/v1/clusters/{public_id}/operator-token/push/"), ("post", "/api/v1/storage/pools/"),
+              ("post", "/api/v1/sessions/{public_id}/idle-exemption/"), ("delete", "/api/v1/sessions/{public_id}/idle-exemption/")]
+
+
+def _operations(schema: dict) -> set[tuple[str, str]]:
+    return {(method, path) for path, item in schema["paths"].items() for method in item if method != "parameters"}
+
+
+def test_each_reader_sees_the_operations_they_may_call_tagged_by_resource(live_server, console_users):
+    schemas = {}
+    for name in ("alice", "admin"):
+        browser = console_session(live_server.url, name, console_users[name][1])
+        response = browser.get(f"{live_server.url}/api/v1/schema/", headers={"Accept": "application/json"}, timeout=30)
+        assert response.status_code == 200
+        schemas[name] = response.json()
+    researcher, staff = _operations(schemas["alice"]), _operations(schemas["admin"])
+    assert not [op for op in researcher | staff if not op[1].startswith("/api/v1/")]  # no /internal/ for anyone
+    assert set(STAFF_ONLY) <= staff, sorted(set(STAFF_ONLY) - staff)
+    assert not set(STAFF_ONLY) & researcher, sorted(set(STAFF_ONLY) & researcher)
+    for op in [("post", "/api/v1/sessions/"), ("get", "/api/v1/gpus/"), ("get", "/api/v1/prices/"), ("post", "/api/v1/storage/volumes/"),
+               ("get", "/api/v1/billing/account/"), ("get", "/api/v1/clusters/")]:
+        assert op in researcher, op
+    assert researcher < staff
+
+    for schema in schemas.values():
+        tags = {method_path: schema["paths"][method_path[1]][method_path[0]]["tags"] for method_path in _operations(schema)}
+        assert all(len(t) == 1 and t != ["api"] for t in tags.values()), tags
+        assert tags[("post", "/api/v1/sessions/")] == ["sessions"]
+        assert tags[("get", "/api/v1/prices/")] == ["gpus"]
+        assert tags[("get", "/api/v1/billing/ledger/")] == ["billing"]
+        assert {t["name"] for t in schema["tags"]} == {t[0] for t in tags.values()}
+    text = json.dumps(schemas["admin"])
+    assert "``" not in text and ":class:`" not in text and ":func:`" not in text
+    assert "`?limit=&offset=`" in text  # the literal is still code, in CommonMark
+
+
+def test_rst_inline_markup_becomes_commonmark():
+    from gshare.api_schema import rst_to_commonmark
+
+    assert rst_to_commonmark("Change ``session_domain`` and ``routing``.") == "Change `session_domain` and `routing`."
+    converted = rst_to_commonmark(":class:`ClusterSerializer` plus :func:`~billing.selectors.price_list`")
+    assert converted == "`ClusterSerializer` plus `billing.selectors.price_list`"
+    assert rst_to_commonmark("no markup, `one` tick") == "no markup, `one` tick"
+
+
+def test_docs_group_operations_by_resource_and_render_code(live_server, console_users, page):
+    login(page, live_server.url, "alice", console_users["alice"][1])
+    page.goto(f"{live_server.url}/api/v1/docs/")
+    page.wait_for_selector(".swagger-ui .opblock-tag", timeout=20_000)
+    tags = [t.strip() for t in page.locator(".swagger-ui .opblock-tag a span, .swagger-ui .opblock-tag a").all_inner_texts() if t.strip()]
+    assert "sessions" in tags and "billing" in tags and "api" not in tags, tags
+    assert page.locator(".opblock-summary-path", has_text="/internal/").count() == 0
+    assert page.locator(".opblock-summary-path", has_text="/api/v1/audit").count() == 0  # staff only
+    ledger = page.locator(".opblock-get", has=page.locator(".opblock-summary-path", has_text=re.compile(r"^/api/v1/billing/ledger/?$")))
+    ledger.locator(".opblock-summary").click()
+    description = ledger.locator(".opblock-description-wrapper")
+    description.wait_for()
+    assert "``" not in description.inner_text()
+    assert description.locator("code", has_text="?limit=&offset=").count() == 1

@@ -475,10 +475,37 @@ def test_my_credits_shows_balance_holds_burn_and_my_ledger(as_alice, world, djan
     assert page.status_code == 200
     text = page.content.decode()
     assert "My credits" in text
-    assert 'id="my-balance">125.500000<' in text
+    assert 'id="my-balance" title="125.500000">125.50<' in text
     assert "alice-grant-reason" in text and "alice-second-grant" in text and "bob-grant-reason" not in text
     assert "per hour" in text and "Held by live sessions" in text and " UTC" in text
     _assert_researcher_page(page, world, "/billing/creditaccount/")
+
+
+def test_my_credits_shows_the_price_list_and_the_runway_as_a_person_reads_them(as_alice, world):
+    from sessions.models import Session
+
+    Session.objects.filter(pk=world["rows"]["alice"]["session"].pk).update(phase="Running")
+    device = world["rows"]["alice"]["session"].allocations.get().device
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    # One GPU model in the fleet, priced by the default row (2 credits per GPU-hour).
+    assert f"<td>{device.model}</td>" in text and '<td title="2.000000">2.00 (default price)</td>' in text
+    assert "<td>1 of 1</td>" in text  # the GPU's counters show no reservation: free
+    # alice's Running session is the burn (its share of the GPU at 2 credits per GPU-hour), and it sets the runway.
+    from billing.selectors import session_hourly_cost
+    from gshare.console.figures import credits_display
+
+    burn = session_hourly_cost(world["rows"]["alice"]["session"])
+    assert burn > 0 and f'id="my-burn" title="{burn}">{credits_display(burn)} per hour' in text
+    assert "at this rate your credits last until " in text
+
+
+def test_credits_are_shown_with_the_precision_a_person_needs():
+    from gshare.console.figures import credits_display
+
+    cases = {"1234.5": "1,234.50", "-3": "-3.00", "0.613052": "0.61", "0.0035": "0.0035", "0.000001": "0.000001",
+             "0": "0.00", "1000.000000": "1,000.00", "-0.004444": "-0.0044", "": "", "n/a": "n/a"}
+    assert {value: credits_display(value) for value in cases} == cases
+    assert credits_display(None) == ""
 
 
 def test_my_credits_page_queries_do_not_grow_with_ledger_entries(as_alice, world):
@@ -501,7 +528,7 @@ def test_a_researcher_without_an_account_sees_zero(client, world):
     carol.save()
     client.force_login(carol)
     page = client.get("/billing/creditaccount/")
-    assert page.status_code == 200 and 'id="my-balance">0.000000<' in page.content.decode()
+    assert page.status_code == 200 and 'id="my-balance" title="0.000000">0.00<' in page.content.decode()
     assert not CreditAccount.objects.filter(user=carol).exists()
 
 

@@ -77,7 +77,9 @@ def test_a_researcher_from_login_to_token_and_volume(live_server, console_users,
 
     # My credits.
     page.goto(f"{base}/billing/creditaccount/")
-    assert page.locator("#my-balance").inner_text() == "40.000000" and "welcome" in page.content()
+    assert page.locator("#my-balance").inner_text() == "40.00" and "welcome" in page.content()
+    assert page.locator("#my-balance").get_attribute("title") == "40.000000"
+    assert page.locator("#my-prices").is_visible() and "credits per gpu-hour" in page.locator("#my-prices").inner_text().lower()
 
     # Staff pages and another user's object, typed directly.
     for path in ("/clusters/cluster/", "/clusters/node/", "/billing/ledgerentry/", "/auth/user/", "/audit/auditrecord/",

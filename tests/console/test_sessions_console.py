@@ -80,14 +80,33 @@ def test_list_shows_phase_owner_cluster_node_gpus_started_cost_and_url(console):
     text = page_text(console.get(LIST))
     assert '<span class="gs-phase gs-phase-running" data-phase="Running">Running</span>' in text
     assert '<span class="gs-phase gs-phase-starting" data-phase="Starting">Starting</span>' in text
-    for expected in ("bob", "lab-c1", "gpu-node-a", "2 × 4000 MiB, 25% cores", "2026-12-01</span> <span class=\"gs-time\">09:30:05 UTC", "11.250125",
-                     f'href="https://lab-c1.gshare.localhost/s/{session.public_id}/"', "Cost so far", "11.250125 credits"):
+    # The cost as a person reads it (two decimals), the exact figure on hover.
+    for expected in ("bob", "lab-c1", "gpu-node-a", "2 × 4000 MiB, 25% cores", "2026-12-01</span> <span class=\"gs-time\">09:30:05 UTC",
+                     '<span class="gs-credits" title="11.250125 credits">11.25</span>',
+                     f'href="https://lab-c1.gshare.localhost/s/{session.public_id}/"', "Cost so far"):
         assert expected in text, expected
     # Open only for the Running one; Stop for both (live, not stopping); the bulk Stop action stays.
     assert text.count(f'formaction="/gpu_sessions/session/{session.pk}/open/"') == 1
     assert f'formaction="/gpu_sessions/session/{other.pk}/open/"' not in text
     assert f'formaction="/gpu_sessions/session/{other.pk}/stop/"' in text
     assert 'value="stop"' in text and "Start session" in text
+
+
+def test_the_session_page_shows_what_a_live_session_costs_per_hour(console):
+    from billing.models import Price
+    from billing.selectors import session_hourly_cost
+    from sessions.models import Allocation
+
+    cluster = fleet(name="lab-c1", session_domain="lab-c1.gshare.localhost")
+    session = SessionFactory(cluster=cluster, phase=Session.Phase.RUNNING, gpus=1)
+    gpu = cluster.devices.order_by("pk").first()
+    Price.objects.create(gpu_model=gpu.model, credits_per_gpu_hour=Decimal("3.456789"))
+    Allocation.objects.create(session=session, device=gpu, memory_mib=gpu.memory_mib, cores=100, exclusive=True)
+    assert session_hourly_cost(session) == Decimal("3.456789")
+    text = page_text(console.get(f"{LIST}{session.pk}/change/"))
+    assert '<span class="gs-credits" id="session-rate" title="3.456789 credits per hour">3.46 per hour</span>' in text
+    Session.objects.filter(pk=session.pk).update(phase=Session.Phase.TERMINATED)
+    assert 'id="session-rate"' not in page_text(console.get(f"{LIST}{session.pk}/change/"))
 
 
 def test_list_narrows_to_the_console_cluster(console):
