@@ -19,7 +19,7 @@ from django.conf import settings
 from billing import admission
 from gshare.console.dashboard import age
 from sessions import activity as session_activity
-from sessions.idle import activity_unknown, idle_status
+from sessions.idle import activity_unknown, gpus_unreported, idle_status
 from sessions.models import Session, SessionActivity
 
 GIB = 1024 ** 3
@@ -235,9 +235,12 @@ def activity_summary(session: Session, *, now: datetime) -> ActivitySummary:
     if unknown:
         return ActivitySummary("unknown" if row and row.state else "none", "unknown" if row and row.state else "no reading", unknown)
     if getattr(session, "is_idle", False):
-        last = max((t for t in (session.started_at, row.last_kernel_at, row.last_connected_at) if t is not None), default=now)
+        counts = bool(gpus_unreported(gpus=row.gpus, devices=session.devices, count=session.gpus))
+        signals = (session.started_at, row.last_kernel_at) + ((row.last_connected_at,) if counts else ())
+        last = max((t for t in signals if t is not None), default=now)
         quiet = age((now - last).total_seconds())
-        return ActivitySummary("idle", f"idle {quiet}", f"no GPU kernel and no connection since {utc(last)}")
+        said = "no GPU kernel and no connection" if counts else "no GPU kernel"
+        return ActivitySummary("idle", f"idle {quiet}", f"{said} since {utc(last)}")
     mean = mean_utilization(row.gpus)
     return ActivitySummary("busy", "busy" if mean is None else f"busy {mean} %",
                            f"last reading {utc(row.sampled_at)}" + (f"; SM utilization {mean} % (mean of its GPUs)" if mean is not None else ""))

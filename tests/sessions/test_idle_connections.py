@@ -206,3 +206,18 @@ def test_which_readings_cover_a_session(gpus, devices, count, missing):
     found = idle.gpus_unreported(gpus=gpus, devices=devices, count=count)
     assert (missing in found) if missing else found == ""
 
+
+
+def test_the_dashboards_idle_sessions_ignore_connections_when_every_gpu_is_reported():
+    """``idle_sessions`` (the dashboard, /metrics, the list's filter) follows the rule: a session polled by an open tab
+    whose GPUs ran nothing for 20 minutes is idle; one reported for part of its GPUs is not."""
+    from sessions.selectors import idle_sessions
+
+    known = make_session()
+    partial = make_session(devices=("GPU-a", "GPU-b"))
+    at = T0 + 20 * MINUTE
+    for session in (known, partial):
+        report(session, at=at)
+        connect(session, at - MINUTE)
+    activity.connections_flush()
+    assert set(idle_sessions(now=at).values_list("pk", flat=True)) == {known.pk}
