@@ -164,7 +164,7 @@ def idle_judge(
         return quiet
     # last_connected_at only moves forward, so once a connection falls in this stretch's warning the postponement
     # stays granted on every later judgement, and no later connection can move the stop again.
-    postponed = not counts and last_connected_at is not None and last_connected_at >= warned_from
+    postponed = not counts and warning > timedelta(0) and last_connected_at is not None and last_connected_at >= warned_from
     if postponed:
         stops_at += warning
     return IdleJudgement(idle_since=last, stops_at=stops_at, due=now >= stops_at, last_activity=last,

@@ -46,6 +46,19 @@ def test_judge_counts_from_the_latest_activity():
     assert judge(partial=partial, last_connected_at=NOW - timedelta(minutes=45)).idle_since == NOW - timedelta(minutes=45)
 
 
+def test_judge_postpones_once_by_the_clipped_warning_and_never_with_no_warning():
+    kernel = NOW - timedelta(minutes=61)  # the planned stop was a minute ago
+    at_the_edge = judge(last_kernel_at=kernel, last_connected_at=kernel + timedelta(minutes=45))
+    assert at_the_edge.postponed and at_the_edge.stops_at == kernel + timedelta(minutes=75) and not at_the_edge.due
+    a_second_early = judge(last_kernel_at=kernel, last_connected_at=kernel + timedelta(minutes=45) - timedelta(seconds=1))
+    assert not a_second_early.postponed and a_second_early.due
+    no_warning = judge(last_kernel_at=kernel, last_connected_at=NOW, warning=timedelta(0))
+    assert not no_warning.postponed and no_warning.stops_at == kernel + HOUR and no_warning.due
+    clipped = judge(last_kernel_at=NOW - timedelta(minutes=11), last_connected_at=NOW, timeout=timedelta(minutes=10),
+                    warning=HOUR)  # a warning longer than the timeout is clipped to it, the postponement too
+    assert clipped.postponed and clipped.stops_at == NOW + timedelta(minutes=9)
+
+
 def test_judge_never_idles_on_unknown_activity_a_zero_timeout_or_an_exemption():
     unknown = judge(unknown="the monitor of gpu-a timed out")
     assert (unknown.idle_since, unknown.due, unknown.unknown) == (None, False, "the monitor of gpu-a timed out")
