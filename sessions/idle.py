@@ -286,7 +286,8 @@ def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
     Between the fleet-wide judgement and this stop an activity report, a connection (noted or flushed) or an
     exemption may have come: the session's row and its activity row are locked (in the order ``session_idle_exempt``
     takes them), its pending connection read again from Redis (no stop when Redis fails), and it is judged afresh, so
-    a kernel that just ran or a staff exemption is never overruled by a stale judgement.
+    a kernel that just ran, a staff exemption or a connection that earns the postponement is never overruled by a
+    stale judgement.
     """
     locked = Session.objects.select_for_update().select_related("owner").get(pk=session.pk)
     row = SessionActivity.objects.select_for_update().filter(session_id=session.pk).first()
