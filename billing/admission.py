@@ -66,7 +66,7 @@ class EffectivePolicy:
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
         source: ``"user"`` (the user's ``Policy``), ``"default"`` (the default ``Policy`` row) or
             ``"settings"`` (no row: ``GSHARE_BILLING_DEFAULT_*``).
-        idle_timeout_minutes: minutes without a GPU kernel or a connection before a session is stopped (0: never).
+        idle_timeout_minutes: minutes without a GPU kernel before a session is stopped (0: never; ``sessions.idle``).
         idle_warning_minutes: minutes before that stop when the session starts showing it.
     """
 

@@ -385,7 +385,7 @@ def policy_set(
         allowed_clusters: clusters sessions may run on (empty: all).
         min_balance_hours: hours of the requested resources the available balance must cover at admission.
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
-        idle_timeout_minutes: minutes without a GPU kernel or a connection before a session is stopped (0: never).
+        idle_timeout_minutes: minutes without a GPU kernel before a session is stopped (0: never; ``sessions.idle``).
         idle_warning_minutes: minutes before that stop when the session shows it.
 
     Raises:

@@ -79,7 +79,7 @@ class DemoOptions:
         smoke: wait for the inventories, print the state, stop everything, exit.
         inventory_interval: operators' inventory interval, seconds.
         bare_clusters: names of bare clusters to start for trying attach (``demo.bare_demo``).
-        idle_timeout: seconds without a GPU kernel or a connection before the default policy stops a session (a policy
+        idle_timeout: seconds without a GPU kernel before the default policy stops a session (a policy
             minute lasts a second, so the warning is a quarter of it); None keeps the production default (60 minutes).
         gateway_cluster: the fleet cluster in ``gateway-api`` routing mode (seeded with Envoy Gateway and the session
             Gateway, registered with ``routing=gateway-api``); the others use ingress-nginx; None: every cluster does.
@@ -478,8 +478,8 @@ def run_demo(options: DemoOptions) -> dict:
         _say("sessions: " + ", ".join(f"{c['ingress_url']}/s/<session id>/" for c in state["clusters"])
              + f"  (each cluster's ingress, on 127.0.0.1:{ingress_port}; Open in the console gives the link)")
         _say(f"API:     curl -H 'Authorization: Bearer {api_token}' {url}/api/v1/clusters")
-        idle_text = (f"{options.idle_timeout} s without a GPU kernel or a connection" if options.idle_timeout is not None
-                     else "60 min without a GPU kernel or a connection (--idle-timeout SECONDS shortens it)")
+        idle_text = (f"{options.idle_timeout} s without a GPU kernel" if options.idle_timeout is not None
+                     else "60 min without a GPU kernel (--idle-timeout SECONDS shortens it)")
         _say(f"idle policy: sessions stop after {idle_text}; new sessions' GPUs are idle: mark one busy with "
              f".venv/bin/python -m demo.gpu_activity <session id> busy")
         _say(f"internal plane (the operators' control-plane URL): {internal_url}/internal/ and /.well-known/, 404 on {url}:")

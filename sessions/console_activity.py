@@ -2,7 +2,8 @@
 list's Activity column): read side only, built from ``SessionActivity`` (``sessions.activity``), the connections
 not flushed yet (``sessions.activity.connections_pending``) and the owner's policy (``billing.admission``).
 
-The rules are the policy's own: ``sessions.idle.activity_unknown`` says whether a reading counts, the warning is
+The rules are the policy's own: ``sessions.idle.activity_unknown`` says whether a reading counts, the session page's
+warning is ``sessions.idle.idle_status`` now (what the stop task acts on), the list's is
 ``SessionActivity.idle_since``/``stops_at`` as ``sessions.idle.idle_enforce`` wrote them, and "idle" in the list is
 ``sessions.selectors.idle_sessions`` (annotated by ``console_selectors.with_activity``). Nothing here writes.
 """
@@ -18,7 +19,7 @@ from django.conf import settings
 from billing import admission
 from gshare.console.dashboard import age
 from sessions import activity as session_activity
-from sessions.idle import activity_unknown
+from sessions.idle import activity_unknown, gpus_unreported, idle_status
 from sessions.models import Session, SessionActivity
 
 GIB = 1024 ** 3
@@ -42,15 +43,15 @@ def policy_minute_seconds() -> int:
 
 
 def policy_text(policy: admission.EffectivePolicy, *, owner: str) -> str:
-    """``bob's own policy: 60 min without a GPU kernel or a connection, warned 15 min before`` (the policy minute's
-    length in seconds when it is not 60); ``never stops idle sessions`` for a timeout of 0."""
+    """``bob's own policy: 60 min without a GPU kernel, warned 15 min before`` (the policy minute's length in seconds
+    when it is not 60); ``never stops idle sessions`` for a timeout of 0."""
     whose = f"{owner}'s own policy" if policy.source == "user" else "the default policy"
     if policy.idle_timeout_minutes <= 0:
         return f"{whose}: never stops idle sessions"
     minute = policy_minute_seconds()
     unit = "min" if minute == 60 else f"policy minutes of {minute} s"
     warning = min(policy.idle_warning_minutes, policy.idle_timeout_minutes)
-    return f"{whose}: {policy.idle_timeout_minutes} {unit} without a GPU kernel or a connection, warned {warning} {unit} before"
+    return f"{whose}: {policy.idle_timeout_minutes} {unit} without a GPU kernel, warned {warning} {unit} before"
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,12 @@ class ActivityView:
         gpus: one :class:`GpuReading` per GPU of the last reading.
         last_kernel_at: newest kernel seen on any of its GPUs (UTC text, "" when none).
         last_connected_at: newest connection let in, including ones not flushed yet (UTC text, "" when none).
-        idle_since, stops_at: while the policy's warning runs on a live session (UTC text), else "".
+        idle_since, stops_at: while the policy's warning runs on a Running session (UTC text), else ""
+            (``sessions.idle.idle_status`` at ``now``).
+        connections_count: connections keep the session (GPU activity of some GPU is not known); False when only a
+            GPU kernel does.
+        partial: why connections count although a reading exists ("" otherwise).
+        postponed: a connection during the warning postponed the stop already (it happens once).
         policy: the owner's idle policy in words (:func:`policy_text`).
         exempt_until, exempt_reason, exempt_by: a running staff exemption (UTC text), else "".
         stop_reason: the session's ``stop_reason`` in words ("" while it was not asked to stop).
@@ -133,6 +139,9 @@ class ActivityView:
     last_connected_at: str = ""
     idle_since: str = ""
     stops_at: str = ""
+    connections_count: bool = True
+    partial: str = ""
+    postponed: bool = False
     policy: str = ""
     exempt_until: str = ""
     exempt_reason: str = ""
@@ -142,7 +151,8 @@ class ActivityView:
 
     @property
     def warning(self) -> bool:
-        """The idle policy's warning runs: the session stops at :attr:`stops_at` unless someone uses it."""
+        """The idle policy's warning runs: the session stops at :attr:`stops_at` unless a GPU kernel runs (or, while
+        :attr:`connections_count`, someone connects)."""
         return bool(self.stops_at)
 
 
@@ -169,6 +179,7 @@ def activity_view(session: Session, *, now: datetime, pending: dict[str, datetim
     unknown = activity_unknown(state=state, reason=row.reason if row else "", sampled_at=row.sampled_at if row else None, now=now)
     shown_state = "none" if not state or row.sampled_at is None else ("unknown" if unknown else "ok")
     live = session.is_live
+    judgement = idle_status(session=session, row=row, policy=policy, connected=connected, now=now)
     exempt = row is not None and row.exempt_until is not None and row.exempt_until > now and live
     return ActivityView(
         state=shown_state,
@@ -177,8 +188,11 @@ def activity_view(session: Session, *, now: datetime, pending: dict[str, datetim
         gpus=[_gpu_reading(g) for g in (row.gpus if row else []) if isinstance(g, dict)],
         last_kernel_at=utc(row.last_kernel_at) if row else "",
         last_connected_at=utc(connected),
-        idle_since=utc(row.idle_since) if row and live and row.stops_at else "",
-        stops_at=utc(row.stops_at) if row and live and row.idle_since else "",
+        idle_since=utc(judgement.idle_since),
+        stops_at=utc(judgement.stops_at),
+        connections_count=judgement.connections_count,
+        partial=judgement.partial,
+        postponed=judgement.postponed,
         policy=policy_text(policy, owner=session.owner.get_username()),
         exempt_until=utc(row.exempt_until) if exempt else "",
         exempt_reason=row.exempt_reason if exempt else "",
@@ -213,7 +227,7 @@ def activity_summary(session: Session, *, now: datetime) -> ActivitySummary:
         return ActivitySummary("ended", "—")
     if row is not None and row.stops_at is not None and row.idle_since is not None:
         return ActivitySummary("warned", f"idle · stops {row.stops_at.astimezone(UTC):%H:%M}",
-                               f"idle since {utc(row.idle_since)}; stops at {utc(row.stops_at)} unless someone uses it")
+                               f"GPUs idle since {utc(row.idle_since)}; stops at {utc(row.stops_at)} unless a GPU kernel runs")
     if session.phase != Session.Phase.RUNNING:
         return ActivitySummary("none", "—")
     unknown = activity_unknown(state=row.state if row else "", reason=row.reason if row else "",
@@ -221,9 +235,12 @@ def activity_summary(session: Session, *, now: datetime) -> ActivitySummary:
     if unknown:
         return ActivitySummary("unknown" if row and row.state else "none", "unknown" if row and row.state else "no reading", unknown)
     if getattr(session, "is_idle", False):
-        last = max((t for t in (session.started_at, row.last_kernel_at, row.last_connected_at) if t is not None), default=now)
+        counts = bool(gpus_unreported(gpus=row.gpus, devices=session.devices, count=session.gpus))
+        signals = (session.started_at, row.last_kernel_at) + ((row.last_connected_at,) if counts else ())
+        last = max((t for t in signals if t is not None), default=now)
         quiet = age((now - last).total_seconds())
-        return ActivitySummary("idle", f"idle {quiet}", f"no GPU kernel and no connection since {utc(last)}")
+        said = "no GPU kernel and no connection" if counts else "no GPU kernel"
+        return ActivitySummary("idle", f"idle {quiet}", f"{said} since {utc(last)}")
     mean = mean_utilization(row.gpus)
     return ActivitySummary("busy", "busy" if mean is None else f"busy {mean} %",
                            f"last reading {utc(row.sampled_at)}" + (f"; SM utilization {mean} % (mean of its GPUs)" if mean is not None else ""))

@@ -1,14 +1,20 @@
-"""The idle policy: a Running session none of whose GPUs ran a kernel, and that nobody connected to, for the policy's
-``idle_timeout_minutes`` is warned, then stopped with reason ``idle`` (docs/idle.md).
+"""The idle policy: a Running session whose GPUs ran no kernel for the policy's ``idle_timeout_minutes`` is warned, then
+stopped with reason ``idle`` (docs/idle.md).
 
 The signals are the session's own, never the whole GPU's: HAMi's vGPU monitor measures each container's slice of a
-shared GPU (``sessions.activity``), and connect verify notes who was let in. The rules, in ``idle_judge``:
+shared GPU (``sessions.activity``), and connect verify notes who was let in. ``idle_judge`` decides, and
+``idle_status`` applies it to a session: the stop task (``idle_enforce``), the API and the console all ask it.
 
-* the clock starts at the latest of: the session's start, the last kernel on any of its GPUs, the last connection,
-  the end of a staff exemption;
+* GPU activity is **known** when a fresh ``ok`` reading lists every GPU of the session. Then only a kernel resets the
+  clock, which starts at the latest of: the session's start, the last kernel on any of its GPUs, the end of a staff
+  exemption. A connection (an open JupyterLab tab polls all the time) is no sign of GPU use: one let in during the
+  warning postpones the stop once, by one warning period, and never again for that idle stretch (the stretch starts
+  at ``idle_since``; ``last_connected_at`` never moves back, so the postponement, once earned, stays and cannot grow).
+* GPU activity reported for only some of the session's GPUs leaves the others unknown: connections then count as
+  activity too (the clock starts at the latest connection as well).
 * GPU activity that is unknown (no reading yet, the monitor could not be read, or the reading is older than
-  ``GSHARE_ACTIVITY_STALE_SECONDS``) never makes a session idle: its clock does not run;
-* ``idle_warning_minutes`` before the stop the session shows ``idle_since`` (when its clock started) and ``stops_at``;
+  ``GSHARE_ACTIVITY_STALE_SECONDS``) never makes a session idle: its clock does not run.
+* ``idle_warning_minutes`` before the stop the session shows ``idle_since`` and ``stops_at``;
 * at ``stops_at`` it is stopped (``sessions.services.session_stop``, ``stop_reason`` ``idle``, its message naming the
   policy and the last activity), and the ledger gets its ``end`` entry with the credits burned while idle
   (``billing.services.ledger_session_end``).
@@ -51,7 +57,11 @@ class IdleJudgement:
         stops_at: when it is stopped, once the warning runs (else None).
         due: True when it is to be stopped now.
         unknown: why GPU activity does not count, or "" (then the clock does not run).
-        last_activity: the latest of start, last kernel, last connection and exemption end (None: nothing known).
+        last_activity: when the clock started: the latest of start, last kernel, exemption end and, only while
+            connections count, last connection.
+        connections_count: connections reset the clock (GPU activity of some of its GPUs is not reported).
+        partial: why connections count ("" when the reading covers every GPU of the session).
+        postponed: a connection during the warning moved ``stops_at`` by one warning period (at most once a stretch).
     """
 
     idle_since: datetime | None = None
@@ -59,6 +69,9 @@ class IdleJudgement:
     due: bool = False
     unknown: str = ""
     last_activity: datetime | None = None
+    connections_count: bool = False
+    partial: str = ""
+    postponed: bool = False
 
 
 def minute() -> timedelta:
@@ -85,6 +98,27 @@ def activity_unknown(*, state: str, reason: str, sampled_at: datetime | None, no
     return ""
 
 
+def gpus_unreported(*, gpus: list, devices: list, count: int) -> str:
+    """Why a reading does not cover every GPU of a session, or "" when it does.
+
+    Args:
+        gpus: the reading's ``SessionActivity.gpus`` (dicts with ``device_uuid``; anything else is ignored).
+        devices: the session's GPU UUIDs (``Session.devices``; empty before the operator reported them).
+        count: how many GPUs the session asked for (``Session.gpus``).
+
+    Returns:
+        "" when every GPU of ``devices`` (or, before they are known, at least ``count`` GPUs) is listed; a GPU listed
+        with no figures counts as reported (HAMi lists no series where CUDA never started: no kernel ran there).
+    """
+    reported = {g.get("device_uuid") for g in gpus or [] if isinstance(g, dict) and g.get("device_uuid")}
+    wanted = {d for d in devices or [] if isinstance(d, str) and d}
+    missing = len(wanted - reported) if wanted else max(count - len(reported), 0)
+    if not missing:
+        return ""
+    total = len(wanted) or count
+    return f"HAMi's vGPU monitor reported {total - missing} of the session's {total} GPUs"
+
+
 def idle_judge(
     *,
     now: datetime,
@@ -93,10 +127,11 @@ def idle_judge(
     last_connected_at: datetime | None,
     exempt_until: datetime | None,
     unknown: str,
+    partial: str,
     timeout: timedelta,
     warning: timedelta,
 ) -> IdleJudgement:
-    """Judge one Running session (pure: no query).
+    """Judge one Running session (pure: no query). The one rule the stop task, the API and the console apply.
 
     Args:
         now: the moment judged (aware UTC).
@@ -105,21 +140,35 @@ def idle_judge(
         last_connected_at: newest connection let through, or None.
         exempt_until: end of a staff exemption, or None.
         unknown: ``activity_unknown``'s answer ("" when GPU activity counts).
+        partial: ``gpus_unreported``'s answer ("" when the reading covers every GPU: connections then only postpone).
         timeout: the policy's idle timeout (zero: never idle).
-        warning: how long before the stop the warning starts (clipped to the timeout).
+        warning: how long before the stop the warning starts (clipped to the timeout); also how long a connection
+            during the warning postpones the stop, once.
 
     Returns:
-        The judgement: nothing while the timeout is zero, an exemption runs or GPU activity is unknown.
+        The judgement: nothing while the timeout is zero, an exemption runs or GPU activity is unknown. With every GPU
+        reported the stop comes at most ``timeout + warning`` after the last kernel, however often someone connects.
     """
-    last = max(t for t in (started_at, last_kernel_at, last_connected_at, exempt_until) if t is not None)
+    counts = bool(partial or unknown)
+    signals = (started_at, last_kernel_at, exempt_until) + ((last_connected_at,) if counts else ())
+    last = max(t for t in signals if t is not None)
+    quiet = IdleJudgement(last_activity=last, connections_count=counts, partial=partial)
     if timeout <= timedelta(0) or (exempt_until is not None and exempt_until > now):
-        return IdleJudgement(last_activity=last)
+        return quiet
     if unknown:
-        return IdleJudgement(unknown=unknown, last_activity=last)
+        return IdleJudgement(unknown=unknown, last_activity=last, connections_count=True, partial=partial)
+    warning = min(warning, timeout)
     stops_at = last + timeout
-    if now < stops_at - min(warning, timeout):
-        return IdleJudgement(last_activity=last)
-    return IdleJudgement(idle_since=last, stops_at=stops_at, due=now >= stops_at, last_activity=last)
+    warned_from = stops_at - warning
+    if now < warned_from:
+        return quiet
+    # last_connected_at only moves forward, so once a connection falls in this stretch's warning the postponement
+    # stays granted on every later judgement, and no later connection can move the stop again.
+    postponed = not counts and warning > timedelta(0) and last_connected_at is not None and last_connected_at >= warned_from
+    if postponed:
+        stops_at += warning
+    return IdleJudgement(idle_since=last, stops_at=stops_at, due=now >= stops_at, last_activity=last,
+                         connections_count=counts, partial=partial, postponed=postponed)
 
 
 def _policy_text(policy: admission.EffectivePolicy) -> str:
@@ -129,17 +178,25 @@ def _policy_text(policy: admission.EffectivePolicy) -> str:
         length = f"{policy.idle_timeout_minutes} min"
     else:
         length = f"{policy.idle_timeout_minutes} policy minutes of {int(span.total_seconds())} s"
-    return f"{whose}: {length} without a GPU kernel or a connection"
+    return f"{whose}: {length} without a GPU kernel"
 
 
 def _moment(value: datetime | None, never: str) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else never
 
 
-def stop_message(*, policy: admission.EffectivePolicy, last_kernel_at: datetime | None, last_connected_at: datetime | None) -> str:
-    """The message of a session stopped by the idle policy: the policy, its timeout, the last kernel and connection."""
-    return (f"Stopped by the idle policy ({_policy_text(policy)}). Last GPU kernel: {_moment(last_kernel_at, 'none seen')}; "
+def stop_message(*, policy: admission.EffectivePolicy, last_kernel_at: datetime | None, last_connected_at: datetime | None,
+                 judgement: IdleJudgement | None = None) -> str:
+    """The message of a session stopped by the idle policy: the policy, its timeout, the last kernel and connection,
+    and whether connections counted (``judgement``: the one that found it due; None says nothing of connections)."""
+    text = (f"Stopped by the idle policy ({_policy_text(policy)}). Last GPU kernel: {_moment(last_kernel_at, 'none seen')}; "
             f"last connection: {_moment(last_connected_at, 'none')}.")
+    if judgement is None:
+        return text
+    if judgement.connections_count:
+        return f"{text} Connections counted as activity: {judgement.partial}."
+    postponed = " (a connection during the warning postponed the stop once)" if judgement.postponed else ""
+    return f"{text} Connections do not keep a session whose GPUs HAMi's vGPU monitor reports{postponed}."
 
 
 _MARK = """
@@ -153,13 +210,28 @@ ON CONFLICT (session_id) DO UPDATE SET idle_since = EXCLUDED.idle_since, stops_a
 """
 
 
-def _judge(session: Session, row: SessionActivity | None, policy, connected: datetime | None, now: datetime) -> IdleJudgement:
-    """``idle_judge`` on a session, its activity row (None: no reading yet), its owner's policy and last connection."""
+def idle_status(*, session: Session, row: SessionActivity | None, policy: admission.EffectivePolicy,
+                connected: datetime | None, now: datetime) -> IdleJudgement:
+    """``idle_judge`` applied to one session: what the stop task acts on and what the API and the console show.
+
+    Args:
+        session: the session (its ``started_at``/``created_at``, ``devices``, ``gpus`` and ``phase`` are read).
+        row: its ``SessionActivity`` (None: no reading and no connection yet).
+        policy: its owner's effective policy (``billing.admission.policy_for``).
+        connected: its newest connection (``activity.last_connection``: the row's and the one not flushed yet).
+        now: the moment judged (aware UTC).
+
+    Returns:
+        An ``IdleJudgement``; an empty one (no warning, not due) for a session that is not Running.
+    """
+    if session.phase != Session.Phase.RUNNING:
+        return IdleJudgement()
     return idle_judge(
         now=now, started_at=session.started_at or session.created_at, last_kernel_at=row.last_kernel_at if row else None,
         last_connected_at=connected, exempt_until=row.exempt_until if row else None,
         unknown=activity_unknown(state=row.state if row else "", reason=row.reason if row else "",
                                  sampled_at=row.sampled_at if row else None, now=now),
+        partial=gpus_unreported(gpus=row.gpus if row else [], devices=session.devices, count=session.gpus),
         timeout=policy.idle_timeout_minutes * minute(), warning=policy.idle_warning_minutes * minute(),
     )
 
@@ -179,8 +251,8 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
     sessions = Session.objects.filter(phase=Session.Phase.RUNNING).select_related("activity")
     if cluster is not None:
         sessions = sessions.filter(cluster=cluster)
-    sessions = list(sessions.only("pk", "public_id", "owner_id", "started_at", "created_at", "phase", "cluster_id",
-                                  "activity__state", "activity__reason", "activity__sampled_at", "activity__last_kernel_at",
+    sessions = list(sessions.only("pk", "public_id", "owner_id", "started_at", "created_at", "phase", "cluster_id", "devices", "gpus",
+                                  "activity__state", "activity__reason", "activity__sampled_at", "activity__gpus", "activity__last_kernel_at",
                                   "activity__last_connected_at", "activity__idle_since", "activity__stops_at", "activity__exempt_until"))
     if not sessions:
         return {"checked": 0, "warned": 0, "stopped": 0}
@@ -192,7 +264,8 @@ def idle_enforce(*, cluster=None, now: datetime | None = None) -> dict[str, int]
     for session in sessions:
         row = getattr(session, "activity", None)
         policy = policies[session.owner_id]
-        judgement = _judge(session, row, policy, activity.last_connection(row, pending, session.public_id), now)
+        judgement = idle_status(session=session, row=row, policy=policy,
+                                connected=activity.last_connection(row, pending, session.public_id), now=now)
         warned += judgement.idle_since is not None
         if (row.idle_since if row else None, row.stops_at if row else None) != (judgement.idle_since, judgement.stops_at):
             changed.append({"session_id": session.pk, "idle_since": judgement.idle_since.isoformat() if judgement.idle_since else None,
@@ -213,7 +286,8 @@ def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
     Between the fleet-wide judgement and this stop an activity report, a connection (noted or flushed) or an
     exemption may have come: the session's row and its activity row are locked (in the order ``session_idle_exempt``
     takes them), its pending connection read again from Redis (no stop when Redis fails), and it is judged afresh, so
-    a kernel that just ran or a staff exemption is never overruled by a stale judgement.
+    a kernel that just ran, a staff exemption or a connection that earns the postponement is never overruled by a
+    stale judgement.
     """
     locked = Session.objects.select_for_update().select_related("owner").get(pk=session.pk)
     row = SessionActivity.objects.select_for_update().filter(session_id=session.pk).first()
@@ -223,10 +297,10 @@ def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
     if pending is None:
         return False
     connected = activity.last_connection(row, pending, locked.public_id)
-    judgement = _judge(locked, row, policy, connected, now)
+    judgement = idle_status(session=locked, row=row, policy=policy, connected=connected, now=now)
     if not judgement.due:
         return False
-    message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected)
+    message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected, judgement=judgement)
     services.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
     ledger_session_end(session=locked, idle_since=judgement.idle_since, until=now, reason=message, created_by="idle-policy")
     logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(judgement.idle_since, "?"))

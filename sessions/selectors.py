@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Case, F, Func, IntegerField, Prefetch, QuerySet, When
 from django.db.models.functions import Greatest
 
 from gshare.exceptions import NotFound
@@ -28,21 +28,26 @@ def session_list(*, user) -> QuerySet[Session]:
     return qs
 
 
-#: Policy minutes without a GPU kernel or a connection after which the console, the dashboard and /metrics call a
-#: session idle (the policy's own stop is per user: ``sessions.idle``).
+#: Policy minutes without a GPU kernel (or, while part of its GPUs is not reported, a connection) after which the
+#: console, the dashboard and /metrics call a session idle (the policy's own stop is per user: ``sessions.idle``).
 IDLE_DISPLAY_MINUTES = 15
 
 
 def idle_sessions(*, now: datetime) -> QuerySet[Session]:
     """Running sessions that are idle now: their GPU activity is known and fresh (an ``ok`` reading younger than
-    ``GSHARE_ACTIVITY_STALE_SECONDS``) and none of their GPUs ran a kernel, nobody connected, and they did not start,
-    for ``IDLE_DISPLAY_MINUTES`` policy minutes, exempt or not (connections noted in Redis but not flushed yet are not seen here:
-    at most a minute late). What the dashboard and ``gshare_cluster_idle_*`` count."""
+    ``GSHARE_ACTIVITY_STALE_SECONDS``) and none of their GPUs ran a kernel, and they did not start, for
+    ``IDLE_DISPLAY_MINUTES`` policy minutes, exempt or not. Connections count only while the reading lists fewer GPUs
+    than the session holds (``sessions.idle.gpus_unreported``'s rule, by count here; connections noted in Redis but not
+    flushed yet are not seen: at most a minute late). What the dashboard and ``gshare_cluster_idle_*`` count."""
     quiet_since = now - IDLE_DISPLAY_MINUTES * timedelta(seconds=settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS)
     fresh_since = now - timedelta(seconds=settings.GSHARE_ACTIVITY_STALE_SECONDS)
+    reported = Func(F("activity__gpus"), function="jsonb_array_length", output_field=IntegerField())
     return (
         Session.objects.filter(phase=Session.Phase.RUNNING, activity__state="ok", activity__sampled_at__gte=fresh_since)
-        .alias(last_activity=Greatest("started_at", "activity__last_kernel_at", "activity__last_connected_at"))
+        .alias(reported=reported)
+        .alias(last_activity=Case(
+            When(gpus__gt=F("reported"), then=Greatest("started_at", "activity__last_kernel_at", "activity__last_connected_at")),
+            default=Greatest("started_at", "activity__last_kernel_at")))
         .filter(last_activity__lt=quiet_since)
     )
 

@@ -211,8 +211,8 @@ def collect_families(*, now: datetime.datetime | None = None) -> list:
         for phase in LIVE_PHASES:
             sessions.add_metric([c["name"], phase], by_phase.get((c["pk"], phase), 0))
 
-    idle_sessions = _gauge("gshare_cluster_idle_sessions", "Running sessions idle now: known GPU activity, no kernel and no connection "
-                           "for 15 policy minutes (sessions.selectors.idle_sessions).", ["cluster"])
+    idle_sessions = _gauge("gshare_cluster_idle_sessions", "Running sessions idle now: known GPU activity, no kernel (nor a connection "
+                           "while part of its GPUs is unreported) for 15 policy minutes (sessions.selectors.idle_sessions).", ["cluster"])
     idle_gpus = _gauge("gshare_cluster_idle_gpus", "GPUs held by the idle sessions.", ["cluster"])
     idle = {row["cluster_id"]: (row["n"], row["gpus"]) for row in session_selectors.idle_sessions(now=now).filter(cluster_id__in=list(names))
             .values("cluster_id").annotate(n=Count("pk"), gpus=Sum("gpus")).order_by()}

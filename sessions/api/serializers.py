@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from billing import pricing
+from billing import admission, pricing
 from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
 from gshare.api_fields import StrictIntegerField
 from sessions import activity as session_activity
+from sessions import idle
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -30,11 +32,13 @@ class SessionCreateSerializer(serializers.Serializer):
 
 
 class _SessionListSerializer(serializers.ListSerializer):
-    """Reads the connections not yet flushed to the database for the whole page at once (one Redis call)."""
+    """Reads the connections not yet flushed to the database (one Redis call) and the owners' policies (one query) for
+    the whole page at once."""
 
     def to_representation(self, data):  # noqa: D102
         items = list(data.all() if hasattr(data, "all") else data)
         self.child.context["pending_connections"] = session_activity.connections_pending([s.public_id for s in items]) or {}
+        self.child.context["policies"] = admission.policies_for(user_ids={s.owner_id for s in items}) if items else {}
         return super().to_representation(items)
 
 
@@ -80,32 +84,53 @@ class SessionSerializer(serializers.ModelSerializer):
         except Session.activity.RelatedObjectDoesNotExist:
             return None
 
+    def _pending(self, obj: Session) -> dict:
+        pending = self.context.get("pending_connections")
+        if pending is None:
+            pending = (session_activity.connections_pending([obj.public_id]) if obj.is_live else None) or {}
+            self.context["pending_connections"] = pending
+        return pending
+
+    def _judgement(self, obj: Session) -> idle.IdleJudgement:
+        """``sessions.idle.idle_status`` now: the rule the stop task acts on (once per session and answer)."""
+        cache = self.context.setdefault("idle_judgements", {})
+        if obj.pk not in cache:
+            if obj.phase != Session.Phase.RUNNING:
+                cache[obj.pk] = idle.IdleJudgement()
+            else:
+                policies = self.context.get("policies") or {}
+                policy = policies.get(obj.owner_id) or admission.policy_for(obj.owner)
+                row = self._row(obj)
+                connected = session_activity.last_connection(row, self._pending(obj), obj.public_id)
+                cache[obj.pk] = idle.idle_status(session=obj, row=row, policy=policy, connected=connected, now=timezone.now())
+        return cache[obj.pk]
+
     def get_idle_since(self, obj: Session) -> str | None:
-        """While the idle policy's warning runs: when the session's idle time started (else null)."""
-        row = self._row(obj)
-        return _time(row.idle_since) if row and obj.is_live else None
+        """While the idle policy's warning runs: since when its GPUs ran no kernel (or, while connections count, nobody
+        connected) (else null)."""
+        return _time(self._judgement(obj).idle_since)
 
     def get_stops_at(self, obj: Session) -> str | None:
         """While the idle policy's warning runs: when it stops the session (else null)."""
-        row = self._row(obj)
-        return _time(row.stops_at) if row and obj.is_live else None
+        return _time(self._judgement(obj).stops_at)
 
     def get_activity(self, obj: Session) -> dict:
         """GPU activity from HAMi's vGPU monitor (per GPU: ``last_kernel_seconds`` as of its ``sampled_at``,
         ``utilization_percent``, ``memory_used_bytes``/``memory_limit_bytes``), ``state`` (``ok``, ``unknown`` with
-        ``reason``, ``none`` before any reading), ``last_kernel_at``, ``last_connected_at`` and any idle exemption."""
+        ``reason``, ``none`` before any reading), ``last_kernel_at``, ``last_connected_at``, any idle exemption, and how the
+        idle policy reads connections now: ``connections_count`` (they reset the idle clock: GPU activity of some GPU is
+        not reported) and ``stop_postponed`` (a connection during the warning postponed the stop, once)."""
         row = self._row(obj)
-        pending = self.context.get("pending_connections")
-        if pending is None:
-            pending = (session_activity.connections_pending([obj.public_id]) if obj.is_live else None) or {}
-        connected = session_activity.last_connection(row, pending, obj.public_id)
+        connected = session_activity.last_connection(row, self._pending(obj), obj.public_id)
+        judgement = self._judgement(obj)
+        rule = {"connections_count": judgement.connections_count, "stop_postponed": judgement.postponed}
         if row is None:
             return {"state": "none", "reason": "", "sampled_at": None, "gpus": [], "last_kernel_at": None,
-                    "last_connected_at": _time(connected), "exempt_until": None, "exempt_reason": "", "exempt_by": ""}
+                    "last_connected_at": _time(connected), "exempt_until": None, "exempt_reason": "", "exempt_by": "", **rule}
         return {
             "state": row.state or "none", "reason": row.reason, "sampled_at": _time(row.sampled_at), "gpus": row.gpus,
             "last_kernel_at": _time(row.last_kernel_at), "last_connected_at": _time(connected),
-            "exempt_until": _time(row.exempt_until), "exempt_reason": row.exempt_reason, "exempt_by": row.exempt_by,
+            "exempt_until": _time(row.exempt_until), "exempt_reason": row.exempt_reason, "exempt_by": row.exempt_by, **rule,
         }
 
     @extend_schema_field(serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, allow_null=True))

@@ -53,11 +53,12 @@ def test_staff_see_the_banner_and_exempt_the_session_through_the_form(live_serve
     session = warned["session"]
     login(page, live_server.url, "admin", console_users["admin"][1])
     page.goto(f"{live_server.url}{LIST}{session.pk}/change/")
-    banner = page.get_by_role("alert").filter(has_text="Idle since")
+    banner = page.get_by_role("alert").filter(has_text="will stop at")
     expect(banner).to_be_visible()
     stops = warned["stops_at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    assert f"stops at {stops} unless someone uses it" in banner.inner_text()
-    assert "policy: the default policy: 60 min without a GPU kernel or a connection" in banner.inner_text()
+    assert f"This session will stop at {stops}" in banner.inner_text()
+    assert "Policy: the default policy: 60 min without a GPU kernel, warned 15 min before" in banner.inner_text()
+    assert "ask staff" not in banner.inner_text()  # staff see the exemption form instead
     row = page.locator(f'#gs-activity-gpus tr[data-gpu-uuid="{warned["device"].uuid}"]')
     assert "49 min ago" in row.inner_text() and "0 %" in row.inner_text() and "3.0 / 80.0 GiB" in row.inner_text()
     shot(page, "console-session-activity")
@@ -88,6 +89,31 @@ def test_staff_see_the_banner_and_exempt_the_session_through_the_form(live_serve
     expect(page.locator(".messagelist")).to_contain_text("no longer exempt")
     ended = SessionActivity.objects.get(session=session)
     assert ended.exempt_until <= datetime.now(UTC) and ended.exempt_reason == ""  # ended now: the idle clock restarts there
+
+
+def test_the_owner_connected_during_the_warning_is_told_the_session_stops_and_why(live_server, console_users, page, warned):
+    """alice has the session open (a connection noted just now, during the warning): her session page says when it
+    stops and why, that her connections do not keep it, that the stop was postponed once, and how to keep it."""
+    from django.utils import timezone
+
+    session = warned["session"]
+    session_activity.forget_noted()
+    session_activity.connection_note(session.public_id, now=timezone.now())
+    login(page, live_server.url, "alice", console_users["alice"][1])
+    page.goto(f"{live_server.url}{LIST}{session.pk}/change/")
+    notice = page.get_by_role("alert").filter(has_text="will stop at")
+    expect(notice).to_be_visible()
+    kernel = (warned["stops_at"] - timedelta(hours=1)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    postponed = (warned["stops_at"] + timedelta(minutes=15)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = " ".join(notice.inner_text().split())
+    assert f"This session will stop at {postponed} because its GPUs have run no kernel since {kernel}." in text
+    assert "Browser connections do not keep it alive" in text
+    assert "has already postponed the stop once; it will not be postponed again" in text
+    assert "To keep it, run GPU work in it" in text and "ask staff for an idle exemption" in text
+    expect(page.locator("#gs-last-connected")).not_to_have_text("never")
+    box = notice.bounding_box()
+    assert box is not None and box["width"] > 200 and box["height"] > 20
+    shot(page, "console-session-idle-notice")
 
 
 def test_the_researcher_sees_the_activity_but_no_form(live_server, console_users, page, warned):

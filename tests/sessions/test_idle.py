@@ -26,7 +26,7 @@ HOUR = timedelta(hours=1)
 
 def judge(**overrides):
     args = {"now": NOW, "started_at": NOW - 3 * HOUR, "last_kernel_at": None, "last_connected_at": None, "exempt_until": None,
-            "unknown": "", "timeout": HOUR, "warning": timedelta(minutes=15)}
+            "unknown": "", "partial": "", "timeout": HOUR, "warning": timedelta(minutes=15)}
     return idle.idle_judge(**{**args, **overrides})
 
 
@@ -36,10 +36,27 @@ def test_judge_counts_from_the_latest_activity():
     assert (busy.idle_since, busy.due) == (None, False)
     warned = judge(last_kernel_at=NOW - timedelta(minutes=50))
     assert warned.idle_since == NOW - timedelta(minutes=50) and warned.stops_at == NOW + timedelta(minutes=10) and not warned.due
-    connected = judge(last_kernel_at=NOW - 2 * HOUR, last_connected_at=NOW - timedelta(minutes=5))
-    assert connected.idle_since is None
-    assert judge(last_connected_at=NOW - timedelta(minutes=44)).idle_since is None
-    assert judge(last_connected_at=NOW - timedelta(minutes=45)).idle_since is not None
+    # With every GPU reported, a connection resets nothing: the clock runs from the last kernel.
+    connected = judge(last_kernel_at=NOW - timedelta(minutes=50), last_connected_at=NOW - timedelta(minutes=20))
+    assert connected.idle_since == NOW - timedelta(minutes=50) and connected.stops_at == NOW + timedelta(minutes=10)
+    assert not connected.postponed and not connected.connections_count
+    # While connections count (part of its GPUs unreported) the clock runs from the last connection as before.
+    partial = "HAMi's vGPU monitor reported 1 of the session's 2 GPUs"
+    assert judge(partial=partial, last_connected_at=NOW - timedelta(minutes=44)).idle_since is None
+    assert judge(partial=partial, last_connected_at=NOW - timedelta(minutes=45)).idle_since == NOW - timedelta(minutes=45)
+
+
+def test_judge_postpones_once_by_the_clipped_warning_and_never_with_no_warning():
+    kernel = NOW - timedelta(minutes=61)  # the planned stop was a minute ago
+    at_the_edge = judge(last_kernel_at=kernel, last_connected_at=kernel + timedelta(minutes=45))
+    assert at_the_edge.postponed and at_the_edge.stops_at == kernel + timedelta(minutes=75) and not at_the_edge.due
+    a_second_early = judge(last_kernel_at=kernel, last_connected_at=kernel + timedelta(minutes=45) - timedelta(seconds=1))
+    assert not a_second_early.postponed and a_second_early.due
+    no_warning = judge(last_kernel_at=kernel, last_connected_at=NOW, warning=timedelta(0))
+    assert not no_warning.postponed and no_warning.stops_at == kernel + HOUR and no_warning.due
+    clipped = judge(last_kernel_at=NOW - timedelta(minutes=11), last_connected_at=NOW, timeout=timedelta(minutes=10),
+                    warning=HOUR)  # a warning longer than the timeout is clipped to it, the postponement too
+    assert clipped.postponed and clipped.stops_at == NOW + timedelta(minutes=9)
 
 
 def test_judge_never_idles_on_unknown_activity_a_zero_timeout_or_an_exemption():
@@ -97,7 +114,7 @@ def test_a_session_is_warned_then_stopped_and_its_end_entry_says_what_idle_cost(
     assert idle.idle_enforce(now=later)["stopped"] == 1
     session.refresh_from_db()
     assert session.phase in ("Stopping", "Terminated") and session.stop_reason == "idle"
-    assert "idle policy (the default policy (settings): 60 min without a GPU kernel or a connection)" in session.message
+    assert "idle policy (the default policy (settings): 60 min without a GPU kernel)" in session.message
     assert kernel.strftime("%Y-%m-%d %H:%M:%S UTC") in session.message and "last connection: none" in session.message
     end = LedgerEntry.objects.get(session=session, kind="end")
     charged_per_second = sum(UsageSample.objects.filter(session=session).values_list("cost", flat=True)) / (70 * 60)
@@ -119,12 +136,12 @@ def test_a_session_is_warned_then_stopped_and_its_end_entry_says_what_idle_cost(
     assert stop.details["stop_reason"] == "idle"
 
 
-def test_busy_connected_unknown_and_stale_sessions_are_not_idle(sessions_at, settings):
+def test_busy_unknown_and_stale_sessions_are_not_idle(sessions_at, settings):
     settings.GSHARE_ACTIVITY_STALE_SECONDS = 300
     busy, connected, unknown, stale, nothing = sessions_at(5)
     reading(busy, kernel_at=NOW - timedelta(minutes=1), at=NOW - timedelta(seconds=10))
-    reading(connected, kernel_at=NOW - 2 * HOUR, at=NOW - timedelta(seconds=10))
-    SessionActivity.objects.filter(session=connected).update(last_connected_at=NOW - timedelta(minutes=3))
+    # GPU activity unknown (no reading), connected now and then: connections keep it, as the clock does not run.
+    SessionActivity.objects.create(session=connected, last_connected_at=NOW - timedelta(minutes=3))
     SessionActivity.objects.create(session=unknown, state="unknown", reason="no vGPU monitor pod on node gpu-a", sampled_at=NOW)
     reading(stale, kernel_at=NOW - 2 * HOUR, at=NOW - timedelta(minutes=6))
     assert idle.idle_enforce(now=NOW) == {"checked": 5, "warned": 0, "stopped": 0}
@@ -132,9 +149,10 @@ def test_busy_connected_unknown_and_stale_sessions_are_not_idle(sessions_at, set
 
 
 def test_a_connection_not_yet_flushed_counts(sessions_at, settings):
+    """Noted in Redis during the warning, not flushed yet: it postpones the stop (due a minute ago) all the same."""
     settings.GSHARE_ACTIVITY_STALE_SECONDS = 10**9
     (session,) = sessions_at(1)
-    reading(session, kernel_at=NOW - 2 * HOUR, at=NOW)
+    reading(session, kernel_at=NOW - 61 * timedelta(minutes=1), at=NOW)
     activity._redis().delete(activity._hash_key())
     activity.forget_noted()
     activity.connection_note(session.public_id, now=NOW - timedelta(minutes=2))
