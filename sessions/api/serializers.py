@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from gshare.api_fields import StrictIntegerField
 from sessions import activity as session_activity
+from sessions import selectors
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -57,6 +58,7 @@ class SessionSerializer(serializers.ModelSerializer):
     idle_since = serializers.SerializerMethodField()
     stops_at = serializers.SerializerMethodField()
     activity = serializers.SerializerMethodField()
+    share = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -64,7 +66,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity",
+            "stop_reason", "idle_since", "stops_at", "activity", "share",
         ]
         read_only_fields = fields
 
@@ -102,6 +104,11 @@ class SessionSerializer(serializers.ModelSerializer):
             "last_kernel_at": _time(row.last_kernel_at), "last_connected_at": _time(connected),
             "exempt_until": _time(row.exempt_until), "exempt_reason": row.exempt_reason, "exempt_by": row.exempt_by,
         }
+
+    def get_share(self, obj: Session) -> dict | None:
+        """What the session holds of each GPU while it holds them (``whole``, ``memory_mib`` per GPU, ``cores``
+        percent, ``fraction``: the priced fraction of one GPU, a decimal string), null when nothing is reserved."""
+        return selectors.session_share(obj)
 
     def get_cluster(self, obj: Session) -> str | None:
         """The cluster's id (``clu_...``)."""
