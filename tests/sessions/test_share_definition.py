@@ -120,7 +120,8 @@ def test_the_price_of_every_reserved_gpu_covers_what_it_reserves_in_every_dimens
                 assert _check_every_reservation() == Allocation.objects.count() >= gpus
                 shown, placed = selectors.session_share(live[-1]), live[-1].allocations.select_related("device")
                 assert shown["fraction"] == str(max(pricing.gpu_share(
-                    device_memory_mib=a.device.memory_mib, gpu_memory_mib=memory, gpu_cores=live[-1].gpu_cores) for a in placed))
+                    device_memory_mib=a.device.memory_mib, gpu_memory_mib=memory, gpu_cores=live[-1].gpu_cores) for a in placed
+                ).quantize(pricing.SHARE))
                 assert shown["memory_mib"] == [a.memory_mib for a in placed.order_by("id")]
             raise _Rollback
     except _Rollback:
