@@ -12,6 +12,7 @@ import copy
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
+from django.contrib import admin
 from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -232,3 +233,13 @@ def test_a_share_larger_than_every_gpu_is_refused_with_no_capacity(http, live_cl
     response = _start(http, gpu_memory_mib=81560, gpu_cores=1)  # one MiB above the H100 (HAMi's registered figure)
     assert response.status_code == 409 and response.json()["code"] == "no_capacity"
     assert not Allocation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("memory", "cores", "shown"),
+    [(None, None, "2 whole"), (None, 10, "2 × all memory, 10% cores"), (4096, 100, "2 × 4096 MiB, 100% cores"),
+     (4096, None, "2 × 4096 MiB, all cores")],
+)
+def test_the_console_names_what_a_share_holds(memory, cores, shown):
+    session = Session(gpus=2, gpu_memory_mib=memory, gpu_cores=cores)
+    assert admin.site._registry[Session].gpus_asked(session) == shown
