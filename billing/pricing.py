@@ -57,27 +57,49 @@ def price_for_model(model: str, prices: dict[str, Decimal] | None = None) -> Dec
     return default_price() if price is None else price
 
 
-def gpu_share(*, device_memory_mib: int | None, gpu_memory_mib: int | None, gpu_cores: int | None) -> Decimal:
-    """The fraction of one GPU a session holds on a device, rounded to 6 places (``ROUND_HALF_EVEN``).
+#: HAMi's ``nvidia.com/gpucores`` is a percent of one GPU's SMs; 100 is the whole GPU (HAMi-core applies no SM limit
+#: to a container without ``gpucores``, so a share that leaves cores out runs with all of them).
+FULL_CORES = 100
 
-    A whole GPU (``gpu_memory_mib`` and ``gpu_cores`` both null) is 1. A shared GPU is
-    ``max(gpu_memory_mib / device_memory_mib, gpu_cores / 100)`` (a missing term counts 0), capped at 1.
+
+def share_cores(*, gpu_cores: int | None, split_count: int) -> int:
+    """The cores (percent of one GPU) a share reserves on a device, what HAMi is asked to enforce and what it is priced at.
+
+    A share that leaves cores out gets what HAMi gives it, every SM (``FULL_CORES``). A share never takes less than
+    one of the device's HAMi split slots, ``ceil(100 / split_count)`` percent: a share holds one of ``split_count``
+    slots whatever it asks, so ten 1 % shares on a GPU split 10 would otherwise fill it for a tenth of its price.
+
+    Args:
+        gpu_cores: percent of one GPU asked (1-100), or None.
+        split_count: the device's HAMi split count (``GpuDevice.split_count``, >= 1).
+
+    Returns:
+        Percent of one GPU, from ``ceil(100 / split_count)`` to 100.
+    """
+    asked = FULL_CORES if gpu_cores is None else gpu_cores
+    return max(asked, -(-FULL_CORES // max(split_count, 1)))
+
+
+def gpu_share(*, device_memory_mib: int | None, gpu_memory_mib: int | None, gpu_cores: int | None) -> Decimal:
+    """The fraction of one GPU a session is priced at on a device, rounded to 6 places (``ROUND_HALF_EVEN``).
+
+    One definition with placement's reservation (``sessions.placement``) and the manifest HAMi enforces: a missing
+    value means what HAMi gives, all of that dimension of the GPU. So a whole GPU (both null) is 1, a share that
+    leaves memory or cores out is 1 (it reserves the device's whole memory, or runs without an SM limit), and a share
+    that names both is ``max(gpu_memory_mib / device_memory_mib, gpu_cores / 100)``, capped at 1. Placement
+    stores the cores it reserved on the session (``share_cores``: at least one split slot), so a placed share's
+    ``gpu_cores`` already covers its slot.
 
     Args:
         device_memory_mib: the device's memory, MiB (HAMi's registered ``memory_mib``). None or 0 for a device
             that is not known: a share asking for memory then counts 1 (the most it can be).
         gpu_memory_mib: MiB per GPU the session asked for (HAMi ``nvidia.com/gpumem``), or None.
-        gpu_cores: percent of one GPU the session asked for (HAMi ``nvidia.com/gpucores``), or None.
+        gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``), or None.
     """
-    if gpu_memory_mib is None and gpu_cores is None:
+    if gpu_memory_mib is None or gpu_cores is None or not device_memory_mib:
         return ONE
-    share = Decimal(0)
-    if gpu_memory_mib is not None:
-        if not device_memory_mib:
-            return ONE
-        share = _EXACT.divide(Decimal(gpu_memory_mib), Decimal(device_memory_mib))
-    if gpu_cores is not None:
-        share = max(share, _EXACT.divide(Decimal(gpu_cores), _HUNDRED))
+    share = max(_EXACT.divide(Decimal(gpu_memory_mib), Decimal(device_memory_mib)),
+                _EXACT.divide(Decimal(gpu_cores), Decimal(FULL_CORES)))
     return min(share, ONE).quantize(SHARE, rounding=ROUND_HALF_EVEN)
 
 

@@ -59,8 +59,10 @@ class StartSessionForm(forms.Form):
         initial=WHOLE, widget=forms.RadioSelect,
     )
     gpu_memory_mib = forms.IntegerField(label="GPU memory (MiB per GPU)", required=False, max_value=2**31 - 1,
-                                        help_text="For a share: MiB of each GPU's memory.")
-    gpu_cores = forms.IntegerField(label="GPU cores (% of one GPU)", required=False, help_text="For a share: 1 to 100 percent of each GPU's cores.")
+                                        help_text="For a share: MiB of each GPU's memory. Empty: all of it (priced as a whole GPU).")
+    gpu_cores = forms.IntegerField(label="GPU cores (% of one GPU)", required=False,
+                                   help_text="For a share: 1 to 100 percent of each GPU's cores, at least one HAMi slot (10 % when a GPU "
+                                             "is split 10). Empty: all of them (priced as a whole GPU).")
     cluster = forms.CharField(required=False, max_length=100, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
     volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)

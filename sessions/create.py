@@ -32,6 +32,8 @@ from storage.services import volume_claim_name
 logger = logging.getLogger(__name__)
 
 MAX_GPUS = 16
+#: The largest ``gpu_memory_mib`` the session row holds (PostgreSQL ``integer``); no GPU comes near it.
+MAX_GPU_MEMORY_MIB = 2**31 - 1
 
 class InvalidSessionRequest(ApplicationError):
     """400: the request's numbers or image are out of range."""
@@ -46,8 +48,10 @@ def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: i
         problems.append("image must be a container image reference, e.g. quay.io/jupyter/base-notebook")
     if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS:
         problems.append(f"gpus must be a whole number from 1 to {MAX_GPUS}")
-    if gpu_memory_mib is not None and (not isinstance(gpu_memory_mib, int) or isinstance(gpu_memory_mib, bool) or gpu_memory_mib < 1):
-        problems.append("gpu_memory_mib must be a positive number of MiB per GPU (omit it for whole GPUs)")
+    if gpu_memory_mib is not None and (not isinstance(gpu_memory_mib, int) or isinstance(gpu_memory_mib, bool)
+                                       or not 1 <= gpu_memory_mib <= MAX_GPU_MEMORY_MIB):
+        problems.append(f"gpu_memory_mib must be a positive number of MiB per GPU, at most {MAX_GPU_MEMORY_MIB} "
+                        "(omit it for whole GPUs)")
     if gpu_cores is not None and (not isinstance(gpu_cores, int) or isinstance(gpu_cores, bool) or not 1 <= gpu_cores <= 100):
         problems.append("gpu_cores must be a percentage of one GPU from 1 to 100 (omit it for whole GPUs)")
     if not isinstance(volumes, list | tuple) or not all(isinstance(v, str) and v for v in volumes):
@@ -112,7 +116,9 @@ def session_create(
         image: container image.
         gpus: GPUs (1-16).
         gpu_memory_mib: MiB per GPU (HAMi ``nvidia.com/gpumem``), or None.
-        gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``, 1-100), or None.
+        gpu_cores: percent of one GPU (HAMi ``nvidia.com/gpucores``, 1-100), or None. A share that leaves a dimension
+            out reserves, and is priced at, all of it; its cores are at least one HAMi split slot, and the session's
+            ``gpu_cores`` holds the cores reserved (``billing.pricing.share_cores``, docs/billing.md).
         cluster: pin to this cluster (id ``clu_...`` or name), or None for any.
         name: free label.
         volumes: ids (``vol_...``) of the owner's volumes to mount at ``/data/<volume name>`` (at most
@@ -290,7 +296,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     def no_capacity() -> Conflict:
         instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
         where, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
-        ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {gpu_cores or 0}% cores"
+        cores = placement.FULL_CORES if gpu_cores is None else gpu_cores
+        ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {cores}% cores"
         # Built only here: the ORM's query building is measurable on every decision.
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
         if scope is not None:
@@ -352,10 +359,12 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     if over:
         raise IntegrityError(f"placement would over-commit GPU(s) {sorted(over)}; nothing was reserved")
     session.node = reserved.node_name
+    if reserved.cores is not None:
+        session.gpu_cores = reserved.cores  # the statement stored it: what HAMi is asked to enforce and what is priced
     if mounted:
         _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
-        "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": gpu_cores, "node": session.node,
+        "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
         "volumes": [v.public_id for v in mounted],
     }), details={"owner": owner.get_username()})
     transaction.on_commit(lambda: services._enqueue("sessions.apply", session.pk))

@@ -60,13 +60,39 @@ def session_volumes_spec(volumes) -> list[dict]:
     ]
 
 
+def share_gpu_limits(session) -> dict:
+    """The HAMi limits of ``session``'s GShareSession: ``{"gpuMemoryMiB": MiB, "gpuCores": percent}``, each key only
+    when known; ``{}`` for whole GPUs.
+
+    What HAMi is asked to enforce is what placement reserved and what the share is priced at (docs/billing.md,
+    "What a share takes"): ``gpu_cores`` is the cores reserved (placement writes it back, 100 when none were asked),
+    and a share that asked no memory holds each GPU's whole memory, written out (its allocations' MiB, when its
+    GPUs register the same memory) so that a HAMi configured with ``nvidia.defaultMem`` cannot hand it less. GPUs
+    of different memory on one node keep HAMi's default, 100 % of each (``nvidia.defaultMem`` 0). One query for a
+    share without memory whose allocations are not prefetched.
+    """
+    if session.whole_gpus:
+        return {}
+    limits = {}
+    if session.gpu_memory_mib is not None:
+        limits["gpuMemoryMiB"] = session.gpu_memory_mib
+    elif session.pk is not None:
+        reserved = {a.memory_mib for a in session.allocations.all()}
+        if len(reserved) == 1:
+            limits["gpuMemoryMiB"] = reserved.pop()
+    if session.gpu_cores is not None:
+        limits["gpuCores"] = session.gpu_cores
+    return limits
+
+
 def gshare_session_manifest(session) -> dict:
     """Build the GShareSession object for ``session`` (with its cluster, owner and volumes' pools loaded).
 
     Returns:
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
         ``GSHARE_SESSION_NAMESPACE``, labels), and ``spec`` with image, GPU request (HAMi units:
-        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs), host, path, the cluster's
+        ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs; for a share, what placement reserved:
+        ``share_gpu_limits``), host, path, the cluster's
         ``routing`` (``gateway-api``: with ``gateway`` {name, namespace}), the ingress-nginx ``authUrl``, Envoy's
         ``extAuthUrl`` (the ext_authz path prefix) and, when the session mounts volumes, ``volumes``
         (``session_volumes_spec``).
@@ -85,10 +111,7 @@ def gshare_session_manifest(session) -> dict:
     }
     if session.cluster.routing == ROUTING_GATEWAY_API:
         spec["gateway"] = {"name": session.cluster.gateway_name, "namespace": session.cluster.gateway_namespace}
-    if session.gpu_memory_mib is not None:
-        spec["gpuMemoryMiB"] = session.gpu_memory_mib
-    if session.gpu_cores is not None:
-        spec["gpuCores"] = session.gpu_cores
+    spec.update(share_gpu_limits(session))
     volumes = session_volumes_spec(session.volumes.all()) if session.pk is not None else []
     if volumes:
         spec["volumes"] = volumes

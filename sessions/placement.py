@@ -7,8 +7,12 @@ and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/sche
 * a device with split count N hosts at most N sessions;
 * memory and cores per device are never over-committed;
 * a whole-GPU request (neither memory nor cores asked) needs a device with nothing on it, and then
-  holds it alone; a shared request with no memory takes the device's whole memory (HAMi's default,
-  ``nvidia.com/gpumem`` unset = 100 %);
+  holds it alone;
+* a share reserves what it is priced at and what HAMi enforces (``billing.pricing``, docs/billing.md): no memory
+  asked takes the device's whole memory (HAMi's default, ``nvidia.com/gpumem`` unset = 100 %), no cores asked
+  takes all of them (100 %: HAMi-core sets no SM limit), and a share never takes less than one split slot of
+  cores (``billing.pricing.share_cores``: ``ceil(100 / split_count)`` %); the cores reserved are written back
+  to the session (``Session.gpu_cores``), so the manifest and the price read them;
 * all GPUs of one session are on one node (HAMi allocates a container's vGPUs on one node).
 
 Policies: ``binpack`` (default) fills the busiest node and GPUs first, ``spread`` the idlest. Ties
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from billing.pricing import FULL_CORES, share_cores
 from clusters.models import node_summary_update_sql
 from gshare.exceptions import Conflict
 from gshare.prepared import statement_cursor
@@ -42,7 +47,7 @@ class Request:
     Attributes:
         gpus: number of GPUs (vGPUs), >= 1.
         memory_mib: MiB per GPU, or None (whole GPU when ``cores`` is None too, else the device's memory).
-        cores: percent of one GPU per GPU, or None.
+        cores: percent of one GPU per GPU, or None (whole GPU when ``memory_mib`` is None too, else 100: all of them).
     """
 
     gpus: int
@@ -83,13 +88,14 @@ class Choice:
 #: (``_SCOPES``): the clusters that can take sessions (connected, with a session domain) among the candidates,
 #: or one locked cluster, or one node of it.
 _FIT_SQL = """
-SELECT n.cluster_id, n.id, n.name, p.ids, p.memories, p.cores
+SELECT n.cluster_id, n.id, n.name, p.ids, p.memories, p.cores, p.splits
 FROM clusters_node n {join}
 CROSS JOIN LATERAL (
     SELECT COUNT(*) AS fits,
            array_agg(d.id ORDER BY {device_order}) AS ids,
            array_agg(d.memory_mib ORDER BY {device_order}) AS memories,
-           array_agg(d.cores ORDER BY {device_order}) AS cores
+           array_agg(d.cores ORDER BY {device_order}) AS cores,
+           array_agg(d.split_count ORDER BY {device_order}) AS splits
     FROM clusters_gpudevice d
     WHERE d.node_id = n.id AND d.health AND {device_fit}
 ) p
@@ -99,15 +105,19 @@ ORDER BY {order}
 LIMIT 1
 """
 
-#: Whole GPU: nothing reserved on it. Share: not held whole, a split left, memory and cores left
-#: (no memory asked = the device's whole memory, HAMi's default).
+#: Whole GPU: nothing reserved on it. Share: not held whole, a split left, memory and cores left (no memory asked =
+#: the device's whole memory, HAMi's default; cores: ``_SHARE_CORES``, at least one split slot).
+#: ``billing.pricing.share_cores`` in SQL: the cores asked (``%(cores)s``, 100 when none) and at least one split
+#: slot, ``ceil(100 / split_count)`` (integer division; ``split_count`` >= 1 by constraint).
+_SHARE_CORES = "GREATEST(%(cores)s, (%(full_cores)s + {d}.split_count - 1) / {d}.split_count)"
+
 _FITS = {
     True: {"device_fit": "d.used_count = 0", "node_fit": "AND n.free_devices >= %(gpus)s"},
     False: {
         "device_fit": (
             "NOT d.used_exclusive AND d.used_count < d.split_count"
             " AND d.used_memory_mib + COALESCE(%(mem)s, d.memory_mib) <= d.memory_mib"
-            " AND d.used_cores + %(cores)s <= d.cores"
+            " AND d.used_cores + " + _SHARE_CORES.format(d="d") + " <= d.cores"
         ),
         "node_fit": (
             "AND n.open_devices >= %(gpus)s AND n.max_free_memory_mib >= %(mem_floor)s AND n.max_free_cores >= %(cores)s"
@@ -155,7 +165,9 @@ def _int_array(ids: Iterable[int]) -> str:
 
 
 def _params(request: Request) -> dict:
-    return {"mem": request.memory_mib, "mem_floor": request.memory_mib or 0, "cores": request.cores or 0, "gpus": request.gpus}
+    cores = FULL_CORES if request.cores is None else request.cores
+    return {"mem": request.memory_mib, "mem_floor": request.memory_mib or 0, "cores": cores, "full_cores": FULL_CORES,
+            "gpus": request.gpus}
 
 
 def fit_query(*, request: Request, cluster_ids: list[int] | None, policy: str) -> tuple[str, dict]:
@@ -195,13 +207,14 @@ def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: st
         row = cursor.fetchone()
     if row is None:
         return None
-    cluster_id, node_id, node_name, ids, memories, cores = row
+    cluster_id, node_id, node_name, ids, memories, cores, splits = row
     devices = []
-    for device_id, device_memory, device_cores in list(zip(ids, memories, cores, strict=True))[: request.gpus]:
+    for device_id, device_memory, device_cores, split in list(zip(ids, memories, cores, splits, strict=True))[: request.gpus]:
         if request.whole:
             devices.append((device_id, device_memory, device_cores))
         else:
-            devices.append((device_id, request.memory_mib if request.memory_mib is not None else device_memory, request.cores or 0))
+            devices.append((device_id, request.memory_mib if request.memory_mib is not None else device_memory,
+                            share_cores(gpu_cores=request.cores, split_count=split)))
     return Choice(cluster_id=cluster_id, node_id=node_id, node_name=node_name, devices=devices)
 
 
@@ -213,12 +226,15 @@ class Reservation:
         node_id: ``Node.pk``; node_name: its Kubernetes name.
         device_ids: ``GpuDevice.pk`` of each GPU reserved, in the fit's order.
         over: pks of the node's GPUs whose reservations exceed their capacity after this one (see ``usage_recompute``).
+        cores: for a share, the most cores (percent) reserved on one of its GPUs, now the session's ``gpu_cores``;
+            None for whole GPUs.
     """
 
     node_id: int
     node_name: str
     device_ids: list[int]
     over: list[int]
+    cores: int | None = None
 
 
 #: Writes the ``used_*`` counters of ``usage`` (one row per GPU, recounted) to the GPUs whose counters differ: the
@@ -236,12 +252,14 @@ _WRITE_COUNTERS = """
 #: allocations, and the recount of that node's counters and summary from its allocations (those committed, read
 #: by this statement's snapshot, which was taken after the lock, plus the rows this statement inserts, which it
 #: cannot read back from the table), in one statement. The session's ``node`` is corrected when the GPUs were
-#: found on another node than the one it was created with.
+#: found on another node than the one it was created with, and a share's ``gpu_cores`` becomes the cores reserved
+#: (``_SHARE_CORES``: what the manifest asks HAMi to enforce and what the price reads).
 _RESERVE_SQL = """
 WITH pick AS ({fit}),
 chosen AS (
-    SELECT x.device_id, x.memory_mib, x.cores, x.ord
-    FROM pick CROSS JOIN LATERAL unnest(pick.ids, pick.memories, pick.cores) WITH ORDINALITY AS x(device_id, memory_mib, cores, ord)
+    SELECT x.device_id, x.memory_mib, x.cores, x.split_count, x.ord
+    FROM pick CROSS JOIN LATERAL unnest(pick.ids, pick.memories, pick.cores, pick.splits)
+         WITH ORDINALITY AS x(device_id, memory_mib, cores, split_count, ord)
     WHERE x.ord <= %(gpus)s
 ),
 new AS (
@@ -264,10 +282,12 @@ usage AS (
 ),
 devices AS ({write_counters}),
 nodes AS ({nodes}),
-named AS (UPDATE gpu_sessions_session s SET node = pick.name FROM pick WHERE s.id = %(session)s AND s.node <> pick.name)
+named AS (UPDATE gpu_sessions_session s SET node = pick.name{set_cores} FROM pick
+          WHERE s.id = %(session)s AND (s.node <> pick.name{cores_differ}))
 SELECT pick.id, pick.name, ARRAY(SELECT c.device_id FROM chosen c ORDER BY c.ord),
        ARRAY(SELECT u.id FROM usage u WHERE u.used_count > u.split_count OR u.used_memory_mib > u.memory_mib OR u.used_cores > u.cores
-             ORDER BY u.id)
+             ORDER BY u.id),
+       {session_cores}
 FROM pick
 """
 
@@ -275,7 +295,10 @@ _RESERVE_QUERIES = {
     (policy, whole, scope): _RESERVE_SQL.format(
         fit=_FIT_QUERIES[policy, whole, scope],
         memory="c.memory_mib" if whole else "COALESCE(%(mem)s, c.memory_mib)",
-        cores="c.cores" if whole else "%(cores)s",
+        cores="c.cores" if whole else _SHARE_CORES.format(d="c"),
+        set_cores="" if whole else ", gpu_cores = (SELECT MAX(r.cores) FROM new r)",
+        cores_differ="" if whole else " OR s.gpu_cores IS DISTINCT FROM (SELECT MAX(r.cores) FROM new r)",
+        session_cores="NULL::int" if whole else "(SELECT MAX(r.cores) FROM new r)",
         nodes=node_summary_update_sql(devices="usage"),
         write_counters=_WRITE_COUNTERS,
     )
@@ -305,8 +328,8 @@ def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int 
         row = cursor.fetchone()
     if row is None:
         return None
-    node, name, device_ids, over = row
-    return Reservation(node_id=node, node_name=name, device_ids=list(device_ids), over=list(over))
+    node, name, device_ids, over, cores = row
+    return Reservation(node_id=node, node_name=name, device_ids=list(device_ids), over=list(over), cores=cores)
 
 
 #: Recount of the usage counters from the allocations: ``usage`` has the columns of

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db.models import Case, F, Func, IntegerField, Prefetch, QuerySet, When
 from django.db.models.functions import Greatest
 
+from billing.pricing import SHARE, gpu_share
 from gshare.exceptions import NotFound
 from sessions.models import Allocation, Session
 from storage.models import Volume
@@ -15,7 +16,7 @@ from storage.models import Volume
 
 def session_list(*, user) -> QuerySet[Session]:
     """Sessions visible to ``user`` (their own; staff see all), with cluster, owner and activity joined, volumes and
-    GPU reservations (with their GPUs, for the hourly cost) prefetched (the API's ``?cluster=`` and ``?phase=``:
+    GPU reservations (with their GPUs: the share and the hourly cost) prefetched (the API's ``?cluster=`` and ``?phase=``:
     ``sessions.api.filters.SessionFilter``)."""
     qs = (
         Session.objects.select_related("cluster", "owner", "activity")
@@ -50,6 +51,29 @@ def idle_sessions(*, now: datetime) -> QuerySet[Session]:
             default=Greatest("started_at", "activity__last_kernel_at")))
         .filter(last_activity__lt=quiet_since)
     )
+
+
+def session_share(session: Session) -> dict | None:
+    """What ``session`` holds of each of its GPUs while it holds them: one definition for the reservation, the price
+    and HAMi's limits (``billing.pricing``, docs/billing.md "What a share takes").
+
+    Reads ``session.allocations`` with their devices (prefetched by ``session_list``; else one query).
+
+    Returns:
+        None when nothing is reserved (before placement, after the release); else ``{"whole": bool, "memory_mib":
+        [MiB reserved per GPU], "cores": percent reserved per GPU (100 for whole GPUs), "fraction": the largest
+        priced fraction of one of its GPUs as a 6-place decimal string}``.
+    """
+    allocations = list(session.allocations.all())
+    if not allocations:
+        return None
+    whole = session.whole_gpus
+    fraction = max(
+        gpu_share(device_memory_mib=a.device.memory_mib, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
+        for a in allocations
+    )
+    return {"whole": whole, "memory_mib": [a.memory_mib for a in allocations],
+            "cores": 100 if whole else max(a.cores for a in allocations), "fraction": str(fraction.quantize(SHARE))}
 
 
 def session_get(*, user, public_id: str) -> Session:

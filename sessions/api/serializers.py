@@ -11,7 +11,7 @@ from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
 from gshare.api_fields import StrictIntegerField
 from sessions import activity as session_activity
-from sessions import idle
+from sessions import idle, selectors
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -66,6 +66,7 @@ class SessionSerializer(serializers.ModelSerializer):
     stops_at = serializers.SerializerMethodField()
     activity = serializers.SerializerMethodField()
     credits_per_hour = serializers.SerializerMethodField()
+    share = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -73,7 +74,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share",
         ]
         read_only_fields = fields
 
@@ -143,6 +144,11 @@ class SessionSerializer(serializers.ModelSerializer):
         if prices is None:
             prices = self.context["prices"] = pricing.prices_by_model()
         return serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES).to_representation(session_hourly_cost(obj, prices))
+
+    def get_share(self, obj: Session) -> dict | None:
+        """What the session holds of each GPU while it holds them (``whole``, ``memory_mib`` per GPU, ``cores``
+        percent, ``fraction``: the priced fraction of one GPU, a decimal string), null when nothing is reserved."""
+        return selectors.session_share(obj)
 
     def get_cluster(self, obj: Session) -> str | None:
         """The cluster's id (``clu_...``)."""

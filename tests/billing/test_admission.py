@@ -95,7 +95,8 @@ def test_request_cost_takes_the_highest_price_and_the_smallest_memory_of_the_can
     assert cost(gpus=1, gpu_memory_mib=4096, gpu_cores=10, clusters=[a.pk, b.pk]) == Decimal("1.066668")
     assert cost(gpus=1, gpu_memory_mib=4096, gpu_cores=1, clusters=[a.pk]) == Decimal("0.200884")  # 0.050221 (4096/81559) × 4
     assert cost(gpus=1, gpu_memory_mib=4096, gpu_cores=10, clusters=[a.pk]) == Decimal("0.4")  # cores: 0.1 × 4
-    assert cost(gpus=3, gpu_memory_mib=None, gpu_cores=25, clusters=[a.pk]) == Decimal("3")  # 3 × 0.25 × 4
+    assert cost(gpus=3, gpu_memory_mib=None, gpu_cores=25, clusters=[a.pk]) == Decimal("12")  # no memory: the whole GPU, 3 × 4
+    assert cost(gpus=1, gpu_memory_mib=4096, gpu_cores=None, clusters=[a.pk]) == Decimal("4")  # no cores: every SM
     # No GPU on the candidates: the default price (no default row: GSHARE_BILLING_DEFAULT_PRICE), a share asking memory counts 1.
     assert cost(gpus=1, gpu_memory_mib=100, gpu_cores=None, clusters=[]) == Decimal("1")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("2.5"))

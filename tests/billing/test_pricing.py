@@ -28,13 +28,15 @@ def test_price_for_model_falls_back_to_the_default_row_then_the_setting(settings
     ("device", "memory", "cores", "share"),
     [
         (81559, None, None, "1"),  # whole GPU
-        (81559, 20000, None, "0.245221"),  # 20000 / 81559 = 0.2452212508...
+        (81559, 20000, None, "1"),  # no cores named: HAMi-core sets no SM limit, so all of them
+        (81559, 20000, 1, "0.245221"),  # 20000 / 81559 = 0.2452212508...
         (81559, 20000, 10, "0.245221"),  # memory share is the larger
         (81559, 4096, 25, "0.25"),  # cores share is the larger
         (15360, 20000, None, "1"),  # more than the device: capped
-        (None, None, 30, "0.3"),  # cores only: the device does not matter
+        (81559, None, 1, "1"),  # no memory named: HAMi gives (and placement reserves) the whole memory
+        (None, None, 30, "1"),  # the same on a device not known
         (None, 4096, None, "1"),  # memory on an unknown device: the most it can be
-        (258787, 4096, None, "0.015828"),  # H20 as HAMi registers it (deviceMemoryScaling 1.8): 0.01582768...
+        (258787, 4096, 1, "0.015828"),  # H20 as HAMi registers it (deviceMemoryScaling 1.8): 0.01582768...
     ],
 )
 def test_gpu_share(device, memory, cores, share):
@@ -42,10 +44,19 @@ def test_gpu_share(device, memory, cores, share):
 
 
 def test_gpu_share_rounds_half_even_to_six_places():
-    # 1 / 2,000,000 = 0.0000005 exactly: a half, rounded to the even neighbour 0.000000 ...
-    assert pricing.gpu_share(device_memory_mib=2_000_000, gpu_memory_mib=1, gpu_cores=None) == Decimal("0.000000")
-    # ... and 3 / 2,000,000 = 0.0000015 to 0.000002.
-    assert pricing.gpu_share(device_memory_mib=2_000_000, gpu_memory_mib=3, gpu_cores=None) == Decimal("0.000002")
+    # 200,001 / 2,000,000 = 0.1000005 exactly: a half, rounded to the even neighbour 0.100000 ...
+    assert pricing.gpu_share(device_memory_mib=2_000_000, gpu_memory_mib=200_001, gpu_cores=10) == Decimal("0.100000")
+    # ... and 200,003 / 2,000,000 = 0.1000015 to 0.100002.
+    assert pricing.gpu_share(device_memory_mib=2_000_000, gpu_memory_mib=200_003, gpu_cores=10) == Decimal("0.100002")
+
+
+@pytest.mark.parametrize(
+    ("cores", "split", "reserved"),
+    [(None, 10, 100), (None, 1, 100), (1, 10, 10), (10, 10, 10), (11, 10, 11), (1, 3, 34), (1, 1, 100), (50, 7, 50), (1, 100, 1),
+     (1, 1000, 1)],
+)
+def test_share_cores_is_all_of_them_when_left_out_and_at_least_one_split_slot(cores, split, reserved):
+    assert pricing.share_cores(gpu_cores=cores, split_count=split) == reserved
 
 
 def test_window_cost_is_exact_and_rounds_half_even():
@@ -72,7 +83,9 @@ def test_hourly_cost():
         ("2.5", 81559, None, None, "1", "0.041667"),
         ("2.5", 81559, 20000, 10, "0.245221", "0.010218"),
         ("1.2", 32768, 20000, 10, "0.610352", "0.012207"),
-        ("1.2", 258787, 4096, None, "0.015828", "0.000317"),
+        ("1.2", 258787, 4096, 10, "0.1", "0.002000"),  # 1 % asked, raised to one of 10 split slots by placement
+        ("1.2", 258787, 4096, None, "1", "0.020000"),
+        ("2.5", 81559, None, 1, "1", "0.041667"),
     ],
 )
 def test_the_worked_example_of_docs_billing(price, device, memory, cores, share, cost):

@@ -80,7 +80,7 @@ def test_samples_are_stored_priced_and_charged_per_session(operator_c1, lab_c1, 
 def test_pricing_on_lab_c2_shares_of_an_h20_and_a_whole_t4(operator_c2, lab_c2, prices):
     user = UserFactory()
     h20, t4 = device(lab_c2, "NVIDIA H20"), device(lab_c2, "Tesla T4")
-    shared = metered_session(lab_c2, owner=user, gpu_memory_mib=4096, gpu_cores=None)
+    shared = metered_session(lab_c2, owner=user, gpu_memory_mib=4096, gpu_cores=1)
     whole = metered_session(lab_c2, owner=user)
     answer = post(operator_c2, [sample(shared, h20, seconds=600), sample(whole, t4, seconds=600)]).json()
     # H20 registered at 258787 MiB: 4096 MiB is a share of 0.015828, priced at the default 1.2/h for 600 s.

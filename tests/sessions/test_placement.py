@@ -50,14 +50,17 @@ def test_whole_gpus_are_exclusive(user):
 
 
 def test_shares_respect_split_memory_and_cores(user):
-    fleet(nodes=1, gpus=1, split=3, memory=10000, cores=100)
+    fleet(nodes=1, gpus=1, split=3, memory=10000, cores=200)  # HAMi's core scaling 2: 200 % of cores registered
     for _ in range(2):
-        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=40)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=80)
     with pytest.raises(Conflict):  # memory: 8000 + 4000 > 10000
         create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=4000, gpu_cores=10)
-    with pytest.raises(Conflict):  # cores: 80 + 30 > 100
-        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=30)
-    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=2000, gpu_cores=20)
+    with pytest.raises(Conflict):  # cores: 160 + 50 > 200
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=50)
+    third = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=2000, gpu_cores=20)
+    # A share takes at least one of the 3 split slots' worth of cores: ceil(100 / 3) = 34 %, reserved and kept.
+    assert third.gpu_cores == 34 and third.allocations.get().cores == 34
+    assert Session.objects.get(pk=third.pk).gpu_cores == 34
     with pytest.raises(Conflict):  # split count 3 reached
         create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
     with pytest.raises(Conflict):  # whole GPU needs an empty device
@@ -75,12 +78,12 @@ def test_multi_gpu_sessions_stay_on_one_node(user):
 
 def test_binpack_fills_the_busy_node_and_spread_the_idle_one(user, settings):
     fleet(nodes=2, gpus=4)
-    first = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
-    second = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
+    first = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=10)
+    second = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=10)
     assert first.node == second.node
     assert first.allocations.get().device_id == second.allocations.get().device_id  # same GPU: binpack
     settings.GSHARE_PLACEMENT_POLICY = "spread"
-    third = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000)
+    third = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=10)
     assert third.node != first.node
 
 
@@ -140,7 +143,7 @@ def test_concurrent_requests_never_take_the_last_capacity_twice(django_user_mode
     def attempt():
         try:
             barrier.wait()
-            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=3000)
+            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=3000, gpu_cores=10)
             results.append(session.public_id)
         except Conflict as exc:
             results.append(exc.code)
@@ -310,12 +313,12 @@ def test_the_database_refuses_inconsistent_counters(user):
 
 def test_a_reservation_that_would_over_commit_is_refused_by_the_database(user):
     fleet(nodes=1, gpus=1, split=4, memory=10000)
-    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+    create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000, gpu_cores=25)
     # Counters wrong behind placement's back (what a release path without the cluster lock could cause).
     GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0)
     Node.objects.update(max_free_memory_mib=10000, open_devices=1)
     with pytest.raises(IntegrityError, match="over-commit"):
-        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000)
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=6000, gpu_cores=25)
     assert Allocation.objects.count() == 1  # nothing was reserved
     GpuDevice.objects.update(used_count=0, used_memory_mib=0, used_cores=0, used_exclusive=False)
     Node.objects.update(free_devices=1)
@@ -354,7 +357,8 @@ def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model
                     continue
                 memory = rng.choice([None, 3000])
                 try:
-                    mine.append(create.session_create(owner=owner, image="img", gpus=rng.choice([1, 2]), gpu_memory_mib=memory))
+                    mine.append(create.session_create(owner=owner, image="img", gpus=rng.choice([1, 2]), gpu_memory_mib=memory,
+                                                           gpu_cores=None if memory is None else 30))
                 except Conflict as exc:
                     assert exc.code == "no_capacity"
         except Exception as exc:  # noqa: BLE001 - reported below

@@ -79,7 +79,8 @@ def test_concurrent_creators_and_releasers_never_over_commit_and_counters_equal_
                     continue
                 _, cluster, gpus, memory = step
                 try:
-                    mine.append(create.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory, cluster=cluster))
+                    mine.append(create.session_create(owner=owner, image="img", gpus=gpus, gpu_memory_mib=memory,
+                                                       gpu_cores=None if memory is None else 20, cluster=cluster))
                     placed.append(mine[-1].cluster_id)
                 except Conflict as exc:
                     assert exc.code == "no_capacity", exc.code
@@ -212,9 +213,10 @@ def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_
     def place():
         try:
             assert holding.wait(10)
-            results["pinned"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, cluster="beta")
+            results["pinned"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=1000, gpu_cores=10, cluster="beta")
             rng = random.Random(3)
-            results["any"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]))
+            results["any"] = create.session_create(owner=other, image="img", gpus=1, gpu_memory_mib=rng.choice([2000, 3000]),
+                                                   gpu_cores=10)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:

@@ -169,10 +169,10 @@ def test_sessions_mount_volumes_only_where_the_pools_storage_class_exists(http_u
     pool = make_pool(c1, storage_class=fleet.STORAGE_CLASS)
     vol = make_volume(plain_user, pool)
     # lab-c3 is the busier cluster, so binpack puts a session without volumes there...
-    assert start(http_user, cluster="lab-c3", gpu_memory_mib=1000).status_code == 201
-    assert start(http_user, gpu_memory_mib=1000).json()["cluster"] == c3.public_id
+    assert start(http_user, cluster="lab-c3", gpu_memory_mib=1000, gpu_cores=10).status_code == 201
+    assert start(http_user, gpu_memory_mib=1000, gpu_cores=10).json()["cluster"] == c3.public_id
     # ...and one mounting the new volume where its pool's StorageClass exists.
-    placed = start(http_user, gpu_memory_mib=1000, volumes=[vol.public_id])
+    placed = start(http_user, gpu_memory_mib=1000, gpu_cores=10, volumes=[vol.public_id])
     assert placed.status_code == 201 and placed.json()["cluster"] == c1.public_id, placed.text
     before = Session.objects.count()
 
@@ -194,7 +194,7 @@ def test_sessions_mount_volumes_only_where_the_pools_storage_class_exists(http_u
     assert fresh.cluster_id is None
     # A bound volume on lab-c3 has its PersistentVolume already: its sessions still go there.
     bound = make_volume(plain_user, pool, name="bound", cluster=c3)
-    assert start(http_user, gpu_memory_mib=1000, volumes=[bound.public_id]).json()["cluster"] == c3.public_id
+    assert start(http_user, gpu_memory_mib=1000, gpu_cores=10, volumes=[bound.public_id]).json()["cluster"] == c3.public_id
 
 
 def test_volumes_of_others_deleted_or_unknown_are_not_found(http, http_user, plain_user, staff_user, two):
@@ -291,7 +291,7 @@ def test_the_query_count_does_not_grow_with_the_number_of_volumes(django_user_mo
     counts = []
     for volumes in ([], one, eight):
         with CaptureQueriesContext(connection) as queries:
-            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100,
+            session = create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100, gpu_cores=10,
                                               volumes=[v.public_id for v in volumes])
         counts.append(len(queries))
         assert session.volumes.count() == len(volumes)

@@ -108,7 +108,7 @@ def test_a_session_cannot_mount_a_volume_without_a_pvc_while_it_is_being_deleted
 
     def create_session():
         try:
-            outcome.append(create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100,
+            outcome.append(create.session_create(owner=owner, image="img", gpus=1, gpu_memory_mib=100, gpu_cores=10,
                                                            volumes=[volume.public_id]))
         except Exception as exc:  # noqa: BLE001 - a refusal is a correct outcome
             outcome.append(exc)
