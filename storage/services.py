@@ -48,7 +48,7 @@ from storage.exceptions import (
     VolumeNotMountable,
     VolumeShrinkUnsupported,
 )
-from storage.models import GIB, StoragePool, Volume
+from storage.models import GIB, ClusterStorageClasses, StoragePool, Volume
 from storage.reports import storage_report_apply as storage_report_apply  # re-exported: the operator-facing view calls it
 
 logger = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
     """
     timeout = settings.GSHARE_PROBE_TIMEOUT
     where = f"cluster {cluster.name} ({cluster.public_id})"
+    checked_at = timezone.now()
     try:
         with KubeGateway.for_cluster(cluster, deadline=Deadline(timeout)) as kube:
             kube.get(STORAGE_CLASSES, storage_class)
@@ -206,6 +207,25 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
             f"so StorageClass {storage_class} could not be checked there; nothing was changed. Fix: check the cluster "
             f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
         ) from None
+    _storage_class_seen(cluster=cluster, storage_class=storage_class, checked_at=checked_at)
+
+
+@transaction.atomic
+def _storage_class_seen(*, cluster: Cluster, storage_class: str, checked_at: datetime.datetime) -> None:
+    """Add ``storage_class``, just read on ``cluster``'s apiserver, to the cluster's StorageClass list.
+
+    ``ClusterStorageClasses`` stays the one record of which classes exist (``storage.capacity`` reads only it): a
+    live read is a listing as of ``checked_at`` (taken before the call), so the class counts at once instead of
+    after the operator's next report, and that report, being newer, replaces the list as usual (a class deleted
+    meanwhile goes again); a report the operator read before the check is older and is kept out. No row: nothing was
+    listed yet and every class is assumed to exist, so there is nothing to add.
+    """
+    row = ClusterStorageClasses.objects.select_for_update().filter(cluster=cluster).first()
+    if row is None or storage_class in row.names or row.read_at >= checked_at:
+        return
+    row.names = sorted({*row.names, storage_class})
+    row.read_at = checked_at
+    row.save(update_fields=["names", "read_at", "received_at"])
 
 
 def _storage_class_unchecked(exc: KubeRefused | KubeUnavailable, *, where: str, cluster: Cluster, storage_class: str) -> ClusterUnreachable:
@@ -427,18 +447,20 @@ def _capacity_unknown(pool: StoragePool, capacity: CapacityResolution, *, others
 def _pool_full(pool: StoragePool, capacity: CapacityResolution, allocated: int, requested: int, *, chosen: bool) -> PoolFull:
     free = max(0, capacity.capacity_bytes - allocated)
     facts = (
-        f"pool {pool.name} ({pool.public_id}) has a capacity of {format_bytes(capacity.capacity_bytes)} (source {capacity.source}: "
+        f"a capacity of {format_bytes(capacity.capacity_bytes)} (source {capacity.source}: "
         f"{capacity.note}), of which {format_bytes(allocated)} is allocated, leaving {format_bytes(free)}"
     )
     if chosen:
         detail = (
-            f"A {format_bytes(requested)} quota does not fit: {facts}. Fix: ask for at most {free // GIB} GiB, use another pool "
+            f"A {format_bytes(requested)} quota does not fit: pool {pool.name} ({pool.public_id}) has {facts}. "
+            f"Fix: ask for at most {free // GIB} GiB, use another pool "
             "(`GET /api/v1/storage/summary`), delete volumes on this one, or raise its capacity (grow the storage server, or "
             "its manual_capacity_gb when no CSI reading counts)."
         )
     else:
         detail = (
-            f"No single storage pool has room for a {format_bytes(requested)} quota: the most free room is on {facts}. A volume "
+            f"No single storage pool has room for a {format_bytes(requested)} quota. The one with the most free room is pool "
+            f"{pool.name} ({pool.public_id}), which has {facts}. A volume "
             "lives on one pool, so free room on several pools does not add up. Fix: ask for at most "
             f"{free // GIB} GiB, delete volumes, or raise a pool's capacity."
         )

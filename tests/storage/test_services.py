@@ -244,6 +244,8 @@ def test_two_2tb_pools_do_not_make_room_for_a_4tb_volume():
         services.volume_create(owner=owner, name="big", quota_gb=4096)
     assert refused.value.code == "pool_full" and refused.value.status == 409
     assert "does not add up" in refused.value.detail
+    assert "No single storage pool has room for a 4096 GiB quota. The one with the most free room is pool " in refused.value.detail
+    assert "), which has a capacity of 2048 GiB (source manual" in refused.value.detail
     assert refused.value.extra["capacity_bytes"] == 2048 * GIB
     assert not Volume.objects.exists()
     volume = services.volume_create(owner=owner, name="fits", quota_gb=2048)

@@ -182,6 +182,33 @@ def test_volumes_are_created_only_on_pools_usable_where_they_will_be_mounted(htt
     assert "lab-c1" in nowhere.json()["detail"] and "lab-c3" in nowhere.json()["detail"]
 
 
+def test_a_pool_is_usable_on_its_cluster_right_after_registration(http, http_user, http_for, clusters):
+    """The registration's live read of the StorageClass counts at once, not after the operator's next report."""
+    c3, e3 = clusters["lab-c3"]
+    operator = http_for(operator_token_mint(cluster_id=c3.public_id))
+    before = timezone.now() - timedelta(seconds=60)
+    listed = operator.post("/internal/v1/storage", json={"read_at": before.isoformat(), "existing_storage_classes": ["local-path"]})
+    assert listed.status_code == 200, listed.text
+    e3.add(next(o for o in fleet.cluster_objects("lab-c2") if o["kind"] == "StorageClass"))  # installed after that list
+    pool = register_pool(http, c3).json()
+    assert ClusterStorageClasses.objects.get(cluster=c3).names == [CLASS, "local-path"]
+    shown = http_user.get(f"/api/v1/storage/pools/{pool['id']}").json()
+    assert "lab-c3" in [u["name"] for u in shown["usable_on"]] and shown["not_usable_on"] == []
+    made = http_user.post("/api/v1/storage/volumes", json={"name": "datasets", "quota_gb": 10, "cluster": "lab-c3", "pool": pool["id"]})
+    assert made.status_code == 201, made.text
+
+    # A list the operator read before the registration's check arrives late: older, so it does not undo the check.
+    late = operator.post("/internal/v1/storage", json={"read_at": (before + timedelta(seconds=30)).isoformat(),
+                                                       "existing_storage_classes": ["local-path"]})
+    assert late.status_code == 200, late.text
+    assert CLASS in ClusterStorageClasses.objects.get(cluster=c3).names
+    # A newer list is the operator's word again: the class deleted since is gone, and the pool with it.
+    newer = operator.post("/internal/v1/storage", json={"read_at": timezone.now().isoformat(), "existing_storage_classes": ["local-path"]})
+    assert newer.status_code == 200, newer.text
+    refused = http_user.post("/api/v1/storage/volumes", json={"name": "more", "quota_gb": 10, "cluster": "lab-c3", "pool": pool["id"]})
+    assert refused.status_code == 409 and refused.json()["code"] == "volume_not_mountable", refused.text
+
+
 def test_an_operator_that_does_not_list_storage_classes_changes_nothing(http, http_for, clusters):
     c1, _ = clusters["lab-c1"]
     c3, _ = clusters["lab-c3"]
