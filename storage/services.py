@@ -4,8 +4,10 @@ These are the only functions that change pools and volumes (``storage.move`` mov
 ``storage.reports`` applies the operator's storage report: capacity readings, node disks, PVC phases); the API, the
 console, the Celery tasks and the operator-facing view call them. Their errors are in ``storage.exceptions``.
 
-Locks: a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation,
-quota increase); when several rows are locked, pools come before volumes, each kind in primary-key order.
+Locks: the owner's credit account row (``billing.admission.account_lock``) serialises every change of what a user's
+volumes hold in all (``max_volume_gb`` of their policy) and of what they are charged for (``billing.storage_charges``);
+a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation, quota
+increase). When several rows are locked: the credit account, then pools, then volumes, each kind in primary-key order.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from collections.abc import Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
+from billing import storage_charges
+from billing.admission import account_lock, policy_for
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from clusters.models import Cluster
@@ -46,6 +50,7 @@ from storage.exceptions import (
     VolumeMoving,
     VolumeNameTaken,
     VolumeNotMountable,
+    VolumeQuotaExceeded,
     VolumeShrinkUnsupported,
 )
 from storage.models import GIB, ClusterStorageClasses, StoragePool, Volume
@@ -493,6 +498,35 @@ def _gate(pools: list[StoragePool], requested: int, *, named: bool, exclude_volu
     return best
 
 
+def _check_user_total(*, owner, quota_gb: int, volume: Volume | None = None) -> None:
+    """Refuse when ``owner``'s volumes (not deleted; ``volume``, being raised, counted at ``quota_gb``) would hold more
+    than their policy's ``max_volume_gb``. Call under the owner's credit account lock.
+
+    Raises:
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403).
+    """
+    limit = policy_for(owner).max_volume_gb
+    if limit is None:
+        return
+    held = Volume.objects.filter(owner=owner).exclude(status=Volume.Status.DELETED)
+    if volume is not None:
+        held = held.exclude(pk=volume.pk)
+    used = held.aggregate(total=Sum("quota_gb"), count=Count("pk"))
+    total, count = int(used["total"] or 0), used["count"]
+    if total + quota_gb <= limit:
+        return
+    change = f"raising volume {volume.name} ({volume.public_id}) to {quota_gb} GiB" if volume is not None else f"a new {quota_gb} GiB volume"
+    room = max(0, limit - total)
+    raise VolumeQuotaExceeded(
+        f"Your volumes may hold at most {limit} GiB in all (your policy's max_volume_gb); the "
+        f"{count} other volume(s) you hold already have {total} GiB, so {change} would make {total + quota_gb} GiB. Fix: "
+        + (f"ask for at most {room} GiB, " if room else "")
+        + "delete a volume you no longer need (`DELETE /api/v1/storage/volumes/<id>`), or ask an administrator to raise "
+        "your max_volume_gb.",
+        extra={"max_volume_gb": limit, "held_gb": total, "requested_gb": quota_gb},
+    )
+
+
 def _check_quota(quota_gb) -> None:
     if not isinstance(quota_gb, int) or isinstance(quota_gb, bool) or quota_gb < 1:
         raise _invalid("quota_gb must be a whole number of GiB, at least 1.")
@@ -532,6 +566,10 @@ def _not_mountable(pools: list[StoragePool], usability: dict[int, PoolUsability]
 def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None = None, cluster: Cluster | None = None) -> Volume:
     """Create a volume after the capacity gate, on ``pool`` or, when none is named, on the pool with most free room.
 
+    First the owner's total: the quotas of their volumes (not deleted) plus this one must not exceed their policy's
+    ``max_volume_gb`` (checked under their credit account's row lock, so concurrent creates and raises cannot pass it
+    together). The volume is charged per GiB-month from its creation (``billing.storage_charges``).
+
     Only pools usable where the volume will be mounted count (``storage.capacity.pools_usability``: shared with the
     cluster and its StorageClass exists there): on ``cluster`` when given, else on at least one cluster.
 
@@ -555,6 +593,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         django.core.exceptions.ValidationError: the name is not a DNS label (400 ``invalid_request``).
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
         VolumeNameTaken: ``volume_name_taken`` (409).
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403): over the owner's ``max_volume_gb``.
         NoStoragePool: ``no_storage_pool`` (409).
         VolumeNotMountable: ``volume_not_mountable`` (409): ``pool`` (or, without one, every pool) is not usable on
             ``cluster`` (without one: on any cluster); the detail names the cluster, the StorageClass and the fix.
@@ -567,6 +606,8 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         raise _name_taken(name)
     try:
         with transaction.atomic():
+            account = account_lock(user=owner)
+            _check_user_total(owner=owner, quota_gb=quota_gb)
             locked = StoragePool.objects.select_for_update().select_related("cluster").order_by("pk")
             if pool is not None:
                 locked = locked.filter(pk=pool.pk)
@@ -582,6 +623,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
             volume.claim_name = volume_claim_name(volume.public_id)
             volume.full_clean(validate_constraints=False)
             volume.save()
+            storage_charges.holding_open(volume=volume, account=account, quota_gb=quota_gb, at=timezone.now())
             audit_record(action=Action.VOLUME_CREATE, obj=volume, changes=created({"name": name, "quota_gb": quota_gb, "pool": chosen}),
                          details={"owner": owner.get_username()})
     except IntegrityError:
@@ -592,10 +634,12 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
 
 @transaction.atomic
 def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
-    """Raise a volume's quota, through the capacity gate of its pool (locked). Equal: nothing changes.
+    """Raise a volume's quota, through its owner's ``max_volume_gb`` (their credit account locked) and the capacity
+    gate of its pool (locked). Equal: nothing changes. The new quota is charged from now on (``billing.storage_charges``).
 
     Raises:
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403): the owner's volumes would hold more than ``max_volume_gb``.
         NotFound: ``volume_not_found`` (404) for a deleted volume.
         VolumeMoving: ``volume_moving`` (409).
         VolumeDeleting: ``volume_deleting`` (409).
@@ -603,6 +647,8 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         PoolCapacityUnknown, PoolFull: as ``volume_create`` (409).
     """
     _check_quota(quota_gb)
+    owner = volume.owner
+    account = account_lock(user=owner)
     pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=volume.pool_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
@@ -618,10 +664,12 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         )
     if quota_gb == volume.quota_gb:
         return volume
+    _check_user_total(owner=owner, quota_gb=quota_gb, volume=volume)
     _gate([pool], quota_gb * GIB, named=True, exclude_volume=volume.pk)
     audit_record(action=Action.VOLUME_UPDATE, obj=volume, changes={"quota_gb": (volume.quota_gb, quota_gb)})
     volume.quota_gb = quota_gb
     volume.save(update_fields=["quota_gb"])
+    storage_charges.holding_change(volume=volume, account=account, quota_gb=quota_gb, at=timezone.now())
     logger.info("volume quota raised: %s to %d GiB", volume.public_id, quota_gb)
     return volume
 
@@ -755,12 +803,14 @@ def _delete_begin(*, volume: Volume) -> tuple[Volume, str | None, bool]:
 def _delete_finish(*, volume: Volume, previous: str) -> Volume:
     """Mark the (locked) volume deleted, with its audit row (``previous``: its status before the deletion began)."""
     cluster = volume.cluster if volume.cluster_id is not None else None
+    account_lock(user=volume.owner)  # lock order: account, then volume; the holding is the account's
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     volume.cluster = cluster
     audit_record(action=Action.VOLUME_DELETE, obj=volume, changes={"status": (previous, Volume.Status.DELETED)})
     volume.status = Volume.Status.DELETED
     volume.deleted_at = timezone.now()
     volume.save(update_fields=["status", "deleted_at"])
+    storage_charges.holding_close(volume=volume, at=volume.deleted_at)
     return volume
 
 
