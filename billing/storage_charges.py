@@ -56,6 +56,14 @@ def monthly_cost(*, quota_gb: int, price: Decimal | None = None) -> Decimal:
     return _EXACT.multiply(price, Decimal(quota_gb)).quantize(CREDITS, rounding=ROUND_HALF_EVEN)
 
 
+def storage_pricing(*, quota_gb: int) -> dict:
+    """``{"credits_per_gb_month": Decimal, "monthly_credits": Decimal, "month_days": 30}`` for a quota of ``quota_gb`` GiB
+    (what the API and the console show where volumes are created)."""
+    price = storage_price()
+    return {"credits_per_gb_month": price, "monthly_credits": monthly_cost(quota_gb=quota_gb, price=price),
+            "month_days": MONTH_SECONDS // 86400}
+
+
 def storage_cost(*, gib_seconds: Decimal, price: Decimal) -> Decimal:
     """Credits for ``gib_seconds`` (GiB × seconds held) at ``price`` credits per GiB-month, rounded to 0.000001
     (``ROUND_HALF_EVEN``)."""

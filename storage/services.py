@@ -508,18 +508,19 @@ def _check_user_total(*, owner, quota_gb: int, volume: Volume | None = None) -> 
     limit = policy_for(owner).max_volume_gb
     if limit is None:
         return
-    held = Volume.objects.filter(owner=owner).exclude(status=Volume.Status.DELETED)
+    others = Volume.objects.filter(owner=owner).exclude(status=Volume.Status.DELETED)
     if volume is not None:
-        held = held.exclude(pk=volume.pk)
-    used = held.aggregate(total=Sum("quota_gb"), count=Count("pk"))
+        others = others.exclude(pk=volume.pk)
+    used = others.aggregate(total=Sum("quota_gb"), count=Count("pk"))
     total, count = int(used["total"] or 0), used["count"]
     if total + quota_gb <= limit:
         return
     change = f"raising volume {volume.name} ({volume.public_id}) to {quota_gb} GiB" if volume is not None else f"a new {quota_gb} GiB volume"
     room = max(0, limit - total)
+    held = f"your {count} other volume(s) already hold {total} GiB" if count else "you hold no other volume"
     raise VolumeQuotaExceeded(
-        f"Your volumes may hold at most {limit} GiB in all (your policy's max_volume_gb); the "
-        f"{count} other volume(s) you hold already have {total} GiB, so {change} would make {total + quota_gb} GiB. Fix: "
+        f"Your volumes may hold at most {limit} GiB in all (your policy's max_volume_gb); {held}, so {change} would "
+        f"make {total + quota_gb} GiB. Fix: "
         + (f"ask for at most {room} GiB, " if room else "")
         + "delete a volume you no longer need (`DELETE /api/v1/storage/volumes/<id>`), or ask an administrator to raise "
         "your max_volume_gb.",
