@@ -88,8 +88,8 @@ class LedgerEntry(models.Model):
     amount = credit_field()
     balance_after = credit_field()
     idempotency_key = models.CharField(max_length=200, unique=True)
-    volume = models.ForeignKey("storage.Volume", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries",
-                               help_text="Storage charges: the volume whose quota they price")
+    # The volume's public id rather than a key: the ledger is never deleted, a deleted volume's row may be (pool_delete).
+    volume = models.CharField(max_length=24, blank=True, default="", help_text="Storage charges: the volume whose quota they price (vol_...)")
     session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries",
                                 db_index=False)
     window_start = models.DateTimeField(null=True, blank=True)
@@ -118,7 +118,7 @@ class LedgerEntry(models.Model):
                                    name="ledger_period_end_after_start"),
             models.UniqueConstraint(fields=["session", "period_start"], condition=Q(kind="charge", period_start__isnull=False),
                                     name="ledger_one_charge_per_session_period"),
-            models.CheckConstraint(condition=~Q(kind="storage") | (Q(amount__lte=0) & Q(volume__isnull=False) & Q(period_start__isnull=False)),
+            models.CheckConstraint(condition=~Q(kind="storage") | (Q(amount__lte=0) & ~Q(volume="") & Q(period_start__isnull=False)),
                                    name="ledger_storage_charge_shape"),
             models.UniqueConstraint(fields=["volume", "period_start"], condition=Q(kind="storage"),
                                     name="ledger_one_storage_charge_per_volume_period"),
@@ -292,7 +292,7 @@ class StorageHolding(models.Model):
     most one open holding (``storage_holding_one_open``).
     """
 
-    volume = models.ForeignKey("storage.Volume", on_delete=models.PROTECT, related_name="holdings")
+    volume = models.ForeignKey("storage.Volume", on_delete=models.CASCADE, related_name="holdings")
     account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="storage_holdings")
     quota_gb = models.PositiveBigIntegerField()
     start = models.DateTimeField()

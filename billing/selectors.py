@@ -84,7 +84,7 @@ def account_summary(user) -> dict:
 
 
 def _ledger_entries() -> QuerySet[LedgerEntry]:
-    return LedgerEntry.objects.select_related("account__user", "session", "volume")
+    return LedgerEntry.objects.select_related("account__user", "session")
 
 
 def ledger_entry(*, pk: int) -> LedgerEntry:

@@ -98,6 +98,16 @@ def holding_change(*, volume, account: CreditAccount, quota_gb: int, at: datetim
     return holding_open(volume=volume, account=account, quota_gb=quota_gb, at=at)
 
 
+def uncharged_until(*, volume_ids) -> datetime | None:
+    """The latest end of the volumes' holdings whose time is not all charged yet (an open holding counts as now), or
+    None when everything they held was charged: a volume's row must outlive its last charge."""
+    rows = StorageHolding.objects.filter(_uncharged(), volume_id__in=list(volume_ids)).values_list("end", flat=True)
+    ends = list(rows)
+    if not ends:
+        return None
+    return timezone.now() if None in ends else max(ends)
+
+
 # --------------------------------------------------------------------------- the periodic charge
 
 
@@ -110,9 +120,14 @@ def _seconds(delta: timedelta) -> Decimal:
     return Decimal(delta // _MICROSECOND).scaleb(-6)
 
 
+def _uncharged() -> Q:
+    """Holdings with time not charged yet."""
+    return Q(end__isnull=True) | Q(charged_until__lt=F("end"))
+
+
 def _due(limit: datetime) -> Q:
     """Holdings with time before ``limit`` (a period boundary) not charged yet."""
-    return Q(charged_until__lt=limit) & (Q(end__isnull=True) | Q(charged_until__lt=F("end")))
+    return Q(charged_until__lt=limit) & _uncharged()
 
 
 def storage_charges_close(*, now: datetime | None = None, accounts_per_transaction: int = 500, max_transactions: int = 100) -> int:
@@ -163,9 +178,9 @@ def _charge_accounts(account_ids: list[int], *, limit: datetime, length: timedel
         by_volume[held.volume_id].append(held)
     first = {vid: _floor(min(h.charged_until for h in rows), length) for vid, rows in by_volume.items()}
     charged = set(
-        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.STORAGE, volume_id__in=list(by_volume),
+        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.STORAGE, volume__in=[rows[0].volume.public_id for rows in by_volume.values()],
                                    period_start__gte=min(first.values(), default=limit))
-        .values_list("volume_id", "period_start")
+        .values_list("volume", "period_start")
     ) if by_volume else set()
     entries = []
     for volume_id, rows in by_volume.items():
@@ -181,13 +196,13 @@ def _charge_accounts(account_ids: list[int], *, limit: datetime, length: timedel
                     gib_seconds += held.quota_gb * _seconds(overlap)
                     quotas.add(held.quota_gb)
             cost = storage_cost(gib_seconds=gib_seconds, price=price)
-            if cost and (volume_id, start) not in charged:
+            if cost and (volume.public_id, start) not in charged:
                 account.balance -= cost
                 if account.balance - account.accrued < 0:
                     account.below_zero_since = account.below_zero_since or now
                 entries.append(LedgerEntry(
                     account=account, kind=LedgerEntry.Kind.STORAGE, amount=-cost, balance_after=account.balance,
-                    idempotency_key=f"storage:{volume.public_id}:{start.astimezone(UTC).isoformat()}", volume=volume,
+                    idempotency_key=f"storage:{volume.public_id}:{start.astimezone(UTC).isoformat()}", volume=volume.public_id,
                     period_start=start, period_end=end, reason=_reason(volume, start, end, quotas, gib_seconds, price),
                     created_by=CHARGED_BY,
                 ))

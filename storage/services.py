@@ -384,10 +384,13 @@ def _pool_update_locked(*, pool: StoragePool, changes: dict, checked: tuple[int,
 
 @transaction.atomic
 def pool_delete(*, pool: StoragePool) -> None:
-    """Delete a pool that holds no volume any more (the records of its deleted volumes go with it).
+    """Delete a pool that holds no volume any more (the records of its deleted volumes go with it; their storage
+    charges stay in the ledger, naming the volume's id).
 
     Raises:
-        PoolInUse: ``pool_in_use`` (409) while volumes that are not deleted are on it.
+        PoolInUse: ``pool_in_use`` (409) while volumes that are not deleted are on it, or while the storage its deleted
+            volumes held is not all charged yet (``billing.storage_charges``; at most a billing period and the settle
+            time after the last deletion).
     """
     pool = StoragePool.objects.select_for_update().get(pk=pool.pk)
     live = Volume.objects.filter(pool=pool).exclude(status=Volume.Status.DELETED)
@@ -397,6 +400,13 @@ def pool_delete(*, pool: StoragePool) -> None:
         raise PoolInUse(
             f"Pool {pool.name} ({pool.public_id}) still holds {count} volume(s) ({sample}{', ...' if count > 5 else ''}): "
             "delete them first (`DELETE /api/v1/storage/volumes/<id>`), then the pool.",
+        )
+    owed = storage_charges.uncharged_until(volume_ids=Volume.objects.filter(pool=pool).values_list("pk", flat=True))
+    if owed is not None:
+        raise PoolInUse(
+            f"Pool {pool.name} ({pool.public_id}) had volumes until {owed:%Y-%m-%d %H:%M:%S} UTC whose storage is not charged "
+            "yet; the charge is written once that billing period closes (GSHARE_BILLING_PERIOD_SECONDS, plus "
+            "GSHARE_BILLING_SETTLE_SECONDS, later). Delete the pool after that.",
         )
     audit_record(action=Action.POOL_DELETE, obj=pool, changes={name: (value, None) for name, value in _pool_audit(pool).items()})
     Volume.objects.filter(pool=pool).delete()  # only deleted volumes are left: their PVCs are gone
@@ -747,6 +757,7 @@ def volume_delete(*, volume: Volume) -> Volume:
     """
     with _delete_lock(volume):
         with transaction.atomic():
+            account_lock(user=volume.owner)  # lock order: the owner's account before the volume (_delete_finish)
             volume, previous, pvc = _delete_begin(volume=volume)
             if previous is None:
                 return volume

@@ -34,7 +34,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
     amount = credits(read_only=True, help_text="Signed credits: grants and refunds positive, charges negative")
     balance_after = credits(read_only=True, help_text="The account's balance after this entry")
     session = serializers.SlugRelatedField(slug_field="public_id", read_only=True, help_text="Charges: the session (ses_...)")
-    volume = serializers.SlugRelatedField(slug_field="public_id", read_only=True, help_text="Storage charges: the volume (vol_...)")
+    volume = serializers.CharField(read_only=True, help_text="Storage charges: the volume (vol_...); empty for other entries")
     gpu_seconds = serializers.DecimalField(max_digits=18, decimal_places=6, read_only=True, allow_null=True,
                                            help_text="Charges: GPU-seconds priced (share × seconds, summed); end entries: those of the idle time")
     idle_credits = credits(read_only=True, allow_null=True,

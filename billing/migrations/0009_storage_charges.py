@@ -1,4 +1,3 @@
-
 import billing.models
 import django.contrib.postgres.constraints
 import django.contrib.postgres.fields.ranges
@@ -44,7 +43,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='ledgerentry',
             name='volume',
-            field=models.ForeignKey(blank=True, help_text='Storage charges: the volume whose quota they price', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='storage.volume'),
+            field=models.CharField(blank=True, default='', help_text='Storage charges: the volume whose quota they price (vol_...)', max_length=24),
         ),
         migrations.AddField(
             model_name='policy',
@@ -58,7 +57,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='ledgerentry',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'storage'), _negated=True), models.Q(('amount__lte', 0), ('volume__isnull', False), ('period_start__isnull', False)), _connector='OR'), name='ledger_storage_charge_shape'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'storage'), _negated=True), models.Q(('amount__lte', 0), models.Q(('volume', ''), _negated=True), ('period_start__isnull', False)), _connector='OR'), name='ledger_storage_charge_shape'),
         ),
         migrations.AddConstraint(
             model_name='ledgerentry',
@@ -72,7 +71,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='storageholding',
             name='volume',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='holdings', to='storage.volume'),
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='holdings', to='storage.volume'),
         ),
         migrations.AddIndex(
             model_name='storageholding',

@@ -11,7 +11,7 @@ from django.utils import timezone
 from billing import storage_charges, tasks
 from billing.models import CreditAccount, LedgerEntry, StorageHolding
 from billing.services import account_for
-from tests.factories import VolumeFactory
+from tests.factories import UserFactory, VolumeFactory
 from tests.helpers import run_threads
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def _price(settings):
 
 
 def storage_entries(volume):
-    return list(LedgerEntry.objects.filter(kind=LedgerEntry.Kind.STORAGE, volume=volume).order_by("period_start"))
+    return list(LedgerEntry.objects.filter(kind=LedgerEntry.Kind.STORAGE, volume=volume.public_id).order_by("period_start"))
 
 
 def test_the_quota_held_is_charged_per_period_prorated_across_a_quota_change():
@@ -70,7 +70,7 @@ def test_one_storage_charge_per_volume_and_period_is_a_database_rule():
     volume = VolumeFactory()
     account = account_for(volume.owner)
     row = {"account": account, "kind": LedgerEntry.Kind.STORAGE, "amount": Decimal("-1"), "balance_after": Decimal("-1"),
-           "volume": volume, "period_start": T0, "period_end": T0 + HOUR}
+           "volume": volume.public_id, "period_start": T0, "period_end": T0 + HOUR}
     LedgerEntry.objects.create(idempotency_key="storage-a", **row)
     with pytest.raises(IntegrityError), transaction.atomic():
         LedgerEntry.objects.create(idempotency_key="storage-b", **row)
@@ -137,3 +137,23 @@ def test_the_beat_task_writes_storage_charges():
     assert written[0].period_start == start and len(written) >= 2
     assert all(e.amount == Decimal("-0.036000") and e.period_end <= timezone.now() - SETTLE for e in written)  # 10 GiB × 1 h
     assert tasks.close_billing_periods() == 0
+
+
+def test_a_pool_outlives_the_charges_of_its_deleted_volumes():
+    """A pool's deletion removes its deleted volumes' rows: refused until their storage is charged; the charges stay."""
+    from storage import services
+    from tests.storage.kube import pool_cluster
+
+    pool = services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=100)
+    volume = services.volume_create(owner=UserFactory(), name="v", quota_gb=10)
+    services.volume_delete(volume=volume)
+    with pytest.raises(services.PoolInUse) as refused:
+        services.pool_delete(pool=pool)
+    assert "not charged yet" in refused.value.detail
+    held = StorageHolding.objects.get(volume=volume)
+    StorageHolding.objects.filter(pk=held.pk).update(start=held.end - HOUR, charged_until=held.end - HOUR)  # held for an hour
+    storage_charges.storage_charges_close(now=held.end + 2 * HOUR + SETTLE)
+    services.pool_delete(pool=pool)
+    assert not StorageHolding.objects.exists()
+    kept = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.STORAGE, volume=volume.public_id)
+    assert sum(e.amount for e in kept) == Decimal("-0.036000")  # 10 GiB × 3600 s, the rows outlive the volume's
