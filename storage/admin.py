@@ -203,6 +203,22 @@ class VolumeCreateForm(forms.ModelForm):
             pricing["credits_per_gb_month"], pricing["month_days"], int(pricing["credits_per_gb_month"].scaleb(6)), cost,
         )
 
+    class Meta:
+        model = Volume
+        fields = ["name", "quota_gb"]
+        labels = {"quota_gb": "Size (GiB)"}
+        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); sessions mount it at /data/ followed by this name"}
+
+    def clean(self):  # noqa: D102
+        data = super().clean()
+        if self.errors:
+            return data
+        with service_errors(self, field="quota_gb"):
+            # The console's add view runs in one transaction: a later failure undoes this too.
+            self.instance = services.volume_create(owner=self.owner, name=data["name"], quota_gb=data["quota_gb"],
+                                                   pool=data.get("storage_pool"), cluster=data.get("mount_cluster"))
+        return data
+
 @admin.register(Volume)
 class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
     """Volumes: owner, pool, the cluster holding the PVC and why it is stuck; the quota grows through the gate.
