@@ -197,3 +197,9 @@ class SummarySerializer(serializers.Serializer):
     largest_free_bytes = serializers.IntegerField(allow_null=True, help_text="Most free room on one pool: the largest volume that fits now")
     shared_across_clusters = serializers.BooleanField()
     pools = SummaryPoolSerializer(many=True)
+    credits_per_gb_month = serializers.SerializerMethodField(help_text="What a volume costs per GiB of quota per month (30 days)")
+
+    @extend_schema_field(serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES))
+    def get_credits_per_gb_month(self, obj) -> str:
+        """The storage price (credits per GiB-month, a decimal string with 6 places)."""
+        return f"{storage_pricing(quota_gb=1)['credits_per_gb_month']:.{CREDIT_PLACES}f}"

@@ -80,6 +80,7 @@ def test_huge_and_negative_quotas_are_refused_cleanly(http_user, plain_user):
 def test_volumes_show_their_price_and_are_held_for_charging(http_user, settings):
     settings.GSHARE_STORAGE_PRICE_PER_GB_MONTH = Decimal("0.05")
     make_pool(2000)
+    assert http_user.get("/api/v1/storage/summary").json()["credits_per_gb_month"] == "0.050000"
     made = http_user.post("/api/v1/storage/volumes", json={"name": "a", "quota_gb": 100})
     assert made.json()["pricing"] == {"credits_per_gb_month": "0.050000", "monthly_credits": "5.000000", "month_days": 30}
     volume = Volume.objects.get()
