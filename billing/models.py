@@ -89,7 +89,7 @@ class LedgerEntry(models.Model):
     balance_after = credit_field()
     idempotency_key = models.CharField(max_length=200, unique=True)
     # The volume's public id rather than a key: the ledger is never deleted, a deleted volume's row may be (pool_delete).
-    volume = models.CharField(max_length=24, blank=True, default="", help_text="Storage charges: the volume whose quota they price (vol_...)")
+    volume = models.CharField(max_length=24, blank=True, default="", db_default="", help_text="Storage charges: the volume whose quota they price (vol_...)")
     session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries",
                                 db_index=False)
     window_start = models.DateTimeField(null=True, blank=True)

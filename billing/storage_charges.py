@@ -59,7 +59,7 @@ def monthly_cost(*, quota_gb: int, price: Decimal | None = None) -> Decimal:
 def storage_pricing(*, quota_gb: int) -> dict:
     """``{"credits_per_gb_month": Decimal, "monthly_credits": Decimal, "month_days": 30}`` for a quota of ``quota_gb`` GiB
     (what the API and the console show where volumes are created)."""
-    price = storage_price()
+    price = storage_price().quantize(CREDITS)
     return {"credits_per_gb_month": price, "monthly_credits": monthly_cost(quota_gb=quota_gb, price=price),
             "month_days": MONTH_SECONDS // 86400}
 

@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='ledgerentry',
             name='volume',
-            field=models.CharField(blank=True, default='', help_text='Storage charges: the volume whose quota they price (vol_...)', max_length=24),
+            field=models.CharField(blank=True, db_default='', default='', help_text='Storage charges: the volume whose quota they price (vol_...)', max_length=24),
         ),
         migrations.AddField(
             model_name='policy',
