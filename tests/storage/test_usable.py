@@ -326,7 +326,7 @@ def test_the_console_volume_form_offers_only_usable_pools_and_clusters(client, p
     mounts = mounts[:mounts.index("</select>")]
     assert "lab-nfs" in pools and "dead-pool" not in pools
     assert "lab-c1" in mounts and "lab-c3" not in mounts
-    assert "0.05 credits per GiB-month (30 days)" in page
+    assert "0.050000 credits per GiB-month (30 days)" in page
 
     shown = client.post("/storage/volume/add/", {"name": "Not_A_Label", "quota_gb": 100, "storage_pool": "", "mount_cluster": ""})
     assert shown.status_code == 200 and "100 GiB cost 5.000000 credits a month" in shown.content.decode()
