@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
-from billing.models import CREDITS, CreditAccount, Policy
+from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, Policy
 from clusters.models import Cluster
 from gshare.prepared import statement_cursor
 from sessions.models import Session
@@ -68,6 +68,7 @@ class EffectivePolicy:
             ``"settings"`` (no row: ``GSHARE_BILLING_DEFAULT_*``).
         idle_timeout_minutes: minutes without a GPU kernel before a session is stopped (0: never; ``sessions.idle``).
         idle_warning_minutes: minutes before that stop when the session starts showing it.
+        max_volume_gb: GiB the user's volumes (not deleted) may hold in all, or None (unlimited).
     """
 
     max_sessions: int | None
@@ -78,12 +79,14 @@ class EffectivePolicy:
     source: str
     idle_timeout_minutes: int = 60
     idle_warning_minutes: int = 15
+    max_volume_gb: int | None = None
 
 
 def settings_policy() -> EffectivePolicy:
     """The policy when no ``Policy`` row applies: unlimited sessions and GPUs, all clusters, and
     ``GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS`` (default 1), ``GSHARE_BILLING_DEFAULT_GRACE_SECONDS`` (default 900) and
-    ``GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES``/``_IDLE_WARNING_MINUTES`` (60/15)."""
+    ``GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES``/``_IDLE_WARNING_MINUTES`` (60/15) and
+    ``GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB`` (default 500 GiB; 0: no limit)."""
     return EffectivePolicy(
         max_sessions=None,
         max_gpus=None,
@@ -93,6 +96,7 @@ def settings_policy() -> EffectivePolicy:
         source="settings",
         idle_timeout_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES", 60)),
         idle_warning_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES", 15)),
+        max_volume_gb=int(getattr(settings, "GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB", DEFAULT_MAX_VOLUME_GB)) or None,
     )
 
 
@@ -105,10 +109,10 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
         Policy.objects.filter(Q(user_id__in=user_ids) | Q(user__isnull=True))
         .annotate(cluster_ids=ArrayAgg("allowed_clusters__id", filter=Q(allowed_clusters__isnull=False), distinct=True))
         .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids",
-                     "idle_timeout_minutes", "idle_warning_minutes")
+                     "idle_timeout_minutes", "idle_warning_minutes", "max_volume_gb")
     )
     found: dict[int | None, EffectivePolicy] = {}
-    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning in rows:
+    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning, max_volume_gb in rows:
         found[user_id] = EffectivePolicy(
             max_sessions=max_sessions,
             max_gpus=max_gpus,
@@ -118,6 +122,7 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
             source="default" if user_id is None else "user",
             idle_timeout_minutes=idle_timeout,
             idle_warning_minutes=idle_warning,
+            max_volume_gb=max_volume_gb,
         )
     fallback = found.get(None) or settings_policy()
     return {user_id: found.get(user_id, fallback) for user_id in user_ids}

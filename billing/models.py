@@ -28,6 +28,10 @@ def credit_field(**kwargs) -> models.DecimalField:
     return models.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, **kwargs)
 
 
+#: The default of ``Policy.max_volume_gb`` (and of ``GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB`` without a policy row), GiB.
+DEFAULT_MAX_VOLUME_GB = 500
+
+
 class CreditAccount(models.Model):
     """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries; ``accrued`` (credits, >= 0) =
     the sum of its sessions' ``Accrual.amount``: usage stored but not charged yet (its billing period is open).
@@ -65,7 +69,9 @@ class LedgerEntry(models.Model):
     ``billing_period`` is ``period_start``); at most one per session and period (``ledger_one_charge_per_session_period``).
     Older charges priced one usage batch each (their samples point at them through ``UsageSample.entry``). An ``end`` entry (amount 0)
     closes a session the idle policy stopped: its window is the idle time and ``idle_credits`` what the session's
-    usage samples in that window cost (already charged by its charges; the entry moves no credits).
+    usage samples in that window cost (already charged by its charges; the entry moves no credits). A ``storage`` entry
+    (amount <= 0) charges one volume's quota held during one billing period (``billing.storage_charges``); at most one
+    per volume and period (``ledger_one_storage_charge_per_volume_period``).
     """
 
     class Kind(models.TextChoices):
@@ -74,6 +80,7 @@ class LedgerEntry(models.Model):
         REFUND = "refund", "Refund"
         ADJUSTMENT = "adjustment", "Adjustment"
         END = "end", "Session end"
+        STORAGE = "storage", "Storage charge"
 
     # No single-column indexes on these two: ``ledger_account_recent`` and ``ledger_session`` serve them (migration 0002).
     account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="entries", db_index=False)
@@ -81,6 +88,8 @@ class LedgerEntry(models.Model):
     amount = credit_field()
     balance_after = credit_field()
     idempotency_key = models.CharField(max_length=200, unique=True)
+    # The volume's public id rather than a key: the ledger is never deleted, a deleted volume's row may be (pool_delete).
+    volume = models.CharField(max_length=24, blank=True, default="", db_default="", help_text="Storage charges: the volume whose quota they price (vol_...)")
     session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries",
                                 db_index=False)
     window_start = models.DateTimeField(null=True, blank=True)
@@ -109,6 +118,10 @@ class LedgerEntry(models.Model):
                                    name="ledger_period_end_after_start"),
             models.UniqueConstraint(fields=["session", "period_start"], condition=Q(kind="charge", period_start__isnull=False),
                                     name="ledger_one_charge_per_session_period"),
+            models.CheckConstraint(condition=~Q(kind="storage") | (Q(amount__lte=0) & ~Q(volume="") & Q(period_start__isnull=False)),
+                                   name="ledger_storage_charge_shape"),
+            models.UniqueConstraint(fields=["volume", "period_start"], condition=Q(kind="storage"),
+                                    name="ledger_one_storage_charge_per_volume_period"),
         ]
 
     def __str__(self) -> str:
@@ -141,6 +154,8 @@ class Policy(models.Model):
     Attributes:
         max_sessions: concurrent live sessions (null: unlimited).
         max_gpus: GPUs across live sessions (null: unlimited).
+        max_volume_gb: GiB the user's volumes (not deleted) may hold in all, the sum of their quotas (null: unlimited;
+            default ``DEFAULT_MAX_VOLUME_GB``).
         allowed_clusters: clusters sessions may run on (empty: all).
         min_balance_hours: a session may start only if the available balance covers this many hours of the
             requested resources at their price (0: any non-negative balance).
@@ -153,6 +168,9 @@ class Policy(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="policy")
     max_sessions = models.PositiveIntegerField(null=True, blank=True)
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    max_volume_gb = models.PositiveBigIntegerField(
+        null=True, blank=True, default=DEFAULT_MAX_VOLUME_GB,
+        help_text="GiB the user's volumes may hold in all (the sum of their quotas; empty: no limit)")
     allowed_clusters = models.ManyToManyField("clusters.Cluster", blank=True, related_name="+")
     min_balance_hours = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal(1), validators=[MinValueValidator(Decimal(0))])
     grace_seconds = models.PositiveIntegerField(default=900)
@@ -262,3 +280,37 @@ class Accrual(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} credits accrued by session {self.session_id} since {self.period_start}"
+
+
+class StorageHolding(models.Model):
+    """A stretch of time during which one volume held one quota: ``quota_gb`` GiB from ``start`` until ``end`` (UTC; null:
+    still held). Written by ``billing.storage_charges`` when a volume is created, its quota raised, or it is deleted;
+    priced per billing period by the same module.
+
+    ``charged_until`` is how far its time has been charged: a billing period boundary once a period it overlaps was
+    charged (``start`` before). No two holdings of a volume overlap (``storage_holding_no_overlap``), and a volume has at
+    most one open holding (``storage_holding_one_open``).
+    """
+
+    volume = models.ForeignKey("storage.Volume", on_delete=models.CASCADE, related_name="holdings")
+    account = models.ForeignKey(CreditAccount, on_delete=models.PROTECT, related_name="storage_holdings")
+    quota_gb = models.PositiveBigIntegerField()
+    start = models.DateTimeField()
+    end = models.DateTimeField(null=True, blank=True)
+    charged_until = models.DateTimeField()
+
+    class Meta:
+        ordering = ["volume_id", "start"]
+        indexes = [models.Index(fields=["charged_until"], name="storage_holding_charged")]
+        constraints = [
+            models.CheckConstraint(condition=Q(quota_gb__gte=1), name="storage_holding_quota_positive"),
+            models.CheckConstraint(condition=Q(end__isnull=True) | Q(end__gt=models.F("start")), name="storage_holding_end_after_start"),
+            models.UniqueConstraint(fields=["volume"], condition=Q(end__isnull=True), name="storage_holding_one_open"),
+            ExclusionConstraint(
+                name="storage_holding_no_overlap",
+                expressions=[("volume", RangeOperators.EQUAL), (TsTzRange("start", "end", RangeBoundary()), RangeOperators.OVERLAPS)],
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.quota_gb} GiB of volume {self.volume_id} from {self.start} until {self.end or 'now'}"

@@ -27,9 +27,10 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
-from billing.models import CREDITS, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from clusters.models import Cluster
 from gshare.exceptions import ApplicationError, NotFound
+from storage.models import MAX_CAPACITY_GB
 
 logger = logging.getLogger(__name__)
 
@@ -345,10 +346,12 @@ def policy_validate(*, policy: Policy) -> Policy:
         ApplicationError: ``invalid_request`` (400).
         django.core.exceptions.ValidationError: a field is malformed (400 ``invalid_request``).
     """
-    for name in ("max_sessions", "max_gpus"):
+    for name in ("max_sessions", "max_gpus", "max_volume_gb"):
         value = getattr(policy, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ApplicationError(f"{name} must be at least 1, or empty for no limit.", code="invalid_request")
+    if policy.max_volume_gb is not None and policy.max_volume_gb > MAX_CAPACITY_GB:
+        raise ApplicationError(f"max_volume_gb must be at most {MAX_CAPACITY_GB} GiB, or empty for no limit.", code="invalid_request")
     hours = policy.min_balance_hours
     if not isinstance(hours, (int, Decimal)) or isinstance(hours, bool) or not Decimal(hours).is_finite() or hours < 0:
         raise ApplicationError("min_balance_hours must be at least 0.", code="invalid_request")
@@ -369,6 +372,7 @@ def policy_set(
     user=None,
     max_sessions: int | None = None,
     max_gpus: int | None = None,
+    max_volume_gb: int | None = DEFAULT_MAX_VOLUME_GB,
     allowed_clusters: Iterable[Cluster] = (),
     min_balance_hours: Decimal = Decimal(1),
     grace_seconds: int = 900,
@@ -382,6 +386,7 @@ def policy_set(
         user: the user, or None for the default policy.
         max_sessions: concurrent live sessions (None: unlimited).
         max_gpus: GPUs across live sessions (None: unlimited).
+        max_volume_gb: GiB the user's volumes may hold in all (None: unlimited; default ``DEFAULT_MAX_VOLUME_GB``).
         allowed_clusters: clusters sessions may run on (empty: all).
         min_balance_hours: hours of the requested resources the available balance must cover at admission.
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
@@ -394,7 +399,7 @@ def policy_set(
     rows = Policy.objects.select_for_update()
     policy = (rows.filter(user__isnull=True) if user is None else rows.filter(user=user)).first() or Policy(user=user)
     before = None if policy._state.adding else _policy_audit(policy)
-    policy.max_sessions, policy.max_gpus = max_sessions, max_gpus
+    policy.max_sessions, policy.max_gpus, policy.max_volume_gb = max_sessions, max_gpus, max_volume_gb
     policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
     policy.idle_timeout_minutes, policy.idle_warning_minutes = idle_timeout_minutes, idle_warning_minutes
     policy_validate(policy=policy)
@@ -412,7 +417,7 @@ def policy_set(
 
 def _policy_audit(policy: Policy) -> dict:
     """A policy's limits as its audit rows show them (the allowed clusters by id)."""
-    return {**snapshot(policy, ("max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
+    return {**snapshot(policy, ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
                                 "idle_warning_minutes")),
             "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
 

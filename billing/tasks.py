@@ -4,7 +4,7 @@ import logging
 
 from celery import shared_task
 
-from billing import overdrawn, periods
+from billing import overdrawn, periods, storage_charges
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +20,12 @@ def stop_overdrawn_sessions() -> int:
 
 @shared_task(name="billing.close_billing_periods", ignore_result=True)
 def close_billing_periods() -> int:
-    """Charge the billing periods that ended (or whose session ended) without a later sample (beat: every 60 s; idempotent)."""
+    """Charge the billing periods that ended (or whose session ended) without a later sample, and the volumes' quotas
+    of the periods that ended (beat: every 60 s; idempotent)."""
     written = periods.periods_close()
     if written:
         logger.info("billing: %d period charge(s) written by the periodic close", written)
-    return written
+    stored = storage_charges.storage_charges_close()
+    if stored:
+        logger.info("billing: %d storage charge(s) written by the periodic close", stored)
+    return written + stored

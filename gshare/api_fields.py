@@ -17,25 +17,25 @@ from gshare.exceptions import ApplicationError
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A whole JSON number: strings, booleans and numbers with a fractional part are refused.
+    """A JSON integer token: strings, booleans and every number written with a decimal point or an exponent are refused.
 
-    ``1`` and ``1.0`` (JSON does not tell them apart) are read as ``1``; ``"1"``, ``true`` and ``1.5`` fail with
-    ``invalid_request``. ``min_value``/``max_value`` and the other ``IntegerField`` options apply as usual.
+    ``1`` is read as ``1``; ``"1"``, ``true``, ``1.5``, and also ``1.0``, ``1e0`` and ``1e3`` fail with
+    ``invalid_request`` (the JSON parser reads those tokens as floats: a client that writes them is computing the
+    number in floating point, where a large value is silently rounded, so it is told to send the integer itself).
+    ``min_value``/``max_value`` and the other ``IntegerField`` options apply as usual. The operator's inventory
+    contract (``operator_agent.contract``) is separate and accepts integral floats on purpose.
     """
 
     default_error_messages = {
         "not_a_number": "must be a JSON number (a whole number such as 1, not a string or a boolean)",
-        "invalid": "must be a whole number",
+        "not_an_integer": "must be a whole number written without a decimal point or an exponent (e.g. 1000, not 1000.0 or 1e3)",
     }
 
     def to_internal_value(self, data):  # noqa: D102
         if isinstance(data, bool) or not isinstance(data, int | float | Decimal):
             self.fail("not_a_number")
-        if isinstance(data, float | Decimal):
-            exact = Decimal(data)  # exact (no rounding through str), so 1.0000000001 is not taken for 1
-            if not exact.is_finite() or exact != exact.to_integral_value():
-                self.fail("invalid")
-            data = int(exact)
+        if not isinstance(data, int):
+            self.fail("not_an_integer")
         return super().to_internal_value(data)
 
 

@@ -9,8 +9,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
+from billing.storage_charges import storage_pricing
 from clusters.models import Cluster
 from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
@@ -18,7 +20,7 @@ from gshare.console.scope import ClusterScopedAdmin
 from gshare.exceptions import ApplicationError
 from storage import selectors, services
 from storage.capacity import format_bytes, pools_usability
-from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
+from storage.models import GIB, MAX_CAPACITY_GB, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
 
@@ -178,12 +180,34 @@ class VolumeCreateForm(forms.ModelForm):
                                            help_text="The cluster its first session will run on: only pools usable there are taken")
     owner = None
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Offer only what a volume can be created on: pools usable on some cluster, clusters where some pool is usable.
+        pool_ids, cluster_ids = selectors.usable_pools_and_clusters()
+        self.fields["storage_pool"].queryset = StoragePool.objects.filter(pk__in=pool_ids).order_by("name")
+        self.fields["mount_cluster"].queryset = Cluster.objects.registered().filter(pk__in=cluster_ids).order_by("name")
+        self.fields["quota_gb"].help_text = self._price_text()
+
+    def _price_text(self) -> SafeString:
+        """The quota's help: the price per GiB-month and what the entered size costs a month (rendered by the server
+        for a size already entered, and kept current while typing by console/console.js from the price in
+        micro-credits, in integer arithmetic)."""
+        pricing = storage_pricing(quota_gb=1)
+        entered = self.data.get(self.add_prefix("quota_gb")) if self.is_bound else None
+        cost = ""
+        if entered and str(entered).isdigit() and 0 < int(entered) <= MAX_CAPACITY_GB:
+            cost = f": {int(entered)} GiB cost {storage_pricing(quota_gb=int(entered))['monthly_credits']} credits a month"
+        return format_html(
+            "The PVC's request; it can grow later, never shrink. Charged {} credits per GiB-month ({} days) for the quota "
+            'held<span data-gs-storage-cost data-gs-price-micro="{}">{}</span>.',
+            pricing["credits_per_gb_month"], pricing["month_days"], int(pricing["credits_per_gb_month"].scaleb(6)), cost,
+        )
+
     class Meta:
         model = Volume
         fields = ["name", "quota_gb"]
         labels = {"quota_gb": "Size (GiB)"}
-        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); sessions mount it at /data/ followed by this name",
-                      "quota_gb": "The PVC's request; it can grow later, never shrink"}
+        help_texts = {"name": "A DNS label (lower-case letters, digits, '-'); sessions mount it at /data/ followed by this name"}
 
     def clean(self):  # noqa: D102
         data = super().clean()
@@ -194,7 +218,6 @@ class VolumeCreateForm(forms.ModelForm):
             self.instance = services.volume_create(owner=self.owner, name=data["name"], quota_gb=data["quota_gb"],
                                                    pool=data.get("storage_pool"), cluster=data.get("mount_cluster"))
         return data
-
 
 @admin.register(Volume)
 class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
@@ -215,8 +238,8 @@ class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
     list_select_related = ["owner", "pool", "cluster"]
     search_fields = ["name", "public_id", "owner__username", "claim_name"]
     fields = [
-        "public_id", "name", "owner", "quota_gb", "pool", "cluster", "claim_name", "pv_name", "status", "status_message",
-        "status_reported_at", "created_at", "deleted_at",
+        "public_id", "name", "owner", "quota_gb", "monthly_cost", "pool", "cluster", "claim_name", "pv_name", "status",
+        "status_message", "status_reported_at", "created_at", "deleted_at",
     ]
     readonly_fields = [name for name in fields if name != "quota_gb"]
     actions = ["delete_volumes"]
@@ -261,6 +284,13 @@ class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
     def save_model(self, request, obj, form, change):
         """Nothing to save: the form's ``clean`` created the volume (``volume_create``) or raised its quota
         (``volume_update_quota``)."""
+
+    @admin.display(description="monthly cost")
+    def monthly_cost(self, obj: Volume) -> str:
+        """What the quota costs per month (30 days), and the price per GiB-month."""
+        pricing = storage_pricing(quota_gb=obj.quota_gb)
+        return (f"{pricing['monthly_credits']} credits ({pricing['credits_per_gb_month']} per GiB-month of "
+                f"{pricing['month_days']} days)")
 
     @admin.display(description="status message")
     def short_status_message(self, obj: Volume) -> str:

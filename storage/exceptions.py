@@ -94,3 +94,10 @@ class VolumeDeleting(Conflict):
     """409: the volume is being deleted (its PVC's deletion is in flight)."""
 
     code = "volume_deleting"
+
+
+class VolumeQuotaExceeded(ApplicationError):
+    """403: the user's volumes would hold more than their policy's ``max_volume_gb`` in all."""
+
+    code = "volume_quota_exceeded"
+    status = 403

@@ -10,7 +10,7 @@ from django.db.models.functions import Coalesce
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref  # noqa: F401 (re-exported: request bodies name clusters by the same rule)
 from gshare.exceptions import NotFound
-from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, registered_cluster_ids
+from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, pools_usability, registered_cluster_ids
 from storage.models import GIB, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
@@ -52,6 +52,16 @@ def pools_shared_with(cluster: Cluster) -> Q:
         allowed = StoragePool.allowed_clusters.through.objects.filter(cluster=cluster).values("storagepool_id")
         usable |= Q(sharing=StoragePool.Sharing.ALL) | Q(sharing=StoragePool.Sharing.SELECTED, pk__in=allowed)
     return usable
+
+
+def usable_pools_and_clusters() -> tuple[frozenset[int], frozenset[int]]:
+    """Where a volume can be created: ``(pool pks, cluster pks)``, the pools usable on at least one cluster and the
+    clusters on which at least one pool is usable (``storage.capacity.pools_usability``). Three queries."""
+    pools = list(StoragePool.objects.select_related("cluster").order_by("pk"))
+    usability = pools_usability(pools)
+    pool_ids = frozenset(pk for pk, use in usability.items() if use.usable_ids)
+    cluster_ids = frozenset().union(*(use.usable_ids for use in usability.values()))
+    return pool_ids, cluster_ids
 
 
 def pool_get(*, public_id: str) -> StoragePool:

@@ -4,8 +4,10 @@ These are the only functions that change pools and volumes (``storage.move`` mov
 ``storage.reports`` applies the operator's storage report: capacity readings, node disks, PVC phases); the API, the
 console, the Celery tasks and the operator-facing view call them. Their errors are in ``storage.exceptions``.
 
-Locks: a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation,
-quota increase); when several rows are locked, pools come before volumes, each kind in primary-key order.
+Locks: the owner's credit account row (``billing.admission.account_lock``) serialises every change of what a user's
+volumes hold in all (``max_volume_gb`` of their policy) and of what they are charged for (``billing.storage_charges``);
+a pool row (``select_for_update``) serialises every change of what is allocated on it (volume creation, quota
+increase). When several rows are locked: the credit account, then pools, then volumes, each kind in primary-key order.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from collections.abc import Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
+from billing import storage_charges
+from billing.admission import account_lock, policy_for
 from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from clusters.models import Cluster
@@ -46,9 +50,10 @@ from storage.exceptions import (
     VolumeMoving,
     VolumeNameTaken,
     VolumeNotMountable,
+    VolumeQuotaExceeded,
     VolumeShrinkUnsupported,
 )
-from storage.models import GIB, StoragePool, Volume
+from storage.models import GIB, ClusterStorageClasses, StoragePool, Volume
 from storage.reports import storage_report_apply as storage_report_apply  # re-exported: the operator-facing view calls it
 
 logger = logging.getLogger(__name__)
@@ -179,6 +184,7 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
     """
     timeout = settings.GSHARE_PROBE_TIMEOUT
     where = f"cluster {cluster.name} ({cluster.public_id})"
+    checked_at = timezone.now()
     try:
         with KubeGateway.for_cluster(cluster, deadline=Deadline(timeout)) as kube:
             kube.get(STORAGE_CLASSES, storage_class)
@@ -206,6 +212,25 @@ def pool_check_storage_class(*, cluster: Cluster, storage_class: str) -> None:
             f"so StorageClass {storage_class} could not be checked there; nothing was changed. Fix: check the cluster "
             f"(`POST /api/v1/clusters/{cluster.public_id}/connection-test`) and retry."
         ) from None
+    _storage_class_seen(cluster=cluster, storage_class=storage_class, checked_at=checked_at)
+
+
+@transaction.atomic
+def _storage_class_seen(*, cluster: Cluster, storage_class: str, checked_at: datetime.datetime) -> None:
+    """Add ``storage_class``, just read on ``cluster``'s apiserver, to the cluster's StorageClass list.
+
+    ``ClusterStorageClasses`` stays the one record of which classes exist (``storage.capacity`` reads only it): a
+    live read is a listing as of ``checked_at`` (taken before the call), so the class counts at once instead of
+    after the operator's next report, and that report, being newer, replaces the list as usual (a class deleted
+    meanwhile goes again); a report the operator read before the check is older and is kept out. No row: nothing was
+    listed yet and every class is assumed to exist, so there is nothing to add.
+    """
+    row = ClusterStorageClasses.objects.select_for_update().filter(cluster=cluster).first()
+    if row is None or storage_class in row.names or row.read_at >= checked_at:
+        return
+    row.names = sorted({*row.names, storage_class})
+    row.read_at = checked_at
+    row.save(update_fields=["names", "read_at", "received_at"])
 
 
 def _storage_class_unchecked(exc: KubeRefused | KubeUnavailable, *, where: str, cluster: Cluster, storage_class: str) -> ClusterUnreachable:
@@ -359,10 +384,13 @@ def _pool_update_locked(*, pool: StoragePool, changes: dict, checked: tuple[int,
 
 @transaction.atomic
 def pool_delete(*, pool: StoragePool) -> None:
-    """Delete a pool that holds no volume any more (the records of its deleted volumes go with it).
+    """Delete a pool that holds no volume any more (the records of its deleted volumes go with it; their storage
+    charges stay in the ledger, naming the volume's id).
 
     Raises:
-        PoolInUse: ``pool_in_use`` (409) while volumes that are not deleted are on it.
+        PoolInUse: ``pool_in_use`` (409) while volumes that are not deleted are on it, or while the storage its deleted
+            volumes held is not all charged yet (``billing.storage_charges``; at most a billing period and the settle
+            time after the last deletion).
     """
     pool = StoragePool.objects.select_for_update().get(pk=pool.pk)
     live = Volume.objects.filter(pool=pool).exclude(status=Volume.Status.DELETED)
@@ -372,6 +400,13 @@ def pool_delete(*, pool: StoragePool) -> None:
         raise PoolInUse(
             f"Pool {pool.name} ({pool.public_id}) still holds {count} volume(s) ({sample}{', ...' if count > 5 else ''}): "
             "delete them first (`DELETE /api/v1/storage/volumes/<id>`), then the pool.",
+        )
+    owed = storage_charges.uncharged_until(volume_ids=Volume.objects.filter(pool=pool).values_list("pk", flat=True))
+    if owed is not None:
+        raise PoolInUse(
+            f"Pool {pool.name} ({pool.public_id}) had volumes until {owed:%Y-%m-%d %H:%M:%S} UTC whose storage is not charged "
+            "yet; the charge is written once that billing period closes (GSHARE_BILLING_PERIOD_SECONDS, plus "
+            "GSHARE_BILLING_SETTLE_SECONDS, later). Delete the pool after that.",
         )
     audit_record(action=Action.POOL_DELETE, obj=pool, changes={name: (value, None) for name, value in _pool_audit(pool).items()})
     Volume.objects.filter(pool=pool).delete()  # only deleted volumes are left: their PVCs are gone
@@ -427,18 +462,20 @@ def _capacity_unknown(pool: StoragePool, capacity: CapacityResolution, *, others
 def _pool_full(pool: StoragePool, capacity: CapacityResolution, allocated: int, requested: int, *, chosen: bool) -> PoolFull:
     free = max(0, capacity.capacity_bytes - allocated)
     facts = (
-        f"pool {pool.name} ({pool.public_id}) has a capacity of {format_bytes(capacity.capacity_bytes)} (source {capacity.source}: "
+        f"a capacity of {format_bytes(capacity.capacity_bytes)} (source {capacity.source}: "
         f"{capacity.note}), of which {format_bytes(allocated)} is allocated, leaving {format_bytes(free)}"
     )
     if chosen:
         detail = (
-            f"A {format_bytes(requested)} quota does not fit: {facts}. Fix: ask for at most {free // GIB} GiB, use another pool "
+            f"A {format_bytes(requested)} quota does not fit: pool {pool.name} ({pool.public_id}) has {facts}. "
+            f"Fix: ask for at most {free // GIB} GiB, use another pool "
             "(`GET /api/v1/storage/summary`), delete volumes on this one, or raise its capacity (grow the storage server, or "
             "its manual_capacity_gb when no CSI reading counts)."
         )
     else:
         detail = (
-            f"No single storage pool has room for a {format_bytes(requested)} quota: the most free room is on {facts}. A volume "
+            f"No single storage pool has room for a {format_bytes(requested)} quota. The one with the most free room is pool "
+            f"{pool.name} ({pool.public_id}), which has {facts}. A volume "
             "lives on one pool, so free room on several pools does not add up. Fix: ask for at most "
             f"{free // GIB} GiB, delete volumes, or raise a pool's capacity."
         )
@@ -469,6 +506,36 @@ def _gate(pools: list[StoragePool], requested: int, *, named: bool, exclude_volu
     if allocated[best.pk] + requested > capacities[best.pk].capacity_bytes:
         raise _pool_full(best, capacities[best.pk], allocated[best.pk], requested, chosen=named)
     return best
+
+
+def _check_user_total(*, owner, quota_gb: int, volume: Volume | None = None) -> None:
+    """Refuse when ``owner``'s volumes (not deleted; ``volume``, being raised, counted at ``quota_gb``) would hold more
+    than their policy's ``max_volume_gb``. Call under the owner's credit account lock.
+
+    Raises:
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403).
+    """
+    limit = policy_for(owner).max_volume_gb
+    if limit is None:
+        return
+    others = Volume.objects.filter(owner=owner).exclude(status=Volume.Status.DELETED)
+    if volume is not None:
+        others = others.exclude(pk=volume.pk)
+    used = others.aggregate(total=Sum("quota_gb"), count=Count("pk"))
+    total, count = int(used["total"] or 0), used["count"]
+    if total + quota_gb <= limit:
+        return
+    change = f"raising volume {volume.name} ({volume.public_id}) to {quota_gb} GiB" if volume is not None else f"a new {quota_gb} GiB volume"
+    room = max(0, limit - total)
+    held = f"your {count} other volume(s) already hold {total} GiB" if count else "you hold no other volume"
+    raise VolumeQuotaExceeded(
+        f"Your volumes may hold at most {limit} GiB in all (your policy's max_volume_gb); {held}, so {change} would "
+        f"make {total + quota_gb} GiB. Fix: "
+        + (f"ask for at most {room} GiB, " if room else "")
+        + "delete a volume you no longer need (`DELETE /api/v1/storage/volumes/<id>`), or ask an administrator to raise "
+        "your max_volume_gb.",
+        extra={"max_volume_gb": limit, "held_gb": total, "requested_gb": quota_gb},
+    )
 
 
 def _check_quota(quota_gb) -> None:
@@ -510,6 +577,10 @@ def _not_mountable(pools: list[StoragePool], usability: dict[int, PoolUsability]
 def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None = None, cluster: Cluster | None = None) -> Volume:
     """Create a volume after the capacity gate, on ``pool`` or, when none is named, on the pool with most free room.
 
+    First the owner's total: the quotas of their volumes (not deleted) plus this one must not exceed their policy's
+    ``max_volume_gb`` (checked under their credit account's row lock, so concurrent creates and raises cannot pass it
+    together). The volume is charged per GiB-month from its creation (``billing.storage_charges``).
+
     Only pools usable where the volume will be mounted count (``storage.capacity.pools_usability``: shared with the
     cluster and its StorageClass exists there): on ``cluster`` when given, else on at least one cluster.
 
@@ -533,6 +604,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         django.core.exceptions.ValidationError: the name is not a DNS label (400 ``invalid_request``).
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
         VolumeNameTaken: ``volume_name_taken`` (409).
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403): over the owner's ``max_volume_gb``.
         NoStoragePool: ``no_storage_pool`` (409).
         VolumeNotMountable: ``volume_not_mountable`` (409): ``pool`` (or, without one, every pool) is not usable on
             ``cluster`` (without one: on any cluster); the detail names the cluster, the StorageClass and the fix.
@@ -545,6 +617,8 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
         raise _name_taken(name)
     try:
         with transaction.atomic():
+            account = account_lock(user=owner)
+            _check_user_total(owner=owner, quota_gb=quota_gb)
             locked = StoragePool.objects.select_for_update().select_related("cluster").order_by("pk")
             if pool is not None:
                 locked = locked.filter(pk=pool.pk)
@@ -560,6 +634,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
             volume.claim_name = volume_claim_name(volume.public_id)
             volume.full_clean(validate_constraints=False)
             volume.save()
+            storage_charges.holding_open(volume=volume, account=account, quota_gb=quota_gb, at=timezone.now())
             audit_record(action=Action.VOLUME_CREATE, obj=volume, changes=created({"name": name, "quota_gb": quota_gb, "pool": chosen}),
                          details={"owner": owner.get_username()})
     except IntegrityError:
@@ -570,10 +645,12 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
 
 @transaction.atomic
 def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
-    """Raise a volume's quota, through the capacity gate of its pool (locked). Equal: nothing changes.
+    """Raise a volume's quota, through its owner's ``max_volume_gb`` (their credit account locked) and the capacity
+    gate of its pool (locked). Equal: nothing changes. The new quota is charged from now on (``billing.storage_charges``).
 
     Raises:
         ApplicationError: ``invalid_request`` (400) for a quota that is not a whole number >= 1.
+        VolumeQuotaExceeded: ``volume_quota_exceeded`` (403): the owner's volumes would hold more than ``max_volume_gb``.
         NotFound: ``volume_not_found`` (404) for a deleted volume.
         VolumeMoving: ``volume_moving`` (409).
         VolumeDeleting: ``volume_deleting`` (409).
@@ -581,6 +658,8 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         PoolCapacityUnknown, PoolFull: as ``volume_create`` (409).
     """
     _check_quota(quota_gb)
+    owner = volume.owner
+    account = account_lock(user=owner)
     pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=volume.pool_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
@@ -596,10 +675,12 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
         )
     if quota_gb == volume.quota_gb:
         return volume
+    _check_user_total(owner=owner, quota_gb=quota_gb, volume=volume)
     _gate([pool], quota_gb * GIB, named=True, exclude_volume=volume.pk)
     audit_record(action=Action.VOLUME_UPDATE, obj=volume, changes={"quota_gb": (volume.quota_gb, quota_gb)})
     volume.quota_gb = quota_gb
     volume.save(update_fields=["quota_gb"])
+    storage_charges.holding_change(volume=volume, account=account, quota_gb=quota_gb, at=timezone.now())
     logger.info("volume quota raised: %s to %d GiB", volume.public_id, quota_gb)
     return volume
 
@@ -676,6 +757,7 @@ def volume_delete(*, volume: Volume) -> Volume:
     """
     with _delete_lock(volume):
         with transaction.atomic():
+            account_lock(user=volume.owner)  # lock order: the owner's account before the volume (_delete_finish)
             volume, previous, pvc = _delete_begin(volume=volume)
             if previous is None:
                 return volume
@@ -733,12 +815,14 @@ def _delete_begin(*, volume: Volume) -> tuple[Volume, str | None, bool]:
 def _delete_finish(*, volume: Volume, previous: str) -> Volume:
     """Mark the (locked) volume deleted, with its audit row (``previous``: its status before the deletion began)."""
     cluster = volume.cluster if volume.cluster_id is not None else None
+    account_lock(user=volume.owner)  # lock order: account, then volume; the holding is the account's
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     volume.cluster = cluster
     audit_record(action=Action.VOLUME_DELETE, obj=volume, changes={"status": (previous, Volume.Status.DELETED)})
     volume.status = Volume.Status.DELETED
     volume.deleted_at = timezone.now()
     volume.save(update_fields=["status", "deleted_at"])
+    storage_charges.holding_close(volume=volume, at=volume.deleted_at)
     return volume
 
 

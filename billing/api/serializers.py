@@ -36,6 +36,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
     amount = credits(read_only=True, help_text="Signed credits: grants and refunds positive, charges negative")
     balance_after = credits(read_only=True, help_text="The account's balance after this entry")
     session = serializers.SlugRelatedField(slug_field="public_id", read_only=True, help_text="Charges: the session (ses_...)")
+    volume = serializers.CharField(read_only=True, help_text="Storage charges: the volume (vol_...); empty for other entries")
     gpu_seconds = serializers.DecimalField(max_digits=18, decimal_places=6, read_only=True, allow_null=True,
                                            help_text="Charges: GPU-seconds priced (share × seconds, summed); end entries: those of the idle time")
     idle_credits = credits(read_only=True, allow_null=True,
@@ -46,7 +47,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = LedgerEntry
-        fields = ["id", "user", "kind", "amount", "balance_after", "session", "period_start", "period_end", "sample_count",
+        fields = ["id", "user", "kind", "amount", "balance_after", "session", "volume", "period_start", "period_end", "sample_count",
                   "window_start", "window_end", "gpu_seconds", "idle_credits", "reason", "created_by", "idempotency_key", "created_at"]
         read_only_fields = fields
 

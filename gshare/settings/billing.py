@@ -63,3 +63,24 @@ if GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES < 0 or GSHARE_BILLING_DEFAULT_IDL
     raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES and _IDLE_WARNING_MINUTES must be whole numbers of minutes, at least 0.")
 if GSHARE_IDLE_POLICY_MINUTE_SECONDS < 1 or GSHARE_ACTIVITY_STALE_SECONDS < 1:
     raise ImproperlyConfigured("GSHARE_IDLE_POLICY_MINUTE_SECONDS and GSHARE_ACTIVITY_STALE_SECONDS must be whole numbers of seconds, at least 1.")
+
+# Storage (billing/storage_charges.py, docs/billing.md "Storage"): the price of a volume's quota and, when no Policy row
+# applies to a user, the GiB their volumes may hold in all (0: no limit).
+try:
+    GSHARE_STORAGE_PRICE_PER_GB_MONTH = Decimal(env.str("GSHARE_STORAGE_PRICE_PER_GB_MONTH", default="0.05"))
+except InvalidOperation:
+    GSHARE_STORAGE_PRICE_PER_GB_MONTH = None
+if (
+    GSHARE_STORAGE_PRICE_PER_GB_MONTH is None
+    or not GSHARE_STORAGE_PRICE_PER_GB_MONTH.is_finite()
+    or GSHARE_STORAGE_PRICE_PER_GB_MONTH < 0
+    or GSHARE_STORAGE_PRICE_PER_GB_MONTH != GSHARE_STORAGE_PRICE_PER_GB_MONTH.quantize(Decimal("0.000001"))
+    or GSHARE_STORAGE_PRICE_PER_GB_MONTH >= Decimal(10) ** 9
+):
+    raise ImproperlyConfigured(
+        "GSHARE_STORAGE_PRICE_PER_GB_MONTH must be a decimal number of credits per GiB-month (30 days), at least 0, with at "
+        "most 6 decimal places (e.g. 0.05)."
+    )
+GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = env.int("GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB", default=500)
+if GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB < 0:
+    raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB must be a whole number of GiB, at least 0 (0: no limit).")

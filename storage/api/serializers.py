@@ -5,6 +5,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing.models import CREDIT_PLACES
+from billing.storage_charges import storage_pricing
 from gshare.api_fields import RefuseUnknownFieldsMixin, StrictIntegerField
 from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
 
@@ -115,7 +117,8 @@ class VolumeCreateSerializer(serializers.Serializer):
     """Input of ``POST /api/v1/storage/volumes``."""
 
     name = serializers.CharField(max_length=63, help_text="A DNS label, unique among your volumes; mounted at /data/<name>")
-    quota_gb = StrictIntegerField(min_value=1, help_text="Size, GiB (2^30 bytes)")
+    quota_gb = StrictIntegerField(min_value=1, max_value=MAX_CAPACITY_GB,
+                                  help_text="Size, GiB (2^30 bytes); charged per GiB-month (the created volume's pricing)")
     pool = serializers.CharField(max_length=32, required=False, allow_null=True, default=None,
                                  help_text="Pool id (pool_...); omitted: the pool with the most free room")
     cluster = serializers.CharField(max_length=253, required=False, allow_null=True, default=None,
@@ -125,13 +128,23 @@ class VolumeCreateSerializer(serializers.Serializer):
 class VolumeUpdateSerializer(RefuseUnknownFieldsMixin, serializers.Serializer):
     """Input of ``PATCH /api/v1/storage/volumes/{id}``: only the quota changes, and only upward."""
 
-    quota_gb = StrictIntegerField(min_value=1)
+    quota_gb = StrictIntegerField(min_value=1, max_value=MAX_CAPACITY_GB)
 
 
 class VolumeMoveSerializer(serializers.Serializer):
     """Input of ``POST /api/v1/storage/volumes/{id}/move``."""
 
     cluster = serializers.CharField(max_length=253, help_text=f"The cluster to hand the volume to. {CLUSTER_REF_HELP}")
+
+
+class VolumePricingSerializer(serializers.Serializer):
+    """What a volume's quota costs (``billing.storage_charges``): charged per billing period for the quota held."""
+
+    credits_per_gb_month = serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, coerce_to_string=True,
+                                                    help_text="Credits per GiB of quota per month (GSHARE_STORAGE_PRICE_PER_GB_MONTH)")
+    monthly_credits = serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, coerce_to_string=True,
+                                               help_text="Credits this quota costs per month")
+    month_days = serializers.IntegerField(help_text="A month is exactly this many days (30)")
 
 
 class VolumeSerializer(serializers.ModelSerializer):
@@ -141,11 +154,17 @@ class VolumeSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     pool = serializers.CharField(source="pool.public_id", read_only=True)
     cluster = serializers.SerializerMethodField()
+    pricing = serializers.SerializerMethodField()
 
     class Meta:
         model = Volume
-        fields = ["id", "name", "owner", "quota_gb", "pool", "cluster", "claim_name", "status", "status_message", "created_at"]
+        fields = ["id", "name", "owner", "quota_gb", "pool", "cluster", "claim_name", "status", "status_message", "pricing", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field(VolumePricingSerializer)
+    def get_pricing(self, obj: Volume) -> dict:
+        """The price per GiB-month and what this quota costs per month (credits, decimal strings)."""
+        return VolumePricingSerializer(storage_pricing(quota_gb=obj.quota_gb)).data
 
     def get_cluster(self, obj: Volume) -> str | None:
         """Id of the cluster holding its PVC, or null before the first mount."""
@@ -178,3 +197,9 @@ class SummarySerializer(serializers.Serializer):
     largest_free_bytes = serializers.IntegerField(allow_null=True, help_text="Most free room on one pool: the largest volume that fits now")
     shared_across_clusters = serializers.BooleanField()
     pools = SummaryPoolSerializer(many=True)
+    credits_per_gb_month = serializers.SerializerMethodField(help_text="What a volume costs per GiB of quota per month (30 days)")
+
+    @extend_schema_field(serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES))
+    def get_credits_per_gb_month(self, obj) -> str:
+        """The storage price (credits per GiB-month, a decimal string with 6 places)."""
+        return f"{storage_pricing(quota_gb=1)['credits_per_gb_month']:.{CREDIT_PLACES}f}"

@@ -65,15 +65,18 @@ def test_policy_for_user_row_then_default_row_then_settings(user, django_user_mo
     settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = 2
     settings.GSHARE_BILLING_DEFAULT_GRACE_SECONDS = 300
     fallback = admission.policy_for(user)
-    assert fallback == admission.EffectivePolicy(None, None, None, Decimal(2), 300, "settings")
+    assert fallback == admission.EffectivePolicy(None, None, None, Decimal(2), 300, "settings", max_volume_gb=500)
+    settings.GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = 0  # no limit
+    assert admission.policy_for(user).max_volume_gb is None
     cluster = ClusterFactory()
     policy(max_sessions=3, min_balance_hours=Decimal("0.5"), grace_seconds=60, clusters=[cluster])
     default = admission.policy_for(user)
     assert (default.source, default.max_sessions, default.max_gpus, default.min_balance_hours, default.grace_seconds) == (
         "default", 3, None, Decimal("0.5"), 60)
     assert default.allowed_clusters == frozenset({cluster.pk})
-    policy(user, max_gpus=4)  # a user's row replaces the default whole: null limits are unlimited, no clusters = all
+    policy(user, max_gpus=4, max_volume_gb=20)  # a user's row replaces the default whole: null limits are unlimited, no clusters = all
     own = admission.policy_for(user)
+    assert (default.max_volume_gb, own.max_volume_gb) == (500, 20)
     assert (own.source, own.max_sessions, own.max_gpus, own.allowed_clusters, own.min_balance_hours, own.grace_seconds) == (
         "user", None, 4, None, Decimal(1), 900)
     other = django_user_model.objects.create_user("bob")

@@ -85,7 +85,7 @@ def test_ledger_lists_own_entries_newest_first_with_filters(http_user, plain_use
     assert body["count"] == 5 and [e["user"] for e in body["results"]] == ["alice"] * 5
     assert [e["id"] for e in body["results"]] == sorted((e["id"] for e in body["results"]), reverse=True)
     charge = body["results"][0]
-    assert set(charge) == {"id", "user", "kind", "amount", "balance_after", "session", "period_start", "period_end", "sample_count",
+    assert set(charge) == {"id", "user", "kind", "amount", "balance_after", "session", "volume", "period_start", "period_end", "sample_count",
                            "window_start", "window_end", "gpu_seconds", "idle_credits", "reason", "created_by", "idempotency_key",
                            "created_at"}
     assert (charge["kind"], charge["amount"], charge["session"], charge["balance_after"]) == ("charge", "-1.000000", session.public_id, "4.000000")

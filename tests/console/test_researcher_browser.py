@@ -68,6 +68,9 @@ def test_a_researcher_from_login_to_token_and_volume(live_server, console_users,
     page.goto(f"{base}/storage/volume/add/")
     page.fill("#id_name", "results")
     page.fill("#id_quota_gb", "25")
+    # The price per GiB-month and what 25 GiB cost a month (the default 0.05 per GiB-month), while typing.
+    help_text = page.locator("#id_quota_gb_helptext").inner_text()
+    assert "0.050000 credits per GiB-month (30 days)" in help_text and "25 GiB cost 1.250000 credits a month" in help_text
     page.click("input[name=_save]")
     page.wait_for_url(f"{base}/storage/volume/")
     assert page.locator("#result_list").get_by_text("results", exact=True).count() == 1

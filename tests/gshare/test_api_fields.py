@@ -13,6 +13,8 @@ from tests.storage.kube import pool_cluster
 pytestmark = pytest.mark.django_db
 
 REFUSED = ["10", "1e2", True, False, 10.5, [10], {"gb": 10}]
+#: JSON numbers that are not integer tokens: the parser reads them as floats.
+NOT_INTEGER_TOKENS = ["1.0", "1e0", "1e3", "10.0", "1E1", "2.5e1", "-0.0"]
 
 
 def refused(response, field: str) -> None:
@@ -31,7 +33,7 @@ def test_pool_capacity_must_be_a_json_number(http, value):
     assert created.status_code == 201 and created.json()["manual_capacity_gb"] == 10
     path = f"/api/v1/storage/pools/{created.json()['id']}"
     refused(http.patch(path, json={"manual_capacity_gb": value}), "manual_capacity_gb")
-    assert http.patch(path, json={"manual_capacity_gb": 20.0}).json()["manual_capacity_gb"] == 20  # JSON has one number type
+    assert http.patch(path, json={"manual_capacity_gb": 20}).json()["manual_capacity_gb"] == 20
 
 
 @pytest.mark.parametrize("value", REFUSED)
@@ -45,3 +47,22 @@ def test_volume_quota_must_be_a_json_number(http_user, value):
     refused(http_user.patch(path, json={"quota_gb": value}), "quota_gb")
     assert http_user.patch(path, json={"quota_gb": 11}).json()["quota_gb"] == 11
     assert Volume.objects.get().quota_gb == 11
+
+
+def raw_json(client, method: str, path: str, text: str):
+    """Send ``text`` as the JSON body verbatim (``requests``' json= would write a float as ``1.0`` only)."""
+    return client.request(method, path, data=text.encode(), headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("token", NOT_INTEGER_TOKENS)
+def test_integers_are_integer_tokens(http_user, token):
+    services.pool_create(name="p", cluster=pool_cluster(), storage_class="nfs-a", manual_capacity_gb=2000)
+    response = raw_json(http_user, "POST", "/api/v1/storage/volumes", f'{{"name": "v", "quota_gb": {token}}}')
+    refused(response, "quota_gb")
+    assert "without a decimal point or an exponent" in response.json()["errors"]["quota_gb"][0]
+    assert not Volume.objects.exists()
+    created = raw_json(http_user, "POST", "/api/v1/storage/volumes", '{"name": "v", "quota_gb": 10}')
+    assert created.status_code == 201, created.text
+    path = f"/api/v1/storage/volumes/{created.json()['id']}"
+    refused(raw_json(http_user, "PATCH", path, f'{{"quota_gb": {token}}}'), "quota_gb")
+    assert Volume.objects.get().quota_gb == 10

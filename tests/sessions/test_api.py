@@ -56,7 +56,7 @@ def test_invalid_requests(http, live_cluster, extra, fragment):
 
 
 @pytest.mark.parametrize("field", ["gpus", "gpu_memory_mib", "gpu_cores"])
-@pytest.mark.parametrize("value", ["1", "25", True, False, 1.5, [1]])
+@pytest.mark.parametrize("value", ["1", "25", True, False, 1.5, [1], 1.0, 1e3])
 def test_numbers_must_be_json_numbers(http, live_cluster, field, value):
     live_cluster("lab-c1")
     response = start(http, **{field: value})
@@ -67,7 +67,7 @@ def test_numbers_must_be_json_numbers(http, live_cluster, field, value):
 
 def test_numbers_as_json_numbers_are_taken(http, live_cluster):
     live_cluster("lab-c1")
-    response = start(http, gpus=1.0, gpu_memory_mib=4096, gpu_cores=25)
+    response = start(http, gpus=1, gpu_memory_mib=4096, gpu_cores=25)
     assert response.status_code == 201, response.text
     assert (response.json()["gpus"], response.json()["gpu_memory_mib"], response.json()["gpu_cores"]) == (1, 4096, 25)
 

@@ -179,7 +179,8 @@ def test_volume_refusals(http_user):
     assert no_pool.status_code == 404 and no_pool.json()["code"] == "pool_not_found"
 
 
-def test_two_2tb_pools_refuse_a_4tb_volume_through_http(http, http_user):
+def test_two_2tb_pools_refuse_a_4tb_volume_through_http(http, http_user, settings):
+    settings.GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = 0  # about the pools, not the per-user total (tests/storage/test_volume_total.py)
     for name, cluster in (("nas-a", ClusterFactory()), ("nas-b", ClusterFactory())):
         create_pool(http, cluster, name=name, manual_capacity_gb=2048)
     response = http_user.post("/api/v1/storage/volumes", json={"name": "huge", "quota_gb": 4096})

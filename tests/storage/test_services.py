@@ -237,20 +237,24 @@ def test_pool_on_a_deregistered_cluster_is_refused():
 # --------------------------------------------------------------------------- the capacity gate
 
 
-def test_two_2tb_pools_do_not_make_room_for_a_4tb_volume():
+def test_two_2tb_pools_do_not_make_room_for_a_4tb_volume(settings):
+    settings.GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = 0  # about the pools, not the per-user total (tests/storage/test_volume_total.py)
     owner = UserFactory()
     first, second = make_pool(manual_gb=2048), make_pool(manual_gb=2048)
     with pytest.raises(services.PoolFull) as refused:
         services.volume_create(owner=owner, name="big", quota_gb=4096)
     assert refused.value.code == "pool_full" and refused.value.status == 409
     assert "does not add up" in refused.value.detail
+    assert "No single storage pool has room for a 4096 GiB quota. The one with the most free room is pool " in refused.value.detail
+    assert "), which has a capacity of 2048 GiB (source manual" in refused.value.detail
     assert refused.value.extra["capacity_bytes"] == 2048 * GIB
     assert not Volume.objects.exists()
     volume = services.volume_create(owner=owner, name="fits", quota_gb=2048)
     assert volume.pool_id in {first.pk, second.pk}
 
 
-def test_gate_counts_existing_quotas_and_picks_the_pool_with_most_free_room():
+def test_gate_counts_existing_quotas_and_picks_the_pool_with_most_free_room(settings):
+    settings.GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = 0  # about the pools, not the per-user total (tests/storage/test_volume_total.py)
     owner = UserFactory()
     big, small = make_pool(manual_gb=1000, name="big"), make_pool(manual_gb=600, name="small")
     VolumeFactory(pool=big, quota_gb=700)  # 300 free on big, 600 free on small
@@ -274,7 +278,8 @@ def test_unknown_capacity_and_no_pool_are_refused(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_creates_that_fit_alone_but_not_together_exactly_one_wins(monkeypatch):
+def test_concurrent_creates_that_fit_alone_but_not_together_exactly_one_wins(monkeypatch, settings):
+    settings.GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB = 0  # about the pools, not the per-user total (tests/storage/test_volume_total.py)
     assert connection.vendor == "postgresql"
     pool = make_pool(manual_gb=1000)
     owners = [UserFactory(), UserFactory()]

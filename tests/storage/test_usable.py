@@ -182,6 +182,33 @@ def test_volumes_are_created_only_on_pools_usable_where_they_will_be_mounted(htt
     assert "lab-c1" in nowhere.json()["detail"] and "lab-c3" in nowhere.json()["detail"]
 
 
+def test_a_pool_is_usable_on_its_cluster_right_after_registration(http, http_user, http_for, clusters):
+    """The registration's live read of the StorageClass counts at once, not after the operator's next report."""
+    c3, e3 = clusters["lab-c3"]
+    operator = http_for(operator_token_mint(cluster_id=c3.public_id))
+    before = timezone.now() - timedelta(seconds=60)
+    listed = operator.post("/internal/v1/storage", json={"read_at": before.isoformat(), "existing_storage_classes": ["local-path"]})
+    assert listed.status_code == 200, listed.text
+    e3.add(next(o for o in fleet.cluster_objects("lab-c2") if o["kind"] == "StorageClass"))  # installed after that list
+    pool = register_pool(http, c3).json()
+    assert ClusterStorageClasses.objects.get(cluster=c3).names == [CLASS, "local-path"]
+    shown = http_user.get(f"/api/v1/storage/pools/{pool['id']}").json()
+    assert "lab-c3" in [u["name"] for u in shown["usable_on"]] and shown["not_usable_on"] == []
+    made = http_user.post("/api/v1/storage/volumes", json={"name": "datasets", "quota_gb": 10, "cluster": "lab-c3", "pool": pool["id"]})
+    assert made.status_code == 201, made.text
+
+    # A list the operator read before the registration's check arrives late: older, so it does not undo the check.
+    late = operator.post("/internal/v1/storage", json={"read_at": (before + timedelta(seconds=30)).isoformat(),
+                                                       "existing_storage_classes": ["local-path"]})
+    assert late.status_code == 200, late.text
+    assert CLASS in ClusterStorageClasses.objects.get(cluster=c3).names
+    # A newer list is the operator's word again: the class deleted since is gone, and the pool with it.
+    newer = operator.post("/internal/v1/storage", json={"read_at": timezone.now().isoformat(), "existing_storage_classes": ["local-path"]})
+    assert newer.status_code == 200, newer.text
+    refused = http_user.post("/api/v1/storage/volumes", json={"name": "more", "quota_gb": 10, "cluster": "lab-c3", "pool": pool["id"]})
+    assert refused.status_code == 409 and refused.json()["code"] == "volume_not_mountable", refused.text
+
+
 def test_an_operator_that_does_not_list_storage_classes_changes_nothing(http, http_for, clusters):
     c1, _ = clusters["lab-c1"]
     c3, _ = clusters["lab-c3"]
@@ -272,3 +299,38 @@ def test_the_console_pool_page_shows_where_it_is_usable(client, staff_user, http
     refused = client.post("/storage/storagepool/add/", form)
     assert refused.status_code == 200 and f"StorageClass &quot;{CLASS}&quot; does not exist on cluster lab-c3" in refused.content.decode()
     assert StoragePool.objects.count() == 1
+
+
+def test_the_console_volume_form_offers_only_usable_pools_and_clusters(client, plain_user, http, http_for, clusters, settings):
+    """A researcher's new-volume form lists only pools usable somewhere and clusters where some pool is usable, and
+    shows the price per GiB-month and what the entered size costs."""
+    from decimal import Decimal
+
+    from tests.factories import StoragePoolFactory
+
+    settings.GSHARE_STORAGE_PRICE_PER_GB_MONTH = Decimal("0.05")
+    (c1, _), (c3, _) = clusters["lab-c1"], clusters["lab-c3"]
+    register_pool(http, c1)
+    now = timezone.now().isoformat()
+    for cluster, names in ((c1, [CLASS]), (c3, ["local-path"])):
+        listed = http_for(operator_token_mint(cluster_id=cluster.public_id)).post(
+            "/internal/v1/storage", json={"read_at": now, "existing_storage_classes": names})
+        assert listed.status_code == 200, listed.text
+    StoragePoolFactory(name="dead-pool", cluster=c3, storage_class="nowhere-class", sharing=StoragePool.Sharing.SELECTED)
+
+    client.force_login(plain_user)
+    page = client.get("/storage/volume/add/").content.decode()
+    pools = page[page.index('name="storage_pool"'):]
+    pools = pools[:pools.index("</select>")]
+    mounts = page[page.index('name="mount_cluster"'):]
+    mounts = mounts[:mounts.index("</select>")]
+    assert "lab-nfs" in pools and "dead-pool" not in pools
+    assert "lab-c1" in mounts and "lab-c3" not in mounts
+    assert "0.050000 credits per GiB-month (30 days)" in page
+
+    shown = client.post("/storage/volume/add/", {"name": "Not_A_Label", "quota_gb": 100, "storage_pool": "", "mount_cluster": ""})
+    assert shown.status_code == 200 and "100 GiB cost 5.000000 credits a month" in shown.content.decode()
+    offered_elsewhere = client.post("/storage/volume/add/", {"name": "data", "quota_gb": 1, "mount_cluster": c3.pk})
+    assert offered_elsewhere.status_code == 200 and not Volume.objects.exists()  # not a choice: refused by the form
+    made = client.post("/storage/volume/add/", {"name": "data", "quota_gb": 1, "mount_cluster": c1.pk})
+    assert made.status_code == 302 and Volume.objects.get().name == "data"
