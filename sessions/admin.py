@@ -46,6 +46,7 @@ class AllocationInline(admin.TabularInline):
     readonly_fields = fields
     extra = 0
     can_delete = False
+    template = "admin/gpu_sessions/session/allocations_inline.html"
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).select_related("device")

@@ -481,6 +481,16 @@ def test_my_credits_shows_balance_holds_burn_and_my_ledger(as_alice, world, djan
     _assert_researcher_page(page, world, "/billing/creditaccount/")
 
 
+def test_your_limits_show_the_idle_timeout(as_alice, world):
+    Policy.objects.create(user=world["alice"], idle_timeout_minutes=45, idle_warning_minutes=10)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert ('id="my-idle-timeout">a session is stopped after 45 min without a GPU kernel or a connection '
+            "(you are warned 10 min before)<") in text
+    Policy.objects.filter(user=world["alice"]).update(idle_timeout_minutes=0)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert 'id="my-idle-timeout">none: idle sessions are not stopped<' in text
+
+
 def test_my_credits_page_queries_do_not_grow_with_ledger_entries(as_alice, world):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

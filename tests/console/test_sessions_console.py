@@ -16,9 +16,9 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import services as billing
 from billing.models import CreditAccount, LedgerEntry, Policy
-from clusters.models import Cluster
+from clusters.models import Cluster, GpuDevice
 from sessions import console_selectors, placement
-from sessions.models import Session, SuggestedImage
+from sessions.models import Allocation, Session, SuggestedImage
 from tests.console_checks import page_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory, VolumeFactory
 
@@ -400,3 +400,18 @@ def test_staff_keep_the_suggested_images(console):
 def test_researchers_cannot_reach_the_suggested_images(researcher_console):
     assert researcher_console.get("/gpu_sessions/suggestedimage/").status_code == 403
     assert researcher_console.get("/gpu_sessions/suggestedimage/add/").status_code == 403
+
+
+def test_the_allocations_block_names_each_gpu_without_a_header_of_internal_ids(console):
+    cluster = fleet(gpus=2)
+    session = SessionFactory(cluster=cluster)
+    devices = list(GpuDevice.objects.filter(cluster=cluster).order_by("index"))
+    for device in devices:
+        Allocation.objects.create(session=session, device=device, memory_mib=4096, cores=30)
+    text = page_text(console.get(f"{LIST}{session.pk}/change/"))
+    block = text.split('id="allocations-group"')[1].split("</fieldset>")[0]
+    for device in devices:
+        assert f"{session.pk} on {device.pk}" not in text  # Allocation.__str__: the pks Django's tabular inline printed
+        assert str(device) in block
+    assert 'class="original"' not in block
+    assert block.count('<tr class="form-row"') == 2 and block.count("4096") == 2
