@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gshare.console.access import OwnObjectsAdmin, is_researcher
 from gshare.console.changelist import LeanChangeList
@@ -275,7 +275,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
             path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
-            path("<path:object_id>/stop/", wrap(require_POST(stop)), name="gpu_sessions_session_stop"),
+            path("<path:object_id>/stop/", wrap(require_http_methods(["GET", "POST"])(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
             path("<path:object_id>/idle-exemption/", wrap(idle_exemption), name="gpu_sessions_session_idle_exemption"),
             *super().get_urls(),
@@ -404,7 +404,12 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.action(description="Stop", permissions=["stop"])
     def stop(self, request, queryset):
-        """Stop each selected session (idempotent)."""
+        """Stop each selected session (idempotent), once confirmed: first the confirmation page listing them
+        (``console.stop_confirmation``), whose form posts the same action with ``post=yes``."""
+        if request.POST.get(console.CONFIRM_FIELD) != console.CONFIRM_VALUE:
+            sessions = list(queryset.prefetch_related("volumes").order_by("pk"))
+            hidden = [("action", "stop"), *((ACTION_CHECKBOX_NAME, str(session.pk)) for session in sessions)]
+            return console.stop_confirmation(self, request, sessions, hidden=hidden, cancel_url=request.get_full_path())
         for session in queryset:
             services.session_stop(session=session)
         self.message_user(request, f"{queryset.count()} session(s) stopping", messages.SUCCESS)

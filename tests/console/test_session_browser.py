@@ -122,6 +122,9 @@ def test_staff_starts_a_pinned_session_opens_it_through_the_ingress_and_stops_it
     page.wait_for_url(re.compile(r"/gpu_sessions/session/\d+/change/$"))
     page.reload()  # what the browser kept of the page may predate the click
     page.get_by_role("button", name="Stop").click()
+    # Stop asks first; the confirmation's button stops it.
+    expect(page.locator("#gs-stop-loss")).to_contain_text("is lost")
+    page.get_by_role("button", name=f"Yes, stop {session_id}").click()
     expect(page.locator(".messagelist")).to_contain_text(f"Session {session_id} is Stopping.")
     expect(page.locator("#gs-phase")).to_have_text(re.compile("Stopping|Terminated"))
     expect(page.locator("#gs-phase")).to_have_text("Terminated", timeout=RUNNING_WITHIN_MS)
