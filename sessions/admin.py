@@ -131,7 +131,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
-        "gpu_devices", "volumes", "message", "stop_reason_text", "cost", "created", "started", "ended", "last_status",
+        "gpu_devices", "volumes", "message", "stop_reason_text", "stopped_by", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -269,11 +269,15 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def status(request, object_id):
             return console.status_view(self, request, object_id)
 
+        def by_id(request, public_id):
+            return console.by_id_view(self, request, public_id)
+
         def idle_exemption(request, object_id):
             return console.idle_exemption_view(self, request, object_id)
 
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
+            path("ended/<str:public_id>/", wrap(require_GET(by_id)), name="gpu_sessions_session_by_id"),
             path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
             path("<path:object_id>/stop/", wrap(require_http_methods(["GET", "POST"])(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
@@ -313,6 +317,13 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         summary = console_activity.activity_summary(obj, now=now or timezone.now())
         return mark_safe(f'<span class="gs-activity gs-activity-{_esc(summary.kind)}" title="{_esc(summary.title)}">'  # noqa: S308
                          f"{_esc(summary.text)}</span>")
+
+    @admin.display(description="stopped by")
+    def stopped_by(self, obj: Session) -> str:
+        """Who asked it to stop (its ``session_stop`` audit row's actor), or "-"."""
+        if not (obj.stop_reason or obj.stop_requested_at):
+            return "-"
+        return console_selectors.stopped_by(obj) or "-"
 
     @admin.display(description="stop reason")
     def stop_reason_text(self, obj: Session) -> str:

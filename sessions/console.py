@@ -223,6 +223,16 @@ def stop_view(admin, request, object_id: str):
     return _back(request, session, admin)
 
 
+def by_id_view(admin, request, public_id: str):
+    """GET ``<sessions>/ended/<public id>/``: the link of the "session ended" page a cluster shows for a stopped
+    session's URL (``sessions.ended``), to the session's page, which says when it ended, why and who stopped it; 404
+    for a session this user may not see (a researcher's other sessions, as their pages) and for an unknown id."""
+    session = admin.plain_queryset(request).filter(public_id=public_id[:64]).values_list("pk", flat=True).first()
+    if session is None:
+        raise Http404("No such session.")
+    return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session]))
+
+
 def status_view(admin, request, object_id: str):
     """GET ``<session>/status/``: what the session page follows: ``{"id", "phase", "message", "node", "url",
     "started_at", "ended_at", "follow", "can_open", "can_stop"}`` (times UTC); 403 without the right to view it."""
