@@ -98,9 +98,8 @@ def _http_route(gss: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _backend(gss: Mapping[str, Any]) -> dict[str, Any]:
-    backend = envoy_gateway.session_backend(gss)
-    backend["metadata"] = _metadata(gss)
-    return backend
+    return {"apiVersion": BACKEND.api_version, "kind": BACKEND.kind, "metadata": _metadata(gss),
+            "spec": envoy_gateway.backend_spec(gss["spec"].get("extAuthUrl"))}
 
 
 def fallback_objects(gss: Mapping[str, Any], mode: str) -> list[dict[str, Any]]:
