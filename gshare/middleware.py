@@ -155,6 +155,10 @@ class InternalHostsMiddleware:
     (``sessions.internal.views.connect_ext_authz``) rather than to the rest of the stack, which would refuse a
     ``Host`` that ``DJANGO_ALLOWED_HOSTS`` does not list and has nothing to add to a check (no session, CSRF or
     console); it is the hot path of every session request.
+
+    The session path prefix ``/s/`` is handed the same way, on the same hosts, to ``sessions.ended`` (the page a
+    cluster's fallback route for ``/s/`` shows for a stopped session's URL or an unknown id); on the public host it
+    stays the console's.
     """
 
     def __init__(self, get_response):
