@@ -128,9 +128,9 @@ def _target(model, model_admin, world, owner: str = "bob"):
 def _reverse(pattern: URLPattern, obj) -> str:
     kwargs = {}
     for name in pattern.pattern.converters:
-        if name not in ("object_id", "id"):
+        if name not in ("object_id", "id", "public_id"):
             raise AssertionError(f"{pattern.name}: the test does not know what to put in <{name}>; teach _reverse")
-        kwargs[name] = obj.pk
+        kwargs[name] = obj.public_id if name == "public_id" else obj.pk
     return reverse(f"admin:{pattern.name}", kwargs=kwargs)
 
 
@@ -155,7 +155,7 @@ def console_urls(world, owner: str = "bob"):
 
 
 def _has_object(url: str) -> bool:
-    return bool({"object_id", "id"} & set(resolve(urlsplit(url).path).kwargs))
+    return bool({"object_id", "id", "public_id"} & set(resolve(urlsplit(url).path).kwargs))
 
 
 def _is_login_redirect(response) -> bool:
@@ -279,6 +279,8 @@ def test_every_url_of_a_researchers_own_objects_shows_nothing_of_others(as_alice
         response = as_alice.get(url)
         if kind == "open":
             expected = 405  # POST-only (the walk above posts to them)
+        elif kind == "by_id":
+            expected = 302  # the "session ended" page's link: to the session's own page
         elif kind == "idle_exemption":
             expected = 403  # staff who may manage every session only (sessions.idle.session_idle_exempt)
         elif kind == "delete":
