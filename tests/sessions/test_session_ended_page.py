@@ -103,3 +103,11 @@ def test_the_pages_link_leads_the_owner_and_staff_to_the_session_and_nobody_else
     staff = django_user_model.objects.create_superuser("admin", "admin@example.test", "pw")
     client.force_login(staff)
     assert client.get(link)["Location"] == f"/gpu_sessions/session/{session.pk}/change/"
+
+
+@pytest.mark.parametrize("path", ["/s/..%2Finternal/v1/inventory", "/s/%2e%2e/internal/connect/verify",
+                                  "/s/ses_aaaaaaaaaaaaaaaa/../../api/v1/me", "/s/x/%2e%2e/%2e%2e/gpu_sessions/session/"])
+def test_on_a_session_domain_nothing_under_s_reaches_another_route(client, cluster, path):
+    # Encoded or literal dot segments below /s/ (a proxy that passed them on unresolved): the page, and nothing else.
+    response = client.get(path, HTTP_HOST=DOMAIN)
+    assert response.status_code == 404 and b"This session has ended or does not exist" in response.content
