@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from clusters import console, services
+from clusters import admin_cards, console, services
 from clusters.admin_cards import GpuCardList
 from clusters.diagnosis import cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
@@ -558,8 +558,8 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["uuid", "model", "node__name"]
     ordering = ["node__cluster_name", "node__name", "index"]  # the node keeps its cluster's name: no join to sort
     list_per_page = 48
-    readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "reserved",
-                       "sm_utilization", "holding_sessions", "last_report", "missing_since"]
+    readonly_fields = ["cluster", "node", "uuid", "index", "model", "health", "mode", "memory_mib", "split_count", "cores", "physical",
+                       "reserved", "sm_utilization", "holding_sessions", "last_report", "missing_since"]
     fields = readonly_fields
 
     class Media:
@@ -576,6 +576,12 @@ class GpuDeviceAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
     def last_report(self, obj: GpuDevice):
         """When the operator last reported the GPU (``GpuDevice.reported_at``)."""
         return obj.reported_at
+
+    @admin.display(description="physical")
+    def physical(self, obj: GpuDevice):
+        """The GPU's physical memory and cores, and HAMi's scaled figures (``memory_mib``, ``cores`` above) labelled as
+        such (``clusters.console.physical_figures``)."""
+        return mark_safe(admin_cards.physical_html(console.physical_figures(obj), obj))  # noqa: S308 - escaped there
 
     @admin.display(description="reserved")
     def reserved(self, obj: GpuDevice):

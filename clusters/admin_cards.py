@@ -28,7 +28,7 @@ def _url_with_id(name: str) -> str:
 
 #: The columns a card reads (:func:`card_html`, :func:`clusters.console.gpu_card`).
 CARD_FIELDS = ("node", "cluster", "uuid", "index", "model", "memory_mib", "split_count", "cores", "health", "mode", "missing_since",
-               "node__name", "cluster__name")
+               "node__name", "node__labels", "cluster__name")
 
 
 class GpuCardList(LeanChangeList):
@@ -104,6 +104,25 @@ def _holder_html(holder: console.Holder, url: str) -> str:
     )
 
 
+def physical_html(physical: console.Physical, device) -> str:
+    """The card's physical line (memory and cores of the GPU itself) and, when HAMi scales them, what HAMi registers
+    instead, labelled as such."""
+    memory = f"{physical.memory_mib:,} MiB" if physical.memory_mib else "memory not reported"
+    line = (f'    <div class="gs-physical" title="The GPU itself: memory from GPU feature discovery (nvidia.com/gpu.memory), '
+            f'cores as 100 % of one GPU">Physical: <strong data-physical-memory>{escape(memory)}</strong> · '
+            f'<strong data-physical-cores>100 %</strong> cores</div>\n')
+    if not physical.scaled:
+        return line
+    parts = []
+    if physical.memory_scaling:
+        parts.append(f"{device.memory_mib:,} MiB (memory ×{physical.memory_scaling})")
+    if physical.core_scaling:
+        parts.append(f"{device.cores} % cores (×{physical.core_scaling})")
+    return line + (f'    <div class="gs-scaled" title="HAMi registers the GPU with deviceMemoryScaling and core scaling applied; '
+                   f'placement and the bars below count in these units">HAMi\'s scaled figures: <span data-hami-scaled>'
+                   f'{escape(", ".join(parts))}</span></div>\n')
+
+
 def _utilization_html(card: console.GpuCard) -> str:
     title = "SM utilization its Running sessions report for this GPU (HAMi's vGPU monitor, summed, at most 100 %)"
     if card.utilization is None:
@@ -130,6 +149,7 @@ def card_html(card: console.GpuCard) -> SafeString:
             since = f'title="missing from the operator\'s report since {escape(when)} UTC"'
         health = f'<span class="gs-badge gs-badge-bad" {since}>Unhealthy</span>'
     mode = f'<code class="gs-mode" title="HAMi mode">{escape(gpu.mode)}</code>' if gpu.mode else ""
+    physical = physical_html(card.physical, gpu) if card.physical else ""
     if card.holder_links:
         holders = "      <ul>\n" + "".join(_holder_html(h, url) for h, url in card.holder_links) + "      </ul>\n"
     else:
@@ -145,7 +165,7 @@ def card_html(card: console.GpuCard) -> SafeString:
         f'    </div>\n    <div class="gs-card-badges">\n        {health}\n        {_STATE_BADGES.get(card.state, "")}\n      {mode}\n    </div>\n'
         f'    <div class="gs-uuid">\n      <code title="{uuid}">{escape(card.short_uuid)}</code>\n'
         f'      <button type="button" class="gs-copy" data-copy="{uuid}" aria-label="Copy UUID {uuid}" title="Copy {uuid}">Copy UUID</button>\n'
-        f'    </div>\n    <div class="gs-meters">\n      {"".join(_meter_html(m) for m in card.meters)}    </div>\n'
+        f'    </div>\n{physical}    <div class="gs-meters">\n      {"".join(_meter_html(m) for m in card.meters)}    </div>\n'
         f'{_utilization_html(card)}'
         f'    <section class="gs-holders" aria-label="Sessions on this GPU">\n{holders}    </section>\n  </article>\n'
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from functools import cached_property
 
 from django.conf import settings
@@ -135,6 +136,66 @@ class Meter:
         return self.used > self.total
 
 
+#: GPU feature discovery's labels of a node's GPUs: the NVML product name (spaces as ``-``) and its physical memory
+#: in MiB, as NVML reports it, before HAMi's ``deviceMemoryScaling``.
+GFD_PRODUCT, GFD_MEMORY = "nvidia.com/gpu.product", "nvidia.com/gpu.memory"
+
+
+def _letters(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+@dataclass(frozen=True)
+class Physical:
+    """A GPU's physical figures next to HAMi's (:func:`physical_figures`).
+
+    Attributes:
+        memory_mib: physical memory in MiB (GPU feature discovery's ``nvidia.com/gpu.memory`` of the GPU's node, for
+            a GPU of the product it names), or None when the node does not report it.
+        memory_scaling: HAMi's registered memory / the physical memory (its ``deviceMemoryScaling``, e.g. 1.8), or
+            None when it is 1 or unknown.
+        core_scaling: HAMi's registered cores / 100 % (HAMi's core scaling, e.g. 5 for ``devcore`` 500), or None
+            when it is 1. A GPU's physical cores are always 100 % of itself.
+    """
+
+    memory_mib: int | None
+    memory_scaling: Decimal | None
+    core_scaling: Decimal | None
+
+    @property
+    def scaled(self) -> bool:
+        """Whether HAMi's figures differ from the physical ones."""
+        return self.memory_scaling is not None or self.core_scaling is not None
+
+
+def _ratio(value: int, of: int) -> Decimal | None:
+    ratio = (Decimal(value) / Decimal(of)).quantize(Decimal("0.01")).normalize()
+    return None if ratio == 1 else ratio
+
+
+def physical_figures(device: GpuDevice) -> Physical:
+    """The physical memory and cores of ``device`` and HAMi's scaling of them.
+
+    HAMi registers ``devmem`` (``GpuDevice.memory_mib``) already multiplied by ``deviceMemoryScaling`` and ``devcore``
+    (``GpuDevice.cores``) by its core scaling, so an H20 (143,771 MiB) shows as 258,787 MiB and 500 %. The physical
+    memory is GPU feature discovery's label on the node (``device.node.labels``, no query when the node is joined),
+    trusted only when the label's product is the device's model (a node of mixed GPUs carries one product's labels).
+
+    Returns:
+        :class:`Physical`.
+    """
+    labels = getattr(device.node, "labels", None) or {}
+    product, memory = str(labels.get(GFD_PRODUCT) or ""), str(labels.get(GFD_MEMORY) or "")
+    physical = None
+    if memory.isdigit() and int(memory) > 0 and product and _letters(product) in _letters(device.model):
+        physical = int(memory)
+    return Physical(
+        memory_mib=physical,
+        memory_scaling=_ratio(device.memory_mib, physical) if physical else None,
+        core_scaling=_ratio(device.cores, 100) if device.cores > 0 else None,
+    )
+
+
 @dataclass
 class GpuCard:
     """What one GPU card shows (see :func:`gpu_card`)."""
@@ -147,6 +208,8 @@ class GpuCard:
     #: SM utilization (percent, 0-100) its Running sessions report for it, or None (no fresh known reading):
     #: :func:`gpu_utilization`.
     utilization: int | None = None
+    #: The physical figures and HAMi's scaling (:func:`physical_figures`).
+    physical: Physical | None = None
 
     @property
     def meters(self) -> tuple[Meter, Meter, Meter]:
@@ -226,7 +289,8 @@ def gpu_card(device: GpuDevice, holders: list[Holder] | None = None) -> GpuCard:
     ``live_allocations`` (:func:`gpu_card_queryset`, no query), else one query.
 
     Memory and cores reserved are the sums of the live allocations (a whole-GPU allocation reserves the GPU's
-    memory and its 100 % of cores); slots used is their number, of HAMi's ``split_count``.
+    memory and its 100 % of cores); slots used is their number, of HAMi's ``split_count``. The bars are in HAMi's
+    registered units, labelled "HAMi ... (scaled)" when HAMi scales them; ``physical`` holds the physical figures.
     """
     if holders is None:
         allocations = getattr(device, "live_allocations", None)
@@ -239,12 +303,16 @@ def gpu_card(device: GpuDevice, holders: list[Holder] | None = None) -> GpuCard:
             )
             for a in allocations
         ]
+    physical = physical_figures(device)
+    # The bars count in HAMi's units (what placement reserves); named so when HAMi scales them.
     return GpuCard(
         device=device,
-        memory=Meter("Memory", sum(h.memory_mib for h in holders), device.memory_mib, "MiB"),
-        cores=Meter("Cores", sum(h.cores for h in holders), device.cores, "%"),
+        memory=Meter("HAMi memory (scaled)" if physical.memory_scaling else "Memory", sum(h.memory_mib for h in holders),
+                     device.memory_mib, "MiB"),
+        cores=Meter("HAMi cores (scaled)" if physical.core_scaling else "Cores", sum(h.cores for h in holders), device.cores, "%"),
         slots=Meter("Slots", len(holders), device.split_count),
         holders=holders,
+        physical=physical,
     )
 
 

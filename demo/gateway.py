@@ -201,6 +201,9 @@ class GatewayRoute:
     port: int | None
     auth: ExtAuth | None
     auth_broken: bool = False
+    #: ``(host, port)`` of an Envoy Gateway ``Backend`` the rule sends to (the cluster's fallback route for ``/s/`` to
+    #: the control plane) instead of a Service, else None.
+    upstream: tuple[str, int] | None = None
 
     def matches(self, path: str) -> bool:
         """Whether the normalised ``path`` matches (Gateway API path semantics, case-sensitive)."""
@@ -274,6 +277,16 @@ def _admitted_hosts(route: Mapping[str, Any], listeners: dict[tuple[str, str], l
     return admitted
 
 
+def _endpoint(backend: Mapping[str, Any] | None) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``Backend``'s first ``fqdn`` or ``ip`` endpoint, None without one."""
+    for endpoint in ((backend or {}).get("spec") or {}).get("endpoints") or []:
+        for kind, key in (("fqdn", "hostname"), ("ip", "address")):
+            target = endpoint.get(kind) or {}
+            if target.get(key) and target.get("port"):
+                return str(target[key]), int(target["port"])
+    return None
+
+
 def _ext_auth(policy: Mapping[str, Any], backends: dict[tuple[str, str], dict[str, Any]]) -> ExtAuth | None:
     """The check of a SecurityPolicy's ``extAuth.http``, None when it has none or its Backend has no endpoint."""
     namespace, _ = _meta(policy)
@@ -340,9 +353,15 @@ class GatewayTable:
             hosts = _admitted_hosts(route, listeners)
             for rule in (route.get("spec") or {}).get("rules") or []:
                 backend = next((b for b in rule.get("backendRefs") or []
-                                if (b.get("group") or "", b.get("kind") or "Service") == ("", "Service")), None)
+                                if (b.get("group") or "", b.get("kind") or "Service") in (("", "Service"), (ENVOY_GROUP, "Backend"))),
+                               None)
                 if backend is None:
                     continue
+                upstream = None
+                if backend.get("kind") == "Backend":
+                    upstream = _endpoint(by_name.get((namespace, backend.get("name") or "")))
+                    if upstream is None:
+                        continue  # Envoy Gateway: a backendRef it cannot resolve gets no route (a 500 for the rule)
                 for match in rule.get("matches") or [{"path": {"type": "PathPrefix", "value": "/"}}]:
                     path = match.get("path") or {"type": "PathPrefix", "value": "/"}
                     kind, value = path.get("type") or "PathPrefix", path.get("value") or "/"
@@ -351,7 +370,8 @@ class GatewayTable:
                     entry = GatewayRoute(namespace, name, tuple(hosts), kind,
                                          value.rstrip("/") if kind == "PathPrefix" else value, backend.get("name", ""),
                                          backend.get("port"), checks.get((namespace, name)),
-                                         auth_broken=(namespace, name) in checks and checks[(namespace, name)] is None)
+                                         auth_broken=(namespace, name) in checks and checks[(namespace, name)] is None,
+                                         upstream=upstream)
                     for host in hosts:
                         table.routes.setdefault(host, []).append(entry)
         return table

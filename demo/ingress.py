@@ -333,7 +333,11 @@ class DemoIngress:
             return _default_backend()
         if cluster.gateway.serves(hostname):
             def backend(route: gateway_routing.GatewayRoute, path: str, upstream: dict[str, str]) -> gateway_routing.Reply:
-                answer = _page(cluster, route.namespace, route.service, path, upstream, unavailable=_no_healthy_upstream)
+                if route.upstream is not None:  # an Envoy Gateway Backend: the fallback route's control plane
+                    answer = _proxy(*route.upstream, method=method, host=host_header, request_uri=request_uri,
+                                    headers=headers, unavailable=_no_healthy_upstream)
+                else:
+                    answer = _page(cluster, route.namespace, route.service, path, upstream, unavailable=_no_healthy_upstream)
                 return answer.status, answer.headers, answer.body
 
             status, answer_headers, body = gateway_routing.handle(
@@ -362,7 +366,12 @@ class DemoIngress:
                 return answer
             wanted = [h.strip() for h in location.annotations.get(AUTH_RESPONSE_HEADERS, "").split(",") if h.strip()]
             upstream_headers = [(name, verdict.header(name)) for name in wanted if verdict.header(name)]
-        answer = _backend(cluster, location, uri, dict((k.lower(), v) for k, v in upstream_headers))
+        external = _external_name(cluster, location)
+        if external is not None:  # the fallback route's ExternalName Service: the control plane
+            answer = _proxy(*external, method=method, host=host_header, request_uri=request_uri, headers=headers,
+                            unavailable=lambda: _error(502))
+        else:
+            answer = _backend(cluster, location, uri, dict((k.lower(), v) for k, v in upstream_headers))
         if cookie and (always_cookie or answer.status in _ADD_HEADER_STATUSES):
             answer.headers.append(("Set-Cookie", cookie))
         return answer
@@ -414,6 +423,49 @@ def _auth_subrequest(auth_url: str, *, method: str, host: str, request_uri: str,
     except (OSError, http.client.HTTPException) as exc:
         logger.warning("auth subrequest to %s failed: %s", auth_url, type(exc).__name__)
         return _Verdict(502, [])
+    finally:
+        connection.close()
+
+
+def _external_name(cluster: ClusterIngress, location: Location) -> tuple[str, int] | None:
+    """``(externalName, port)`` when the location's Service is of type ``ExternalName`` (ingress-nginx proxies to that
+    name), else None."""
+    try:
+        service = cluster.api.get(f"/api/v1/namespaces/{location.namespace}/services/{location.service}") or {}
+    except (requests.RequestException, ValueError):
+        return None
+    spec = service.get("spec") or {}
+    ports = spec.get("ports") or []
+    if spec.get("type") != "ExternalName" or not spec.get("externalName") or not ports:
+        return None
+    return str(spec["externalName"]), int(ports[0].get("port") or 80)
+
+
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+                         "content-length", "host"})
+
+
+def _proxy(target: str, port: int, *, method: str, host: str, request_uri: str, headers: list[tuple[str, str]],
+           unavailable: Callable[[], Answer]) -> Answer:
+    """Pass the request on to ``target:port`` over HTTP as both proxies do by default: the same method and request
+    target, the client's ``Host`` kept, hop-by-hop headers dropped, no body (the stand-in reads none); its answer back,
+    or ``unavailable()`` when it cannot be reached."""
+    connection = http.client.HTTPConnection(target, port, timeout=AUTH_READ_TIMEOUT)
+    try:
+        connection.putrequest(method, request_uri, skip_host=True, skip_accept_encoding=True)
+        connection.putheader("Host", host)
+        for name, value in headers:
+            if name.lower() not in _HOP_BY_HOP:
+                connection.putheader(name, value)
+        connection.putheader("Content-Length", "0")
+        connection.endheaders()
+        response = connection.getresponse()
+        body = response.read()
+        kept = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP | {"server", "date"}]
+        return Answer(response.status, kept, body)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        logger.warning("proxying to %s:%s failed: %s", target, port, type(exc).__name__)
+        return unavailable()
     finally:
         connection.close()
 

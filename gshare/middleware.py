@@ -20,6 +20,8 @@ _JSON_PREFIXES = ("/api/", "/internal/")
 #: the JWKS (``/.well-known``) and metrics (``/metrics``, should the control plane ever serve them).
 INTERNAL_PATH_PREFIXES = ("/internal", "/.well-known", "/metrics")
 _EXT_AUTHZ_PREFIX = contract.CONNECT_EXT_AUTHZ_PATH + "/"
+#: The session path prefix (``https://<session_domain>/s/<id>/``) each cluster's fallback route sends here.
+SESSION_PATH_PREFIX = "/s/"
 
 
 class ApiErrorsMiddleware:
@@ -153,6 +155,10 @@ class InternalHostsMiddleware:
     (``sessions.internal.views.connect_ext_authz``) rather than to the rest of the stack, which would refuse a
     ``Host`` that ``DJANGO_ALLOWED_HOSTS`` does not list and has nothing to add to a check (no session, CSRF or
     console); it is the hot path of every session request.
+
+    The session path prefix ``/s/`` is handed the same way, on the same hosts, to ``sessions.ended`` (the page a
+    cluster's fallback route for ``/s/`` shows for a stopped session's URL or an unknown id); on the public host it
+    stays the console's.
     """
 
     def __init__(self, get_response):
@@ -166,6 +172,10 @@ class InternalHostsMiddleware:
                 return _ext_authz(request)
             if not on_internal_host(request):
                 return _not_found(request)
+        elif path.startswith(SESSION_PATH_PREFIX):
+            ended = _session_ended(request)
+            if ended is not None:
+                return ended
         return self.get_response(request)
 
 
@@ -181,6 +191,21 @@ def _ext_authz(request):
         instruments.connect_verify_observe(503, time.perf_counter() - started)
         return verify_unavailable(exc)
     return connect_ext_authz(request) if allowed else _not_found(request)
+
+
+def _session_ended(request):
+    """A cluster's fallback route for the session path prefix sent this request here (``sessions.ended``): the
+    "session ended" page on a registered cluster's ``session_domain`` or an internal host, as Envoy's check is
+    (:func:`ext_authz_host_allowed`); None elsewhere (the public host: the console's routes)."""
+    from sessions import connect
+    from sessions.ended import session_ended_view
+    from sessions.internal.views import verify_unavailable
+
+    try:
+        allowed = ext_authz_host_allowed(request)
+    except connect.VerifyUnavailable as exc:
+        return verify_unavailable(exc)
+    return session_ended_view(request) if allowed else None
 
 
 def _not_found(request):

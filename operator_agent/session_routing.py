@@ -5,6 +5,10 @@ as much as the Gateway API and Envoy Gateway custom resources -- goes through ``
 ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>`` URL the typed clients use), server-side applied with the
 operator's field manager.
 
+After a session's own objects, the cluster's fallback route for ``/s/`` (``operator_agent.k8s.routing.fallback``: what
+answers a stopped session's URL) is applied in the same mode, once per process and whenever the session domain, the
+control plane's address or the mode change; the other mode's fallback objects are deleted then.
+
 Objects are applied in ``routing_objects``' order and deleted in ``stale_kinds``' order: an HTTPRoute is applied after,
 and deleted before, the policy that guards it, and is not applied at all when one of them could not be.
 
@@ -30,6 +34,8 @@ import kubernetes.client
 
 from operator_agent.contract import ROUTING_GATEWAY_API
 from operator_agent.k8s.routing import RoutingError, RoutingKind, all_kinds, routing_mode, routing_objects, stale_kinds
+from operator_agent.k8s.routing.fallback import FALLBACK_NAME, fallback_objects
+from operator_agent.k8s.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS
 
 __all__ = ["RoutingApplier", "api_message", "kind_of"]
 
@@ -65,6 +71,8 @@ class RoutingApplier:
         self.field_manager = field_manager
         self._timeout_kwargs: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
         self._applied_mode: dict[str, str] = {}
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self._fallback: tuple[str, str] | None = None
 
     def apply(self, gss: Mapping[str, Any]) -> str | None:
         """Apply the routing objects of ``gss`` (a GShareSession as served) in its mode; then, if the session was not
@@ -92,7 +100,51 @@ class RoutingApplier:
             if name in self._applied_mode:
                 logger.info("session %s: routing switched to %s", name, mode)
             self._applied_mode[name] = mode
+        self.apply_fallback(gss, mode)
         return None
+
+    def apply_fallback(self, gss: Mapping[str, Any], mode: str) -> bool:
+        """Apply the cluster's fallback route for ``/s/`` (``operator_agent.k8s.routing.fallback``) in ``mode``, for the
+        session domain and control plane ``gss`` names, when they differ from what this process last applied; then
+        delete the other mode's fallback objects. A failure is logged and tried again on the next session's apply:
+        it never keeps a session from its own route.
+
+        Returns:
+            True when the fallback is in place (applied now or before).
+        """
+        try:
+            objects = fallback_objects(gss, mode)
+        except RoutingError as exc:
+            logger.warning("fallback route for /s/ not applied: %s", exc)
+            return False
+        key = (mode, json.dumps(objects, sort_keys=True))
+        if self._fallback == key:
+            return True
+        try:
+            for obj in objects:
+                if obj["kind"] == "Service":
+                    self.core.patch_namespaced_service(FALLBACK_NAME, self.namespace, obj, field_manager=self.field_manager,
+                                                       force=True, _content_type="application/apply-patch+yaml", **self._timeout_kwargs)
+                    continue
+                problem = self._apply(obj, mode)
+                if problem is not None:
+                    logger.warning("fallback route for /s/ not applied: %s", problem)
+                    return False
+            for kind in stale_kinds(mode):
+                if kind in (INGRESS, HTTP_ROUTE, BACKEND):
+                    self._delete(kind, FALLBACK_NAME)
+            if mode == ROUTING_GATEWAY_API:
+                try:
+                    self.core.delete_namespaced_service(FALLBACK_NAME, self.namespace, **self._timeout_kwargs)
+                except kubernetes.client.exceptions.ApiException as exc:
+                    if exc.status not in (404, 403):
+                        raise
+        except (kubernetes.client.exceptions.ApiException, OSError) as exc:
+            logger.warning("fallback route for /s/ not applied (%s); trying again with the next session", type(exc).__name__)
+            return False
+        logger.info("fallback route for %s/s/ applied (%s)", gss["spec"].get("host"), mode)
+        self._fallback = key
+        return True
 
     def forget(self, name: str) -> None:
         """The GShareSession ``name`` is gone: drop what is remembered about it."""

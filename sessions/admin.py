@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing.selectors import session_hourly_cost
 from gshare.console.access import OwnObjectsAdmin, is_researcher
@@ -48,6 +48,7 @@ class AllocationInline(admin.TabularInline):
     readonly_fields = fields
     extra = 0
     can_delete = False
+    template = "admin/gpu_sessions/session/allocations_inline.html"
 
     def get_queryset(self, request):  # noqa: D102
         return super().get_queryset(request).select_related("device")
@@ -132,7 +133,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
-        "gpu_devices", "volumes", "message", "stop_reason_text", "rate", "cost", "created", "started", "ended", "last_status",
+        "gpu_devices", "volumes", "message", "stop_reason_text", "stopped_by", "rate", "cost", "created", "started", "ended", "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -270,13 +271,17 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def status(request, object_id):
             return console.status_view(self, request, object_id)
 
+        def by_id(request, public_id):
+            return console.by_id_view(self, request, public_id)
+
         def idle_exemption(request, object_id):
             return console.idle_exemption_view(self, request, object_id)
 
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
+            path("ended/<str:public_id>/", wrap(require_GET(by_id)), name="gpu_sessions_session_by_id"),
             path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
-            path("<path:object_id>/stop/", wrap(require_POST(stop)), name="gpu_sessions_session_stop"),
+            path("<path:object_id>/stop/", wrap(require_http_methods(["GET", "POST"])(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
             path("<path:object_id>/idle-exemption/", wrap(idle_exemption), name="gpu_sessions_session_idle_exemption"),
             *super().get_urls(),
@@ -314,6 +319,13 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         summary = console_activity.activity_summary(obj, now=now or timezone.now())
         return mark_safe(f'<span class="gs-activity gs-activity-{_esc(summary.kind)}" title="{_esc(summary.title)}">'  # noqa: S308
                          f"{_esc(summary.text)}</span>")
+
+    @admin.display(description="stopped by")
+    def stopped_by(self, obj: Session) -> str:
+        """Who asked it to stop (its ``session_stop`` audit row's actor), or "-"."""
+        if not (obj.stop_reason or obj.stop_requested_at):
+            return "-"
+        return console_selectors.stopped_by(obj) or "-"
 
     @admin.display(description="stop reason")
     def stop_reason_text(self, obj: Session) -> str:
@@ -414,7 +426,12 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.action(description="Stop", permissions=["stop"])
     def stop(self, request, queryset):
-        """Stop each selected session (idempotent)."""
+        """Stop each selected session (idempotent), once confirmed: first the confirmation page listing them
+        (``console.stop_confirmation``), whose form posts the same action with ``post=yes``."""
+        if request.POST.get(console.CONFIRM_FIELD) != console.CONFIRM_VALUE:
+            sessions = list(queryset.prefetch_related("volumes").order_by("pk"))
+            hidden = [("action", "stop"), *((ACTION_CHECKBOX_NAME, str(session.pk)) for session in sessions)]
+            return console.stop_confirmation(self, request, sessions, hidden=hidden, cancel_url=request.get_full_path())
         for session in queryset:
             services.session_stop(session=session)
         self.message_user(request, f"{queryset.count()} session(s) stopping", messages.SUCCESS)

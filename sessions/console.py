@@ -171,11 +171,51 @@ def open_view(admin, request, object_id: str):
     return response
 
 
+#: The POST field (and value) that confirms a Stop, as Django's delete confirmation posts ``post=yes``.
+CONFIRM_FIELD, CONFIRM_VALUE = "post", "yes"
+
+
+def stop_consequences(session: Session) -> dict:
+    """What stopping ``session`` ends, for the confirmation page: ``{"session", "gpus" (count), "gpus_text"
+    (``"8 whole GPUs"`` / ``"2 shares of a GPU"``), "started" (UTC text or ""), "live" (False: already ended or
+    stopping, nothing to lose), "volumes" (names of the volumes kept)}``."""
+    if session.whole_gpus:
+        gpus_text = f"{session.gpus} whole GPU{'s' if session.gpus != 1 else ''}"
+    else:
+        gpus_text = f"{session.gpus} share{'s' if session.gpus != 1 else ''} of a GPU"
+    return {
+        "session": session, "gpus": session.gpus, "gpus_text": gpus_text, "started": utc(session.started_at),
+        "live": session.is_live and session.phase != Session.Phase.STOPPING,
+        "volumes": [v.name for v in session.volumes.all()],
+    }
+
+
+def stop_confirmation(admin, request, sessions: list[Session], *, hidden: list[tuple[str, str]], cancel_url: str) -> TemplateResponse:
+    """The Stop confirmation page (Django's delete-confirmation pattern: a form that posts ``post=yes`` back with
+    ``hidden`` fields, a plain link back, no JavaScript needed): each session's GPUs, start and kept volumes, and
+    what is lost (its processes and whatever it wrote outside its volumes)."""
+    items = [stop_consequences(session) for session in sessions]
+    context = {
+        **admin.admin_site.each_context(request),
+        "opts": admin.opts, "title": "Stop session?" if len(items) == 1 else f"Stop {len(items)} sessions?",
+        "items": items, "gpus": sum(item["gpus"] for item in items if item["live"]), "hidden": hidden,
+        "confirm_field": CONFIRM_FIELD, "confirm_value": CONFIRM_VALUE, "cancel_url": cancel_url,
+        "list_title": admin.list_title(request),
+    }
+    return TemplateResponse(request, "admin/gpu_sessions/session/stop_confirmation.html", context)
+
+
 def stop_view(admin, request, object_id: str):
-    """POST ``<session>/stop/``: ``session_stop`` (idempotent); 403 without the right to stop sessions."""
+    """``<session>/stop/``: GET, or a POST without ``post=yes`` (the Stop buttons of the list and the page), shows
+    the confirmation page; a POST with ``post=yes`` calls ``session_stop`` (idempotent) and goes back to ``next``;
+    403 without the right to stop sessions."""
     session = _session_or_404(admin, request, object_id)
     if not admin.has_stop_permission(request):
         raise PermissionDenied
+    if request.method != "POST" or request.POST.get(CONFIRM_FIELD) != CONFIRM_VALUE:
+        back = _back(request, session, admin)["Location"] if request.method == "POST" else \
+            reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk])
+        return stop_confirmation(admin, request, [session], hidden=[("next", back)], cancel_url=back)
     try:
         session = services.session_stop(session=session)
     except ApplicationError as exc:
@@ -183,6 +223,16 @@ def stop_view(admin, request, object_id: str):
         return _back(request, session, admin)
     admin.message_user(request, f"Session {session.public_id} is {session.phase}.", messages.SUCCESS)
     return _back(request, session, admin)
+
+
+def by_id_view(admin, request, public_id: str):
+    """GET ``<sessions>/ended/<public id>/``: the link of the "session ended" page a cluster shows for a stopped
+    session's URL (``sessions.ended``), to the session's page, which says when it ended, why and who stopped it; 404
+    for a session this user may not see (a researcher's other sessions, as their pages) and for an unknown id."""
+    session = admin.plain_queryset(request).filter(public_id=public_id[:64]).values_list("pk", flat=True).first()
+    if session is None:
+        raise Http404("No such session.")
+    return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session]))
 
 
 def status_view(admin, request, object_id: str):

@@ -91,3 +91,12 @@ def start_volumes(*, owner) -> list[Volume]:
     """``owner``'s own live volumes (not deleted), by name, with the cluster holding each: what the Start session
     form offers to mount (staff too see only their own: a session mounts its owner's volumes)."""
     return list(volume_list(user=owner).filter(owner=owner).order_by("name", "id"))
+
+
+def stopped_by(session: Session) -> str:
+    """Who asked ``session`` to stop: the actor of its first ``session_stop`` audit row (``console:alice``,
+    ``api:bob``, ``beat:sessions.idle``...), or "" when nobody did (it ended by itself, or is live). One query."""
+    from audit.models import AuditRecord
+
+    return (AuditRecord.objects.filter(object_type="session", object_id=session.public_id, action=AuditRecord.Action.SESSION_STOP)
+            .order_by("at", "pk").values_list("actor", flat=True).first() or "")

@@ -249,3 +249,20 @@ def test_a_pod_monitor_without_a_metrics_port_fails():
     message = expect_render_error(render_operator, merged(OPERATOR_VALUES, {
         "metrics": {"port": 0, "podMonitor": {"enabled": True}}}))
     assert "metrics.podMonitor.enabled needs metrics.port" in message
+
+
+def test_the_fallback_route_for_s_is_granted_in_both_modes():
+    """Every object ``operator_agent.k8s.routing.fallback`` writes (applied, and deleted when the mode changes) is
+    granted in the session namespace: so the cluster's stopped-session URLs get gShare's page in either mode."""
+    from operator_agent.contract import ROUTING_MODES
+    from operator_agent.k8s.routing.fallback import fallback_objects
+
+    sessions = rules_of(render_operator(CUSTOM), "Role", "gshare-operator-sessions")
+    gss = {"metadata": {"name": "ses-x", "namespace": "gshare-sessions"},
+           "spec": {"host": "lab-c1.example.org", "authUrl": "https://cp.example.org/internal/connect/verify",
+                    "extAuthUrl": "https://cp.example.org/internal/connect/ext-authz"}}
+    plurals = {"Service": "services", "Ingress": "ingresses", "HTTPRoute": "httproutes", "Backend": "backends"}
+    for mode in ROUTING_MODES:
+        for obj in fallback_objects(gss, mode):
+            group = obj["apiVersion"].rpartition("/")[0]
+            assert {"create", "patch", "delete"} <= grants(sessions, group, plurals[obj["kind"]]), (mode, obj["kind"])

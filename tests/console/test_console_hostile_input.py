@@ -34,7 +34,7 @@ def test_alice_cannot_poll_open_stop_bobs_session(as_alice, world):
     base = f"/gpu_sessions/session/{bob_session.pk}"
     assert as_alice.get(f"{base}/status/").status_code == 404
     assert as_alice.post(f"{base}/open/").status_code == 404
-    assert as_alice.post(f"{base}/stop/").status_code == 404
+    assert as_alice.post(f"{base}/stop/", {"post": "yes"}).status_code == 404
     assert as_alice.get(f"{base}/history/").status_code == 404
     bob_session.refresh_from_db()
     assert bob_session.phase == "Running"
@@ -66,7 +66,7 @@ def test_autocomplete_and_popups(as_alice, world):
 
 
 def test_select_across_action_only_touches_own(as_alice, world):
-    r = as_alice.post("/gpu_sessions/session/", {"action": "stop", "select_across": "1", "index": "0",
+    r = as_alice.post("/gpu_sessions/session/", {"action": "stop", "select_across": "1", "index": "0", "post": "yes",
                                                  "_selected_action": [str(world["rows"]["alice"]["session"].pk)]})
     _ok(r)
     assert Session.objects.get(pk=world["rows"]["bob"]["session"].pk).phase == "Running"

@@ -255,3 +255,40 @@ def test_gpu_page_shows_its_reservations_and_sessions(console, fleet):
     assert f'href="/gpu_sessions/session/{fleet["share"].pk}/change/"' in text and "carol · Running" in text
     node = page_text(console.get(f"/clusters/node/{fleet['node'].pk}/change/"))
     assert f'href="/clusters/gpudevice/?node={fleet["node"].pk}"' in node and "nvidia.com/gpu.product" in node
+
+
+def test_cards_show_physical_figures_and_hamis_scaled_ones_labelled(console, db):
+    """lab-c2 as its operator reports it: gpu-h20-01's H20-3e registered by HAMi with deviceMemoryScaling 1.8 and
+    devcore 500 (real HAMi data, demo/data/README.md), its node labelled by GPU feature discovery with the physical
+    143,771 MiB; gpu-l40s-01's L40S unscaled."""
+    from clusters import services as cluster_services
+    from demo import fleet as demo_fleet
+
+    cluster = ClusterFactory(name="lab-c2")
+    cluster_services.inventory_apply(cluster=cluster, nodes=demo_fleet.expected_inventory("lab-c2")["snapshot"]["nodes"])
+    h20 = GpuDevice.objects.filter(node__name="gpu-h20-01").order_by("index").first()
+    assert (h20.memory_mib, h20.cores) == (258787, 500)  # what HAMi registers
+    response = console.get("/clusters/gpudevice/", {"node": h20.node_id})
+    card = _card_html(response, h20.uuid)
+    assert "Physical: <strong data-physical-memory>143,771 MiB</strong> · <strong data-physical-cores>100 %</strong> cores" in card
+    assert "HAMi's scaled figures: <span data-hami-scaled>258,787 MiB (memory ×1.8), 500 % cores (×5)</span>" in card
+    assert 'aria-label="HAMi memory (scaled)"' in card and 'aria-label="HAMi cores (scaled)"' in card
+    assert "0 / 258,787 MiB" in card  # the bars stay in HAMi's units: what placement reserves
+    # An unscaled GPU: the physical line, the plain bars, no scaled line.
+    other = GpuDevice.objects.exclude(node__name="gpu-h20-01").filter(cluster=cluster).first()
+    card = _card_html(console.get("/clusters/gpudevice/", {"node": other.node_id}), other.uuid)
+    assert f"Physical: <strong data-physical-memory>{other.memory_mib:,} MiB</strong>" in card
+    assert "data-hami-scaled" not in card and 'aria-label="Memory"' in card and 'aria-label="Cores"' in card
+    # The GPU's own page says the same.
+    page = page_text(console.get(f"/clusters/gpudevice/{h20.pk}/change/"))
+    assert "143,771 MiB" in page and "258,787 MiB (memory ×1.8), 500 % cores (×5)" in page
+
+
+def test_a_node_without_gfd_memory_or_of_another_product_says_not_reported(console, db):
+    node = NodeFactory(labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"})
+    gpu = GpuDeviceFactory(node=node, cluster=node.cluster, model="NVIDIA H100 80GB HBM3", memory_mib=81559, cores=100)
+    card = _card_html(console.get("/clusters/gpudevice/"), gpu.uuid)
+    assert "<strong data-physical-memory>memory not reported</strong>" in card and "data-hami-scaled" not in card
+    Node.objects.filter(pk=node.pk).update(labels={})
+    card = _card_html(console.get("/clusters/gpudevice/"), gpu.uuid)
+    assert "memory not reported" in card

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from clusters.models import Cluster, GpuDevice, Node
 from sessions.models import Allocation
@@ -280,3 +281,8 @@ def test_browser_demo_fleet_fits_1400_px(live_server, console_users, page):
     assert uuids.count() == 19
     truncated = uuids.evaluate_all("codes => codes.filter(c => c.scrollWidth > c.clientWidth).map(c => c.textContent)")
     assert truncated == [], f"short UUIDs cut off: {truncated}"
+    # The H20s HAMi registers scaled show the GPU's physical figures and HAMi's, labelled, on screen.
+    h20 = page.locator("article.gs-card", has=page.locator("a.gs-node", has_text="gpu-h20-01")).first
+    expect(h20.locator(".gs-physical")).to_have_text("Physical: 143,771 MiB · 100 % cores")
+    expect(h20.locator(".gs-scaled")).to_have_text("HAMi's scaled figures: 258,787 MiB (memory ×1.8), 500 % cores (×5)")
+    expect(h20.get_by_role("meter", name="HAMi memory (scaled)")).to_be_visible()

@@ -128,9 +128,9 @@ def _target(model, model_admin, world, owner: str = "bob"):
 def _reverse(pattern: URLPattern, obj) -> str:
     kwargs = {}
     for name in pattern.pattern.converters:
-        if name not in ("object_id", "id"):
+        if name not in ("object_id", "id", "public_id"):
             raise AssertionError(f"{pattern.name}: the test does not know what to put in <{name}>; teach _reverse")
-        kwargs[name] = obj.pk
+        kwargs[name] = obj.public_id if name == "public_id" else obj.pk
     return reverse(f"admin:{pattern.name}", kwargs=kwargs)
 
 
@@ -155,7 +155,7 @@ def console_urls(world, owner: str = "bob"):
 
 
 def _has_object(url: str) -> bool:
-    return bool({"object_id", "id"} & set(resolve(urlsplit(url).path).kwargs))
+    return bool({"object_id", "id", "public_id"} & set(resolve(urlsplit(url).path).kwargs))
 
 
 def _is_login_redirect(response) -> bool:
@@ -277,8 +277,10 @@ def test_every_url_of_a_researchers_own_objects_shows_nothing_of_others(as_alice
         if not isinstance(model_admin, OwnObjectsAdmin) or not _has_object(url):
             continue
         response = as_alice.get(url)
-        if kind in ("open", "stop"):
+        if kind == "open":
             expected = 405  # POST-only (the walk above posts to them)
+        elif kind == "by_id":
+            expected = 302  # the "session ended" page's link: to the session's own page
         elif kind == "idle_exemption":
             expected = 403  # staff who may manage every session only (sessions.idle.session_idle_exempt)
         elif kind == "delete":
@@ -506,6 +508,16 @@ def test_credits_are_shown_with_the_precision_a_person_needs():
              "0": "0.00", "1000.000000": "1,000.00", "-0.004444": "-0.0044", "": "", "n/a": "n/a"}
     assert {value: credits_display(value) for value in cases} == cases
     assert credits_display(None) == ""
+
+
+def test_your_limits_show_the_idle_timeout(as_alice, world):
+    Policy.objects.create(user=world["alice"], idle_timeout_minutes=45, idle_warning_minutes=10)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert ('id="my-idle-timeout">a session is stopped after 45 min without a GPU kernel '
+            "(you are warned 10 min before; an open browser tab does not keep it)<") in text
+    Policy.objects.filter(user=world["alice"]).update(idle_timeout_minutes=0)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert 'id="my-idle-timeout">none: idle sessions are not stopped<' in text
 
 
 def test_my_credits_page_queries_do_not_grow_with_ledger_entries(as_alice, world):

@@ -16,9 +16,9 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import services as billing
 from billing.models import CreditAccount, LedgerEntry, Policy
-from clusters.models import Cluster
+from clusters.models import Cluster, GpuDevice
 from sessions import console_selectors, placement
-from sessions.models import Session, SuggestedImage
+from sessions.models import Allocation, Session, SuggestedImage
 from tests.console_checks import page_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory, VolumeFactory
 
@@ -172,13 +172,13 @@ def test_open_is_refused_for_an_ended_session_with_a_clear_message(console, phas
 def test_stop_from_the_row_and_from_the_session_page(console):
     cluster = fleet()
     one, two = SessionFactory(cluster=cluster), SessionFactory(cluster=cluster)
-    response = console.post(f"{LIST}{one.pk}/stop/", {"next": LIST}, follow=True)
+    response = console.post(f"{LIST}{one.pk}/stop/", {"next": LIST, "post": "yes"}, follow=True)
     assert response.redirect_chain[-1][0] == LIST
     assert f"Session {one.public_id} is Stopping." in page_text(response)
     page = page_text(console.get(f"{LIST}{two.pk}/change/"))
     assert f'action="/gpu_sessions/session/{two.pk}/stop/"' in page and f'action="/gpu_sessions/session/{two.pk}/open/"' in page
     assert 'class="submit-row"' not in page  # still a read-only record
-    console.post(f"{LIST}{two.pk}/stop/")
+    console.post(f"{LIST}{two.pk}/stop/", {"post": "yes"})
     assert set(Session.objects.values_list("phase", flat=True)) == {Session.Phase.STOPPING}
     # Stopping: no Stop button any more, and the page follows it until it ends.
     page = page_text(console.get(f"{LIST}{two.pk}/change/"))
@@ -367,7 +367,7 @@ def test_researcher_starts_opens_and_stops_their_own(researcher_console, plain_u
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
     link = urlsplit(researcher_console.post(f"{LIST}{session.pk}/open/")["Location"])
     assert link.hostname == cluster.session_domain
-    researcher_console.post(f"{LIST}{session.pk}/stop/")
+    researcher_console.post(f"{LIST}{session.pk}/stop/", {"post": "yes"})
     assert Session.objects.get(pk=session.pk).phase == Session.Phase.STOPPING
 
 
@@ -405,7 +405,9 @@ def test_open_and_stop_of_a_missing_or_malformed_id_answer_404(console):
 
 def test_stop_goes_back_to_the_console_only(console):
     session = SessionFactory(cluster=fleet())
-    response = console.post(f"{LIST}{session.pk}/stop/", {"next": "https://evil.example/"})
+    confirmation = page_text(console.post(f"{LIST}{session.pk}/stop/", {"next": "https://evil.example/"}))
+    assert "evil.example" not in confirmation  # neither the posted next nor the link back
+    response = console.post(f"{LIST}{session.pk}/stop/", {"next": "https://evil.example/", "post": "yes"})
     assert response["Location"] == f"{LIST}{session.pk}/change/"
 
 
@@ -419,3 +421,62 @@ def test_staff_keep_the_suggested_images(console):
 def test_researchers_cannot_reach_the_suggested_images(researcher_console):
     assert researcher_console.get("/gpu_sessions/suggestedimage/").status_code == 403
     assert researcher_console.get("/gpu_sessions/suggestedimage/add/").status_code == 403
+
+
+def test_the_allocations_block_names_each_gpu_without_a_header_of_internal_ids(console):
+    cluster = fleet(gpus=2)
+    session = SessionFactory(cluster=cluster)
+    devices = list(GpuDevice.objects.filter(cluster=cluster).order_by("index"))
+    for device in devices:
+        Allocation.objects.create(session=session, device=device, memory_mib=4096, cores=30)
+    text = page_text(console.get(f"{LIST}{session.pk}/change/"))
+    block = text.split('id="allocations-group"')[1].split("</fieldset>")[0]
+    for device in devices:
+        assert f"{session.pk} on {device.pk}" not in text  # Allocation.__str__: the pks Django's tabular inline printed
+        assert str(device) in block
+    assert 'class="original"' not in block
+    assert block.count('<tr class="form-row"') == 2 and block.count("4096") == 2
+
+
+def test_stop_asks_for_confirmation_and_says_what_an_8_gpu_session_loses(console, staff_user):
+    cluster = fleet(gpus=8)
+    session = SessionFactory(cluster=cluster, gpus=8, name="big-run", started_at=datetime(2026, 12, 1, 9, 30, tzinfo=UTC))
+    session.volumes.add(VolumeFactory(owner=session.owner, name="checkpoints"))
+    # The row's and the page's Stop buttons post without the confirmation: the confirmation page, nothing stopped.
+    page = console.post(f"{LIST}{session.pk}/stop/", {"next": LIST})
+    assert page.status_code == 200
+    text = page_text(page)
+    assert Session.objects.get(pk=session.pk).phase == Session.Phase.RUNNING
+    assert "The <strong>8 GPUs</strong> go back to the fleet" in text and "is lost" in text
+    assert f"{session.public_id}</strong> (big-run): Running, 8 whole GPUs, running since 2026-12-01 09:30:00 UTC; kept: checkpoints" in text
+    form = text.split('id="gs-stop-form"')[1].split("</form>")[0]
+    assert '<input type="hidden" name="post" value="yes">' in form and f'name="next" value="{LIST}"' in form
+    assert f'href="{LIST}" class="button cancel-link">No, take me back' in form  # back without JavaScript
+    # A GET (the URL typed, or a link) asks too, and takes back to the session's page.
+    text = page_text(console.get(f"{LIST}{session.pk}/stop/"))
+    assert f'href="{LIST}{session.pk}/change/" class="button cancel-link"' in text
+    assert Session.objects.get(pk=session.pk).phase == Session.Phase.RUNNING
+    # Another value than "yes" is no confirmation.
+    assert console.post(f"{LIST}{session.pk}/stop/", {"post": "1"}).status_code == 200
+    assert Session.objects.get(pk=session.pk).phase == Session.Phase.RUNNING
+    response = console.post(f"{LIST}{session.pk}/stop/", {"next": LIST, "post": "yes"}, follow=True)
+    assert response.redirect_chain[-1][0] == LIST and f"Session {session.public_id} is Stopping." in page_text(response)
+    assert Session.objects.get(pk=session.pk).phase == Session.Phase.STOPPING
+    # Once stopping, the page says nothing is lost any more.
+    assert "Nothing is running any more" in page_text(console.get(f"{LIST}{session.pk}/stop/"))
+
+
+def test_the_bulk_stop_action_asks_for_confirmation_first(console):
+    cluster = fleet()
+    one, two = SessionFactory(cluster=cluster, gpus=2), SessionFactory(cluster=cluster, gpus=1)
+    action = {"action": "stop", "_selected_action": [str(one.pk), str(two.pk)], "index": "0"}
+    page = console.post(LIST, action)
+    assert page.status_code == 200
+    text = page_text(page)
+    assert "Stop 2 sessions?" in text and "The <strong>3 GPUs</strong> go back" in text and "no volume: nothing of it is kept" in text
+    assert set(Session.objects.values_list("phase", flat=True)) == {Session.Phase.RUNNING}
+    form = text.split('id="gs-stop-form"')[1].split("</form>")[0]
+    assert f'name="_selected_action" value="{one.pk}"' in form and f'name="_selected_action" value="{two.pk}"' in form
+    response = console.post(LIST, {**action, "post": "yes"}, follow=True)
+    assert "2 session(s) stopping" in page_text(response)
+    assert set(Session.objects.values_list("phase", flat=True)) == {Session.Phase.STOPPING}

@@ -166,9 +166,16 @@ def test_a_stopped_session_is_refused_then_unrouted(http, demo_stack):
         status, _, body = raw_get(ingress, host, f"{parts.path}?{parts.query}", headers)
         assert status == 401, body
         assert "401 Authorization Required" in body
-    wait_for(lambda: (cluster.refresh() or True) and cluster.route(DOMAIN, parts.path) is None, what="Ingress gone (owner cascade)")
+    wait_for(lambda: (cluster.refresh() or True) and cluster.route(DOMAIN, parts.path).ingress == "gshare-session-ended",
+             what="the session's Ingress gone (owner cascade), the fallback's left")
+    # The operator's fallback route for /s/ (an Ingress to an ExternalName Service, the control plane): gShare's page,
+    # not the default backend; the same for an id that never existed.
     status, _, body = raw_get(ingress, host, f"{parts.path}?{parts.query}")
-    assert (status, body) == (404, "default backend - 404")
+    assert status == 404 and "This session has ended or does not exist" in body, body
+    assert "default backend" not in body and parts.query not in body
+    unknown = "ses_" + "b" * 16
+    status, _, other = raw_get(ingress, host, f"/s/{unknown}/lab")
+    assert status == 404 and other.replace(unknown, "ID") == body.replace(session["id"], "ID")
 
 
 def test_the_command_line_serves_the_clusters_of_its_config(tmp_path, fleet_cluster):

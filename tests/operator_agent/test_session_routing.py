@@ -190,3 +190,52 @@ def test_a_route_is_never_written_without_its_auth_policy(gateway_api_only_clust
         (session_object(cluster, name) or {}).get("status", {}).get("message") or ""))
     time.sleep(0.5)
     assert named(cluster.objects_of("httproutes", "gateway.networking.k8s.io", "v1"), name) is None
+
+
+def _fallback(cluster: EmulatedCluster) -> dict[str, dict | None]:
+    found = {plural: named(cluster.objects_of(plural, group, version), "gshare-session-ended")
+             for plural, group, version in [*GATEWAY_KINDS, INGRESS]}
+    found["services"] = named(cluster.objects_of("services", "", "v1"), "gshare-session-ended")
+    return found
+
+
+def test_the_cluster_gets_a_fallback_route_for_s_in_its_mode_that_outlives_sessions(
+        gateway_cluster, control_plane, start_operator):  # noqa: F811 - fixtures
+    cluster = gateway_cluster
+    start_operator(cluster)
+    session_id, name = "ses_fallbackroute001", "ses-fallbackroute001"
+    apply_session(cluster, gateway_session(session_id))
+    found = wait_for(what="the gateway-api fallback", check=lambda: (
+        lambda objs: objs["httproutes"] and objs["backends"] and objs)(_fallback(cluster)))
+    route, backend = found["httproutes"], found["backends"]
+    for obj in (route, backend):
+        assert "ownerReferences" not in obj["metadata"]  # no session owns it: it outlives them all
+        assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "session-ended"
+        stored = {k: v for k, v in obj.items() if k != "status"}
+        stored["metadata"] = {k: obj["metadata"][k] for k in ("name", "namespace", "labels")}
+        assert crd_schema.errors(stored) == [], obj["kind"]
+    # Below every session's /s/<id>/ (a longer PathPrefix), unguarded (no SecurityPolicy), to the control plane.
+    assert route["spec"]["hostnames"] == ["lab-c1.gshare.localhost"]
+    (rule,) = route["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/s/"}}]
+    assert [{k: ref[k] for k in ("group", "kind", "name")} for ref in rule["backendRefs"]] == [
+        {"group": "gateway.envoyproxy.io", "kind": "Backend", "name": "gshare-session-ended"}]
+    assert backend["spec"]["endpoints"] == [{"fqdn": {"hostname": "gshare.example.com", "port": 443}}]
+    assert found["securitypolicies"] is None and found["ingresses"] is None and found["services"] is None
+
+    # The cluster moves to ingress-nginx: an Ingress /s/ to an ExternalName Service; the Gateway API objects go.
+    apply_session(cluster, ingress_session(session_id))
+    found = wait_for(what="the ingress-nginx fallback", check=lambda: (
+        lambda objs: objs["ingresses"] and objs["services"] and not objs["httproutes"] and not objs["backends"] and objs)(
+        _fallback(cluster)))
+    service, ingress = found["services"], found["ingresses"]
+    assert (service["spec"]["type"], service["spec"]["externalName"]) == ("ExternalName", "gshare.example.com")
+    rule = ingress["spec"]["rules"][0]
+    assert rule["host"] == "lab-c1.gshare.localhost"
+    assert rule["http"]["paths"] == [{"path": "/s/", "pathType": "Prefix",
+                                      "backend": {"service": {"name": "gshare-session-ended", "port": {"name": "http"}}}}]
+    assert "nginx.ingress.kubernetes.io/auth-url" not in (ingress["metadata"].get("annotations") or {})
+
+    delete_session(cluster, name)
+    wait_for(what="the session's objects collected", check=lambda: not routing_of(cluster, name)["ingresses"])
+    assert _fallback(cluster)["ingresses"] is not None  # the fallback stays for the stopped session's URL

@@ -38,6 +38,7 @@ __all__ = [
     "NAME",
     "STREAM_IDLE_TIMEOUT",
     "ExtAuthTarget",
+    "backend_spec",
     "ext_auth_target",
     "objects",
     "session_backend",
@@ -187,7 +188,17 @@ def session_backend(gss: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         RoutingError: ``spec.extAuthUrl`` cannot be used (``ext_auth_target``).
     """
-    target = ext_auth_target(gss["spec"].get("extAuthUrl"))
+    return {"apiVersion": BACKEND.api_version, "kind": BACKEND.kind, "metadata": session_metadata(gss),
+            "spec": backend_spec(gss["spec"].get("extAuthUrl"))}
+
+
+def backend_spec(url: str) -> dict[str, Any]:
+    """The ``spec`` of a ``Backend`` for the control plane at ``url`` (see :func:`session_backend`).
+
+    Raises:
+        RoutingError: ``url`` cannot be used (``ext_auth_target``).
+    """
+    target = ext_auth_target(url)
     if target.kind == "ip":
         endpoint = {"ip": {"address": target.host, "port": target.port}}
     else:
@@ -195,7 +206,7 @@ def session_backend(gss: Mapping[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {"endpoints": [endpoint]}
     if target.scheme == "https":  # ext_auth_target only takes https with a DNS name
         spec["tls"] = {"wellKnownCACertificates": "System", "sni": target.host.rstrip(".")}
-    return {"apiVersion": BACKEND.api_version, "kind": BACKEND.kind, "metadata": session_metadata(gss), "spec": spec}
+    return spec
 
 
 def session_security_policy(gss: Mapping[str, Any], route: Mapping[str, Any]) -> dict[str, Any]:
