@@ -132,3 +132,19 @@ http {{
     }}
 }}
 """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m gshare.front_proxy --listen 0.0.0.0:8000 --upstream 127.0.0.1:8001 --prefix /tmp``: print nginx.conf."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print the nginx.conf that serves gunicorn behind nginx (docs/install.md, Slow clients).")
+    parser.add_argument("--listen", default="0.0.0.0:8000")
+    parser.add_argument("--upstream", default="127.0.0.1:8001", help="gunicorn's --bind")
+    parser.add_argument("--prefix", default="/tmp", help="a writable directory for nginx's pid file and buffers")
+    args = parser.parse_args(argv)
+    print(render_nginx_conf(ProxySettings(listen=args.listen, upstream=args.upstream, prefix=args.prefix)), end="")
+
+
+if __name__ == "__main__":
+    main()
