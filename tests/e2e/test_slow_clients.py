@@ -2,7 +2,8 @@
 the demo put in front of it (``gshare.front_proxy``), attacked on loopback.
 
 200 connections stay open for the whole measurement: some send their headers one byte at a time and never finish,
-some send complete headers and then a body one byte at a time, some made one request and idle on keep-alive. While
+some send complete headers and then a body one byte at a time, some made one request and idle on keep-alive, some
+ask for a large answer and never read it. While
 they are open, ``GET /api/v1/me``, the connect verify (ingress-nginx) and Envoy's ext_authz check must each answer
 within 1 s (the issue's acceptance: the only timing bound here, on each request). Without the proxy, 16 such
 connections held every gunicorn worker and those requests timed out. The attack stops by itself and every socket is
@@ -41,9 +42,10 @@ TICK = 0.5
 
 
 class SlowClients:
-    """``count`` loopback connections held open slowly until :meth:`close`: a third trickle their request headers
-    (never ending them), a third send full headers announcing a 1 MB body and trickle it, a third made one complete
-    request and idle on keep-alive. :attr:`cut_off` counts those the server closed."""
+    """``count`` loopback connections held open slowly until :meth:`close`, in turn: one trickles its request headers
+    (never ending them), one sends full headers announcing a 1 MB body and trickles it, one made a complete request
+    and idles on keep-alive, one asks for the OpenAPI document and never reads it. :attr:`cut_off` counts the
+    trickling ones the server closed."""
 
     def __init__(self, url: str, count: int):
         self.address = ("127.0.0.1", urlsplit(url).port)
@@ -51,17 +53,23 @@ class SlowClients:
         self.cut_off = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._trickle, daemon=True)
-        kinds = ("headers", "body", "idle")
+        kinds = ("headers", "body", "idle", "reader")
         try:
             for index in range(count):
                 kind = kinds[index % 3]
-                sock = socket.create_connection(self.address, timeout=10)
+                sock = socket.socket()
+                if kind == "reader":  # a small window: the answer stays in the server's buffers, not this socket's
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.settimeout(10)
                 self.sockets.append((kind, sock))
+                sock.connect(self.address)
                 if kind == "headers":
                     sock.sendall(f"GET /api/v1/me HTTP/1.1\r\nHost: {PUBLIC_HOST}\r\nX-Slow: ".encode())
                 elif kind == "body":
                     sock.sendall(f"POST /api/v1/sessions HTTP/1.1\r\nHost: {PUBLIC_HOST}\r\nContent-Type: application/json\r\n"
                                  f"Content-Length: 1000000\r\n\r\n{{".encode())
+                elif kind == "reader":  # asks for the largest answer (the OpenAPI document) and never reads it
+                    sock.sendall(f"GET /api/v1/schema/ HTTP/1.1\r\nHost: {PUBLIC_HOST}\r\n\r\n".encode())
                 else:
                     sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {PUBLIC_HOST}\r\n\r\n".encode())
                     assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "the idle connection's request was not answered"
@@ -73,7 +81,7 @@ class SlowClients:
     def _trickle(self) -> None:
         while not self._stop.wait(TICK):
             for kind, sock in self.sockets:
-                if kind == "idle" or sock.fileno() < 0:
+                if kind in ("idle", "reader") or sock.fileno() < 0:
                     continue
                 try:
                     sock.send(b"a")
