@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 #: Errors nginx answers itself (gunicorn never saw the request), as the API's ``{"code", "detail"}`` JSON.
 PROXY_ERRORS = (
+    (400, "invalid_request", "The request is malformed (an absolute-form target, a path above the root, a bad header); "
+                             "send a well-formed HTTP request."),
     (413, "request_too_large", "The request body is larger than the server accepts (GSHARE_MAX_BODY_BYTES); send less."),
     (414, "request_line_too_long", "The request line is longer than the server accepts; shorten the URL."),
     (494, "request_header_too_large", "A request header is larger than the server accepts; send shorter headers."),
@@ -117,6 +119,11 @@ http {{
         listen {p.listen} backlog=4096;
 
         location / {{
+            # An absolute-form target (GET http://host/...) would reach gunicorn in origin form, judged on the Host
+            # header instead of refused: Envoy's checks and browsers never send one to the api.
+            if ($request ~ "^[^ ]+ [A-Za-z][A-Za-z0-9+.-]*://") {{
+                return 400;
+            }}
             proxy_pass http://{p.upstream};
             proxy_http_version 1.1;
             proxy_set_header Connection "";
