@@ -1,6 +1,6 @@
 # One image for the whole of gShare; both Helm charts run it (default repository ghcr.io/gshare/gshare,
 # tag = the charts' appVersion):
-#   api (charts/gshare):             gunicorn gshare.wsgi --bind=0.0.0.0:8000
+#   api (charts/gshare):             gunicorn gshare.wsgi --bind=127.0.0.1:8001, behind nginx -c <ConfigMap> in the same pod
 #   worker / beat (charts/gshare):   celery -A gshare worker   |   celery -A gshare beat --scheduler=django_celery_beat.schedulers:DatabaseScheduler
 #   migrations (charts/gshare Job):  python manage.py migrate --noinput   (+ import_signing_key --file ...)
 #   operator (charts/gshare-operator): python -m operator_agent
@@ -12,6 +12,12 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# nginx: the api pod's proxy container runs it in front of gunicorn (gshare/front_proxy.py, docs/performance.md
+# "Slow clients"); its configuration comes from the chart's ConfigMap, every path it writes is under /tmp.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nginx \
+ && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 COPY requirements.txt .
@@ -32,4 +38,6 @@ ENV HOME=/tmp \
     GSHARE_HOME=/tmp/gshare
 USER 65532:65532
 EXPOSE 8000
+# Without the chart: gunicorn alone, for trying the image; serve it behind nginx (or another buffering proxy) as the
+# chart does, or slow clients hold its sync workers (docs/performance.md, "Slow clients").
 CMD ["gunicorn", "gshare.wsgi", "--bind=0.0.0.0:8000", "--workers=3", "--config=python:gshare.gunicorn_hooks"]

@@ -5,7 +5,7 @@ migrations, a staff user and an API token, two Kubernetes API emulators (``demo.
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
 ``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
 least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
-server (gunicorn), a Celery worker and beat, one real operator process per cluster with a
+server (gunicorn behind nginx, ``gshare.front_proxy``), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
 session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
 ``--gateway-cluster``, lab-c2 by default; on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a
@@ -26,8 +26,10 @@ attach installs from (``demo.bare_demo``, ``demo.bare_cluster``), and prints the
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import secrets
 import shutil
 import socket
@@ -51,6 +53,7 @@ from demo.bare_demo import BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
+from gshare.front_proxy import ProxySettings, render_nginx_conf
 from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
 DEMO_DATABASE = "gshare_demo"
@@ -106,6 +109,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _front_proxy_argv(prefix: Path, *, listen: str, upstream: str) -> list[str]:
+    """nginx's command line in front of the demo's gunicorn, its configuration written to ``prefix``.
+
+    Raises:
+        DemoError: nginx is not installed (the Debian package ``nginx`` provides it).
+    """
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None)
+    if binary is None:
+        raise DemoError("nginx is not installed: the demo serves the web server behind nginx as the chart does "
+                        "(docs/performance.md, \"Slow clients\"); install it (`sudo apt-get install -y nginx`)")
+    shutil.rmtree(prefix, ignore_errors=True)
+    prefix.mkdir(parents=True)
+    user = None
+    if os.geteuid() == 0:  # as root nginx would run its workers as nobody, who cannot write to prefix
+        user = f"{pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name}"
+    conf = prefix / "nginx.conf"
+    conf.write_text(render_nginx_conf(ProxySettings(listen=listen, upstream=upstream, prefix=str(prefix), user=user)))
+    return [binary, "-e", "stderr", "-p", f"{prefix}/", "-c", str(conf)]
 
 
 def _ingress_port(web_port: int) -> int:
@@ -358,12 +381,18 @@ def run_demo(options: DemoOptions) -> dict:
             "PYTHONUNBUFFERED": "1",
         }
         _say(f"starting the web server on 127.0.0.1:{port} ({url} public, {internal_url} internal), a Celery worker and beat")
+        # gunicorn's sync workers behind nginx, as the chart runs them: slow clients meet nginx's timeouts, never a
+        # worker (gshare/front_proxy.py); gunicorn's config redacts credentials from its log (gshare/access_log.py).
+        web_port = _free_port()
         group.start(
             "web",
-            python_argv("-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4",
-                        "--timeout", "60", "--access-logfile", "-"),
+            python_argv("-m", "gunicorn", "gshare.wsgi", "--bind", f"127.0.0.1:{web_port}", "--workers", "2",
+                        "--timeout", "60", "--access-logfile", "-", "--config", "python:gshare.gunicorn_hooks"),
             env=child_env, cwd=settings.BASE_DIR,
         )
+        group.start("front-proxy", _front_proxy_argv(workdir / "front-proxy", listen=f"127.0.0.1:{port}",
+                                                     upstream=f"127.0.0.1:{web_port}"),
+                    env=dict(os.environ), cwd=settings.BASE_DIR)
         group.start("worker", python_argv("-m", "celery", "-A", "gshare", "worker", "--loglevel", "INFO", "--concurrency", "2"),
                     env=child_env, cwd=settings.BASE_DIR)
         group.start("beat", python_argv("-m", "celery", "-A", "gshare", "beat", "--loglevel", "INFO",

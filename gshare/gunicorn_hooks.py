@@ -1,4 +1,9 @@
-"""gunicorn server hooks for prometheus-client's multiprocess mode: ``gunicorn --config python:gshare.gunicorn_hooks``.
+"""gunicorn's configuration for gShare: ``gunicorn --config python:gshare.gunicorn_hooks``.
+
+``logger_class`` is :class:`gshare.access_log.RedactingLogger`: no connect-link token, header credential or
+token-shaped string reaches the access or error log (docs/connect.md, "Tokens and logs").
+
+The server hooks serve prometheus-client's multiprocess mode.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (the Helm chart sets it for the api), every worker keeps its counters and
 histograms in memory-mapped files in that directory and ``GET /metrics`` sums them over all workers
@@ -13,6 +18,8 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+
+logger_class = "gshare.access_log.RedactingLogger"
 
 
 def on_starting(server) -> None:

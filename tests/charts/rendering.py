@@ -169,6 +169,17 @@ def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], 
             yield workload, container
 
 
+#: The api pod's nginx in front of gunicorn (``gshare.front_proxy``): it gets no settings and no Secret, by design.
+PROXY_CONTAINER = "proxy"
+
+
+def application_containers(objects: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(workload, container)`` of every container running the project's code: all but the api pod's proxy."""
+    for found in containers(objects):
+        if found[1]["name"] != PROXY_CONTAINER:
+            yield found
+
+
 def workload(objects: list[dict[str, Any]], component: str) -> dict[str, Any]:
     """The workload labelled ``app.kubernetes.io/component: <component>``."""
     found = [w for w, _ in pod_specs(objects) if w["metadata"]["labels"].get("app.kubernetes.io/component") == component]

@@ -16,6 +16,8 @@ from tests.charts.rendering import (
     CONTROL_PLANE_CHART,
     CONTROL_PLANE_FULL_VALUES,
     CONTROL_PLANE_VALUES,
+    PROXY_CONTAINER,
+    application_containers,
     chart_defaults,
     chart_metadata,
     containers,
@@ -128,8 +130,10 @@ def test_replicas_and_resources_follow_values():
 
 
 def test_api_probes_use_healthz_on_the_container_port():
-    api = workload(render_control_plane(), "api")["spec"]["template"]["spec"]["containers"][0]
-    port_names = {p["name"] for p in api["ports"]}
+    """On the proxy's port: a probe passes through nginx to gunicorn, so it answers only when both do."""
+    pod = workload(render_control_plane(), "api")["spec"]["template"]["spec"]
+    api = pod["containers"][0]
+    port_names = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = api[probe]["httpGet"]
         assert get["port"] in port_names
@@ -153,7 +157,7 @@ def test_pod_security(values):
             assert ctx.get("privileged") is not True, where
             tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
             assert len(tmp) == 1 and tmp[0]["name"] in tmp_volumes, f"{where}/{container['name']}: no emptyDir at /tmp"
-            assert env_of(container)["GSHARE_HOME"]["value"].startswith("/tmp/"), where
+            assert container["name"] == PROXY_CONTAINER or env_of(container)["GSHARE_HOME"]["value"].startswith("/tmp/"), where
 
 
 def test_image_defaults_to_the_chart_app_version_and_follows_values():
@@ -172,7 +176,7 @@ def test_image_defaults_to_the_chart_app_version_and_follows_values():
 @pytest.mark.parametrize("values", [CONTROL_PLANE_VALUES, CONTROL_PLANE_FULL_VALUES], ids=["minimal", "full"])
 def test_secret_settings_come_only_from_the_named_secret_keys(values):
     defaults = chart_defaults(CONTROL_PLANE_CHART)
-    for workload_obj, container in containers(render_control_plane(values)):
+    for workload_obj, container in application_containers(render_control_plane(values)):
         where = f"{workload_obj['metadata']['name']}/{container['name']}"
         env = env_of(container)
         for setting, key in SECRET_SETTINGS.items():
@@ -184,7 +188,7 @@ def test_secret_settings_come_only_from_the_named_secret_keys(values):
 def test_no_secret_reaches_a_container_except_through_secret_key_ref(values):
     """No envFrom (which would pour a whole Secret into the environment); every valueFrom that reads a Secret
     is a secretKeyRef; no plain value is a secret setting or a URL with credentials."""
-    for workload_obj, container in containers(render_control_plane(values)):
+    for workload_obj, container in application_containers(render_control_plane(values)):
         where = f"{workload_obj['metadata']['name']}/{container['name']}"
         assert "envFrom" not in container, where
         for entry in container.get("env", []):
@@ -224,7 +228,7 @@ def test_every_environment_variable_is_a_setting_the_control_plane_reads():
 
 
 def test_production_mode_is_on_everywhere():
-    for _, container in containers(render_control_plane()):
+    for _, container in application_containers(render_control_plane()):
         env = env_of(container)
         assert env["GSHARE_PRODUCTION"]["value"] == "true"
         assert env["DJANGO_SETTINGS_MODULE"]["value"] == "gshare.settings"
@@ -232,7 +236,7 @@ def test_production_mode_is_on_everywhere():
 
 def test_plain_settings_are_passed_as_strings_to_every_component():
     values = CONTROL_PLANE_FULL_VALUES
-    for _, container in containers(render_control_plane(values)):
+    for _, container in application_containers(render_control_plane(values)):
         env = env_of(container)
         for name, value in values["settings"].items():
             assert env[name] == {"name": name, "value": str(value)}
@@ -245,7 +249,7 @@ def test_plain_settings_are_passed_as_strings_to_every_component():
 
 def test_allowed_hosts_cover_both_ingresses_the_control_plane_url_and_the_pod_ip():
     values = CONTROL_PLANE_FULL_VALUES
-    for _, container in containers(render_control_plane(values)):
+    for _, container in application_containers(render_control_plane(values)):
         env_list = container["env"]
         env = env_of(container)
         hosts = env["DJANGO_ALLOWED_HOSTS"]["value"].split(",")
@@ -262,7 +266,7 @@ def test_allowed_hosts_cover_both_ingresses_the_control_plane_url_and_the_pod_ip
 
 def internal_hosts_of(objects) -> list[str]:
     """``GSHARE_INTERNAL_HOSTS`` of the api container, split (the same in every container: checked here too)."""
-    values = {env_of(c)["GSHARE_INTERNAL_HOSTS"]["value"] for _, c in containers(objects)}
+    values = {env_of(c)["GSHARE_INTERNAL_HOSTS"]["value"] for _, c in application_containers(objects)}
     assert len(values) == 1
     return values.pop().split(",")
 
@@ -345,7 +349,7 @@ def test_the_control_plane_accepts_every_rendered_internal_host(settings, pod_ip
 
 
 def test_csrf_trusted_origin_defaults_to_the_public_host_over_https():
-    for _, container in containers(render_control_plane()):
+    for _, container in application_containers(render_control_plane()):
         assert env_of(container)["DJANGO_CSRF_TRUSTED_ORIGINS"]["value"] == f"https://{CONTROL_PLANE_VALUES['ingress']['host']}"
 
 
@@ -388,7 +392,7 @@ def test_without_ingress_the_public_host_is_not_required():
 def test_the_api_service_targets_the_api_container_port():
     objects = render_control_plane()
     service = api_service(objects)
-    container_ports = {p["name"] for p in workload(objects, "api")["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    container_ports = {p["name"] for c in workload(objects, "api")["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
 
 

@@ -286,14 +286,15 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* Pod template metadata of one component. Call with (dict "ctx" $ "component" "api"). */}}
+{{/* Pod template metadata of one component. Call with (dict "ctx" $ "component" "api"), plus "annotations" (a dict) for
+   pod annotations of its own, merged under podAnnotations. */}}
 {{- define "gshare.podMetadata" -}}
 labels:
   {{- include "gshare.labels" . | nindent 2 }}
   {{- with .ctx.Values.podLabels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- with .ctx.Values.podAnnotations }}
+{{- with merge (dict) (.annotations | default dict) (.ctx.Values.podAnnotations | default dict) }}
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
