@@ -22,6 +22,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 venv: $(STAMP)
 
 demo: $(STAMP)
+	@bash hack/test-deps.sh nginx
 	$(PY) manage.py demo $(DEMO_ARGS)
 
 test: $(STAMP)

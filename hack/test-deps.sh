@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Debian packages the test suite drives for real (tests/e2e/nginx.py runs nginx, tests/console/ drives
+# The Debian packages the test suite (and the demo: nginx) drives for real (tests/e2e/nginx.py runs nginx, tests/console/ drives
 # Chromium through Playwright, tests/hack/ runs shellcheck on hack/*.sh and hack/cluster-bootstrap.sh under BusyBox
 # sh, tests/metrics/ and tests/charts/test_metrics_chart.py run promtool, of Debian's prometheus package, on a
 # live scrape and on the chart's alerting rules). `make test` calls this first, `make lint` with `shellcheck` only:
