@@ -79,7 +79,7 @@ def held_gaps_bill(*, now: datetime | None = None, owners_per_transaction: int =
     created when missing), their sessions' unbilled ``HeldGpu`` rows read again under the locks, and for each session:
     the stored samples' coverage of ``[held_from, held_until)`` per GPU (``_COVERAGE``), the uncovered stretches
     (:func:`held_gaps`), one ``gap`` ``UsageSample`` per stretch and GPU (``sample_id`` ``gap:<session id>:<device
-    uuid>:<start, epoch ms>``), priced with ``billing.pricing`` as ingestion prices a sample, accrued into the session's
+    uuid>:<start, epoch µs>``), priced with ``billing.pricing`` as ingestion prices a sample, accrued into the session's
     open period (``Accrual``, created when the session never reported usage; its period is the open one when it holds
     samples, else that of the last gap), and the owner's ``accrued`` and ``below_zero_since`` moved with them. The
     ``HeldGpu`` rows get ``billed_at``. Idempotent: a second run finds nothing due.
@@ -240,7 +240,7 @@ def _bill_owners(owners: list[int], *, now: datetime) -> int:
             seconds = Decimal((end - start) // timedelta(microseconds=1)) / Decimal(1_000_000)
             cost = pricing.window_cost(price=pricing.price_for_model(gpu.gpu_model, prices), share=share, seconds=seconds)
             rows.append(UsageSample(
-                cluster_id=session.cluster_id, sample_id=f"{GAP_PREFIX}{session.public_id}:{uuid}:{(start - periods.EPOCH) // timedelta(milliseconds=1)}",
+                cluster_id=session.cluster_id, sample_id=f"{GAP_PREFIX}{session.public_id}:{uuid}:{(start - periods.EPOCH) // timedelta(microseconds=1)}",
                 session_id=session_id, device_uuid=uuid, start=start, end=end, gpu_model=gpu.gpu_model, share=share, cost=cost,
                 billing_period=accrual.period_start, gap=True,
             ))

@@ -154,6 +154,10 @@ _INSERT_SAMPLES = f"""
         SELECT session_id, period_start, samples FROM {Accrual._meta.db_table}
          WHERE session_id IN (SELECT DISTINCT session_id FROM staged)
     ),
+    closed AS (
+        SELECT DISTINCT session_id FROM {HeldGpu._meta.db_table}
+         WHERE session_id IN (SELECT DISTINCT session_id FROM staged) AND billed_at IS NOT NULL
+    ),
     ins AS (
         INSERT INTO billing_usagesample
             (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
@@ -161,7 +165,7 @@ _INSERT_SAMPLES = f"""
         SELECT %s, s.sample_id, s.session_id, s.device_uuid, s.start, s.finish, s.gpu_util_percent, s.memory_used_mib,
                s.gpu_model, s.share, s.cost, GREATEST(to_timestamp(s.billing_period), acc.period_start), %s
           FROM staged s LEFT JOIN acc ON acc.session_id = s.session_id
-         WHERE NOT EXISTS (SELECT 1 FROM {HeldGpu._meta.db_table} h WHERE h.session_id = s.session_id AND h.billed_at IS NOT NULL)
+         WHERE s.session_id NOT IN (SELECT session_id FROM closed)
         ON CONFLICT (cluster_id, sample_id) DO NOTHING
         RETURNING sample_id, EXTRACT(EPOCH FROM billing_period)::bigint AS period
     )

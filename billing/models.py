@@ -192,7 +192,7 @@ class UsageSample(models.Model):
     before periods existed have none and point at their per-batch charge, ``entry``, instead.
 
     ``gap`` rows are not the operator's: ``billing.held`` writes them at the session's end for the time it held a GPU
-    that no sample covered (``sample_id`` ``gap:<session id>:<device uuid>:<start, epoch ms>``; operators may not use
+    that no sample covered (``sample_id`` ``gap:<session id>:<device uuid>:<start, epoch µs>``; operators may not use
     the ``gap:`` prefix).
 
     No two samples of one session and GPU cover the same instant (``usage_sample_no_overlap``: an exclusion

@@ -315,3 +315,23 @@ def test_held_gaps_count_gpus_not_names():
     # 0..50: C (not reserved) covers one of the two GPUs, so one is short, billed on A; 10..20 A and C cover both.
     # 50..90: nothing covers either; 90..100: B is covered, A short.
     assert gaps == [("A", at(0), at(10)), ("A", at(20), at(100)), ("B", at(50), at(90))]
+
+
+def test_billing_held_time_takes_the_same_queries_for_few_and_many_sessions(lab_c1, exact_prices):
+    """The periodic close bills the held time of many ended sessions in a constant number of queries."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    [h100] = _h100s(lab_c1, 1)
+    counts = []
+    for round_, many in enumerate((3, 30)):
+        base = T0 + timedelta(hours=round_)
+        for n in range(many):
+            session = reserved_session(lab_c1, gpus=[h100], created=base + timedelta(seconds=2 * n))
+            ingest.usage_ingest(cluster=lab_c1, samples=[sample(session, h100, start=base + timedelta(seconds=2 * n), seconds=0.5)])
+            end(session, base + timedelta(seconds=2 * n + 1))
+        with CaptureQueriesContext(connection) as queries:
+            assert held.held_gaps_bill(now=base + timedelta(minutes=30)) == many
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+    assert_books()
