@@ -237,8 +237,9 @@ class Accrual(models.Model):
     """What one session's usage samples cost since its last charge: its open billing period (``billing.periods``).
 
     One row per session that ever reported usage or had held GPU time billed (``billing.held``), written only under its
-    owner's account lock (usage ingestion, the held time's billing and the period close). ``period_start`` is the open period: a new sample accrues into ``max(the period of its start,
-    period_start)``; a sample of a later period first closes this one. ``amount`` (credits), ``gpu_seconds``,
+    owner's account lock (usage ingestion, the held time's billing and the period close). ``period_start`` is the open
+    period: a new sample accrues into ``max(the period of its start, period_start)``; a sample of a later period first
+    closes this one. ``amount`` (credits), ``gpu_seconds``,
     ``samples`` and the first start / last end of their windows are what the period's charge will say; all zero
     (and the windows null) when nothing is open. The account's ``accrued`` is the sum of its rows' ``amount``.
     """
