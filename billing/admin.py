@@ -212,13 +212,13 @@ class LedgerEntryAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
 
 @admin.register(UsageSample)
 class UsageSampleAdmin(ClusterScopedAdmin, ReadOnlyModelAdmin):
-    """Usage samples as the operators reported them (``POST /internal/v1/usage`` only), with their price share and
-    cost; read-only: they are the evidence of what was charged."""
+    """Usage samples as the operators reported them (``POST /internal/v1/usage``), and the held time no sample covered
+    (``gap``, ``billing.held``), with their price share and cost; read-only: they are the evidence of what was charged."""
 
     list_display = ["sample_id", "cluster", "session", "device_uuid", "gpu_model", "start", "end", "share", "cost", "billing_period",
-                    "entry_id", "received_at"]
+                    "gap", "entry_id", "received_at"]
     list_select_related = ["cluster", "session"]
-    list_filter = ["cluster"]
+    list_filter = ["cluster", "gap"]
     search_fields = ["sample_id", "session__public_id", "device_uuid"]
     show_full_result_count = False
 

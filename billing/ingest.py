@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing import periods, pricing
 from billing.exceptions import UsageConflict
-from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, Accrual, UsageSample
+from billing.models import CREDITS, USAGE_OVERLAP_CONSTRAINT, Accrual, HeldGpu, UsageSample
 from billing.usage import (
     CLOCK_SKEW_SECONDS,
     USAGE_DEVICE_NOT_ALLOCATED,
@@ -54,6 +54,7 @@ class _SessionRow(NamedTuple):
     created_at: datetime
     devices: list[str]
     ended_at: datetime | None
+    closed: bool  # its held time was billed in full (billing.held): no later sample is stored
 
 
 class _DeviceRow(NamedTuple):
@@ -140,7 +141,8 @@ _CHARGE_COLUMNS = ("account_id", "amount", "balance_after", "idempotency_key", "
 
 #: Moves the staged samples into the table, each into the later of its own billing period and its session's open one
 #: (the accruals are read in the same statement, under the owners' account locks); returns the samples really inserted
-#: (not already stored) with the period each accrues into, then the sessions' accruals as they were (``sample_id``
+#: (not already stored, and not of a session whose held time was billed in full meanwhile: ``billing.held``) with the
+#: period each accrues into, then the sessions' accruals as they were (``sample_id``
 #: NULL: ``period`` the open period, ``session_id`` and ``samples``). The conflict target
 #: is the unique ``(cluster_id, sample_id)`` only: a row that overlaps another window of its session and GPU raises the
 #: exclusion violation of ``usage_sample_no_overlap`` instead of being skipped like a replay. (Without a target,
@@ -152,6 +154,10 @@ _INSERT_SAMPLES = f"""
         SELECT session_id, period_start, samples FROM {Accrual._meta.db_table}
          WHERE session_id IN (SELECT DISTINCT session_id FROM staged)
     ),
+    closed AS (
+        SELECT DISTINCT session_id FROM {HeldGpu._meta.db_table}
+         WHERE session_id IN (SELECT DISTINCT session_id FROM staged) AND billed_at IS NOT NULL
+    ),
     ins AS (
         INSERT INTO billing_usagesample
             (cluster_id, sample_id, session_id, device_uuid, start, "end", gpu_util_percent, memory_used_mib, gpu_model, share,
@@ -159,6 +165,7 @@ _INSERT_SAMPLES = f"""
         SELECT %s, s.sample_id, s.session_id, s.device_uuid, s.start, s.finish, s.gpu_util_percent, s.memory_used_mib,
                s.gpu_model, s.share, s.cost, GREATEST(to_timestamp(s.billing_period), acc.period_start), %s
           FROM staged s LEFT JOIN acc ON acc.session_id = s.session_id
+         WHERE s.session_id NOT IN (SELECT session_id FROM closed)
         ON CONFLICT (cluster_id, sample_id) DO NOTHING
         RETURNING sample_id, EXTRACT(EPOCH FROM billing_period)::bigint AS period
     )
@@ -281,7 +288,7 @@ _SESSIONS = f"""
          GROUP BY session_id
     )
     SELECT s.public_id, s.id, s.cluster_id, s.owner_id, s.gpu_memory_mib, s.gpu_cores, s.created_at, COALESCE(held.uuids, '{{}}'),
-           s.ended_at
+           s.ended_at, EXISTS (SELECT 1 FROM {HeldGpu._meta.db_table} h WHERE h.session_id = s.id AND h.billed_at IS NOT NULL)
       FROM s LEFT JOIN held ON held.session_id = s.id"""
 
 
@@ -429,7 +436,9 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     unique: dict[str, Sample] = {}
     for sample in parsed:
         unique.setdefault(sample.sample_id, sample)
-    rows = list(unique.values())
+    rows = _held_part(unique.values(), sessions)
+    if not rows:
+        return {"accepted": 0, "duplicates": len(parsed), "charged": {}}
     prices = pricing.prices_by_model()
     pairs: dict[tuple[str, str], _Pricing] = {}
     staged: list[tuple] = []
@@ -514,6 +523,27 @@ def _ingest(*, cluster: Cluster, samples: list[dict]) -> dict:
     }
 
 
+def _held_part(samples, sessions: dict) -> list[Sample]:
+    """The samples cut to the time their session held its GPUs: from its creation (placement reserved them in that
+    transaction) to its end when it ended (``billing.held`` bills that interval exactly, sampled or not). A sample
+    left with nothing, and every sample of a session whose held time was billed in full already, is left out: not
+    stored, counted in ``duplicates`` (its seconds, if any, are billed already)."""
+    rows = []
+    for sample in samples:
+        session = sessions[sample.session_id]
+        if session.closed:
+            continue
+        start = max(sample.start, session.created_at)
+        end = sample.end if session.ended_at is None else min(sample.end, session.ended_at)
+        if end <= start:
+            continue
+        if start != sample.start or end != sample.end:
+            delta = end - start
+            sample = sample._replace(start=start, end=end, micros=(delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds)
+        rows.append(sample)
+    return rows
+
+
 def _overlap_in_batch(rows: list[Sample], sessions: dict) -> bool:
     """Whether two samples of the batch (distinct ids) overlap on one session and GPU: then ``_refuse_overlaps``
     judges them too (checked outside the locks; the usual batch has none, and its check under the locks only compares
@@ -556,7 +586,9 @@ def _refuse_overlaps(*, cluster: Cluster, rows: list[Sample], sessions: dict, sa
         cursor.execute(
             f'SELECT u.cluster_id, u.sample_id, u.session_id, u.device_uuid, u.start, u."end" FROM unnest(%s::bigint[]) AS k(session_id) '
             f"JOIN {UsageSample._meta.db_table} u ON u.session_id = k.session_id "
-            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)')",
+            "AND tstzrange(u.start, u.\"end\", '[)') && tstzrange(%s, %s, '[)') "
+            # A session whose held time was billed meanwhile stores none of these samples (_INSERT_SAMPLES): no refusal.
+            f"WHERE NOT EXISTS (SELECT 1 FROM {HeldGpu._meta.db_table} h WHERE h.session_id = k.session_id AND h.billed_at IS NOT NULL)",
             [_array(session_pks), first, last],
         )
         stored = cursor.fetchall()

@@ -209,6 +209,10 @@ class UsageSample(models.Model):
     start, or the session's open period when that one has been charged already: ``billing.periods``); samples stored
     before periods existed have none and point at their per-batch charge, ``entry``, instead.
 
+    ``gap`` rows are not the operator's: ``billing.held`` writes them at the session's end for the time it held a GPU
+    that no sample covered (``sample_id`` ``gap:<session id>:<device uuid>:<start, epoch µs>``; operators may not use
+    the ``gap:`` prefix).
+
     No two samples of one session and GPU cover the same instant (``usage_sample_no_overlap``: an exclusion
     constraint on ``(session, device_uuid, tstzrange(start, end, '[)'))``, GiST with ``btree_gist``), so a GPU-second
     is stored, and charged, once whatever writes the rows and however they race; windows that touch do not overlap.
@@ -229,6 +233,8 @@ class UsageSample(models.Model):
     cost = credit_field()
     entry = models.ForeignKey(LedgerEntry, on_delete=models.PROTECT, null=True, blank=True, related_name="samples")
     billing_period = models.DateTimeField(null=True, blank=True, help_text="Start of the billing period whose charge covers it")
+    gap = models.BooleanField(default=False, db_default=False,
+                              help_text="Held time no operator sample covered, billed at the session's end (billing.held)")
     received_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -248,9 +254,10 @@ class UsageSample(models.Model):
 class Accrual(models.Model):
     """What one session's usage samples cost since its last charge: its open billing period (``billing.periods``).
 
-    One row per session that ever reported usage, written only under its owner's account lock (usage ingestion and
-    the period close). ``period_start`` is the open period: a new sample accrues into ``max(the period of its start,
-    period_start)``; a sample of a later period first closes this one. ``amount`` (credits), ``gpu_seconds``,
+    One row per session that ever reported usage or had held GPU time billed (``billing.held``), written only under its
+    owner's account lock (usage ingestion, the held time's billing and the period close). ``period_start`` is the open
+    period: a new sample accrues into ``max(the period of its start, period_start)``; a sample of a later period first
+    closes this one. ``amount`` (credits), ``gpu_seconds``,
     ``samples`` and the first start / last end of their windows are what the period's charge will say; all zero
     (and the windows null) when nothing is open. The account's ``accrued`` is the sum of its rows' ``amount``.
     """
@@ -314,3 +321,37 @@ class StorageHolding(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quota_gb} GiB of volume {self.volume_id} from {self.start} until {self.end or 'now'}"
+
+
+class HeldGpu(models.Model):
+    """A GPU placement reserved for a session, and for how long: written when the reservation is released at the
+    session's end (``sessions.services``), read by ``billing.held`` to bill every second of it.
+
+    ``held_from`` is when the session was created (``sessions.create`` creates it and reserves its GPUs in one
+    transaction), ``held_until`` when it ended (``Session.ended_at``: the reservation is released in that
+    transaction). ``gpu_model`` and ``memory_mib`` are the device's at the release, so the held time is priced as the
+    samples are even after inventory removed the GPU. ``billed_at`` is set, under the owner's account lock, once every
+    second of ``[held_from, held_until)`` not covered by a usage sample was billed (``UsageSample.gap`` rows): usage
+    samples of the session that arrive later are not stored (each of its held seconds is billed already).
+    """
+
+    session = models.ForeignKey("gpu_sessions.Session", on_delete=models.PROTECT, related_name="held_gpus", db_index=False)
+    device_uuid = models.CharField(max_length=128)
+    gpu_model = models.CharField(max_length=200, blank=True, default="")
+    memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    held_from = models.DateTimeField()
+    held_until = models.DateTimeField()
+    billed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "held GPU"
+        verbose_name_plural = "held GPUs"
+        constraints = [
+            models.UniqueConstraint(fields=["session", "device_uuid"], name="held_gpu_once_per_session"),
+            models.CheckConstraint(condition=Q(held_until__gte=models.F("held_from")), name="held_gpu_until_after_from"),
+        ]
+        # The periodic close looks for the holds not billed yet (a handful among every session's).
+        indexes = [models.Index(fields=["held_until"], name="held_gpu_unbilled", condition=Q(billed_at__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"{self.device_uuid} held by session {self.session_id} {self.held_from:%Y-%m-%d %H:%M:%S}–{self.held_until:%H:%M:%S}"

@@ -9,7 +9,8 @@ written when the period closes:
   transaction; so is every period of the batch but the session's last, when a batch catches up on several);
 * by the periodic task ``billing.close_billing_periods`` (:func:`periods_close`), once a period ended
   ``GSHARE_BILLING_SETTLE_SECONDS`` ago (default 120: late samples of its last minutes still make it), or its session
-  ended that long ago (the session's last charge: it does not wait for the period's end).
+  ended that long ago (the session's last charge: it does not wait for the period's end), after the held time no
+  sample covered was added to it (``billing.held``).
 
 A sample accrues into ``max(the period of its start, the session's open period)``: a late sample of a period that
 was already charged is charged with the next one (its ``billing_period`` says which), so a charge never changes and
@@ -33,6 +34,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from billing import held
 from billing.models import Accrual, CreditAccount, LedgerEntry
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,9 @@ def _due(now: datetime) -> Q:
 def periods_close(*, now: datetime | None = None, accounts_per_transaction: int = 500, max_transactions: int = 100) -> int:
     """Charge every open accrual whose period ended, or whose session ended, ``GSHARE_BILLING_SETTLE_SECONDS`` ago.
 
+    First, the held time of sessions that ended that long ago and that no usage sample covered is accrued
+    (``billing.held.held_gaps_bill``), so an ended session's last charge bills every second it held its GPUs.
+
     The beat task ``billing.close_billing_periods`` (every 60 s) calls it; ingestion closes a period itself when a
     sample of a later one arrives, so this covers sessions that went quiet or ended. Per transaction, up to
     ``accounts_per_transaction`` accounts are locked (primary-key order), their due accruals read again under the
@@ -105,6 +110,8 @@ def periods_close(*, now: datetime | None = None, accounts_per_transaction: int 
         How many charges were written.
     """
     now = now or timezone.now()
+    # An ended session's held time no sample covered joins its open period first, so its last charge includes it.
+    held.held_gaps_bill(now=now, max_transactions=max_transactions)
     length = period_length()
     settle = timedelta(seconds=settings.GSHARE_BILLING_SETTLE_SECONDS)
     written = 0

@@ -110,7 +110,7 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
     """Check every sample of a batch and return them parsed, in order (duplicates included).
 
     Each sample is ``{"sample_id", "session_id", "device_uuid", "start", "end", "gpu_util_percent"?,
-    "memory_used_mib"?}``: ids are strings of 1 to 128 characters; ``start``/``end`` ISO 8601 times with a zone
+    "memory_used_mib"?}``: ids are strings of 1 to 128 characters (a ``sample_id`` not beginning with ``gap:``); ``start``/``end`` ISO 8601 times with a zone
     (``2026-11-29T16:00:00Z``; an offset in whole minutes, up to ±23:59, is converted to UTC; one with seconds is
     refused), ``end`` after ``start`` and at most ``max_window_seconds`` later, the window
     within ``max_age_seconds`` before ``now`` and ``CLOCK_SKEW_SECONDS`` after it (UTC; a year-10000 window
@@ -154,6 +154,9 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
                 problem = _bad_text(value)
                 if problem:
                     raise invalid_sample(index, sample, f"{key} {problem}")
+        if sample_id.startswith(contract.USAGE_RESERVED_ID_PREFIX):
+            raise invalid_sample(index, sample, f"sample_id may not begin with {contract.USAGE_RESERVED_ID_PREFIX!r}: the control plane's "
+                                                "own rows of held time not sampled use it")
         try:
             # isprintable: fromisoformat reads a time with a NUL before its "Z" (rfc3339.parse refuses it too).
             start = fromiso(start_raw) if type(start_raw) is str and len(start_raw) <= _MAX_TIME_LENGTH and start_raw.isprintable() else None

@@ -486,11 +486,14 @@ USAGE_ID_MAX_LENGTH = 128
 
 _USAGE_ID = {"type": "string", "minLength": 1, "maxLength": USAGE_ID_MAX_LENGTH}
 
+USAGE_RESERVED_ID_PREFIX = "gap:"
+"""A ``sample_id`` may not begin with it: the control plane's own rows of held GPU time no sample covered use it."""
+
 USAGE_SAMPLE_SCHEMA = {
     "type": "object",
     "required": ["sample_id", "session_id", "device_uuid", "start", "end"],
     "properties": {
-        "sample_id": _USAGE_ID,
+        "sample_id": {**_USAGE_ID, "not": {"pattern": "^" + USAGE_RESERVED_ID_PREFIX}},
         "session_id": _USAGE_ID,
         "device_uuid": _USAGE_ID,
         "start": _TIME,

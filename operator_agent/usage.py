@@ -17,8 +17,9 @@ Every ``GSHARE_USAGE_INTERVAL`` seconds (default 60) the usage thread (``run_usa
      with its pod) never back-fills time an earlier operator may already have reported, so losing the state costs
      at most a gap, never a double charge.
    * A session whose Pod ended (``Succeeded``/``Failed``) gets a last window up to its containers' latest
-     ``finishedAt``, then nothing more. A session deleted between two ticks is not metered after the last tick
-     (at most one interval, in the user's favour).
+     ``finishedAt``, then nothing more. A session deleted between two ticks is not metered after the last tick;
+     the control plane bills the held time no sample covered (before the first tick, after the last) itself, from
+     the session's reservation to its end, so nothing here needs to reach for it.
    * Windows of a session never overlap and leave no gap: each starts exactly where the previous one ended (epoch
      milliseconds), and none is longer than ``USAGE_MAX_WINDOW_SECONDS`` (600 s): a longer stretch (a slow tick,
      an apiserver outage, an operator restart) is split into consecutive windows of at most 600 s.

@@ -16,6 +16,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
 from audit.services import Action, audit_record
+from billing import held
 from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
 from clusters.kube.gateway import GSHARE_SESSIONS
 from clusters.models import Cluster
@@ -72,7 +73,9 @@ def _release(session: Session) -> None:
 
 
 def _release_allocations(*, cluster_id: int | None, session_ids: list[int]) -> None:
-    """Delete the GPU reservations of sessions of one cluster and recount the GPUs they were on.
+    """Delete the GPU reservations of sessions of one cluster, keep them as held time for billing
+    (``billing.held.RECORD_RELEASED``: call it once the sessions' ``ended_at`` is written) and recount the GPUs they
+    were on.
 
     The cluster's row is locked first (``FOR NO KEY UPDATE``: it waits for a placement or an
     inventory on that cluster, and they wait for it), so every change of a cluster's allocations
@@ -83,8 +86,12 @@ def _release_allocations(*, cluster_id: int | None, session_ids: list[int]) -> N
     if cluster_id is not None:
         list(Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).values_list("pk", flat=True))
     with connection.cursor() as cursor:
+        # The same statement keeps what was released for billing (every second a GPU was held is billed: billing.held).
         cursor.execute(
-            "DELETE FROM gpu_sessions_allocation a USING clusters_gpudevice d WHERE d.id = a.device_id AND a.session_id = ANY(%s) RETURNING d.node_id",
+            "WITH released AS (DELETE FROM gpu_sessions_allocation a USING clusters_gpudevice d WHERE d.id = a.device_id "
+            "AND a.session_id = ANY(%s) RETURNING a.session_id, a.device_id, d.node_id), "
+            f"held AS ({held.RECORD_RELEASED.format(released='released')}) "
+            "SELECT DISTINCT node_id FROM released",
             [list(session_ids)],
         )
         nodes = {row[0] for row in cursor.fetchall()}

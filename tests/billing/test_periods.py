@@ -97,11 +97,11 @@ def test_the_periodic_close_charges_quiet_and_ended_sessions_once(lab_c1, owner,
     quiet = metered_session(lab_c1, owner=owner, gpus=[h100])
     ended = metered_session(lab_c1, owner=owner, gpus=[v100])
     ingest.usage_ingest(cluster=lab_c1, samples=minutes(quiet, h100, 0, 10) + minutes(ended, v100, 0, 10))
-    Session.objects.filter(pk=ended.pk).update(phase="Terminated", ended_at=T0 + timedelta(minutes=10))
+    Session.objects.filter(pk=ended.pk).update(phase="Terminated", ended_at=T0 + timedelta(minutes=11))
     before = CreditAccount.objects.get(user=owner)
 
-    assert periods.periods_close(now=T0 + timedelta(minutes=11)) == 0  # neither settled yet
-    assert periods.periods_close(now=T0 + timedelta(minutes=12)) == 1  # the ended session's last period
+    assert periods.periods_close(now=T0 + timedelta(minutes=12)) == 0  # neither settled yet
+    assert periods.periods_close(now=T0 + timedelta(minutes=13)) == 1  # the ended session's last period
     [end] = charges(ended)
     assert end.reason.endswith("(session ended)") and end.created_by == periods.CLOSED_BY_TASK and end.sample_count == 10
     assert periods.periods_close(now=T0 + HOUR + timedelta(seconds=119)) == 0
@@ -113,8 +113,9 @@ def test_the_periodic_close_charges_quiet_and_ended_sessions_once(lab_c1, owner,
     after = CreditAccount.objects.get(user=owner)
     assert after.accrued == 0 and after.balance - after.accrued == before.balance - before.accrued
     assert after.below_zero_since == before.below_zero_since is not None
-    # Late samples of the ended session (within its end plus the clock skew) accrue and are charged as the next period.
-    ingest.usage_ingest(cluster=lab_c1, samples=minutes(ended, v100, 10, 1))
+    # A late sample of the ended session's held time accrues and is charged as the next period; one after its end is not
+    # stored (the session held no GPU then).
+    assert ingest.usage_ingest(cluster=lab_c1, samples=minutes(ended, v100, 10, 2))["accepted"] == 1
     assert periods.periods_close(now=T0 + 3 * HOUR) == 1 and [c.period_start for c in charges(ended)] == [T0, T0 + HOUR]
     assert_books()
 
@@ -208,15 +209,21 @@ def test_charges_plus_accrued_equal_the_samples_whatever_the_order_batches_repla
         periods.periods_close(now=T0 + timedelta(days=1))
 
     # What charging every sample on its own would have taken: the samples' costs, priced here independently.
-    expected = Decimal(0)
+    # A window is billed only within the time its session held its GPUs: up to its end, if it ended.
+    expected, kept = Decimal(0), 0
     for body in stream:
         session = sessions[0] if body["session_id"] == sessions[0].public_id else sessions[1]
         gpu = gpus[0] if body["device_uuid"] == gpus[0].uuid else gpus[1]
         share = pricing.gpu_share(device_memory_mib=gpu.memory_mib, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores)
-        seconds = Decimal(int((T0.fromisoformat(body["end"]) - T0.fromisoformat(body["start"])).total_seconds()))
-        expected += pricing.window_cost(price=pricing.price_for_model(gpu.model, prices_by_model), share=share, seconds=seconds)
+        end = T0.fromisoformat(body["end"])
+        if session is sessions[0] and end_after is not None:
+            end = min(end, T0 + timedelta(minutes=end_after))
+        seconds = Decimal(int((end - T0.fromisoformat(body["start"])).total_seconds()))
+        if seconds > 0:
+            kept += 1
+            expected += pricing.window_cost(price=pricing.price_for_model(gpu.model, prices_by_model), share=share, seconds=seconds)
     assert sum((billed(s) for s in sessions), Decimal(0)) == expected
-    assert UsageSample.objects.filter(session__in=sessions).count() == len(stream)
+    assert UsageSample.objects.filter(session__in=sessions).count() == kept
     for session in sessions:
         per_period = LedgerEntry.objects.filter(session=session, kind="charge").values("period_start").annotate(n=Count("id"))
         assert all(row["n"] == 1 for row in per_period)

@@ -208,10 +208,12 @@ def test_a_window_beginning_before_the_session_was_created_is_refused(operator_c
     assert (body["code"], body["index"], body["reason"]) == ("invalid_usage_sample", 1, "usage_window_before_session")
     assert whole_session.public_id in body["detail"] and "before the session" in body["detail"]
     assert (UsageSample.objects.count(), LedgerEntry.objects.count(), CreditAccount.objects.count()) == (0, 0, 0)
-    # Within the clock skew the endpoint allows (the containers' start is the kubelet's clock), a first window is fine;
-    # so is one of a session that has not been reported Running yet (started_at empty).
-    skewed = sample(whole_session, h100, start=created - timedelta(seconds=60))
+    # Within the clock skew the endpoint allows (the containers' start is the kubelet's clock), a first window is fine,
+    # counted from the creation (when its GPUs were reserved: billing.held); so is one of a session that has not been
+    # reported Running yet (started_at empty).
+    skewed = sample(whole_session, h100, start=created - timedelta(seconds=30))
     assert operator_c1.post("/internal/v1/usage", json={"samples": [after, skewed]}).json()["accepted"] == 2
+    assert UsageSample.objects.get(sample_id=skewed["sample_id"]).start == created
 
 
 def test_a_gpu_the_session_does_not_hold_is_refused(operator_c1, lab_c1, whole_session, prices):

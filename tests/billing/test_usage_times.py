@@ -117,7 +117,8 @@ def test_an_odd_offset_overlapping_a_stored_window_is_refused_with_its_index(ope
 def test_a_window_beginning_after_the_session_ended_is_refused(operator_c1, lab_c1, owner, prices):
     """A window beginning more than 300 s after ``ended_at`` is refused (400, its index, ``reason``
     ``usage_window_after_session``) and nothing of the batch is charged; the session now holding that GPU is charged
-    for that time alone. Late samples of windows that began before the session ended (or within the skew) count."""
+    for that time alone. Late samples of windows that began before the session ended count up to its end (the time
+    it held its GPUs: billing.held); one within the skew after its end is answered as a duplicate and not stored."""
     h100 = device(lab_c1, "NVIDIA H100")
     ended = metered_session(lab_c1, owner=owner, gpus=[h100])
     ended_at = T0 + timedelta(minutes=5)
@@ -140,12 +141,13 @@ def test_a_window_beginning_after_the_session_ended_is_refused(operator_c1, lab_
     assert not LedgerEntry.objects.filter(kind="charge").exists()
 
     answer = operator_c1.post("/internal/v1/usage", json={"samples": [
-        sample(ended, h100, start=ended_at - timedelta(seconds=30), sample_id="last"),  # ends after ended_at: still counts
+        sample(ended, h100, start=ended_at - timedelta(seconds=30), sample_id="last"),  # ends after ended_at: counts up to it
         sample(ended, h100, start=ended_at + timedelta(seconds=300), sample_id="within-skew"),
         sample(successor, h100, start=a_day_later, sample_id="successor"),
     ]})
     assert answer.status_code == 200, answer.text
-    assert answer.json()["accepted"] == 3
-    assert billed(ended) == 2 * MINUTE
+    assert (answer.json()["accepted"], answer.json()["duplicates"]) == (2, 1)
+    assert UsageSample.objects.get(sample_id="last").end == ended_at
+    assert billed(ended) == Decimal("0.020833")  # 30 s of an H100 at 2.5 credits per GPU-hour
     assert billed(successor) == MINUTE
     assert list(UsageSample.objects.filter(start=a_day_later).values_list("session_id", flat=True)) == [successor.pk]

@@ -315,6 +315,8 @@ def test_usage_of_a_missing_gpu_is_accepted_while_its_session_lives(http, lab):
     _, operator, nodes = lab
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("1.2"))
     session = start_session(http)
+    # Created five minutes ago: the sample below (90 to 60 s ago) lies in the time it held its GPUs (billing.held).
+    Session.objects.filter(public_id=session["id"]).update(created_at=datetime.now(UTC) - timedelta(minutes=5))
     gpu = held_gpu(session["id"])
     operator.put("/internal/v1/inventory", json=without(nodes, uuids={gpu.uuid}))
     response = usage(operator, session["id"], gpu.uuid, ago=60)
