@@ -236,7 +236,7 @@ class ControlPlaneClient:
             if self._stopped():
                 raise ControlPlaneUnavailable(f"{what}: stopped before completion ({last_problem})")
             token = self._read_token()
-            sent = self.clock.wall()
+            sent = self.clock.monotonic()
             try:
                 response = self.session.request(
                     method,
@@ -327,7 +327,7 @@ class ControlPlaneClient:
 
     def _learn_time(self, response: requests.Response, sent) -> None:
         """Update the clock offset from the answer's ``server_time``, if it is a JSON object that has one."""
-        received = self.clock.wall()
+        received = self.clock.monotonic()
         try:
             data = response.json() if response.content else None
         except ValueError:
