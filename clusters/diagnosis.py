@@ -189,7 +189,7 @@ def clock_verdict(cluster: Cluster) -> CheckVerdict:
         "from ahead are refused (report_from_future) and sent again with the control plane's time, and its usage "
         "windows are stamped with the wrong time. Enable NTP on the node that runs the operator (chrony or "
         "systemd-timesyncd: `timedatectl set-ntp true`, then `timedatectl timesync-status` or `chronyc tracking`); "
-        f"find the node with `kubectl -n gshare-system get pods -o wide` ({OPERATOR_LOGS_COMMAND} shows the offset)."
+        f"find the node with `kubectl -n gshare-system get pods -o wide` (`{OPERATOR_LOGS_COMMAND}` shows the offset)."
     ))
 
 
