@@ -15,7 +15,7 @@ from django.utils.safestring import mark_safe
 
 from clusters import admin_cards, console, services
 from clusters.admin_cards import GpuCardList
-from clusters.diagnosis import cluster_problems
+from clusters.diagnosis import clock_verdict, cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token import rotation as token_rotation
 from gshare.console.dashboard import age
@@ -154,12 +154,12 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
     fields = [
         "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "session_domain", "routing",
         "gateway_name", "gateway_namespace", "routing_report", "ingress_node", "volume_storage_class", "last_heartbeat_at",
-        "credential_privilege", "last_connection_test", "last_connection_test_at",
+        "clock_synced", "credential_privilege", "last_connection_test", "last_connection_test_at",
         "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     readonly_fields = [
         "problems", "public_id", "name", "apiserver_url", "status", "kubernetes_version", "routing_report", "last_heartbeat_at",
-        "credential_privilege",
+        "clock_synced", "credential_privilege",
         "last_connection_test", "last_connection_test_at", "registered_at", "deregistered_at", *OPERATOR_TOKEN_FIELDS,
     ]
     actions = ["connection_test", "deregister", "rotate_operator_token", "revoke_operator_tokens"]
@@ -254,6 +254,14 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
             return expires
         label = "callbacks refused" if state.refused_since else "rotation failed" if state.last_rotation_error else expires
         return format_html('<span class="gs-warning" title="{}">⚠ {}</span>', state.warning, label)
+
+    @admin.display(description="clock_synced")
+    def clock_synced(self, obj: Cluster):
+        """The operator's clock against the control plane's (``clusters.diagnosis.clock_verdict``): ok with the offset,
+        a warning with the offset and the fix (NTP on the operator's node), or unknown."""
+        verdict = clock_verdict(obj)
+        label = {True: "ok", False: "⚠ off", None: "unknown"}[verdict.ok]
+        return format_html('<span class="{}">{}:</span> {}', "gs-warning" if verdict.ok is False else "", label, verdict.detail)
 
     @admin.display(description="kubernetes credential")
     def credential_privilege(self, obj: Cluster) -> str:

@@ -6,6 +6,8 @@ the console's cluster page all use (docs/attach.md, "When it does not work"). No
 * ``operator_check_verdicts``: the session-path checks the operator reported from inside its cluster
   (``Cluster.operator_checks``, ``operator_agent.session_path``), each passed, failed with its fix, or unknown (not
   reported yet, or by an operator that predates them: unknown is not a failure).
+* ``clock_verdict``: the operator's clock against the control plane's (``clock_synced``), from the offset it reports with
+  its inventory: in sync, off by more than ``GSHARE_CLOCK_SKEW_TOLERANCE`` with the fix (NTP on its node), or unknown.
 * ``cluster_problems``: every problem at once (the token's warning, reporting, the session path, the last connection
   test's other failed checks), for the API and the console.
 """
@@ -23,6 +25,7 @@ from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
 from clusters.routing import ATTACH_COMMAND
 from operator_agent.contract import (
+    CLOCK_SYNCED,
     CONNECT_EXT_AUTHZ_PATH,
     CONNECT_VERIFY_PATH,
     OPERATOR_CHECKS,
@@ -164,6 +167,39 @@ def operator_check_verdicts(cluster: Cluster) -> list[CheckVerdict]:
     return verdicts
 
 
+def clock_verdict(cluster: Cluster) -> CheckVerdict:
+    """``clock_synced``: whether the operator's clock is within ``GSHARE_CLOCK_SKEW_TOLERANCE`` seconds of the control
+    plane's, by the ``clock_offset_seconds`` of its latest inventory (``Cluster.clock_offset_seconds``).
+
+    Returns:
+        ``ok`` True with the offset; False with the offset, what it breaks and the fix (NTP on the operator's node);
+        None when no offset was reported (before the operator's first answer, or an operator that predates it).
+    """
+    offset, tolerance = cluster.clock_offset_seconds, settings.GSHARE_CLOCK_SKEW_TOLERANCE
+    if offset is None:
+        return CheckVerdict(CLOCK_SYNCED, None, (
+            "Unknown, not failed: the operator has not reported its clock offset. It reports it with its next inventory; "
+            "an operator older than this control plane never does (upgrade charts/gshare-operator)."
+        ))
+    when = f" (reported {_when(cluster.clock_offset_at)})" if cluster.clock_offset_at else ""
+    if abs(offset) <= tolerance:
+        return CheckVerdict(CLOCK_SYNCED, True, f"The operator's clock is {_offset(offset)}{when}, within {tolerance:g} s.")
+    return CheckVerdict(CLOCK_SYNCED, False, (
+        f"The operator's clock is {_offset(offset)}{when}, beyond the {tolerance:g} s tolerance: its status reports "
+        "from ahead are refused (report_from_future) and sent again with the control plane's time, and its usage "
+        "windows are stamped with the wrong time. Enable NTP on the node that runs the operator (chrony or "
+        "systemd-timesyncd: `timedatectl set-ntp true`, then `timedatectl timesync-status` or `chronyc tracking`); "
+        f"find the node with `kubectl -n gshare-system get pods -o wide` (`{OPERATOR_LOGS_COMMAND}` shows the offset)."
+    ))
+
+
+def _offset(offset: float) -> str:
+    """``offset`` (control plane minus operator, seconds) in words: how far the operator's clock is ahead or behind."""
+    if offset == 0:
+        return "in step with the control plane's"
+    return f"{abs(offset):.3f} s {'behind' if offset > 0 else 'ahead of'} the control plane's"
+
+
 @dataclass(frozen=True)
 class Problem:
     """A problem of a cluster: ``check`` (a connection-test check name, or ``operator_token``) and its sentence."""
@@ -176,7 +212,7 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
     """Every problem of ``cluster`` now, each with its fix; empty when nothing is known to be wrong. No query.
 
     In order: the operator token's warning (refused callbacks first), the operator not reporting (judged now), the
-    failed session-path checks (as last reported), the other checks the last connection test failed, and (``routing``)
+    failed session-path checks (as last reported), its clock off (``clock_verdict``), the other checks the last connection test failed, and (``routing``)
     its routing controller not found or Gateway not programmed, when that test was of the cluster's current mode.
     """
     if cluster.status == Cluster.Status.DEREGISTERED:
@@ -190,10 +226,13 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
     if cluster.last_heartbeat_at is None or now - cluster.last_heartbeat_at > stale:
         problems.append(Problem("operator_reporting", operator_reporting_detail(cluster, now=now)))
     problems.extend(Problem(v.name, v.detail) for v in operator_check_verdicts(cluster) if v.ok is False)
+    clock = clock_verdict(cluster)
+    if clock.ok is False:
+        problems.append(Problem(clock.name, clock.detail))
     test = cluster.last_connection_test if isinstance(cluster.last_connection_test, dict) else {}
     details = test.get("detail") or {}
     for name, ok in (test.get("checks") or {}).items():
-        if ok is False and name not in ("operator_reporting", *OPERATOR_CHECKS):
+        if ok is False and name not in ("operator_reporting", CLOCK_SYNCED, *OPERATOR_CHECKS):
             problems.append(Problem(name, str(details.get(name) or "")))
     routing = test.get("routing")
     if isinstance(routing, dict) and routing.get("mode") == cluster.routing and (
@@ -204,6 +243,6 @@ def cluster_problems(cluster: Cluster, *, now: datetime.datetime | None = None) 
 
 
 __all__ = [
-    "CheckVerdict", "Problem", "cluster_problems", "connect_ext_authz_url", "connect_verify_url", "operator_check_verdicts",
+    "CheckVerdict", "Problem", "clock_verdict", "cluster_problems", "connect_ext_authz_url", "connect_verify_url", "operator_check_verdicts",
     "operator_reporting_detail", "session_auth_fix",
 ]

@@ -124,6 +124,14 @@ class Cluster(models.Model):
         help_text="Digest of the operator's last applied inventory snapshot (operator_agent.contract.inventory_digest); a "
                   "digest-only report naming it needs no full snapshot. Empty: the next report must be a full snapshot",
     )
+    clock_offset_seconds = models.FloatField(
+        null=True, blank=True, editable=False,
+        help_text="Seconds to add to the operator's clock to get the control plane's, as its latest inventory reported "
+                  "them (from the server_time of its calls); null when it reports none (an operator that predates it)",
+    )
+    clock_offset_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the control plane received that offset",
+    )
 
     class Meta:
         ordering = ["name", "id"]

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created
 from clusters import inventory
-from clusters.diagnosis import operator_check_verdicts, operator_reporting_detail
+from clusters.diagnosis import clock_verdict, operator_check_verdicts, operator_reporting_detail
 from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
@@ -27,7 +27,7 @@ from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from gshare.exceptions import ApplicationError, Conflict, Forbidden
 from operator_agent import contract
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
+from operator_agent.contract import CLOCK_SYNCED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
 
 logger = logging.getLogger(__name__)
 
@@ -534,8 +534,9 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
 
 
 #: Checks of the connection test that are reported but never make a cluster ``degraded``: a cluster-admin credential
-#: works, it only holds more than the control plane needs (the console warns and names the fix).
-ADVISORY_CHECKS = ("credential_least_privilege",)
+#: works, it only holds more than the control plane needs (the console warns and names the fix); an operator clock off
+#: the control plane's still has its reports applied (re-stamped with the control plane's time), so sessions run.
+ADVISORY_CHECKS = ("credential_least_privilege", CLOCK_SYNCED)
 
 
 def operator_reporting(cluster: Cluster, *, now=None) -> bool:
@@ -588,7 +589,8 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
         # the row lock the inventory writes them under, after the probe (no lock is held over an apiserver call).
         current = Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
         if current is not None:
-            for field_name in ("operator_checks", "last_heartbeat_at", "session_domain", "ingress_node", "status"):
+            for field_name in ("operator_checks", "last_heartbeat_at", "session_domain", "ingress_node", "status",
+                               "clock_offset_seconds", "clock_offset_at"):
                 setattr(cluster, field_name, getattr(current, field_name))
         report, update = _connection_test_outcome(cluster, result, checks, details)
         report["routing"] = routing
@@ -619,6 +621,11 @@ def _connection_test_outcome(cluster: Cluster, result, checks: dict, details: di
             checks[verdict.name] = verdict.ok
         if verdict.ok is not True:
             details[verdict.name] = verdict.detail
+    # The operator's clock, by the offset it last reported: advisory (reports still flow, re-stamped), unknown left out.
+    clock = clock_verdict(cluster)
+    if clock.ok is not None:
+        checks[clock.name] = clock.ok
+    details[clock.name] = clock.detail
     if not checks["apiserver_reachable"]:
         status = Cluster.Status.UNREACHABLE
     elif all(ok for name, ok in checks.items() if name not in ADVISORY_CHECKS):
@@ -688,7 +695,8 @@ class InventorySnapshotRequired(Conflict):
 
 
 @transaction.atomic
-def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None = None, digest: str = "") -> InventoryResult:
+def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None = None, digest: str = "",
+                    clock_offset: float | None = None) -> InventoryResult:
     """Replace a cluster's nodes and GPU devices with a full snapshot from its operator.
 
     The snapshot is COPYed into staging tables and moved in by set-based statements that write only the rows whose
@@ -716,6 +724,9 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
             ``Cluster.inventory_digest`` (what a later digest-only report is checked against, ``inventory_confirm``),
             unless the snapshot left GPUs or nodes kept missing: their removal waits for the sessions that hold them,
             which only a full snapshot decides, so then "" is recorded and the next report must be full.
+        clock_offset: the snapshot's ``clock_offset_seconds`` (seconds to add to the operator's clock to get the
+            control plane's), recorded as ``Cluster.clock_offset_seconds`` with the time it arrived; None (an operator
+            that predates it, or one that has had no answer yet) records none, so ``clock_synced`` is unknown.
 
     Returns:
         An ``InventoryResult``: ``nodes_removed`` / ``gpus_removed`` count deleted nodes and GPUs
@@ -755,7 +766,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
         # cluster's row lock, held since the start, keeps reservations from changing meanwhile.
         summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
         cursor.execute(f"WITH nodes AS ({summary} RETURNING n.id) {_HEARTBEAT_SQL}",
-                       _heartbeat_params(cluster, checks, now=now, digest=recorded))
+                       _heartbeat_params(cluster, checks, now=now, digest=recorded, clock_offset=clock_offset))
     return InventoryResult(
         nodes=len(nodes), gpus=gpus, nodes_removed=nodes_removed, gpus_removed=gpus_removed,
         nodes_missing=nodes_missing, gpus_missing=gpus_missing, digest=recorded,
@@ -765,18 +776,21 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
 #: The report's effect on the cluster row: heartbeat, status, the operator's checks and the recorded digest.
 _HEARTBEAT_SQL = """
     UPDATE clusters_cluster SET last_heartbeat_at = %(now)s, status = COALESCE(%(status)s, status),
-           operator_checks = %(checks)s::jsonb, inventory_digest = %(digest)s
+           operator_checks = %(checks)s::jsonb, inventory_digest = %(digest)s,
+           clock_offset_seconds = %(offset)s, clock_offset_at = %(offset_at)s
      WHERE id = %(cluster)s"""
 
 
-def _heartbeat_params(cluster: Cluster, checks: dict | None, *, now, digest: str) -> dict:
+def _heartbeat_params(cluster: Cluster, checks: dict | None, *, now, digest: str, clock_offset: float | None) -> dict:
     reported_status = _reported_status(cluster, checks)
     return {"cluster": cluster.pk, "now": now, "status": str(reported_status) if reported_status else None,
-            "checks": json.dumps(_known_checks(checks)), "digest": digest}
+            "checks": json.dumps(_known_checks(checks)), "digest": digest,
+            "offset": clock_offset, "offset_at": now if clock_offset is not None else None}
 
 
 @transaction.atomic
-def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = None) -> InventoryResult:
+def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = None,
+                      clock_offset: float | None = None) -> InventoryResult:
     """Record a digest-only report: the operator's snapshot is still the one last applied, with digest ``digest``.
 
     Nothing of the nodes and GPUs is read or written: they are what that snapshot made them (``inventory_apply``
@@ -786,7 +800,7 @@ def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = No
     Args:
         cluster: the cluster named in the operator token.
         digest: ``contract.inventory_digest`` of the operator's current snapshot.
-        checks: as for ``inventory_apply``.
+        checks, clock_offset: as for ``inventory_apply``.
 
     Returns:
         An ``InventoryResult`` with ``unchanged`` true (no counts: nothing was read).
@@ -806,7 +820,8 @@ def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = No
             "send the full snapshot (`PUT /internal/v1/inventory` with `nodes`)."
         )
     with connection.cursor() as cursor:
-        cursor.execute(_HEARTBEAT_SQL, _heartbeat_params(cluster, checks, now=timezone.now(), digest=digest))
+        cursor.execute(_HEARTBEAT_SQL, _heartbeat_params(cluster, checks, now=timezone.now(), digest=digest,
+                                                         clock_offset=clock_offset))
     return InventoryResult(nodes=None, gpus=None, nodes_removed=0, gpus_removed=0, digest=digest, unchanged=True)
 
 

@@ -146,6 +146,12 @@ INVENTORY_SNAPSHOT_REQUIRED = "inventory_snapshot_required"
 """409 to a digest-only ``PUT INVENTORY_PATH``: the control plane's last applied snapshot of the cluster is not the one with
 that digest (or it recorded none); nothing changed. The operator sends its full snapshot at once."""
 
+REPORT_FROM_FUTURE = "report_from_future"
+"""409 to ``POST STATUS_PATH``: a report's ``observed_at`` is further ahead of the control plane's clock than its
+tolerance (``GSHARE_CLOCK_SKEW_TOLERANCE``); nothing of the batch was applied. The body also carries ``server_time`` and
+``ahead_seconds``: the operator logs them with the fix (NTP on its node) and sends the reports again stamped no later
+than the control plane's time, once, instead of retrying the same body."""
+
 TOKEN_INVALID = "token_invalid"
 """401: the operator token is missing, malformed, expired, or signed by an unknown key."""
 
@@ -320,6 +326,14 @@ VERIFY_REACHABLE = "verify_reachable"
 URL (``connect_ext_authz_url``) -- answers, from inside the cluster, 401 with the control plane's JSON to a request
 without a token (not a connection error, not an HTML page)."""
 
+CLOCK_SYNCED = "clock_synced"
+"""Check of the connection test and the cluster page (not reported by the operator as a check): the operator's clock is
+within the tolerance of the control plane's, judged by the ``clock_offset_seconds`` it reports with its inventory."""
+
+CLOCK_OFFSET_LIMIT = 1e10
+"""Largest ``clock_offset_seconds`` magnitude an inventory may carry (about 317 years: any real clock's error, however
+wrong; an operator reports a larger one as this bound)."""
+
 OPERATOR_CHECKS = (SESSION_DOMAIN_RESOLVES, VERIFY_REACHABLE)
 """The checks an operator reports in its inventory (``checks``); operators that predate them report none (the field is optional)."""
 
@@ -377,6 +391,10 @@ INVENTORY_SCHEMA = {
         # it does not know are ignored, so a newer operator's extra checks do not make its reports invalid.
         "checks": {"type": "object", "maxProperties": 16, "propertyNames": {"maxLength": 64},
                    "additionalProperties": _OPERATOR_CHECK},
+        # Optional (operators that predate it send none: the clock check is then unknown). Seconds to add to the
+        # operator's clock to get the control plane's, from the ``server_time`` of its last answer (the midpoint of
+        # that call's round trip).
+        "clock_offset_seconds": {"type": "number", "minimum": -CLOCK_OFFSET_LIMIT, "maximum": CLOCK_OFFSET_LIMIT},
         "nodes": {
             "type": "array",
             "maxItems": 5000,

@@ -28,6 +28,9 @@ page or a ``not_found`` answered instead of the internal API (the public console
 401 (the token). A 2xx that is not JSON (a console page) is refused, not taken as a report that got through.
 
 Error bodies are ``{"code": "...", "detail": "..."}`` (codes in ``operator_agent.contract``).
+
+Every answer's ``server_time`` (a 2xx body, or an error body that carries one, such as ``report_from_future``) updates
+the shared ``operator_agent.clock.ClockOffset``: the offset of this node's clock from the control plane's.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import requests
 import urllib3.exceptions
 
 from operator_agent import __version__
+from operator_agent.clock import ClockOffset
 from operator_agent.config import OperatorConfig
 from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, INVENTORY_SNAPSHOT_REQUIRED, STORAGE_PATH, USAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
@@ -149,6 +153,8 @@ class ControlPlaneClient:
         tokens: where the token comes from (shared between clients); by default the token file only.
         on_success: called with the route's path (``INVENTORY_PATH`` ...) after each call answered 2xx (the operator's
             ``/metrics`` keeps the time of each report's last success: ``operator_agent.metrics``).
+        clock: where the offset of this node's clock from the control plane's is kept (shared between clients, like
+            ``tokens``); a private one when omitted.
     """
 
     def __init__(
@@ -162,6 +168,7 @@ class ControlPlaneClient:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         tokens: TokenSource | None = None,
         on_success: Callable[[str], object] | None = None,
+        clock: ClockOffset | None = None,
     ):
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
@@ -173,6 +180,7 @@ class ControlPlaneClient:
         self._rng = rng
         self.max_attempts = max_attempts
         self._on_success = on_success
+        self.clock = clock or ClockOffset()
 
     def put_inventory(self, snapshot: dict) -> dict:
         """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``, or a digest-only report
@@ -228,6 +236,7 @@ class ControlPlaneClient:
             if self._stopped():
                 raise ControlPlaneUnavailable(f"{what}: stopped before completion ({last_problem})")
             token = self._read_token()
+            sent = self.clock.monotonic()
             try:
                 response = self.session.request(
                     method,
@@ -247,6 +256,7 @@ class ControlPlaneClient:
                 retry_after = None
             else:
                 status = response.status_code
+                self._learn_time(response, sent)
                 if 200 <= status < 300 and not _foreign_answer(response):
                     answer = _json_object(response)
                     if self._on_success is not None:
@@ -314,6 +324,16 @@ class ControlPlaneClient:
             )
             self._sleep(delay)
         raise ControlPlaneUnavailable(f"{what}: giving up after {self.max_attempts} attempts ({last_problem})")
+
+    def _learn_time(self, response: requests.Response, sent) -> None:
+        """Update the clock offset from the answer's ``server_time``, if it is a JSON object that has one."""
+        received = self.clock.monotonic()
+        try:
+            data = response.json() if response.content else None
+        except ValueError:
+            return
+        if isinstance(data, dict) and "server_time" in data:
+            self.clock.learn(data["server_time"], sent=sent, received=received)
 
     def _read_token(self) -> str:
         """The newest operator token now (file re-read, Secret, memory: rotation without restart).

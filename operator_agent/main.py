@@ -15,7 +15,8 @@ logged and the operator runs without it.
 
 With each inventory the loop sends the session-path checks of the previous tick (``operator_agent.session_path``:
 ``session_domain`` resolves to the ingress node, the ``auth-url`` answers), run after each report with what the
-control plane's answer names.
+control plane's answer names, and the offset of this node's clock from the control plane's (``clock_offset_seconds``),
+learnt from the ``server_time`` of every loop's answers (``operator_agent.clock``; none before the first answer).
 
 Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
 snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``), digest-only when it is the one the
@@ -57,6 +58,7 @@ import kubernetes.client
 import urllib3.exceptions
 
 from operator_agent import __version__
+from operator_agent.clock import ClockOffset
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
 from operator_agent.contract import INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneRejected, ControlPlaneUnavailable
@@ -122,6 +124,7 @@ def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneC
         logger.warning("cannot reach the apiserver to list GPU nodes: %s", exc)
         return False
     extra = {"checks": checks.payload()} if checks is not None and checks.payload() else {}
+    extra.update(client.clock.payload())  # the offset learnt from earlier answers (none before the first)
     try:
         answer = send_inventory(client, snapshot, state=state, extra=extra)
     except ControlPlaneUnavailable as exc:
@@ -261,8 +264,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         )
     tokens = TokenSource(config.token_file, secret=secret_store, cluster_id=config.cluster_id)
     metrics = OperatorMetrics(usage_queue_path=config.usage_queue_path)
+    clock = ClockOffset()  # learnt from every loop's answers, reported with the inventory
     client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens,
-                                on_success=metrics.report_succeeded)
+                                on_success=metrics.report_succeeded, clock=clock)
     logger.info(
         "gshare operator %s for cluster %s: reporting to %s every %gs",
         __version__,
@@ -279,7 +283,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
         # threads); the TokenSource is shared, so every loop sends the same, newest token.
         api = kubernetes_api_client(environ)
         loop_client = ControlPlaneClient(config, sleep=stop.wait, stopped=stop.is_set, tokens=tokens,
-                                         on_success=metrics.report_succeeded)
+                                         on_success=metrics.report_succeeded, clock=clock)
         thread = threading.Thread(target=target, args=(config, api, loop_client, stop), name=name, daemon=True)
         loops.append(_Loop(thread, api, loop_client, join_timeout, what))
         thread.start()

@@ -60,6 +60,11 @@ same reason ``observed_at`` has microseconds and strictly increases per session.
 control plane refuses (4xx other than 401) is logged and dropped until that session changes
 again; a 403 ``forbidden_cluster_scope`` on a batch is retried report by report so one foreign
 GShareSession cannot block the others.
+
+This node's clock may be wrong: a report is never sent stamped later than the control plane's time as the last answer
+told it (``operator_agent.clock``), and a 409 ``report_from_future`` (a clock ahead beyond the control plane's
+tolerance, before any answer said so) is logged with the offset and the fix (NTP on this node), then the batch is sent
+once more stamped with the control plane's time that refusal carried, never the same body again.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from operator_agent.contract import (
     PHASE_RUNNING,
     PHASE_SUCCEEDED,
     PHASE_TERMINATED,
+    REPORT_FROM_FUTURE,
     SESSION_ID_LABEL,
     STATUS_PATH,
     session_object_name,
@@ -382,15 +388,22 @@ class StatusReporter:
         """Make ``run`` look at once (used on shutdown)."""
         self._wake.set()
 
-    def _send(self, batch: list[dict[str, Any]], *, split_on_refusal: bool) -> bool:
+    def _send(self, batch: list[dict[str, Any]], *, split_on_refusal: bool, restamped: bool = False) -> bool:
         """POST one batch; ``False`` when it must be retried later (unreachable, 401, no token)."""
+        batch = _not_after(batch, self._client.clock.control_plane_now())
         try:
             self._client.request("POST", STATUS_PATH, json_body={"reports": batch})
         except ControlPlaneRejected as exc:
+            if exc.code == REPORT_FROM_FUTURE and not restamped:
+                logger.error(
+                    "status reports refused: this node's clock is %s s ahead of the control plane's (%s); enable NTP "
+                    "(chrony or systemd-timesyncd) on this node; sending them once more stamped with the control plane's "
+                    "time", exc.body.get("ahead_seconds", "?"), exc.code)
+                return self._send(batch, split_on_refusal=split_on_refusal, restamped=True)
             if split_on_refusal and len(batch) > 1:
                 logger.warning("status batch of %d reports refused (%s %s); sending them one by one",
                                len(batch), exc.status, exc.code)
-                return all(self._send([report], split_on_refusal=False) for report in batch)
+                return all(self._send([report], split_on_refusal=False, restamped=restamped) for report in batch)
             for report in batch:
                 logger.error("status report for %s dropped: the control plane refused it (%s %s: %s)",
                              report["session"], exc.status, exc.code, exc.detail)
@@ -399,7 +412,7 @@ class StatusReporter:
         except ControlPlaneUnavailable as exc:
             logger.warning("session status not reported: %s", exc)
             return False
-        except ControlPlaneError:  # 401 or token file problem, logged by the client
+        except ControlPlaneError:  # 401 or token file problem, logged by the client with code and detail
             self.auth_failed = True
             return False
         self._mark_sent(batch)
@@ -421,6 +434,13 @@ class StatusReporter:
         self._ended_order.append(session_id)
         while len(self._ended_order) > _ENDED_MEMORY:
             self._ended.discard(self._ended_order.popleft())
+
+
+def _not_after(batch: list[dict[str, Any]], now: datetime.datetime) -> list[dict[str, Any]]:
+    """``batch`` with each ``observed_at`` later than ``now`` (the control plane's time, ``ClockOffset``) stamped
+    ``now``: a clock ahead must not date a change after the control plane's present."""
+    stamp = format_time(now)
+    return [{**r, "observed_at": stamp} if (rfc3339.parse(r["observed_at"]) or now) > now else r for r in batch]
 
 
 def _essence(report: Mapping[str, Any]) -> tuple:

@@ -340,21 +340,33 @@ def sessions_reconcile(*, older_than: float, limit: int = 200) -> dict[str, int]
     return {**published, "unpublished": 0}
 
 
-#: How far ahead of the control plane's clock an operator's ``observed_at`` is taken as it is (clocks drift).
-STATUS_CLOCK_SKEW = timedelta(seconds=300)
+class ReportFromFuture(Conflict):
+    """409 ``report_from_future``: a status report observed further ahead of the control plane's clock than
+    ``GSHARE_CLOCK_SKEW_TOLERANCE``; the body adds ``server_time`` and ``ahead_seconds``."""
+
+    code = contract.REPORT_FROM_FUTURE
+
+
+_TICK = timedelta(microseconds=1)
 
 
 @transaction.atomic
-def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
+def session_status_apply(*, cluster: Cluster, reports: list[dict], received_at: datetime | None = None) -> dict:
     """Apply a batch of the operator's phase reports for sessions of ``cluster``.
 
-    Idempotent and order-tolerant: a report whose ``observed_at`` is not newer than the last one
-    applied is ignored, and a session that ended (Terminated, Failed) never goes back. An ``observed_at`` more
-    than ``STATUS_CLOCK_SKEW`` ahead of the control plane's clock counts as that far ahead.
+    Idempotent and order-tolerant: a report whose ``observed_at`` is not newer than the last one applied is ignored,
+    and a session that ended (Terminated, Failed) never goes back. The operator's clock may be wrong, so the time a
+    report is ordered by (and recorded as ``last_status_at``, ``started_at``, ``ended_at``) is its ``observed_at`` but
+    never later than ``received_at``: a report from a clock slightly ahead counts as observed when it arrived, and the
+    honest reports after it (observed later than that) are applied, so no session freezes until real time catches up.
+    A report from further ahead than the tolerance refuses the whole batch: its times cannot be trusted at all. A
+    report from a clock behind is applied at its own time; it orders correctly against the same operator's other
+    reports (each session's ``observed_at`` strictly increases, ``operator_agent.sessions.next_observed_at``).
 
     Args:
         cluster: the cluster named in the operator token.
         reports: validated reports ``{"session", "phase", "node", "devices", "message", "observed_at": datetime}``.
+        received_at: the control plane's time when the batch arrived (default: now).
 
     Returns:
         ``{"applied": n, "ignored": m}``.
@@ -362,7 +374,10 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
     Raises:
         Forbidden: 403 ``forbidden_cluster_scope`` when a report names a session that is not on
             ``cluster`` (unknown sessions count as foreign); nothing is applied.
+        ReportFromFuture: 409 ``report_from_future`` when a report's ``observed_at`` is more than
+            ``GSHARE_CLOCK_SKEW_TOLERANCE`` seconds after ``received_at``; nothing is applied.
     """
+    received_at = received_at or timezone.now()
     ids = sorted({report["session"] for report in reports})
     sessions = {s.public_id: s for s in Session.objects.select_for_update().filter(public_id__in=ids).order_by("pk")}
     foreign = [sid for sid in ids if sid not in sessions or sessions[sid].cluster_id != cluster.pk]
@@ -372,15 +387,30 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict]) -> dict:
             "cluster's sessions. Nothing was applied.",
             code=contract.FORBIDDEN_CLUSTER_SCOPE,
         )
+    ahead = max(report["observed_at"] - received_at for report in reports) if reports else timedelta(0)
+    tolerance = timedelta(seconds=settings.GSHARE_CLOCK_SKEW_TOLERANCE)
+    if ahead > tolerance:
+        seconds = round(ahead.total_seconds(), 3)
+        raise ReportFromFuture(
+            f"A report was observed {seconds:g} s after the control plane's time {received_at.isoformat()}, beyond the "
+            f"{tolerance.total_seconds():g} s tolerance: the operator's clock is ahead. Nothing was applied. Enable NTP "
+            "(chrony or systemd-timesyncd) on the node that runs the operator; the operator sends these reports again "
+            "stamped with the control plane's time.",
+            extra={"server_time": received_at.isoformat(), "ahead_seconds": seconds},
+        )
     applied, ignored, changed, ended = 0, 0, {}, []
-    latest = timezone.now() + STATUS_CLOCK_SKEW
+    batch_raw: dict[int, datetime] = {}  # per session, the observed_at of the report of this batch applied last
     for report in sorted(reports, key=lambda r: r["observed_at"]):
         session = sessions[report["session"]]
-        # One report from a clock years ahead would make every later, honest report look older and be ignored forever.
-        observed: datetime = min(report["observed_at"], latest)
+        raw: datetime = report["observed_at"]
+        observed = min(raw, received_at)
+        if session.pk in batch_raw and raw > batch_raw[session.pk]:
+            # Two reports of one session in one batch, both ahead of received_at: the later one still comes after.
+            observed = max(observed, session.last_status_at + _TICK)
         if not session.is_live or (session.last_status_at is not None and observed <= session.last_status_at):
             ignored += 1
             continue
+        batch_raw[session.pk] = raw
         phase = _REPORTED[report["phase"]]
         stopping = session.phase == Session.Phase.STOPPING
         if stopping and phase in (Session.Phase.STARTING, Session.Phase.RUNNING):

@@ -53,6 +53,7 @@ from gshare.exceptions import ApplicationError
 from gshare.version import GSHARE_VERSION, compatible
 from operator_agent import rfc3339
 from operator_agent.contract import (
+    CLOCK_SYNCED,
     GPU_MODE_LABEL,
     GPU_NODE_LABEL_KEY,
     GPU_NODE_LABEL_VALUE,
@@ -730,8 +731,9 @@ class Attach(RoutingStep):
 
 
 #: Connection-test checks that never stop the attach: the operator is only being deployed, and a cluster-admin
-#: credential works (advisory; the attach registers a least-privilege one anyway).
-SOFT_CHECKS = frozenset({"operator_reporting", "credential_least_privilege"})
+#: credential works (advisory; the attach registers a least-privilege one anyway), and an operator clock off the control
+#: plane's is advisory too (the cluster page and the connection test keep naming its fix).
+SOFT_CHECKS = frozenset({"operator_reporting", "credential_least_privilege", CLOCK_SYNCED})
 
 
 def _url_problem(value: str) -> str:

@@ -20,7 +20,7 @@ from msgspec import Meta
 
 from gshare.api import schema_problems, unstorable_text_path
 from operator_agent import rfc3339
-from operator_agent.contract import INVENTORY_DIGEST_LENGTH, INVENTORY_DIGEST_PATTERN, INVENTORY_SCHEMA
+from operator_agent.contract import CLOCK_OFFSET_LIMIT, INVENTORY_DIGEST_LENGTH, INVENTORY_DIGEST_PATTERN, INVENTORY_SCHEMA
 
 inventory_validator = Draft202012Validator(INVENTORY_SCHEMA)
 
@@ -57,6 +57,7 @@ class _Body(TypedDict):
     nodes: NotRequired[Annotated[list[_Node], Meta(max_length=5000)]]
     digest: NotRequired[Annotated[str, Meta(pattern=INVENTORY_DIGEST_PATTERN, max_length=INVENTORY_DIGEST_LENGTH)]]
     checks: NotRequired[Annotated[dict[Annotated[str, Meta(max_length=64)], _Check], Meta(max_length=16)]]
+    clock_offset_seconds: NotRequired[Annotated[float, Meta(ge=-CLOCK_OFFSET_LIMIT, le=CLOCK_OFFSET_LIMIT)]]
 
 
 _decoder = msgspec.json.Decoder(_Body)

@@ -36,8 +36,9 @@ class InventoryView(OperatorAPIView):
     def put(self, request):
         """Apply the snapshot, or confirm the one recorded (``digest`` without ``nodes``; 409
         ``inventory_snapshot_required`` when it is not the recorded one). The optional ``checks`` are recorded as
-        ``Cluster.operator_checks`` either way. Answer ``digest`` (the one recorded: "" asks for a full snapshot next
-        time), ``unchanged`` (a digest-only report), counts for a full snapshot (``*_missing``: left out but kept, live
+        ``Cluster.operator_checks`` either way, and the optional ``clock_offset_seconds`` as
+        ``Cluster.clock_offset_seconds``. Answer ``digest`` (the one recorded: "" asks for a full snapshot next time),
+        ``unchanged`` (a digest-only report), counts for a full snapshot (``*_missing``: left out but kept, live
         sessions hold them), what the operator is to check next (``session_domain``, ``ingress_node``,
         ``connect_verify_url``; ``routing`` and ``connect_ext_authz_url``, which a ``gateway-api`` cluster's operator
         probes instead: ``contract.INVENTORY_RESPONSE_ROUTING_KEYS``) and server time."""
@@ -52,11 +53,12 @@ class InventoryView(OperatorAPIView):
                 )
         if "nodes" in body:
             result = services.inventory_apply(cluster=self.cluster, nodes=body["nodes"], checks=body.get("checks"),
-                                              digest=body.get("digest") or "")
+                                              digest=body.get("digest") or "", clock_offset=body.get("clock_offset_seconds"))
             counts = {"nodes": result.nodes, "gpus": result.gpus, "nodes_removed": result.nodes_removed,
                       "gpus_removed": result.gpus_removed, "nodes_missing": result.nodes_missing, "gpus_missing": result.gpus_missing}
         else:
-            result = services.inventory_confirm(cluster=self.cluster, digest=body["digest"], checks=body.get("checks"))
+            result = services.inventory_confirm(cluster=self.cluster, digest=body["digest"], checks=body.get("checks"),
+                                                clock_offset=body.get("clock_offset_seconds"))
             counts = {}
         cluster = self.cluster
         return Response({

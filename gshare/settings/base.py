@@ -187,6 +187,9 @@ GSHARE_PROBE_TIMEOUT = env.float("GSHARE_PROBE_TIMEOUT", default=10.0)
 GSHARE_LOOPBACK_ALLOWLIST = env.list("GSHARE_LOOPBACK_ALLOWLIST", default=[])
 #: A cluster whose operator has not reported for this many seconds counts as not reporting.
 GSHARE_HEARTBEAT_STALE_SECONDS = env.int("GSHARE_HEARTBEAT_STALE_SECONDS", default=120)
+#: Seconds an operator's clock may be off the control plane's: a status report observed further ahead is refused
+#: (409 ``report_from_future``), and a reported offset beyond it fails the ``clock_synced`` check (docs/attach.md).
+GSHARE_CLOCK_SKEW_TOLERANCE = env.float("GSHARE_CLOCK_SKEW_TOLERANCE", default=30.0)
 
 # --- attach_cluster (clusters/attach) -----------------------------------------------------------
 #: Helm chart repositories and pinned chart versions attach_cluster installs (point them at a mirror

@@ -39,13 +39,15 @@ class StatusView(OperatorAPIView):
     """``POST /internal/v1/status``: the operator's session phase reports (see docs/contracts.md)."""
 
     def post(self, request):
-        """Apply the reports; answer counts and server time."""
+        """Apply the reports; answer counts and server time (409 ``report_from_future`` when the operator's clock is
+        too far ahead: ``services.session_status_apply``)."""
+        received_at = timezone.now()
         problems = schema_problems(_status_validator, request.data, limit=5)
         if problems:
             raise ApplicationError(f"The status report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
                                    code="invalid_status")
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]
-        result = services.session_status_apply(cluster=self.cluster, reports=reports)
+        result = services.session_status_apply(cluster=self.cluster, reports=reports, received_at=received_at)
         return Response({**result, "server_time": timezone.now().isoformat()})
 
 

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from clusters import services
+from clusters.diagnosis import clock_verdict
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
@@ -30,6 +31,11 @@ def test_operator_reports_real_hami_inventory(fleet_cluster, operator_process, t
     assert all(not m.startswith("NVIDIA-") for m in models)
     # The operator logs the report once the control plane has answered, a moment after the rows are committed.
     assert wait_for(lambda: "inventory reported" in log.read_text(), timeout=10, what="the operator's 'inventory reported' line")
+    # From its second report on, the operator sends the offset of its node's clock, learnt from the answers' server_time
+    # (the same machine's clock here: in sync, so clock_synced passes).
+    wait_for(lambda: Cluster.objects.get(pk=cluster.pk).clock_offset_seconds is not None, what="the clock offset")
+    cluster.refresh_from_db()
+    assert clock_verdict(cluster).ok is True and cluster.clock_offset_at is not None
 
 
 def test_token_rotation_without_restart_and_401_after_deregistration(fleet_cluster, operator_process, tmp_path):

@@ -51,7 +51,8 @@ def test_the_full_snapshot_then_digest_only_while_nothing_changes(tick, caplog):
     assert state.digest == first["digest"]
     with caplog.at_level(logging.INFO, logger="operator_agent"):
         (second,) = run()
-    assert second == {"digest": first["digest"]}
+    # Digest-only: no node, only the digest and the clock offset learnt from the first answer.
+    assert second == {"digest": first["digest"], "clock_offset_seconds": second["clock_offset_seconds"]}
     assert "(unchanged: digest only)" in caplog.text
     assert Cluster.objects.get(pk=cluster.pk).inventory_digest == first["digest"]
 

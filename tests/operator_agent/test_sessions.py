@@ -93,7 +93,9 @@ def control_plane() -> Iterator[FakeControlPlane]:
             with state.lock:
                 status, reply = state.script.popleft() if state.script else (200, None)
                 if reply is None:
-                    reply = {"applied": len(body["reports"]), "ignored": 0, "server_time": "2026-11-29T16:00:00Z"}
+                    # Its own time, as the control plane answers it: the operator caps its reports' observed_at at it.
+                    now = datetime.datetime.now(datetime.UTC).isoformat()
+                    reply = {"applied": len(body["reports"]), "ignored": 0, "server_time": now}
                 state.requests.append({"path": self.path, "authorization": self.headers.get("Authorization"),
                                        "body": body, "status": status})
             payload = json.dumps(reply).encode()
