@@ -36,7 +36,11 @@ def test_sessions_and_reservations_are_read_only(console):
 def test_stop_action_goes_through_the_service(console):
     session = _running_on_shared_gpus(1)[0]
     assert 'value="stop"' in console.get("/gpu_sessions/session/").content.decode()
-    response = console.post("/gpu_sessions/session/", {"action": "stop", "_selected_action": [session.pk], "index": 0}, follow=True)
+    asked = console.post("/gpu_sessions/session/", {"action": "stop", "_selected_action": [session.pk], "index": 0})
+    assert asked.status_code == 200 and "Stop session?" in asked.content.decode()  # the confirmation first
+    assert Session.objects.get(pk=session.pk).phase == Session.Phase.RUNNING
+    response = console.post("/gpu_sessions/session/", {"action": "stop", "_selected_action": [session.pk], "index": 0, "post": "yes"},
+                            follow=True)
     assert response.status_code == 200 and "1 session(s) stopping" in response.content.decode()
     session.refresh_from_db()
     assert session.phase == Session.Phase.STOPPING

@@ -115,10 +115,12 @@ def test_a_csi_volume_moves_with_its_data_untouched(http_user, plain_user, pair)
     assert (volume.cluster, volume.status, volume.pv_name) == (b, Volume.Status.PENDING, new_pv)
     assert "lab-c1" in volume.status_message
     # B's PV controller binds the pre-bound pair; A's releases the old PV and deletes nothing.
-    deadline = time.monotonic() + 5
+    # The two emulated controllers run in their own threads: wait for both (a generous poll, not a time budget).
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         pvc = named(eb.objects_of(*PVCS), volume.claim_name, NS)
-        if (pvc.get("status") or {}).get("phase") == "Bound":
+        released = (named(ea.objects_of(*PVS), old_pv).get("status") or {}).get("phase") == "Released"
+        if (pvc.get("status") or {}).get("phase") == "Bound" and released:
             break
         time.sleep(0.05)
     assert pvc["status"]["phase"] == "Bound" and pvc["spec"]["volumeName"] == new_pv
