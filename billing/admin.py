@@ -42,7 +42,7 @@ class GrantCreditsForm(forms.Form):
         try:
             return services.parse_amount(self.cleaned_data["amount"])
         except ApplicationError as exc:
-            raise ValidationError(exc.detail, code=exc.code) from None
+            raise ValidationError(exc.console_detail, code=exc.code) from None
 
 
 class CreditAccountForm(forms.ModelForm):
@@ -160,7 +160,7 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
                             idempotency_key=f"console:{data['idempotency_key']}:{account.user_id}", created_by=_actor(request),
                         )
                     except ApplicationError as exc:
-                        self.message_user(request, f"{account.user}: {exc.detail}", messages.ERROR)
+                        self.message_user(request, f"{account.user}: {exc.console_detail}", messages.ERROR)
                         continue
                     verb = "granted" if created else "already granted by this form (nothing more)"
                     self.message_user(request, f"{account.user}: {entry.amount} credits {verb}; balance {entry.balance_after}.",

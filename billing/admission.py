@@ -52,6 +52,9 @@ from clusters.models import Cluster
 from gshare.prepared import statement_cursor
 from sessions.models import Session
 
+#: How a console user stops a session (the console shows ``console_detail``; the API's sentence names the call).
+CONSOLE_STOP = "the Stop button on its page under My sessions"
+
 
 @dataclass(frozen=True)
 class EffectivePolicy:
@@ -488,6 +491,8 @@ def admission_check(
         raise QuotaExceeded(
             f"You have {len(live)} live session(s) and your policy allows at most {policy.max_sessions} at once (max_sessions): "
             "stop one (`DELETE /api/v1/sessions/{id}`) or ask an operator to raise the limit.",
+            console_detail=f"You have {len(live)} live session(s) and your policy allows at most {policy.max_sessions} at once "
+                           f"(max_sessions): stop one ({CONSOLE_STOP}) or ask an operator to raise the limit.",
             extra={"limit": "max_sessions", "allowed": policy.max_sessions, "current": len(live), "requested": 1},
         )
     used = sum(s.gpus for s in live)
@@ -495,6 +500,9 @@ def admission_check(
         raise QuotaExceeded(
             f"Your live sessions use {used} GPU(s); {gpus} more would pass your policy's limit of {policy.max_gpus} GPU(s) "
             "(max_gpus): ask for fewer GPUs, stop a session (`DELETE /api/v1/sessions/{id}`), or ask an operator to raise the limit.",
+            console_detail=f"Your live sessions use {used} GPU(s); {gpus} more would pass your policy's limit of {policy.max_gpus} "
+                           f"GPU(s) (max_gpus): ask for fewer GPUs, stop a session ({CONSOLE_STOP}), or ask an operator to raise "
+                           "the limit.",
             extra={"limit": "max_gpus", "allowed": policy.max_gpus, "current": used, "requested": gpus},
         )
     balance, accrued = locked_account.balance, locked_account.accrued
@@ -520,5 +528,6 @@ def admission_check(
                 "negative.")
     raise InsufficientCredits(
         f"{need} Ask an operator for a grant of credits, or stop a session (`DELETE /api/v1/sessions/{{id}}`) to free its hold.",
+        console_detail=f"{need} Ask an operator for a grant of credits, or stop a session ({CONSOLE_STOP}) to free its hold.",
         extra=figures,
     )

@@ -306,7 +306,7 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
             try:
                 result = token_rotation.operator_token_push(cluster)
             except ApplicationError as exc:
-                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+                self.message_user(request, f"{cluster.name}: {exc.console_detail}", messages.ERROR)
                 continue
             expires = f"{result.expires_at:%Y-%m-%d %H:%M} UTC"
             self.message_user(request, f"{cluster.name}: operator token rotated ({result.detail}), expires {expires}", messages.SUCCESS)
@@ -328,7 +328,7 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
             try:
                 report = services.cluster_connection_test(cluster=cluster)
             except ApplicationError as exc:
-                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+                self.message_user(request, f"{cluster.name}: {exc.console_detail}", messages.ERROR)
                 continue
             failed = [name for name, ok in report["checks"].items() if not ok]
             level = messages.SUCCESS if not failed else messages.WARNING
@@ -342,7 +342,7 @@ class ClusterAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
                 services.cluster_deregister(cluster=cluster, actor=_actor(request))
                 self.message_user(request, f"{cluster.name}: deregistered", messages.SUCCESS)
             except ApplicationError as exc:
-                self.message_user(request, f"{cluster.name}: {exc.detail}", messages.ERROR)
+                self.message_user(request, f"{cluster.name}: {exc.console_detail}", messages.ERROR)
 
 
 class NodeModeFilter(admin.SimpleListFilter):

@@ -27,6 +27,12 @@ SESSION_DOMAIN_SUFFIX = ".gshare.localhost"
 loopback, where the demo ingress answers for every cluster."""
 
 
+#: The shell line that runs the first bare cluster's attach command from the state file: ``$STATE`` when set (a demo
+#: started with ``--state-file``), else the default path. README.md and docs/attach.md show the same line.
+STATE_EVAL = ("""eval "$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["bare_clusters"][0]"""
+              """["attach_command"])' "${STATE:-.gshare/demo/state.json}")\"""")
+
+
 def attach_command(*, name: str, kubeconfig: str, control_plane: str, session_domain: str, ingress_node: str,
                    api_token: str, attach_env: dict[str, str]) -> str:
     """The shell command that attaches bare cluster ``name`` to the demo's control plane (POSIX shell quoting).

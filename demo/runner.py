@@ -31,6 +31,7 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import socket
 import sys
@@ -49,7 +50,7 @@ from django.db import connections
 
 from demo import fleet
 from demo.bare_cluster import UNPREPARED_NODE
-from demo.bare_demo import BareClusters
+from demo.bare_demo import STATE_EVAL, BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import gshare_home
@@ -516,6 +517,7 @@ def run_demo(options: DemoOptions) -> dict:
         for entry in [] if options.smoke else state["bare_clusters"]:
             _say(f"bare cluster {entry['name']} (nothing installed yet; admin kubeconfig {entry['admin_kubeconfig']}): attach it "
                  f"from another shell in this checkout with\n\n    {entry['attach_command']}\n\n"
+                 f"         or, from the state file: STATE={shlex.quote(str(options.state_file))} {STATE_EVAL}\n"
                  f"         its node {UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
                  f"{entry['fix_command']}")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")

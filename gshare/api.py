@@ -19,7 +19,9 @@ from operator_agent import rfc3339
 _DRF_CODES = {
     exceptions.NotAuthenticated: (
         "not_authenticated",
-        "Send `Authorization: Bearer <api token>`; create a token with `manage.py create_api_token <username>`.",
+        "Send `Authorization: Bearer <api token>`; create a token in the console under My API tokens (`/gshare/apitoken/`, "
+        "Create API token); "
+        "staff: `manage.py create_api_token <username>`.",
     ),
     exceptions.AuthenticationFailed: ("authentication_failed", None),
     exceptions.PermissionDenied: ("permission_denied", None),

@@ -12,14 +12,18 @@ class ApplicationError(Exception):
         code: stable snake_case code; defaults to the class attribute.
         status: HTTP status; defaults to the class attribute.
         extra: more JSON-serialisable fields to put in the error body.
+        console_detail: the same sentence for the console, where the fix is a page or a button, not an API call
+            (``console_detail`` defaults to ``detail``); never in the API's body.
     """
 
     code = "application_error"
     status = 400
 
-    def __init__(self, detail: str, *, code: str | None = None, status: int | None = None, extra: dict | None = None):
+    def __init__(self, detail: str, *, code: str | None = None, status: int | None = None, extra: dict | None = None,
+                 console_detail: str | None = None):
         super().__init__(detail)
         self.detail = detail
+        self.console_detail = console_detail or detail
         if code is not None:
             self.code = code
         if status is not None:

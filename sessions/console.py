@@ -164,7 +164,7 @@ def open_view(admin, request, object_id: str):
     try:
         url = services.session_connect(session=session, user=request.user)
     except ApplicationError as exc:
-        admin.message_user(request, f"Cannot open {session.public_id} ({exc.code}): {exc.detail}", messages.ERROR)
+        admin.message_user(request, f"Cannot open {session.public_id} ({exc.code}): {exc.console_detail}", messages.ERROR)
         return _back(request, session, admin)
     response = HttpResponseRedirect(url)
     response["Cache-Control"] = "no-store"  # the link carries a token
@@ -219,7 +219,7 @@ def stop_view(admin, request, object_id: str):
     try:
         session = services.session_stop(session=session)
     except ApplicationError as exc:
-        admin.message_user(request, f"Cannot stop {session.public_id} ({exc.code}): {exc.detail}", messages.ERROR)
+        admin.message_user(request, f"Cannot stop {session.public_id} ({exc.code}): {exc.console_detail}", messages.ERROR)
         return _back(request, session, admin)
     admin.message_user(request, f"Session {session.public_id} is {session.phase}.", messages.SUCCESS)
     return _back(request, session, admin)

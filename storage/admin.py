@@ -146,7 +146,7 @@ class StoragePoolAdmin(ClusterScopedAdmin, ConsoleModelAdmin):
                 services.pool_delete(pool=pool)
                 self.message_user(request, f"{pool.name}: deleted", messages.SUCCESS)
             except ApplicationError as exc:
-                self.message_user(request, f"{pool.name}: {exc.detail}", messages.ERROR)
+                self.message_user(request, f"{pool.name}: {exc.console_detail}", messages.ERROR)
 
 
 class VolumeForm(forms.ModelForm):
@@ -164,7 +164,7 @@ class VolumeForm(forms.ModelForm):
             # The console's change view runs in one transaction: a later failure undoes this too.
             services.volume_update_quota(volume=self.instance, quota_gb=data["quota_gb"])
         except ApplicationError as exc:
-            raise ValidationError(exc.detail, code=exc.code) from None
+            raise ValidationError(exc.console_detail, code=exc.code) from None
         return data
 
 
@@ -306,7 +306,7 @@ class VolumeAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ConsoleModelAdmin):
                 services.volume_delete(volume=volume)
                 self.message_user(request, f"{volume.name} ({volume.public_id}): deleted", messages.SUCCESS)
             except ApplicationError as exc:
-                self.message_user(request, f"{volume.name} ({volume.public_id}): {exc.detail}", messages.ERROR)
+                self.message_user(request, f"{volume.name} ({volume.public_id}): {exc.console_detail}", messages.ERROR)
 
 
 @admin.register(StorageCapacityReading)

@@ -59,6 +59,20 @@ def _celery_join_flag_cleared():
 
 
 @pytest.fixture
+def controlled_clock():
+    """The test process's clock moved to ``tests.clock.TEST_NOW`` (``GSHARE_TEST_NOW``, else the time the tests
+    started) and ticking from there, so what the product reads as "now" and the tests' ``T0`` agree on the hour, the
+    day and the month. Monotonic clocks are left alone (timeouts and waits keep working); processes a test starts keep
+    the real clock. Yields the ``time_machine.Coordinates`` (``.move_to``, ``.shift``)."""
+    import time_machine
+
+    from tests.clock import TEST_NOW
+
+    with time_machine.travel(TEST_NOW, tick=True) as traveller:
+        yield traveller
+
+
+@pytest.fixture
 def staff_user(django_user_model):
     """A staff superuser ``admin``."""
     return django_user_model.objects.create_superuser("admin", "admin@example.com", "admin-password")

@@ -33,15 +33,14 @@ import urllib3
 import yaml
 from requests.adapters import BaseAdapter, HTTPAdapter
 
+from tests.clock import T0  # noqa: F401  (re-exported: the sample start the billing tests share)
+
 #: The repository root.
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 T = TypeVar("T")
 
-#: The moment the test samples start at (UTC): ten days ago, on the hour, so every test window lies inside the
-#: accepted range (GSHARE_USAGE_MAX_AGE_SECONDS before now .. a few minutes after now) whatever day the suite runs.
-T0 = (datetime.now(UTC) - timedelta(days=10)).replace(minute=0, second=0, microsecond=0)
 _counter = itertools.count()
 
 

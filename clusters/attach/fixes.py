@@ -3,11 +3,14 @@
 Each fix is a command (or a short list of them) that repairs exactly the failure it follows, written for the
 files and names of this attach (the kubeconfig path, its cluster and user entries, the registered cluster);
 ``then re-run: <command>`` repeats the command as the user ran it: ``manage.py attach_cluster`` or the
-``hack/attach-cluster.sh`` wrapper, which says so in ``GSHARE_ATTACH_INVOKED_AS``.
+``hack/attach-cluster.sh`` wrapper, which says so in ``GSHARE_ATTACH_INVOKED_AS``, after the ``GSHARE_*`` variables
+the first run had (``GSHARE_LOOPBACK_ALLOWLIST=... python manage.py attach_cluster ...``): a variable that holds a
+secret is written as a reference to itself (``GSHARE_API_TOKEN="$GSHARE_API_TOKEN"``), never with its value.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
@@ -21,17 +24,52 @@ COMMAND = "attach_cluster"
 INVOKED_AS_ENV = "GSHARE_ATTACH_INVOKED_AS"
 
 
+_ASSIGNMENT = re.compile(r"GSHARE_[A-Z0-9_]+=")
+#: Set by the wrapper and manage.py themselves on every run: not part of what the user typed.
+_SET_BY_THE_COMMAND = frozenset({INVOKED_AS_ENV, "GSHARE_CLIENT_ONLY"})
+#: Words in a variable's name that mark its value as a secret (an API token, a password, a key).
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSPHRASE", "KEY", "CREDENTIAL")
+
+
+def rerun_environment(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``GSHARE_*`` variables of ``environ`` as ``NAME=value`` words for the re-run line, sorted by name;
+    ``NAME="$NAME"`` for a variable whose name says it holds a secret (its value is never printed)."""
+    words = []
+    for name, value in sorted(environ.items()):
+        if not name.startswith("GSHARE_") or name in _SET_BY_THE_COMMAND or not _ASSIGNMENT.fullmatch(name + "="):
+            continue
+        secret = any(word in name for word in _SECRET_WORDS)
+        words.append(f'{name}="${name}"' if secret else f"{name}={value}")
+    return tuple(words)
+
+
+def shell_line(words: Sequence[str]) -> str:
+    """``words`` as one shell line: each quoted (``shlex``), except a secret's ``NAME="$NAME"`` reference, which the
+    shell must expand."""
+    out = []
+    for word in words:
+        name = word.partition("=")[0]
+        if _ASSIGNMENT.match(word) and word == f'{name}="${name}"':
+            out.append(word)
+        elif _ASSIGNMENT.match(word):
+            out.append(f"{name}={shlex.quote(word.partition('=')[2])}")
+        else:
+            out.append(shlex.quote(word))
+    return " ".join(out)
+
+
 def invocation(*, argv: Sequence[str], orig_argv: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The command line to repeat in "then re-run:" and the prefix that runs other manage.py commands.
 
     Args:
         argv: ``sys.argv`` (``[<manage.py path>, "attach_cluster", *flags]`` when run from a shell).
         orig_argv: ``sys.orig_argv``: the interpreter's own command line as typed (``python manage.py ...``).
-        environ: the environment (``GSHARE_ATTACH_INVOKED_AS``).
+        environ: the environment (``GSHARE_ATTACH_INVOKED_AS``; the ``GSHARE_*`` variables, see
+            :func:`rerun_environment`).
 
     Returns:
-        ``(rerun, manage)``: ``rerun`` is empty when the command was not run from a shell (``call_command``);
-        ``manage`` is e.g. ``("python", "manage.py")``.
+        ``(rerun, manage)``: ``rerun`` (words for :func:`shell_line`: the ``GSHARE_*`` assignments, then the command) is
+        empty when the command was not run from a shell (``call_command``); ``manage`` is e.g. ``("python", "manage.py")``.
     """
     if len(argv) < 2 or argv[1] != COMMAND:
         return (), ("python", "manage.py")
@@ -41,9 +79,10 @@ def invocation(*, argv: Sequence[str], orig_argv: Sequence[str], environ: Mappin
         manage = tuple(orig_argv[:list(orig_argv).index(COMMAND)])
     else:  # e.g. an executable manage.py started through its shebang line
         manage = ("python", argv[0])
+    variables = rerun_environment(environ)
     if wrapper:
-        return (wrapper, *flags), manage
-    return (*manage, COMMAND, *flags), manage
+        return (*variables, wrapper, *flags), manage
+    return (*variables, *manage, COMMAND, *flags), manage
 
 
 def rerun_with(rerun: Sequence[str], flag: str, value: str) -> str:
@@ -65,7 +104,7 @@ def rerun_with(rerun: Sequence[str], flag: str, value: str) -> str:
         return f"the same {COMMAND} command with {flag} {shlex.quote(value)}"
     if not found:
         out += [flag, value]
-    return shlex.join(out)
+    return shell_line(out)
 
 
 def _current_entries(text: str) -> dict:

@@ -182,7 +182,7 @@ class Attach(RoutingStep):
         self.options = options
         self.echo = echo
         self.state = _State(started_at=timezone.now())
-        self.rerun = shlex.join(options.argv) if options.argv else "the same attach_cluster command"
+        self.rerun = fixes.shell_line(options.argv) if options.argv else "the same attach_cluster command"
 
     # ----------------------------------------------------------------- driver
 

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet
@@ -289,8 +289,16 @@ def signing_keys_retire(*, now: datetime | None = None) -> list[str]:
     return kids
 
 
+# DSA is named from the key's class (``DSAPrivateKey``) below: touching cryptography's ``dsa`` module warns
+# (CryptographyDeprecationWarning) in every process that imports this one.
 _KEY_KINDS = ((ec.EllipticCurvePrivateKey, "an elliptic-curve key"), (ed25519.Ed25519PrivateKey, "an Ed25519 key"),
-              (ed448.Ed448PrivateKey, "an Ed448 key"), (dsa.DSAPrivateKey, "a DSA key"))
+              (ed448.Ed448PrivateKey, "an Ed448 key"))
+
+
+def _key_kind(key: object) -> str:
+    """``an Ed25519 key``, ``a DSA key``, ``a X25519 key``: what a non-RSA private key is, for the refusal."""
+    known = next((name for cls, name in _KEY_KINDS if isinstance(key, cls)), None)
+    return known or f"a {type(key).__name__.removesuffix('PrivateKey') or 'non-RSA'} key"
 
 
 def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
@@ -315,8 +323,7 @@ def _load_rsa_private_key(pem: bytes) -> rsa.RSAPrivateKey:
         hint = " (an OpenSSH key: convert it with `ssh-keygen -p -m PEM`)" if b"OPENSSH" in pem else ""
         raise SigningKeyInvalid(f"The file holds no PEM private key this control plane can read ({type(exc).__name__}){hint}. {fix}") from None
     if not isinstance(key, rsa.RSAPrivateKey):
-        kind = next((name for cls, name in _KEY_KINDS if isinstance(key, cls)), "another algorithm")
-        raise SigningKeyInvalid(f"The private key is {kind}, not RSA; internal JWTs are RS256. {fix}")
+        raise SigningKeyInvalid(f"The private key is {_key_kind(key)}, not RSA; internal JWTs are RS256. {fix}")
     if key.key_size < MIN_IMPORT_BITS:
         raise SigningKeyInvalid(f"The RSA key has {key.key_size} bits; at least {MIN_IMPORT_BITS} are required. {fix}")
     exponent = key.private_numbers().public_numbers.e

@@ -18,6 +18,12 @@ from gshare.models import ApiToken
 TOKEN_PREFIX = "gsh"
 
 
+#: Where a researcher gets a token: the console's own page (staff, who see every user's tokens read-only there, use the
+#: command where the control plane runs).
+CREATE_ONE = ("create one in the console under My API tokens (`/gshare/apitoken/`, Create API token; the token is shown once); "
+              "staff: `manage.py create_api_token <username>`")
+
+
 class InvalidApiToken(ApplicationError):
     """401: the bearer token is unknown, malformed or revoked."""
 
@@ -65,10 +71,10 @@ def api_token_authenticate(*, token: str) -> ApiToken:
     parts = token.split("_", 2)
     # The shape is checked before any query: a NUL or a huge key id would otherwise reach PostgreSQL (a 500).
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not _KEY_ID.fullmatch(parts[1]) or not _SECRET.fullmatch(parts[2]):
-        raise InvalidApiToken("That is not a gShare API token: create one with `manage.py create_api_token <username>`.")
+        raise InvalidApiToken(f"That is not a gShare API token: {CREATE_ONE}.")
     row = ApiToken.objects.select_related("user").filter(key_id=parts[1], revoked_at__isnull=True).first()
     if row is None or not hmac.compare_digest(row.token_hash, _digest(token)) or not row.user.is_active:
-        raise InvalidApiToken("Unknown or revoked API token: create a new one with `manage.py create_api_token <username>`.")
+        raise InvalidApiToken(f"Unknown or revoked API token: {CREATE_ONE}.")
     now = timezone.now()
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)

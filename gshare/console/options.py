@@ -38,7 +38,7 @@ def service_errors(form: forms.BaseForm, *, field: str | None = None) -> Iterato
     try:
         yield
     except ApplicationError as exc:
-        form.add_error(field if field in form.fields else None, ValidationError(exc.detail, code=exc.code))
+        form.add_error(field if field in form.fields else None, ValidationError(exc.console_detail, code=exc.code))
     except ValidationError as exc:
         if not hasattr(exc, "error_dict"):
             form.add_error(field if field in form.fields else None, exc)
@@ -81,7 +81,7 @@ class ConsoleModelAdmin(admin.ModelAdmin):
 
     def _refused(self, request, exc: ApplicationError):
         # Outside the view's atomic block: whatever the failed save or delete wrote is already rolled back.
-        self.message_user(request, exc.detail, messages.ERROR)
+        self.message_user(request, exc.console_detail, messages.ERROR)
         return HttpResponseRedirect(request.get_full_path())
 
 

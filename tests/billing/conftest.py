@@ -23,6 +23,11 @@ def fleet_cluster_row(name: str):
     return cluster
 
 
+@pytest.fixture(autouse=True)
+def _billing_clock(controlled_clock):
+    """Billing tests read the controlled clock (``GSHARE_TEST_NOW``; tests/clock.py)."""
+
+
 @pytest.fixture
 def lab_c1():
     return fleet_cluster_row("lab-c1")

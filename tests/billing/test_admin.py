@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from billing import ingest, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from gshare.exceptions import ApplicationError
+from tests.clock import period_text
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, UserFactory
 from tests.helpers import T0, device, metered_session, sample
@@ -284,6 +285,5 @@ def test_the_ledger_list_reads_like_a_bill(console, lab_c1, settings):
     rows = {pk: (period, count) for pk, period, count in re.findall(
         r'<a href="/billing/ledgerentry/(\d+)/change/">.*?<td class="field-period">(.*?)</td><td class="field-sample_count">(.*?)</td>',
         text, re.S)}
-    until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
-    assert rows[str(charge.pk)] == (f"{start:%Y-%m-%d %H:%M}–{until} UTC", "3")
+    assert rows[str(charge.pk)] == (f"{period_text(start, end)} UTC", "3")
     assert "column-window_start" not in text and "column-gpu_seconds" not in text

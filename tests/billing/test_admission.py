@@ -269,6 +269,7 @@ def test_refusals_through_the_api(http_user, plain_user, live_cluster):
     policy(plain_user, max_gpus=1, min_balance_hours=0)
     over = http_user.post("/api/v1/sessions", json=body)
     assert over.status_code == 403 and over.json()["code"] == "quota_exceeded" and over.json()["limit"] == "max_gpus"
+    assert "`DELETE /api/v1/sessions/{id}`" in over.json()["detail"] and "Stop button" not in over.text  # API words in the API
     other = ClusterFactory(name="elsewhere")
     Policy.objects.get(user=plain_user).allowed_clusters.set([other])
     pinned = http_user.post("/api/v1/sessions", json={**body, "gpus": 1, "cluster": cluster.public_id})

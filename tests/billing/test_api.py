@@ -16,6 +16,7 @@ from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from gshare.auth.tokens import api_token_create
 from sessions.models import Allocation
+from tests.clock import period_text
 from tests.factories import SessionFactory
 from tests.helpers import T0, Http, device, run_threads
 
@@ -240,7 +241,7 @@ def test_usage_charges_show_in_the_ledger(http_user, plain_user, lab_c1, http_fo
     assert (entry["kind"], entry["amount"], entry["created_by"], entry["gpu_seconds"]) == ("charge", "-0.033334", "usage", "120.000000")
     assert (entry["period_start"], entry["period_end"], entry["sample_count"]) == (iso_z(T0), iso_z(T0 + timedelta(hours=1)), 2)
     assert (entry["window_start"], entry["window_end"]) == (iso_z(T0), iso_z(T0 + timedelta(hours=1)))
-    assert entry["reason"] == f"Usage {T0:%Y-%m-%d %H}:00–{T0 + timedelta(hours=1):%H}:00 UTC: 2 sample(s) on lab-c1"
+    assert entry["reason"] == f"Usage {period_text(T0, T0 + timedelta(hours=1))} UTC: 2 sample(s) on lab-c1"
     account = http_user.get("/api/v1/billing/account").json()
     assert (account["balance"], account["accrued"], account["available"]) == ("-0.033334", "0.016667", "-0.050001")
     assert http_user.get("/api/v1/billing/accruals").json()["results"][0]["sample_count"] == 1

@@ -24,6 +24,7 @@ from billing.models import Accrual, CreditAccount, LedgerEntry, Price, UsageSamp
 from billing.services import account_for, credit_grant
 from sessions.models import Session
 from tests.billing.books import assert_books, billed
+from tests.clock import period_text
 from tests.factories import UserFactory
 from tests.helpers import T0, device, metered_session, run_threads, sample
 
@@ -109,7 +110,7 @@ def test_the_periodic_close_charges_quiet_and_ended_sessions_once(lab_c1, owner,
     assert periods.periods_close(now=T0 + 3 * HOUR) == 0  # idempotent
     [charge] = charges(quiet)
     assert (charge.period_start, charge.sample_count, charge.reason) == (
-        T0, 10, f"Usage {T0:%Y-%m-%d %H}:00–{T0 + HOUR:%H}:00 UTC: 10 sample(s) on lab-c1")
+        T0, 10, f"Usage {period_text(T0, T0 + HOUR)} UTC: 10 sample(s) on lab-c1")
     after = CreditAccount.objects.get(user=owner)
     assert after.accrued == 0 and after.balance - after.accrued == before.balance - before.accrued
     assert after.below_zero_since == before.below_zero_since is not None

@@ -263,6 +263,7 @@ def _refused(console, data, code: str, status: int, sentence: str) -> str:
     text = page_text(response)
     assert f'<code class="gs-refusal-code">{code}</code> (HTTP {status})' in text, text[:3000]
     assert sentence in text and "Nothing was started." in text
+    assert "DELETE /api/v1/sessions" not in text  # the console names its Stop button, not the API call
     assert Session.objects.count() == 0
     return text
 
@@ -270,13 +271,20 @@ def _refused(console, data, code: str, status: int, sentence: str) -> str:
 def test_refusal_no_credits(console, settings):
     settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = Decimal(1)  # the production default (tests run with 0)
     fleet()
-    _refused(console, start_form(), "insufficient_credits", 402, "credits")
+    _refused(console, start_form(), "insufficient_credits", 402, "stop a session (the Stop button on its page under My sessions)")
 
 
 def test_refusal_over_the_policy(console, staff_user):
     Policy.objects.create(user=staff_user, max_gpus=1)
     fleet()
-    _refused(console, start_form(gpus="2"), "quota_exceeded", 403, "max_gpus")
+    _refused(console, start_form(gpus="2"), "quota_exceeded", 403, "stop a session (the Stop button on its page under My sessions)")
+
+
+def test_refusal_over_the_session_limit_names_the_stop_button(console, staff_user):
+    """The API's sentence names ``DELETE /api/v1/sessions/{id}``; the console's names the button that does it."""
+    Policy.objects.create(user=staff_user, max_sessions=0)
+    fleet()
+    _refused(console, start_form(), "quota_exceeded", 403, "stop one (the Stop button on its page under My sessions)")
 
 
 @pytest.mark.parametrize(("share", "sentence"), [

@@ -57,3 +57,16 @@ def test_console_revoke_action(http, client, staff_user):
     response = client.post("/gshare/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
     assert response.status_code == 302
     assert http.get("/api/v1/clusters").status_code == 401
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["Bearer gsh_00000000_nope", "Bearer nonsense", None])
+def test_a_refused_token_points_a_researcher_to_the_console_page_that_makes_one(anon, client, plain_user, header):
+    """The 401 names the console's My API tokens page, and that page is where a researcher creates a token."""
+    response = anon.get("/api/v1/clusters", headers={"Authorization": header} if header else {})
+    detail = response.json()["detail"]
+    assert response.status_code == 401 and "My API tokens (`/gshare/apitoken/`, " in detail, detail
+    assert "staff: `manage.py create_api_token <username>`" in detail
+    client.force_login(plain_user)
+    page = client.get("/gshare/apitoken/").content.decode()
+    assert "My API tokens" in page and "Create API token" in page

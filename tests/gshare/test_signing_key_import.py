@@ -77,3 +77,23 @@ def test_a_key_with_exponent_3_is_refused(tmp_path, capsys):
     text = str(refused.value)
     assert text.startswith("signing_key_invalid: ") and "public exponent is 3" in text and "65537" in text
     assert list(SigningKey.objects.values_list("kid", flat=True)) == [before.kid]
+
+
+def test_a_key_of_another_algorithm_is_refused_by_name():
+    """The refusal names the algorithm, DSA included, without the module importing cryptography's deprecated DSA."""
+    import warnings
+
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, x25519
+
+    from gshare.auth.keys import SigningKeyInvalid
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # building the DSA key under test is what warns, not the control plane
+        from cryptography.hazmat.primitives.asymmetric import dsa
+
+        keys = {"a DSA key": dsa.generate_private_key(2048), "an elliptic-curve key": ec.generate_private_key(ec.SECP256R1()),
+                "an Ed25519 key": ed25519.Ed25519PrivateKey.generate(), "a X25519 key": x25519.X25519PrivateKey.generate()}
+    for kind, key in keys.items():
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        with pytest.raises(SigningKeyInvalid, match=f"The private key is {kind}, not RSA"):
+            signing_key_import(pem)

@@ -23,7 +23,7 @@ import yaml
 from cryptography import x509
 from django.core.management import CommandError, call_command
 
-from clusters.attach.fixes import INVOKED_AS_ENV
+from clusters.attach.fixes import INVOKED_AS_ENV, rerun_environment, shell_line
 from clusters.models import Cluster
 from demo import fleet
 from tests.helpers import FIXTURES
@@ -60,7 +60,7 @@ def invoked(via: str, args: list[str]):
         os.environ[INVOKED_AS_ENV] = "hack/attach-cluster.sh"
         expected = ["hack/attach-cluster.sh", *args]
     try:
-        yield shlex.join(expected)
+        yield shell_line([*rerun_environment(os.environ), *expected])
     finally:
         sys.argv, sys.orig_argv = saved[0], saved[1]
         if saved[2] is None:
@@ -603,12 +603,23 @@ def test_the_rerun_line_is_the_command_the_user_ran(tmp_path, via):
     flags = ["--kubeconfig", str(path), "--name", "lab-c1", "--control-plane", "https://gshare.example.org",
              "--session-domain", "lab-c1.gpu.localhost", "--ingress-node", "lab-c1-cp-01"]
     argv = [sys.executable, "manage.py", "attach_cluster", *flags] if via == "manage.py" else ["hack/attach-cluster.sh", *flags]
-    env = {k: v for k, v in os.environ.items() if k != INVOKED_AS_ENV} | {"PYTHON": sys.executable}
+    # The first run's GSHARE_* variables are part of what the user ran; the token's value is never printed.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GSHARE_")} | {
+        "PYTHON": sys.executable, "GSHARE_NETGUARD": "1", "GSHARE_LOOPBACK_ALLOWLIST": "127.0.0.2:1,[::1]:2",
+        "GSHARE_API_TOKEN": "gsh_abcd1234_not-to-be-printed"}
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "(code kubeconfig_localhost)" in result.stdout
+    assert "not-to-be-printed" not in result.stdout + result.stderr
     fix, _, rest = result.stderr.split("The attach stopped. To fix it:\n", 1)[1].partition("\nthen re-run: ")
-    assert rest.splitlines()[0] == shlex.join(argv)
+    line = rest.splitlines()[0]
+    assert line == ("GSHARE_API_TOKEN=\"$GSHARE_API_TOKEN\" GSHARE_LOOPBACK_ALLOWLIST='127.0.0.2:1,[::1]:2' GSHARE_NETGUARD=1 "
+                    + shlex.join(argv))
+    # The printed line, run by a shell that holds the token, is the same run: the same stop, the same line.
+    again = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+                           env={k: v for k, v in env.items() if k in ("PATH", "HOME", "PYTHON", "PYTHONPATH", "GSHARE_API_TOKEN")})
+    assert again.returncode == 1 and "(code kubeconfig_localhost)" in again.stdout, again.stdout + again.stderr
+    assert again.stderr.split("\nthen re-run: ", 1)[1].splitlines()[0] == line
     assert f"kubectl --kubeconfig {path} config set-cluster default --server=https://<reachable-host>:6443" in fix
     if via != "manage.py":
         assert "manage.py" not in rest.splitlines()[0]
