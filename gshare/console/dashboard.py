@@ -413,7 +413,7 @@ class IdleTile:
         gpus: distinct GPUs the idle sessions hold (live allocations).
         sessions: how many sessions are idle.
         burn_per_hour: credits per hour those sessions cost now at the prices (``Decimal``, :func:`burn_per_hour`).
-        quiet_minutes: policy minutes without a kernel or connection after which a session counts as idle.
+        quiet_minutes: policy minutes without a GPU kernel after which a session counts as idle.
     """
 
     gpus: int
