@@ -175,7 +175,9 @@ class Policy(models.Model):
     min_balance_hours = models.DecimalField(max_digits=8, decimal_places=3, default=Decimal(1), validators=[MinValueValidator(Decimal(0))])
     grace_seconds = models.PositiveIntegerField(default=900)
     idle_timeout_minutes = models.PositiveIntegerField(
-        default=60, help_text="Stop a session after this many minutes without a GPU kernel (browser connections count only while its GPU activity is unknown; 0: never)")
+        default=60,
+        help_text="Stop a session after this many minutes without a GPU kernel (browser connections count only while its GPU activity is "
+                  "unknown; 0: never)")
     idle_warning_minutes = models.PositiveIntegerField(
         default=15, help_text="Show the coming idle stop this many minutes before it (at most the timeout)")
     updated_at = models.DateTimeField(auto_now=True)
