@@ -515,6 +515,7 @@ def test_your_limits_show_the_idle_timeout(as_alice, world):
     text = as_alice.get("/billing/creditaccount/").content.decode()
     assert ('id="my-idle-timeout">a session is stopped after 45 min without a GPU kernel '
             "(you are warned 10 min before; an open browser tab does not keep it)<") in text
+    assert 'id="my-max-volume">500 GiB<' in text  # the default per-user total of volumes
     Policy.objects.filter(user=world["alice"]).update(idle_timeout_minutes=0)
     text = as_alice.get("/billing/creditaccount/").content.decode()
     assert 'id="my-idle-timeout">none: idle sessions are not stopped<' in text
