@@ -335,3 +335,41 @@ def test_billing_held_time_takes_the_same_queries_for_few_and_many_sessions(lab_
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
     assert_books()
+
+
+@pytest.mark.parametrize("behind", [300, 3600])
+def test_an_operator_clock_behind_beyond_the_tolerance_bills_every_held_second(lab_c1, exact_prices, behind):
+    """The operator's clock is ``behind`` seconds late and its inventory said so (``clock_offset_seconds``). A session
+    held 120 s of the control plane's time ends with a report stamped by that clock: before, its end went into the
+    past (before its creation when the clock is more than 120 s behind), and the held time billed was 0 s."""
+    lab_c1.clock_offset_seconds = float(behind)
+    lab_c1.save(update_fields=["clock_offset_seconds"])
+    h100 = device(lab_c1, "NVIDIA H100")
+    session = reserved_session(lab_c1, gpus=[h100], created=T0)
+    hourly = rate(session)
+    received = T0 + timedelta(seconds=120)
+    services.session_status_apply(cluster=lab_c1, received_at=received, reports=[{
+        "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
+        "observed_at": received - timedelta(seconds=behind),
+    }])
+    session.refresh_from_db()
+    assert session.ended_at == received
+    periods.periods_close(now=received + SETTLE)
+    assert billed(session) == held_cost(session, hourly) == Decimal("0.120000")
+    assert_books()
+
+
+def test_an_operator_clock_behind_within_the_tolerance_keeps_its_own_times(lab_c1, exact_prices):
+    """An offset within the tolerance is the estimate's noise (Cristian's algorithm): reports keep their own times, so
+    two reports a few milliseconds apart are never reordered by a changed estimate."""
+    lab_c1.clock_offset_seconds = 20.0
+    lab_c1.save(update_fields=["clock_offset_seconds"])
+    h100 = device(lab_c1, "NVIDIA H100")
+    session = reserved_session(lab_c1, gpus=[h100], created=T0)
+    observed = T0 + timedelta(seconds=100)
+    services.session_status_apply(cluster=lab_c1, received_at=observed + timedelta(seconds=20), reports=[{
+        "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
+        "observed_at": observed,
+    }])
+    session.refresh_from_db()
+    assert session.ended_at == observed
