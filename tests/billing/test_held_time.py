@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from types import SimpleNamespace
 
 import pytest
@@ -108,7 +108,7 @@ def test_a_failed_session_is_billed_from_its_reservation_to_its_failure(lab_c1, 
     services.session_fail(session=session, message="Could not apply the session.")
     session.refresh_from_db()
     periods.periods_close(now=session.ended_at + SETTLE)
-    assert billed(session) == held_cost(session, hourly).quantize(CREDITS) > 0  # ended_at is the service's clock: µs
+    assert billed(session) == held_cost(session, hourly).quantize(CREDITS, rounding=ROUND_CEILING) > 0  # ended_at: the service's clock, µs
     assert_books()
 
 
@@ -373,3 +373,17 @@ def test_an_operator_clock_behind_within_the_tolerance_keeps_its_own_times(lab_c
     }])
     session.refresh_from_db()
     assert session.ended_at == observed
+
+
+def test_windows_too_short_to_cost_a_credit_quantum_still_pay_their_held_seconds(lab_c1, exact_prices):
+    """An operator that cuts a 10 % share's 4 s into a thousand 4 ms windows: each cost 0.0000004 credits, which
+    rounded half to even to 0, and the windows covered every held second, so no gap row billed them: 4 s for free."""
+    [h100] = _h100s(lab_c1, 1)
+    session = reserved_session(lab_c1, gpus=[h100], created=T0, gpu_memory_mib=1000, gpu_cores=10)
+    hourly = rate(session)
+    micro = [sample(session, h100, start=T0 + timedelta(milliseconds=4 * n), seconds=0.004) for n in range(1000)]
+    ingest.usage_ingest(cluster=lab_c1, samples=micro)
+    end(session, T0 + timedelta(seconds=4))
+    periods.periods_close(now=session.ended_at + SETTLE)
+    assert billed(session) >= held_cost(session, hourly) == Decimal("0.000400")
+    assert_books()
