@@ -23,7 +23,9 @@ Money:
     hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so
         conservative: the price is the HIGHEST among the GPU models present on the candidate clusters, and a
         shared request's share is computed against the SMALLEST device memory among them (both may come from
-        different models: an upper bound). A whole GPU's share is 1.
+        different models: an upper bound). A whole GPU's share is 1. The cores asked may be below the split slot
+        placement reserves (``pricing.share_cores``): ``sessions.create`` then admits the request again at the
+        cores reserved, before it commits.
     hourly cost of a live session: the sum over its reserved GPUs of ``share × price`` of that GPU's model
         (what usage will charge, ``billing.pricing``); a live session without reservations counts
         ``gpus × share × the default price``.

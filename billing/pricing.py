@@ -6,15 +6,16 @@ Units:
     seconds: wall-clock seconds of a usage window.
     cost: credits, 6 decimal places (``billing.models.CREDITS``).
 
-Rounding: a share is rounded to 6 places, a window's cost to the credit quantum (0.000001 credits), both with
-``ROUND_HALF_EVEN`` (banker's rounding: halves go to the even neighbour, so rounding errors do not drift one
-way over many samples). A charge is the exact sum of its samples' rounded costs, so the ledger, the samples
-and the balance always agree to the last digit.
+Rounding: a share is rounded to 6 places with ``ROUND_HALF_EVEN``; a window's cost is rounded UP to the credit
+quantum (0.000001 credits, ``ROUND_CEILING``): each sample is rounded on its own, so rounding to nearest would let an
+operator that cuts held time into windows too short to cost half a quantum (a few milliseconds of a share) report
+every second as used and be charged nothing for them. Up costs at most 0.000001 credits per sample. A charge is the
+exact sum of its samples' rounded costs, so the ledger, the samples and the balance always agree to the last digit.
 """
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_EVEN, Context, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Context, Decimal
 
 from django.conf import settings
 
@@ -104,7 +105,8 @@ def gpu_share(*, device_memory_mib: int | None, gpu_memory_mib: int | None, gpu_
 
 
 def window_cost(*, price: Decimal, share: Decimal, seconds: Decimal | int) -> Decimal:
-    """Credits a window costs: ``price × share × seconds / 3600``, rounded to 0.000001 credits (``ROUND_HALF_EVEN``).
+    """Credits a window costs: ``price × share × seconds / 3600``, rounded up to 0.000001 credits (``ROUND_CEILING``:
+    a window is never charged less than it used, however short).
 
     Args:
         price: credits per GPU-hour.
@@ -112,7 +114,7 @@ def window_cost(*, price: Decimal, share: Decimal, seconds: Decimal | int) -> De
         seconds: length of the window, seconds (a ``Decimal`` keeps microseconds exact).
     """
     exact = _EXACT.divide(_EXACT.multiply(_EXACT.multiply(price, share), Decimal(seconds)), _SECONDS_PER_HOUR)
-    return exact.quantize(CREDITS, rounding=ROUND_HALF_EVEN)
+    return exact.quantize(CREDITS, rounding=ROUND_CEILING)
 
 
 def hourly_cost(*, price: Decimal, share: Decimal) -> Decimal:

@@ -361,6 +361,15 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     session.node = reserved.node_name
     if reserved.cores is not None:
         session.gpu_cores = reserved.cores  # the statement stored it: what HAMi is asked to enforce and what is priced
+        if gpu_cores is not None and reserved.cores > gpu_cores:
+            # The share took a whole split slot, more cores than it asked: admitted at what it will be billed. A
+            # refusal here rolls the reservation back with the rest of the transaction.
+            try:
+                admission.admission_check(user=owner, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=reserved.cores,
+                                          clusters=(), locked_account=account, state=state)
+            except InsufficientCredits:
+                instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
+                raise
     if mounted:
         _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({

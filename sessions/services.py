@@ -350,6 +350,20 @@ class ReportFromFuture(Conflict):
 _TICK = timedelta(microseconds=1)
 
 
+def _clock_behind(cluster: Cluster, tolerance: timedelta) -> timedelta:
+    """How far the operator's clock is behind the control plane's, as its latest inventory reported
+    (``Cluster.clock_offset_seconds``), when that is beyond ``tolerance``; else zero.
+
+    A report stamped by a clock behind would otherwise date a session's end in the past (before its creation when the
+    clock is further behind than the session lived), and billing would lose that held time (``billing.held``). Within
+    the tolerance the offset is the estimate's noise and reports keep their own times (they are never reordered by it).
+    """
+    offset = cluster.clock_offset_seconds
+    if offset is None or timedelta(seconds=offset) <= tolerance:
+        return timedelta(0)
+    return timedelta(seconds=offset)
+
+
 @transaction.atomic
 def session_status_apply(*, cluster: Cluster, reports: list[dict], received_at: datetime | None = None) -> dict:
     """Apply a batch of the operator's phase reports for sessions of ``cluster``.
@@ -361,7 +375,9 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict], received_at: 
     honest reports after it (observed later than that) are applied, so no session freezes until real time catches up.
     A report from further ahead than the tolerance refuses the whole batch: its times cannot be trusted at all. A
     report from a clock behind is applied at its own time; it orders correctly against the same operator's other
-    reports (each session's ``observed_at`` strictly increases, ``operator_agent.sessions.next_observed_at``).
+    reports (each session's ``observed_at`` strictly increases, ``operator_agent.sessions.next_observed_at``). When
+    the cluster's latest inventory said its clock is behind beyond the tolerance, that offset is added first
+    (``_clock_behind``): a session's end is billed up to ``ended_at``, which must not fall into the past.
 
     Args:
         cluster: the cluster named in the operator token.
@@ -399,11 +415,12 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict], received_at: 
             extra={"server_time": received_at.isoformat(), "ahead_seconds": seconds},
         )
     applied, ignored, changed, ended = 0, 0, {}, []
+    behind = _clock_behind(cluster, tolerance)
     batch_raw: dict[int, datetime] = {}  # per session, the observed_at of the report of this batch applied last
     for report in sorted(reports, key=lambda r: r["observed_at"]):
         session = sessions[report["session"]]
         raw: datetime = report["observed_at"]
-        observed = min(raw, received_at)
+        observed = min(raw + behind, received_at)
         if session.pk in batch_raw and raw > batch_raw[session.pk]:
             # Two reports of one session in one batch, both ahead of received_at: the later one still comes after.
             observed = max(observed, session.last_status_at + _TICK)

@@ -337,3 +337,22 @@ def test_concurrent_requests_cannot_pass_max_sessions(live_server, plain_user, l
     assert codes == [201] * 2 + [403] * 4, results
     assert {body["limit"] for status, body in results if status == 403} == {"max_sessions"}
     assert Session.objects.filter(owner=plain_user).count() == 2
+
+
+@pytest.mark.django_db
+def test_a_share_is_admitted_at_the_split_slot_it_reserves_not_the_cores_it_asks(user):
+    """A 1 % share on GPUs split in 4 reserves (and pays for) 25 % of the GPU. Admission priced the 1 % asked, so a
+    balance for 0.01 GPU-hours started a session billed 0.25 per hour: 25 times the credits the policy asks to hold."""
+    cluster = ClusterFactory(name="alpha")
+    node = NodeFactory(cluster=cluster)
+    GpuDeviceFactory(node=node, cluster=cluster, index=0, model=H100[0], memory_mib=H100[1], split_count=4)
+    placement.usage_recompute(cluster_ids=[cluster.pk])
+    Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("1"))
+    grant(user, "0.1")  # 1 h of a 1 % share, not of a 25 % one
+    with pytest.raises(admission.InsufficientCredits) as refused:
+        create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1024, gpu_cores=1)
+    assert refused.value.extra["required"] == "0.25" and refused.value.extra["hourly_cost"] == "0.25"
+    assert Session.objects.count() == 0 and Allocation.objects.count() == 0  # nothing half-applied
+    grant(user, "0.15", key="more")
+    session = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1024, gpu_cores=1)
+    assert session.gpu_cores == 25

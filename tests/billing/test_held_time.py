@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from types import SimpleNamespace
 
 import pytest
@@ -108,7 +108,7 @@ def test_a_failed_session_is_billed_from_its_reservation_to_its_failure(lab_c1, 
     services.session_fail(session=session, message="Could not apply the session.")
     session.refresh_from_db()
     periods.periods_close(now=session.ended_at + SETTLE)
-    assert billed(session) == held_cost(session, hourly).quantize(CREDITS) > 0  # ended_at is the service's clock: µs
+    assert billed(session) == held_cost(session, hourly).quantize(CREDITS, rounding=ROUND_CEILING) > 0  # ended_at: the service's clock, µs
     assert_books()
 
 
@@ -334,4 +334,56 @@ def test_billing_held_time_takes_the_same_queries_for_few_and_many_sessions(lab_
             assert held.held_gaps_bill(now=base + timedelta(minutes=30)) == many
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+    assert_books()
+
+
+@pytest.mark.parametrize("behind", [300, 3600])
+def test_an_operator_clock_behind_beyond_the_tolerance_bills_every_held_second(lab_c1, exact_prices, behind):
+    """The operator's clock is ``behind`` seconds late and its inventory said so (``clock_offset_seconds``). A session
+    held 120 s of the control plane's time ends with a report stamped by that clock: before, its end went into the
+    past (before its creation when the clock is more than 120 s behind), and the held time billed was 0 s."""
+    lab_c1.clock_offset_seconds = float(behind)
+    lab_c1.save(update_fields=["clock_offset_seconds"])
+    h100 = device(lab_c1, "NVIDIA H100")
+    session = reserved_session(lab_c1, gpus=[h100], created=T0)
+    hourly = rate(session)
+    received = T0 + timedelta(seconds=120)
+    services.session_status_apply(cluster=lab_c1, received_at=received, reports=[{
+        "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
+        "observed_at": received - timedelta(seconds=behind),
+    }])
+    session.refresh_from_db()
+    assert session.ended_at == received
+    periods.periods_close(now=received + SETTLE)
+    assert billed(session) == held_cost(session, hourly) == Decimal("0.120000")
+    assert_books()
+
+
+def test_an_operator_clock_behind_within_the_tolerance_keeps_its_own_times(lab_c1, exact_prices):
+    """An offset within the tolerance is the estimate's noise (Cristian's algorithm): reports keep their own times, so
+    two reports a few milliseconds apart are never reordered by a changed estimate."""
+    lab_c1.clock_offset_seconds = 20.0
+    lab_c1.save(update_fields=["clock_offset_seconds"])
+    h100 = device(lab_c1, "NVIDIA H100")
+    session = reserved_session(lab_c1, gpus=[h100], created=T0)
+    observed = T0 + timedelta(seconds=100)
+    services.session_status_apply(cluster=lab_c1, received_at=observed + timedelta(seconds=20), reports=[{
+        "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
+        "observed_at": observed,
+    }])
+    session.refresh_from_db()
+    assert session.ended_at == observed
+
+
+def test_windows_too_short_to_cost_a_credit_quantum_still_pay_their_held_seconds(lab_c1, exact_prices):
+    """An operator that cuts a 10 % share's 4 s into a thousand 4 ms windows: each cost 0.0000004 credits, which
+    rounded half to even to 0, and the windows covered every held second, so no gap row billed them: 4 s for free."""
+    [h100] = _h100s(lab_c1, 1)
+    session = reserved_session(lab_c1, gpus=[h100], created=T0, gpu_memory_mib=1000, gpu_cores=10)
+    hourly = rate(session)
+    micro = [sample(session, h100, start=T0 + timedelta(milliseconds=4 * n), seconds=0.004) for n in range(1000)]
+    ingest.usage_ingest(cluster=lab_c1, samples=micro)
+    end(session, T0 + timedelta(seconds=4))
+    periods.periods_close(now=session.ended_at + SETTLE)
+    assert billed(session) >= held_cost(session, hourly) == Decimal("0.000400")
     assert_books()

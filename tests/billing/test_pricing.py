@@ -59,13 +59,16 @@ def test_share_cores_is_all_of_them_when_left_out_and_at_least_one_split_slot(co
     assert pricing.share_cores(gpu_cores=cores, split_count=split) == reserved
 
 
-def test_window_cost_is_exact_and_rounds_half_even():
+def test_window_cost_is_exact_and_rounds_up():
     # 2.5 credits/h × 0.245221 × 60 s / 3600 = 0.010217541666... -> 0.010218
     assert pricing.window_cost(price=Decimal("2.5"), share=Decimal("0.245221"), seconds=60) == Decimal("0.010218")
-    # 3.6 credits/h: cost = seconds / 1000. Halves go to the even neighbour (never always up).
-    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.0005")) == Decimal("0.000000")
+    # 3.6 credits/h: cost = seconds / 1000. Up, never to nearest: half a quantum (or less) is not free.
+    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.0005")) == Decimal("0.000001")
+    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal("0.1"), seconds=Decimal("0.000001")) == Decimal("0.000001")
     assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.0015")) == Decimal("0.000002")
-    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.0025")) == Decimal("0.000002")
+    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.0025")) == Decimal("0.000003")
+    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=Decimal("0.002")) == Decimal("0.000002")  # exact: as is
+    assert pricing.window_cost(price=Decimal("3.6"), share=Decimal(1), seconds=0) == Decimal("0.000000")
     # Microseconds are kept: 59.999999 s of a whole GPU at 1 credit/h.
     assert pricing.window_cost(price=Decimal(1), share=Decimal(1), seconds=Decimal("59.999999")) == Decimal("0.016667")
     # Large prices stay exact (no float anywhere).
@@ -82,7 +85,7 @@ def test_hourly_cost():
     [
         ("2.5", 81559, None, None, "1", "0.041667"),
         ("2.5", 81559, 20000, 10, "0.245221", "0.010218"),
-        ("1.2", 32768, 20000, 10, "0.610352", "0.012207"),
+        ("1.2", 32768, 20000, 10, "0.610352", "0.012208"),
         ("1.2", 258787, 4096, 10, "0.1", "0.002000"),  # 1 % asked, raised to one of 10 split slots by placement
         ("1.2", 258787, 4096, None, "1", "0.020000"),
         ("2.5", 81559, None, 1, "1", "0.041667"),

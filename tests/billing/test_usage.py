@@ -55,13 +55,13 @@ def test_samples_are_stored_priced_and_charged_per_session(operator_c1, lab_c1, 
     assert response.status_code == 200, response.text
     answer = response.json()
     # Whole H100, 2 × 60 s at 2.5/h: 2 × 0.041667. Shared 20000 MiB / 10 % cores: H100 81559 MiB -> 0.245221, 30 s
-    # at 2.5/h = 0.005108854.. -> 0.005109; V100 32768 MiB -> 0.610352, 45.5 s at the default 1.2/h = 0.0092570053.. -> 0.009257
+    # at 2.5/h = 0.005108854.. -> 0.005109; V100 32768 MiB -> 0.610352, 45.5 s at the default 1.2/h = 0.0092570053.. -> 0.009258 (up)
     assert answer["accepted"] == 4 and answer["duplicates"] == 0 and "server_time" in answer
-    assert answer["charged"] == {whole_session.public_id: "0.083334", shared_session.public_id: "0.014366"}
+    assert answer["charged"] == {whole_session.public_id: "0.083334", shared_session.public_id: "0.014367"}
     shared = {s.device_uuid: s for s in UsageSample.objects.filter(session=shared_session)}
     assert (shared[h100.uuid].gpu_model, shared[h100.uuid].share, shared[h100.uuid].cost) == (H100, Decimal("0.245221"), Decimal("0.005109"))
     assert (shared[v100.uuid].gpu_model, shared[v100.uuid].share, shared[v100.uuid].cost) == ("Tesla V100-PCIE-32GB", Decimal("0.610352"),
-                                                                                          Decimal("0.009257"))
+                                                                                          Decimal("0.009258"))
     assert shared[v100.uuid].gpu_util_percent is None and shared[h100.uuid].gpu_util_percent == Decimal("42.50")
     # The period (T0's hour) is open: nothing is charged yet, all of it is accrued and held against the balance.
     assert not LedgerEntry.objects.exists()
@@ -72,7 +72,7 @@ def test_samples_are_stored_priced_and_charged_per_session(operator_c1, lab_c1, 
     assert shared.gpu_seconds == Decimal("0.245221") * 30 + Decimal("0.610352") * Decimal("45.5")
     assert (shared.first_start, shared.last_end) == (T0, T0 + timedelta(seconds=75.5))
     account = CreditAccount.objects.get(user=owner)
-    assert (account.balance, account.accrued) == (Decimal(0), Decimal("0.097700")) and account.below_zero_since is not None
+    assert (account.balance, account.accrued) == (Decimal(0), Decimal("0.097701")) and account.below_zero_since is not None
     assert set(UsageSample.objects.values_list("billing_period", flat=True)) == {T0}
     assert_books()
 
@@ -86,7 +86,7 @@ def test_pricing_on_lab_c2_shares_of_an_h20_and_a_whole_t4(operator_c2, lab_c2, 
     # H20 registered at 258787 MiB: 4096 MiB is a share of 0.015828, priced at the default 1.2/h for 600 s.
     expected_h20 = pricing.window_cost(price=Decimal("1.2"), share=Decimal("0.015828"), seconds=600)
     assert expected_h20 == Decimal("0.003166")
-    assert answer["charged"] == {shared.public_id: "0.003166", whole.public_id: "0.058333"}  # T4: 0.35 × 600 / 3600
+    assert answer["charged"] == {shared.public_id: "0.003166", whole.public_id: "0.058334"}  # T4: 0.35 × 600 / 3600, up
     assert_books()
 
 

@@ -148,6 +148,6 @@ def test_a_window_beginning_after_the_session_ended_is_refused(operator_c1, lab_
     assert answer.status_code == 200, answer.text
     assert (answer.json()["accepted"], answer.json()["duplicates"]) == (2, 1)
     assert UsageSample.objects.get(sample_id="last").end == ended_at
-    assert billed(ended) == Decimal("0.020833")  # 30 s of an H100 at 2.5 credits per GPU-hour
+    assert billed(ended) == Decimal("0.020834")  # 30 s of an H100 at 2.5 credits per GPU-hour: 0.0208333.., up
     assert billed(successor) == MINUTE
     assert list(UsageSample.objects.filter(start=a_day_later).values_list("session_id", flat=True)) == [successor.pk]
