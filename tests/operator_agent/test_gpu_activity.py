@@ -162,20 +162,21 @@ class Held:
                 self.finished.set()
         return answer
 
-    def trickle(self, interval: float) -> Callable[[BaseHTTPRequestHandler], None]:
-        """Answers at once, then a line every ``interval`` s until released: a body that never ends in time, each line
-        within the read timeout, so only the scrape's overall deadline can stop it."""
+    def trickle(self, interval: float, *, status: int = 200,
+                part: bytes = b"# HELP x trickle\n") -> Callable[[BaseHTTPRequestHandler], None]:
+        """Answers ``status`` at once, then ``part`` every ``interval`` s until released: a body that never ends in
+        time, each part within the read timeout, so only the scrape's overall deadline can stop it."""
         def answer(handler: BaseHTTPRequestHandler) -> None:
-            handler.send_response(200)
+            handler.send_response(status)
             handler.send_header("Content-Type", "text/plain")
             handler.end_headers()
             try:
                 while not self.release.wait(interval) and self.lines_sent * interval < self.SAFETY:
-                    handler.wfile.write(b"# HELP x trickle\n")
+                    handler.wfile.write(part)
                     handler.wfile.flush()
                     self.lines_sent += 1
                 for _ in range(100):  # the scraper closed the connection: a write fails (at most once buffered)
-                    handler.wfile.write(b"# HELP x trickle\n")
+                    handler.wfile.write(part)
                     handler.wfile.flush()
                     time.sleep(0.01)
             except OSError:
