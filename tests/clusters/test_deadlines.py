@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from clusters.kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig
+from clusters.kube import client as client_module
 from clusters.models import Cluster
 from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
@@ -142,9 +143,33 @@ def trickle(settings):
         server.close()
 
 
-def assert_cut_off(server: Trickle) -> None:
-    """The call, already returned, gave up on the trickling answer itself: it dropped the connection while the server
-    still had bytes to send for ``lasts`` seconds (the message naming the budget is ``assert_honest_unreachable``)."""
+@pytest.fixture
+def deadline_timers(monkeypatch) -> dict[str, list[float]]:
+    """What ``Deadline.call`` armed and fired: ``armed`` the seconds of each call's timer (what was left of the
+    budget), ``fired`` one entry per timer that cut its call's sockets."""
+    seen: dict[str, list[float]] = {"armed": [], "fired": []}
+    real_timer, real_fire = client_module.threading.Timer, client_module._CallGuard.fire
+
+    def timer(interval, function, *args, **kwargs):
+        if getattr(function, "__func__", None) is spied_fire:
+            seen["armed"].append(interval)
+        return real_timer(interval, function, *args, **kwargs)
+
+    def spied_fire(self):
+        seen["fired"].append(1)
+        return real_fire(self)
+
+    monkeypatch.setattr(client_module._CallGuard, "fire", spied_fire)
+    monkeypatch.setattr(client_module.threading, "Timer", timer)
+    return seen
+
+
+def assert_cut_off(server: Trickle, timers: dict[str, list[float]]) -> None:
+    """The call, already returned, was cut off by its budget: the deadline's timer, armed for no more than ``BUDGET``,
+    fired and the client dropped the connection while the server still had bytes to send for ``lasts`` seconds (the
+    message naming the budget is ``assert_honest_unreachable``)."""
+    assert timers["armed"] and all(0 < armed <= BUDGET for armed in timers["armed"]), timers
+    assert timers["fired"], "no deadline timer cut the call"
     assert server.wait_cut(), "the client never dropped the trickling connection"
     assert server.ran_out == 0, "the client read the trickle to its end"
 
@@ -159,19 +184,19 @@ def assert_honest_unreachable(detail: str) -> None:
 
 
 @pytest.mark.parametrize(("mode", "answered"), [("headers", 0), ("body", 0), ("headers", 1)])
-def test_registration_probe_is_cut_off_within_its_budget(http, trickle, settings, mode, answered):
+def test_registration_probe_is_cut_off_within_its_budget(http, trickle, settings, mode, answered, deadline_timers):
     settings.GSHARE_PROBE_TIMEOUT = BUDGET
     server = trickle(mode, answered=answered)
     response = http.post("/api/v1/clusters", json={"name": "lab", "kubeconfig": yaml.safe_dump(silent_kubeconfig(server.host_port))})
     assert response.status_code == 504, response.text
     assert response.json()["code"] == "cluster_unreachable"
     assert_honest_unreachable(response.json()["detail"])
-    assert_cut_off(server)
+    assert_cut_off(server, deadline_timers)
     assert server.requests == answered + 1  # one trickled call; the budget is shared, nothing retried
     assert Cluster.objects.count() == 0
 
 
-def test_connection_test_is_cut_off_within_its_budget(http, trickle, settings):
+def test_connection_test_is_cut_off_within_its_budget(http, trickle, settings, deadline_timers):
     settings.GSHARE_PROBE_TIMEOUT = BUDGET
     server = trickle("headers")
     cluster = ClusterFactory(kubeconfig=yaml.safe_dump(silent_kubeconfig(server.host_port)), apiserver_url=f"http://{server.host_port}")
@@ -179,16 +204,18 @@ def test_connection_test_is_cut_off_within_its_budget(http, trickle, settings):
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "unreachable"
     assert_honest_unreachable(response.json()["detail"]["apiserver_reachable"])
-    assert_cut_off(server)
+    assert_cut_off(server, deadline_timers)
 
 
-def test_patch_kubeconfig_is_cut_off_within_the_probe_budget(http, fleet_cluster, trickle, settings):
+def test_patch_kubeconfig_is_cut_off_within_the_probe_budget(http, fleet_cluster, trickle, settings, deadline_timers):
     emulated = fleet_cluster("lab-c1")
     response = http.post("/api/v1/clusters", json={"name": "lab-c1", "kubeconfig": kubeconfig_text(emulated), "session_domain": "a.example.com"})
     assert response.status_code == 201, response.text
     cluster_id = response.json()["id"]
     before = Cluster.objects.get(public_id=cluster_id)
     settings.GSHARE_PROBE_TIMEOUT = BUDGET
+    for seen in deadline_timers.values():  # the registration above ran on the default budget
+        seen.clear()
     server = trickle("headers")
     response = http.patch(
         f"/api/v1/clusters/{cluster_id}",
@@ -198,7 +225,7 @@ def test_patch_kubeconfig_is_cut_off_within_the_probe_budget(http, fleet_cluster
     assert response.status_code == 504, response.text
     assert response.json()["code"] == "cluster_unreachable"
     assert_honest_unreachable(response.json()["detail"])
-    assert_cut_off(server)
+    assert_cut_off(server, deadline_timers)
     after = Cluster.objects.get(public_id=cluster_id)
     assert (after.kubeconfig, after.apiserver_url, after.session_domain) == (before.kubeconfig, before.apiserver_url, "a.example.com")
 
@@ -214,7 +241,7 @@ def test_normal_servers_still_answer_every_probe_call(fleet_cluster, settings):
 # --------------------------------------------------------------------------- the operator token push
 
 
-def test_operator_token_push_is_cut_off_within_its_budget(trickle, settings):
+def test_operator_token_push_is_cut_off_within_its_budget(trickle, settings, deadline_timers):
     settings.GSHARE_OPERATOR_TOKEN_PUSH_TIMEOUT = BUDGET
     server = trickle("headers")
     cluster = ClusterFactory(kubeconfig=yaml.safe_dump(silent_kubeconfig(server.host_port)), apiserver_url=f"http://{server.host_port}")
@@ -222,7 +249,7 @@ def test_operator_token_push_is_cut_off_within_its_budget(trickle, settings):
         operator_token_push(cluster)
     assert failed.value.code == "token_push_unreachable"
     assert_honest_unreachable(failed.value.detail)
-    assert_cut_off(server)
+    assert_cut_off(server, deadline_timers)
     cluster.refresh_from_db()
     assert "no complete answer" in cluster.operator_token_rotation_error
 
