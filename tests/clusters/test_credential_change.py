@@ -2,7 +2,6 @@
 on the live server, against emulated apiservers of the demo fleet. A cluster is identified by the
 ``metadata.uid`` of its ``kube-system`` namespace, recorded at registration."""
 
-import time
 
 import pytest
 import yaml
@@ -178,11 +177,12 @@ def test_unreachable_is_the_registration_status(http, fleet_cluster, silent_list
     cluster_id = register(http, fleet_cluster("lab-c1"), "lab-c1")["id"]
     before = snapshot(cluster_id)
     settings.GSHARE_PROBE_TIMEOUT = 1.5
-    started = time.monotonic()
     response = http.patch(f"/api/v1/clusters/{cluster_id}", json={"kubeconfig": yaml.safe_dump(silent_kubeconfig(silent_listener))})
     assert response.status_code == 504
     assert response.json()["code"] == "cluster_unreachable"
-    assert time.monotonic() - started < 1.5 + 3
+    # cut off by the configured budget itself (GSHARE_PROBE_TIMEOUT passed down), not by a socket timeout or the peer
+    detail = response.json()["detail"]
+    assert "did not answer within 1.5 s" in detail and "cut off at the deadline" in detail, detail
     assert snapshot(cluster_id) == before
 
 

@@ -132,26 +132,58 @@ def proxy_error(status: int, message: str) -> Callable[[BaseHTTPRequestHandler],
     return answer
 
 
-def hang(seconds: float) -> Callable[[BaseHTTPRequestHandler], None]:
-    def answer(handler: BaseHTTPRequestHandler) -> None:
-        time.sleep(seconds)
-    return answer
+class Held:
+    """A monitor answer that holds its peer until the test lets go (``release``), so a test proves the scrape gave up
+    at its own deadline by what the peer saw, not by how long it took: ``finished`` is set only once the handler ends,
+    ``peer_closed`` once it found the scraper's end of the connection closed. ``SAFETY`` only ends a handler of a scrape
+    that never gives up (the test then fails on ``finished``), it measures nothing."""
 
+    SAFETY = 60
 
-def trickle(interval: float, count: int) -> Callable[[BaseHTTPRequestHandler], None]:
-    """A monitor that answers at once, then sends its body a line at a time, slower than the scrape's deadline."""
-    def answer(handler: BaseHTTPRequestHandler) -> None:
-        handler.send_response(200)
-        handler.send_header("Content-Type", "text/plain")
-        handler.end_headers()
-        try:
-            for _ in range(count):
-                handler.wfile.write(b"# HELP x trickle\n")
-                handler.wfile.flush()
-                time.sleep(interval)
-        except OSError:
-            pass
-    return answer
+    def __init__(self):
+        self.release = threading.Event()
+        self.finished = threading.Event()
+        self.peer_closed = threading.Event()
+        self.lines_sent = 0
+
+    def hang(self) -> Callable[[BaseHTTPRequestHandler], None]:
+        """No status line, no byte: the scrape's read timeout must give up."""
+        def answer(handler: BaseHTTPRequestHandler) -> None:
+            try:
+                self.release.wait(self.SAFETY)
+                handler.connection.settimeout(self.SAFETY)
+                if handler.connection.recv(1) == b"":  # EOF: the scraper closed its end
+                    self.peer_closed.set()
+            except TimeoutError:
+                pass  # the scraper still holds the connection open
+            except OSError:  # reset: closed too
+                self.peer_closed.set()
+            finally:
+                self.finished.set()
+        return answer
+
+    def trickle(self, interval: float, *, status: int = 200,
+                part: bytes = b"# HELP x trickle\n") -> Callable[[BaseHTTPRequestHandler], None]:
+        """Answers ``status`` at once, then ``part`` every ``interval`` s until released: a body that never ends in
+        time, each part within the read timeout, so only the scrape's overall deadline can stop it."""
+        def answer(handler: BaseHTTPRequestHandler) -> None:
+            handler.send_response(status)
+            handler.send_header("Content-Type", "text/plain")
+            handler.end_headers()
+            try:
+                while not self.release.wait(interval) and self.lines_sent * interval < self.SAFETY:
+                    handler.wfile.write(part)
+                    handler.wfile.flush()
+                    self.lines_sent += 1
+                for _ in range(100):  # the scraper closed the connection: a write fails (at most once buffered)
+                    handler.wfile.write(part)
+                    handler.wfile.flush()
+                    time.sleep(0.01)
+            except OSError:
+                self.peer_closed.set()
+            finally:
+                self.finished.set()
+        return answer
 
 
 class StubControlPlane:
@@ -184,8 +216,24 @@ class StubControlPlane:
         return Handler
 
 
+class ManualClock:
+    """Seconds since the epoch that move only when a test moves them (``now``)."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def cluster(tmp_path):
+def metrics_clock() -> ManualClock:
+    """The clock of the ``cluster`` fixture's ``OperatorMetrics`` (report ages)."""
+    return ManualClock(1_000_000.0)
+
+
+@pytest.fixture
+def cluster(tmp_path, metrics_clock):
     fake, stub = FakeApiserver(), StubControlPlane()
     with serving(fake.handler()) as apiserver, serving(stub.handler()) as control_plane:
         token = tmp_path / "internal-jwt"
@@ -193,7 +241,7 @@ def cluster(tmp_path):
         config = OperatorConfig(cluster_id="clu_act", control_plane_url=control_plane, token_file=str(token),
                                 http_timeout=5, backoff_max=0.01, hami_monitor_timeout=1.0)
         api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=apiserver))
-        metrics = OperatorMetrics()
+        metrics = OperatorMetrics(clock=metrics_clock)
         client = ControlPlaneClient(config, sleep=lambda _: None, max_attempts=1, on_success=metrics.report_succeeded)
         reporter = ActivityReporter(api, client, config, metrics=metrics)
         try:
@@ -226,8 +274,9 @@ def scrape_metrics(metrics: OperatorMetrics) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(answer.text) for s in family.samples}
 
 
-def test_ok_and_unknown_sessions_in_one_report(cluster):
+def test_ok_and_unknown_sessions_in_one_report(cluster, metrics_clock):
     fake, stub, reporter, metrics = cluster
+    held = Held()
     fake.session_pods = [
         session_pod("ses_busy", "node-a", (GPU_A, GPU_B)),  # GPU_B never ran CUDA: no series of it
         session_pod("ses_neighbour", "node-a", (GPU_A,)),
@@ -244,12 +293,18 @@ def test_ok_and_unknown_sessions_in_one_report(cluster):
         ], host_uuids=(GPU_A, GPU_B))),
         "hami-device-plugin-node-c": proxy_error(503, 'error trying to reach service: dial tcp 10.1.2.3:9394: connect: '
                                                       'connection refused'),
-        "hami-device-plugin-node-d": hang(3),
+        "hami-device-plugin-node-d": held.hang(),
         "hami-device-plugin-node-e": text(b"<html><body>hello</body></html>\n"),
     }
-    started = time.monotonic()
-    assert reporter.tick() is True
-    assert time.monotonic() - started < 2.5  # the hung monitor cost its own timeout (1 s), not the tick
+    metrics_clock.now += 50
+    try:
+        assert reporter.tick() is True
+        # The tick ended while the hung monitor still held its connection: it gave up at the scrape's deadline rather
+        # than waiting for the peer, and closed its end (no thread or connection left behind).
+        assert not held.finished.is_set()
+    finally:
+        held.release.set()
+    assert held.finished.wait(Held.SAFETY) and held.peer_closed.is_set()
     [body] = stub.bodies
     entries = by_session(valid(body))
     busy = entries["ses_busy"]
@@ -282,8 +337,11 @@ def test_ok_and_unknown_sessions_in_one_report(cluster):
                       (("node", "node-e"), ("reason", "parse_error")): 1.0}
     durations = {dict(labels)["node"]: value for (name, labels), value in seen.items()
                  if name == "gshare_operator_hami_monitor_scrape_duration_seconds"}
-    assert set(durations) == {"node-a", "node-c", "node-d", "node-e"} and 0.9 < durations["node-d"] < 2.5
-    assert seen[("gshare_operator_report_age_seconds", (("report", "activity"),))] < 5
+    # the hung scrape waited out its own timeout (1 s) and no more than the tick above let it (the peer still held)
+    assert set(durations) == {"node-a", "node-c", "node-d", "node-e"} and durations["node-d"] >= 0.9
+    metrics_clock.now += 7
+    assert seen[("gshare_operator_report_age_seconds", (("report", "activity"),))] == 0  # sent at the clock's "now"
+    assert metrics.report_ages()["activity"] == 7 and metrics.report_ages()["inventory"] == 57  # never sent: since start
 
 
 def test_only_running_sessions_are_reported_and_a_gpu_less_one_has_no_gpus(cluster):
@@ -333,25 +391,31 @@ def test_monitor_pods_are_looked_for_in_hamis_namespace_when_it_is_named(cluster
 
 def test_a_trickling_monitor_is_cut_off_at_the_deadline(cluster):
     fake, stub, reporter, _ = cluster
+    held = Held()
     fake.session_pods = [session_pod("ses_a", "node-a", (GPU_A,))]
     fake.monitor_pods = [monitor_pod("node-a")]
-    fake.proxy = {"hami-device-plugin-node-a": trickle(0.3, 20)}  # 6 s of body, each line within the read timeout
-    started = time.monotonic()
-    assert reporter.tick() is True
-    assert time.monotonic() - started < 3
+    fake.proxy = {"hami-device-plugin-node-a": held.trickle(0.3)}  # each line within the 1 s read timeout
+    try:
+        assert reporter.tick() is True
+        # the body was still coming when the tick ended: the scrape's deadline cut it, not the end of the body
+        assert not held.finished.is_set() and held.lines_sent >= 1
+    finally:
+        held.release.set()
+    assert held.finished.wait(Held.SAFETY) and held.peer_closed.is_set()
     [entry] = valid(stub.bodies[0])["sessions"]
     assert entry["state"] == "unknown" and "did not finish its answer within 1 s" in entry["reason"]
 
 
-def test_a_refused_report_is_not_an_error_of_the_loop(cluster):
+def test_a_refused_report_is_not_an_error_of_the_loop(cluster, metrics_clock):
     fake, stub, reporter, metrics = cluster
+    metrics_clock.now += 30
     fake.session_pods = [session_pod("ses_a", "node-a", (GPU_A,))]
     fake.monitor_pods = [monitor_pod("node-a")]
     fake.proxy = {"hami-device-plugin-node-a": text(exposition([], host_uuids=(GPU_A,)))}
     stub.status = 401
     assert reporter.tick() is False
     assert len(stub.bodies) == 1
-    assert metrics.report_ages()["activity"] == pytest.approx(metrics.report_ages()["inventory"], abs=1)  # never ok
+    assert metrics.report_ages()["activity"] == metrics.report_ages()["inventory"] == 30  # never ok
 
 
 def test_a_session_refused_as_foreign_is_found_by_halving_and_left_out(cluster, caplog):

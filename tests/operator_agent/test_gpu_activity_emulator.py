@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import time
-
 import kubernetes
 import pytest
 
@@ -53,9 +51,9 @@ def test_busy_idle_and_a_hung_monitor_through_the_emulators_pod_proxy(scheme, tm
         client = ControlPlaneClient(config, sleep=lambda _: None, max_attempts=1)
         reporter = ActivityReporter(api, client, config)
         try:
-            started = time.monotonic()
+            # The emulator holds the hung monitor's request for its hami_monitor_hang_seconds (60 s), then answers 503
+            # "i/o timeout": a reason in the operator's own words of its 1 s deadline shows the tick gave up first.
             assert reporter.tick() is True
-            assert time.monotonic() - started < 5
             cluster.set_hami_monitor("gpu-v100-01", "down")
             assert reporter.tick() is True
         finally:
@@ -70,5 +68,7 @@ def test_busy_idle_and_a_hung_monitor_through_the_emulators_pod_proxy(scheme, tm
     [busy_gpu], [idle_gpu] = busy["gpus"], idle["gpus"]
     assert busy_gpu["utilization_percent"] > 0 and idle_gpu["utilization_percent"] == 0
     assert busy_gpu["memory_limit_bytes"] == 8192 * 1024 * 1024
-    assert first["ses_hung"]["state"] == "unknown" and "within 1 s" in first["ses_hung"]["reason"]
+    hung = first["ses_hung"]
+    assert hung["state"] == "unknown" and "within 1 s" in hung["reason"], hung
+    assert "503" not in hung["reason"] and "i/o timeout" not in hung["reason"], hung
     assert second["ses_hung"]["state"] == "unknown" and "503" in second["ses_hung"]["reason"]

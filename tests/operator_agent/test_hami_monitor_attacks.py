@@ -24,12 +24,14 @@ import pytest
 from operator_agent.gpu_activity import run_activity
 from operator_agent.hami_monitor import MAX_EXPOSITION_BYTES, MAX_SERIES, MonitorParseError, parse_monitor
 from tests.operator_agent.hami_exposition import Series, exposition
-from tests.operator_agent.test_gpu_activity import (  # noqa: F401 (cluster: the fixture)
+from tests.operator_agent.test_gpu_activity import (  # noqa: F401 (cluster, metrics_clock: the fixtures)
     GPU_A,
     GPU_B,
     NS,
+    Held,
     by_session,
     cluster,
+    metrics_clock,
     monitor_pod,
     session_pod,
     text,
@@ -87,11 +89,24 @@ def scraping_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("hami-monitor") and t.is_alive()]
 
 
-def wait_no_scraping_threads(seconds: float) -> list[threading.Thread]:
-    deadline = time.monotonic() + seconds
-    while scraping_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
+def scraping_threads_left() -> list[threading.Thread]:
+    """The scraping threads still alive once each was given ``Held.SAFETY`` s to end (a thread still reading a body
+    never ends by itself; a finished one ends as soon as its pool, shut down by the tick, hands it no more work)."""
+    for thread in scraping_threads():
+        thread.join(Held.SAFETY)
     return scraping_threads()
+
+
+def tick_held(cluster, held: Held) -> dict:  # noqa: F811
+    """``tick_entry`` while ``held`` holds the monitor's answer: the tick must end before the answer does, and the
+    scraper must have closed its end of the connection."""
+    try:
+        entry = tick_entry(cluster)
+        assert not held.finished.is_set(), "the tick waited for the monitor's answer to end"
+    finally:
+        held.release.set()
+    assert held.finished.wait(Held.SAFETY) and held.peer_closed.is_set(), "the scraper kept the connection open"
+    return entry
 
 
 def busy(pod: str = "ses-busy", namespace: str = NS, uuid: str = GPU_A, **values) -> Series:
@@ -109,12 +124,10 @@ def test_a_body_over_the_limit_is_unknown_not_zeros(cluster):  # noqa: F811
 
 
 def test_a_body_trickling_a_byte_a_second_costs_the_scrapes_timeout(cluster):  # noqa: F811
-    body = exposition([busy()])
-    one_session(cluster[0], answer_with(200, lambda: [body[i:i + 1] for i in range(len(body))], interval=1.0))
-    started = time.monotonic()
-    unknown(tick_entry(cluster), "did not finish its answer within 1 s")
-    assert time.monotonic() - started < 3.5
-    assert wait_no_scraping_threads(3) == []
+    held = Held()
+    one_session(cluster[0], held.trickle(1.0, part=b"#"))
+    unknown(tick_held(cluster, held), "did not finish its answer within 1 s")
+    assert scraping_threads_left() == []
 
 
 @pytest.mark.parametrize("status", [500, 503])
@@ -127,11 +140,11 @@ def test_an_error_status_with_a_huge_body_is_not_read_whole(cluster, status):  #
 
 def test_an_error_status_trickling_its_body_leaves_no_thread_behind(cluster):  # noqa: F811
     # Each byte arrives before the read timeout (1 s), so only the scrape's own deadline can end it.
-    one_session(cluster[0], answer_with(503, lambda: [b"x"] * 40, interval=0.3))
-    started = time.monotonic()
-    unknown(tick_entry(cluster), "")
-    assert time.monotonic() - started < 3.5
-    assert wait_no_scraping_threads(3) == [], "a scraping thread still reads the trickling error body"
+    held = Held()
+    one_session(cluster[0], held.trickle(0.3, status=503, part=b"x"))
+    unknown(tick_held(cluster, held), "answered 503")
+    assert held.lines_sent >= 1
+    assert scraping_threads_left() == [], "a scraping thread still reads the trickling error body"
 
 
 def test_a_gzip_bomb_is_bounded_by_its_decoded_size(cluster):  # noqa: F811
