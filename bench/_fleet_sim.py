@@ -52,7 +52,8 @@ CALL_DUE = threading.local()
 class SimClock:
     """The fleet's clock: ``speed`` times faster than the wall clock, ``offset_s`` seconds off it at the start.
 
-    Operators stamp usage windows and status reports with it. The control plane's own clock is the wall clock and it
+    Operators stamp usage windows with it, and status reports with it capped at the wall clock (the control plane's
+    time, as the real operator does). The control plane's own clock is the wall clock and it
     accepts a window ending at most ``billing.usage.CLOCK_SKEW_SECONDS`` (300 s) ahead of it and beginning at most as
     long before its session was created: a clock that starts ``(speed - 1) * duration / 2`` behind the wall clock and
     ends as far ahead stays inside both for a run of ``duration`` wall seconds (``bench/fleet.py`` checks the bound).
@@ -363,7 +364,9 @@ class SimCluster:
         with self.lock:
             due = [s for s in self.sessions.values() if s.due is not None]
             now_ms = self.clock.now_ms()
-            reports = [status_body_report(s, now_ms) for s in due]
+            # As the real operator (operator_agent/clock.py): a status report is never stamped later than the control
+            # plane's time, which refuses one from beyond GSHARE_CLOCK_SKEW_TOLERANCE ahead (report_from_future).
+            reports = [status_body_report(s, min(now_ms, int(time.time() * 1000))) for s in due]
         if not reports:
             return
         if self._call("status", lambda: self.clients["status"].request("POST", contract.STATUS_PATH, json_body={"reports": reports}),
