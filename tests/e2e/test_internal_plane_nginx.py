@@ -73,7 +73,8 @@ class Chart:
 
 
 def _setting(objects: list[dict], name: str) -> list[str]:
-    [value] = {env_of(c)[name]["value"] for _, c in containers(objects)}
+    # The api pod's nginx proxy container has no Django settings: read the containers that carry the setting.
+    [value] = {env_of(c)[name]["value"] for _, c in containers(objects) if name in env_of(c)}
     return value.replace("$(POD_IP)", POD_IP).split(",")
 
 
