@@ -2,7 +2,7 @@
 
 One ``contextvars.ContextVar`` holds the current :class:`Actor`. It is set
 
-* for HTTP by ``gshare.middleware.AuditActorMiddleware`` (:func:`request_scope`): ``api:<user>`` under ``/api/``,
+* for HTTP by ``audit.middleware.AuditActorMiddleware`` (:func:`request_scope`): ``api:<user>`` under ``/api/``,
   ``operator:<cluster id>`` under ``/internal/``, ``console:<user>`` elsewhere (the console); the source address is
   ``REMOTE_ADDR``. The user is read when a row is written, not when the request arrives, because DRF
   authenticates inside the view (it puts the user it found on the underlying Django request);

@@ -36,7 +36,7 @@ def make_fleet(*, clusters: int, node_counts: list[int], researchers: int, apise
     from billing.services import credit_grant
     from clusters.models import Cluster
     from clusters.operator_token.tokens import operator_token_mint
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     now = timezone.now()
     rows = Cluster.objects.bulk_create([

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
-from operator_agent import contract
+import contract
 from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError
 from operator_agent.inventory import node_to_snapshot
@@ -156,7 +156,7 @@ class Applied:
 class Apiserver:
     """The clusters' apiservers, one loopback HTTP server: ``<url>/c/<n>`` is cluster ``n``'s.
 
-    Answers what the control plane's worker sends (``clusters.kube.gateway``): the server-side apply of a GShareSession
+    Answers what the control plane's worker sends (``kube.gateway``): the server-side apply of a GShareSession
     (``PATCH``, the object back) and its delete (``DELETE``, a ``Status``; 404 when gone); anything else 404 like an
     apiserver without that object. Each apply is handed to the cluster's simulated operator (``SimCluster.applied``).
     """

@@ -52,7 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 from _benchenv import bench_environment, free_port, log, start_server, stop_server
 
 GOAL_RATIO = 0.7
-#: ``operator_agent.contract.CONNECT_EXT_AUTHZ_PATH`` (read here without importing the project before its settings).
+#: ``contract.CONNECT_EXT_AUTHZ_PATH`` (read here without importing the project before its settings).
 EXT_AUTHZ_PATH = "/internal/connect/ext-authz"
 WORKERS = 2
 

@@ -90,7 +90,7 @@ def expect(status: int, answer: dict, *, unchanged: bool) -> None:
 
 def node_json(cluster: int, node: int, annotation: str, uuids: list[str]) -> dict:
     """A Node as the apiserver serves it, labelled gpu=on, Ready, with the HAMi annotation's GPU UUIDs made unique."""
-    from operator_agent.contract import HAMI_NODE_REGISTER_ANNOTATION
+    from contract import HAMI_NODE_REGISTER_ANNOTATION
 
     for i, uuid in enumerate(uuids):
         annotation = annotation.replace(uuid, f"{uuid[:-12]}{cluster:04d}{node:06d}{i:02d}")
@@ -105,7 +105,7 @@ def node_json(cluster: int, node: int, annotation: str, uuids: list[str]) -> dic
 
 def snapshots(cluster: int, nodes: int) -> dict[str, bytes]:
     """The cluster's bodies: ``a`` and ``b`` (every GPU's memory differs between them), ``digest`` (of ``a``)."""
-    from operator_agent.contract import inventory_digest
+    from contract import inventory_digest
     from operator_agent.hami import decode_node_register
     from operator_agent.inventory import node_to_snapshot
 

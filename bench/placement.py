@@ -338,7 +338,7 @@ def _patch_enqueue() -> None:
 
 def decide(user, request, cluster: str | None = None) -> bool:
     """One ``session_create``; True when placed, False when answered ``no_capacity``."""
-    from gshare.exceptions import Conflict
+    from core.exceptions import Conflict
     from sessions import create
 
     gpus, memory, cores = request

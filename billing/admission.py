@@ -51,7 +51,7 @@ from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, Policy
 from clusters.models import Cluster
-from gshare.prepared import statement_cursor
+from core.prepared import statement_cursor
 from sessions.models import Session
 
 #: How a console user stops a session (the console shows ``console_detail``; the API's sentence names the call).

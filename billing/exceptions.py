@@ -7,8 +7,8 @@ like keep working.
 
 from __future__ import annotations
 
-from gshare.exceptions import ApplicationError, Conflict
-from operator_agent import contract
+import contract
+from core.exceptions import ApplicationError, Conflict
 
 # --------------------------------------------------------------------------- admission
 

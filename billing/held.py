@@ -36,10 +36,10 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+import contract
 from billing import periods, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, HeldGpu, UsageSample
 from clusters.models import GpuDevice
-from operator_agent import contract
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)

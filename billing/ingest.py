@@ -34,9 +34,9 @@ from billing.usage import (
     parse_samples,
 )
 from clusters.models import Cluster, GpuDevice
-from gshare.exceptions import ApplicationError, Forbidden
-from gshare.metrics import instruments
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
+from contract import FORBIDDEN_CLUSTER_SCOPE
+from core import instruments
+from core.exceptions import ApplicationError, Forbidden
 from sessions.models import Allocation, Session
 
 logger = logging.getLogger(__name__)

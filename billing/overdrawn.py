@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from billing.admission import EffectivePolicy, credits_text, policies_for
 from billing.models import CreditAccount
-from operator_agent.rfc3339 import format_utc
+from contract.rfc3339 import format_utc
 from sessions import services as session_services
 from sessions.models import Session
 

@@ -4,8 +4,8 @@ A batch holds up to 5,000 samples and the endpoint's goal is tens of thousands o
 sample is checked with plain type tests and ``datetime.fromisoformat`` (a per-sample jsonschema validation costs
 more than the whole database write). The first offending sample refuses the batch with its index.
 
-The checks are those of ``operator_agent.contract.USAGE_SCHEMA`` plus what a schema cannot say (end after start,
-the window's length and age); times are RFC 3339 as ``operator_agent.rfc3339.parse`` reads them, inlined here so a
+The checks are those of ``contract.USAGE_SCHEMA`` plus what a schema cannot say (end after start,
+the window's length and age); times are RFC 3339 as ``contract.rfc3339.parse`` reads them, inlined here so a
 well-formed sample costs one ``fromisoformat`` per time. ``tests/billing/test_usage_contract.py`` runs one table of
 samples through this parser, the schema and ``rfc3339.parse``.
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
+import contract
 from billing.exceptions import BatchTooLarge, InvalidUsageSample
-from gshare.exceptions import ApplicationError
-from operator_agent import contract
-from operator_agent.rfc3339 import MAX_LENGTH as _MAX_TIME_LENGTH
-from operator_agent.rfc3339 import offset_in_whole_minutes
+from contract.rfc3339 import MAX_LENGTH as _MAX_TIME_LENGTH
+from contract.rfc3339 import offset_in_whole_minutes
+from core.exceptions import ApplicationError
 
 #: At most this many samples per ``POST /internal/v1/usage`` (400 ``batch_too_large`` beyond; shared with the operator).
 MAX_BATCH = contract.USAGE_MAX_SAMPLES_PER_CALL

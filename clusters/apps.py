@@ -7,3 +7,10 @@ class ClustersConfig(AppConfig):
     name = "clusters"
     verbose_name = "Clusters"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Install the ``?cluster=`` rule in the audit trail's filter (audit sits below clusters)."""
+        from audit.api.filters import set_cluster_resolver
+        from clusters.refs import cluster_public_id
+
+        set_cluster_resolver(cluster_public_id)

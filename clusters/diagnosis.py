@@ -24,7 +24,7 @@ from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
 from clusters.routing import ATTACH_COMMAND
-from operator_agent.contract import (
+from contract import (
     CLOCK_SYNCED,
     CONNECT_EXT_AUTHZ_PATH,
     CONNECT_VERIFY_PATH,

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from clusters.models import GpuDevice, Node
-from operator_agent.contract import GPU_MODE_LABEL
+from contract import GPU_MODE_LABEL
 
 #: The snapshot's nodes and GPUs, per connection, emptied at every commit (and gone with a rollback). Created in
 #: every snapshot's transaction rather than remembered per connection: a pooler in transaction mode may hand each

@@ -6,14 +6,14 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from gshare.crypto import EncryptedTextField
-from gshare.ids import new_cluster_id
-from operator_agent.contract import (
+from contract import (
     GATEWAY_NAME_DEFAULT,
     GATEWAY_NAMESPACE_DEFAULT,
     ROUTING_GATEWAY_API,
     ROUTING_INGRESS_NGINX,
 )
+from core.crypto import EncryptedTextField
+from core.ids import new_cluster_id
 
 #: RFC 1123 DNS name (what Kubernetes calls a DNS subdomain): lowercase labels of letters, digits and '-'.
 dns_name_validator = RegexValidator(
@@ -121,7 +121,7 @@ class Cluster(models.Model):
     )
     inventory_digest = models.CharField(
         max_length=80, blank=True, default="", editable=False,
-        help_text="Digest of the operator's last applied inventory snapshot (operator_agent.contract.inventory_digest); a "
+        help_text="Digest of the operator's last applied inventory snapshot (contract.inventory_digest); a "
                   "digest-only report naming it needs no full snapshot. Empty: the next report must be a full snapshot",
     )
     clock_offset_seconds = models.FloatField(

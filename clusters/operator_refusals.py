@@ -27,7 +27,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from clusters.models import Cluster
-from gshare.metrics import instruments
+from core import instruments
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ REFUSAL_RECORD_PERIOD = 60
 
 
 class RefusalReason:
-    """Reason codes of ``Cluster.operator_refused_reason`` (those of ``gshare.auth.internal_jwt.CLAIM_REFUSALS`` too)."""
+    """Reason codes of ``Cluster.operator_refused_reason`` (those of ``identity.internal_jwt.CLAIM_REFUSALS`` too)."""
 
     TOKEN_EXPIRED = "token_expired"
     TOKEN_NOT_YET_VALID = "token_not_yet_valid"

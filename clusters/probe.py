@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import DAEMON_SETS, NAMESPACES, NODES, RUNTIME_CLASSES
-from clusters.kubeconfig import KubeconfigError
-from gshare.exceptions import ApplicationError
-from operator_agent.contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
+from contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
+from core.exceptions import ApplicationError
+from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import DAEMON_SETS, NAMESPACES, NODES, RUNTIME_CLASSES
+from kube.kubeconfig import KubeconfigError
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def probe_cluster(config: dict, *, server: str, timeout: float) -> ProbeResult:
     """Run every check against the apiserver named in ``config``.
 
     Args:
-        config: validated kubeconfig dict (see ``clusters.kubeconfig.validate_kubeconfig``).
+        config: validated kubeconfig dict (see ``kube.kubeconfig.validate_kubeconfig``).
         server: its apiserver URL (for messages).
         timeout: the whole budget for all calls, seconds.
 

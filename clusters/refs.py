@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from clusters.models import Cluster
-from gshare.exceptions import NotFound
+from core.exceptions import NotFound
 
 ID_PREFIX = "clu_"
 
@@ -38,3 +38,12 @@ def cluster_by_ref(ref: str) -> Cluster:
     if cluster is None:
         raise NotFound(f"No cluster is named or has the id {ref!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
     return cluster
+
+
+def cluster_public_id(ref: str) -> str:
+    """The public id (``clu_...``) of the cluster ``ref`` names (:func:`cluster_by_ref`).
+
+    Raises:
+        NotFound: ``cluster_not_found`` (404) when no cluster matches.
+    """
+    return cluster_by_ref(ref).public_id

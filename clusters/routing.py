@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import validate_host
 
-from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import GATEWAY_CLASSES, GATEWAYS, INGRESS_CLASSES
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
-from gshare.exceptions import ApplicationError
-from gshare.middleware import internal_hosts
-from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
+from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
+from core.exceptions import ApplicationError
+from core.internal_hosts import internal_hosts
+from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import GATEWAY_CLASSES, GATEWAYS, INGRESS_CLASSES
 
 #: ``spec.controller`` of the IngressClass the ingress-nginx chart installs (``controller.ingressClassResource.controllerValue``).
 INGRESS_NGINX_CONTROLLER = "k8s.io/ingress-nginx"
@@ -75,7 +75,7 @@ def is_control_plane_host(domain: str) -> bool:
     """Whether ``domain`` is a host the control plane itself answers at: the host of ``GSHARE_CONTROL_PLANE_URL``, or
     one a ``DJANGO_ALLOWED_HOSTS`` or ``GSHARE_INTERNAL_HOSTS`` entry matches as Django matches ``ALLOWED_HOSTS``
     (``.example.com`` covers example.com and its subdomains; ``*`` names none). The same rule as the ext_authz check's
-    (``gshare.middleware.ext_authz_host_allowed``), which never answers on such a host."""
+    (``sessions.ext_authz.ext_authz_host_allowed``), which never answers on such a host."""
     # A trailing dot names the same host (Django's split_domain_port drops it from a Host header too).
     own = (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower().rstrip(".")
     patterns = [host for host in (*settings.ALLOWED_HOSTS, *internal_hosts()) if host != "*"]

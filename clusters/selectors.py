@@ -6,7 +6,7 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Count, Q, QuerySet, Value
 
 from clusters.models import Cluster, GpuDevice, Node
-from gshare.exceptions import NotFound
+from core.exceptions import NotFound
 
 
 def cluster_list(*, include_deregistered: bool = True) -> QuerySet[Cluster]:

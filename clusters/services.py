@@ -17,17 +17,17 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+import contract
 from audit.services import Action, audit_record, created
 from clusters import inventory
 from clusters.diagnosis import clock_verdict, operator_check_verdicts, operator_reporting_detail
-from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
-from gshare.exceptions import ApplicationError, Conflict, Forbidden
-from operator_agent import contract
-from operator_agent.contract import CLOCK_SYNCED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
+from contract import CLOCK_SYNCED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
+from core.exceptions import ApplicationError, Conflict, Forbidden
+from kube.kubeconfig import validate_kubeconfig
 
 logger = logging.getLogger(__name__)
 
@@ -384,7 +384,7 @@ def _credential_check(*, cluster: Cluster, valid) -> _Credential:
 
     Args:
         cluster: the cluster whose credential changes.
-        valid: ``clusters.kubeconfig.ValidKubeconfig`` of the new kubeconfig.
+        valid: ``kube.kubeconfig.ValidKubeconfig`` of the new kubeconfig.
 
     Raises:
         Conflict: ``different_cluster``, ``cluster_identity_unknown`` (409).

@@ -51,13 +51,13 @@ from typing import Any
 
 import yaml
 
-from demo.fleet_routing import gateway_objects
-from operator_agent.contract import (
+from contract import (
     HAMI_MONITOR_PORT_DEFAULT,
     ROUTING_GATEWAY_API,
     ROUTING_INGRESS_NGINX,
     SESSION_NAMESPACE_DEFAULT,
 )
+from demo.fleet_routing import gateway_objects
 from operator_agent.hami import decode_node_register
 from operator_agent.inventory import device_to_snapshot
 
@@ -65,10 +65,10 @@ DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 """Directory of the copied fixtures (``hami/``, ``nvidia-smi/``, ``k8s-objects/``)."""
 
 GPU_NODE_LABELS = {"gpu": "on"}
-"""Label every GPU node carries (same key/value as ``operator_agent.contract.GPU_NODE_LABEL_KEY``/``_VALUE``)."""
+"""Label every GPU node carries (same key/value as ``contract.GPU_NODE_LABEL_KEY``/``_VALUE``)."""
 
 GPU_MODE_LABEL = "gshare.io/gpu-mode"
-"""Node label with the GPU sharing mode (``hami-core`` or ``mig``); same value as ``operator_agent.contract``."""
+"""Node label with the GPU sharing mode (``hami-core`` or ``mig``); same value as ``contract``."""
 
 HAMI_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 HAMI_HANDSHAKE_ANNOTATION = "hami.io/node-handshake"

@@ -7,7 +7,7 @@ Gateway as its chart installs it and the Gateway gShare's session HTTPRoutes att
   ``gateway-helm`` v1.9.0 chart renders them for the release ``eg``): what the emulator's Envoy Gateway stand-in
   controller waits for before it accepts GatewayClasses and programs Gateways;
 * HAND: the GatewayClass ``envoy-gateway`` (``controllerName: gateway.envoyproxy.io/gatewayclass-controller``) and
-  the Gateway ``operator_agent.contract.GATEWAY_NAME_DEFAULT`` in ``GATEWAY_NAMESPACE_DEFAULT``, with one ``HTTP``
+  the Gateway ``contract.GATEWAY_NAME_DEFAULT`` in ``GATEWAY_NAMESPACE_DEFAULT``, with one ``HTTP``
   listener on port 80 for the cluster's session domain that admits routes from every namespace (the sessions'
   HTTPRoutes live in ``gshare-sessions``).
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
+from contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 
 CRD_DIR = pathlib.Path(__file__).resolve().parent / "data" / "charts" / "gateway-helm" / "crds"
 """The upstream CRDs the Envoy Gateway chart installs (its stand-in's ``crds/``, the files unchanged)."""

@@ -4,7 +4,7 @@ Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (emb
 migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
 ``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
-least-privilege ServiceAccount token (``clusters.attach.credential``, made with the emulator's admin token), the web
+least-privilege ServiceAccount token (``attach.credential``, made with the emulator's admin token), the web
 server (gunicorn behind nginx, ``gshare.front_proxy``), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
 session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
@@ -48,14 +48,15 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
+from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
+from core.home import gshare_home
 from demo import fleet
 from demo.bare_cluster import UNPREPARED_NODE
 from demo.bare_demo import STATE_EVAL, BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
-from gshare.embedded import embedded_release, gshare_home
+from gshare.embedded import embedded_release
 from gshare.front_proxy import ProxySettings, render_nginx_conf
-from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
 DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
@@ -234,12 +235,12 @@ def run_demo(options: DemoOptions) -> dict:
     Raises:
         DemoError: a step failed; every process started so far has been stopped.
     """
+    from attach.credential import least_privilege_kubeconfig
     from clusters import services as cluster_services
-    from clusters.attach.credential import least_privilege_kubeconfig
-    from clusters.kubeconfig import validate_kubeconfig
     from clusters.models import Cluster
     from clusters.operator_token.tokens import operator_token_mint
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
+    from kube.kubeconfig import validate_kubeconfig
     from storage.models import StorageCapacityReading
     from storage.services import pools_refresh_capacity
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from operator_agent.contract import SESSION_ID_LABEL
+from contract import SESSION_ID_LABEL
 from operator_agent.hami import HamiDecodeError
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION, decode_pod_devices
 

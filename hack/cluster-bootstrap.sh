@@ -10,7 +10,7 @@
 # commands it would run and changes nothing (no root needed).
 #
 # `storage` installs the democratic-csi driver as Helm release gshare-storage in namespace gshare-storage with the
-# embedded Helm engine (python -m clusters.attach.bootstrap_storage; no helm binary, no database).
+# embedded Helm engine (python -m attach.bootstrap_storage; no helm binary, no database).
 #
 # POSIX sh, not bash: `prereqs` runs on nodes as they come, some with only dash or BusyBox sh, and even there it
 # must get far enough to say what to install by hand.
@@ -294,7 +294,7 @@ step_toolkit() {
 }
 
 # The containerd configuration file that registers the nvidia runtime, or "". The files are those attach's node
-# check reads (CONTAINERD_CONFIGS in clusters/attach/checks.py): kubeadm and most distributions, the drop-ins
+# check reads (CONTAINERD_CONFIGS in attach/checks.py): kubeadm and most distributions, the drop-ins
 # `nvidia-ctk runtime configure` writes for containerd 2, k3s and RKE2.
 nvidia_runtime_config() {
   for file in "$ROOT/etc/containerd/config.toml" "$ROOT"/etc/containerd/conf.d/*.toml \
@@ -419,7 +419,7 @@ case $command in
     # Relative --values/--kubeconfig paths are read from the caller's directory: the checkout goes on the path.
     PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONPATH
-    exec "$PY" -m clusters.attach.bootstrap_storage "$@"
+    exec "$PY" -m attach.bootstrap_storage "$@"
     ;;
   -h | --help) usage ;;
   *) usage_error "unknown command: $command" ;;

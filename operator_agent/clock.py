@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from operator_agent import rfc3339
-from operator_agent.contract import CLOCK_OFFSET_LIMIT
+from contract import CLOCK_OFFSET_LIMIT, rfc3339
 
 __all__ = ["ClockOffset", "utc_now"]
 

@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 import kubernetes.client
 import kubernetes.config
 
-from operator_agent.contract import (
+from contract import (
     DEFAULT_TOKEN_FILE,
     HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT,
     HAMI_MONITOR_PORT_DEFAULT,

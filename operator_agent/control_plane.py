@@ -27,7 +27,7 @@ timed out, a redirect (not followed), the ingress refused this cluster's source 
 page or a ``not_found`` answered instead of the internal API (the public console: the internal plane is closed), a
 401 (the token). A 2xx that is not JSON (a console page) is refused, not taken as a report that got through.
 
-Error bodies are ``{"code": "...", "detail": "..."}`` (codes in ``operator_agent.contract``).
+Error bodies are ``{"code": "...", "detail": "..."}`` (codes in ``contract``).
 
 Every answer's ``server_time`` (a 2xx body, or an error body that carries one, such as ``report_from_future``) updates
 the shared ``operator_agent.clock.ClockOffset``: the offset of this node's clock from the control plane's.
@@ -46,10 +46,10 @@ from typing import Any
 import requests
 import urllib3.exceptions
 
+from contract import ACTIVITY_PATH, INVENTORY_PATH, INVENTORY_SNAPSHOT_REQUIRED, STORAGE_PATH, USAGE_PATH
 from operator_agent import __version__
 from operator_agent.clock import ClockOffset
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, INVENTORY_SNAPSHOT_REQUIRED, STORAGE_PATH, USAGE_PATH
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [

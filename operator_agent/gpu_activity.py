@@ -52,8 +52,7 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     ACTIVITY_MAX_SESSIONS,
     ACTIVITY_STATE_OK,
     ACTIVITY_STATE_UNKNOWN,
@@ -61,6 +60,7 @@ from operator_agent.contract import (
     PHASE_RUNNING,
     SESSION_ID_LABEL,
 )
+from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import (
     ControlPlaneClient,
     ControlPlaneError,

@@ -54,7 +54,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from operator_agent.contract import HAMI_NODE_REGISTER_ANNOTATIONS
+from contract import HAMI_NODE_REGISTER_ANNOTATIONS
 
 __all__ = [
     "ENCODINGS",

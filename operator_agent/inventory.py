@@ -38,7 +38,7 @@ from typing import Any
 
 import kubernetes.client
 
-from operator_agent.contract import GPU_NODE_LABEL_SELECTOR
+from contract import GPU_NODE_LABEL_SELECTOR
 from operator_agent.hami import HamiDecodeError, HamiDevice, decode_node_register, node_register_annotation
 
 __all__ = ["collect_inventory", "device_to_snapshot", "node_to_snapshot", "snapshot_counts"]

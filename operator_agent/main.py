@@ -57,10 +57,10 @@ from dataclasses import dataclass
 import kubernetes.client
 import urllib3.exceptions
 
+from contract import INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
 from operator_agent import __version__
 from operator_agent.clock import ClockOffset
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
-from operator_agent.contract import INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
 from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneRejected, ControlPlaneUnavailable
 from operator_agent.gpu_activity import run_activity
 from operator_agent.inventory import collect_inventory, snapshot_counts

@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from operator_agent.contract import ACTIVITY_PATH, INVENTORY_PATH, STATUS_PATH, STORAGE_PATH, USAGE_PATH
+from contract import ACTIVITY_PATH, INVENTORY_PATH, STATUS_PATH, STORAGE_PATH, USAGE_PATH
 from operator_agent.usage import queue_stats
 
 __all__ = ["REPORTS", "SCRAPE_ERROR_REASONS", "OperatorMetrics", "serve_metrics"]

@@ -32,7 +32,7 @@ import kubernetes.client
 import requests
 import urllib3.exceptions
 
-from operator_agent.contract import (
+from contract import (
     INVENTORY_RESPONSE_ROUTING_KEYS,
     INVENTORY_RESPONSE_SESSION_PATH_KEYS,
     ROUTING_GATEWAY_API,
@@ -40,8 +40,8 @@ from operator_agent.contract import (
     SESSION_DOMAIN_RESOLVES,
     VERIFY_REACHABLE,
 )
+from contract.rfc3339 import format_utc
 from operator_agent.control_plane import USER_AGENT, explain_answer, explain_connection_error
-from operator_agent.rfc3339 import format_utc
 
 __all__ = ["SessionPathChecks", "check_session_domain", "check_verify"]
 

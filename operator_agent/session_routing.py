@@ -32,7 +32,7 @@ from typing import Any
 
 import kubernetes.client
 
-from operator_agent.contract import ROUTING_GATEWAY_API
+from contract import ROUTING_GATEWAY_API
 from operator_agent.k8s.routing import RoutingError, RoutingKind, all_kinds, routing_mode, routing_objects, stale_kinds
 from operator_agent.k8s.routing.fallback import FALLBACK_NAME, fallback_objects
 from operator_agent.k8s.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS

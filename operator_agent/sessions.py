@@ -80,9 +80,7 @@ import kopf
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent import rfc3339
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     GSHARE_API_GROUP,
     GSHARE_API_VERSION,
     GSHARE_SESSION_PLURAL,
@@ -94,8 +92,10 @@ from operator_agent.contract import (
     REPORT_FROM_FUTURE,
     SESSION_ID_LABEL,
     STATUS_PATH,
+    rfc3339,
     session_object_name,
 )
+from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import (
     ControlPlaneClient,
     ControlPlaneError,

@@ -10,7 +10,7 @@ Every ``GSHARE_VOLUME_SYNC_INTERVAL`` seconds (default 60) the operator reads, t
   the pods' ``FailedMount`` Events;
 * every Node's ``status.capacity["ephemeral-storage"]`` (its system drive, a capacity stand-in);
 
-and reports (shape in ``operator_agent.contract.STORAGE_PATH``)::
+and reports (shape in ``contract.STORAGE_PATH``)::
 
     {"read_at": "2026-11-29T16:00:00.123456Z",
      "storage_classes": [{"storage_class": "gshare-nfs", "capacity_bytes": 1722936950784, "objects": 2}],
@@ -70,21 +70,21 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent import rfc3339
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
     VOLUME_ID_LABEL,
     VOLUME_PHASE_BOUND,
     VOLUME_PHASE_PENDING,
+    rfc3339,
 )
+from contract.quantity import parse_quantity
+from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import (
     ControlPlaneClient,
     ControlPlaneError,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
-from operator_agent.quantity import parse_quantity
 
 __all__ = [
     "MAX_MESSAGE_CHARS",

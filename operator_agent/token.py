@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent.contract import (
+from contract import (
     OPERATOR_TOKEN_GENERATION_CLAIM,
     OPERATOR_TOKEN_REFRESH_FRACTION,
     OPERATOR_TOKEN_SECRET_KEY,

@@ -84,9 +84,7 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 
-from operator_agent import rfc3339
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
     GSHARE_API_GROUP,
     GSHARE_API_VERSION,
@@ -97,8 +95,10 @@ from operator_agent.contract import (
     PHASE_SUCCEEDED,
     USAGE_MAX_SAMPLES_PER_CALL,
     USAGE_MAX_WINDOW_SECONDS,
+    rfc3339,
     session_object_name,
 )
+from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import (
     ControlPlaneClient,
     ControlPlaneError,

@@ -1,7 +1,7 @@
 """What a session's GPUs and users did last: the operator's readings of HAMi's vGPU monitor and the connections
 ``/internal/connect/verify`` let through (docs/idle.md).
 
-* ``activity_report_apply`` stores ``POST /internal/v1/activity`` (``operator_agent.contract.ACTIVITY_PATH``) in
+* ``activity_report_apply`` stores ``POST /internal/v1/activity`` (``contract.ACTIVITY_PATH``) in
   ``SessionActivity``, in a constant number of queries whatever the number of sessions.
 * Connections are noted without a database write on verify's hot path: ``connection_note`` remembers, per process,
   the sessions it noted in the last policy minute (``GSHARE_IDLE_POLICY_MINUTE_SECONDS``) and otherwise writes one
@@ -23,9 +23,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gshare.api import unstorable_text_path
-from gshare.exceptions import ApplicationError, Forbidden
-from operator_agent import contract, rfc3339
+import contract
+from contract import rfc3339
+from core.api.base import unstorable_text_path
+from core.exceptions import ApplicationError, Forbidden
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)

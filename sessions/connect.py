@@ -78,9 +78,9 @@ from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.redis import RedisCache
 from django.db import DatabaseError, InterfaceError, connection, transaction
 
-from gshare.auth.internal_jwt import ALGORITHM, CONNECT_AUDIENCE, InvalidInternalToken, sign_internal_jwt, token_kid
-from gshare.auth.keys import signing_keys_published
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
+from identity.internal_jwt import ALGORITHM, CONNECT_AUDIENCE, InvalidInternalToken, sign_internal_jwt, token_kid
+from identity.keys import signing_keys_published
 from sessions.connect_path import PathRefused, host_of_authority, session_in_request_uri
 from sessions.manifests import session_path
 from sessions.models import Session

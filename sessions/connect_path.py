@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_to_bytes
 
-#: A session id as ``gshare.ids`` mints it (``ses_`` and lowercase base32; the operator contract allows up to 32).
+#: A session id as ``core.ids`` mints it (``ses_`` and lowercase base32; the operator contract allows up to 32).
 SESSION_ID = re.compile(r"ses_[a-z0-9]{1,32}")
 # Encoded dot, slash, backslash or NUL (any case), a literal backslash, or an empty segment.
 _AMBIGUOUS = re.compile(r"%(?:2e|2f|5c|00)|\\|//", re.IGNORECASE)

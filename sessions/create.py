@@ -21,9 +21,9 @@ from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExce
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
-from gshare.exceptions import ApplicationError, Conflict, NotFound
-from gshare.metrics import instruments
-from gshare.prepared import statement_cursor
+from core import instruments
+from core.exceptions import ApplicationError, Conflict, NotFound
+from core.prepared import statement_cursor
 from sessions import placement, selectors, services
 from sessions.models import Session
 from storage.models import Volume

@@ -18,9 +18,9 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.template.loader import render_to_string
 
-from gshare.ids import ID_LENGTH
+from core.ids import ID_LENGTH
 
-#: The session path prefix the fallback routes catch (``operator_agent.contract`` session paths are ``/s/<id>/``).
+#: The session path prefix the fallback routes catch (``contract`` session paths are ``/s/<id>/``).
 SESSION_PATH_PREFIX = "/s/"
 
 _SESSION_ID = re.compile(rf"ses_[a-z2-7]{{{ID_LENGTH}}}")

@@ -34,7 +34,11 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote_plus
 
-from operator_agent import contract
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
+
+import contract
+from core.internal_hosts import control_plane_host, internal_hosts, on_internal_host
 from sessions import connect
 from sessions.connect_path import PathRefused
 
@@ -151,3 +155,29 @@ def forget_session_domains() -> None:
     global _domains
     with _domains_lock:
         _domains = None
+
+
+def ext_authz_host_allowed(request) -> bool:
+    """True when Envoy's ext_authz check may be answered on the request's host.
+
+    On an internal host (``GSHARE_INTERNAL_HOSTS``), as every internal route: :func:`on_internal_host`. Otherwise on
+    the ``session_domain`` of a registered cluster (``sessions.ext_authz.session_domain_registered``, a cached set),
+    Envoy's ``Host`` for the check being the original ``:authority``; but never on a host an explicit
+    ``DJANGO_ALLOWED_HOSTS`` entry (not ``*``) matches, nor on the host of ``GSHARE_CONTROL_PLANE_URL``: those are
+    public hosts of the control plane (``clusters.routing.is_control_plane_host`` refuses them as session domains).
+    The host is the raw one ``request.get_host()`` would check (port stripped), read without ``ALLOWED_HOSTS``, which
+    does not list session domains.
+
+    Raises:
+        DisallowedHost: an internal host that ``ALLOWED_HOSTS`` does not list (Django answers 400), as for every
+            internal route.
+        VerifyUnavailable: the registered domains cannot be read from the database in time (503).
+    """
+    domain, _port = split_domain_port(request._get_raw_host())
+    if not domain:
+        return False
+    if validate_host(domain, internal_hosts()):
+        return on_internal_host(request)
+    if validate_host(domain, [host for host in settings.ALLOWED_HOSTS if host != "*"]) or domain == control_plane_host():
+        return False
+    return session_domain_registered(domain)

@@ -37,7 +37,7 @@ from django.utils import timezone
 from audit.services import Action, audit_record
 from billing import admission
 from billing.services import ledger_session_end
-from gshare.exceptions import ApplicationError, Conflict, Forbidden
+from core.exceptions import ApplicationError, Conflict, Forbidden
 from sessions import activity, services
 from sessions.models import Session, SessionActivity
 from sessions.permissions import may_open_any_session

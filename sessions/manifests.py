@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from operator_agent.contract import (
+from contract import (
     CLUSTER_ID_LABEL,
     CONNECT_EXT_AUTHZ_PATH,
     CONNECT_VERIFY_PATH,

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from gshare.ids import new_session_id
+from core.ids import new_session_id
 
 
 class Session(models.Model):
@@ -153,7 +153,7 @@ class SessionActivity(models.Model):
     ``sessions.idle``). One row per session, made by the first activity report or connection.
 
     ``state``/``reason``/``sampled_at``/``gpus`` are the operator's last reading of HAMi's vGPU monitor
-    (``operator_agent.contract.ACTIVITY_PATH``; ``gpus`` as reported, per GPU: ``device_uuid``,
+    (``contract.ACTIVITY_PATH``; ``gpus`` as reported, per GPU: ``device_uuid``,
     ``last_kernel_seconds``, ``utilization_percent``, ``memory_used_bytes``, ``memory_limit_bytes``, ``sampled_at``).
     ``last_kernel_at`` is the newest instant any of its GPUs ran a kernel over every reading (never moves back);
     ``last_connected_at`` the newest connect verify that let someone in (written at most once a minute, from Redis).

@@ -34,8 +34,8 @@ from django.db import connection
 
 from billing.pricing import FULL_CORES, share_cores
 from clusters.models import node_summary_update_sql
-from gshare.exceptions import Conflict
-from gshare.prepared import statement_cursor
+from core.exceptions import Conflict
+from core.prepared import statement_cursor
 from storage.capacity import pool_clusters, pools_usability
 from storage.models import StoragePool, Volume
 

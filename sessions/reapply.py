@@ -16,9 +16,9 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.kube import KubeRefused, KubeUnavailable
 from clusters.models import Cluster
 from clusters.routing import routing_key
+from kube import KubeRefused, KubeUnavailable
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from django.db.models import Case, F, Func, IntegerField, Prefetch, QuerySet, Wh
 from django.db.models.functions import Greatest
 
 from billing.pricing import SHARE, gpu_share
-from gshare.exceptions import NotFound
+from core.exceptions import NotFound
 from sessions.models import Allocation, Session
 from storage.models import Volume
 

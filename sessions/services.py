@@ -15,14 +15,14 @@ from django.db.models import F, Prefetch, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
+import contract
 from audit.services import Action, audit_record
 from billing import held
-from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import GSHARE_SESSIONS
 from clusters.models import Cluster
 from clusters.routing import routing_key
-from gshare.exceptions import Conflict, Forbidden
-from operator_agent import contract
+from core.exceptions import Conflict, Forbidden
+from kube import KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import GSHARE_SESSIONS
 from sessions import connect, placement, reapply
 from sessions.manifests import gshare_session_manifest, session_url
 from sessions.models import Session
@@ -31,7 +31,7 @@ from storage.models import Volume
 
 logger = logging.getLogger(__name__)
 
-#: Operator phases (``operator_agent.contract``) -> control-plane phases.
+#: Operator phases (``contract``) -> control-plane phases.
 _REPORTED = {
     contract.PHASE_PENDING: Session.Phase.STARTING,
     contract.PHASE_RUNNING: Session.Phase.RUNNING,

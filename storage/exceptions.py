@@ -1,7 +1,7 @@
 """The errors of the storage services (``storage.services``, ``storage.move``, ``storage.reports``): each an
 ``ApplicationError`` with its code and HTTP status (docs/errors.md)."""
 
-from gshare.exceptions import ApplicationError, Conflict
+from core.exceptions import ApplicationError, Conflict
 
 
 class PoolNameTaken(Conflict):

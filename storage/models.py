@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from clusters.models import dns_name_validator
-from gshare.ids import new_pool_id, new_volume_id
+from core.ids import new_pool_id, new_volume_id
 
 #: A volume name is a DNS label (it becomes the mount path ``/data/<name>`` and a label value).
 volume_name_validator = RegexValidator(

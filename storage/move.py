@@ -34,12 +34,12 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from audit.services import Action, audit_record
-from clusters.kube import KubeError, KubeGateway, parse_quantity
-from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
-from gshare.exceptions import ApplicationError, Conflict, NotFound
-from operator_agent.contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
+from contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
+from core.exceptions import ApplicationError, Conflict, NotFound
+from kube import KubeError, KubeGateway, parse_quantity
+from kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from sessions.models import Session
 from storage.capacity import pool_clusters, pools_usability
 from storage.exceptions import VolumeDeleting

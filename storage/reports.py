@@ -9,8 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
-from gshare.exceptions import Forbidden
-from operator_agent.contract import FORBIDDEN_CLUSTER_SCOPE
+from contract import FORBIDDEN_CLUSTER_SCOPE
+from core.exceptions import Forbidden
 from storage.models import ClusterStorageClasses, NodeDisk, StorageCapacityReading, Volume
 
 #: PVC phases the operator reports -> volume status.

@@ -9,7 +9,7 @@ from django.db.models.functions import Coalesce
 
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref  # noqa: F401 (re-exported: request bodies name clusters by the same rule)
-from gshare.exceptions import NotFound
+from core.exceptions import NotFound
 from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, pools_usability, registered_cluster_ids
 from storage.models import GIB, StoragePool, Volume
 

@@ -26,11 +26,11 @@ from django.utils import timezone
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing import storage_charges
 from billing.admission import account_lock, policy_for
-from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from clusters.models import Cluster
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable
-from gshare.exceptions import ApplicationError, Conflict, NotFound
+from core.exceptions import ApplicationError, Conflict, NotFound
+from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from sessions.models import Session
 from storage.capacity import CapacityResolution, PoolUsability, format_bytes, pools_capacity, pools_usability, registered_cluster_ids
 from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look

@@ -100,7 +100,7 @@ def researcher_console(client, plain_user):
 
 
 def _token_for(user) -> str:
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     return api_token_create(username=user.username)[1]
 

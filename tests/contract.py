@@ -1,6 +1,6 @@
-"""Validators of the operator payload schemas (``operator_agent.contract``) for tests on either side.
+"""Validators of the operator payload schemas (``contract``) for tests on either side.
 
-``date-time`` is checked with ``operator_agent.rfc3339.parse``, the function both sides read times with, so a
+``date-time`` is checked with ``contract.rfc3339.parse``, the function both sides read times with, so a
 payload valid here is one the control plane reads.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from jsonschema import Draft202012Validator, FormatChecker
 
-from operator_agent import contract, rfc3339
+import contract
+from contract import rfc3339
 
 FORMATS = FormatChecker(formats=())
 FORMATS.checks("date-time")(lambda value: not isinstance(value, str) or rfc3339.parse(value) is not None)

@@ -5,7 +5,7 @@ import yaml
 from django.utils import timezone
 
 from clusters.models import Cluster, GpuDevice, Node
-from gshare.ids import new_volume_id
+from core.ids import new_volume_id
 
 KUBECONFIG = yaml.safe_dump({
     "apiVersion": "v1",

@@ -9,7 +9,7 @@ from rest_framework import mixins, permissions, viewsets
 from audit import selectors
 from audit.api.filters import AuditFilter
 from audit.api.serializers import AuditRecordSerializer
-from gshare.api import Pagination, query_time
+from core.api.base import Pagination, query_time
 
 
 class IsStaff(permissions.BasePermission):

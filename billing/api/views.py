@@ -14,7 +14,7 @@ from rest_framework.utils import json as drf_json
 
 from billing import selectors, services
 from billing.api.serializers import AccountSerializer, AccrualSerializer, GrantCreateSerializer, LedgerEntrySerializer, PriceListSerializer
-from gshare.api import SafeJSONParser, query_time
+from core.api.base import SafeJSONParser, query_time
 
 USER_FILTER = OpenApiParameter("user", str, description="Staff only: the username (ignored for other users); without it, the caller's own")
 

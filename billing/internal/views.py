@@ -7,7 +7,7 @@ from rest_framework.response import Response
 
 from billing import ingest
 from clusters.internal.views import OperatorAPIView
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 
 
 class UsageView(OperatorAPIView):

@@ -10,7 +10,7 @@ from clusters.diagnosis import cluster_problems
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_state
 from clusters.services import CREDENTIAL_FIELD, EDITABLE_FIELDS
-from gshare.api_fields import RefuseUnknownFieldsMixin
+from core.api.fields import RefuseUnknownFieldsMixin
 
 HOSTNAME_HELP = "A DNS name (RFC 1123), e.g. gpu-a.example.com"
 ROUTING_HELP = (

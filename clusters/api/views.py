@@ -25,7 +25,7 @@ from clusters.filters import HELP as CLUSTER_HELP
 from clusters.filters import ClusterFilter, GpuFilter, NodeFilter
 from clusters.models import GpuDevice, Node
 from clusters.operator_token.rotation import operator_token_push
-from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
+from core.api.base import IsStaffOrReadOnly as StaffWriteOrReadOnly
 
 CLUSTER_FILTER = OpenApiParameter("cluster", str, description=CLUSTER_HELP)
 

@@ -1,5 +1,5 @@
 """Validation of the operator's inventory report (``PUT /internal/v1/inventory``) against
-``operator_agent.contract.INVENTORY_SCHEMA``.
+``contract.INVENTORY_SCHEMA``.
 
 Two readers, one verdict. ``inventory_read`` decodes and checks the raw body in one pass with ``msgspec`` (types
 mirroring the schema, below): a 1,000-node snapshot in a few milliseconds, where ``json.loads`` alone takes twice
@@ -18,9 +18,8 @@ import msgspec
 from jsonschema import Draft202012Validator
 from msgspec import Meta
 
-from gshare.api import schema_problems, unstorable_text_path
-from operator_agent import rfc3339
-from operator_agent.contract import CLOCK_OFFSET_LIMIT, INVENTORY_DIGEST_LENGTH, INVENTORY_DIGEST_PATTERN, INVENTORY_SCHEMA
+from contract import CLOCK_OFFSET_LIMIT, INVENTORY_DIGEST_LENGTH, INVENTORY_DIGEST_PATTERN, INVENTORY_SCHEMA, rfc3339
+from core.api.base import schema_problems, unstorable_text_path
 
 inventory_validator = Draft202012Validator(INVENTORY_SCHEMA)
 
@@ -95,7 +94,7 @@ def inventory_errors(body) -> list[str]:
     """Return readable problems with an inventory body (empty when valid).
 
     Each problem names the JSON path (``nodes[3].devices[0].memory_mib``) and what is wrong; also
-    reports a check's ``checked_at`` that ``operator_agent.rfc3339.parse`` cannot read and duplicate node names and
+    reports a check's ``checked_at`` that ``contract.rfc3339.parse`` cannot read and duplicate node names and
     GPU UUIDs, which the schema cannot express.
     """
     problems = schema_problems(inventory_validator, body)

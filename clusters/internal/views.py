@@ -9,11 +9,11 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.diagnosis import connect_ext_authz_url, connect_verify_url
+from clusters.internal.authentication import OperatorTokenAuthentication
 from clusters.internal.schemas import inventory_errors, inventory_read
 from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
-from gshare.api import SafeJSONParser
-from gshare.auth.authentication import OperatorTokenAuthentication
-from gshare.exceptions import ApplicationError
+from core.api.base import SafeJSONParser
+from core.exceptions import ApplicationError
 
 
 class OperatorAPIView(APIView):

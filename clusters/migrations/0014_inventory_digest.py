@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='cluster',
             name='inventory_digest',
-            field=models.CharField(blank=True, default='', editable=False, help_text="Digest of the operator's last applied inventory snapshot (operator_agent.contract.inventory_digest); a digest-only report naming it needs no full snapshot. Empty: the next report must be a full snapshot", max_length=80),
+            field=models.CharField(blank=True, default='', editable=False, help_text="Digest of the operator's last applied inventory snapshot (contract.inventory_digest); a digest-only report naming it needs no full snapshot. Empty: the next report must be a full snapshot", max_length=80),
         ),
     ]

@@ -26,14 +26,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit.services import Action, audit_record
-from clusters.kube import Deadline, KubeError, KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import SECRETS
-from clusters.kubeconfig import KubeconfigError
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
-from gshare.exceptions import ApplicationError, Conflict, NotFound
-from operator_agent.contract import OPERATOR_TOKEN_SECRET_KEY
+from contract import OPERATOR_TOKEN_SECRET_KEY
+from core.exceptions import ApplicationError, Conflict, NotFound
+from kube import Deadline, KubeError, KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import SECRETS
+from kube.kubeconfig import KubeconfigError
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from django.db.models.functions import Greatest
 
 from audit.services import Action, audit_record
 from clusters.models import Cluster
-from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, sign_internal_jwt
-from gshare.exceptions import ApplicationError, Conflict, NotFound
-from operator_agent.contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SUBJECT_PREFIX
-from operator_agent.contract import OPERATOR_TOKEN_REFRESH_FRACTION as REFRESH_FRACTION
+from contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SUBJECT_PREFIX
+from contract import OPERATOR_TOKEN_REFRESH_FRACTION as REFRESH_FRACTION
+from core.exceptions import ApplicationError, Conflict, NotFound
+from identity.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, sign_internal_jwt
 
 logger = logging.getLogger(__name__)
 

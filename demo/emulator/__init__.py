@@ -167,7 +167,7 @@ Where things are (one module each):
 
 This package must not import Django (the demo starts one emulator process per cluster and they must
 start fast): it imports only the standard library, aiohttp, attrs, jsonpatch, jsonschema, PyYAML, kmock, the ``kubernetes`` client's quantity
-parser (through ``operator_agent.quantity``), ``operator_agent.contract`` (standard library only: the monitor's port),
+parser (through ``contract.quantity``), ``contract`` (standard library only: the monitor's port),
 ``demo.k8s_protobuf``
 (Google's ``protobuf`` runtime), ``operator_agent.hami``/``operator_agent.hami_pods`` (standard library only: the
 operator's decoders of HAMi's node-register and pod-allocation annotations, so each format has one decoder) and,
@@ -176,6 +176,7 @@ in TLS mode only (imported when certificates are generated), ``cryptography``.
 
 from __future__ import annotations
 
+from contract.quantity import parse_quantity
 from demo.emulator.apply import BEFORE_FIRST_APPLY
 from demo.emulator.cli import main
 from demo.emulator.cluster import EmulatedCluster, serve
@@ -247,7 +248,6 @@ from demo.emulator.selectors import FieldRequirement, LabelRequirement, parse_fi
 from demo.emulator.server import KubeApiEmulator
 from demo.emulator.store import StoreEvent
 from demo.emulator.tls import ServerCertificates, generate_certificates
-from operator_agent.quantity import parse_quantity
 
 __all__ = [
     "ApiError", "BEFORE_FIRST_APPLY", "BUILTIN_RESOURCES", "CHECK_KINDS", "CHECK_KIND_LABEL", "CHECK_POD_LABEL",

@@ -10,11 +10,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from contract.quantity import same_quantity
 from demo.emulator.common import timestamp
 from demo.emulator.errors import ApiError
 from demo.emulator.resources import BUILTIN_GROUPS, ResourceSpec
 from demo.emulator.schema import version_schema
-from operator_agent.quantity import same_quantity
 
 DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 """StorageClass annotation ("true") naming the class the DefaultStorageClass admission plugin gives PVCs naming none."""

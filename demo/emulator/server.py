@@ -95,7 +95,7 @@ class KubeApiEmulator(HttpMixin, AuthMixin, ProxyMixin, ControlMixin, CrudMixin,
     * a Pod labelled ``app.kubernetes.io/name: gshare-attach-check`` and ``gshare.io/check: node|nfs`` with
       ``spec.nodeName`` set is run by the kubelet stand-in on that node without the scheduler stand-in:
       ``Running``, then ``Succeeded`` (container terminated, exit code 0, ``Completed``); its log
-      (``pods/log``) is what ``clusters/attach/checks.py``'s script prints on a host with the node's facts
+      (``pods/log``) is what ``attach/checks.py``'s script prints on a host with the node's facts
       (``node_check_log``/``nfs_check_log``). A check pod naming a node that does not exist stays ``Pending``
       (and runs if the node appears);
     * HAMi's device plugin: while a DaemonSet labelled (or whose pod template is labelled)

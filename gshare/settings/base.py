@@ -31,7 +31,8 @@ if PRODUCTION and not GSHARE_INTERNAL_HOSTS:
     )
 
 INSTALLED_APPS = [
-    "gshare.console.apps.ConsoleAdminConfig",
+    "console.apps.ConsoleConfig",
+    "console.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -42,7 +43,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_filters",
     "django_celery_beat",
-    "gshare",
+    "identity.apps.IdentityConfig",
     "clusters",
     "sessions.apps.GpuSessionsConfig",
     "storage",
@@ -52,7 +53,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "gshare.middleware.ApiErrorsMiddleware",
+    "core.middleware.ApiErrorsMiddleware",
     "gshare.middleware.InternalHostsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -61,9 +62,9 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "gshare.console.scope.ClusterScopeMiddleware",
+    "console.scope.ClusterScopeMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "gshare.middleware.AuditActorMiddleware",
+    "audit.middleware.AuditActorMiddleware",
 ]
 
 ROOT_URLCONF = "gshare.urls"
@@ -72,17 +73,15 @@ WSGI_APPLICATION = "gshare.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "gshare.console.scope.console_scope",
+                "console.scope.console_scope",
             ],
-            # The console's template filters ({% load figures %}); gshare.console is not an app of its own.
-            "libraries": {"figures": "gshare.console.templatetags.figures"},
         },
     },
 ]
@@ -109,7 +108,7 @@ if not CLIENT_ONLY and not env.str("REDIS_URL", default=""):
 # A client-only command never dials Redis: the name below cannot resolve (RFC 6761 .invalid).
 REDIS_URL = env.str("REDIS_URL", default="redis://client-only.invalid:6379/0")
 
-# Encryption at rest (gshare/crypto.py): Fernet keys, first encrypts, all decrypt.
+# Encryption at rest (core/crypto.py): Fernet keys, first encrypts, all decrypt.
 GSHARE_ENCRYPTION_KEYS = env.list("GSHARE_ENCRYPTION_KEYS", default=[])
 if not GSHARE_ENCRYPTION_KEYS and not CLIENT_ONLY:
     if PRODUCTION:
@@ -117,7 +116,7 @@ if not GSHARE_ENCRYPTION_KEYS and not CLIENT_ONLY:
             "GSHARE_ENCRYPTION_KEYS is not set: generate one with "
             "`python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`."
         )
-    from gshare.crypto import local_encryption_key
+    from core.crypto import local_encryption_key
 
     GSHARE_ENCRYPTION_KEYS = [local_encryption_key(embedded.gshare_home())]
 
@@ -142,14 +141,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
     # Bearer API tokens first, then the console's login session (CSRF enforced on unsafe methods) for browser use.
-    "DEFAULT_AUTHENTICATION_CLASSES": ["gshare.auth.authentication.ApiTokenAuthentication",
-                                       "gshare.auth.authentication.ConsoleSessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["identity.authentication.ApiTokenAuthentication",
+                                       "identity.authentication.ConsoleSessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["gshare.api.SafeJSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "gshare.api.Pagination",
+    "DEFAULT_PARSER_CLASSES": ["core.api.base.SafeJSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "core.api.base.Pagination",
     "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "gshare.api.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.base.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -166,12 +165,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Each reader sees the operations they may call (gshare/api_schema.py): drf-spectacular keeps an operation only
+    # Each reader sees the operations they may call (core/api/schema.py): drf-spectacular keeps an operation only
     # when the view's permissions admit the caller; the operators' /internal/ routes are left out, operations are
     # tagged by resource and docstrings' reStructuredText is turned into the CommonMark Swagger UI renders.
     "SERVE_PUBLIC": False,
-    "PREPROCESSING_HOOKS": ["gshare.api_schema.public_endpoints_only"],
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "gshare.api_schema.tag_and_render"],
+    "PREPROCESSING_HOOKS": ["core.api.schema.public_endpoints_only"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.api.schema.tag_and_render"],
     "ENUM_NAME_OVERRIDES": {"ClusterStatusEnum": "clusters.models.Cluster.Status"},
 }
 
@@ -191,7 +190,7 @@ GSHARE_HEARTBEAT_STALE_SECONDS = env.int("GSHARE_HEARTBEAT_STALE_SECONDS", defau
 #: (409 ``report_from_future``), and a reported offset beyond it fails the ``clock_synced`` check (docs/attach.md).
 GSHARE_CLOCK_SKEW_TOLERANCE = env.float("GSHARE_CLOCK_SKEW_TOLERANCE", default=30.0)
 
-# --- attach_cluster (clusters/attach) -----------------------------------------------------------
+# --- attach_cluster (attach) -----------------------------------------------------------
 #: Helm chart repositories and pinned chart versions attach_cluster installs (point them at a mirror
 #: for air-gapped fleets).
 GSHARE_ATTACH_HAMI_REPO = env.str("GSHARE_ATTACH_HAMI_REPO", default="https://project-hami.github.io/HAMi/")
@@ -219,7 +218,7 @@ GSHARE_ATTACH_GATEWAY_TIMEOUT = env.float("GSHARE_ATTACH_GATEWAY_TIMEOUT", defau
 GSHARE_PLACEMENT_POLICY = env.str("GSHARE_PLACEMENT_POLICY", default="binpack")
 if GSHARE_PLACEMENT_POLICY not in ("binpack", "spread"):
     raise ImproperlyConfigured("GSHARE_PLACEMENT_POLICY must be binpack or spread.")
-#: Prepare session creation's big statements on the server (``gshare.prepared``). Off by default: unsafe behind a
+#: Prepare session creation's big statements on the server (``core.prepared``). Off by default: unsafe behind a
 #: transaction-mode pooler without prepared-statement tracking (PgBouncer before 1.21).
 GSHARE_DB_PREPARED_STATEMENTS = env.bool("GSHARE_DB_PREPARED_STATEMENTS", default=False)
 #: Namespace of GShareSession objects on every cluster (must match the operator's).

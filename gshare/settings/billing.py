@@ -4,7 +4,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.core.exceptions import ImproperlyConfigured
 
-from operator_agent import contract
+import contract
 
 from .env import env
 
@@ -26,7 +26,7 @@ if (
         "places (e.g. 1.0)."
     )
 #: Longest usage-sample window (``end - start``) ``POST /internal/v1/usage`` accepts, seconds (default: the
-#: operator's own limit, ``operator_agent.contract.USAGE_MAX_WINDOW_SECONDS``).
+#: operator's own limit, ``contract.USAGE_MAX_WINDOW_SECONDS``).
 GSHARE_USAGE_MAX_WINDOW_SECONDS = env.int("GSHARE_USAGE_MAX_WINDOW_SECONDS", default=contract.USAGE_MAX_WINDOW_SECONDS)
 #: Oldest usage window accepted, seconds before now (an operator's queue may hold samples from an outage).
 GSHARE_USAGE_MAX_AGE_SECONDS = env.int("GSHARE_USAGE_MAX_AGE_SECONDS", default=30 * 86400)

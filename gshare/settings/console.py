@@ -17,7 +17,7 @@ except InvalidOperation:
 if not GSHARE_CONSOLE_LOW_BALANCE.is_finite():
     raise ImproperlyConfigured("GSHARE_CONSOLE_LOW_BALANCE must be a number of credits, e.g. 10 or 2.5.")
 
-#: Seconds the console may reuse a slow read across requests (``gshare.console.reuse``): the dashboard's 24-hour chart
+#: Seconds the console may reuse a slow read across requests (``console.reuse``): the dashboard's 24-hour chart
 #: and credits and storage tiles (its counts are always read live), GPU management's totals when nothing narrows the
 #: list. 0 turns the reuse off.
 GSHARE_CONSOLE_CACHE_SECONDS = env.int("GSHARE_CONSOLE_CACHE_SECONDS", default=3)

@@ -1,4 +1,4 @@
-"""Internal JWT settings (gshare/auth/internal_jwt.py)."""
+"""Internal JWT settings (identity/internal_jwt.py)."""
 
 from .env import env
 

@@ -31,7 +31,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from operator_agent.contract import (
+from contract import (
     GPU_NODE_LABEL_KEY,
     GPU_NODE_LABEL_VALUE,
     SESSION_ID_LABEL,

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from billing import admission, pricing
 from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
-from gshare.api_fields import StrictIntegerField
+from core.api.fields import StrictIntegerField
 from sessions import activity as session_activity
 from sessions import idle, selectors
 from sessions.manifests import session_url

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
-from gshare.api_schema import STAFF_ONLY
+from core.api.schema import STAFF_ONLY
 from sessions import create, idle, selectors, services
 from sessions.api.filters import SessionFilter
 from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer

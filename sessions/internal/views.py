@@ -12,11 +12,12 @@ from django.views.decorators.csrf import csrf_exempt
 from jsonschema import Draft202012Validator
 from rest_framework.response import Response
 
+import contract
 from clusters.internal.views import OperatorAPIView
-from gshare.api import schema_problems
-from gshare.exceptions import ApplicationError
-from gshare.metrics import instruments
-from operator_agent import contract, rfc3339
+from contract import rfc3339
+from core import instruments
+from core.api.base import schema_problems
+from core.exceptions import ApplicationError
 from sessions import activity, connect, ext_authz, idle, services
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from gshare.beat import interval_tasks_operation
+from core.beat import interval_tasks_operation
 
 TASKS = [
     # (name, task, every seconds, expires seconds): the idle policy (docs/idle.md); operators' activity reports also run it

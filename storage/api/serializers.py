@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from billing.models import CREDIT_PLACES
 from billing.storage_charges import storage_pricing
-from gshare.api_fields import RefuseUnknownFieldsMixin, StrictIntegerField
+from core.api.fields import RefuseUnknownFieldsMixin, StrictIntegerField
 from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"

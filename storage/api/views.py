@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
 from clusters.filters import cluster_param
-from gshare.api import IsStaffOrReadOnly as StaffWriteOrReadOnly
+from core.api.base import IsStaffOrReadOnly as StaffWriteOrReadOnly
 from storage import selectors, services
 from storage.api.filters import PoolFilter, VolumeFilter
 from storage.api.serializers import (

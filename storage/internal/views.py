@@ -6,10 +6,11 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from rest_framework.response import Response
 
+import contract
 from clusters.internal.views import OperatorAPIView
-from gshare.api import schema_problems, unstorable_text_path
-from gshare.exceptions import ApplicationError
-from operator_agent import contract, rfc3339
+from contract import rfc3339
+from core.api.base import schema_problems, unstorable_text_path
+from core.exceptions import ApplicationError
 from storage import services
 
 _validator = Draft202012Validator(contract.STORAGE_REPORT_SCHEMA)

@@ -2,7 +2,7 @@
 
 import django.core.validators
 import django.db.models.deletion
-import gshare.ids
+import core.ids
 from django.conf import settings
 from django.db import migrations, models
 
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
             name='StoragePool',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=gshare.ids.new_pool_id, editable=False, max_length=24, unique=True)),
+                ('public_id', models.CharField(default=core.ids.new_pool_id, editable=False, max_length=24, unique=True)),
                 ('name', models.CharField(max_length=63, unique=True)),
                 ('storage_class', models.CharField(help_text='StorageClass that provisions from this pool, the same name on every cluster sharing it', max_length=253, validators=[django.core.validators.RegexValidator('^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$', code='invalid_dns_name', message='must be a lowercase DNS name (RFC 1123), e.g. gpu-a.example.com')])),
                 ('sharing', models.CharField(choices=[('all', 'All clusters'), ('selected', 'Selected clusters')], default='all', max_length=16)),
@@ -71,7 +71,7 @@ class Migration(migrations.Migration):
             name='Volume',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=gshare.ids.new_volume_id, editable=False, max_length=24, unique=True)),
+                ('public_id', models.CharField(default=core.ids.new_volume_id, editable=False, max_length=24, unique=True)),
                 ('name', models.CharField(max_length=63, validators=[django.core.validators.RegexValidator('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$', code='invalid_volume_name', message="must be a lowercase DNS label (letters, digits and '-', at most 63), e.g. datasets")])),
                 ('quota_gb', models.PositiveBigIntegerField(help_text="Size in GiB (the PVC's request)", validators=[django.core.validators.MinValueValidator(1)])),
                 ('claim_name', models.CharField(blank=True, default='', help_text='PVC name in the session namespace', max_length=253)),

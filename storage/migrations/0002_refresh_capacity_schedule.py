@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from gshare.beat import interval_tasks_operation
+from core.beat import interval_tasks_operation
 
 TASKS = [
     # (name, task, every seconds, expires seconds)

@@ -26,9 +26,9 @@ from audit.models import AuditRecord
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from billing.services import account_for, ledger_append
 from clusters.models import Cluster
-from gshare.auth.keys import signing_key_ensure
 from gshare.celery import app as celery_app
-from gshare.models import ApiToken, SigningKey
+from identity.keys import signing_key_ensure
+from identity.models import ApiToken, SigningKey
 from sessions.models import Session
 from storage.models import Volume
 from tests.helpers import Http, kubeconfig_text, wait_for

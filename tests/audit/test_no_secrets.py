@@ -23,13 +23,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core.cache import cache
 from django.core.management import call_command
 
+import contract
 from audit.api.serializers import AuditRecordSerializer
 from audit.models import AuditRecord
 from clusters.models import Cluster
-from gshare.auth.keys import signing_key_ensure
-from gshare.auth.tokens import api_token_create, api_token_revoke
-from gshare.models import ApiToken, SigningKey
-from operator_agent import contract
+from identity.keys import signing_key_ensure
+from identity.models import ApiToken, SigningKey
+from identity.tokens import api_token_create, api_token_revoke
 from sessions import connect, services
 from sessions.models import Session
 from tests.e2e.gunicorn import INTERNAL_HOST, PUBLIC_HOST, run_gunicorn

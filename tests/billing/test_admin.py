@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import ingest, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 from tests.clock import period_text
 from tests.console_checks import assert_read_only, page_text
 from tests.factories import ClusterFactory, UserFactory

@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from billing import admission
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from billing.services import account_for, credit_grant, ledger_append
-from gshare.auth.tokens import api_token_create
-from gshare.exceptions import Conflict
+from core.exceptions import Conflict
+from identity.tokens import api_token_create
 from sessions import create, placement, services
 from sessions.models import Allocation, Session
 from storage.models import StoragePool, Volume

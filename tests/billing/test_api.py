@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
-from gshare.auth.tokens import api_token_create
+from identity.tokens import api_token_create
 from sessions.models import Allocation
 from tests.clock import period_text
 from tests.factories import SessionFactory

@@ -20,11 +20,11 @@ from django.db import connections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import contract
 from billing import held, ingest, periods, selectors
 from billing.models import CREDITS, HeldGpu, LedgerEntry, Price, UsageSample
 from billing.usage import parse_samples
-from gshare.exceptions import ApplicationError
-from operator_agent import contract
+from core.exceptions import ApplicationError
 from sessions import services
 from sessions.models import Allocation, Session
 from tests.billing.books import assert_books, billed

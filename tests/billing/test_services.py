@@ -10,7 +10,7 @@ from django.db.models import Sum
 
 from billing import services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 from tests.factories import UserFactory
 from tests.helpers import run_threads
 

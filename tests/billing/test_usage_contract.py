@@ -1,5 +1,5 @@
 """One table of usage samples through both readers of the contract: ``billing.usage.parse_samples`` (the control
-plane's fast hand-written path) and ``operator_agent.contract.USAGE_SCHEMA`` (what the operator's tests validate
+plane's fast hand-written path) and ``contract.USAGE_SCHEMA`` (what the operator's tests validate
 against). Both must agree on every sample, except where the parser checks more than a schema can say."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+import contract as shared
 from billing.usage import InvalidUsageSample, parse_samples
-from operator_agent import contract as shared
 from tests import contract
 
 NOW = datetime(2026, 11, 29, 16, 0, 5, tzinfo=UTC)

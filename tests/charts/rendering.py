@@ -15,7 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from clusters.attach.releases import deep_merge
+from attach.releases import deep_merge
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "charts"

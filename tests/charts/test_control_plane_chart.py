@@ -341,7 +341,7 @@ def test_on_one_host_the_internal_locations_come_only_from_the_source_restricted
 
 @pytest.mark.parametrize("pod_ip", ["10.42.1.7", "fd00:42::7"])
 def test_the_control_plane_accepts_every_rendered_internal_host(settings, pod_ip):
-    from gshare.middleware import internal_hosts
+    from core.internal_hosts import internal_hosts
 
     rendered = internal_hosts_of(render_control_plane(CONTROL_PLANE_FULL_VALUES))
     settings.GSHARE_INTERNAL_HOSTS = [h.replace("$(POD_IP)", pod_ip) for h in rendered]

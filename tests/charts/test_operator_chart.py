@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     DEFAULT_TOKEN_FILE,
     HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT,
     HAMI_MONITOR_PORT_DEFAULT,
     OPERATOR_TOKEN_SECRET_KEY,
     OPERATOR_TOKEN_SECRET_NAME,
 )
+from operator_agent.config import OperatorConfig
 from tests.charts.rendering import (
     OPERATOR_CHART,
     OPERATOR_NAMESPACE,
@@ -254,7 +254,7 @@ def test_a_pod_monitor_without_a_metrics_port_fails():
 def test_the_fallback_route_for_s_is_granted_in_both_modes():
     """Every object ``operator_agent.k8s.routing.fallback`` writes (applied, and deleted when the mode changes) is
     granted in the session namespace: so the cluster's stopped-session URLs get gShare's page in either mode."""
-    from operator_agent.contract import ROUTING_MODES
+    from contract import ROUTING_MODES
     from operator_agent.k8s.routing.fallback import fallback_objects
 
     sessions = rules_of(render_operator(CUSTOM), "Role", "gshare-operator-sessions")

@@ -7,8 +7,8 @@ from django.test.utils import CaptureQueriesContext
 
 from clusters import services as cluster_services
 from clusters.models import GpuDevice, Node
+from core.exceptions import Conflict
 from demo import fleet
-from gshare.exceptions import Conflict
 from sessions import create
 from sessions.models import Allocation, Session
 from tests.console_checks import assert_read_only, page_text

@@ -12,11 +12,11 @@ from django.contrib.auth.models import Permission
 from django.test import RequestFactory
 
 from clusters import services
-from clusters.admin import ClusterAdmin
 from clusters.models import Cluster
-from gshare.admin import ApiTokenAdmin
-from gshare.auth.tokens import api_token_create
-from gshare.models import ApiToken
+from console.pages.clusters.admin import ClusterAdmin
+from console.pages.credentials import ApiTokenAdmin
+from identity.models import ApiToken
+from identity.tokens import api_token_create
 from tests.factories import ClusterFactory
 from tests.helpers import kubeconfig_text
 

@@ -63,7 +63,7 @@ def test_the_tolerance_is_the_settings(attached, http, settings):
 def test_a_digest_only_report_carries_the_offset_too(http_for):
     cluster = ClusterFactory()
     operator = http_for(operator_token_mint(cluster_id=cluster.public_id))
-    from operator_agent.contract import inventory_digest
+    from contract import inventory_digest
 
     digest = operator.put("/internal/v1/inventory", json={"nodes": NODES, "digest": inventory_digest(NODES)}).json()["digest"]
     answer = operator.put("/internal/v1/inventory", json={"digest": digest, "clock_offset_seconds": -42})

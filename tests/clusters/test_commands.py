@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from clusters import services
 from clusters.models import Cluster
-from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
+from identity.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
 from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db

@@ -11,11 +11,11 @@ import pytest
 import requests
 from django.utils import timezone
 
+from attach import credential
 from clusters import services
-from clusters.attach import credential
-from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
+from kube.kubeconfig import validate_kubeconfig
 from tests.helpers import kubeconfig_text
 
 pytestmark = pytest.mark.django_db(transaction=True)

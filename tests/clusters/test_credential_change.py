@@ -6,12 +6,12 @@ on the live server, against emulated apiservers of the demo fleet. A cluster is 
 import pytest
 import yaml
 
-from clusters.attach import credential
-from clusters.kube import KubeGateway
-from clusters.kubeconfig import validate_kubeconfig
+from attach import credential
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
+from kube import KubeGateway
+from kube.kubeconfig import validate_kubeconfig
 from tests.helpers import kubeconfig_text, load_kubeconfig_fixture, silent_kubeconfig
 
 pytestmark = pytest.mark.django_db

@@ -19,12 +19,12 @@ import kubernetes
 import pytest
 import yaml
 
-from clusters.kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig
-from clusters.kube import client as client_module
 from clusters.models import Cluster
 from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
 from demo.emulator import generate_certificates
+from kube import Deadline, DeadlineExceeded, api_client_for_kubeconfig
+from kube import client as client_module
 from tests.factories import ClusterFactory
 from tests.helpers import kubeconfig_text, silent_kubeconfig
 

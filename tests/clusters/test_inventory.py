@@ -15,7 +15,7 @@ from clusters import services
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
-from gshare.auth.keys import signing_key_ensure
+from identity.keys import signing_key_ensure
 from sessions import placement
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, SessionFactory

@@ -16,8 +16,8 @@ from clusters import services
 from clusters.internal.schemas import inventory_errors, inventory_read
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.exceptions import Conflict
-from operator_agent.contract import inventory_digest
+from contract import inventory_digest
+from core.exceptions import Conflict
 from sessions import services as session_services
 from sessions.create import session_create
 from sessions.models import Allocation, Session

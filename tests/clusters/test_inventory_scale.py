@@ -16,7 +16,7 @@ from clusters import services
 from clusters.internal.schemas import inventory_errors, inventory_read
 from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
-from operator_agent.contract import inventory_digest
+from contract import inventory_digest
 from sessions import placement
 from sessions.models import Allocation
 from tests.clusters.test_inventory import snapshot

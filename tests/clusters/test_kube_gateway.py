@@ -1,4 +1,4 @@
-"""``clusters.kube.KubeGateway`` over HTTP: against the emulator, a listener that never answers, and a server that
+"""``kube.KubeGateway`` over HTTP: against the emulator, a listener that never answers, and a server that
 answers one fixed status with a Kubernetes ``Status`` body."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from clusters.kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.gateway import NAMESPACES, NODES, SECRETS, Resource
+from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
+from kube.gateway import NAMESPACES, NODES, SECRETS, Resource
 from tests.helpers import silent_kubeconfig, status_body
 
 

@@ -1,4 +1,4 @@
-"""``clusters.kube.KubeGateway`` against a hostile apiserver: huge, non-JSON, secret-quoting or escape-laden error
+"""``kube.KubeGateway`` against a hostile apiserver: huge, non-JSON, secret-quoting or escape-laden error
 answers, a 2xx that is not JSON, a redirect elsewhere. What the gateway keeps of such an answer ends up in API error
 bodies, session messages and audit rows, so it must be bounded, printable and free of the credential it was sent."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from clusters.kube import KubeGateway, KubeRefused, KubeUnavailable
-from clusters.kube.errors import MAX_MESSAGE
-from clusters.kube.gateway import NAMESPACES
+from kube import KubeGateway, KubeRefused, KubeUnavailable
+from kube.errors import MAX_MESSAGE
+from kube.gateway import NAMESPACES
 from tests.helpers import status_body
 
 TOKEN = "sekrit-bearer-0123456789abcdef"

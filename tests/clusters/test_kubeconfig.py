@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from clusters.kubeconfig import KubeconfigError, is_loopback_host, validate_kubeconfig
+from kube.kubeconfig import KubeconfigError, is_loopback_host, validate_kubeconfig
 from tests.helpers import load_kubeconfig_fixture
 
 

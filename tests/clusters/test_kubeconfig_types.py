@@ -10,10 +10,10 @@ import copy
 import pytest
 import yaml
 
-from clusters import kubeconfig as kubeconfig_module
-from clusters.kube import api_client_for_kubeconfig
-from clusters.kubeconfig import MAX_EXPANDED_NODES, KubeconfigError, validate_kubeconfig
 from clusters.models import Cluster
+from kube import api_client_for_kubeconfig
+from kube import kubeconfig as kubeconfig_module
+from kube.kubeconfig import MAX_EXPANDED_NODES, KubeconfigError, validate_kubeconfig
 from tests.helpers import kubeconfig_text
 
 GOOD = {

@@ -1,4 +1,4 @@
-"""The control plane's least-privilege credential (``clusters.attach.credential``) against the Kubernetes emulator
+"""The control plane's least-privilege credential (``attach.credential``) against the Kubernetes emulator
 with RBAC enforced: every apiserver call the control plane makes works with it (probe and connection test, session
 apply and delete, the operator token push, the storage pool check, the PVC delete, a volume move), and it holds no
 more (no Secrets listed or read besides the operator token, no Pods created, nothing written cluster-wide); the
@@ -10,10 +10,14 @@ import pytest
 import yaml
 from django.utils import timezone
 
+import contract
+from attach import credential
 from clusters import services
-from clusters.attach import credential
-from clusters.kube import KubeGateway, KubeRefused
-from clusters.kube.gateway import (
+from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
+from clusters.probe import probe_cluster
+from demo import fleet
+from kube import KubeGateway, KubeRefused
+from kube.gateway import (
     CLUSTER_ROLES,
     GATEWAY_CLASSES,
     GATEWAYS,
@@ -25,11 +29,7 @@ from clusters.kube.gateway import (
     SECRETS,
     SELF_SUBJECT_RULES_REVIEWS,
 )
-from clusters.kubeconfig import validate_kubeconfig
-from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
-from clusters.probe import probe_cluster
-from demo import fleet
-from operator_agent import contract
+from kube.kubeconfig import validate_kubeconfig
 from sessions import services as session_services
 from sessions.models import Session
 from storage import services as storage_services

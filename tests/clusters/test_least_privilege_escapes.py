@@ -1,4 +1,4 @@
-"""Attempts to get past the control plane's least-privilege credential (``clusters.attach.credential``) in the emulator,
+"""Attempts to get past the control plane's least-privilege credential (``attach.credential``) in the emulator,
 each one a request a real apiserver refuses: Secrets listed or watched, another Secret reached through the one
 ``resourceNames`` grant (a body naming another object, a field selector), RBAC written to escalate, Pods made directly,
 through a Deployment or a TokenRequest, logs read, a forged token Secret; a deleted ServiceAccount's token; the admin
@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from clusters.attach import credential
-from clusters.kubeconfig import validate_kubeconfig
+from attach import credential
+from kube.kubeconfig import validate_kubeconfig
 from tests.helpers import kubeconfig_text
 
 pytestmark = pytest.mark.django_db

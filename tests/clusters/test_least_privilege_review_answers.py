@@ -10,10 +10,10 @@ import json
 import pytest
 from django.utils import timezone
 
+from attach import credential
 from clusters import services
-from clusters.attach import credential
-from clusters.kubeconfig import validate_kubeconfig
 from clusters.models import Cluster
+from kube.kubeconfig import validate_kubeconfig
 from tests.helpers import kubeconfig_text
 
 pytestmark = pytest.mark.django_db

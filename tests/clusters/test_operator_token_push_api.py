@@ -68,8 +68,8 @@ def test_an_apiserver_that_never_answers_is_a_502_with_its_code(settings, silent
 
 
 def test_version_and_me_tell_a_client_what_answers(http, http_user, anon):
-    from gshare.version import GSHARE_VERSION
-    from operator_agent.contract import GSHARE_API_VERSION
+    from contract import GSHARE_API_VERSION
+    from core.version import GSHARE_VERSION
 
     body = http.get("/api/v1/version").json()
     assert (body["version"], body["api"], body["operator_contract"]) == (GSHARE_VERSION, "v1", GSHARE_API_VERSION)

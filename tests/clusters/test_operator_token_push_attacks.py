@@ -17,8 +17,8 @@ from audit.models import AuditRecord
 from clusters import services
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_issue
-from gshare.auth.tokens import api_token_create, api_token_revoke
-from gshare.models import ApiToken
+from identity.models import ApiToken
+from identity.tokens import api_token_create, api_token_revoke
 from tests.clusters.test_token_rotation import KEY, claims, secret_of, secret_token
 from tests.helpers import kubeconfig_text
 

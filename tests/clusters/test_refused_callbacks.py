@@ -25,13 +25,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.internal.authentication import OperatorTokenAuthentication
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_RECORD_PERIOD, _gate_key
 from clusters.operator_token import rotation as token_rotation
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.auth.authentication import OperatorTokenAuthentication
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
-from gshare.auth.keys import signing_key_ensure
+from identity.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
+from identity.keys import signing_key_ensure
 from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db

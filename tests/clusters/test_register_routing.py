@@ -8,7 +8,7 @@ from audit.models import AuditRecord
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.routing import RoutingRefused
-from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
+from contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from tests.helpers import kubeconfig_text
 
 pytestmark = pytest.mark.django_db

@@ -118,7 +118,7 @@ def test_a_routing_change_during_the_first_apply_is_not_lost_when_the_operator_r
     lands, and the operator reports the session Starting before ``session_apply`` moves it there itself: the routing
     check after the apply must still run (before the fix nothing did, and no mark was left for ``sessions_reconcile``)."""
     from clusters import services as cluster_services
-    from clusters.kube import KubeGateway
+    from kube import KubeGateway
 
     cluster, emulated = live_cluster("lab-c1")
     original, raced = KubeGateway.apply, []
@@ -149,7 +149,7 @@ def test_a_routing_change_during_an_apply_whose_answer_is_lost_is_not_lost(http,
     """As above, but the apply's answer never arrives (it landed; the call timed out): the retry finds the session
     Starting (the operator reported it) and does nothing, so the change must still be due somewhere."""
     from clusters import services as cluster_services
-    from clusters.kube import KubeGateway, KubeUnavailable
+    from kube import KubeGateway, KubeUnavailable
 
     cluster, emulated = live_cluster("lab-c1")
     original, raced = KubeGateway.apply, []

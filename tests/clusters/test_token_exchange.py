@@ -23,8 +23,8 @@ from clusters.operator_token.tokens import (
     operator_token_mint,
     operator_token_refresh_after,
 )
-from gshare.auth.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
-from gshare.auth.keys import signing_key_ensure
+from identity.internal_jwt import OPERATOR_AUDIENCE, verify_internal_jwt
+from identity.keys import signing_key_ensure
 from operator_agent.token import Candidate, TokenRefresher
 from tests.factories import ClusterFactory
 

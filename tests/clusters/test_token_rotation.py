@@ -24,12 +24,12 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from clusters import services, tasks
+from clusters.internal.authentication import OperatorTokenAuthentication
 from clusters.models import Cluster
 from clusters.operator_token import rotation as token_rotation
 from clusters.operator_token.rotation import OperatorTokenPushFailed, Outcome, operator_token_push, operator_tokens_rotate
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.auth.authentication import OperatorTokenAuthentication
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE, OPERATOR_AUDIENCE, sign_internal_jwt, verify_internal_jwt
+from identity.internal_jwt import CONNECT_AUDIENCE, OPERATOR_AUDIENCE, sign_internal_jwt, verify_internal_jwt
 from tests.factories import ClusterFactory
 from tests.helpers import Http, kubeconfig_text, silent_kubeconfig
 

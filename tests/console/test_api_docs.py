@@ -78,7 +78,7 @@ def test_the_session_cookie_reads_the_api_and_writes_need_the_csrf_token(live_se
 
 
 def test_a_bearer_token_needs_no_csrf_token_even_with_a_session_cookie(live_server, console_users, pool):
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     _row, token = api_token_create(username="alice")
     plain = Http(live_server.url, token)
@@ -177,7 +177,7 @@ def test_each_reader_sees_the_operations_they_may_call_tagged_by_resource(live_s
 
 
 def test_rst_inline_markup_becomes_commonmark():
-    from gshare.api_schema import rst_to_commonmark
+    from core.api.schema import rst_to_commonmark
 
     assert rst_to_commonmark("Change ``session_domain`` and ``routing``.") == "Change `session_domain` and `routing`."
     converted = rst_to_commonmark(":class:`ClusterSerializer` plus :func:`~billing.selectors.price_list`")

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from clusters.models import Cluster
-from gshare.models import ApiToken
+from identity.models import ApiToken
 from sessions.models import Session, SuggestedImage
 from storage.models import Volume
 from tests.console.test_researcher import PASSWORD, as_alice, world  # noqa: F401 -- fixtures
@@ -208,7 +208,7 @@ def test_stored_xss_everywhere(client, world):
     pool = StoragePoolFactory(cluster=cluster, name="pool-x")
     VolumeFactory(owner=world["alice"], pool=pool, name="vol-x", status_message=XSS)
     SuggestedImage.objects.create(image=XSS, description=XSS)
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
     api_token_create(username="alice", name=XSS)
     pages = ["/", "/clusters/node/", f"/clusters/node/{node.pk}/change/", "/clusters/gpudevice/",
              f"/clusters/gpudevice/{device.pk}/change/", "/gpu_sessions/session/", f"/gpu_sessions/session/{session.pk}/change/",

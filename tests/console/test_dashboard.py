@@ -15,8 +15,8 @@ from django.utils import timezone
 from billing.models import CreditAccount, LedgerEntry, Price
 from billing.selectors import session_hourly_cost
 from clusters.models import Cluster, GpuDevice, Node
-from gshare.console.charts import nice_ceiling, usage_chart_svg
-from gshare.console.dashboard import credits_tile, dashboard, gpus_tile, sessions_tile, storage_tile, usage_chart
+from console.charts import nice_ceiling, usage_chart_svg
+from console.dashboard import credits_tile, dashboard, gpus_tile, sessions_tile, storage_tile, usage_chart
 from sessions.models import Allocation, Session
 from tests.console.conftest import login, shot
 from tests.factories import (
@@ -400,7 +400,7 @@ def _idle_fleet(now):
 
 
 def test_idle_tile_counts_the_gpus_of_idle_sessions_and_what_they_burn(fleet):
-    from gshare.console.dashboard import idle_tile
+    from console.dashboard import idle_tile
 
     now = fleet["now"]
     s_whole, s_cores, s_mem, s_nores = fleet["running"]

@@ -1,4 +1,4 @@
-"""GPU cards show the SM utilization their sessions report (``clusters.console.gpu_utilization``): the sum over the
+"""GPU cards show the SM utilization their sessions report (``console.pages.clusters.selectors.gpu_utilization``): the sum over the
 Running sessions holding the GPU of their fresh ``ok`` reading's ``utilization_percent`` for its UUID, capped at 100;
 "—" without a fresh known reading; the same number of queries whatever the number of cards and readings. In
 Chromium, a card shows it. ``SessionActivity`` rows are made directly (the report path is tested in tests/sessions/)."""

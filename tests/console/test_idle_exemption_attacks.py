@@ -1,4 +1,4 @@
-"""Attacks on the console's idle exemption form (``POST <session>/idle-exemption/``, ``sessions.console.IdleExemptionForm``,
+"""Attacks on the console's idle exemption form (``POST <session>/idle-exemption/``, ``console.pages.sessions.actions.IdleExemptionForm``,
 ``sessions.idle.session_idle_exempt``) through Django's test client: no CSRF token, users who may not exempt (a
 researcher for their own and others' sessions, staff without ``gpu_sessions.change_session``, a deactivated staff
 user's old login), ended sessions, object ids that are not a session's, malformed ``until`` values, a reason carrying

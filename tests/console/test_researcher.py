@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from billing.models import CreditAccount, LedgerEntry, Policy, UsageSample
 from billing.services import credit_grant, price_set
-from gshare.auth.keys import signing_key_ensure
-from gshare.auth.tokens import api_token_create
-from gshare.console.access import OwnObjectsAdmin
-from gshare.models import ApiToken
+from console.access import OwnObjectsAdmin
+from identity.keys import signing_key_ensure
+from identity.models import ApiToken
+from identity.tokens import api_token_create
 from sessions.models import Allocation, Session
 from storage.models import Volume
 from tests.factories import (
@@ -325,7 +325,7 @@ def test_site_pages_as_a_researcher(as_alice, world):
             _assert_researcher_page(response, world, f"/{label}/")
     for pattern in admin.site.get_urls():
         if isinstance(pattern, URLPattern) and pattern.name == "console_section":
-            from gshare.console.site import SECTIONS
+            from console.site import SECTIONS
 
             for slug, _title, _models in SECTIONS:
                 response = as_alice.get(f"/{slug}/")
@@ -494,7 +494,7 @@ def test_my_credits_shows_the_price_list_and_the_runway_as_a_person_reads_them(a
     assert "<td>1 of 1</td>" in text  # the GPU's counters show no reservation: free
     # alice's Running session is the burn (its share of the GPU at 2 credits per GPU-hour), and it sets the runway.
     from billing.selectors import session_hourly_cost
-    from gshare.console.figures import credits_display
+    from console.figures import credits_display
 
     burn = session_hourly_cost(world["rows"]["alice"]["session"])
     assert burn > 0 and f'id="my-burn" title="{burn}">{credits_display(burn)} per hour' in text
@@ -502,7 +502,7 @@ def test_my_credits_shows_the_price_list_and_the_runway_as_a_person_reads_them(a
 
 
 def test_credits_are_shown_with_the_precision_a_person_needs():
-    from gshare.console.figures import credits_display
+    from console.figures import credits_display
 
     cases = {"1234.5": "1,234.50", "-3": "-3.00", "0.613052": "0.61", "0.0035": "0.0035", "0.000001": "0.000001",
              "0": "0.00", "1000.000000": "1,000.00", "-0.004444": "-0.0044", "": "", "n/a": "n/a"}

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 from billing.services import credit_grant
-from gshare.auth.tokens import api_token_create
+from identity.tokens import api_token_create
 from storage.models import Volume
 from tests.console.conftest import login, shot
 from tests.factories import ClusterFactory, StoragePoolFactory, UserFactory, VolumeFactory

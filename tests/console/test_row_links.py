@@ -1,11 +1,11 @@
-"""Row links reversed once per URL name (``gshare.console.links``) are the URLs ``reverse`` gives, under any script
+"""Row links reversed once per URL name (``console.links``) are the URLs ``reverse`` gives, under any script
 prefix."""
 
 from __future__ import annotations
 
 from django.urls import reverse, set_script_prefix
 
-from gshare.console.links import list_url, row_url, row_url_format
+from console.links import list_url, row_url, row_url_format
 
 
 def test_row_links_equal_reverse_for_every_id_and_prefix():

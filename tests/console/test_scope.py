@@ -14,7 +14,7 @@ from django.utils import timezone
 from audit.models import AuditRecord
 from billing.models import CreditAccount, LedgerEntry, UsageSample
 from clusters.models import Cluster
-from gshare.console.scope import SESSION_KEY
+from console.scope import SESSION_KEY
 from tests.console_checks import page_text
 from tests.factories import (
     ClusterFactory,

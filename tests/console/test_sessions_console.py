@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from billing import services as billing
 from billing.models import CreditAccount, LedgerEntry, Policy
 from clusters.models import Cluster, GpuDevice
-from sessions import console_selectors, placement
+from console.pages.sessions import selectors as console_selectors
+from sessions import placement
 from sessions.models import Allocation, Session, SuggestedImage
 from tests.console_checks import page_text
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory, VolumeFactory

@@ -118,7 +118,7 @@ def test_the_verify_admits_another_users_session_only_with_the_permission_and_fo
 
 
 def test_the_connect_api_refuses_staff_without_the_permission(client, bare_staff, running):
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     token = api_token_create(username=bare_staff.username)[1]
     response = client.post(f"/api/v1/sessions/{running.public_id}/connect", HTTP_AUTHORIZATION=f"Bearer {token}")
@@ -146,7 +146,7 @@ def test_the_schema_and_the_docs_need_a_signed_in_user(client, plain_user):
     assert docs.status_code == 302 and docs["Location"] == "/login/?next=/api/v1/docs/"  # a browser logs in first
     assert client.get("/api/v1/docs/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 302  # never a 500
     assert client.get("/api/v1/schema/", HTTP_AUTHORIZATION="Bearer gsh_wrong").status_code == 401
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     token = api_token_create(username=plain_user.username)[1]
     schema = client.get("/api/v1/schema/?format=json", HTTP_AUTHORIZATION=f"Bearer {token}")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 from demo import fleet
 from demo.runner import DemoOptions
-from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 
 
 def test_an_unknown_gateway_cluster_is_refused_before_anything_starts():

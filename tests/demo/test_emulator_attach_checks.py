@@ -94,7 +94,7 @@ def seed() -> list[dict]:
 
 
 def check_pod(kind: str, node: str, name: str | None = None, targets: list[str] | None = None) -> dict:
-    """A check pod shaped like ``clusters/attach/checks.py`` ``check_pod`` makes them."""
+    """A check pod shaped like ``attach/checks.py`` ``check_pod`` makes them."""
     env = [{"name": "GSHARE_CHECK_TARGETS", "value": " ".join(targets or [])}] if kind == "nfs" else []
     return {
         "apiVersion": "v1", "kind": "Pod",

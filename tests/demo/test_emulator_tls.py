@@ -154,7 +154,7 @@ def test_plain_http_client_is_not_served(cluster):
 
 
 def test_kubeconfig_passes_the_project_validator(cluster):
-    from clusters.kubeconfig import validate_kubeconfig  # no settings or database needed by the validator
+    from kube.kubeconfig import validate_kubeconfig  # no settings or database needed by the validator
 
     text = yaml.safe_dump(cluster.kubeconfig("t"))
     host_port = cluster.url.removeprefix("https://")

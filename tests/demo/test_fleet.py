@@ -14,14 +14,14 @@ import kubernetes_validate
 import pytest
 import requests
 
-from demo import fleet
-from demo.emulator import EmulatedCluster
-from operator_agent.contract import (
+from contract import (
     GATEWAY_NAME_DEFAULT,
     GATEWAY_NAMESPACE_DEFAULT,
     ROUTING_GATEWAY_API,
     ROUTING_INGRESS_NGINX,
 )
+from demo import fleet
+from demo.emulator import EmulatedCluster
 from tests.helpers import serve_seed
 
 ROOT = Path(__file__).resolve().parents[2]

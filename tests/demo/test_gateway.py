@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 from demo.emulator import EmulatedCluster
 from demo.gateway import GatewayTable, envoy_path
 from demo.ingress import ClusterApi, ClusterIngress, DemoIngress
-from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "lab-c2.gshare.localhost"

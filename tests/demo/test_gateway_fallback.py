@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from demo.emulator import EmulatedCluster
 from demo.ingress import ClusterApi, ClusterIngress, DemoIngress
-from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from operator_agent.k8s.routing.fallback import fallback_objects
 from sessions import ext_authz
 from sessions.models import Session

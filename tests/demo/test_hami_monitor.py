@@ -25,10 +25,10 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract import HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT, HAMI_MONITOR_PORT_DEFAULT
 from demo import fleet
 from demo.emulator import EmulatedCluster, serve
 from demo.emulator.controllers.hami_metrics import ContainerGpu, HostGpu, render_metrics
-from operator_agent.contract import HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT, HAMI_MONITOR_PORT_DEFAULT
 from tests.helpers import ROOT, serve_seed, wait_for
 
 NS = "gshare-sessions"

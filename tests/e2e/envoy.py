@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from operator_agent import contract
+import contract
 
 START_TIMEOUT = 30.0
 #: ``SecurityPolicy`` ``headersToExtAuth`` and ``extAuth.http.headersToBackend`` as the operator writes them.

@@ -19,9 +19,9 @@ import jwt
 import pytest
 from django.core.cache import cache
 
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE
-from gshare.auth.keys import signing_key_ensure
-from operator_agent import contract
+import contract
+from identity.internal_jwt import CONNECT_AUDIENCE
+from identity.keys import signing_key_ensure
 from sessions import connect, services
 from sessions.models import Session
 from tests.e2e.gunicorn import INTERNAL_HOST, PUBLIC_HOST, control_plane  # noqa: F401 -- the fixture

@@ -36,9 +36,9 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE
-from gshare.auth.keys import signing_key_ensure
-from operator_agent import contract
+import contract
+from identity.internal_jwt import CONNECT_AUDIENCE
+from identity.keys import signing_key_ensure
 from sessions import connect, services
 from sessions.connect_path import nginx_uri
 from sessions.manifests import session_path

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from operator_agent import contract
+import contract
 from tests.e2e.test_connect_ext_authz_gunicorn import TRICKS, send
 from tests.e2e.test_slow_clients import DOMAIN, behind_proxy, setup  # noqa: F401 -- the fixtures
 

@@ -23,8 +23,8 @@ import pytest
 import requests
 from django.core.cache import cache
 
-from gshare.auth.tokens import api_token_create
-from operator_agent import contract
+import contract
+from identity.tokens import api_token_create
 from sessions import connect, services
 from sessions.models import Session
 from tests.e2e.front_proxy import run_front_proxy

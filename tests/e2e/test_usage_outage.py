@@ -24,7 +24,7 @@ import requests
 from django.db.models import Count
 
 from billing.models import UsageSample
-from operator_agent.contract import USAGE_PATH
+from contract import USAGE_PATH
 from operator_agent.usage import MAX_WINDOW_MS
 from tests.helpers import registered, wait_for
 

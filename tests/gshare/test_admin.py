@@ -3,9 +3,9 @@ it signed), Revoke through the service."""
 
 import pytest
 
-from gshare.auth.keys import signing_key_ensure
-from gshare.auth.tokens import api_token_create
-from gshare.models import ApiToken
+from identity.keys import signing_key_ensure
+from identity.models import ApiToken
+from identity.tokens import api_token_create
 from tests.console_checks import assert_read_only
 
 pytestmark = pytest.mark.django_db

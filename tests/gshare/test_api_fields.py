@@ -1,4 +1,4 @@
-"""Numbers of the public API are JSON numbers (gshare.api_fields.StrictIntegerField), through HTTP on the live server.
+"""Numbers of the public API are JSON numbers (core.api.fields.StrictIntegerField), through HTTP on the live server.
 
 The sessions fields are tested in tests/sessions/test_api.py (they need an emulated cluster); credit amounts are
 decimal strings or JSON numbers by design (docs/billing.md) and are tested in tests/billing/test_api.py.

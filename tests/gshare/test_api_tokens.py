@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from gshare.models import ApiToken
+from identity.models import ApiToken
 
 
 @pytest.mark.django_db

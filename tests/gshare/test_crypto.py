@@ -3,7 +3,7 @@
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 
-from gshare.crypto import decrypt_text, encrypt_text, rotate_text
+from core.crypto import decrypt_text, encrypt_text, rotate_text
 
 
 def test_first_key_encrypts_all_decrypt(settings):
@@ -28,7 +28,7 @@ def test_rotate_encryption_keys_rewrites_every_secret(settings):
     from django.db import connection
 
     from clusters.models import Cluster
-    from gshare.auth.keys import signing_key_ensure
+    from identity.keys import signing_key_ensure
     from tests.factories import ClusterFactory
 
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()

@@ -8,7 +8,7 @@ from django.db import connections
 from clusters import services
 from clusters.models import GpuDevice
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.exceptions import Forbidden
+from core.exceptions import Forbidden
 from tests.factories import ClusterFactory
 from tests.helpers import run_threads
 

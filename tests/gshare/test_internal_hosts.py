@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from clusters.models import Node
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.middleware import internal_hosts
+from core.internal_hosts import internal_hosts
 from tests.factories import ClusterFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

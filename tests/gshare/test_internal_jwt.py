@@ -7,7 +7,7 @@ import time
 import jwt
 import pytest
 
-from gshare.auth.internal_jwt import (
+from identity.internal_jwt import (
     CONNECT_AUDIENCE,
     OPERATOR_AUDIENCE,
     InvalidInternalToken,
@@ -15,8 +15,8 @@ from gshare.auth.internal_jwt import (
     sign_internal_jwt,
     verify_internal_jwt,
 )
-from gshare.auth.keys import signing_key_create, signing_key_ensure
-from gshare.models import SigningKey
+from identity.keys import signing_key_create, signing_key_ensure
+from identity.models import SigningKey
 
 pytestmark = pytest.mark.django_db
 

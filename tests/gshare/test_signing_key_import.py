@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from gshare.auth.keys import signing_key_ensure, signing_key_import, signing_key_retire_time, signing_key_rotate, signing_keys_retire
-from gshare.models import SigningKey
+from identity.keys import signing_key_ensure, signing_key_import, signing_key_retire_time, signing_key_rotate, signing_keys_retire
+from identity.models import SigningKey
 
 pytestmark = pytest.mark.django_db
 
@@ -85,7 +85,7 @@ def test_a_key_of_another_algorithm_is_refused_by_name():
 
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, x25519
 
-    from gshare.auth.keys import SigningKeyInvalid
+    from identity.keys import SigningKeyInvalid
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # building the DSA key under test is what warns, not the control plane

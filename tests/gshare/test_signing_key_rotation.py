@@ -18,8 +18,9 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from clusters.operator_token.tokens import MAX_TTL as OPERATOR_MAX_TTL
-from gshare import tasks
-from gshare.auth.internal_jwt import (
+from gshare.celery import app
+from identity import tasks
+from identity.internal_jwt import (
     CONNECT_AUDIENCE,
     OPERATOR_AUDIENCE,
     InvalidInternalToken,
@@ -27,7 +28,7 @@ from gshare.auth.internal_jwt import (
     sign_internal_jwt,
     verify_internal_jwt,
 )
-from gshare.auth.keys import (
+from identity.keys import (
     MAX_TOKEN_TTL,
     SCHEDULED_ROTATION_MIN_AGE,
     signing_key_ensure,
@@ -38,8 +39,7 @@ from gshare.auth.keys import (
     signing_keys_published,
     signing_keys_retire,
 )
-from gshare.celery import app
-from gshare.models import SigningKey
+from identity.models import SigningKey
 from tests.helpers import run_threads
 
 pytestmark = pytest.mark.django_db
@@ -335,7 +335,7 @@ def test_import_of_a_retired_key_changes_nothing_and_says_so(tmp_path, capsys):
 
 
 def test_system_check_refuses_a_token_lifetime_above_the_rotation_bound(settings):
-    from gshare.checks import token_lifetimes_within_key_rotation_bound
+    from identity.checks import token_lifetimes_within_key_rotation_bound
 
     assert token_lifetimes_within_key_rotation_bound(None) == []
     settings.GSHARE_CONNECT_COOKIE_TTL = MAX_TOKEN_TTL + 1

@@ -1,7 +1,7 @@
-"""``gshare.api`` imports cleanly whoever imports it first: DRF imports it for ``DEFAULT_PAGINATION_CLASS`` (its
+"""``core.api.base`` imports cleanly whoever imports it first: DRF imports it for ``DEFAULT_PAGINATION_CLASS`` (its
 pagination system check does, before any view is loaded, in ``manage.py check``, ``migrate``, ``makemigrations``,
-``demo``), and that import must not need ``gshare.api`` itself. It did through ``rest_framework.views``, whose class
-body reads ``DEFAULT_PARSER_CLASSES`` (``gshare.api.SafeJSONParser``): an ImportError that failed every command
+``demo``), and that import must not need ``core.api.base`` itself. It did through ``rest_framework.views``, whose class
+body reads ``DEFAULT_PARSER_CLASSES`` (``core.api.base.SafeJSONParser``): an ImportError that failed every command
 whenever no app had imported DRF's views before the check ran."""
 
 import os

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clusters.api.serializers import ClusterUpdateSerializer
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 from storage.api.serializers import PoolUpdateSerializer, VolumeUpdateSerializer
 
 

@@ -1,9 +1,9 @@
-"""One release number for the control plane, the operator and both charts (gshare/version.py)."""
+"""One release number for the control plane, the operator and both charts (core/version.py)."""
 
 import yaml
 
 import operator_agent
-from gshare.version import GSHARE_VERSION, compatible
+from core.version import GSHARE_VERSION, compatible
 from tests.helpers import ROOT
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters.attach.checks import CONTAINERD_CONFIGS
+from attach.checks import CONTAINERD_CONFIGS
 from tests.helpers import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]

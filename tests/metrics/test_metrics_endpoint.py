@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import CreditAccount, LedgerEntry
 from clusters.models import Cluster
-from gshare.exceptions import Conflict
-from gshare.metrics import instruments
-from gshare.metrics.inventory import CACHE_KEY, QUERIES
+from core import instruments
+from core.exceptions import Conflict
+from metrics.inventory import CACHE_KEY, QUERIES
 from sessions import create, placement
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory
 from tests.metrics.promtool import check

@@ -12,9 +12,10 @@ import logging
 import kubernetes
 import pytest
 
+import contract
 from clusters.diagnosis import clock_verdict
 from clusters.models import Cluster
-from operator_agent import contract, rfc3339
+from contract import rfc3339
 from operator_agent.clock import ClockOffset
 from operator_agent.config import OperatorConfig, kubernetes_api_client
 from operator_agent.control_plane import ControlPlaneClient

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract import DEFAULT_TOKEN_FILE
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
-from operator_agent.contract import DEFAULT_TOKEN_FILE
 
 REQUIRED = {"GSHARE_CLUSTER_ID": "c-7f3a", "GSHARE_CONTROL_PLANE_URL": "https://gshare.example.com/"}
 

@@ -1,4 +1,4 @@
-"""What the operator builds for the control plane is valid against the shared schemas of ``operator_agent.contract``."""
+"""What the operator builds for the control plane is valid against the shared schemas of ``contract``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from operator_agent import rfc3339
+from contract import rfc3339
 from operator_agent.inventory import node_to_snapshot
 from operator_agent.sessions import next_observed_at, session_status_from_pod, status_report
 from operator_agent.storage import storage_report

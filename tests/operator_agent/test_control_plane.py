@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from contract import CLUSTER_DEREGISTERED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_PATH, TOKEN_INVALID
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import CLUSTER_DEREGISTERED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_PATH, TOKEN_INVALID
 from operator_agent.control_plane import (
     ControlPlaneAuthError,
     ControlPlaneClient,

@@ -24,8 +24,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract import ACTIVITY_PATH, HAMI_MONITOR_PORT_DEFAULT, SESSION_ID_LABEL
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import ACTIVITY_PATH, HAMI_MONITOR_PORT_DEFAULT, SESSION_ID_LABEL
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.gpu_activity import ActivityReporter, monitor_pods_by_node, running_targets
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION
@@ -458,7 +458,7 @@ def test_running_targets_read_the_session_label_node_and_hami_devices():
 
 
 def test_the_usage_queue_and_report_ages_on_the_operators_metrics(tmp_path: Path):
-    from operator_agent.contract import INVENTORY_PATH, USAGE_PATH
+    from contract import INVENTORY_PATH, USAGE_PATH
     from operator_agent.usage import UsageQueue
 
     now = [1_764_432_600.0]

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from operator_agent.contract import (
+from contract import (
     GSHARE_API_GROUP,
     GSHARE_API_VERSION,
     GSHARE_SESSION_KIND,

@@ -1,13 +1,13 @@
-"""``operator_agent.quantity``: the one reader of Kubernetes quantities (the operator's storage report and the
+"""``contract.quantity``: the one reader of Kubernetes quantities (the operator's storage report and the
 emulator's scheduler both use it), strict where ``kubernetes.utils.parse_quantity`` alone is lenient."""
 
 import decimal
 
 import pytest
 
+from contract.quantity import parse_quantity, quantity_decimal, same_quantity
 from demo import emulator
 from operator_agent import storage
-from operator_agent.quantity import parse_quantity, quantity_decimal, same_quantity
 
 BAD = [
     "", "Gi", "ten", "1GiB", "1 Gi", True,  # as the storage report has always refused

@@ -10,7 +10,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from operator_agent.contract import (
+from contract import (
     CONNECT_EXT_AUTHZ_PATH,
     GATEWAY_NAME_DEFAULT,
     GATEWAY_NAMESPACE_DEFAULT,

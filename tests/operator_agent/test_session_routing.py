@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
+from contract import CONNECT_EXT_AUTHZ_PATH, ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 from demo import fleet
 from demo.emulator import EmulatedCluster
-from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH, ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 from tests.helpers import wait_for
 from tests.operator_agent import crd_schema
 from tests.operator_agent.test_sessions import (  # noqa: F401 - fixtures

@@ -26,10 +26,7 @@ import kubernetes
 import pytest
 import yaml
 
-from demo import fleet
-from demo.emulator import EmulatedCluster
-from operator_agent.config import OperatorConfig
-from operator_agent.contract import (
+from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
     GSHARE_API_GROUP,
     GSHARE_API_VERSION,
@@ -38,6 +35,9 @@ from operator_agent.contract import (
     SESSION_NAMESPACE_DEFAULT,
     STATUS_PATH,
 )
+from demo import fleet
+from demo.emulator import EmulatedCluster
+from operator_agent.config import OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION, allocated_device_uuids
 from operator_agent.sessions import (

@@ -18,10 +18,10 @@ import kubernetes
 import pytest
 import yaml
 
+from contract import STORAGE_PATH, VOLUME_ID_LABEL, VOLUME_PHASES
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import OperatorConfig
-from operator_agent.contract import STORAGE_PATH, VOLUME_ID_LABEL, VOLUME_PHASES
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.storage import (
     collect_storage,

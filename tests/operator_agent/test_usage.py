@@ -1,7 +1,7 @@
 """Usage metering (operator_agent.usage): windows, sample ids, the on-disk queue and sending to a loopback control plane.
 
 The control plane is a real ``http.server`` on 127.0.0.1 answering ``POST /internal/v1/usage`` as the contract says
-(``operator_agent.contract.USAGE_PATH``), with a programmable refusal per batch.
+(``contract.USAGE_PATH``), with a programmable refusal per batch.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from operator_agent.config import DEFAULT_USAGE_QUEUE_MAX, DEFAULT_USAGE_QUEUE_PATH, ConfigError, OperatorConfig
-from operator_agent.contract import (
+from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
     INVALID_USAGE_SAMPLE,
     USAGE_MAX_SAMPLES_PER_CALL,
     USAGE_MAX_WINDOW_SECONDS,
     USAGE_PATH,
 )
+from operator_agent.config import DEFAULT_USAGE_QUEUE_MAX, DEFAULT_USAGE_QUEUE_PATH, ConfigError, OperatorConfig
 from operator_agent.control_plane import ControlPlaneClient
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION
 from operator_agent.usage import (

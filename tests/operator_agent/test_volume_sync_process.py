@@ -21,9 +21,9 @@ import kubernetes
 import pytest
 import yaml
 
+from contract import INVENTORY_PATH, STATUS_PATH, STORAGE_PATH
 from demo import fleet
 from demo.emulator import EmulatedCluster
-from operator_agent.contract import INVENTORY_PATH, STATUS_PATH, STORAGE_PATH
 from tests.helpers import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

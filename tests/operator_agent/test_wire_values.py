@@ -13,8 +13,9 @@ import kubernetes.utils.quantity
 import pytest
 from jsonschema import Draft202012Validator
 
+import contract
 from clusters.operator_token.tokens import operator_token_mint
-from operator_agent import contract, quantity, rfc3339
+from contract import quantity, rfc3339
 from tests.factories import ClusterFactory
 from tests.helpers import Http
 
@@ -106,7 +107,7 @@ HOSTILE_QUANTITIES = ["1e99999", "1e-99999", "9" * 10_000, "+-1", ".", "0x10", "
 
 @pytest.mark.parametrize("raw", HOSTILE_QUANTITIES, ids=lambda raw: repr(raw[:20]))
 def test_a_hostile_quantity_is_a_value_error_before_decimal_reads_it(raw, quantity_work):
-    from clusters.kube import parse_quantity as gateway_parse_quantity
+    from kube import parse_quantity as gateway_parse_quantity
 
     for parse in (quantity.parse_quantity, gateway_parse_quantity):
         with pytest.raises(ValueError):

@@ -12,7 +12,7 @@ from django.core.cache import cache
 
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.auth.tokens import api_token_create
+from identity.tokens import api_token_create
 from sessions import activity, connect, services
 from sessions.models import SessionActivity
 from tests.factories import ClusterFactory, SessionFactory

@@ -15,9 +15,9 @@ import yaml
 from django.db import connections
 from django.utils import timezone
 
+import contract
 from clusters import services as cluster_services
 from demo import fleet
-from operator_agent import contract
 from sessions import services, tasks
 from sessions.models import Session
 

@@ -9,9 +9,9 @@ from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
-from gshare.auth.keys import signing_key_ensure
-from gshare.exceptions import Forbidden  # noqa: F401
+from core.exceptions import Forbidden  # noqa: F401
+from identity.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
+from identity.keys import signing_key_ensure
 from sessions import connect, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
@@ -200,7 +200,7 @@ def test_verify_answers_a_fast_503_when_redis_does_not_answer(running, anon, set
 
 @pytest.mark.django_db(transaction=True)
 def test_verify_answers_a_fast_503_when_the_database_is_too_slow(running, anon):
-    from gshare.models import SigningKey
+    from identity.models import SigningKey
 
     token = link(running).split("token=")[1]
     connect.clear_local_caches()  # the signing key is looked up again

@@ -9,8 +9,8 @@ from django.core.cache import cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gshare.metrics import instruments
-from operator_agent import contract
+import contract
+from core import instruments
 from sessions import activity, connect, ext_authz, services
 from sessions.models import Session
 from tests.factories import ClusterFactory

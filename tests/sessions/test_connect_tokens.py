@@ -22,10 +22,10 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from gshare.auth.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
-from gshare.auth.keys import signing_key_ensure
-from gshare.auth.tokens import api_token_create
-from operator_agent import contract
+import contract
+from identity.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
+from identity.keys import signing_key_ensure
+from identity.tokens import api_token_create
 from sessions import connect, services
 from sessions.models import Session
 from tests.factories import ClusterFactory

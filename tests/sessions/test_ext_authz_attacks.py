@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 
 from clusters.models import Cluster
-from gshare.auth.keys import signing_key_ensure
+from identity.keys import signing_key_ensure
 from sessions import connect, ext_authz, services
 from sessions.models import Session
 from tests.e2e.envoy import envoy_proxy  # noqa: F401 -- the fixture
@@ -84,7 +84,7 @@ def test_tokens_in_the_wrong_place_or_form(control_plane, sessions):  # noqa: F8
     other_host = connect.link_token_sign(user=mine.owner, session_id=mine.public_id, host=OTHER_DOMAIN)
     assert _refused(send(control_plane, b"GET", _target(mine, f"/?token={other_host}")), "connect_refused")
     # Expired (signed an hour ago, 60 s of life).
-    with mock.patch("gshare.auth.internal_jwt.time.time", return_value=time.time() - 3600):
+    with mock.patch("identity.internal_jwt.time.time", return_value=time.time() - 3600):
         expired = connect.link_token_sign(user=mine.owner, session_id=mine.public_id, host=DOMAIN)
     assert _refused(send(control_plane, b"GET", _target(mine, f"/?token={expired}")), "token_invalid")
     # Only after "#": Envoy never sends a fragment; if one arrives, the token after it is not read.

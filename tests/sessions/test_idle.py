@@ -12,7 +12,7 @@ from audit.models import AuditRecord
 from billing.models import LedgerEntry, Policy, UsageSample
 from billing.services import policy_set
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 from sessions import activity, idle
 from sessions.models import Session, SessionActivity
 from tests.billing.conftest import fleet_cluster_row
@@ -124,7 +124,7 @@ def test_a_session_is_warned_then_stopped_and_its_end_entry_says_what_idle_cost(
     assert abs(end.idle_credits - expected) <= Decimal("0.000002"), (end.idle_credits, expected)
     assert f"Burned {end.idle_credits} credits while idle." in end.reason
     assert end.balance_after == session.owner.credit_account.balance
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     owner_http = http_for(api_token_create(username=session.owner.username)[1])
     listed = owner_http.get(f"/api/v1/billing/ledger?session={session.public_id}").json()["results"]
@@ -214,7 +214,7 @@ def test_enforcing_costs_a_constant_number_of_queries(sessions_at, settings):
 
 def test_only_staff_who_manage_sessions_may_exempt_and_it_is_audited(sessions_at, http_for, staff_token, settings, django_user_model):
     settings.GSHARE_ACTIVITY_STALE_SECONDS = 10**9
-    from gshare.auth.tokens import api_token_create
+    from identity.tokens import api_token_create
 
     (session,) = sessions_at(1)
     owner_http = http_for(api_token_create(username=session.owner.username)[1])

@@ -12,7 +12,7 @@ from django.db import connections
 from audit.models import AuditRecord
 from billing.models import LedgerEntry
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.auth.tokens import api_token_create
+from identity.tokens import api_token_create
 from sessions import activity, idle
 from sessions.models import Session, SessionActivity
 from tests.factories import ClusterFactory, SessionFactory, UserFactory

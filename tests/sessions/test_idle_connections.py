@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gshare.auth.tokens import api_token_create
+from identity.tokens import api_token_create
 from sessions import activity, idle
 from sessions.models import Session, SessionActivity
 from tests.factories import SessionFactory

@@ -10,10 +10,10 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+import contract
 from clusters import services as cluster_services
 from clusters.models import Cluster, GpuDevice, Node
-from gshare.exceptions import Conflict
-from operator_agent import contract
+from core.exceptions import Conflict
 from sessions import create, placement, services
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory

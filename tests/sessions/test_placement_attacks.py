@@ -13,7 +13,7 @@ import pytest
 from django.db import connections, transaction
 
 from clusters.models import Cluster
-from gshare.exceptions import Conflict
+from core.exceptions import Conflict
 from sessions import services
 from sessions.create import session_create, session_create_idempotent
 from sessions.models import Allocation, Session

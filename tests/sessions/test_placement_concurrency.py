@@ -14,10 +14,10 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import contract
 from clusters.models import Cluster, GpuDevice
-from gshare.exceptions import Conflict
-from gshare.metrics import instruments
-from operator_agent import contract
+from core import instruments
+from core.exceptions import Conflict
 from sessions import create, services
 from sessions.models import Allocation, Session
 from tests.helpers import run_threads

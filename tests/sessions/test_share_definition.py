@@ -22,8 +22,8 @@ from billing.models import Price
 from billing.selectors import session_hourly_cost
 from clusters import services as cluster_services
 from clusters.models import GpuDevice
+from core.exceptions import Conflict
 from demo import fleet
-from gshare.exceptions import Conflict
 from sessions import create, selectors, services
 from sessions.manifests import gshare_session_manifest, share_gpu_limits
 from sessions.models import Allocation, Session

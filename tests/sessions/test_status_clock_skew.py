@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 from sessions import services
 from sessions.models import Session
 from tests.factories import ClusterFactory

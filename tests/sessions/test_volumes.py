@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
+from core.exceptions import Conflict
 from demo import fleet
-from gshare.exceptions import Conflict
 from operator_agent.storage import collect_storage
 from sessions import create, placement
 from sessions.models import Session

@@ -11,7 +11,7 @@ from django.db import connections
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
-from gshare.exceptions import Conflict
+from core.exceptions import Conflict
 from sessions.models import Session
 from storage.models import StoragePool, Volume
 from storage.move import moved_pv_name, volume_move

@@ -13,7 +13,7 @@ from django_celery_beat.models import PeriodicTask
 
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
-from gshare.exceptions import Conflict
+from core.exceptions import Conflict
 from storage import services, tasks
 from storage.capacity import pool_capacity, pool_clusters, pools_usability
 from storage.models import GIB, ClusterStorageClasses, StorageCapacityReading, StoragePool, Volume

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from django.utils import timezone
 
+import contract
 from audit.models import AuditRecord
 from clusters.operator_token.tokens import operator_token_mint
-from operator_agent import contract
 from storage.models import Volume
 from tests.factories import ClusterFactory, VolumeFactory
 from tests.helpers import Http, kubeconfig_text, silent_kubeconfig

@@ -11,7 +11,7 @@ from django.db import OperationalError, connections, transaction
 
 from audit.models import AuditRecord
 from clusters.probe import ClusterUnreachable
-from gshare.exceptions import Conflict
+from core.exceptions import Conflict
 from sessions import create
 from storage import services
 from storage.models import Volume

@@ -1,4 +1,4 @@
-"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (clusters.attach.steps).
+"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (attach.steps).
 
 It runs on any machine that has the cluster's admin kubeconfig and a staff API token: it reaches the control plane only
 through its public API, and ``manage.py`` runs it with ``GSHARE_CLIENT_ONLY`` set (settings without a database or
@@ -13,10 +13,10 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from attach.fixes import invocation
+from attach.steps import Attach, AttachOptions, AttachStopped
 from audit.context import command_actor
-from clusters.attach.fixes import invocation
-from clusters.attach.steps import Attach, AttachOptions, AttachStopped
-from operator_agent.contract import (
+from contract import (
     GATEWAY_NAME_DEFAULT,
     GATEWAY_NAMESPACE_DEFAULT,
     ROUTING_GATEWAY_API,

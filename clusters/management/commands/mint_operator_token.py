@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import command_actor
 from clusters.operator_token.tokens import operator_token_mint
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import command_actor
 from clusters.operator_token.rotation import Outcome, operator_tokens_rotate
-from gshare.exceptions import ApplicationError
+from core.exceptions import ApplicationError
 
 
 class Command(BaseCommand):

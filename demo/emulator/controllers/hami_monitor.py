@@ -43,12 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from contract import HAMI_MONITOR_PORT_DEFAULT
 from demo.emulator.controllers import Controller, DelayedPass
 from demo.emulator.controllers.device_plugin import daemonset_selects, is_hami_device_plugin
 from demo.emulator.controllers.hami_metrics import CONTENT_TYPE, ContainerGpu, HostGpu, render_metrics
 from demo.emulator.controllers.hami_rules import HAMI_DEVICES_ALLOCATED
 from demo.emulator.store import StoreEvent
-from operator_agent.contract import HAMI_MONITOR_PORT_DEFAULT
 from operator_agent.hami import HamiDecodeError, decode_node_register, node_register_annotation
 from operator_agent.hami_pods import decode_pod_devices
 

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.quantity import parse_quantity
 from operator_agent.hami import HamiDevice
-from operator_agent.quantity import parse_quantity
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Host facts and gShare's attach checks.
 
 What ``manage.py attach_cluster`` finds out about a node it learns from short-lived check pods (scripts in
-``clusters/attach/checks.py``) and from HAMi's device plugin registering the node once HAMi is installed. Both
+``attach/checks.py``) and from HAMi's device plugin registering the node once HAMi is installed. Both
 depend on the host (PCI bus, driver, toolkit, containerd config, NFS client, network), which is not in the
 Kubernetes API: the emulator keeps it as per-node "host facts" (``KubeApiEmulator.hosts``).
 """
@@ -95,7 +95,7 @@ def _tool_output(text: str, *, substituted: bool) -> list[str]:
 
 
 def node_check_log(facts: Mapping[str, Any]) -> str:
-    """The log of a ``gshare.io/check: node`` pod on a host with these facts (``clusters/attach/checks.py``
+    """The log of a ``gshare.io/check: node`` pod on a host with these facts (``attach/checks.py``
     ``NODE_SCRIPT``): ``nvidia-pci``, then (with at least one NVIDIA GPU) ``nvidia-smi``, ``nvidia-ctk`` and
     ``containerd-nvidia-runtime``, each followed by the tool's raw output where it has one, then ``done``."""
     lines: list[str] = []

@@ -28,10 +28,10 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from contract.quantity import parse_quantity
 from demo.emulator.common import timestamp
 from demo.emulator.controllers import Controller, DelayedPass
 from demo.emulator.store import StoreEvent
-from operator_agent.quantity import parse_quantity
 
 if TYPE_CHECKING:
     from demo.emulator.server import KubeApiEmulator

@@ -11,9 +11,9 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.context import command_actor
+from core.home import gshare_home
 from demo import fleet
 from demo.runner import DemoError, DemoOptions, run_demo
-from gshare.embedded import gshare_home
 
 
 def _terminate(signum, frame):

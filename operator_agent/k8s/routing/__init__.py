@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from operator_agent.contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
+from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
 from operator_agent.k8s.routing import envoy_gateway, gateway_api, ingress_nginx
 from operator_agent.k8s.routing.kinds import RoutingError, RoutingKind
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from operator_agent.contract import CONNECT_EXT_AUTHZ_PATH
+from contract import CONNECT_EXT_AUTHZ_PATH
 from operator_agent.k8s.manifests import session_metadata
 from operator_agent.k8s.routing.gateway_api import route_target_ref
 from operator_agent.k8s.routing.kinds import (

@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from operator_agent.contract import ROUTING_GATEWAY_API
+from contract import ROUTING_GATEWAY_API
 from operator_agent.k8s.routing import envoy_gateway, ingress_nginx
 from operator_agent.k8s.routing.gateway_api import GATEWAY_KIND, session_gateway
 from operator_agent.k8s.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS, RoutingError

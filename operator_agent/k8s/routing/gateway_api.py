@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from operator_agent.contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, session_object_name
+from contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, session_object_name
 from operator_agent.k8s.manifests import session_metadata, session_port
 from operator_agent.k8s.routing.kinds import HTTP_ROUTE, RoutingKind
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from operator_agent.contract import session_object_name
+from contract import session_object_name
 from operator_agent.k8s.manifests import PORT_NAME, session_metadata
 from operator_agent.k8s.routing.kinds import INGRESS, RoutingKind
 

@@ -23,7 +23,7 @@ import yaml
 from cryptography import x509
 from django.core.management import CommandError, call_command
 
-from clusters.attach.fixes import INVOKED_AS_ENV, rerun_environment, shell_line
+from attach.fixes import INVOKED_AS_ENV, rerun_environment, shell_line
 from clusters.models import Cluster
 from demo import fleet
 from tests.helpers import FIXTURES
@@ -767,8 +767,8 @@ def test_the_control_plane_is_checked_before_anything_touches_the_cluster(case, 
 
 
 def test_a_control_plane_of_another_release_is_refused_with_the_checkout_to_use(attach_settings, bare_cluster, live_server, monkeypatch):
-    from clusters.attach import steps
-    from gshare.version import GSHARE_VERSION
+    from attach import steps
+    from core.version import GSHARE_VERSION
 
     emulated, kubeconfig_path = bare_cluster("lab-c1")
     monkeypatch.setattr(steps, "GSHARE_VERSION", "0.9.1")  # this checkout, as if it were another release

