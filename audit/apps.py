@@ -9,6 +9,6 @@ class AuditConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:  # noqa: D102
-        from audit import context
+        from audit import context  # its Celery signal receivers connect once the app registry is ready
 
         context.connect_celery_signals()

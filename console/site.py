@@ -16,6 +16,9 @@ from django.urls import re_path, reverse
 from django.utils.text import capfirst
 
 from console.access import ConsoleAuthenticationForm, is_researcher, researcher_app_list
+from console.charts import usage_chart_svg
+from console.dashboard import dashboard
+from console.scope import console_cluster
 
 #: ``(slug, title, [(app_label, model_name), ...])``: the sections, in order, and their pages, in order. A registered
 #: model not listed here joins its app's section (:data:`APP_SECTIONS`) after the listed ones; a model of an app not
@@ -180,10 +183,6 @@ class ConsoleSite(admin.AdminSite):
         if not request.user.is_staff:
             context.setdefault("title", "My gShare")
         if request.user.is_staff and request.user.has_perm("clusters.view_cluster"):  # the tiles show the fleet
-            from console.charts import usage_chart_svg
-            from console.dashboard import dashboard
-            from console.scope import console_cluster
-
             cluster = console_cluster(request)
             board = dashboard(cluster=cluster)
             context["dashboard"] = board

@@ -20,6 +20,7 @@ from typing import Any
 import requests
 
 from contract import SESSION_NAMESPACE_DEFAULT, session_object_name
+from core.home import gshare_home
 from demo.emulator.activity import control_request
 
 
@@ -127,8 +128,6 @@ def idle_smoke(state: dict[str, Any], *, idle_timeout: int, check_children) -> d
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m demo.gpu_activity SESSION busy|idle [--state-file PATH]``; 0 when done, 1 on a refusal."""
-    from core.home import gshare_home
-
     parser = argparse.ArgumentParser(prog="python -m demo.gpu_activity", description="mark a demo session's GPUs busy or idle")
     parser.add_argument("session", help="the session id (ses_...)")
     parser.add_argument("activity", choices=("busy", "idle"))

@@ -48,6 +48,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
+from attach.credential import least_privilege_kubeconfig
+from clusters import services as cluster_services
+from clusters.models import Cluster
+from clusters.operator_token.tokens import operator_token_mint
 from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX
 from core.home import gshare_home
 from demo import fleet
@@ -57,6 +61,10 @@ from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
 from gshare.embedded import embedded_release
 from gshare.front_proxy import ProxySettings, render_nginx_conf
+from identity.tokens import api_token_create
+from kube.kubeconfig import validate_kubeconfig
+from storage.models import StorageCapacityReading
+from storage.services import pools_refresh_capacity
 
 DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
@@ -235,15 +243,6 @@ def run_demo(options: DemoOptions) -> dict:
     Raises:
         DemoError: a step failed; every process started so far has been stopped.
     """
-    from attach.credential import least_privilege_kubeconfig
-    from clusters import services as cluster_services
-    from clusters.models import Cluster
-    from clusters.operator_token.tokens import operator_token_mint
-    from identity.tokens import api_token_create
-    from kube.kubeconfig import validate_kubeconfig
-    from storage.models import StorageCapacityReading
-    from storage.services import pools_refresh_capacity
-
     workdir = gshare_home() / "demo"
     options.state_file.unlink(missing_ok=True)  # never leave a previous run's URL and credentials around
     _wipe_previous_run(workdir)

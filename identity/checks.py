@@ -14,7 +14,7 @@ def token_lifetimes_within_key_rotation_bound(app_configs, **kwargs) -> list[Err
     Signing key rotation keeps a replaced key published for that long; ``sign_internal_jwt`` refuses
     a longer ``ttl``, so a larger setting would make every such signature fail.
     """
-    from identity.keys import MAX_TOKEN_TTL
+    from identity.keys import MAX_TOKEN_TTL  # keys imports the models; checks are registered before they load
 
     errors = []
     for name in TOKEN_TTL_SETTINGS:

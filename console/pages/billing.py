@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 
 from billing import admission, selectors, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from clusters.models import Cluster
 from console.access import OwnObjectsAdmin, is_researcher
 from console.options import ConsoleModelAdmin, ReadOnlyModelAdmin, service_errors
 from console.scope import ClusterScopedAdmin
@@ -96,8 +97,6 @@ class CreditAccountAdmin(OwnObjectsAdmin, ConsoleModelAdmin):
         """*My credits*: ``billing.selectors.account_summary`` (balance, holds, available, burn per hour), the policy
         that applies (``billing.admission.policy_for``) and ``billing.selectors.ledger_list`` newest first, paged by
         ``?p=`` (a constant number of queries per page)."""
-        from clusters.models import Cluster
-
         user = request.user
         summary = selectors.account_summary(user)
         policy = admission.policy_for(user)

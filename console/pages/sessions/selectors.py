@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db.models import DecimalField, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
+from audit.models import AuditRecord
 from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
 from clusters.models import Cluster
 from sessions.models import Session, SuggestedImage
@@ -96,7 +97,5 @@ def start_volumes(*, owner) -> list[Volume]:
 def stopped_by(session: Session) -> str:
     """Who asked ``session`` to stop: the actor of its first ``session_stop`` audit row (``console:alice``,
     ``api:bob``, ``beat:sessions.idle``...), or "" when nobody did (it ended by itself, or is live). One query."""
-    from audit.models import AuditRecord
-
     return (AuditRecord.objects.filter(object_type="session", object_id=session.public_id, action=AuditRecord.Action.SESSION_STOP)
             .order_by("at", "pk").values_list("actor", flat=True).first() or "")

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from audit.context import command_actor
 from core.home import gshare_home
 from demo import fleet
+from demo.bare_cluster import check_name
 from demo.runner import DemoError, DemoOptions, run_demo
 
 
@@ -45,8 +46,6 @@ class Command(BaseCommand):
     def handle(self, *args, port: int, state_file: Path | None, smoke: bool, inventory_interval: int,
                bare_clusters: list[str], idle_timeout: int | None, gateway_cluster: str | None,
                **options):  # noqa: D102
-        from demo.bare_cluster import check_name
-
         try:
             for name in bare_clusters:
                 check_name(name)
