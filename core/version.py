@@ -1,7 +1,7 @@
 """The gShare release this checkout is: one number for the control plane, the operator and both charts.
 
 ``GSHARE_VERSION`` equals ``appVersion`` of ``charts/gshare`` and ``charts/gshare-operator`` and
-``operator_agent.__version__`` (tests/gshare/test_version.py holds them together). Two gShare installations
+``operator_agent.__version__`` (tests/core/test_version.py holds them together). Two gShare installations
 can work together when their major and minor numbers agree and they speak the same operator contract
 (``contract.GSHARE_API_VERSION``): see :func:`compatible`.
 """

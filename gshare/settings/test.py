@@ -9,7 +9,7 @@ GSHARE_PROBE_TIMEOUT = env.float("GSHARE_TEST_PROBE_TIMEOUT", default=3.0)  # ra
 GSHARE_JWT_KEY_BITS = 2048
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The internal plane answers on loopback, on pytest-django's live server (http://localhost:<port>) and on the
-# test client's host; tests of the public side send another Host (tests/gshare/test_internal_hosts.py).
+# test client's host; tests of the public side send another Host (tests/core/test_internal_hosts.py).
 GSHARE_INTERNAL_HOSTS = env.list("GSHARE_INTERNAL_HOSTS", default=["127.0.0.1", "[::1]", "localhost", "testserver"])
 # Admission (billing/admission.py): users without a Policy row start sessions on any non-negative balance here
 # (production default: 1 hour of the requested resources), so tests that are not about credits need no grants.

@@ -14,7 +14,7 @@ shrinking deadline. Left out, and only these:
 * operations that make the control plane dial an address taken from the request body: registering a cluster,
   changing its kubeconfig (``PATCH /api/v1/clusters/{id}``) and the connection test. Fuzzed kubeconfigs name
   arbitrary hosts, so these would resolve and dial addresses off this machine; their hostile input is covered
-  by tests/clusters/test_kubeconfig*.py and tests/gshare/test_hostile_input.py.
+  by tests/clusters/test_kubeconfig*.py and tests/core/test_hostile_input.py.
 """
 
 from __future__ import annotations
