@@ -8,7 +8,7 @@
   reports 1 of 2 updated) and ``gpu-h20-01`` (8x NVIDIA H20-3e, mig) with the 9-field v2.5-v2.7 one.
 
 lab-c2 is in ``gateway-api`` routing mode by default (``GATEWAY_CLUSTER_DEFAULT``; Envoy Gateway, its CRDs and the
-session Gateway, ``demo.fleet_routing``), lab-c1 in ``ingress-nginx`` mode.
+session Gateway, ``demo.fleet_gateway_api``), lab-c1 in ``ingress-nginx`` mode.
 
 Each cluster also has one control-plane node without ``gpu=on``, the namespaces ``default``, ``kube-system``,
 ``gshare-system``, ``gshare-sessions`` (where the control plane applies ``GShareSession`` objects) and
@@ -57,7 +57,7 @@ from contract import (
     ROUTING_INGRESS_NGINX,
     SESSION_NAMESPACE_DEFAULT,
 )
-from demo.fleet_routing import gateway_objects
+from demo.fleet_gateway_api import gateway_objects
 from operator_agent.hami import decode_node_register
 from operator_agent.inventory import device_to_snapshot
 
@@ -282,7 +282,7 @@ class ClusterSpec:
             is left untainted, as its docs suggest for small clusters).
         storage_segments: ``(topology zone, capacity quantity)`` of each CSIStorageCapacity object the shared NFS
             pool's democratic-csi controller publishes on this cluster for ``STORAGE_CLASS``.
-        routing: how sessions are reached by default (``gateway-api``: Envoy Gateway, ``demo.fleet_routing``;
+        routing: how sessions are reached by default (``gateway-api``: Envoy Gateway, ``demo.fleet_gateway_api``;
             ``ingress-nginx``); the demo's ``--gateway-cluster`` overrides it.
     """
 
@@ -494,7 +494,7 @@ def node_object(cluster: ClusterSpec, node: NodeSpec, index: int) -> dict[str, A
     status["addresses"] = [{"type": "InternalIP", "address": node.internal_ip},
                            {"type": "Hostname", "address": node.name}]
     if node.name == cluster.ingress_node:
-        # The demo's ingress (demo/ingress.py) listens on loopback, where its session domains (``*.localhost``)
+        # The demo's ingress (demo/ingress_nginx.py) listens on loopback, where its session domains (``*.localhost``)
         # resolve: the operator's session_domain_resolves check compares the two.
         status["addresses"].append({"type": "ExternalIP", "address": "127.0.0.1"})
     status["nodeInfo"].update({"kubeletVersion": version, "kubeProxyVersion": version})
@@ -697,7 +697,7 @@ def cluster_objects(name: str, *, with_session_crd: bool = True, routing: str | 
         with_session_crd: False leaves the ``GShareSession`` CRD out (a cluster the operator chart was not
             installed on yet).
         routing: ``gateway-api`` adds the Gateway API and Envoy Gateway CRDs, Envoy Gateway's Deployment, the
-            GatewayClass and the session Gateway (``demo.fleet_routing.gateway_objects``); None: the cluster's own
+            GatewayClass and the session Gateway (``demo.fleet_gateway_api.gateway_objects``); None: the cluster's own
             ``ClusterSpec.routing``.
 
     Returns:

@@ -6,7 +6,7 @@ with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registratio
 ``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
 least-privilege ServiceAccount token (``attach.credential``, made with the emulator's admin token), the web
 server (gunicorn behind nginx, ``gshare.front_proxy``), a Celery worker and beat, one real operator process per cluster with a
-token minted for it, and the clusters' ingress (``demo.ingress``: what ingress-nginx does for the
+token minted for it, and the clusters' ingress (``demo.ingress_nginx``: what ingress-nginx does for the
 session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
 ``--gateway-cluster``, lab-c2 by default; on ``http://<cluster>.gshare.localhost:<ingress port>``, in front of a
 stand-in page for each session pod). It then waits until every cluster's inventory has arrived through its
@@ -359,7 +359,7 @@ def run_demo(options: DemoOptions) -> dict:
             {"name": spec.name, "session_domain": cluster.session_domain, "kubeconfig": str(kubeconfig_path)}
             for spec, cluster, kubeconfig_path, _ in clusters
         ] + bare.ingress_entries()}, indent=2))
-        group.start("ingress", python_argv("-m", "demo.ingress", "--config", str(ingress_config), "--port", str(ingress_port),
+        group.start("ingress", python_argv("-m", "demo.ingress_nginx", "--config", str(ingress_config), "--port", str(ingress_port),
                                            "--ready-file", str(ingress_ready)),
                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=settings.BASE_DIR)
         ingress_url = _wait_for_file(ingress_ready, "the clusters' ingress", group)["url"]

@@ -1,7 +1,7 @@
 """The demo's stand-in for a session pod: a small HTML page about the session behind an Ingress backend.
 
 A cluster's ingress proxies ``/s/<session id>/...`` to the session Service and its pod (JupyterLab in the
-real image). The emulator runs no containers, so the demo ingress (``demo.ingress``) answers for the pod
+real image). The emulator runs no containers, so the demo ingress (``demo.ingress_nginx``) answers for the pod
 with this page, built from what the emulated apiserver holds: the Service the Ingress names, the Running
 Pod it selects (node, HAMi's GPU allocation, volume mounts) and the ``GShareSession`` (owner, volume sizes).
 No Django here: the ingress runs as its own process.
@@ -18,7 +18,7 @@ from contract import SESSION_ID_LABEL
 from operator_agent.hami import HamiDecodeError
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION, decode_pod_devices
 
-#: ``get(path) -> JSON dict`` on one emulated apiserver (``demo.ingress.ClusterApi.get``), None on 404.
+#: ``get(path) -> JSON dict`` on one emulated apiserver (``demo.ingress_nginx.ClusterApi.get``), None on 404.
 Getter = Callable[[str], "dict[str, Any] | None"]
 
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from core import instruments
-from metrics.inventory import inventory_exposition
+from metrics.fleet import inventory_exposition
 
 
 def _counters() -> bytes:

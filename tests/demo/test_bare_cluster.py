@@ -22,7 +22,7 @@ import yaml
 from demo import bare_cluster, fleet
 from demo.bare_demo import BareClusters, attach_command
 from demo.charts import ChartRepository, chart_versions
-from demo.ingress import ClusterApi
+from demo.ingress_nginx import ClusterApi
 from operator_agent.hami import decode_node_register
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The demo ingress in Gateway API mode (``demo.gateway``): a cluster's HTTPRoutes, SecurityPolicies and Backends, as
+"""The demo ingress in Gateway API mode (``demo.envoy_proxy``): a cluster's HTTPRoutes, SecurityPolicies and Backends, as
 the operator writes them per session, served as Envoy configured by Envoy Gateway v1.9.0 would.
 
 Path of every request: test client -> the demo ingress on loopback (routes listed from an emulated apiserver that holds
@@ -20,8 +20,8 @@ import yaml
 
 from contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT
 from demo.emulator import EmulatedCluster
-from demo.gateway import GatewayTable, envoy_path
-from demo.ingress import ClusterApi, ClusterIngress, DemoIngress
+from demo.envoy_proxy import GatewayTable, envoy_path
+from demo.ingress_nginx import ClusterApi, ClusterIngress, DemoIngress
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "lab-c2.gshare.localhost"

@@ -1,4 +1,4 @@
-"""The demo ingress (``demo.ingress``): a session's connect link opened through it as through ingress-nginx.
+"""The demo ingress (``demo.ingress_nginx``): a session's connect link opened through it as through ingress-nginx.
 
 Path of every request: test client -> the demo ingress on loopback (host and path routing from the emulated
 cluster's Ingress objects, made by a real operator process) -> ``auth-url`` subrequest to the live server's
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from clusters import services as cluster_services
-from demo.ingress import ClusterApi, ClusterIngress, DemoIngress
+from demo.ingress_nginx import ClusterApi, ClusterIngress, DemoIngress
 from sessions import connect
 from tests.helpers import kubeconfig_text, wait_for
 
@@ -186,7 +186,7 @@ def test_the_command_line_serves_the_clusters_of_its_config(tmp_path, fleet_clus
     config.write_text(json.dumps({"clusters": [{"name": "lab-c2", "session_domain": "lab-c2.gshare.localhost",
                                                 "kubeconfig": str(kubeconfig_path)}]}))
     ready = tmp_path / "ready.json"
-    process = subprocess.Popen([sys.executable, "-m", "demo.ingress", "--config", str(config), "--port", "0", "--ready-file", str(ready)],
+    process = subprocess.Popen([sys.executable, "-m", "demo.ingress_nginx", "--config", str(config), "--port", "0", "--ready-file", str(ready)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(ready.exists, timeout=20, what="ready file")
@@ -207,7 +207,7 @@ def test_host_header_with_a_path_does_not_open_another_session(http, demo_stack,
     ingress, host, (mine, other) = demo_stack["ingress"], demo_stack["host"], demo_stack["sessions"]
     query = urlsplit(link_of(http, mine)).query
     token = query.split("token=", 1)[1]
-    caplog.set_level(logging.INFO, logger="demo.ingress")
+    caplog.set_level(logging.INFO, logger="demo.ingress_nginx")
     smuggled_host = f"{host}/s/{mine['id']}/?{query}&"
     status, _, body = raw_get(ingress, smuggled_host, f"/s/{other['id']}/")
     assert status == 400 and other["id"] not in body, (status, body[:300])

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from demo import ingress as demo_ingress
-from demo.ingress import DemoIngress
+from demo import ingress_nginx as demo_ingress
+from demo.ingress_nginx import DemoIngress
 
 
 @pytest.fixture

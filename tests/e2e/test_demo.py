@@ -202,7 +202,7 @@ def test_two_smoke_runs_in_a_row_in_one_checkout_both_pass(tmp_path):
 def _ingress_process(demo: subprocess.Popen) -> psutil.Process | None:
     for process in psutil.Process(demo.pid).children(recursive=True):
         try:
-            if process.cmdline()[1:3] == ["-m", "demo.ingress"] and process.status() != psutil.STATUS_ZOMBIE:
+            if process.cmdline()[1:3] == ["-m", "demo.ingress_nginx"] and process.status() != psutil.STATUS_ZOMBIE:
                 return process
         except (psutil.NoSuchProcess, IndexError):
             continue

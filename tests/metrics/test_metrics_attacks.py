@@ -8,7 +8,7 @@ import socket
 import pytest
 from django.core.cache import cache
 
-from metrics.inventory import CACHE_KEY
+from metrics.fleet import CACHE_KEY
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 from tests.metrics.test_gunicorn_multiprocess import gunicorn  # noqa: F401  (the fixture: the api under real gunicorn)
 

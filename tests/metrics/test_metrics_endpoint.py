@@ -16,7 +16,7 @@ from billing.models import CreditAccount, LedgerEntry
 from clusters.models import Cluster
 from core import instruments
 from core.exceptions import Conflict
-from metrics.inventory import CACHE_KEY, QUERIES
+from metrics.fleet import CACHE_KEY, QUERIES
 from sessions import create, placement
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory
 from tests.metrics.promtool import check

@@ -9,7 +9,7 @@
 * ``volumes`` -- kube-controller-manager's PersistentVolume controller and a CSI driver's external-provisioner;
 * ``tokens`` -- kube-controller-manager's tokens controller, filling ServiceAccount token Secrets;
 * ``envoy_gateway`` -- Envoy Gateway's controller: the status of GatewayClasses, Gateways and HTTPRoutes (the demo
-  ingress, ``demo/ingress.py``, does the routing).
+  ingress, ``demo/ingress_nginx.py``, does the routing).
 
 Stand-ins still to come go here too, one module each.
 

@@ -20,7 +20,7 @@ messages Envoy Gateway writes (``internal/gatewayapi/status`` and its translator
 Every condition carries the object's ``metadata.generation`` as ``observedGeneration``; ``lastTransitionTime``
 changes only when a condition's status does. Nothing is written while the Deployment is absent: a Gateway then keeps
 whatever status it had (none, for a new one), as with a stopped controller. No Envoy proxy is run: routing the
-requests is the demo ingress's (``demo/ingress.py``).
+requests is the demo ingress's (``demo/ingress_nginx.py``).
 """
 
 from __future__ import annotations

@@ -37,12 +37,12 @@ same Ingress against a real nginx rendered that way, ``tests/e2e/nginx.py``):
 
 A host some HTTPRoute of the cluster serves (Gateway API ``gateway-api`` routing: ``HTTPRoute``, Envoy Gateway's
 ``SecurityPolicy`` with ``extAuth.http`` and ``Backend``, listed with the Ingresses) is answered as Envoy configured by
-Envoy Gateway would instead: path normalisation, routing and the ext_authz check are ``demo.gateway``'s.
+Envoy Gateway would instead: path normalisation, routing and the ext_authz check are ``demo.envoy_proxy``'s.
 
 Request lines are logged without their query string, and the Host as its valid host name only: a connect link's
 ``?token=`` is a secret.
 
-Run it: ``python -m demo.ingress --config ingress.json --port 0 --ready-file ready.json`` with
+Run it: ``python -m demo.ingress_nginx --config ingress.json --port 0 --ready-file ready.json`` with
 ``{"clusters": [{"name", "session_domain", "kubeconfig"}]}`` (the kubeconfig file of each emulated cluster).
 """
 
@@ -70,11 +70,11 @@ from urllib.parse import urlsplit
 import requests
 import yaml
 
-from demo import gateway as gateway_routing
+from demo import envoy_proxy as gateway_routing
 from demo import session_page
 from sessions.connect_path import host_of_authority, nginx_uri
 
-logger = logging.getLogger("demo.ingress")
+logger = logging.getLogger("demo.ingress_nginx")
 
 NGINX = "nginx.ingress.kubernetes.io/"
 AUTH_URL = NGINX + "auth-url"
@@ -177,7 +177,7 @@ class ClusterIngress:
     error: str = ""
 
     def refresh(self) -> None:
-        """List the cluster's Ingress objects and its Gateway API and Envoy Gateway objects (``demo.gateway``), and
+        """List the cluster's Ingress objects and its Gateway API and Envoy Gateway objects (``demo.envoy_proxy``), and
         rebuild its routes (kept as they were when a list fails)."""
         try:
             listed = self.api.get("/apis/networking.k8s.io/v1/ingresses") or {}
@@ -571,7 +571,7 @@ def clusters_from_config(config: dict[str, Any]) -> list[ClusterIngress]:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve the demo ingress until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m demo.ingress", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo.ingress_nginx", description=main.__doc__)
     parser.add_argument("--config", required=True, help='JSON file: {"clusters": [{"name", "session_domain", "kubeconfig"}]}')
     parser.add_argument("--port", type=int, required=True, help="TCP port on 127.0.0.1 (0: a free one, see --ready-file)")
     parser.add_argument("--ready-file", help='write {"url", "port", "pid"} here once serving')

@@ -1,9 +1,9 @@
 """The demo's Envoy Gateway: what an Envoy proxy configured by Envoy Gateway v1.9.0 does for gShare's session
-``HTTPRoute``, ``SecurityPolicy`` (``extAuth.http``) and ``Backend``, for the demo ingress (``demo.ingress``).
+``HTTPRoute``, ``SecurityPolicy`` (``extAuth.http``) and ``Backend``, for the demo ingress (``demo.ingress_nginx``).
 
 A cluster in ``gateway-api`` routing mode has, per session, an ``HTTPRoute`` (``gateway.networking.k8s.io/v1``) on the
 cluster's Gateway, and a ``SecurityPolicy`` targeting it whose HTTP ext_authz service is a ``Backend``
-(``gateway.envoyproxy.io/v1alpha1``) pointing at the control plane. ``demo.ingress`` lists them from each emulated
+(``gateway.envoyproxy.io/v1alpha1``) pointing at the control plane. ``demo.ingress_nginx`` lists them from each emulated
 apiserver (``GatewayTable.list``) next to the Ingresses; a host some HTTPRoute names is served here, any other host
 the ingress-nginx way (a cluster is in one mode at a time).
 
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-logger = logging.getLogger("demo.gateway")
+logger = logging.getLogger("demo.envoy_proxy")
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 ENVOY_GROUP = "gateway.envoyproxy.io"
@@ -80,7 +80,7 @@ _DOT_PARAMETERS = re.compile(r"(?<=/)(\.\.?);[^/]*")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
                "content-length", "host"}
 
-#: ``get(path) -> JSON dict`` on one emulated apiserver (``demo.ingress.ClusterApi.get``), None on 404.
+#: ``get(path) -> JSON dict`` on one emulated apiserver (``demo.ingress_nginx.ClusterApi.get``), None on 404.
 Getter = Callable[[str], "dict[str, Any] | None"]
 #: What an answer is: ``(status, [(header, value)...], body)``.
 Reply = tuple[int, list[tuple[str, str]], bytes]
