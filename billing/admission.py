@@ -1,5 +1,5 @@
 """Admission: who may start a session (credits, quota, clusters). Stopping the sessions of accounts that ran out
-of credits is ``billing.overdrawn`` (it drives ``sessions.services``, which calls this module: dependencies run one way).
+of credits is ``sessions.overdrawn`` (sessions sits above billing: it calls this module, never the other way).
 
 Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
@@ -17,7 +17,7 @@ Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
 Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
 credit account → the chosen cluster → volumes (primary-key order) in ``session_create``; credit
-accounts (primary-key order) → session rows in ``billing.overdrawn.overdrawn_sessions_stop``.
+accounts (primary-key order) → session rows in ``sessions.overdrawn.overdrawn_sessions_stop``.
 
 Money:
     hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so

@@ -71,7 +71,7 @@ def credits_last_until(*, balance: Decimal, accrued: Decimal, burn_per_hour: Dec
     """When ``balance − accrued`` runs out at ``burn_per_hour`` credits per hour from ``now`` (the account's runway).
 
     Holds are not subtracted: they are a margin admission keeps for new sessions, not credits the running sessions
-    spend; the stop at zero (``billing.overdrawn``) judges ``balance − accrued``, so this is when it would stop them
+    spend; the stop at zero (``sessions.overdrawn``) judges ``balance − accrued``, so this is when it would stop them
     if nothing else changed.
 
     Args:
