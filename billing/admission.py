@@ -1,5 +1,5 @@
 """Admission: who may start a session (credits, quota, clusters). Stopping the sessions of accounts that ran out
-of credits is ``billing.overdrawn`` (it drives ``sessions.services``, which calls this module: dependencies run one way).
+of credits is ``sessions.overdrawn`` (sessions sits above billing: it calls this module, never the other way).
 
 Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
@@ -17,7 +17,7 @@ Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
 Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
 credit account → the chosen cluster → volumes (primary-key order) in ``session_create``; credit
-accounts (primary-key order) → session rows in ``billing.overdrawn.overdrawn_sessions_stop``.
+accounts (primary-key order) → session rows in ``sessions.overdrawn.overdrawn_sessions_stop``.
 
 Money:
     hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so
@@ -52,7 +52,6 @@ from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExce
 from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, Policy
 from clusters.models import Cluster
 from core.prepared import statement_cursor
-from sessions.models import Session
 
 #: How a console user stops a session (the console shows ``console_detail``; the API's sentence names the call).
 CONSOLE_STOP = "the Stop button on its page under My sessions"
@@ -185,8 +184,7 @@ class _Live:
 def _live_sessions(user) -> list[_Live]:
     """The user's live sessions with the models and memory of their reserved GPUs (one query)."""
     rows = (
-        Session.objects.filter(owner_id=user.pk)
-        .exclude(phase__in=Session.TERMINAL_PHASES)
+        user.gpu_sessions.live()
         .values_list("pk", "gpus", "gpu_memory_mib", "gpu_cores", "allocations__device__model", "allocations__device__memory_mib")
         .order_by("pk")
     )
@@ -316,7 +314,7 @@ class AdmissionState:
     models: list[tuple[str, int]]
 
 
-def admission_read(*, user, scope: list[int] | None) -> AdmissionState:
+def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ...]) -> AdmissionState:
     """Read in one query what ``admission_clusters`` and ``admission_check`` decide on for ``user``.
 
     Call it holding the user's ``account_lock`` (the live sessions are read after that lock, so none committed by
@@ -327,13 +325,15 @@ def admission_read(*, user, scope: list[int] | None) -> AdmissionState:
         scope: the cluster pks the request is limited to before its policy (pinned, volumes), or None (any). The
             candidates priced are those of them that take sessions (connected, with a session domain) and that the
             policy allows: the same as ``admission_clusters`` and ``session_create`` give ``admission_check``.
+        ended_phases: the phases of a session that ended (``Session.TERMINAL_PHASES``): the user's sessions in any
+            other phase are live. The caller names them because sessions sits above billing.
 
     Returns:
         An ``AdmissionState`` (the same values as ``policy_for``, ``_live_sessions``, ``_prices_and_models``).
     """
     fallback = settings_policy()
     params = {"user": user.pk, "scope": _int_list(scope), "default_hours": fallback.min_balance_hours,
-              "ended": list(Session.TERMINAL_PHASES)}
+              "ended": list(ended_phases)}
     with statement_cursor() as cursor:
         cursor.execute(_ADMISSION_QUERY, params)
         (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, allowed, ids, gpus, memories, cores,

@@ -40,12 +40,14 @@ import contract
 from billing import periods, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, HeldGpu, UsageSample
 from clusters.models import GpuDevice
-from sessions.models import Session
 
 logger = logging.getLogger(__name__)
 
 #: ``sample_id`` prefix of gap rows; ``billing.usage.parse_samples`` refuses it from operators.
 GAP_PREFIX = contract.USAGE_RESERVED_ID_PREFIX
+
+#: The sessions' table, reached through billing's own relation (sessions sits above billing).
+_SESSION_TABLE = HeldGpu._meta.get_field("session").related_model._meta.db_table
 
 #: Records the reservations a release deletes as ``HeldGpu`` rows: a data-modifying CTE for the release's ``DELETE``
 #: (``sessions.services``), which names the deleted rows ``{released}`` with columns ``session_id`` and ``device_id``;
@@ -53,7 +55,7 @@ GAP_PREFIX = contract.USAGE_RESERVED_ID_PREFIX
 RECORD_RELEASED = f"""
     INSERT INTO {HeldGpu._meta.db_table} (session_id, device_uuid, gpu_model, memory_mib, held_from, held_until)
     SELECT r.session_id, d.uuid, d.model, d.memory_mib, s.created_at, GREATEST(s.created_at, COALESCE(s.ended_at, now()))
-      FROM {{released}} r JOIN {GpuDevice._meta.db_table} d ON d.id = r.device_id JOIN {Session._meta.db_table} s ON s.id = r.session_id
+      FROM {{released}} r JOIN {GpuDevice._meta.db_table} d ON d.id = r.device_id JOIN {_SESSION_TABLE} s ON s.id = r.session_id
     ON CONFLICT (session_id, device_uuid) DO NOTHING"""
 
 #: Per session and GPU, the stored samples' windows merged (``range_agg``) and cut to the held interval.

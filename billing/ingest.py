@@ -37,7 +37,6 @@ from clusters.models import Cluster, GpuDevice
 from contract import FORBIDDEN_CLUSTER_SCOPE
 from core import instruments
 from core.exceptions import ApplicationError, Forbidden
-from sessions.models import Allocation, Session
 
 logger = logging.getLogger(__name__)
 
@@ -271,6 +270,11 @@ def _update_accounts(cursor, changed: list[_Account]) -> None:
                                       _array(c.accrued for c in changed), _array(c.below_zero_since for c in changed)])
 
 
+#: The sessions' tables (the sessions and their GPU reservations), reached through billing's own relation
+#: ``UsageSample.session`` (sessions sits above billing).
+_SESSION_TABLE = UsageSample._meta.get_field("session").related_model._meta.db_table
+_ALLOCATION_TABLE = UsageSample._meta.get_field("session").related_model._meta.get_field("allocations").related_model._meta.db_table
+
 #: The batch's sessions, each with the GPUs it holds: those placement reserved for it (``Allocation``, released when
 #: it ends) and those HAMi gave its Pod as the operator reported them (``Session.devices``, kept after it ends). Set-based
 #: (one join and one aggregate for all of them), not a subquery per session: its cost must not depend on the planner
@@ -278,10 +282,10 @@ def _update_accounts(cursor, changed: list[_Account]) -> None:
 _SESSIONS = f"""
     WITH s AS MATERIALIZED (
         SELECT id, public_id, cluster_id, owner_id, gpu_memory_mib, gpu_cores, created_at, ended_at, devices
-          FROM {Session._meta.db_table} WHERE public_id = ANY(%s::text[])
+          FROM {_SESSION_TABLE} WHERE public_id = ANY(%s::text[])
     ), held AS (
         SELECT session_id, array_agg(DISTINCT uuid) AS uuids
-          FROM (SELECT a.session_id, d.uuid FROM {Allocation._meta.db_table} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
+          FROM (SELECT a.session_id, d.uuid FROM {_ALLOCATION_TABLE} a JOIN {GpuDevice._meta.db_table} d ON d.id = a.device_id
                  WHERE a.session_id IN (SELECT id FROM s)
                 UNION ALL
                 SELECT s.id, jsonb_array_elements_text(CASE jsonb_typeof(s.devices) WHEN 'array' THEN s.devices ELSE '[]' END) FROM s) h

@@ -28,6 +28,10 @@ def credit_field(**kwargs) -> models.DecimalField:
     return models.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, **kwargs)
 
 
+#: The largest volume quota, pool capacity or ``Policy.max_volume_gb``, GiB, whose size in bytes (1 GiB = 1024**3 bytes)
+#: still fits a bigint column.
+MAX_CAPACITY_GB = (2**63 - 1) // 1024**3
+
 #: The default of ``Policy.max_volume_gb`` (and of ``GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB`` without a policy row), GiB.
 DEFAULT_MAX_VOLUME_GB = 500
 

@@ -18,7 +18,7 @@ there is at most one per session and period (``ledger_one_charge_per_session_per
 the number of samples it covers and their first start and last end; its amount is the exact sum of their costs.
 
 ``balance − accrued`` is exact to the sample at every moment: admission (``billing.admission``), the stop at zero
-(``billing.overdrawn``) and ``below_zero_since`` judge it. Every writer of accruals and period charges holds the
+(``sessions.overdrawn``) and ``below_zero_since`` judge it. Every writer of accruals and period charges holds the
 owner's account row lock (``SELECT ... FOR UPDATE``), so the accrual and the balance move together.
 """
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 
-from django.db.models import Count, Min, Prefetch, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from billing import admission, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, LedgerEntry
 from clusters.models import Cluster, GpuDevice
-from sessions.models import Allocation, Session
 
 _ZERO = Decimal(0).quantize(CREDITS)
 
@@ -26,17 +25,13 @@ def account_of(user) -> CreditAccount:
     return CreditAccount.objects.filter(user_id=user.pk).first() or CreditAccount(user=user, balance=_ZERO, accrued=_ZERO)
 
 
-def _with_devices(sessions: QuerySet[Session]) -> QuerySet[Session]:
-    return sessions.prefetch_related(Prefetch("allocations", queryset=Allocation.objects.select_related("device").order_by("pk")))
-
-
-def session_hourly_cost(session: Session, prices: dict[str, Decimal] | None = None) -> Decimal:
+def session_hourly_cost(session, prices: dict[str, Decimal] | None = None) -> Decimal:
     """Credits per hour ``session`` costs: Σ over its reserved GPUs of ``share × price`` of the GPU's model (each
     term rounded to 0.000001 credits); with no reservation, ``gpus × share × the default price`` (a shared request's
     share then counts the whole GPU when it asks for memory: ``pricing.gpu_share`` with an unknown device).
 
     Args:
-        session: a ``Session``; prefetch ``allocations__device`` when pricing many (else two queries each).
+        session: a ``sessions.models.Session``; prefetch ``allocations__device`` when pricing many (else two queries each).
         prices: a ``pricing.prices_by_model()`` result to reuse; None reads it (one query).
     """
     if prices is None:
@@ -57,7 +52,7 @@ def burn_rate(user, prices: dict[str, Decimal] | None = None) -> Decimal:
     """Credits per hour ``user``'s Running sessions cost now (Σ ``session_hourly_cost``). Three queries at most."""
     if prices is None:
         prices = pricing.prices_by_model()
-    running = _with_devices(Session.objects.filter(owner_id=user.pk, phase=Session.Phase.RUNNING).order_by("pk"))
+    running = user.gpu_sessions.running().order_by("pk").with_devices()
     return sum((session_hourly_cost(s, prices) for s in running), _ZERO)
 
 
@@ -71,7 +66,7 @@ def credits_last_until(*, balance: Decimal, accrued: Decimal, burn_per_hour: Dec
     """When ``balance − accrued`` runs out at ``burn_per_hour`` credits per hour from ``now`` (the account's runway).
 
     Holds are not subtracted: they are a margin admission keeps for new sessions, not credits the running sessions
-    spend; the stop at zero (``billing.overdrawn``) judges ``balance − accrued``, so this is when it would stop them
+    spend; the stop at zero (``sessions.overdrawn``) judges ``balance − accrued``, so this is when it would stop them
     if nothing else changed.
 
     Args:

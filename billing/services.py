@@ -27,10 +27,9 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
-from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, MAX_CAPACITY_GB, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from clusters.models import Cluster
 from core.exceptions import ApplicationError, NotFound
-from storage.models import MAX_CAPACITY_GB
 
 logger = logging.getLogger(__name__)
 

@@ -4,18 +4,9 @@ import logging
 
 from celery import shared_task
 
-from billing import overdrawn, periods, storage_charges
+from billing import periods, storage_charges
 
 logger = logging.getLogger(__name__)
-
-
-@shared_task(name="billing.stop_overdrawn_sessions", ignore_result=True)
-def stop_overdrawn_sessions() -> int:
-    """Stop the sessions of accounts below zero past their policy's grace (beat: every 60 s; idempotent)."""
-    stopped = overdrawn.overdrawn_sessions_stop()
-    if stopped:
-        logger.info("credits: stopped %d session(s) of accounts below zero past their grace", stopped)
-    return stopped
 
 
 @shared_task(name="billing.close_billing_periods", ignore_result=True)

@@ -276,7 +276,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         if replayed is not None:
             return replayed, False
     # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
-    state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None))
+    state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None),
+                                     ended_phases=Session.TERMINAL_PHASES)
     policy = state.policy
     try:
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)

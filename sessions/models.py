@@ -9,6 +9,24 @@ from django.db.models import Q
 from core.ids import new_session_id
 
 
+class SessionQuerySet(models.QuerySet):
+    """Sessions by where they stand. Billing and storage sit below sessions and reach these through their relations
+    (``user.gpu_sessions.live()``, ``volume.sessions.live()``): a related manager has the default manager's methods."""
+
+    def live(self) -> SessionQuerySet:
+        """The sessions that have not ended (neither Terminated nor Failed): they hold their GPUs, volumes and credits."""
+        return self.exclude(phase__in=Session.TERMINAL_PHASES)
+
+    def running(self) -> SessionQuerySet:
+        """The Running sessions (what their usage costs now: ``billing.selectors.burn_rate``)."""
+        return self.filter(phase=Session.Phase.RUNNING)
+
+    def with_devices(self) -> SessionQuerySet:
+        """With each session's GPU reservations (``allocations``, primary-key order) and their devices prefetched:
+        two queries in all, however many sessions."""
+        return self.prefetch_related(models.Prefetch("allocations", queryset=Allocation.objects.select_related("device").order_by("pk")))
+
+
 class Session(models.Model):
     """An interactive GPU session: a pod on one cluster, reached at that cluster's ``session_domain``.
 
@@ -32,6 +50,8 @@ class Session(models.Model):
         FAILED = "Failed"
 
     TERMINAL_PHASES = (Phase.TERMINATED, Phase.FAILED)
+
+    objects = SessionQuerySet.as_manager()
 
     class StopReason(models.TextChoices):
         REQUESTED = "requested", "on request"

@@ -240,7 +240,7 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_
         session: the session.
         reason: why it is stopped, written as its ``message`` and kept through Terminated (status reports do not
             replace the message of a Stopping session): "Stopped on request." by default; the credits task
-            (``billing.overdrawn.overdrawn_sessions_stop``) says the credits ran out, the idle policy
+            (``sessions.overdrawn.overdrawn_sessions_stop``) says the credits ran out, the idle policy
             (``sessions.idle``) names itself and the last activity.
         stop_reason: ``Session.StopReason`` (``requested``, ``credits``, ``idle``), kept as ``stop_reason``.
 

@@ -5,7 +5,7 @@ import logging
 from celery import Task, shared_task
 from django.conf import settings
 
-from sessions import activity, idle, reapply, services
+from sessions import activity, idle, overdrawn, reapply, services
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -121,3 +121,15 @@ def idle_enforce_task(cluster_pk: int | None = None) -> dict:
 def connections_flush_task() -> int:
     """Write the connections connect verify noted in Redis to the database (beat, every minute; ``sessions.activity``)."""
     return activity.connections_flush()
+
+
+# Registered under billing's name, which its beat schedule (billing/0002_stop_overdrawn_schedule) and the audit
+# trail's actor (``beat:billing.stop_overdrawn_sessions``) carry.
+@shared_task(name="billing.stop_overdrawn_sessions", ignore_result=True)
+def stop_overdrawn_sessions() -> int:
+    """Stop the sessions of accounts below zero past their policy's grace (beat: every 60 s; idempotent;
+    ``sessions.overdrawn.overdrawn_sessions_stop``)."""
+    stopped = overdrawn.overdrawn_sessions_stop()
+    if stopped:
+        logger.info("credits: stopped %d session(s) of accounts below zero past their grace", stopped)
+    return stopped

@@ -14,6 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from billing.models import MAX_CAPACITY_GB
 from clusters.models import dns_name_validator
 from core.ids import new_pool_id, new_volume_id
 
@@ -25,8 +26,6 @@ volume_name_validator = RegexValidator(
 )
 
 GIB = 1024**3
-#: The largest stated capacity or quota, GiB, whose size in bytes still fits a bigint column.
-MAX_CAPACITY_GB = (2**63 - 1) // GIB
 
 
 class StoragePool(models.Model):

@@ -40,7 +40,6 @@ from contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
 from core.exceptions import ApplicationError, Conflict, NotFound
 from kube import KubeError, KubeGateway, parse_quantity
 from kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
-from sessions.models import Session
 from storage.capacity import pool_clusters, pools_usability
 from storage.exceptions import VolumeDeleting
 from storage.models import Volume
@@ -179,10 +178,7 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
         raise NotFound(f"Volume {volume.public_id} was deleted.", code="volume_not_found")
     if volume.status == Volume.Status.DELETING:
         raise VolumeDeleting(f"Volume {volume.name} ({volume.public_id}) is being deleted: there is nothing left to move.")
-    live = (
-        Session.objects.filter(volumes=volume).exclude(phase__in=Session.TERMINAL_PHASES).order_by("pk")
-        .values_list("public_id", flat=True)[:3]
-    )
+    live = volume.sessions.live().order_by("pk").values_list("public_id", flat=True)[:3]
     if live:
         raise Conflict(
             f"Volume {volume.name} is mounted by live session(s) {', '.join(live)}: stop them (`DELETE /api/v1/sessions/<id>`), "

@@ -31,7 +31,6 @@ from clusters.probe import ClusterAuthFailed, ClusterUnreachable
 from core.exceptions import ApplicationError, Conflict, NotFound
 from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
-from sessions.models import Session
 from storage.capacity import CapacityResolution, PoolUsability, format_bytes, pools_capacity, pools_usability, registered_cluster_ids
 from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look
 from storage.capacity import pool_clusters as pool_clusters  # re-exported (placement imports it)
@@ -788,9 +787,7 @@ def _delete_begin(*, volume: Volume) -> tuple[Volume, str | None, bool]:
         return volume, None, False
     if volume.status == Volume.Status.MOVING:
         raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: delete it once the move is done.")
-    live = list(
-        Session.objects.filter(volumes=volume).exclude(phase__in=Session.TERMINAL_PHASES).order_by("pk").values_list("public_id", flat=True)[:6]
-    )
+    live = list(volume.sessions.live().order_by("pk").values_list("public_id", flat=True)[:6])
     if live:
         shown = ", ".join(live[:5]) + (", ..." if len(live) > 5 else "")
         raise VolumeInUse(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from billing.models import CREDIT_PLACES
+from billing.models import CREDIT_PLACES, MAX_CAPACITY_GB
 from billing.storage_charges import storage_pricing
 from core.api.fields import RefuseUnknownFieldsMixin, StrictIntegerField
-from storage.models import GIB, MAX_CAPACITY_GB, StoragePool, Volume
+from storage.models import GIB, StoragePool, Volume
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 CLUSTER_REF_HELP = "Cluster id (clu_...) or name"

@@ -1,5 +1,5 @@
-"""Stopping the sessions of accounts below zero once their policy's grace has passed (billing.stop_overdrawn_sessions),
-through the session service, against an emulated cluster of the demo fleet."""
+"""Stopping the sessions of accounts below zero once their policy's grace has passed (``sessions.overdrawn``, the beat
+task billing.stop_overdrawn_sessions), through the session service, against an emulated cluster of the demo fleet."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -9,10 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
-from billing import overdrawn, tasks
 from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
-from sessions import create, services
+from sessions import create, overdrawn, services, tasks
 from sessions.models import Allocation, Session
 
 pytestmark = pytest.mark.django_db

@@ -18,10 +18,11 @@ from django_celery_beat.models import PeriodicTask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing import admission, ingest, overdrawn, periods, pricing, tasks
+from billing import admission, ingest, periods, pricing, tasks
 from billing.exceptions import InsufficientCredits
 from billing.models import Accrual, CreditAccount, LedgerEntry, Price, UsageSample
 from billing.services import account_for, credit_grant
+from sessions import overdrawn
 from sessions.models import Session
 from tests.billing.books import assert_books, billed
 from tests.clock import period_text

@@ -333,7 +333,7 @@ def test_pool_on_a_deregistered_cluster_is_refused(http):
 
 
 def test_a_stated_capacity_beyond_a_bigint_is_refused_not_500(http):
-    from storage.models import MAX_CAPACITY_GB
+    from billing.models import MAX_CAPACITY_GB
 
     cluster = pool_cluster()
     response = http.post("/api/v1/storage/pools", json={"name": "huge", "cluster": cluster.public_id, "storage_class": "nfs-a",

@@ -1,8 +1,8 @@
-"""Stopping the sessions of accounts that ran out of credits: the billing workflow that drives the session service.
+"""Stopping the sessions of accounts that ran out of credits: a sessions workflow that reacts to billing's state.
 
-``billing.admission`` is what ``sessions.services`` calls while it creates a session; this module calls
-``sessions.services.session_stop``. Keeping the two apart lets dependencies run one way (sessions.services →
-billing.admission; billing.overdrawn → sessions.services), which ``.importlinter`` enforces.
+Billing keeps the balances and the policies' grace (``billing.admission``); stopping a session is the session service's
+(``sessions.services.session_stop``). Sessions sits above billing, so this workflow lives here and reads billing,
+never the other way (``.importlinter``'s layers).
 
 Lock order: credit accounts (primary-key order) → session rows (see ``billing.admission`` for admission's).
 """
