@@ -43,7 +43,7 @@ test-clock: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 	@bash hack/test-deps.sh shellcheck
 	shellcheck hack/*.sh
 

@@ -12,6 +12,7 @@ from django.db.models.functions import Coalesce
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from billing.models import MAX_CAPACITY_GB
 from billing.storage_charges import storage_pricing
 from clusters.models import Cluster
 from console.access import OwnObjectsAdmin, is_researcher
@@ -20,7 +21,7 @@ from console.scope import ClusterScopedAdmin
 from core.exceptions import ApplicationError
 from storage import selectors, services
 from storage.capacity import format_bytes, pools_usability
-from storage.models import GIB, MAX_CAPACITY_GB, NodeDisk, StorageCapacityReading, StoragePool, Volume
+from storage.models import GIB, NodeDisk, StorageCapacityReading, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
 
