@@ -12,8 +12,8 @@ import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.gpu_activity import ActivityReporter
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.activity import ActivityReporter
 from sessions.models import SessionActivity
 from tests.factories import ClusterFactory, SessionFactory
 from tests.helpers import serving

@@ -11,8 +11,8 @@ import pytest
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.gpu_activity import ActivityReporter
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.activity import ActivityReporter
 from tests import contract
 from tests.helpers import serving, wait_for
 from tests.operator_agent.test_gpu_activity import NS, StubControlPlane, by_session

@@ -21,8 +21,8 @@ from http.server import BaseHTTPRequestHandler
 import kubernetes.client
 import pytest
 
-from operator_agent.gpu_activity import run_activity
 from operator_agent.hami_monitor import MAX_EXPOSITION_BYTES, MAX_SERIES, MonitorParseError, parse_monitor
+from operator_agent.reporters.activity import run_activity
 from tests.operator_agent.hami_exposition import Series, exposition
 from tests.operator_agent.test_gpu_activity import (  # noqa: F401 (cluster, metrics_clock: the fixtures)
     GPU_A,

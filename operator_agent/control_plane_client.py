@@ -183,7 +183,7 @@ class ControlPlaneClient:
         self.clock = clock or ClockOffset()
 
     def put_inventory(self, snapshot: dict) -> dict:
-        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``, or a digest-only report
+        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.reporters.inventory``, or a digest-only report
         (``{"digest", "checks"?}``); return the response body.
 
         Raises:
@@ -195,7 +195,7 @@ class ControlPlaneClient:
         return self.request("PUT", INVENTORY_PATH, json_body=snapshot, quiet_codes=quiet)
 
     def post_storage(self, report: dict) -> dict:
-        """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.storage``; return the body.
+        """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.reporters.storage``; return the body.
 
         Raises:
             ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
@@ -203,7 +203,7 @@ class ControlPlaneClient:
         return self.request("POST", STORAGE_PATH, json_body=report)
 
     def post_usage(self, samples: list[dict]) -> dict:
-        """``POST /internal/v1/usage`` with a batch of usage samples (``operator_agent.usage``); return the body.
+        """``POST /internal/v1/usage`` with a batch of usage samples (``operator_agent.reporters.usage``); return the body.
 
         Raises:
             ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected (``body`` holds the ``index`` of a
@@ -212,7 +212,7 @@ class ControlPlaneClient:
         return self.request("POST", USAGE_PATH, json_body={"samples": samples})
 
     def post_activity(self, report: dict) -> dict:
-        """``POST /internal/v1/activity`` with the GPU activity report of ``operator_agent.gpu_activity``; return the body.
+        """``POST /internal/v1/activity`` with the GPU activity report of ``operator_agent.reporters.activity``; return the body.
 
         Args:
             report: ``{"sessions": [...]}`` as ``contract.ACTIVITY_SCHEMA`` describes.
