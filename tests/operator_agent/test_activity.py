@@ -3,7 +3,7 @@
 The apiserver is a real HTTP server on 127.0.0.1 (``tests.helpers.serving``) answering the official client's calls: the
 session Pods, HAMi's device-plugin Pods, and ``GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics``, the pod
 proxy URL ``CoreV1Api.connect_get_namespaced_pod_proxy_with_path`` sends, with answers the emulator's monitor never gives
-(garbage, a trickling body, a forbidden pod list; the emulator itself: ``test_gpu_activity_emulator``). The control
+(garbage, a trickling body, a forbidden pod list; the emulator itself: ``test_activity_emulator``). The control
 plane is another one taking ``POST /internal/v1/activity``. Every report is validated against
 ``contract.ACTIVITY_SCHEMA``.
 """
