@@ -1,10 +1,11 @@
 """The operator's Kubernetes gateway: the one operator module that talks to the ``kubernetes`` client and ``urllib3``.
 
-Every other operator module reaches the data-plane apiserver through what this module hands out (the API objects of
-``core_v1``, ``custom_objects``, ``storage_v1``), reads a refusal as ``ApiException`` (its ``status``: 404 absent,
-409 exists, 400/422 invalid, 403 RBAC), and a transport failure (no connection, TLS, a timeout, an answer cut off) as
-the one error ``KubeUnavailable``, raised by the ``apiserver_call`` block it wraps its calls in. The client factory
-(``kubernetes_api_client``: kubeconfig or in-cluster) stays in ``operator_agent.config``, with the settings it reads.
+Every other operator module reaches the data-plane apiserver through what this module hands out: the API objects
+(``core_v1``, ``custom_objects``, ``storage_v1``); ``ApiException`` for a refusal, whose ``status`` callers read (404
+absent, 409 exists, 400/422 invalid, 403 RBAC) and whose ``Status`` message ``api_message`` gives; and one error for a
+transport failure (no connection, TLS, a timeout, an answer cut off), ``KubeUnavailable``, raised by the
+``apiserver_call`` block each call site wraps its calls in. The client factory (``kubernetes_api_client``:
+kubeconfig or in-cluster) stays in ``operator_agent.config``, with the settings it reads.
 
 The import-linter contract ``operator-kube-gateway`` (``.importlinter``) keeps it so.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -27,6 +29,7 @@ __all__ = [
     "KubeUnavailable",
     "StorageV1Api",
     "V1Node",
+    "api_message",
     "apiserver_call",
     "core_v1",
     "custom_objects",
@@ -77,6 +80,17 @@ def apiserver_call() -> Iterator[None]:
     except _TRANSPORT_ERRORS as exc:
         raise KubeUnavailable(str(exc), kind=type(exc).__name__, timeout=isinstance(exc, _TIMEOUT_ERRORS),
                               timed_out=_timed_out(exc)) from exc
+
+
+def api_message(exc: ApiException) -> str:
+    """The ``message`` of the apiserver's ``Status`` error body, else the status and reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}"
 
 
 def core_v1(api_client: ApiClient) -> CoreV1Api:

@@ -45,7 +45,6 @@ from operator_agent.loop import repeat
 from operator_agent.manifests.session import MANAGED_BY, MANAGED_BY_LABEL
 from operator_agent.reporters.status import StatusReporter
 from operator_agent.sessions.reconciler import FIELD_MANAGER, SessionReconciler
-from operator_agent.sessions.routing_applier import api_message
 
 __all__ = [
     "KOPF_ANNOTATION_PREFIX",
@@ -152,7 +151,7 @@ def _temporarily(work: Callable[[], object], what: str, delay: float, *, raise_t
         with kube.apiserver_call():
             work()
     except kube.ApiException as exc:
-        message = f"{what}: apiserver answered {exc.status} {exc.reason}: {api_message(exc)}"
+        message = f"{what}: apiserver answered {exc.status} {exc.reason}: {kube.api_message(exc)}"
     except kube.KubeUnavailable as exc:
         message = f"{what}: cannot reach the apiserver: {exc}"
     else:

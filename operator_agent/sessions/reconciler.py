@@ -50,7 +50,7 @@ from operator_agent.reporters.status import (
     status_report,
 )
 from operator_agent.reporters.storage import session_volume_wait
-from operator_agent.sessions.routing_applier import RoutingApplier, api_message
+from operator_agent.sessions.routing_applier import RoutingApplier
 
 __all__ = ["FIELD_MANAGER", "SessionReconciler"]
 
@@ -252,7 +252,7 @@ class SessionReconciler:
                 if exc.status == 409:
                     continue  # already there (an earlier session, a retry, or a move): left alone
                 if exc.status in (400, 422):
-                    return f"the apiserver refused the PersistentVolumeClaim {name} of volume {volume['name']}: {api_message(exc)}"
+                    return f"the apiserver refused the PersistentVolumeClaim {name} of volume {volume['name']}: {kube.api_message(exc)}"
                 raise
             logger.info("persistentvolumeclaim %s/%s created for volume %s (%s)", self.namespace, name,
                         volume["name"], volume["volumeId"])
@@ -266,7 +266,7 @@ class SessionReconciler:
             if exc.status == 409:
                 return None
             if exc.status in (400, 422):
-                return f"the apiserver refused the session pod: {api_message(exc)}"
+                return f"the apiserver refused the session pod: {kube.api_message(exc)}"
             raise
         logger.info("pod %s/%s created", self.namespace, pod["metadata"]["name"])
         return None

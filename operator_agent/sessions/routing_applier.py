@@ -36,7 +36,7 @@ from operator_agent.manifests.routing import RoutingError, RoutingKind, all_kind
 from operator_agent.manifests.routing.fallback import FALLBACK_NAME, fallback_objects
 from operator_agent.manifests.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS
 
-__all__ = ["RoutingApplier", "api_message", "kind_of"]
+__all__ = ["RoutingApplier", "kind_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,9 @@ class RoutingApplier:
                         + _install_hint(mode))
             if exc.status == 403:
                 return (f"routing: the operator may not write {kind.resource} in namespace {self.namespace} "
-                        f"({api_message(exc)}): upgrade the gshare-operator chart, whose Role grants it")
+                        f"({kube.api_message(exc)}): upgrade the gshare-operator chart, whose Role grants it")
             if exc.status in (400, 422):
-                return f"routing: the apiserver refused the {kind.kind} {name}: {api_message(exc)}"
+                return f"routing: the apiserver refused the {kind.kind} {name}: {kube.api_message(exc)}"
             raise
         return None
 
@@ -178,7 +178,7 @@ class RoutingApplier:
             if exc.status in (404, 405):  # gone already, or the kind is not served here (nothing of it to delete)
                 return
             if exc.status == 403:
-                logger.warning("session %s: may not delete its %s (%s)", name, kind.resource, api_message(exc))
+                logger.warning("session %s: may not delete its %s (%s)", name, kind.resource, kube.api_message(exc))
                 return
             raise
         logger.info("%s %s/%s deleted: the session's routing mode changed", kind.kind, self.namespace, name)
@@ -199,14 +199,3 @@ def _install_hint(mode: str) -> str:
         return ("install Envoy Gateway v1.9.0 with its Gateway API CRDs (`manage.py attach_cluster --routing "
                 "gateway-api` does), or switch the cluster's routing to ingress-nginx")
     return "install the networking.k8s.io/v1 Ingress API (Kubernetes 1.19 or later)"
-
-
-def api_message(exc: kube.ApiException) -> str:
-    """The ``message`` of an apiserver ``Status`` error body, else the status and reason."""
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{exc.status} {exc.reason}"

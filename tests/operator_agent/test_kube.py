@@ -65,3 +65,11 @@ def test_without_retries_copies_the_connection_and_turns_retries_off():
         finally:
             quiet.close()
 
+
+
+def test_api_message_is_the_status_message_else_the_status_and_reason():
+    refusal = kube.ApiException(status=422, reason="Unprocessable Entity")
+    refusal.body = '{"kind": "Status", "message": "Pod \\"ses-x\\" is invalid: spec.containers: Required value"}'
+    assert kube.api_message(refusal) == 'Pod "ses-x" is invalid: spec.containers: Required value'
+    refusal.body = "<html>bad gateway</html>"
+    assert kube.api_message(refusal) == "422 Unprocessable Entity"
