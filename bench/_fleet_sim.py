@@ -1,10 +1,10 @@
 """The simulated fleet of ``bench/fleet.py``: operators, the apiserver they share, researchers, the clock and the tally.
 
 Every request the simulation sends is built here, in one place per route, from the operator's own code where it has
-one: inventory snapshots by ``operator_agent.inventory.node_to_snapshot`` from Node JSON carrying HAMi's
+one: inventory snapshots by ``operator_agent.reporters.inventory.node_to_snapshot`` from Node JSON carrying HAMi's
 ``hami.io/node-nvidia-register`` annotation (the v2.10 JSON encoding), usage windows by
-``operator_agent.usage.plan_samples``, status reports by ``operator_agent.sessions.status_report``, and every operator
-call through ``operator_agent.control_plane.ControlPlaneClient`` with the cluster's real operator token in a file
+``operator_agent.reporters.usage.plan_samples``, status reports by ``operator_agent.reporters.status.status_report``, and every operator
+call through ``operator_agent.control_plane_client.ControlPlaneClient`` with the cluster's real operator token in a file
 (``max_attempts=1``: a retry would hide an error). The researchers' calls use ``http.client`` with an API token.
 
 Not a benchmark itself: ``bench/fleet.py`` imports it.
@@ -25,11 +25,10 @@ import requests
 
 import contract
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError
-from operator_agent.inventory import node_to_snapshot
-from operator_agent.main import InventoryState, send_inventory
-from operator_agent.sessions import status_report
-from operator_agent.usage import SessionUsage, format_ms, plan_samples
+from operator_agent.control_plane_client import ControlPlaneClient, ControlPlaneError
+from operator_agent.reporters.inventory import InventoryState, node_to_snapshot, send_inventory
+from operator_agent.reporters.status import status_report
+from operator_agent.reporters.usage import SessionUsage, format_ms, plan_samples
 
 #: (model as HAMi registers it, devmem MiB after HAMi's scaling, credits per GPU-hour): one model per cluster, in turn.
 MODELS = [("NVIDIA H100 80GB HBM3", 81559, "2.500000"), ("NVIDIA A100-SXM4-80GB", 81920, "1.800000"),
@@ -339,7 +338,7 @@ class SimCluster:
         return True
 
     def inventory_tick(self, *, change: bool) -> None:
-        """``PUT /internal/v1/inventory`` as the operator sends it (``operator_agent.main.send_inventory``): digest-only
+        """``PUT /internal/v1/inventory`` as the operator sends it (``operator_agent.reporters.inventory.send_inventory``): digest-only
         while nothing changed, the full snapshot after a change (``change``: one node's readiness flipped first)."""
         if change:
             node = self.rng.choice(self.snapshot["nodes"])
@@ -399,7 +398,7 @@ class SimCluster:
 
 
 def status_body_report(applied: Applied, now_ms: int) -> dict:
-    """One report of ``POST /internal/v1/status`` for ``applied``'s due phase (``operator_agent.sessions.status_report``)."""
+    """One report of ``POST /internal/v1/status`` for ``applied``'s due phase (``operator_agent.reporters.status.status_report``)."""
     return status_report(applied.session_id, {"phase": applied.due, "node": applied.node, "devices": list(applied.devices),
                                               "message": "", "observedAt": format_ms(now_ms)})
 

@@ -13,7 +13,7 @@ others; a throwaway database, see ``bench/_benchenv.py``). Around it, in this pr
   (the full snapshot; one in twenty flips a node's readiness, the rest are unchanged), ``POST /internal/v1/status``
   when a session they were given changed phase (Pending, then Running), ``POST /internal/v1/usage`` every simulated
   minute with one window per Running session GPU. Through the operator's own client and builders
-  (``operator_agent.control_plane``, ``.inventory``, ``.usage``, ``.sessions``), without retries.
+  (``operator_agent.control_plane_client``, ``.inventory``, ``.usage``, ``.sessions``), without retries.
 * **the clusters' apiservers**: one loopback stand-in answering the worker's server-side apply and delete of
   ``GShareSession`` objects; each apply is handed to that cluster's operator, which places it on its GPUs.
 * **researchers** (``--researchers``, each with an API token and credits): ``POST /api/v1/sessions`` at

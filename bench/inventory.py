@@ -9,7 +9,7 @@ gunicorn gshare.wsgi --workers N`` on a free loopback port (``DATABASE_CONN_MAX_
 builds each cluster's snapshot as its operator does: ``--nodes`` Node objects with 8 GPUs each, whose HAMi
 registration annotation is a real one (the 8x H100 of HAMi issue #961 in v2.10 JSON, or the 8x H20 MIG node of issue
 #1422 in the 9-field legacy format, from ``demo/data/hami``; every GPU UUID made unique per node), decoded by
-``operator_agent.inventory.node_to_snapshot``. Every cluster then sends its first snapshot (all rows new). Then, on a
+``operator_agent.reporters.inventory.node_to_snapshot``. Every cluster then sends its first snapshot (all rows new). Then, on a
 sample of ``--sample`` clusters, one request at a time (bodies encoded before the clock starts, a new connection per
 request, client-side wall time, medians):
 
@@ -107,7 +107,7 @@ def snapshots(cluster: int, nodes: int) -> dict[str, bytes]:
     """The cluster's bodies: ``a`` and ``b`` (every GPU's memory differs between them), ``digest`` (of ``a``)."""
     from contract import inventory_digest
     from operator_agent.hami import decode_node_register
-    from operator_agent.inventory import node_to_snapshot
+    from operator_agent.reporters.inventory import node_to_snapshot
 
     annotation = ANNOTATIONS[cluster % len(ANNOTATIONS)].read_text()
     uuids = [device.uuid for device in decode_node_register(annotation)]

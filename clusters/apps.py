@@ -12,6 +12,6 @@ class ClustersConfig(AppConfig):
         """Install the ``?cluster=`` rule in the audit trail's filter (audit sits below clusters)."""
         # clusters.refs imports the models, which load only after every app's AppConfig
         from audit.api.filters import set_cluster_resolver
-        from clusters.refs import cluster_public_id
+        from clusters.refs import cluster_public_id  # imports the models (see above)
 
         set_cluster_resolver(cluster_public_id)

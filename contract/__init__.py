@@ -20,7 +20,7 @@ INTERNAL_API_PREFIX = "/internal/v1"
 """Prefix of every operator-facing route on the control plane (JSON, ``Authorization: Bearer``)."""
 
 INVENTORY_PATH = "/internal/v1/inventory"
-"""``PUT``: full snapshot of the cluster's GPU nodes and devices (see ``operator_agent.inventory``).
+"""``PUT``: full snapshot of the cluster's GPU nodes and devices (see ``operator_agent.reporters.inventory``).
 
 Body: ``{"nodes": [{"name", "labels", "ready", "devices": [...], "hami_error"?}], "digest"?, "checks"?}``.
 The control plane upserts what is listed and removes what is gone, for the cluster named
@@ -40,7 +40,7 @@ def inventory_digest(nodes: list) -> str:
 
     Canonical JSON: ``json.dumps(nodes, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` encoded as UTF-8,
     so two snapshots with the same content have the same digest whatever the order of their keys (the order of the
-    nodes and of each node's devices counts: ``operator_agent.inventory`` sorts them).
+    nodes and of each node's devices counts: ``operator_agent.reporters.inventory`` sorts them).
     """
     canonical = json.dumps(nodes, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     return INVENTORY_DIGEST_PREFIX + hashlib.sha256(canonical).hexdigest()
@@ -191,7 +191,7 @@ of another cluster refuses the whole call with 403 ``forbidden_cluster_scope``.
 """
 
 STORAGE_PATH = "/internal/v1/storage"
-"""``POST``: the volume-sync report of one cluster (``operator_agent.storage``), every ``GSHARE_VOLUME_SYNC_INTERVAL`` s.
+"""``POST``: the volume-sync report of one cluster (``operator_agent.reporters.storage``), every ``GSHARE_VOLUME_SYNC_INTERVAL`` s.
 
 Body::
 
@@ -213,7 +213,7 @@ event of a pod stuck mounting it), ``""`` otherwise. ``disk_bytes`` is the node'
 """
 
 USAGE_PATH = "/internal/v1/usage"
-"""``POST``: a batch of usage samples (``operator_agent.usage``), oldest first, at most ``USAGE_MAX_SAMPLES_PER_CALL``.
+"""``POST``: a batch of usage samples (``operator_agent.reporters.usage``), oldest first, at most ``USAGE_MAX_SAMPLES_PER_CALL``.
 
 Body::
 
@@ -230,7 +230,7 @@ session or device of another cluster; nothing stored); 401 token problems.
 """
 
 ACTIVITY_PATH = "/internal/v1/activity"
-"""``POST``: the GPU activity of the cluster's Running sessions (``operator_agent.gpu_activity``), every
+"""``POST``: the GPU activity of the cluster's Running sessions (``operator_agent.reporters.activity``), every
 ``GSHARE_ACTIVITY_INTERVAL`` s, read from HAMi's vGPU monitor on each node that runs a session.
 
 Body::

@@ -59,7 +59,7 @@ from contract import (
 )
 from demo.fleet_gateway_api import gateway_objects
 from operator_agent.hami import decode_node_register
-from operator_agent.inventory import device_to_snapshot
+from operator_agent.reporters.inventory import device_to_snapshot
 
 DATA_DIR = pathlib.Path(__file__).resolve().parent / "data"
 """Directory of the copied fixtures (``hami/``, ``nvidia-smi/``, ``k8s-objects/``)."""
@@ -191,7 +191,7 @@ def decode_hami_register(value: str) -> list[dict[str, Any]]:
         value: the raw annotation value (JSON from HAMi v2.8, legacy 5/6/7/9-field strings before).
 
     Returns:
-        One snapshot dict per GPU (``operator_agent.inventory.device_to_snapshot``), sorted by ``(index, uuid)``.
+        One snapshot dict per GPU (``operator_agent.reporters.inventory.device_to_snapshot``), sorted by ``(index, uuid)``.
 
     Raises:
         operator_agent.hami.HamiDecodeError: the value is malformed.
@@ -768,7 +768,7 @@ def expected_inventory(name: str) -> dict[str, Any]:
         ``{"cluster": name, "nodes": <GPU nodes (gpu=on)>, "gpus": <physical GPUs>, "vgpus": <sum of split
         counts = the nodes' nvidia.com/gpu>, "models": <sorted model names>, "kubernetes_version": <gitVersion>,
         "hami_chart_version": str, "snapshot": {"nodes": [...]}}`` where ``snapshot`` is the ``PUT inventory``
-        body the operator should send (``operator_agent.inventory.collect_inventory``): nodes sorted by name,
+        body the operator should send (``operator_agent.reporters.inventory.collect_inventory``): nodes sorted by name,
         each ``{"name", "labels", "ready": True, "devices": [decode_hami_register(...)...]}``.
     """
     cluster = cluster_spec(name)

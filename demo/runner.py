@@ -49,6 +49,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from attach.credential import least_privilege_kubeconfig
+from billing.services import credit_grant, policy_set, price_set
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
@@ -64,7 +65,7 @@ from gshare.front_proxy import ProxySettings, render_nginx_conf
 from identity.tokens import api_token_create
 from kube.kubeconfig import validate_kubeconfig
 from storage.models import StorageCapacityReading
-from storage.services import pools_refresh_capacity
+from storage.services import pool_create, pools_refresh_capacity
 
 DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
@@ -259,16 +260,12 @@ def run_demo(options: DemoOptions) -> dict:
         password = secrets.token_urlsafe(12)
         get_user_model().objects.create_superuser("admin", "admin@gshare.localhost", password)
         _, api_token = api_token_create(username="admin", name="demo")
-        from billing.services import credit_grant
-
         credit_grant(user=get_user_model().objects.get(username="admin"), amount=Decimal(1000), reason="demo credits",
                      idempotency_key="demo-initial-grant", created_by="command:demo")
         researcher_password = secrets.token_urlsafe(12)
         researcher = get_user_model().objects.create_user(RESEARCHER, f"{RESEARCHER}@gshare.localhost", researcher_password)
         credit_grant(user=researcher, amount=Decimal(RESEARCHER_CREDITS), reason="demo credits",
                      idempotency_key="demo-researcher-grant", created_by="command:demo")
-        from billing.services import policy_set, price_set
-
         if options.idle_timeout is not None:
             # A policy minute lasts a second here (GSHARE_IDLE_POLICY_MINUTE_SECONDS, also in the children's environment).
             settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS = 1
@@ -341,8 +338,6 @@ def run_demo(options: DemoOptions) -> dict:
             clusters.append((spec, cluster, kubeconfig_path, token_path))
 
         _say(f"registering the shared NFS pool (StorageClass {fleet.STORAGE_CLASS} on every cluster)")
-        from storage.services import pool_create
-
         pool = pool_create(name="lab-nfs", cluster=clusters[0][1], storage_class=fleet.STORAGE_CLASS,
                            sharing="all", manual_capacity_gb=1024)
 

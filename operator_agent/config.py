@@ -19,12 +19,12 @@ are a small frozen dataclass built from ``os.environ``:
   are set, the operator also reads its token from that Secret through the Kubernetes API and writes a
   self-refreshed token back to it (``operator_agent.token``); unset, it uses the file and memory only.
 * ``GSHARE_VOLUME_SYNC_INTERVAL``: seconds between volume-sync reports (``POST /internal/v1/storage``:
-  CSIStorageCapacity readings, the PVC status of every gShare volume, node disks; ``operator_agent.storage``);
+  CSIStorageCapacity readings, the PVC status of every gShare volume, node disks; ``operator_agent.reporters.storage``);
   default ``60``.
 * ``GSHARE_VOLUME_STORAGE_CLASS``: the StorageClass this cluster provisions session volumes from (the chart's
   ``volumeStorageClass``); always listed in the volume-sync report, with ``capacity_bytes: null`` when no
   CSIStorageCapacity object names it. Empty: none (only classes with CSIStorageCapacity objects are reported).
-* ``GSHARE_USAGE_INTERVAL``: seconds between usage samples of the Running sessions (``operator_agent.usage``,
+* ``GSHARE_USAGE_INTERVAL``: seconds between usage samples of the Running sessions (``operator_agent.reporters.usage``,
   ``POST /internal/v1/usage``); default ``60``.
 * ``GSHARE_USAGE_QUEUE_PATH``: the SQLite file of the on-disk usage queue (unsent samples and each session's last
   sampled instant); default ``/var/lib/gshare/usage-queue.sqlite3``. Its directory must exist and be writable (the
@@ -32,7 +32,7 @@ are a small frozen dataclass built from ``os.environ``:
 * ``GSHARE_USAGE_QUEUE_MAX``: most samples kept unsent; beyond it the oldest are dropped (and logged); default
   ``200000``.
 * ``GSHARE_ACTIVITY_INTERVAL``: seconds between GPU activity reports of the Running sessions
-  (``operator_agent.gpu_activity``, ``POST /internal/v1/activity``), read from HAMi's vGPU monitor; default ``30``.
+  (``operator_agent.reporters.activity``, ``POST /internal/v1/activity``), read from HAMi's vGPU monitor; default ``30``.
 * ``GSHARE_HAMI_MONITOR_SELECTOR``: label selector of HAMi's device-plugin pods (in any namespace), whose
   ``vGPUmonitor`` container serves the monitor; default ``app.kubernetes.io/component=hami-device-plugin``
   (``contract.HAMI_DEVICE_PLUGIN_SELECTOR_DEFAULT``).

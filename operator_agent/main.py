@@ -1,12 +1,12 @@
 """The operator process: the GPU inventory loop, the session reconciler, the volume sync and usage metering.
 
 The main thread reports the GPU inventory every ``GSHARE_INVENTORY_INTERVAL`` seconds; a
-second thread runs the Kopf-based session reconciler (``operator_agent.sessions.run_sessions``:
+second thread runs the Kopf-based session reconciler (``operator_agent.sessions.kopf_handlers.run_sessions``:
 GShareSession -> PVCs, Pod, Service, Ingress, status reports), a third the volume-sync tick
-(``operator_agent.storage.run_volume_sync``: ``POST /internal/v1/storage`` every
-``GSHARE_VOLUME_SYNC_INTERVAL`` seconds) and a fourth usage metering (``operator_agent.usage.run_usage``: a
+(``operator_agent.reporters.storage.run_volume_sync``: ``POST /internal/v1/storage`` every
+``GSHARE_VOLUME_SYNC_INTERVAL`` seconds) and a fourth usage metering (``operator_agent.reporters.usage.run_usage``: a
 sample per GPU of every Running session every ``GSHARE_USAGE_INTERVAL`` seconds, kept in an on-disk queue and sent
-with ``POST /internal/v1/usage``) and a fifth the GPU activity report (``operator_agent.gpu_activity.run_activity``:
+with ``POST /internal/v1/usage``) and a fifth the GPU activity report (``operator_agent.reporters.activity.run_activity``:
 each Running session's activity read from HAMi's vGPU monitor on its node, ``POST /internal/v1/activity`` every
 ``GSHARE_ACTIVITY_INTERVAL`` seconds); all stop with the same SIGTERM/SIGINT. The operator's own ``/metrics``
 (``operator_agent.metrics``) is served on ``GSHARE_METRICS_PORT`` (0: not served); a port that cannot be bound is
@@ -18,12 +18,12 @@ With each inventory the loop sends the session-path checks of the previous tick 
 control plane's answer names, and the offset of this node's clock from the control plane's (``clock_offset_seconds``),
 learnt from the ``server_time`` of every loop's answers (``operator_agent.clock``; none before the first answer).
 
-Each tick lists the nodes labelled ``gpu=on`` (``operator_agent.inventory``) and sends the
-snapshot with ``PUT /internal/v1/inventory`` (``operator_agent.control_plane``), digest-only when it is the one the
-control plane acknowledged last (``report_inventory``); a successful report logs ``inventory reported: N nodes, M GPUs``. A failed tick is logged and
-the next tick tries again with a fresh snapshot and a freshly read token. SIGTERM and
-SIGINT stop the loop and the session reconciler (a backoff sleep is cut short; a request in
-flight finishes within ``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
+Each tick lists the nodes labelled ``gpu=on`` and sends the snapshot with ``PUT /internal/v1/inventory``
+(``operator_agent.reporters.inventory.report_inventory``, through ``operator_agent.control_plane_client``), digest-only
+when it is the one the control plane acknowledged last; a successful report logs ``inventory reported: N nodes, M
+GPUs``. A failed tick is logged and the next tick tries again with a fresh snapshot and a freshly read token. SIGTERM
+and SIGINT stop the loop and the session reconciler (a backoff sleep is cut short; a request in flight finishes within
+``GSHARE_HTTP_TIMEOUT``) and the process exits 0. A second signal ends it at once.
 Invalid configuration exits 2 with a message naming the variable.
 
 Before each tick the operator token is refreshed when it is getting old (``operator_agent.token``:
@@ -36,9 +36,9 @@ inventory is one *cluster-wide* snapshot: the control plane upserts the listed n
 removes the ones that are gone, which only works if every report lists every GPU node at
 once. Emulating that with per-Node timers would need a debounce/aggregation layer plus a
 Kopf-managed dummy object to hang a singleton timer on, and would add watch streams on all
-Nodes for a value that one ``list`` call every 30 s gives directly. The loop is a few dozen
-lines with injectable parts, so it is simpler to test than the equivalent Kopf operator.
-Kopf runs the ``GShareSession`` handlers, which *are* per-object (``operator_agent.sessions``);
+Nodes for a value that one ``list`` call every 30 s gives directly. The loop (``operator_agent.loop.every``) is a
+few lines with injectable parts, so it is simpler to test than the equivalent Kopf operator.
+Kopf runs the ``GShareSession`` handlers, which *are* per-object (``operator_agent.sessions.kopf_handlers``);
 this tick stays a thread beside it.
 """
 
@@ -50,28 +50,24 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import kubernetes.client
-import urllib3.exceptions
-
-from contract import INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
-from operator_agent import __version__
+from operator_agent import __version__, kube
 from operator_agent.clock import ClockOffset
 from operator_agent.config import ConfigError, OperatorConfig, kubernetes_api_client
-from operator_agent.control_plane import ControlPlaneClient, ControlPlaneError, ControlPlaneRejected, ControlPlaneUnavailable
-from operator_agent.gpu_activity import run_activity
-from operator_agent.inventory import collect_inventory, snapshot_counts
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.loop import every
 from operator_agent.metrics import OperatorMetrics, serve_metrics
+from operator_agent.reporters.activity import run_activity
+from operator_agent.reporters.inventory import InventoryState, report_inventory
+from operator_agent.reporters.storage import run_volume_sync
+from operator_agent.reporters.usage import run_usage
 from operator_agent.session_path import SessionPathChecks
-from operator_agent.sessions import run_sessions
-from operator_agent.storage import run_volume_sync
+from operator_agent.sessions.kopf_handlers import run_sessions
 from operator_agent.token import SecretTokenStore, TokenRefresher, TokenSource
-from operator_agent.usage import run_usage
 
-__all__ = ["FULL_SNAPSHOT_EVERY", "InventoryState", "main", "report_inventory", "run"]
+__all__ = ["main", "run"]
 
 logger = logging.getLogger("operator_agent")
 
@@ -92,97 +88,9 @@ ACTIVITY_JOIN_TIMEOUT = 30.0
 """Seconds the process waits for the activity thread to stop (a request in flight finishes within the timeout)."""
 
 
-FULL_SNAPSHOT_EVERY = 600.0
-"""Seconds after which the full snapshot is sent even when nothing changed (digest-only reports in between)."""
-
-
-@dataclass
-class InventoryState:
-    """What the inventory loop remembers between ticks: the digest the control plane last answered (``""``: none, the
-    next report is a full snapshot) and when the last full snapshot was accepted (``time.monotonic()``)."""
-
-    digest: str = ""
-    full_at: float = float("-inf")
-
-
-def report_inventory(core_v1: kubernetes.client.CoreV1Api, client: ControlPlaneClient, config: OperatorConfig,
-                     checks: SessionPathChecks | None = None, state: InventoryState | None = None) -> bool:
-    """Run one tick: collect the inventory and report it. Return ``True`` on success; never raises for I/O failures.
-
-    Sent by ``send_inventory``: digest-only when ``state`` says the control plane holds this snapshot already; without
-    ``state`` (``--once``) the full snapshot.
-
-    With ``checks``, the report carries the latest session-path checks (``operator_agent.session_path``), and they are
-    run again after the report with what the control plane's answer names (reported at the next tick).
-    """
-    try:
-        snapshot = collect_inventory(core_v1, request_timeout=config.http_timeout)
-    except kubernetes.client.exceptions.ApiException as exc:
-        logger.warning("cannot list GPU nodes from the apiserver: %s %s", exc.status, exc.reason)
-        return False
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        logger.warning("cannot reach the apiserver to list GPU nodes: %s", exc)
-        return False
-    extra = {"checks": checks.payload()} if checks is not None and checks.payload() else {}
-    extra.update(client.clock.payload())  # the offset learnt from earlier answers (none before the first)
-    try:
-        answer = send_inventory(client, snapshot, state=state, extra=extra)
-    except ControlPlaneUnavailable as exc:
-        logger.warning("inventory not reported: %s", exc)
-        return False
-    except ControlPlaneError:
-        # 401/403/4xx and token-file problems were logged by the client with code and detail.
-        return False
-    nodes, gpus = snapshot_counts(snapshot)
-    logger.info("inventory reported: %d nodes, %d GPUs%s", nodes, gpus, " (unchanged: digest only)" if answer.get("unchanged") else "")
-    if checks is not None:
-        try:
-            checks.update(core_v1, answer, timeout=min(config.http_timeout, 5.0))
-        except Exception:  # a check's bug must not stop the reports; the traceback is logged
-            logger.exception("session path checks failed unexpectedly")
-    return True
-
-
-def send_inventory(client: ControlPlaneClient, snapshot: dict, *, state: InventoryState | None = None,
-                   extra: dict | None = None) -> dict:
-    """``PUT /internal/v1/inventory`` once for ``snapshot`` (``{"nodes": [...]}`` of ``operator_agent.inventory``), digest-only
-    when it can be; return the control plane's answer.
-
-    The snapshot gets its digest (``contract.inventory_digest`` of its nodes) and ``extra`` (e.g. ``{"checks": ...}``).
-    With ``state``, a snapshot whose digest is the one the control plane answered last is reported digest-only
-    (``{"digest", **extra}``: no node is sent, read or written), unless ``FULL_SNAPSHOT_EVERY`` seconds passed since the
-    last full one; when the control plane answers that it needs the full snapshot (409 ``inventory_snapshot_required``,
-    or 400 ``invalid_inventory`` from a control plane that predates digests), it is sent at once. Without ``state`` the
-    full snapshot is sent. ``state`` is updated from the answer.
-
-    Raises:
-        ControlPlaneUnavailable: the control plane did not answer (after the client's retries).
-        ControlPlaneError: any other refusal (logged by the client with code and detail).
-    """
-    extra = extra or {}
-    digest = inventory_digest(snapshot["nodes"])
-    snapshot["digest"] = digest
-    snapshot.update(extra)
-    answer = None
-    if state is not None and state.digest == digest and time.monotonic() - state.full_at < FULL_SNAPSHOT_EVERY:
-        try:
-            answer = client.put_inventory({"digest": digest, **extra})
-        except ControlPlaneRejected as exc:
-            if exc.code not in (INVENTORY_SNAPSHOT_REQUIRED, "invalid_inventory"):
-                raise
-            logger.info("control plane asks for the full inventory snapshot (%s): sending it", exc.code)
-    if answer is None:
-        answer = client.put_inventory(snapshot)
-        if state is not None:
-            state.full_at = time.monotonic()
-    if state is not None:
-        state.digest = answer.get("digest") if isinstance(answer.get("digest"), str) else ""
-    return answer
-
-
 def run(
     config: OperatorConfig,
-    core_v1: kubernetes.client.CoreV1Api,
+    core_v1: kube.CoreV1Api,
     client: ControlPlaneClient,
     stop: threading.Event,
     refresher: TokenRefresher | None = None,
@@ -194,20 +102,16 @@ def run(
     are run and reported with each inventory (``report_inventory``).
     """
     state = InventoryState()
-    while not stop.is_set():
-        started = time.monotonic()
+
+    def tick() -> None:
         if refresher is not None:
             try:
                 refresher.maybe_refresh()
             except Exception:  # a refresh bug must not stop the reports; the traceback is logged
                 logger.exception("operator token refresh failed unexpectedly")
-        try:
-            report_inventory(core_v1, client, config, checks, state)
-        except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
-            logger.exception("inventory tick failed unexpectedly")
-        remaining = config.inventory_interval - (time.monotonic() - started)
-        if remaining > 0:
-            stop.wait(remaining)
+        report_inventory(core_v1, client, config, checks, state)
+
+    every(config.inventory_interval, tick, stop, logger=logger, what="inventory tick")
 
 
 def install_signal_handlers(stop: threading.Event) -> None:
@@ -227,7 +131,7 @@ class _Loop:
     """A background loop of the operator: its thread, its own clients, and how long to wait for it on shutdown (s)."""
 
     thread: threading.Thread
-    api_client: kubernetes.client.ApiClient
+    api_client: kube.ApiClient
     client: ControlPlaneClient
     join_timeout: float
     what: str
@@ -254,12 +158,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
 
     stop = threading.Event()
     install_signal_handlers(stop)
-    core_v1 = kubernetes.client.CoreV1Api(api_client)
+    core_v1 = kube.core_v1(api_client)
     secret_store = None
     if config.token_secret_configured:
         # The Secret is read by both loops: its own client, so the inventory's connection pool is not shared.
         secret_store = SecretTokenStore(
-            kubernetes.client.CoreV1Api(kubernetes_api_client(environ)), namespace=config.operator_namespace,
+            kube.core_v1(kubernetes_api_client(environ)), namespace=config.operator_namespace,
             name=config.token_secret_name, cluster_id=config.cluster_id, request_timeout=config.http_timeout,
         )
     tokens = TokenSource(config.token_file, secret=secret_store, cluster_id=config.cluster_id)

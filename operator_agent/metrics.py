@@ -27,7 +27,7 @@ name                                                        type    meaning
 =========================================================== ======= ====================================================
 
 The queue figures are read at each scrape of ``/metrics`` from the queue file with a read-only connection
-(``operator_agent.usage.queue_stats``); the report ages from the times ``ControlPlaneClient`` records on success
+(``operator_agent.reporters.usage.queue_stats``); the report ages from the times ``ControlPlaneClient`` records on success
 (``OperatorMetrics.report_succeeded`` as its ``on_success``).
 """
 
@@ -43,7 +43,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from contract import ACTIVITY_PATH, INVENTORY_PATH, STATUS_PATH, STORAGE_PATH, USAGE_PATH
-from operator_agent.usage import queue_stats
+from operator_agent.reporters.usage import queue_stats
 
 __all__ = ["REPORTS", "SCRAPE_ERROR_REASONS", "OperatorMetrics", "serve_metrics"]
 

@@ -28,9 +28,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import kubernetes.client
 import requests
-import urllib3.exceptions
 
 from contract import (
     INVENTORY_RESPONSE_ROUTING_KEYS,
@@ -41,7 +39,8 @@ from contract import (
     VERIFY_REACHABLE,
 )
 from contract.rfc3339 import format_utc
-from operator_agent.control_plane import USER_AGENT, explain_answer, explain_connection_error
+from operator_agent import kube
+from operator_agent.control_plane_client import USER_AGENT, explain_answer, explain_connection_error
 
 __all__ = ["SessionPathChecks", "check_session_domain", "check_verify"]
 
@@ -75,7 +74,7 @@ def _result(ok: bool, detail: str) -> dict:
     return {"ok": ok, "detail": detail[:_DETAIL_MAX], "checked_at": _now()}
 
 
-def check_session_domain(core_v1: kubernetes.client.CoreV1Api, *, session_domain: str, ingress_node: str,
+def check_session_domain(core_v1: kube.CoreV1Api, *, session_domain: str, ingress_node: str,
                          timeout: float = CHECK_TIMEOUT, resolve: Resolver = _resolve) -> dict | None:
     """Whether ``session_domain`` resolves, from this pod, to an address of the node ``ingress_node``.
 
@@ -103,8 +102,9 @@ def check_session_domain(core_v1: kubernetes.client.CoreV1Api, *, session_domain
     if not ingress_node:
         return _result(True, f"{session_domain} resolves to {', '.join(addresses)} (no ingress_node registered to compare with)")
     try:
-        node = core_v1.read_node(ingress_node, _request_timeout=timeout)
-    except kubernetes.client.exceptions.ApiException as exc:
+        with kube.apiserver_call():
+            node = core_v1.read_node(ingress_node, _request_timeout=timeout)
+    except kube.ApiException as exc:
         if exc.status == 404:
             return _result(False, (
                 f"{session_domain} resolves to {', '.join(addresses)}, but the registered ingress_node {ingress_node} is not "
@@ -112,7 +112,7 @@ def check_session_domain(core_v1: kubernetes.client.CoreV1Api, *, session_domain
             ))
         logger.warning("session path check: cannot read node %s: %s %s", ingress_node, exc.status, exc.reason)
         return None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except kube.KubeUnavailable as exc:
         logger.warning("session path check: cannot reach the apiserver to read node %s: %s", ingress_node, exc)
         return None
     node_addresses = sorted({a.address for a in (node.status.addresses if node.status else None) or [] if a.address})
@@ -189,7 +189,7 @@ class SessionPathChecks:
         """Check name -> ``{"ok", "detail", "checked_at"}`` of the last run (empty before the first)."""
         return dict(self.results)
 
-    def update(self, core_v1: kubernetes.client.CoreV1Api, answer: Mapping[str, object], *, timeout: float = CHECK_TIMEOUT) -> None:
+    def update(self, core_v1: kube.CoreV1Api, answer: Mapping[str, object], *, timeout: float = CHECK_TIMEOUT) -> None:
         """Run both checks with the ``session_domain``, ``ingress_node`` and ``connect_verify_url`` of ``answer`` -- or,
         when its ``routing`` is ``gateway-api``, its ``connect_ext_authz_url`` (probed as ``<url>/``, what Envoy asks for
         a request of ``/``).

@@ -36,9 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import kubernetes.client
-import urllib3.exceptions
-
 from contract import (
     OPERATOR_TOKEN_GENERATION_CLAIM,
     OPERATOR_TOKEN_REFRESH_FRACTION,
@@ -46,9 +43,11 @@ from contract import (
     OPERATOR_TOKEN_SUBJECT_PREFIX,
     TOKEN_PATH,
 )
+from operator_agent import kube
+from operator_agent.control_plane_errors import ControlPlaneError
 
-if TYPE_CHECKING:  # control_plane imports this module
-    from operator_agent.control_plane import ControlPlaneClient
+if TYPE_CHECKING:  # control_plane_client imports this module
+    from operator_agent.control_plane_client import ControlPlaneClient
 
 __all__ = ["Candidate", "NoTokenError", "SecretTokenStore", "TokenInfo", "TokenRefresher", "TokenSource", "token_info"]
 
@@ -178,7 +177,7 @@ class SecretTokenStore:
     """
 
     def __init__(
-        self, core_v1: kubernetes.client.CoreV1Api, *, namespace: str, name: str, key: str = OPERATOR_TOKEN_SECRET_KEY,
+        self, core_v1: kube.CoreV1Api, *, namespace: str, name: str, key: str = OPERATOR_TOKEN_SECRET_KEY,
         cluster_id: str | None = None, request_timeout: float = 10.0,
     ):
         self.core_v1 = core_v1
@@ -206,11 +205,12 @@ class SecretTokenStore:
         """The token in the Secret, or None when the Secret or its key is missing or empty.
 
         Raises:
-            kubernetes.client.ApiException (other than 404), urllib3.exceptions.HTTPError, OSError.
+            kube.ApiException (other than 404), or a transport error (``kube.apiserver_call`` makes it
+            ``KubeUnavailable``).
         """
         try:
             secret = self.core_v1.read_namespaced_secret(self.name, self.namespace, _request_timeout=self.request_timeout)
-        except kubernetes.client.ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
@@ -226,10 +226,11 @@ class SecretTokenStore:
             True when written, False when the Secret already held a newer (or the same) token.
 
         Raises:
-            kubernetes.client.ApiException (404: the Secret does not exist; 403: RBAC), urllib3 errors, OSError.
+            kube.ApiException (404: the Secret does not exist; 403: RBAC), or a transport error
+            (``kube.apiserver_call`` makes it ``KubeUnavailable``).
         """
         new = Candidate.of(token, SOURCE_MEMORY).rank(self.cluster_id)
-        last: kubernetes.client.ApiException | None = None
+        last: kube.ApiException | None = None
         for _ in range(3):
             secret = self.core_v1.read_namespaced_secret(self.name, self.namespace, _request_timeout=self.request_timeout)
             existing = self._token_of(secret)
@@ -239,7 +240,7 @@ class SecretTokenStore:
             try:
                 self.core_v1.replace_namespaced_secret(self.name, self.namespace, secret, _request_timeout=self.request_timeout)
                 return True
-            except kubernetes.client.ApiException as exc:
+            except kube.ApiException as exc:
                 if exc.status != 409:
                     raise
                 last = exc
@@ -300,13 +301,14 @@ class TokenSource:
             return self._secret_token, self._secret_problem
         problem = None
         try:
-            token = self.secret.read()
+            with kube.apiserver_call():
+                token = self.secret.read()
             if token is None:
                 problem = f"{self.secret.where} does not exist or has no key {self.secret.key}"
-        except kubernetes.client.ApiException as exc:
+        except kube.ApiException as exc:
             token, problem = None, f"cannot read {self.secret.where}: {exc.status} {exc.reason}"
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            token, problem = None, f"cannot reach the apiserver to read {self.secret.where}: {type(exc).__name__}"
+        except kube.KubeUnavailable as exc:
+            token, problem = None, f"cannot reach the apiserver to read {self.secret.where}: {exc.kind}"
         if problem != self._secret_problem:
             if problem:
                 logger.warning("%s; using the other token sources", problem)
@@ -430,8 +432,6 @@ class TokenRefresher:
         Returns:
             True when a new token was obtained.
         """
-        from operator_agent.control_plane import ControlPlaneError
-
         try:
             current = self.tokens.best()
         except NoTokenError:
@@ -458,10 +458,12 @@ class TokenRefresher:
         if self.tokens.secret is not None:
             store = self.tokens.secret
             try:
-                written = f"; written to {store.where}" if store.write_if_newer(fresh.token) else f"; {store.where} already holds a newer one"
-            except kubernetes.client.ApiException as exc:
+                with kube.apiserver_call():
+                    newer = store.write_if_newer(fresh.token)
+                written = f"; written to {store.where}" if newer else f"; {store.where} already holds a newer one"
+            except kube.ApiException as exc:
                 written = f"; NOT written to {store.where} ({exc.status} {exc.reason}: check the chart's Role)"
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                written = f"; NOT written to {store.where} (apiserver unreachable: {type(exc).__name__})"
+            except kube.KubeUnavailable as exc:
+                written = f"; NOT written to {store.where} (apiserver unreachable: {exc.kind})"
         logger.info("operator token refreshed: generation %d, expires %s%s", fresh.info.gen, fresh.info.expires_at, written)
         return True

@@ -252,10 +252,10 @@ def test_a_pod_monitor_without_a_metrics_port_fails():
 
 
 def test_the_fallback_route_for_s_is_granted_in_both_modes():
-    """Every object ``operator_agent.k8s.routing.fallback`` writes (applied, and deleted when the mode changes) is
+    """Every object ``operator_agent.manifests.routing.fallback`` writes (applied, and deleted when the mode changes) is
     granted in the session namespace: so the cluster's stopped-session URLs get gShare's page in either mode."""
     from contract import ROUTING_MODES
-    from operator_agent.k8s.routing.fallback import fallback_objects
+    from operator_agent.manifests.routing.fallback import fallback_objects
 
     sessions = rules_of(render_operator(CUSTOM), "Role", "gshare-operator-sessions")
     gss = {"metadata": {"name": "ses-x", "namespace": "gshare-sessions"},

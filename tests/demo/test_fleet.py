@@ -155,7 +155,7 @@ def test_objects_validate_against_the_kubernetes_schema(name):
 
 
 def test_expected_snapshot_matches_the_operator_decoder():
-    inventory = pytest.importorskip("operator_agent.inventory")
+    inventory = pytest.importorskip("operator_agent.reporters.inventory")
     for name in NAMES:
         snapshot = sorted((inventory.node_to_snapshot(node) for node in gpu_nodes(name)), key=lambda n: n["name"])
         assert snapshot == fleet.expected_inventory(name)["snapshot"]["nodes"]

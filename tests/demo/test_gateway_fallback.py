@@ -1,5 +1,5 @@
 """gateway-api routing's fallback for ``/s/`` through the demo's Envoy Gateway stand-in (``demo.envoy_proxy``): the objects
-the operator writes (``operator_agent.k8s.routing.fallback``: an HTTPRoute ``/s/`` to a Backend for the control plane)
+the operator writes (``operator_agent.manifests.routing.fallback``: an HTTPRoute ``/s/`` to a Backend for the control plane)
 on an emulated cluster, the control plane a live server. A stopped session's URL and an unknown id get gShare's
 "session ended" page; a live session's own route (the longer prefix) still wins. tests/demo/test_ingress.py proves the
 same for ingress-nginx with the operator process writing the objects."""
@@ -11,7 +11,7 @@ import pytest
 from contract import CONNECT_EXT_AUTHZ_PATH, GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from demo.emulator import EmulatedCluster
 from demo.ingress_nginx import ClusterApi, ClusterIngress, DemoIngress
-from operator_agent.k8s.routing.fallback import fallback_objects
+from operator_agent.manifests.routing.fallback import fallback_objects
 from sessions import ext_authz
 from sessions.models import Session
 from tests.demo.test_gateway import DOMAIN, NAMESPACE, _crds, _gateway, _session, send

@@ -1,6 +1,6 @@
 """A real nginx configured the way ingress-nginx renders a session Ingress with ``auth-url``.
 
-The session Ingress (``operator_agent.k8s.routing.ingress_nginx.session_ingress``) carries::
+The session Ingress (``operator_agent.manifests.routing.ingress_nginx.session_ingress``) carries::
 
     nginx.ingress.kubernetes.io/auth-url: <control plane>/internal/connect/verify
     nginx.ingress.kubernetes.io/auth-response-headers: X-Auth-Request-User

@@ -25,7 +25,7 @@ from django.db.models import Count
 
 from billing.models import UsageSample
 from contract import USAGE_PATH
-from operator_agent.usage import MAX_WINDOW_MS
+from operator_agent.reporters.usage import MAX_WINDOW_MS
 from tests.helpers import registered, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]

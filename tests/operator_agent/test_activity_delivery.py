@@ -1,6 +1,6 @@
 """The operator's activity report as the control plane takes it: ActivityReporter -> POST /internal/v1/activity.
 
-The apiserver is the loopback stand-in of ``test_gpu_activity`` (session Pods, HAMi's device-plugin Pods, the pod
+The apiserver is the loopback stand-in of ``test_activity`` (session Pods, HAMi's device-plugin Pods, the pod
 proxy); the control plane is the real one (``live_server``), with a minted operator token. What the control plane
 stored is read back from its tables.
 """
@@ -12,13 +12,13 @@ import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.gpu_activity import ActivityReporter
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.activity import ActivityReporter
 from sessions.models import SessionActivity
 from tests.factories import ClusterFactory, SessionFactory
 from tests.helpers import serving
 from tests.operator_agent.hami_exposition import Series, exposition
-from tests.operator_agent.test_gpu_activity import NS, FakeApiserver, monitor_pod, proxy_error, session_pod, text
+from tests.operator_agent.test_activity import NS, FakeApiserver, monitor_pod, proxy_error, session_pod, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,9 +18,9 @@ from clusters.models import Cluster
 from contract import rfc3339
 from operator_agent.clock import ClockOffset
 from operator_agent.config import OperatorConfig, kubernetes_api_client
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.main import InventoryState, report_inventory
-from operator_agent.sessions import StatusReporter, format_time
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.inventory import InventoryState, report_inventory
+from operator_agent.reporters.status import StatusReporter, format_time
 from sessions.models import Session
 from tests.helpers import registered
 

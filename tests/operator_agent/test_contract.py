@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from contract import rfc3339
-from operator_agent.inventory import node_to_snapshot
-from operator_agent.sessions import next_observed_at, session_status_from_pod, status_report
-from operator_agent.storage import storage_report
-from operator_agent.usage import SessionUsage, format_ms, plan_samples
+from operator_agent.reporters.inventory import node_to_snapshot
+from operator_agent.reporters.status import next_observed_at, session_status_from_pod, status_report
+from operator_agent.reporters.storage import storage_report
+from operator_agent.reporters.usage import SessionUsage, format_ms, plan_samples
 from tests import contract
 from tests.operator_agent.test_storage import READ_AT, capacity_list, node_fixture, pvc
 

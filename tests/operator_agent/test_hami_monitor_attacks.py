@@ -1,5 +1,5 @@
 """Hostile answers of HAMi's vGPU monitor (and of the apiserver's pod proxy in front of it), served over loopback by the
-fake apiserver of ``test_gpu_activity``: floods, trickles, bytes that are not text, label values built to be taken for
+fake apiserver of ``test_activity``: floods, trickles, bytes that are not text, label values built to be taken for
 another pod, out-of-range numbers, duplicate and foreign series, both naming schemes at once.
 
 Whatever the monitor answers, the report sent must validate against ``contract.ACTIVITY_SCHEMA``, never attribute a
@@ -21,10 +21,10 @@ from http.server import BaseHTTPRequestHandler
 import kubernetes.client
 import pytest
 
-from operator_agent.gpu_activity import run_activity
 from operator_agent.hami_monitor import MAX_EXPOSITION_BYTES, MAX_SERIES, MonitorParseError, parse_monitor
+from operator_agent.reporters.activity import run_activity
 from tests.operator_agent.hami_exposition import Series, exposition
-from tests.operator_agent.test_gpu_activity import (  # noqa: F401 (cluster, metrics_clock: the fixtures)
+from tests.operator_agent.test_activity import (  # noqa: F401 (cluster, metrics_clock: the fixtures)
     GPU_A,
     GPU_B,
     NS,

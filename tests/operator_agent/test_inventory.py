@@ -15,7 +15,7 @@ import kubernetes.client
 import pytest
 
 from operator_agent.hami import decode_node_register
-from operator_agent.inventory import device_to_snapshot, node_to_snapshot, snapshot_counts
+from operator_agent.reporters.inventory import device_to_snapshot, node_to_snapshot, snapshot_counts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s-objects"
 NODE_FILES = ["node.gpu-8xh100.hami-v2.10.json", "node.gpu-8xh100.hami-v2.5-v2.7.json"]
@@ -133,7 +133,7 @@ def test_undecodable_annotation_is_reported_with_error(caplog):
     node = load_node(NODE_FILES[1])
     node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "GPU-x,10,1,100,NVIDIA-T4,0,true,3:"
 
-    with caplog.at_level(logging.WARNING, logger="operator_agent.inventory"):
+    with caplog.at_level(logging.WARNING, logger="operator_agent.reporters.inventory"):
         entry = node_to_snapshot(node)
 
     assert entry["name"] == "gpu-node-01"

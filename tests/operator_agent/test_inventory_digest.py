@@ -11,8 +11,8 @@ import pytest
 
 from clusters.models import Cluster, GpuDevice
 from operator_agent.config import OperatorConfig, kubernetes_api_client
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.main import FULL_SNAPSHOT_EVERY, InventoryState, report_inventory
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.inventory import FULL_SNAPSHOT_EVERY, InventoryState, report_inventory
 from tests.helpers import registered
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The session's Pod, Service and Ingress (operator_agent.k8s.manifests) and the GShareSession CRD, against Kubernetes 1.32."""
+"""The session's Pod, Service and Ingress (operator_agent.manifests.session) and the GShareSession CRD, against Kubernetes 1.32."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ from contract import (
     VOLUME_NAME_LABEL,
     session_object_name,
 )
-from operator_agent.k8s.manifests import (
+from operator_agent.manifests.routing.ingress_nginx import session_ingress
+from operator_agent.manifests.session import (
     pod_volume_name,
     session_owner_reference,
     session_pod,
     session_pvc,
     session_service,
 )
-from operator_agent.k8s.routing.ingress_nginx import session_ingress
 
 KUBERNETES_VERSION = "1.32"
 SESSION_ID = "ses_ab12cd34ef56gh78"

@@ -7,7 +7,7 @@ import pytest
 
 from contract.quantity import parse_quantity, quantity_decimal, same_quantity
 from demo import emulator
-from operator_agent import storage
+from operator_agent.reporters import storage
 
 BAD = [
     "", "Gi", "ten", "1GiB", "1 Gi", True,  # as the storage report has always refused

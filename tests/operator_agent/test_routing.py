@@ -1,4 +1,4 @@
-"""The session routing builders (operator_agent.k8s.routing), validated against the upstream CRD schemas of
+"""The session routing builders (operator_agent.manifests.routing), validated against the upstream CRD schemas of
 tests/fixtures/crds (Gateway API v1.6.1, Envoy Gateway v1.9.0) and, for the Ingress, Kubernetes 1.32."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from contract import (
     SESSION_ID_LABEL,
     session_object_name,
 )
-from operator_agent.k8s import routing
-from operator_agent.k8s.routing import envoy_gateway, gateway_api, ingress_nginx
-from operator_agent.k8s.routing.envoy_gateway import ext_auth_target
+from operator_agent.manifests import routing
+from operator_agent.manifests.routing import envoy_gateway, gateway_api, ingress_nginx
+from operator_agent.manifests.routing.envoy_gateway import ext_auth_target
 from tests.operator_agent import crd_schema
 
 SESSION_ID = "ses_ab12cd34ef56gh78"

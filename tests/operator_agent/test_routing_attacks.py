@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from contract import CONNECT_EXT_AUTHZ_PATH as P
-from operator_agent.k8s import routing
-from operator_agent.k8s.routing.envoy_gateway import ext_auth_target
+from operator_agent.manifests import routing
+from operator_agent.manifests.routing.envoy_gateway import ext_auth_target
 from tests.operator_agent.test_routing import gss
 
 REFUSED = {

@@ -1,4 +1,4 @@
-"""The session reconcile (operator_agent.sessions) against a real Kubernetes API emulator and a loopback control plane.
+"""The session reconcile (operator_agent.sessions, operator_agent.reporters.status) against a real Kubernetes API emulator and a loopback control plane.
 
 The emulator (``demo.emulator.EmulatedCluster``, seeded with the demo cluster ``lab-c1``, the
 GShareSession CRD of the chart and the session namespace) plays scheduler and kubelet
@@ -38,16 +38,15 @@ from contract import (
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
+from operator_agent.control_plane_client import ControlPlaneClient
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION, allocated_device_uuids
-from operator_agent.sessions import (
+from operator_agent.reporters.status import (
     StatusReporter,
-    connection_info,
     next_observed_at,
-    run_sessions,
     session_status_from_pod,
     status_report,
 )
+from operator_agent.sessions.kopf_handlers import connection_info, run_sessions
 from tests.helpers import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

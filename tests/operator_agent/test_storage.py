@@ -1,4 +1,4 @@
-"""The volume-sync report (operator_agent.storage): pure functions on real object shapes, then against the emulator.
+"""The volume-sync report (operator_agent.reporters.storage): pure functions on real object shapes, then against the emulator.
 
 CSIStorageCapacity and Node inputs are the fixtures of ``tests/fixtures/k8s-objects/`` (provenance in its README);
 PVC, Event and Pod inputs are written the way the apiserver serves them (``kubectl get -o json``).
@@ -22,8 +22,8 @@ from contract import STORAGE_PATH, VOLUME_ID_LABEL, VOLUME_PHASES
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.storage import (
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.storage import (
     collect_storage,
     existing_storage_classes,
     node_disks,
@@ -367,7 +367,7 @@ def test_a_cluster_attached_without_storage_reports_no_storage_class(caplog):
     objects = [o for o in fleet.cluster_objects("lab-c2") if o["kind"] != "StorageClass"]
     with EmulatedCluster(objects, version=fleet.cluster_version("lab-c2")) as bare:
         api = kubernetes.config.new_client_from_config_dict(bare.kubeconfig("lab-c3"))
-        with caplog.at_level("WARNING", logger="operator_agent.storage"):
+        with caplog.at_level("WARNING", logger="operator_agent.reporters.storage"):
             report = collect_storage(api, namespace=NAMESPACE, own_class=fleet.STORAGE_CLASS)
         api.close()
         paths = [r["path"] for r in bare.requests_seen()]
@@ -541,7 +541,7 @@ def test_session_volume_wait_reads_the_claims_and_their_storage_class(cluster):
 
 def test_a_missing_own_storage_class_is_logged(cluster, caplog):
     api = kubernetes.config.new_client_from_config_dict(cluster.kubeconfig("lab-c1"))
-    with caplog.at_level("WARNING", logger="operator_agent.storage"):
+    with caplog.at_level("WARNING", logger="operator_agent.reporters.storage"):
         report = collect_storage(api, namespace=NAMESPACE, own_class="gshare-nsf")
         assert "StorageClass gshare-nsf, which does not exist" in caplog.text
         caplog.clear()

@@ -24,7 +24,7 @@ from contract import INVENTORY_PATH, TOKEN_INVALID, TOKEN_PATH, TOKEN_REVOKED
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import ConfigError, OperatorConfig
-from operator_agent.control_plane import ControlPlaneAuthError, ControlPlaneClient
+from operator_agent.control_plane_client import ControlPlaneAuthError, ControlPlaneClient
 from operator_agent.token import (
     REFRESH_FRACTION,
     REFRESH_JITTER,

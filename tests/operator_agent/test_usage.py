@@ -1,4 +1,4 @@
-"""Usage metering (operator_agent.usage): windows, sample ids, the on-disk queue and sending to a loopback control plane.
+"""Usage metering (operator_agent.reporters.usage): windows, sample ids, the on-disk queue and sending to a loopback control plane.
 
 The control plane is a real ``http.server`` on 127.0.0.1 answering ``POST /internal/v1/usage`` as the contract says
 (``contract.USAGE_PATH``), with a programmable refusal per batch.
@@ -26,9 +26,9 @@ from contract import (
     USAGE_PATH,
 )
 from operator_agent.config import DEFAULT_USAGE_QUEUE_MAX, DEFAULT_USAGE_QUEUE_PATH, ConfigError, OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
+from operator_agent.control_plane_client import ControlPlaneClient
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION
-from operator_agent.usage import (
+from operator_agent.reporters.usage import (
     MAX_WINDOW_MS,
     QueueError,
     SessionUsage,
@@ -204,7 +204,7 @@ def test_a_full_queue_drops_the_oldest_samples_with_an_error(tmp_path, caplog):
     with open_queue(tmp_path / "q.sqlite3", max_samples=5) as queue:
         samples = queued_samples(8)
         assert queue.record(samples[:4], {}) == 0
-        with caplog.at_level(logging.ERROR, logger="operator_agent.usage"):
+        with caplog.at_level(logging.ERROR, logger="operator_agent.reporters.usage"):
             assert queue.record(samples[4:], {}) == 3
         assert [q.sample for q in queue.peek(100)] == samples[3:]
         assert "dropped the 3 oldest unsent samples" in caplog.text
@@ -345,7 +345,7 @@ def test_a_refused_sample_is_dropped_and_the_rest_delivered(tmp_path, stub, capl
     stub.refuse = refuse
     with open_queue(tmp_path / "q.sqlite3") as queue:
         queue.record(samples, {})
-        with caplog.at_level(logging.ERROR, logger="operator_agent.usage"):
+        with caplog.at_level(logging.ERROR, logger="operator_agent.reporters.usage"):
             assert UsageSender(client_for(stub.url, tmp_path), queue, batch_size=4).flush() is True
         assert len(queue) == 0
     assert set(stub.stored) == {s["sample_id"] for s in samples} - {poison}
@@ -395,7 +395,7 @@ def test_a_foreign_session_is_dropped_session_by_session(tmp_path, stub, caplog)
                                  if any(s["session_id"] == "ses_foreign" for s in batch) else None)
     with open_queue(tmp_path / "q.sqlite3") as queue:
         queue.record(ours[:2] + foreign + ours[2:], {})
-        with caplog.at_level(logging.ERROR, logger="operator_agent.usage"):
+        with caplog.at_level(logging.ERROR, logger="operator_agent.reporters.usage"):
             assert UsageSender(client_for(stub.url, tmp_path), queue).flush() is True
         assert len(queue) == 0
     assert set(stub.stored) == {s["sample_id"] for s in ours}
@@ -437,13 +437,13 @@ def test_the_loop_logs_a_queue_it_cannot_open_once_and_stops(tmp_path, caplog):
                             usage_interval=0.01, usage_queue_path=str(tmp_path / "missing" / "q.sqlite3"))
     stop = threading.Event()
     thread = threading.Thread(target=run_usage, args=(config, kubernetes.client.ApiClient(), None, stop))
-    with caplog.at_level(logging.ERROR, logger="operator_agent.usage"):
+    with caplog.at_level(logging.ERROR, logger="operator_agent.reporters.usage"):
         thread.start()
         threading.Event().wait(0.2)
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
-    errors = [r for r in caplog.records if r.name == "operator_agent.usage"]
+    errors = [r for r in caplog.records if r.name == "operator_agent.reporters.usage"]
     assert len(errors) == 1 and "usage metering off until this is fixed: cannot open the usage queue" in errors[0].message
 
 

@@ -231,7 +231,7 @@ def test_a_hostile_quantity_in_the_cluster_is_left_out_of_the_operators_storage_
     report refused (one bad object would stop every volume status of the cluster): it is left out like an unreadable one."""
     from jsonschema import Draft202012Validator
 
-    from operator_agent.storage import storage_report
+    from operator_agent.reporters.storage import storage_report
 
     report = storage_report(
         read_at=datetime(2026, 11, 29, 16, tzinfo=UTC), pvcs=[], events=[], pods=[],

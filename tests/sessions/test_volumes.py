@@ -15,7 +15,7 @@ from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from core.exceptions import Conflict
 from demo import fleet
-from operator_agent.storage import collect_storage
+from operator_agent.reporters.storage import collect_storage
 from sessions import create, placement
 from sessions.models import Session
 from storage.models import ClusterStorageClasses, StoragePool, Volume

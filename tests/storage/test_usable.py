@@ -17,8 +17,8 @@ from clusters import services as cluster_services
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.storage import report_storage
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.storage import report_storage
 from storage.models import ClusterStorageClasses, StoragePool, Volume
 from tests.factories import ClusterFactory, VolumeFactory
 from tests.helpers import kubeconfig_text, silent_kubeconfig

@@ -1,6 +1,6 @@
 """GPU activity against the Kubernetes API emulator: its HAMi device-plugin pods, the pod proxy to their vGPU monitor
 (both naming schemes), busy and idle pods, and monitors that refuse or hang (``demo.emulator``,
-``controllers.hami_monitor``). The control plane is the loopback stub of ``test_gpu_activity``.
+``controllers.hami_monitor``). The control plane is the loopback stub of ``test_activity``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from demo import fleet
 from demo.emulator import EmulatedCluster
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.gpu_activity import ActivityReporter
+from operator_agent.control_plane_client import ControlPlaneClient
+from operator_agent.reporters.activity import ActivityReporter
 from tests import contract
 from tests.helpers import serving, wait_for
-from tests.operator_agent.test_gpu_activity import NS, StubControlPlane, by_session
+from tests.operator_agent.test_activity import NS, StubControlPlane, by_session
 
 ADMIN = "admin-token"
 

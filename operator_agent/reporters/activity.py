@@ -38,7 +38,6 @@ session is ``unknown`` with that reason. Scrape failures are counted in the oper
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import datetime
 import json
 import logging
@@ -49,9 +48,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes.client
-import urllib3.exceptions
-
 from contract import (
     ACTIVITY_MAX_SESSIONS,
     ACTIVITY_STATE_OK,
@@ -60,8 +56,9 @@ from contract import (
     PHASE_RUNNING,
     SESSION_ID_LABEL,
 )
+from operator_agent import kube
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import (
+from operator_agent.control_plane_client import (
     ControlPlaneClient,
     ControlPlaneError,
     ControlPlaneRejected,
@@ -70,6 +67,7 @@ from operator_agent.control_plane import (
 from operator_agent.hami import HamiDecodeError
 from operator_agent.hami_monitor import MAX_EXPOSITION_BYTES, GpuReading, MonitorParseError, MonitorReadings, parse_monitor
 from operator_agent.hami_pods import allocated_device_uuids
+from operator_agent.loop import every
 from operator_agent.metrics import OperatorMetrics
 
 __all__ = [
@@ -193,7 +191,7 @@ def activity_entries(targets: Sequence[ActivityTarget], readings: Mapping[str, t
 # --------------------------------------------------------------------------- scraping
 
 
-def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: str, *, port: int, timeout: float,
+def scrape_monitor(core_v1: kube.CoreV1Api, namespace: str, pod: str, *, port: int, timeout: float,
                    max_bytes: int = MAX_EXPOSITION_BYTES, clock: Callable[[], float] = time.monotonic) -> bytes:
     """The body of the monitor's ``/metrics``, through the apiserver's pod proxy.
 
@@ -223,38 +221,45 @@ def scrape_monitor(core_v1: kubernetes.client.CoreV1Api, namespace: str, pod: st
         path_params={"namespace": namespace, "name": f"{pod}:{port}", "path": "metrics"},
         header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
     try:
-        response = api.call_api(*request, _request_timeout=(timeout, timeout)).response
-    except kubernetes.client.exceptions.ApiException as exc:  # status 0: TLS or a request that could not be made
+        with kube.apiserver_call():
+            response = api.call_api(*request, _request_timeout=(timeout, timeout)).response
+    except kube.ApiException as exc:  # status 0: TLS or a request that could not be made
         raise ScrapeError("unreachable", f"cannot reach the apiserver to read {where}: {_cut(str(exc.reason), 300)}") from None
-    except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-        raise ScrapeError("timeout", f"no answer within {timeout:g} s reading {where} ({type(exc).__name__})") from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        if _timed_out(exc):
+    except kube.KubeUnavailable as exc:
+        if exc.timeout:
+            raise ScrapeError("timeout", f"no answer within {timeout:g} s reading {where} ({exc.kind})") from None
+        if exc.timed_out:
             raise ScrapeError("timeout", f"no answer within {timeout:g} s reading {where}") from None
         raise ScrapeError("unreachable", f"cannot reach the apiserver to read {where}: {_cut(str(exc), 300)}") from None
     try:
-        if not 200 <= response.status <= 299:
-            try:
-                body = _read_bounded(response, deadline, _ERROR_BODY_BYTES, clock)
-            except (_TooLarge, _TooSlow) as cut:
-                body = cut.args[0]  # the start of the apiserver's Status is enough for its message
-            raise ScrapeError("http_error", f"the apiserver's pod proxy answered {response.status} {response.reason or ''} "
-                                            f"reading {where}: {_body_message(body)}".strip())
-        try:
-            return _read_bounded(response, deadline, max_bytes, clock)
-        except _TooSlow:
-            raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s") from None
-        except _TooLarge:
-            raise ScrapeError("parse_error", f"{where} answered more than {max_bytes} bytes: not the vGPU monitor") from None
-    except ScrapeError:
-        raise
-    except (urllib3.exceptions.TimeoutError, TimeoutError) as exc:
-        raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s ({type(exc).__name__})") from None
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        with kube.apiserver_call():
+            return _read_answer(response, where, deadline, timeout, max_bytes, clock)
+    except kube.KubeUnavailable as exc:
+        if exc.timeout:
+            raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s ({exc.kind})") from None
         raise ScrapeError("unreachable", f"the answer of {where} was cut off: {_cut(str(exc), 300)}") from None
     finally:
         response.close()
         response.release_conn()
+
+
+def _read_answer(response, where: str, deadline: float, timeout: float, max_bytes: int,
+                 clock: Callable[[], float]) -> bytes:
+    """The monitor's body from the pod proxy's ``response`` (see ``scrape_monitor``); raises ``ScrapeError`` for an
+    error status, a body past ``max_bytes`` or past ``deadline``, and lets transport errors through."""
+    if not 200 <= response.status <= 299:
+        try:
+            body = _read_bounded(response, deadline, _ERROR_BODY_BYTES, clock)
+        except (_TooLarge, _TooSlow) as cut:
+            body = cut.args[0]  # the start of the apiserver's Status is enough for its message
+        raise ScrapeError("http_error", f"the apiserver's pod proxy answered {response.status} {response.reason or ''} "
+                                        f"reading {where}: {_body_message(body)}".strip())
+    try:
+        return _read_bounded(response, deadline, max_bytes, clock)
+    except _TooSlow:
+        raise ScrapeError("timeout", f"{where} did not finish its answer within {timeout:g} s") from None
+    except _TooLarge:
+        raise ScrapeError("parse_error", f"{where} answered more than {max_bytes} bytes: not the vGPU monitor") from None
 
 
 class _TooLarge(Exception):
@@ -283,18 +288,7 @@ def _read_bounded(response, deadline: float, max_bytes: int, clock: Callable[[],
             raise _TooLarge(b"".join(chunks)[:max_bytes])
 
 
-def _timed_out(exc: BaseException) -> bool:
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 10:
-        if isinstance(current, (urllib3.exceptions.TimeoutError, TimeoutError)):
-            return True
-        current = getattr(current, "reason", None) or current.__cause__ or current.__context__
-        seen += 1
-    return False
-
-
-def _api_message(exc: kubernetes.client.exceptions.ApiException) -> str:
+def _api_message(exc: kube.ApiException) -> str:
     """The ``message`` of the apiserver's Status body, else the start of the body."""
     return _body_message(exc.body)
 
@@ -333,14 +327,12 @@ class ActivityReporter:
         clock: seconds since the epoch (``sampled_at``).
     """
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, client: ControlPlaneClient, config: OperatorConfig, *,
+    def __init__(self, api_client: kube.ApiClient, client: ControlPlaneClient, config: OperatorConfig, *,
                  metrics: OperatorMetrics | None = None, clock: Callable[[], float] = time.time):
-        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.core = kube.core_v1(api_client)
         # Scrapes get their own client without urllib3's default retries (3): a read timeout retried would scrape the
         # node again and take four times GSHARE_HAMI_MONITOR_TIMEOUT; one scrape per node and tick, the next tick retries.
-        scrape_configuration = copy.copy(api_client.configuration)
-        scrape_configuration.retries = False
-        self.scrape_core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(scrape_configuration))
+        self.scrape_core = kube.core_v1(kube.without_retries(api_client))
         self.client = client
         self.config = config
         self.metrics = metrics
@@ -352,13 +344,14 @@ class ActivityReporter:
         """The session entries of this tick, or ``None`` when the session Pods cannot be listed."""
         timeout = {"_request_timeout": self.config.http_timeout}
         try:
-            pods = self.core.list_namespaced_pod(self.config.session_namespace, label_selector=SESSION_ID_LABEL,
-                                                 **timeout)
-        except kubernetes.client.exceptions.ApiException as exc:
+            with kube.apiserver_call():
+                pods = self.core.list_namespaced_pod(self.config.session_namespace, label_selector=SESSION_ID_LABEL,
+                                                     **timeout)
+        except kube.ApiException as exc:
             logger.warning("activity not reported: cannot list session pods (apiserver answered %s %s)", exc.status,
                            exc.reason)
             return None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except kube.KubeUnavailable as exc:
             logger.warning("activity not reported: cannot reach the apiserver (%s)", exc)
             return None
         targets = running_targets(self.core.api_client.sanitize_for_serialization(pods.items))
@@ -366,19 +359,20 @@ class ActivityReporter:
             return []
         now = _rfc3339(self._clock())
         try:
-            if self.config.hami_monitor_namespace:
-                monitors = self.core.list_namespaced_pod(self.config.hami_monitor_namespace,
-                                                         label_selector=self.config.hami_monitor_selector, **timeout)
-            else:
-                monitors = self.core.list_pod_for_all_namespaces(label_selector=self.config.hami_monitor_selector,
-                                                                 **timeout)
-        except kubernetes.client.exceptions.ApiException as exc:
+            with kube.apiserver_call():
+                if self.config.hami_monitor_namespace:
+                    monitors = self.core.list_namespaced_pod(self.config.hami_monitor_namespace,
+                                                             label_selector=self.config.hami_monitor_selector, **timeout)
+                else:
+                    monitors = self.core.list_pod_for_all_namespaces(label_selector=self.config.hami_monitor_selector,
+                                                                     **timeout)
+        except kube.ApiException as exc:
             where = f"namespace {self.config.hami_monitor_namespace}" if self.config.hami_monitor_namespace else "any namespace"
             why = (f"cannot list HAMi's device-plugin pods ({self.config.hami_monitor_selector}, {where}): the apiserver "
                    f"answered {exc.status} {exc.reason}: {_api_message(exc)}")
             logger.warning("activity of %d sessions unknown: %s", len(targets), why)
             return activity_entries(targets, {}, {t.node: why for t in targets}, now=now)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except kube.KubeUnavailable as exc:
             why = f"cannot reach the apiserver to list HAMi's device-plugin pods: {exc}"
             logger.warning("activity of %d sessions unknown: %s", len(targets), why)
             return activity_entries(targets, {}, {t.node: why for t in targets}, now=now)
@@ -506,7 +500,7 @@ class ActivityReporter:
         return True
 
 
-def run_activity(config: OperatorConfig, api_client: kubernetes.client.ApiClient, client: ControlPlaneClient,
+def run_activity(config: OperatorConfig, api_client: kube.ApiClient, client: ControlPlaneClient,
                  stop: threading.Event, *, metrics: OperatorMetrics | None = None) -> None:
     """Report the sessions' GPU activity every ``config.activity_interval`` seconds (start to start, first at once).
 
@@ -519,14 +513,6 @@ def run_activity(config: OperatorConfig, api_client: kubernetes.client.ApiClient
     """
     reporter = ActivityReporter(api_client, client, config, metrics=metrics)
     try:
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                reporter.tick()
-            except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
-                logger.exception("activity tick failed unexpectedly")
-            remaining = config.activity_interval - (time.monotonic() - started)
-            if remaining > 0:
-                stop.wait(remaining)
+        every(config.activity_interval, reporter.tick, stop, logger=logger, what="activity tick")
     finally:
         reporter.close()

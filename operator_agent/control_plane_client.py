@@ -50,6 +50,12 @@ from contract import ACTIVITY_PATH, INVENTORY_PATH, INVENTORY_SNAPSHOT_REQUIRED,
 from operator_agent import __version__
 from operator_agent.clock import ClockOffset
 from operator_agent.config import OperatorConfig
+from operator_agent.control_plane_errors import (  # noqa: F401  (re-exported: callers catch them from the client)
+    ControlPlaneAuthError,
+    ControlPlaneError,
+    ControlPlaneRejected,
+    ControlPlaneUnavailable,
+)
 from operator_agent.token import NoTokenError, TokenSource
 
 __all__ = [
@@ -85,34 +91,6 @@ INTERNAL_PLANE_FIX = (
     "this cluster's egress address in `ingress.internalPlane.sourceRange`, and point this operator's `controlPlaneUrl` "
     "at that host"
 )
-
-
-class ControlPlaneError(Exception):
-    """A call to the control plane failed. ``status`` is the HTTP status (``None`` if none was received).
-
-    ``body`` is the decoded JSON error body (``{"code", "detail", ...}``, e.g. the ``index`` of a refused usage
-    sample), ``{}`` when there was none or it was not a JSON object.
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, detail: str = "",
-                 body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.body = body or {}
-
-
-class ControlPlaneUnavailable(ControlPlaneError):
-    """Connection errors, timeouts or 5xx/429 on every attempt (or the caller asked to stop)."""
-
-
-class ControlPlaneAuthError(ControlPlaneError):
-    """401: the operator token is expired, revoked or of a deregistered cluster; rotate it."""
-
-
-class ControlPlaneRejected(ControlPlaneError):
-    """403 or another 4xx: the control plane refused the request; retrying the same body will not help."""
 
 
 class TokenUnavailable(ControlPlaneError):
@@ -183,7 +161,7 @@ class ControlPlaneClient:
         self.clock = clock or ClockOffset()
 
     def put_inventory(self, snapshot: dict) -> dict:
-        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.inventory``, or a digest-only report
+        """``PUT /internal/v1/inventory`` with the snapshot of ``operator_agent.reporters.inventory``, or a digest-only report
         (``{"digest", "checks"?}``); return the response body.
 
         Raises:
@@ -195,7 +173,7 @@ class ControlPlaneClient:
         return self.request("PUT", INVENTORY_PATH, json_body=snapshot, quiet_codes=quiet)
 
     def post_storage(self, report: dict) -> dict:
-        """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.storage``; return the body.
+        """``POST /internal/v1/storage`` with the volume-sync report of ``operator_agent.reporters.storage``; return the body.
 
         Raises:
             ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected, TokenUnavailable.
@@ -203,7 +181,7 @@ class ControlPlaneClient:
         return self.request("POST", STORAGE_PATH, json_body=report)
 
     def post_usage(self, samples: list[dict]) -> dict:
-        """``POST /internal/v1/usage`` with a batch of usage samples (``operator_agent.usage``); return the body.
+        """``POST /internal/v1/usage`` with a batch of usage samples (``operator_agent.reporters.usage``); return the body.
 
         Raises:
             ControlPlaneUnavailable, ControlPlaneAuthError, ControlPlaneRejected (``body`` holds the ``index`` of a
@@ -212,7 +190,7 @@ class ControlPlaneClient:
         return self.request("POST", USAGE_PATH, json_body={"samples": samples})
 
     def post_activity(self, report: dict) -> dict:
-        """``POST /internal/v1/activity`` with the GPU activity report of ``operator_agent.gpu_activity``; return the body.
+        """``POST /internal/v1/activity`` with the GPU activity report of ``operator_agent.reporters.activity``; return the body.
 
         Args:
             report: ``{"sessions": [...]}`` as ``contract.ACTIVITY_SCHEMA`` describes.

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import (
+from operator_agent.control_plane_client import (
     ControlPlaneAuthError,
     ControlPlaneClient,
     ControlPlaneRejected,

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
-from operator_agent.k8s.routing import envoy_gateway, gateway_api, ingress_nginx
-from operator_agent.k8s.routing.kinds import RoutingError, RoutingKind
+from operator_agent.manifests.routing import envoy_gateway, gateway_api, ingress_nginx
+from operator_agent.manifests.routing.kinds import RoutingError, RoutingKind
 
 __all__ = [
     "EXTERNAL_AUTH",

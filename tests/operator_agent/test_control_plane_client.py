@@ -15,7 +15,7 @@ import pytest
 
 from contract import CLUSTER_DEREGISTERED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_PATH, TOKEN_INVALID
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import (
+from operator_agent.control_plane_client import (
     ControlPlaneAuthError,
     ControlPlaneClient,
     ControlPlaneRejected,
@@ -191,7 +191,7 @@ def test_backoff_on_503_then_success(control_plane, token_file, caplog):
     control_plane.script.extend([Reply(503, {"code": "unavailable", "detail": "database restarting"})] * 3)
     client, delays = make_client(control_plane.url, token_file, rng=lambda: 1.0)
 
-    with caplog.at_level(logging.WARNING, logger="operator_agent.control_plane"):
+    with caplog.at_level(logging.WARNING, logger="operator_agent.control_plane_client"):
         assert client.put_inventory(SNAPSHOT) == OK_BODY
 
     assert len(control_plane.requests) == 4

@@ -1,9 +1,9 @@
-"""GPU activity (operator_agent.gpu_activity): sessions, monitors, scraping through the pod proxy, the report.
+"""GPU activity (operator_agent.reporters.activity): sessions, monitors, scraping through the pod proxy, the report.
 
 The apiserver is a real HTTP server on 127.0.0.1 (``tests.helpers.serving``) answering the official client's calls: the
 session Pods, HAMi's device-plugin Pods, and ``GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics``, the pod
 proxy URL ``CoreV1Api.connect_get_namespaced_pod_proxy_with_path`` sends, with answers the emulator's monitor never gives
-(garbage, a trickling body, a forbidden pod list; the emulator itself: ``test_gpu_activity_emulator``). The control
+(garbage, a trickling body, a forbidden pod list; the emulator itself: ``test_activity_emulator``). The control
 plane is another one taking ``POST /internal/v1/activity``. Every report is validated against
 ``contract.ACTIVITY_SCHEMA``.
 """
@@ -26,10 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contract import ACTIVITY_PATH, HAMI_MONITOR_PORT_DEFAULT, SESSION_ID_LABEL
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneClient
-from operator_agent.gpu_activity import ActivityReporter, monitor_pods_by_node, running_targets
+from operator_agent.control_plane_client import ControlPlaneClient
 from operator_agent.hami_pods import HAMI_POD_DEVICES_ALLOCATED_ANNOTATION
 from operator_agent.metrics import OperatorMetrics, serve_metrics
+from operator_agent.reporters.activity import ActivityReporter, monitor_pods_by_node, running_targets
 from tests import contract
 from tests.helpers import send_json, serving
 from tests.operator_agent.hami_exposition import Series, exposition
@@ -459,7 +459,7 @@ def test_running_targets_read_the_session_label_node_and_hami_devices():
 
 def test_the_usage_queue_and_report_ages_on_the_operators_metrics(tmp_path: Path):
     from contract import INVENTORY_PATH, USAGE_PATH
-    from operator_agent.usage import UsageQueue
+    from operator_agent.reporters.usage import UsageQueue
 
     now = [1_764_432_600.0]
     metrics = OperatorMetrics(usage_queue_path=str(tmp_path / "q.sqlite3"), clock=lambda: now[0])

@@ -2,7 +2,7 @@
 
 Format: Gateway API v1.6.1 ``gateway.networking.k8s.io/v1`` HTTPRoute (standard channel; CRD copy in
 ``tests/fixtures/crds``). The route only routes; who may pass is the external-auth implementation's objects
-(``operator_agent.k8s.routing.EXTERNAL_AUTH``), which target this route by name.
+(``operator_agent.manifests.routing.EXTERNAL_AUTH``), which target this route by name.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, session_object_name
-from operator_agent.k8s.manifests import session_metadata, session_port
-from operator_agent.k8s.routing.kinds import HTTP_ROUTE, RoutingKind
+from operator_agent.manifests.routing.kinds import HTTP_ROUTE, RoutingKind
+from operator_agent.manifests.session import session_metadata, session_port
 
 __all__ = ["GATEWAY_KIND", "KINDS", "route_target_ref", "session_gateway", "session_http_route"]
 

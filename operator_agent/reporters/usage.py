@@ -4,7 +4,7 @@ Every ``GSHARE_USAGE_INTERVAL`` seconds (default 60) the usage thread (``run_usa
 
 1. **Sample.** It lists the GShareSessions of the session namespace and the session Pods (label
    ``app.kubernetes.io/managed-by=gshare-operator``), the same objects the status reports come from, and derives each
-   session's phase and GPUs with the status code itself (``operator_agent.sessions.session_status_from_pod``: the
+   session's phase and GPUs with the status code itself (``operator_agent.reporters.status.session_status_from_pod``: the
    Pod's phase, ``devices`` = the GPU UUIDs of HAMi's ``hami.io/vgpu-devices-allocated`` annotation). A session is
    metered while that phase is ``Running`` (a Pod in phase ``Unknown`` keeps the phase it had, so a node that stops
    reporting is metered until it comes back or the Pod is gone). For each such session it appends one sample per GPU
@@ -81,9 +81,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kubernetes.client
-import urllib3.exceptions
-
 from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
     GSHARE_API_GROUP,
@@ -98,15 +95,17 @@ from contract import (
     rfc3339,
     session_object_name,
 )
+from operator_agent import kube
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import (
+from operator_agent.control_plane_client import (
     ControlPlaneClient,
     ControlPlaneError,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
-from operator_agent.k8s.manifests import MANAGED_BY, MANAGED_BY_LABEL
-from operator_agent.sessions import session_status_from_pod
+from operator_agent.loop import every
+from operator_agent.manifests.session import MANAGED_BY, MANAGED_BY_LABEL
+from operator_agent.reporters.status import session_status_from_pod
 
 __all__ = [
     "MAX_WINDOW_MS",
@@ -584,10 +583,10 @@ class UsageSampler:
         clock: epoch ms.
     """
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, queue: UsageQueue, *, namespace: str, interval: float,
+    def __init__(self, api_client: kube.ApiClient, queue: UsageQueue, *, namespace: str, interval: float,
                  request_timeout: float | None = None, clock: Clock = _now_ms):
-        self.core = kubernetes.client.CoreV1Api(api_client)
-        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.core = kube.core_v1(api_client)
+        self.custom = kube.custom_objects(api_client)
         self.queue = queue
         self.namespace = namespace
         self.interval_ms = max(1, round(interval * 1000))
@@ -598,7 +597,7 @@ class UsageSampler:
         """The GShareSessions and the session Pods of the namespace, as JSON.
 
         Raises:
-            kubernetes.client.exceptions.ApiException, urllib3 errors.
+            kube.ApiException, or a transport error (``kube.apiserver_call`` makes it ``KubeUnavailable``).
         """
         sessions = self.custom.list_namespaced_custom_object(
             GSHARE_API_GROUP, GSHARE_API_VERSION, self.namespace, GSHARE_SESSION_PLURAL, **self._timeout)
@@ -609,12 +608,13 @@ class UsageSampler:
     def tick(self) -> int | None:
         """Queue the samples of this tick; return how many, or ``None`` when the apiserver could not be read."""
         try:
-            sessions, pods = self.read_cluster()
-        except kubernetes.client.exceptions.ApiException as exc:
+            with kube.apiserver_call():
+                sessions, pods = self.read_cluster()
+        except kube.ApiException as exc:
             logger.warning("usage not sampled: cannot list sessions and pods (apiserver answered %s %s); the next "
                            "sample covers this interval", exc.status, exc.reason)
             return None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except kube.KubeUnavailable as exc:
             logger.warning("usage not sampled: cannot reach the apiserver (%s); the next sample covers this interval", exc)
             return None
         return self.record(sessions, pods)
@@ -636,7 +636,7 @@ class UsageSampler:
 # --------------------------------------------------------------------------- the loop
 
 
-def run_usage(config: OperatorConfig, api_client: kubernetes.client.ApiClient, client: ControlPlaneClient,
+def run_usage(config: OperatorConfig, api_client: kube.ApiClient, client: ControlPlaneClient,
               stop: threading.Event, *, clock: Clock = _now_ms) -> None:
     """Sample and send every ``config.usage_interval`` seconds (start to start, first at once) until ``stop`` is set.
 
@@ -652,31 +652,31 @@ def run_usage(config: OperatorConfig, api_client: kubernetes.client.ApiClient, c
         clock: epoch ms.
     """
     queue: UsageQueue | None = None
+    sampler: UsageSampler | None = None
+    sender: UsageSender | None = None
     last_error = None
+
+    def tick() -> None:
+        nonlocal queue, last_error, sampler, sender
+        try:
+            if queue is None:
+                queue = UsageQueue(config.usage_queue_path, max_samples=config.usage_queue_max,
+                                   cluster_id=config.cluster_id, clock=clock)
+                logger.info("usage sampled every %gs into %s (%d samples queued, at most %d)", config.usage_interval,
+                            os.path.abspath(config.usage_queue_path), len(queue), config.usage_queue_max)
+                sampler = UsageSampler(api_client, queue, namespace=config.session_namespace,
+                                       interval=config.usage_interval, request_timeout=config.http_timeout,
+                                       clock=clock)
+                sender = UsageSender(client, queue)
+            sampler.tick()
+            sender.flush()
+        except QueueError as exc:
+            if str(exc) != last_error:
+                logger.error("usage metering off until this is fixed: %s (GSHARE_USAGE_QUEUE_PATH)", exc)
+                last_error = str(exc)
+
     try:
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                if queue is None:
-                    queue = UsageQueue(config.usage_queue_path, max_samples=config.usage_queue_max,
-                                       cluster_id=config.cluster_id, clock=clock)
-                    logger.info("usage sampled every %gs into %s (%d samples queued, at most %d)", config.usage_interval,
-                                os.path.abspath(config.usage_queue_path), len(queue), config.usage_queue_max)
-                    sampler = UsageSampler(api_client, queue, namespace=config.session_namespace,
-                                           interval=config.usage_interval, request_timeout=config.http_timeout,
-                                           clock=clock)
-                    sender = UsageSender(client, queue)
-                sampler.tick()
-                sender.flush()
-            except QueueError as exc:
-                if str(exc) != last_error:
-                    logger.error("usage metering off until this is fixed: %s (GSHARE_USAGE_QUEUE_PATH)", exc)
-                    last_error = str(exc)
-            except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
-                logger.exception("usage tick failed unexpectedly")
-            remaining = config.usage_interval - (time.monotonic() - started)
-            if remaining > 0:
-                stop.wait(remaining)
+        every(config.usage_interval, tick, stop, logger=logger, what="usage tick")
     finally:
         if queue is not None:
             queue.close()

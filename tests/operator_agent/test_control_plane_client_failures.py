@@ -13,7 +13,7 @@ import pytest
 
 from demo.emulator.tls import generate_certificates
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import ControlPlaneAuthError, ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
+from operator_agent.control_plane_client import ControlPlaneAuthError, ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
 from tests.helpers import serving
 
 SNAPSHOT = {"nodes": []}

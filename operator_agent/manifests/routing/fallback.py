@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract import ROUTING_GATEWAY_API
-from operator_agent.k8s.routing import envoy_gateway, ingress_nginx
-from operator_agent.k8s.routing.gateway_api import GATEWAY_KIND, session_gateway
-from operator_agent.k8s.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS, RoutingError
+from operator_agent.manifests.routing import envoy_gateway, ingress_nginx
+from operator_agent.manifests.routing.gateway_api import GATEWAY_KIND, session_gateway
+from operator_agent.manifests.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS, RoutingError
 
 __all__ = ["FALLBACK_NAME", "LABELS", "SESSION_PATH_PREFIX", "fallback_objects", "fallback_service"]
 

@@ -1,11 +1,11 @@
-"""Apply a session's routing objects (``operator_agent.k8s.routing``) and remove those of its previous routing mode.
+"""Apply a session's routing objects (``operator_agent.manifests.routing``) and remove those of its previous routing mode.
 
-Used by ``operator_agent.sessions.SessionReconciler`` under its per-session lock. Every routing object -- the Ingress
+Used by ``operator_agent.sessions.reconciler.SessionReconciler`` under its per-session lock. Every routing object -- the Ingress
 as much as the Gateway API and Envoy Gateway custom resources -- goes through ``CustomObjectsApi`` (the same
 ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>`` URL the typed clients use), server-side applied with the
 operator's field manager.
 
-After a session's own objects, the cluster's fallback route for ``/s/`` (``operator_agent.k8s.routing.fallback``: what
+After a session's own objects, the cluster's fallback route for ``/s/`` (``operator_agent.manifests.routing.fallback``: what
 answers a stopped session's URL) is applied in the same mode, once per process and whenever the session domain, the
 control plane's address or the mode change; the other mode's fallback objects are deleted then.
 
@@ -30,14 +30,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import kubernetes.client
-
 from contract import ROUTING_GATEWAY_API
-from operator_agent.k8s.routing import RoutingError, RoutingKind, all_kinds, routing_mode, routing_objects, stale_kinds
-from operator_agent.k8s.routing.fallback import FALLBACK_NAME, fallback_objects
-from operator_agent.k8s.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS
+from operator_agent import kube
+from operator_agent.manifests.routing import RoutingError, RoutingKind, all_kinds, routing_mode, routing_objects, stale_kinds
+from operator_agent.manifests.routing.fallback import FALLBACK_NAME, fallback_objects
+from operator_agent.manifests.routing.kinds import BACKEND, HTTP_ROUTE, INGRESS
 
-__all__ = ["RoutingApplier", "api_message", "kind_of"]
+__all__ = ["RoutingApplier", "kind_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +63,14 @@ class RoutingApplier:
         request_timeout: seconds per apiserver call (``None``: the client's default).
     """
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, namespace: str, *, field_manager: str,
+    def __init__(self, api_client: kube.ApiClient, namespace: str, *, field_manager: str,
                  request_timeout: float | None = None):
-        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.custom = kube.custom_objects(api_client)
         self.namespace = namespace
         self.field_manager = field_manager
         self._timeout_kwargs: dict[str, Any] = {} if request_timeout is None else {"_request_timeout": request_timeout}
         self._applied_mode: dict[str, str] = {}
-        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.core = kube.core_v1(api_client)
         self._fallback: tuple[str, str] | None = None
 
     def apply(self, gss: Mapping[str, Any]) -> str | None:
@@ -82,7 +81,8 @@ class RoutingApplier:
             ``None`` when every object is applied, else why not (for ``status.message``; also logged once per change).
 
         Raises:
-            kubernetes.client.exceptions.ApiException, urllib3 errors: the apiserver failed otherwise; retry later.
+            kube.ApiException, or a transport error (``kube.apiserver_call`` makes it ``KubeUnavailable``): the
+            apiserver failed otherwise; retry later.
         """
         name = gss["metadata"]["name"]
         try:
@@ -104,7 +104,7 @@ class RoutingApplier:
         return None
 
     def apply_fallback(self, gss: Mapping[str, Any], mode: str) -> bool:
-        """Apply the cluster's fallback route for ``/s/`` (``operator_agent.k8s.routing.fallback``) in ``mode``, for the
+        """Apply the cluster's fallback route for ``/s/`` (``operator_agent.manifests.routing.fallback``) in ``mode``, for the
         session domain and control plane ``gss`` names, when they differ from what this process last applied; then
         delete the other mode's fallback objects. A failure is logged and tried again on the next session's apply:
         it never keeps a session from its own route.
@@ -136,10 +136,10 @@ class RoutingApplier:
             if mode == ROUTING_GATEWAY_API:
                 try:
                     self.core.delete_namespaced_service(FALLBACK_NAME, self.namespace, **self._timeout_kwargs)
-                except kubernetes.client.exceptions.ApiException as exc:
+                except kube.ApiException as exc:
                     if exc.status not in (404, 403):
                         raise
-        except (kubernetes.client.exceptions.ApiException, OSError) as exc:
+        except (kube.ApiException, OSError) as exc:
             logger.warning("fallback route for /s/ not applied (%s); trying again with the next session", type(exc).__name__)
             return False
         logger.info("fallback route for %s/s/ applied (%s)", gss["spec"].get("host"), mode)
@@ -158,15 +158,15 @@ class RoutingApplier:
                 kind.group, kind.version, self.namespace, kind.plural, name, obj, field_manager=self.field_manager,
                 force=True, _content_type="application/apply-patch+yaml", **self._timeout_kwargs,
             )
-        except kubernetes.client.exceptions.ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status == 404 and not self._served(kind):
                 return (f"routing: this cluster does not serve {kind.resource}, which {mode} routing needs: "
                         + _install_hint(mode))
             if exc.status == 403:
                 return (f"routing: the operator may not write {kind.resource} in namespace {self.namespace} "
-                        f"({api_message(exc)}): upgrade the gshare-operator chart, whose Role grants it")
+                        f"({kube.api_message(exc)}): upgrade the gshare-operator chart, whose Role grants it")
             if exc.status in (400, 422):
-                return f"routing: the apiserver refused the {kind.kind} {name}: {api_message(exc)}"
+                return f"routing: the apiserver refused the {kind.kind} {name}: {kube.api_message(exc)}"
             raise
         return None
 
@@ -174,11 +174,11 @@ class RoutingApplier:
         try:
             self.custom.delete_namespaced_custom_object(kind.group, kind.version, self.namespace, kind.plural, name,
                                                         **self._timeout_kwargs)
-        except kubernetes.client.exceptions.ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status in (404, 405):  # gone already, or the kind is not served here (nothing of it to delete)
                 return
             if exc.status == 403:
-                logger.warning("session %s: may not delete its %s (%s)", name, kind.resource, api_message(exc))
+                logger.warning("session %s: may not delete its %s (%s)", name, kind.resource, kube.api_message(exc))
                 return
             raise
         logger.info("%s %s/%s deleted: the session's routing mode changed", kind.kind, self.namespace, name)
@@ -187,7 +187,7 @@ class RoutingApplier:
         """Whether the apiserver serves ``kind`` (discovery of its group version; no RBAC needed)."""
         try:
             resources = self.custom.get_api_resources(kind.group, kind.version, **self._timeout_kwargs)
-        except kubernetes.client.exceptions.ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status == 404:
                 return False
             raise
@@ -199,14 +199,3 @@ def _install_hint(mode: str) -> str:
         return ("install Envoy Gateway v1.9.0 with its Gateway API CRDs (`manage.py attach_cluster --routing "
                 "gateway-api` does), or switch the cluster's routing to ingress-nginx")
     return "install the networking.k8s.io/v1 Ingress API (Kubernetes 1.19 or later)"
-
-
-def api_message(exc: kubernetes.client.exceptions.ApiException) -> str:
-    """The ``message`` of an apiserver ``Status`` error body, else the status and reason."""
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{exc.status} {exc.reason}"

@@ -15,7 +15,7 @@ Where the formats come from:
 * GPU resources: HAMi's extended resource names, ``charts/hami/values.yaml`` v2.10.0
   (``resourceName``/``resourceMem``/``resourceCores``; identical since v2.4.0; copy in
   ``/work/shared/fixtures/hami/helm-values.resource-names.v2.10.0.yaml``);
-* routing objects (Ingress, HTTPRoute, Envoy Gateway policies): ``operator_agent.k8s.routing``;
+* routing objects (Ingress, HTTPRoute, Envoy Gateway policies): ``operator_agent.manifests.routing``;
 * session volumes: ``core/v1`` PersistentVolumeClaim (``ReadWriteMany``: every cluster mounts the same NFS
   export through its democratic-csi driver, and a session pod may land on any node), mounted through a
   ``persistentVolumeClaim`` pod volume;

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import CONNECT_EXT_AUTHZ_PATH
-from operator_agent.k8s.manifests import session_metadata
-from operator_agent.k8s.routing.gateway_api import route_target_ref
-from operator_agent.k8s.routing.kinds import (
+from operator_agent.manifests.routing.gateway_api import route_target_ref
+from operator_agent.manifests.routing.kinds import (
     BACKEND,
     BACKEND_TRAFFIC_POLICY,
     SECURITY_POLICY,
     RoutingError,
     RoutingKind,
 )
+from operator_agent.manifests.session import session_metadata
 
 __all__ = [
     "AUTH_RESPONSE_HEADERS",

@@ -1,4 +1,4 @@
-"""Session routing through the operator (operator_agent.session_routing) against the Kubernetes API emulator.
+"""Session routing through the operator (operator_agent.sessions.routing_applier) against the Kubernetes API emulator.
 
 The emulator is seeded like tests/operator_agent/test_sessions.py plus the upstream Gateway API and Envoy Gateway CRDs
 of tests/fixtures/crds (it serves any CRD created in it); Kopf runs for real in a thread (``run_sessions``). The

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract import session_object_name
-from operator_agent.k8s.manifests import PORT_NAME, session_metadata
-from operator_agent.k8s.routing.kinds import INGRESS, RoutingKind
+from operator_agent.manifests.routing.kinds import INGRESS, RoutingKind
+from operator_agent.manifests.session import PORT_NAME, session_metadata
 
 __all__ = ["AUTH_RESPONSE_HEADERS", "INGRESS_CLASS", "KINDS", "PROXY_TIMEOUT_SECONDS", "objects", "session_ingress"]
 

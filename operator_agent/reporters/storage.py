@@ -62,13 +62,9 @@ import json
 import logging
 import re
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-import kubernetes.client
-import urllib3.exceptions
 
 from contract import (
     FORBIDDEN_CLUSTER_SCOPE,
@@ -78,13 +74,15 @@ from contract import (
     rfc3339,
 )
 from contract.quantity import parse_quantity
+from operator_agent import kube
 from operator_agent.config import OperatorConfig
-from operator_agent.control_plane import (
+from operator_agent.control_plane_client import (
     ControlPlaneClient,
     ControlPlaneError,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
 )
+from operator_agent.loop import every
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -396,18 +394,18 @@ def _claim_class(volume: Mapping[str, Any], pvc: Mapping[str, Any] | None) -> st
     return str(((pvc or {}).get("spec") or {}).get("storageClassName") or volume.get("storageClassName") or "")
 
 
-def session_volume_wait(api_client: kubernetes.client.ApiClient, namespace: str, volumes: Iterable[Mapping[str, Any]],
+def session_volume_wait(api_client: kube.ApiClient, namespace: str, volumes: Iterable[Mapping[str, Any]],
                         **kwargs: Any) -> str:
     """``volume_wait_message`` of a session's ``spec.volumes``: reads each PVC and, for one not bound, its StorageClass
     (a 404 is the reason, at once, without waiting for the PV controller's event) and the Events about it
     (``kwargs``: e.g. ``_request_timeout``).
 
     Raises:
-        kubernetes.client.exceptions.ApiException (other than 404; a 403 on the StorageClass is ignored), urllib3
-        errors: a read failed.
+        kube.ApiException (other than 404; a 403 on the StorageClass is ignored), or a transport error
+        (``kube.apiserver_call`` makes it ``KubeUnavailable``): a read failed.
     """
-    core = kubernetes.client.CoreV1Api(api_client)
-    storage = kubernetes.client.StorageV1Api(api_client)
+    core = kube.core_v1(api_client)
+    storage = kube.storage_v1(api_client)
     volumes = list(volumes)
     pvcs: dict[str, dict | None] = {}
     events: list[dict] = []
@@ -422,7 +420,7 @@ def session_volume_wait(api_client: kubernetes.client.ApiClient, namespace: str,
                 pvcs[claim] = json.loads(response.data or b"{}")
             finally:
                 response.release_conn()
-        except kubernetes.client.exceptions.ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status != 404:
                 raise
             pvcs[claim] = None
@@ -436,11 +434,11 @@ def session_volume_wait(api_client: kubernetes.client.ApiClient, namespace: str,
     return volume_wait_message(volumes, pvcs, events, missing_classes=[name for name, found in classes.items() if not found])
 
 
-def _storage_class_exists(storage: kubernetes.client.StorageV1Api, name: str, kwargs: Mapping[str, Any]) -> bool:
+def _storage_class_exists(storage: kube.StorageV1Api, name: str, kwargs: Mapping[str, Any]) -> bool:
     """False only when the apiserver answers 404 (a 403 from an older chart's RBAC: assumed present)."""
     try:
         storage.read_storage_class(name, _preload_content=False, **kwargs).release_conn()
-    except kubernetes.client.exceptions.ApiException as exc:
+    except kube.ApiException as exc:
         if exc.status == 404:
             return False
         if exc.status != 403:
@@ -451,7 +449,7 @@ def _storage_class_exists(storage: kubernetes.client.StorageV1Api, name: str, kw
 # --------------------------------------------------------------------------- reading the cluster
 
 
-def collect_storage(api_client: kubernetes.client.ApiClient, *, namespace: str, own_class: str | None = None,
+def collect_storage(api_client: kube.ApiClient, *, namespace: str, own_class: str | None = None,
                     request_timeout: float | None = None,
                     clock: Callable[[], datetime.datetime] | None = None) -> dict[str, Any]:
     """Read the cluster and return the ``POST /internal/v1/storage`` body (``storage_report``).
@@ -464,15 +462,16 @@ def collect_storage(api_client: kubernetes.client.ApiClient, *, namespace: str, 
     fixtures hold.
 
     Raises:
-        kubernetes.client.exceptions.ApiException, urllib3 errors: a list failed (e.g. 403: RBAC).
+        kube.ApiException, or a transport error (``kube.apiserver_call`` makes it ``KubeUnavailable``): a list
+        failed (e.g. 403: RBAC).
     """
     read_at = (clock or (lambda: datetime.datetime.now(datetime.UTC)))()
-    core = kubernetes.client.CoreV1Api(api_client)
-    storage = kubernetes.client.StorageV1Api(api_client)
+    core = kube.core_v1(api_client)
+    storage = kube.storage_v1(api_client)
     timeout = {} if request_timeout is None else {"_request_timeout": request_timeout}
     try:
         capacities = _list_all(storage.list_csi_storage_capacity_for_all_namespaces, **timeout)
-    except kubernetes.client.exceptions.ApiException as exc:
+    except kube.ApiException as exc:
         if exc.status != 404:
             raise
         capacities = []  # storage.k8s.io/v1 CSIStorageCapacity is served from Kubernetes 1.24
@@ -496,12 +495,12 @@ def collect_storage(api_client: kubernetes.client.ApiClient, *, namespace: str, 
                           own_class=own_class, classes=classes)
 
 
-def _list_storage_classes(storage: kubernetes.client.StorageV1Api, timeout: Mapping[str, Any]) -> list[dict] | None:
+def _list_storage_classes(storage: kube.StorageV1Api, timeout: Mapping[str, Any]) -> list[dict] | None:
     """Every StorageClass, or None when the apiserver refuses the list (403: an older chart's RBAC): then nothing is
     reported about them, which the control plane reads as "unknown", never as "none"."""
     try:
         return _list_all(storage.list_storage_class, **timeout)
-    except kubernetes.client.exceptions.ApiException as exc:
+    except kube.ApiException as exc:
         if exc.status not in (403, 404):
             raise
         logger.warning("volume sync: cannot list StorageClasses (%s %s): the control plane is not told which exist here; "
@@ -514,14 +513,14 @@ def _warn_own_class_missing(own_class: str) -> None:
                    "PVCs of volumes on it stay Pending until it is created (or the setting is corrected)", own_class)
 
 
-def _check_own_class(storage: kubernetes.client.StorageV1Api, own_class: str, timeout: Mapping[str, Any]) -> None:
+def _check_own_class(storage: kube.StorageV1Api, own_class: str, timeout: Mapping[str, Any]) -> None:
     """Log a warning when ``GSHARE_VOLUME_STORAGE_CLASS`` names a StorageClass this cluster does not have (its
     volumes' PVCs would stay ``Pending``). Other failures (e.g. 403 from an older chart's RBAC) are not this tick's
     business: logged at debug level."""
     try:
         response = storage.read_storage_class(own_class, _preload_content=False, **timeout)
         response.release_conn()
-    except kubernetes.client.exceptions.ApiException as exc:
+    except kube.ApiException as exc:
         if exc.status == 404:
             _warn_own_class_missing(own_class)
         else:
@@ -550,15 +549,16 @@ def _list_all(method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dic
 # --------------------------------------------------------------------------- the tick
 
 
-def report_storage(api_client: kubernetes.client.ApiClient, client: ControlPlaneClient, config: OperatorConfig) -> bool:
+def report_storage(api_client: kube.ApiClient, client: ControlPlaneClient, config: OperatorConfig) -> bool:
     """One volume-sync tick: read the cluster, POST the report. ``True`` on success; never raises for I/O failures."""
     try:
-        report = collect_storage(api_client, namespace=config.session_namespace, own_class=config.volume_storage_class,
-                                 request_timeout=config.http_timeout)
-    except kubernetes.client.exceptions.ApiException as exc:
+        with kube.apiserver_call():
+            report = collect_storage(api_client, namespace=config.session_namespace,
+                                     own_class=config.volume_storage_class, request_timeout=config.http_timeout)
+    except kube.ApiException as exc:
         logger.warning("volume sync: cannot read storage objects from the apiserver: %s %s", exc.status, exc.reason)
         return False
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except kube.KubeUnavailable as exc:
         logger.warning("volume sync: cannot reach the apiserver: %s", exc)
         return False
     try:
@@ -585,7 +585,7 @@ def report_storage(api_client: kubernetes.client.ApiClient, client: ControlPlane
     return True
 
 
-def run_volume_sync(config: OperatorConfig, api_client: kubernetes.client.ApiClient, client: ControlPlaneClient,
+def run_volume_sync(config: OperatorConfig, api_client: kube.ApiClient, client: ControlPlaneClient,
                     stop: threading.Event) -> None:
     """Report every ``config.volume_sync_interval`` seconds (start to start, first at once) until ``stop`` is set.
 
@@ -595,12 +595,5 @@ def run_volume_sync(config: OperatorConfig, api_client: kubernetes.client.ApiCli
         client: control-plane client (its own ``requests`` session, the shared ``TokenSource``).
         stop: set to stop; a wait between ticks ends at once.
     """
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            report_storage(api_client, client, config)
-        except Exception:  # keep the operator alive across unexpected bugs; the traceback is logged
-            logger.exception("volume sync tick failed unexpectedly")
-        remaining = config.volume_sync_interval - (time.monotonic() - started)
-        if remaining > 0:
-            stop.wait(remaining)
+    every(config.volume_sync_interval, lambda: report_storage(api_client, client, config), stop, logger=logger,
+          what="volume sync tick")

@@ -1,1 +1,0 @@
-"""Kubernetes objects the operator creates, built by pure functions (see ``operator_agent.k8s.manifests``)."""
