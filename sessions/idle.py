@@ -316,6 +316,7 @@ ENFORCE_TASK = "sessions.enforce_idle"
 def idle_enforce_soon(*, cluster) -> None:
     """Have ``sessions.enforce_idle`` judge ``cluster``'s sessions once the current transaction commits (never raises:
     beat runs it for the whole fleet anyway)."""
+
     def publish():
         try:
             current_app.tasks[ENFORCE_TASK].apply_async(kwargs={"cluster_pk": cluster.pk}, expires=30)
