@@ -72,7 +72,7 @@ def control_plane_rules(*, volume_move: bool | None = None) -> dict[str, list[di
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["gatewayclasses", "gateways"], "verbs": ["get", "list"]},
     ]
     sessions: list[dict[str, Any]] = [
-        # sessions/services.py: server-side apply of a GShareSession (patch; create when it does not exist yet)
+        # sessions/lifecycle/remote.py: server-side apply of a GShareSession (patch; create when it does not exist yet)
         # and its delete when the session stops
         {"apiGroups": ["gshare.io"], "resources": ["gsharesessions"], "verbs": ["create", "patch", "delete"]},
         # storage/services.py: deleting a volume deletes its PVC

@@ -16,7 +16,7 @@ sessions and their holds, the request priced on the candidate clusters), the fit
 chosen cluster's row lock with the session's INSERT, the fit checked again under the lock with the allocations'
 INSERT and the recount, the audit row, the commit. Each decision is made by another user (the users making them
 are granted credits first through ``billing.services.credit_grant``), from the request mix of the live sessions.
-The only thing replaced is the Celery publish that ``transaction.on_commit`` schedules (``_enqueue``): no worker
+The only thing replaced is the Celery publish that ``transaction.on_commit`` schedules (``sessions.lifecycle.outbox.publish``): no worker
 runs here, and it happens after the commit, outside the locked section.
 
 Measured, each against a baseline taken in the same run:
@@ -331,9 +331,9 @@ def grant(users) -> None:
 
 
 def _patch_enqueue() -> None:
-    from sessions import services
+    from sessions.lifecycle import outbox
 
-    services._enqueue = lambda task_name, session_pk: True  # no Celery worker: nothing is published
+    outbox.publish = lambda task_name, session_pk: True  # no Celery worker: nothing is published
 
 
 def decide(user, request, cluster: str | None = None) -> bool:

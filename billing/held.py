@@ -6,7 +6,7 @@ on them) until they are released at its end (``Session.ended_at``). The operator
 once a tick: a session that lives between two ticks has no sample at all, and the first and last seconds of every
 session (before its first tick, after its last) have none either. So:
 
-* at the release (``sessions.services``), ``RECORD_RELEASED`` keeps each released reservation as a ``HeldGpu`` row:
+* at the release (``sessions.lifecycle.end``), ``RECORD_RELEASED`` keeps each released reservation as a ``HeldGpu`` row:
   the device, its model and memory, ``held_from`` and ``held_until``;
 * once the session ended ``GSHARE_BILLING_SETTLE_SECONDS`` ago (its last samples are in by then),
   :func:`held_gaps_bill` (run by the periodic close, ``billing.periods.periods_close``) writes a ``UsageSample`` with
@@ -50,7 +50,7 @@ GAP_PREFIX = contract.USAGE_RESERVED_ID_PREFIX
 _SESSION_TABLE = HeldGpu._meta.get_field("session").related_model._meta.db_table
 
 #: Records the reservations a release deletes as ``HeldGpu`` rows: a data-modifying CTE for the release's ``DELETE``
-#: (``sessions.services``), which names the deleted rows ``{released}`` with columns ``session_id`` and ``device_id``;
+#: (``sessions.lifecycle.end``), which names the deleted rows ``{released}`` with columns ``session_id`` and ``device_id``;
 #: the session's ``ended_at`` is already written in the same transaction. One statement with the release.
 RECORD_RELEASED = f"""
     INSERT INTO {HeldGpu._meta.db_table} (session_id, device_uuid, gpu_model, memory_mib, held_from, held_until)

@@ -331,7 +331,7 @@ class StorageHolding(models.Model):
 
 class HeldGpu(models.Model):
     """A GPU placement reserved for a session, and for how long: written when the reservation is released at the
-    session's end (``sessions.services``), read by ``billing.held`` to bill every second of it.
+    session's end (``sessions.lifecycle.end``), read by ``billing.held`` to bill every second of it.
 
     ``held_from`` is when the session was created (``sessions.create`` creates it and reserves its GPUs in one
     transaction), ``held_until`` when it ended (``Session.ended_at``: the reservation is released in that

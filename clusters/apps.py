@@ -10,7 +10,7 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         """Install the ``?cluster=`` rule in the audit trail's filter (audit sits below clusters)."""
-        # clusters.refs imports the models, which load only after every app's AppConfig
+        # Here, not at the top: both read models, which the app registry loads only after this module.
         from audit.api.filters import set_cluster_resolver
         from clusters.refs import cluster_public_id  # imports the models (see above)
 

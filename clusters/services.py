@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
+import yaml
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 import contract
 from audit.services import Action, audit_record, created
-from clusters import inventory
+from clusters import inventory, signals
 from clusters.diagnosis import clock_verdict, operator_check_verdicts, operator_reporting_detail
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
@@ -98,17 +99,18 @@ def _registration_conflict(*, name: str, kube_system_uid: str, server: str, sess
     return None
 
 
-def cluster_live_session_ids(*, cluster: Cluster) -> list[str]:
-    """Ids (``ses_...``) of the sessions on ``cluster`` that are not in a final phase (oldest first).
+def cluster_live_session_ids(*, cluster: Cluster, domain: str | None = None) -> list[str]:
+    """Ids (``ses_...``) of the sessions on ``cluster`` that are not in a final phase (oldest first), as the sessions
+    app answers ``clusters.signals.session_domain_changing``.
 
     Their URL, Ingress host and connect check all use the cluster's ``session_domain``.
-    """
-    from sessions.models import Session  # sessions imports this app's models
 
-    return list(
-        Session.objects.filter(cluster=cluster).exclude(phase__in=Session.TERMINAL_PHASES)
-        .order_by("created_at", "id").values_list("public_id", flat=True)
-    )
+    Args:
+        cluster: the cluster.
+        domain: the ``session_domain`` the cluster would move to (passed to the receivers; default: its own).
+    """
+    domain = cluster.session_domain if domain is None else domain
+    return [sid for ids in signals.answers(signals.session_domain_changing, cluster=cluster, domain=domain) for sid in ids]
 
 
 def _session_domain_change_refusal(cluster: Cluster, domain: str) -> Conflict | None:
@@ -124,7 +126,7 @@ def _session_domain_change_refusal(cluster: Cluster, domain: str) -> Conflict | 
         other = _registered().filter(session_domain=domain).exclude(pk=cluster.pk).first()
         if other is not None:
             return _session_domain_taken(domain, other)
-    live = cluster_live_session_ids(cluster=cluster)
+    live = cluster_live_session_ids(cluster=cluster, domain=domain)
     if not live:
         return None
     named = ", ".join(live[:_SESSIONS_NAMED]) + (f" and {len(live) - _SESSIONS_NAMED} more" if len(live) > _SESSIONS_NAMED else "")
@@ -349,11 +351,11 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
                 setattr(cluster, key, value)
             cluster.full_clean(validate_constraints=False)
             cluster.save(update_fields=list(fields))
-            # The sessions' routing objects follow the new routing: each live session is marked due for a re-apply (a
-            # durable mark that sessions.reconcile relays when the publish after the commit is lost).
-            from sessions.reapply import sessions_reapply_mark  # sessions imports this app's models
-
-            reapplied = sessions_reapply_mark(cluster=cluster) if routing_key(cluster) != routed_before else 0
+            # The sessions' routing objects follow the new routing: the sessions app marks each live session due for a
+            # re-apply (a durable mark that sessions.reconcile relays when the publish after the commit is lost).
+            reapplied = 0
+            if routing_key(cluster) != routed_before:
+                reapplied = sum(signals.answers(signals.cluster_routing_changed, cluster=cluster))
             if changes:  # one audit row: the fields asked for (never the kubeconfig), and for a new kubeconfig the apiserver it reaches
                 details = {"apiserver_url": cluster.apiserver_url, "old_apiserver_url": before["apiserver_url"],
                            "kube_system_uid": cluster.kube_system_uid} if credential is not None else {}
@@ -413,8 +415,6 @@ def _cluster_identity_record(cluster: Cluster) -> str:
     Raises:
         Conflict: ``cluster_identity_unknown`` (409) when the current kubeconfig cannot read it.
     """
-    import yaml
-
     try:
         result = probe_cluster(yaml.safe_load(cluster.kubeconfig), server=cluster.apiserver_url, timeout=settings.GSHARE_PROBE_TIMEOUT)
     except ClusterAuthFailed as exc:
@@ -483,18 +483,9 @@ def _different_cluster(cluster: Cluster, *, found_uid: str, server: str, expecte
 
 
 def cluster_live_allocations(*, cluster: Cluster) -> int:
-    """Return how many live sessions or GPU allocations exist on ``cluster``.
-
-    Later issues (sessions) extend this with their own models; until then nothing is allocated.
-    """
-    from django.apps import apps
-
-    count = 0
-    for model in apps.get_models():
-        check = getattr(model, "live_on_cluster", None)
-        if callable(check):
-            count += check(cluster)
-    return count
+    """How many live sessions or GPU allocations hold ``cluster``, as the apps above answer
+    ``clusters.signals.cluster_deregistering`` (0 when none subscribes)."""
+    return sum(signals.answers(signals.cluster_deregistering, cluster=cluster))
 
 
 @transaction.atomic
@@ -573,8 +564,6 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     """
     if cluster.status == Cluster.Status.DEREGISTERED:
         raise Conflict("This cluster is deregistered: register it again to test it.", code="cluster_deregistered")
-    import yaml
-
     result = probe_cluster(yaml.safe_load(cluster.kubeconfig), server=cluster.apiserver_url, timeout=settings.GSHARE_PROBE_TIMEOUT)
     checks = {name: result.checks.get(name, False) for name in ("apiserver_reachable", "runtime_class_nvidia", "hami_device_plugin", "gpu_nodes")}
     details = dict(result.details)

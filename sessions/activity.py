@@ -27,6 +27,7 @@ import contract
 from contract import rfc3339
 from core.api.base import unstorable_text_path
 from core.exceptions import ApplicationError, Forbidden
+from sessions import connect
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -148,8 +149,6 @@ def _hash_key() -> str:
 
 def _redis():
     """A Redis client of the default cache's server, bounded like connect verify's (``connect.CACHE_TIMEOUT_SECONDS``)."""
-    from sessions import connect
-
     return connect.redis_client()
 
 

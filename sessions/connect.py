@@ -72,6 +72,7 @@ from cachetools import TTLCache
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.core.cache import cache as default_cache
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
@@ -180,8 +181,6 @@ def user_changed(sender, instance, using: str = "default", **kwargs) -> None:
 
 def _users_whose_permissions_changed(instance, action: str, model, pk_set) -> set[int]:
     """The users whose permissions an ``m2m_changed`` of users' groups, users' or groups' permissions may change."""
-    from django.contrib.auth.models import Group, Permission
-
     user_model = get_user_model()
     users = set(pk_set or ()) if model is user_model else set()
     if isinstance(instance, user_model):

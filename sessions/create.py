@@ -2,7 +2,7 @@
 
 ``session_create`` (and ``session_create_idempotent``, its retry-safe form) are the only functions that create
 sessions; the API and the console call them. Everything after creation (the apply to the cluster, stop, status
-reports) is ``sessions.services``.
+reports) is ``sessions.lifecycle``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from clusters.refs import cluster_by_ref
 from core import instruments
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.prepared import statement_cursor
-from sessions import placement, selectors, services
+from sessions import placement, selectors
+from sessions.lifecycle import outbox
 from sessions.models import Session
 from storage.models import Volume
 from storage.services import volume_claim_name
@@ -377,7 +378,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
         "volumes": [v.public_id for v in mounted],
     }), details={"owner": owner.get_username()})
-    transaction.on_commit(lambda: services._enqueue("sessions.apply", session.pk))
+    outbox.publish_after_commit(outbox.APPLY, session.pk)
     transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)
     return session, True
 

@@ -38,6 +38,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 import contract
+from clusters.models import Cluster
 from core.internal_hosts import control_plane_host, internal_hosts, on_internal_host
 from sessions import connect
 from sessions.connect_path import PathRefused
@@ -140,8 +141,6 @@ def session_domain_registered(name: str) -> bool:
     now = time.monotonic()
     cached = _domains
     if cached is None or cached[0] <= now:
-        from clusters.models import Cluster
-
         with connect.bounded_database():
             rows = Cluster.objects.registered().exclude(session_domain="").values_list("session_domain", flat=True)
             domains = frozenset(d.lower() for d in rows)

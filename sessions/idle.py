@@ -15,7 +15,7 @@ shared GPU (``sessions.activity``), and connect verify notes who was let in. ``i
 * GPU activity that is unknown (no reading yet, the monitor could not be read, or the reading is older than
   ``GSHARE_ACTIVITY_STALE_SECONDS``) never makes a session idle: its clock does not run.
 * ``idle_warning_minutes`` before the stop the session shows ``idle_since`` and ``stops_at``;
-* at ``stops_at`` it is stopped (``sessions.services.session_stop``, ``stop_reason`` ``idle``, its message naming the
+* at ``stops_at`` it is stopped (``sessions.lifecycle.session_stop``, ``stop_reason`` ``idle``, its message naming the
   policy and the last activity), and the ledger gets its ``end`` entry with the credits burned while idle
   (``billing.services.ledger_session_end``).
 
@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -38,7 +39,7 @@ from audit.services import Action, audit_record
 from billing import admission
 from billing.services import ledger_session_end
 from core.exceptions import ApplicationError, Conflict, Forbidden
-from sessions import activity, services
+from sessions import activity, lifecycle
 from sessions.models import Session, SessionActivity
 from sessions.permissions import may_open_any_session
 
@@ -301,20 +302,24 @@ def _stop_idle(*, session: Session, policy, now: datetime) -> bool:
     if not judgement.due:
         return False
     message = stop_message(policy=policy, last_kernel_at=row.last_kernel_at, last_connected_at=connected, judgement=judgement)
-    services.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
+    lifecycle.session_stop(session=locked, reason=message, stop_reason=Session.StopReason.IDLE)
     ledger_session_end(session=locked, idle_since=judgement.idle_since, until=now, reason=message, created_by="idle-policy")
     logger.info("session %s stopped by the idle policy (idle since %s)", locked.public_id, _moment(judgement.idle_since, "?"))
     return True
 
 
+#: The Celery task that runs the policy (``sessions.tasks``, which is built on this module, defines it; it is published by
+#: name, as ``sessions.lifecycle.outbox`` publishes its own).
+ENFORCE_TASK = "sessions.enforce_idle"
+
+
 def idle_enforce_soon(*, cluster) -> None:
     """Have ``sessions.enforce_idle`` judge ``cluster``'s sessions once the current transaction commits (never raises:
     beat runs it for the whole fleet anyway)."""
-    from sessions import tasks  # the tasks module imports this one
 
     def publish():
         try:
-            tasks.idle_enforce_task.apply_async(kwargs={"cluster_pk": cluster.pk}, expires=30)
+            current_app.tasks[ENFORCE_TASK].apply_async(kwargs={"cluster_pk": cluster.pk}, expires=30)
         except Exception as exc:  # the broker is down: beat's run covers it
             logger.warning("idle: could not publish the policy run for %s (%s)", cluster.name, exc)
 

@@ -143,7 +143,7 @@ class Session(models.Model):
 
     @classmethod
     def live_on_cluster(cls, cluster) -> int:
-        """How many live sessions are on ``cluster`` (hook read by ``clusters.services.cluster_deregister``)."""
+        """How many live sessions are on ``cluster`` (what the sessions app answers ``clusters.signals.cluster_deregistering``)."""
         return cls.objects.filter(cluster=cluster).exclude(phase__in=cls.TERMINAL_PHASES).count()
 
 

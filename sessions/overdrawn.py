@@ -1,7 +1,7 @@
 """Stopping the sessions of accounts that ran out of credits: a sessions workflow that reacts to billing's state.
 
 Billing keeps the balances and the policies' grace (``billing.admission``); stopping a session is the session service's
-(``sessions.services.session_stop``). Sessions sits above billing, so this workflow lives here and reads billing,
+(``sessions.lifecycle.session_stop``). Sessions sits above billing, so this workflow lives here and reads billing,
 never the other way (``.importlinter``'s layers).
 
 Lock order: credit accounts (primary-key order) → session rows (see ``billing.admission`` for admission's).
@@ -19,7 +19,7 @@ from django.utils import timezone
 from billing.admission import EffectivePolicy, credits_text, policies_for
 from billing.models import CreditAccount
 from contract.rfc3339 import format_utc
-from sessions import services as session_services
+from sessions import lifecycle
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
     """Stop the live sessions of every account below zero for longer than its owner's policy grace: ``balance −
     accrued`` (the usage of open billing periods counts, to the sample) below zero since ``below_zero_since``.
 
-    Each session is stopped through ``sessions.services.session_stop`` (Stopping now, its GShareSession
+    Each session is stopped through ``sessions.lifecycle.session_stop`` (Stopping now, its GShareSession
     deleted by the task, then Terminated) with ``stop_reason`` as its message. Idempotent: sessions already
     Stopping or ended are left alone, so a second run changes nothing. The accounts found are locked (primary-key
     order) and checked again before their sessions are stopped, so a grant that just brought one back to zero or
@@ -81,7 +81,7 @@ def overdrawn_sessions_stop(*, now: datetime | None = None) -> int:
         for session in sessions:
             account = accounts[session.owner_id]
             reason = stop_reason(account=account, policy=policies[session.owner_id])
-            if session_services.session_stop(session=session, reason=reason, stop_reason=Session.StopReason.CREDITS).phase == Session.Phase.STOPPING:
+            if lifecycle.session_stop(session=session, reason=reason, stop_reason=Session.StopReason.CREDITS).phase == Session.Phase.STOPPING:
                 stopped += 1
                 logger.info("session %s of %s stopped: balance %s (accrued %s) below zero since %s", session.public_id,
                             account.user_id, account.balance, account.accrued, format_utc(account.below_zero_since))

@@ -5,13 +5,15 @@ import logging
 from celery import Task, shared_task
 from django.conf import settings
 
-from sessions import activity, idle, overdrawn, reapply, services
+from clusters.models import Cluster
+from sessions import activity, idle, lifecycle, overdrawn
+from sessions.lifecycle import outbox
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
 
 #: Celery's retry options for applying/deleting a GShareSession when its apiserver did not answer or was overloaded
-#: (``services.TransientApplyError``): 5 attempts, full-jitter exponential backoff from 2 s doubling to 30 s at most.
+#: (``lifecycle.TransientApplyError``): 5 attempts, full-jitter exponential backoff from 2 s doubling to 30 s at most.
 RETRY = {"max_retries": 4, "retry_backoff": 2, "retry_backoff_max": 30, "retry_jitter": True}
 
 
@@ -27,7 +29,7 @@ class _SessionTask(Task):
         raise NotImplementedError
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
-        if isinstance(exc, services.TransientApplyError):
+        if isinstance(exc, lifecycle.TransientApplyError):
             self._gave_up(args[0], exc)
 
     def run_once(self, session_pk: int, action) -> None:
@@ -35,7 +37,7 @@ class _SessionTask(Task):
         session = Session.objects.get(pk=session_pk)
         try:
             session = action(session=session)
-        except services.TransientApplyError as exc:
+        except lifecycle.TransientApplyError as exc:
             if not self.request.is_eager:
                 raise
             self._gave_up(session_pk, exc)
@@ -53,29 +55,29 @@ class _SessionTask(Task):
 
 class _ApplyTask(_SessionTask):
     def give_up(self, session: Session, exc: Exception) -> None:
-        services.session_apply_gave_up(session=session, reason=str(exc))
+        lifecycle.session_apply_gave_up(session=session, reason=str(exc))
 
 
 class _DeleteTask(_SessionTask):
     def give_up(self, session: Session, exc: Exception) -> None:
-        services.session_fail(session=session, message=f"Stopped, but its GShareSession could not be deleted: {exc}. Delete it by hand.")
+        lifecycle.session_fail(session=session, message=f"Stopped, but its GShareSession could not be deleted: {exc}. Delete it by hand.")
 
 
-@shared_task(name="sessions.apply", base=_ApplyTask, bind=True, ignore_result=True,
-             autoretry_for=(services.TransientApplyError,), **RETRY)
+@shared_task(name=outbox.APPLY, base=_ApplyTask, bind=True, ignore_result=True,
+             autoretry_for=(lifecycle.TransientApplyError,), **RETRY)
 def session_apply_task(self, session_pk: int) -> None:
     """Apply a session's GShareSession to its cluster; after the last retry the session fails."""
-    self.run_once(session_pk, services.session_apply)
+    self.run_once(session_pk, lifecycle.session_apply)
 
 
-@shared_task(name="sessions.delete", base=_DeleteTask, bind=True, ignore_result=True,
-             autoretry_for=(services.TransientApplyError,), **RETRY)
+@shared_task(name=outbox.DELETE, base=_DeleteTask, bind=True, ignore_result=True,
+             autoretry_for=(lifecycle.TransientApplyError,), **RETRY)
 def session_delete_task(self, session_pk: int) -> None:
     """Delete a stopping session's GShareSession; after the last retry it is marked Failed with a message to delete it by hand.
 
     For a session that already ended (``sessions.reconcile`` deleting again what a late apply may have created) only the delete runs.
     """
-    self.run_once(session_pk, services.session_delete_remote)
+    self.run_once(session_pk, lifecycle.session_delete_remote)
 
 
 class _ReapplyTask(_SessionTask):
@@ -84,30 +86,28 @@ class _ReapplyTask(_SessionTask):
         ``sessions.reconcile``."""
 
 
-@shared_task(name="sessions.reapply", base=_ReapplyTask, bind=True, ignore_result=True,
-             autoretry_for=(services.TransientApplyError,), **RETRY)
+@shared_task(name=outbox.REAPPLY, base=_ReapplyTask, bind=True, ignore_result=True,
+             autoretry_for=(lifecycle.TransientApplyError,), **RETRY)
 def session_reapply_task(self, session_pk: int) -> None:
     """Apply a live session's GShareSession again after its cluster's routing changed (``sessions.reapply``); after
     the last retry it stays marked and ``sessions.reconcile`` publishes it again."""
-    self.run_once(session_pk, reapply.session_reapply)
+    self.run_once(session_pk, lifecycle.session_reapply)
 
 
 @shared_task(name="sessions.reconcile", ignore_result=True)
 def sessions_reconcile_task() -> dict:
-    """Publish again the applies and deletes whose first publish was lost (beat: every 30 s; ``services.sessions_reconcile``)."""
-    result = services.sessions_reconcile(older_than=settings.GSHARE_SESSION_RECONCILE_AFTER)
+    """Publish again the applies and deletes whose first publish was lost (beat: every 30 s; ``lifecycle.sessions_reconcile``)."""
+    result = lifecycle.sessions_reconcile(older_than=settings.GSHARE_SESSION_RECONCILE_AFTER)
     if any(result.values()):
         logger.info("sessions reconciled: %s", result)
     return result
 
 
-@shared_task(name="sessions.enforce_idle", ignore_result=True)
+@shared_task(name=idle.ENFORCE_TASK, ignore_result=True)
 def idle_enforce_task(cluster_pk: int | None = None) -> dict:
     """Run the idle policy (``sessions.idle.idle_enforce``) on one cluster's sessions, or (beat, every 30 s) the fleet's."""
     cluster = None
     if cluster_pk is not None:
-        from clusters.models import Cluster
-
         cluster = Cluster.objects.filter(pk=cluster_pk).first()
         if cluster is None:
             return {"checked": 0, "warned": 0, "stopped": 0}

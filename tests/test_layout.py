@@ -60,6 +60,17 @@ def test_no_module_imports_another_modules_private_names(path):
     assert not private, private
 
 
+def _comment_heads_block(lines: list[str], index: int) -> bool:
+    """True when a comment opens the run of imports (blank lines allowed) that holds ``lines[index]``."""
+    for line in reversed(lines[:index]):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            return True
+        if stripped and not stripped.startswith(("from ", "import ")):
+            return False
+    return False
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(ROOT)))
 def test_an_import_inside_a_function_says_why(path):
     """A first-party import inside a function hides a dependency from the reader and from import-linter's layer
@@ -82,8 +93,7 @@ def test_an_import_inside_a_function_says_why(path):
             if not any(_first_party(name) for name in names):
                 continue
             here = lines[node.lineno - 1]
-            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
-            if "#" not in here and not above.startswith("#"):
+            if "#" not in here and not _comment_heads_block(lines, node.lineno - 1):
                 unexplained.append(f"line {node.lineno} in {function.name}(): {here.strip()}")
     assert not unexplained, unexplained
 

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
 from core.api.schema import STAFF_ONLY
-from sessions import create, idle, selectors, services
+from sessions import create, idle, lifecycle, selectors, services
 from sessions.api.filters import SessionFilter
 from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
 from sessions.models import Session
@@ -58,7 +58,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def destroy(self, request, public_id: str):
         """Stop a session (202; idempotent)."""
-        session = services.session_stop(session=selectors.session_get(user=request.user, public_id=public_id))
+        session = lifecycle.session_stop(session=selectors.session_get(user=request.user, public_id=public_id))
         session = selectors.session_get(user=request.user, public_id=session.public_id)
         return Response(SessionSerializer(session).data, status=status.HTTP_202_ACCEPTED)
 

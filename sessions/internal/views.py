@@ -18,7 +18,7 @@ from contract import rfc3339
 from core import instruments
 from core.api.base import schema_problems
 from core.exceptions import ApplicationError
-from sessions import activity, connect, ext_authz, idle, services
+from sessions import activity, connect, ext_authz, idle, lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +41,14 @@ class StatusView(OperatorAPIView):
 
     def post(self, request):
         """Apply the reports; answer counts and server time (409 ``report_from_future`` when the operator's clock is
-        too far ahead: ``services.session_status_apply``)."""
+        too far ahead: ``lifecycle.session_status_apply``)."""
         received_at = timezone.now()
         problems = schema_problems(_status_validator, request.data, limit=5)
         if problems:
             raise ApplicationError(f"The status report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
                                    code="invalid_status")
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]
-        result = services.session_status_apply(cluster=self.cluster, reports=reports, received_at=received_at)
+        result = lifecycle.session_status_apply(cluster=self.cluster, reports=reports, received_at=received_at)
         return Response({**result, "server_time": timezone.now().isoformat()})
 
 

@@ -14,7 +14,7 @@ from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from billing.services import account_for, credit_grant, ledger_append
 from core.exceptions import Conflict
 from identity.tokens import api_token_create
-from sessions import create, placement, services
+from sessions import create, lifecycle, placement
 from sessions.models import Allocation, Session
 from storage.models import StoragePool, Volume
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
@@ -116,7 +116,7 @@ def test_holds_are_the_live_sessions_hourly_cost_times_the_policys_hours(user):
     whole = create.session_create(owner=user, image="img", gpus=2)  # binpack: both GPUs of one node
     shared = create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=8192, gpu_cores=10)
     ended = create.session_create(owner=user, image="img", gpus=1)
-    services.session_fail(session=ended, message="test")
+    lifecycle.session_fail(session=ended, message="test")
 
     def hourly(session):
         total = Decimal(0)
@@ -150,7 +150,7 @@ def test_a_balance_below_the_minimum_is_refused_with_the_figures(user):
     with pytest.raises(admission.InsufficientCredits) as second:  # 3 - hold 2 = 1 < 2
         create.session_create(owner=user, image="img", gpus=1)
     assert second.value.extra["holds"] == "2" and second.value.extra["available"] == "1"
-    services.session_fail(session=first, message="test")  # an ended session holds nothing
+    lifecycle.session_fail(session=first, message="test")  # an ended session holds nothing
     create.session_create(owner=user, image="img", gpus=1)
 
 
@@ -184,10 +184,10 @@ def test_max_sessions_and_max_gpus(user, django_user_model):
     other = django_user_model.objects.create_user("bob")  # limits are per user (bob: the settings' defaults)
     grant(other, "10")
     create.session_create(owner=other, image="img", gpus=1)
-    services.session_stop(session=first)  # Stopping still counts until it ended
+    lifecycle.session_stop(session=first)  # Stopping still counts until it ended
     with pytest.raises(admission.QuotaExceeded):
         create.session_create(owner=user, image="img", gpus=1)
-    services.session_fail(session=first, message="test")
+    lifecycle.session_fail(session=first, message="test")
     create.session_create(owner=user, image="img", gpus=1)
 
 

@@ -25,7 +25,7 @@ from billing import held, ingest, periods, selectors
 from billing.models import CREDITS, HeldGpu, LedgerEntry, Price, UsageSample
 from billing.usage import parse_samples
 from core.exceptions import ApplicationError
-from sessions import services
+from sessions import lifecycle
 from sessions.models import Allocation, Session
 from tests.billing.books import assert_books, billed
 from tests.factories import SessionFactory, UserFactory
@@ -60,7 +60,7 @@ def reserved_session(cluster, *, owner=None, gpus, created, devices=None, **fiel
 
 def end(session, at) -> Session:
     """The operator's report that the session's Pod ended at ``at`` (``session_status_apply``: releases its GPUs)."""
-    services.session_status_apply(cluster=session.cluster, reports=[{
+    lifecycle.session_status_apply(cluster=session.cluster, reports=[{
         "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
         "observed_at": at,
     }])
@@ -105,7 +105,7 @@ def test_a_failed_session_is_billed_from_its_reservation_to_its_failure(lab_c1, 
     h100 = device(lab_c1, "NVIDIA H100")
     session = reserved_session(lab_c1, gpus=[h100], created=T0, phase=Session.Phase.SCHEDULED)
     hourly = rate(session)
-    services.session_fail(session=session, message="Could not apply the session.")
+    lifecycle.session_fail(session=session, message="Could not apply the session.")
     session.refresh_from_db()
     periods.periods_close(now=session.ended_at + SETTLE)
     assert billed(session) == held_cost(session, hourly).quantize(CREDITS, rounding=ROUND_CEILING) > 0  # ended_at: the service's clock, µs
@@ -348,7 +348,7 @@ def test_an_operator_clock_behind_beyond_the_tolerance_bills_every_held_second(l
     session = reserved_session(lab_c1, gpus=[h100], created=T0)
     hourly = rate(session)
     received = T0 + timedelta(seconds=120)
-    services.session_status_apply(cluster=lab_c1, received_at=received, reports=[{
+    lifecycle.session_status_apply(cluster=lab_c1, received_at=received, reports=[{
         "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
         "observed_at": received - timedelta(seconds=behind),
     }])
@@ -367,7 +367,7 @@ def test_an_operator_clock_behind_within_the_tolerance_keeps_its_own_times(lab_c
     h100 = device(lab_c1, "NVIDIA H100")
     session = reserved_session(lab_c1, gpus=[h100], created=T0)
     observed = T0 + timedelta(seconds=100)
-    services.session_status_apply(cluster=lab_c1, received_at=observed + timedelta(seconds=20), reports=[{
+    lifecycle.session_status_apply(cluster=lab_c1, received_at=observed + timedelta(seconds=20), reports=[{
         "session": session.public_id, "phase": contract.PHASE_TERMINATED, "node": "", "devices": [], "message": None,
         "observed_at": observed,
     }])

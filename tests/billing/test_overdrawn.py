@@ -11,7 +11,8 @@ from django_celery_beat.models import PeriodicTask
 
 from billing.models import CreditAccount, LedgerEntry, Policy
 from billing.services import account_for, credit_grant, ledger_append
-from sessions import create, overdrawn, services, tasks
+from sessions import create, lifecycle, overdrawn, tasks
+from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 
 pytestmark = pytest.mark.django_db
@@ -103,8 +104,8 @@ def test_the_users_policy_grace_applies(lab, django_user_model):
 def test_a_session_already_stopping_keeps_its_own_reason(lab, django_user_model, monkeypatch):
     alice = django_user_model.objects.create_user("alice")
     session = start(alice)
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # the delete task does not run
-    services.session_stop(session=session)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)  # the delete task does not run
+    lifecycle.session_stop(session=session)
     since = overdraw(alice).below_zero_since
     assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(hours=1)) == 0
     session.refresh_from_db()
@@ -115,12 +116,12 @@ def test_the_reason_survives_the_operators_reports_while_stopping(lab, django_us
     cluster, _ = lab
     alice = django_user_model.objects.create_user("alice")
     session = start(alice)
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # the operator reports the end
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)  # the operator reports the end
     since = overdraw(alice).below_zero_since
     assert overdrawn.overdrawn_sessions_stop(now=since + timedelta(seconds=900)) == 1
     reports = [{"session": session.public_id, "phase": phase, "message": "", "observed_at": since + timedelta(seconds=s)}
                for phase, s in (("Running", 1), ("Terminated", 2))]
-    services.session_status_apply(cluster=cluster, reports=reports)
+    lifecycle.session_status_apply(cluster=cluster, reports=reports)
     session.refresh_from_db()
     assert session.phase == Session.Phase.TERMINATED and session.message.startswith("Stopped: credits ran out")
 
@@ -128,7 +129,7 @@ def test_the_reason_survives_the_operators_reports_while_stopping(lab, django_us
 def test_the_query_count_does_not_grow_with_the_number_of_accounts(lab, django_user_model, monkeypatch):
     """Three sessions of one account, then three sessions of three accounts: the same queries (per session: the
     service's; per run: four)."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # count the stop, not the deletion
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)  # count the stop, not the deletion
     counts = []
     for round_, owners in enumerate((["a"] * 3, ["b", "c", "d"])):
         users = {name: django_user_model.objects.get_or_create(username=name)[0] for name in set(owners)}

@@ -17,8 +17,8 @@ from billing.exceptions import InsufficientCredits
 from billing.models import Accrual, CreditAccount, LedgerEntry, Price
 from billing.selectors import account_summary
 from billing.services import credit_grant
-from sessions import services as session_services
 from sessions.create import session_create
+from sessions.lifecycle import outbox
 from sessions.models import Session
 from tests.billing.books import assert_books
 from tests.billing.test_periods import HOUR, minutes
@@ -65,7 +65,7 @@ def test_a_user_at_the_edge_of_their_balance_starting_two_sessions_at_once_gets_
     """Available (balance − accrued − holds) covers one more session's hold and half of another's; two creators race
     while the user's running session's usage is ingested (across a period boundary) and periods close: exactly one is
     admitted, the other is refused with 402, and the books stay exact."""
-    monkeypatch.setattr(session_services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = 1
     owner = UserFactory()
     h100 = device(lab_c1, "NVIDIA H100")

@@ -18,8 +18,8 @@ from clusters.models import Cluster, GpuDevice, Node
 from clusters.operator_token.tokens import operator_token_mint
 from contract import inventory_digest
 from core.exceptions import Conflict
-from sessions import services as session_services
 from sessions.create import session_create
+from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from tests.clusters.test_inventory import snapshot
 from tests.factories import ClusterFactory
@@ -217,7 +217,7 @@ def test_a_snapshot_dropping_gpus_while_sessions_are_placed_on_them_keeps_every_
     """A creator places whole-GPU sessions on the cluster while its operator alternately drops and restores a node:
     a GPU a live session holds is kept (missing) by the snapshot, never deleted under the session; a dropped GPU is
     never reserved; the counters equal a recount."""
-    monkeypatch.setattr(session_services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     cluster = ClusterFactory(name="shrinking")
     full_nodes = snapshot(2, gpus_per_node=4, prefix="s")["nodes"]
     services.inventory_apply(cluster=cluster, nodes=full_nodes)

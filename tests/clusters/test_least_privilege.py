@@ -30,7 +30,7 @@ from kube.gateway import (
     SELF_SUBJECT_RULES_REVIEWS,
 )
 from kube.kubeconfig import validate_kubeconfig
-from sessions import services as session_services
+from sessions import lifecycle
 from sessions.models import Session
 from storage import services as storage_services
 from storage.models import StoragePool, Volume
@@ -127,11 +127,11 @@ def test_an_admin_kubeconfig_is_reported_but_stays_connected(fleet_cluster):
 def test_sessions_are_applied_and_deleted(least, settings):
     cluster, emulated = least()
     session = SessionFactory(cluster=cluster, phase=Session.Phase.SCHEDULED)
-    session = session_services.session_apply(session=session)
+    session = lifecycle.session_apply(session=session)
     assert session.phase == Session.Phase.STARTING, session.message
     group = (contract.GSHARE_SESSION_PLURAL, contract.GSHARE_API_GROUP, contract.GSHARE_API_VERSION)
     assert [o["metadata"]["namespace"] for o in emulated.objects_of(*group)] == [settings.GSHARE_SESSION_NAMESPACE]
-    session_services.session_delete_remote(session=session)
+    lifecycle.session_delete_remote(session=session)
     assert emulated.objects_of(*group) == []
 
 

@@ -13,8 +13,8 @@ import pytest
 from audit.models import AuditRecord
 from clusters.models import Cluster
 from clusters.routing import is_control_plane_host
-from sessions import reapply
-from sessions import services as session_services
+from sessions import lifecycle
+from sessions.lifecycle import outbox
 from sessions.models import Session
 from tests.clusters.test_routing_reapply import object_name, specs, start
 from tests.factories import ClusterFactory
@@ -86,7 +86,7 @@ def test_concurrent_routing_flips_end_with_every_gss_on_the_final_routing(http, 
         gate.wait()
         statuses.extend(http.patch(url, json=body).status_code for body in mine)
 
-    lost = mock.patch.object(reapply, "publish_all", return_value=0) if publishes_lost else contextlib.nullcontext()
+    lost = mock.patch.object(outbox, "publish_each", return_value=0) if publishes_lost else contextlib.nullcontext()
     with lost:
         workers = [threading.Thread(target=flip, args=(bodies[i::4],)) for i in range(4)]
         for worker in workers:
@@ -99,7 +99,7 @@ def test_concurrent_routing_flips_end_with_every_gss_on_the_final_routing(http, 
     for _ in range(10):
         if not Session.objects.filter(reapply_due_at__isnull=False).exists():
             break
-        session_services.sessions_reconcile(older_than=0)
+        lifecycle.sessions_reconcile(older_than=0)
     assert not Session.objects.filter(reapply_due_at__isnull=False).exists()
     final = Cluster.objects.get(pk=cluster.pk)
     applied = specs(emulated)
@@ -139,7 +139,7 @@ def test_a_routing_change_during_the_first_apply_is_not_lost_when_the_operator_r
     for _ in range(5):
         if not Session.objects.filter(reapply_due_at__isnull=False).exists():
             break
-        session_services.sessions_reconcile(older_than=0)
+        lifecycle.sessions_reconcile(older_than=0)
     assert Cluster.objects.get(pk=cluster.pk).routing == "gateway-api"
     assert specs(emulated)[object_name(sid)]["routing"] == "gateway-api"
 
@@ -167,6 +167,6 @@ def test_a_routing_change_during_an_apply_whose_answer_is_lost_is_not_lost(http,
         sid = start(http, cluster="lab-c1")
     assert raced == [sid]
     for _ in range(5):  # the task's retries (eager) and the beat's relay
-        session_services.session_apply(session=Session.objects.get(public_id=sid))
-        session_services.sessions_reconcile(older_than=0)
+        lifecycle.session_apply(session=Session.objects.get(public_id=sid))
+        lifecycle.sessions_reconcile(older_than=0)
     assert specs(emulated)[object_name(sid)]["routing"] == "gateway-api"

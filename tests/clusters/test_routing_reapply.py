@@ -15,8 +15,7 @@ from django.db import connections
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from demo import fleet
-from sessions import create, reapply
-from sessions import services as session_services
+from sessions import create, lifecycle
 from sessions.models import Session
 from tests.factories import UserFactory
 
@@ -129,7 +128,7 @@ def test_a_change_committed_while_a_reapply_is_in_flight_wins(proxied_cluster):
     Session.objects.filter(pk=session.pk).update(reapply_due_at=session.created_at)
     # While the gateway-api PATCH is in flight, the routing goes back to ingress-nginx (another PATCH, committed).
     hooks.append(once_on_the_session_patch(lambda: Cluster.objects.filter(pk=cluster.pk).update(routing="ingress-nginx")))
-    reapply.session_reapply(session=session)
+    lifecycle.session_reapply(session=session)
     (spec,) = specs(emulated).values()
     assert spec["routing"] == "ingress-nginx" and "gateway" not in spec  # the in-flight apply's routing did not stay
     assert Session.objects.get(pk=session.pk).reapply_due_at is None
@@ -152,7 +151,7 @@ def test_a_session_stopped_while_its_reapply_is_in_flight_keeps_no_object(proxie
     session = create.session_create(owner=UserFactory(), image="img", gpus=1)
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.RUNNING)
     # The stop's delete runs (eager) before the re-apply's PATCH is relayed: it removes the object, the PATCH makes it again.
-    hooks.append(once_on_the_session_patch(lambda: session_services.session_stop(session=session)))
+    hooks.append(once_on_the_session_patch(lambda: lifecycle.session_stop(session=session)))
     assert cluster_services.cluster_update(cluster=cluster, changes={"routing": "gateway-api"}).sessions_reapplied == 1
     assert emulated.objects_of(*GSS) == []
     session.refresh_from_db()

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import contract
 from identity.internal_jwt import CONNECT_AUDIENCE
 from identity.keys import signing_key_ensure
-from sessions import connect, services
+from sessions import connect, lifecycle, services
 from sessions.connect_path import nginx_uri
 from sessions.manifests import session_path
 from sessions.models import Session
@@ -259,7 +259,7 @@ def test_terminated_session_is_refused_even_with_its_cookie(stack):
     assert get(nginx, f"https://{DOMAIN}/s/{session.public_id}/", cookie=sent).status_code == 200  # cached as Running
 
     # The operator reports it Terminated; the session services drop the cached facts on commit.
-    services.session_status_apply(
+    lifecycle.session_status_apply(
         cluster=session.cluster,
         reports=[{"session": session.public_id, "phase": contract.PHASE_TERMINATED, "observed_at": timezone.now()}],
     )

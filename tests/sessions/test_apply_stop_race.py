@@ -18,7 +18,7 @@ from django.utils import timezone
 import contract
 from clusters import services as cluster_services
 from demo import fleet
-from sessions import services, tasks
+from sessions import lifecycle, tasks
 from sessions.models import Session
 
 pytestmark = pytest.mark.django_db
@@ -147,5 +147,5 @@ def test_when_the_apply_cannot_delete_it_the_reconciler_does(http, held_cluster)
     assert http.get(f"/api/v1/sessions/{session.public_id}").json()["phase"] == "Terminated"
 
     # Deleting again stops once the window has passed: a run after that publishes nothing for it.
-    Session.objects.filter(pk=session.pk).update(ended_at=timezone.now() - services.REDELETE_WINDOW - timedelta(seconds=120))
+    Session.objects.filter(pk=session.pk).update(ended_at=timezone.now() - lifecycle.REDELETE_WINDOW - timedelta(seconds=120))
     assert tasks.sessions_reconcile_task.delay().get() == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 0}

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from core.exceptions import Forbidden  # noqa: F401
 from identity.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from identity.keys import signing_key_ensure
-from sessions import connect, services
+from sessions import connect, lifecycle, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
 from tests.helpers import table_locked
@@ -76,7 +76,7 @@ def test_refusals(client, running, django_capture_on_commit_callbacks):
     operator_token = sign_internal_jwt("operator:x", 60)  # right key, wrong audience
     assert verify(client, f"https://gpu-a.example.com/s/{running.public_id}/?token={operator_token}").status_code == 401
     with django_capture_on_commit_callbacks(execute=True):
-        services.session_fail(session=running, message="done")  # no longer running: the cache is invalidated on commit
+        lifecycle.session_fail(session=running, message="done")  # no longer running: the cache is invalidated on commit
     time.sleep(connect.FACTS_CACHE_SECONDS + 0.1)  # per-process facts live at most this long
     assert verify(client, url).status_code == 401
 

@@ -26,7 +26,7 @@ import contract
 from identity.internal_jwt import CONNECT_AUDIENCE, sign_internal_jwt
 from identity.keys import signing_key_ensure
 from identity.tokens import api_token_create
-from sessions import connect, services
+from sessions import connect, lifecycle, services
 from sessions.models import Session
 from tests.factories import ClusterFactory
 from tests.helpers import Http
@@ -228,7 +228,7 @@ def test_an_invalidation_during_the_facts_read_is_not_undone_by_the_cache_write(
     def change_now():
         try:
             if change == "session failed":
-                services.session_fail(session=Session.objects.get(pk=running.pk), message="done")
+                lifecycle.session_fail(session=Session.objects.get(pk=running.pk), message="done")
             else:
                 owner = type(running.owner).objects.get(pk=running.owner_id)
                 owner.is_active = False
@@ -318,7 +318,7 @@ def test_over_http_a_user_deactivated_in_the_console_is_refused_within_the_bound
 def test_over_http_a_stopped_session_is_refused_within_the_bound(live_cluster, http_user, anon, plain_user):
     cluster, _ = live_cluster("lab-c1")
     session_id = http_user.post("/api/v1/sessions", json={"image": "quay.io/jupyter/base-notebook", "gpus": 1}).json()["id"]
-    services.session_status_apply(
+    lifecycle.session_status_apply(
         cluster=cluster, reports=[{"session": session_id, "phase": contract.PHASE_RUNNING, "observed_at": timezone.now()}],
     )
     url = http_user.post(f"/api/v1/sessions/{session_id}/connect").json()["url"]

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from gshare.celery import app
-from sessions import tasks
+from sessions import lifecycle, tasks
 from sessions.models import Session
 from tests.helpers import run_threads
 
@@ -208,7 +208,7 @@ def test_a_routing_change_answers_at_once_and_the_reconciler_reapplies_later(htt
 
 
 def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster, broker, silent_listener):
-    from sessions import create, services
+    from sessions import create
     from tests.factories import UserFactory
 
     cluster, _ = live_cluster("lab-c1")
@@ -219,7 +219,7 @@ def test_a_publish_that_fails_stops_the_run_and_leaves_the_rest_due(live_cluster
     backdate(created_at=True)
     broker(f"redis://{silent_listener}/0")
     started = time.monotonic()
-    assert services.sessions_reconcile(older_than=90) == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 3}
+    assert lifecycle.sessions_reconcile(older_than=90) == {"apply": 0, "delete": 0, "reapply": 0, "unpublished": 3}
     assert time.monotonic() - started < BOUND  # one bounded publish, not one per due session
 
 

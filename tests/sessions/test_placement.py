@@ -14,7 +14,8 @@ import contract
 from clusters import services as cluster_services
 from clusters.models import Cluster, GpuDevice, Node
 from core.exceptions import Conflict
-from sessions import create, placement, services
+from sessions import create, lifecycle, placement
+from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 from tests.helpers import run_threads, silent_kubeconfig
@@ -94,7 +95,7 @@ def test_decisions_are_deterministic(user):
     for _ in range(2):
         session = create.session_create(owner=user, image="img", gpus=1)
         picks.append((session.cluster.name, session.node, session.allocations.get().device.index))
-        services.session_fail(session=session, message="test")
+        lifecycle.session_fail(session=session, message="test")
     assert picks[0] == picks[1]
     assert picks[0][0] == "alpha"
 
@@ -117,7 +118,7 @@ def test_unhealthy_devices_unready_nodes_and_other_clusters_are_skipped(user):
 def test_ending_releases_the_gpus(user):
     fleet(nodes=1, gpus=1)
     session = create.session_create(owner=user, image="img", gpus=1)
-    services.session_fail(session=session, message="gone")
+    lifecycle.session_fail(session=session, message="gone")
     assert Allocation.objects.count() == 0
     create.session_create(owner=user, image="img", gpus=1)
 
@@ -203,11 +204,11 @@ def test_counters_equal_a_recount_after_random_creates_and_ends(user, settings):
             session = live.pop(rng.randrange(len(live)))
             how = rng.choice(["fail", "terminate", "status"])
             if how == "fail":
-                services.session_fail(session=session, message="test")
+                lifecycle.session_fail(session=session, message="test")
             elif how == "terminate":
-                services._terminate(session=session, message="test")
+                lifecycle.session_terminate(session=session, message="test")
             else:
-                services.session_status_apply(cluster=session.cluster, reports=[
+                lifecycle.session_status_apply(cluster=session.cluster, reports=[
                     {"session": session.public_id, "phase": contract.PHASE_SUCCEEDED, "observed_at": timezone.now()}])
         else:
             gpus = rng.choice([1, 1, 2, 3])
@@ -222,7 +223,7 @@ def test_counters_equal_a_recount_after_random_creates_and_ends(user, settings):
         assert stored() == recount(), f"after step {step}"
     assert placed > 30 and refused > 5  # the sequence both filled the fleet and freed it
     for session in live:
-        services.session_fail(session=session, message="test")
+        lifecycle.session_fail(session=session, message="test")
     assert Allocation.objects.count() == 0
     devices, nodes = stored()
     assert set(devices.values()) == {(0, 0, 0, False)}
@@ -234,7 +235,7 @@ def test_ended_sessions_of_a_status_report_release_their_gpus(user):
     a = create.session_create(owner=user, image="img", gpus=1)
     b = create.session_create(owner=user, image="img", gpus=1)
     assert Node.objects.get(cluster=cluster).free_devices == 0
-    services.session_status_apply(cluster=cluster, reports=[
+    lifecycle.session_status_apply(cluster=cluster, reports=[
         {"session": a.public_id, "phase": contract.PHASE_FAILED, "observed_at": timezone.now()},
         {"session": b.public_id, "phase": contract.PHASE_TERMINATED, "observed_at": timezone.now()},
     ])
@@ -273,7 +274,7 @@ def test_inventory_never_overwrites_counters_and_keeps_nodes_right(user):
     node = Node.objects.get(cluster=cluster)
     assert (node.load, node.free_devices) == (2, 1)
     assert shared.allocations.get().device.used_count == 1
-    services.session_fail(session=whole, message="test")
+    lifecycle.session_fail(session=whole, message="test")
     cluster_services.inventory_apply(cluster=cluster, nodes=snapshot_of(cluster, drop={gone.uuid}))
     assert not GpuDevice.objects.filter(pk=gone.pk).exists()
     assert stored() == recount()
@@ -295,7 +296,7 @@ def test_inventory_may_shrink_a_gpu_below_what_is_reserved(user):
         create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=1, gpu_cores=1)
     assert info.value.code == "no_capacity"
     assert placement.usage_recompute(cluster_ids=[cluster.pk]) == [device.pk]  # reported as over capacity
-    services.session_fail(session=session, message="test")  # and it is released as usual
+    lifecycle.session_fail(session=session, message="test")  # and it is released as usual
     assert stored() == recount()
     create.session_create(owner=user, image="img", gpus=1, gpu_memory_mib=10000, gpu_cores=50)
 
@@ -336,7 +337,7 @@ def test_cluster_name_is_copied_for_the_tie_break():
 
 @pytest.mark.django_db(transaction=True)
 def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # no apply: the threads end their sessions
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)  # no apply: the threads end their sessions
     owner = django_user_model.objects.create_user("racer")
     fleet(nodes=2, gpus=2, split=3, memory=9000)
     barrier = threading.Barrier(6)
@@ -351,9 +352,9 @@ def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model
                 if mine and rng.random() < 0.5:
                     session = mine.pop(rng.randrange(len(mine)))
                     if rng.random() < 0.5:
-                        services.session_fail(session=session, message="test")
+                        lifecycle.session_fail(session=session, message="test")
                     else:
-                        services._terminate(session=session, message="test")
+                        lifecycle.session_terminate(session=session, message="test")
                     continue
                 memory = rng.choice([None, 3000])
                 try:
@@ -378,7 +379,7 @@ def test_counters_stay_right_under_concurrent_creates_and_ends(django_user_model
 def test_a_release_and_a_placement_on_one_node_do_not_lose_each_others_change(django_user_model, monkeypatch):
     """A release holds the cluster's row lock from before its delete to its commit, so a placement on the same
     node waits for it and recounts what the release left, not what its own snapshot saw before."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     owner = django_user_model.objects.create_user("racer")
     fleet(nodes=1, gpus=2)
     first = create.session_create(owner=owner, image="img", gpus=1)
@@ -398,7 +399,7 @@ def test_a_release_and_a_placement_on_one_node_do_not_lose_each_others_change(dj
     def release():
         releasing.yes = True
         try:
-            services.session_fail(session=first, message="test")
+            lifecycle.session_fail(session=first, message="test")
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(repr(exc))
         finally:

@@ -14,8 +14,8 @@ from django.db import connections, transaction
 
 from clusters.models import Cluster
 from core.exceptions import Conflict
-from sessions import services
 from sessions.create import session_create, session_create_idempotent
+from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from tests.helpers import run_threads
 from tests.sessions.test_placement import fleet, recount, stored
@@ -54,7 +54,7 @@ def _hold_cluster_then(cluster: Cluster, change: dict, holding: threading.Event,
 @pytest.mark.parametrize("change", [{"status": Cluster.Status.UNREACHABLE}, {"status": Cluster.Status.DEREGISTERED},
                                     {"session_domain": ""}])
 def test_a_pinned_cluster_that_stops_taking_sessions_while_the_request_waits_for_its_lock(django_user_model, monkeypatch, change):
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     alpha = fleet(nodes=1, gpus=2, name="alpha")
     owner = django_user_model.objects.create_user("pinned")
     holding, results, errors = threading.Event(), {}, []
@@ -82,7 +82,7 @@ def test_a_pinned_cluster_that_stops_taking_sessions_while_the_request_waits_for
 def test_a_chosen_cluster_deregistered_before_its_lock_is_left_for_another(django_user_model, monkeypatch):
     """alpha is the choice (binpack: it has a session already), and is deregistered while the request waits for its
     lock: the request chooses again and lands on beta; nothing is left on alpha."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     alpha = fleet(nodes=1, gpus=2, name="alpha")
     beta = fleet(nodes=1, gpus=2, name="beta")
     owner = django_user_model.objects.create_user("chooser")
@@ -107,7 +107,7 @@ def test_a_chosen_cluster_deregistered_before_its_lock_is_left_for_another(djang
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_retries_with_one_key_in_process_create_one_session(django_user_model, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     fleet(nodes=2, gpus=2, name="alpha")
     owner = django_user_model.objects.create_user("retrier")
     barrier = threading.Barrier(6)

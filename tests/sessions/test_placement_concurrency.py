@@ -18,7 +18,8 @@ import contract
 from clusters.models import Cluster, GpuDevice
 from core import instruments
 from core.exceptions import Conflict
-from sessions import create, services
+from sessions import create, lifecycle
+from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from tests.helpers import run_threads
 from tests.sessions.test_placement import fleet, recount, stored
@@ -40,11 +41,11 @@ def _fleet() -> None:
 
 def _end(session: Session, how: str) -> None:
     if how == "fail":
-        services.session_fail(session=session, message="test")
+        lifecycle.session_fail(session=session, message="test")
     elif how == "terminate":
-        services._terminate(session=session, message="test")
+        lifecycle.session_terminate(session=session, message="test")
     else:
-        services.session_status_apply(cluster=session.cluster, reports=[
+        lifecycle.session_status_apply(cluster=session.cluster, reports=[
             {"session": session.public_id, "phase": contract.PHASE_SUCCEEDED, "observed_at": timezone.now()}])
 
 
@@ -62,7 +63,7 @@ def test_concurrent_creators_and_releasers_never_over_commit_and_counters_equal_
     """Four workers (own users, own connections) create and end sessions at once on the same cluster and on different
     clusters; whatever the interleaving, no GPU is over its split count, memory or cores, and the counters equal a
     recount from the allocations."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)  # no apply: the workers end their sessions
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)  # no apply: the workers end their sessions
     _fleet()
     owners = [django_user_model.objects.get_or_create(username=f"racer-{i}")[0] for i in range(len(plans))]
     barrier = threading.Barrier(len(plans))
@@ -94,7 +95,7 @@ def test_concurrent_creators_and_releasers_never_over_commit_and_counters_equal_
     _never_over_capacity()
     assert stored() == recount()
     for session in Session.objects.exclude(phase__in=Session.TERMINAL_PHASES):  # the next example starts empty
-        services.session_fail(session=session, message="test")
+        lifecycle.session_fail(session=session, message="test")
     assert Allocation.objects.count() == 0
     assert stored() == recount()
 
@@ -104,7 +105,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
     """alpha's last GPU is taken by a transaction that has not committed when a second request chooses (without a
     lock, it sees the GPU free and picks alpha, binpack's tie-break) and waits for alpha's lock: once it has the
     lock it finds the GPU taken, and chooses again: beta."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     fleet(nodes=1, gpus=1, name="alpha")
     beta = fleet(nodes=1, gpus=1, name="beta")
     first, second = (django_user_model.objects.create_user(name) for name in ("first", "second"))
@@ -144,7 +145,7 @@ def test_a_choice_that_went_stale_before_its_lock_is_made_again(django_user_mode
 def test_a_request_that_loses_its_choice_on_every_attempt_is_refused_as_contended(django_user_model, monkeypatch):
     """With one attempt, the request whose choice went stale (as above) is refused 409 ``placement_contended``, reserves
     nothing, and is counted under the ``contended`` outcome, not ``no_capacity`` (beta still had room)."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     monkeypatch.setattr(create, "PLACEMENT_ATTEMPTS", 1)
     fleet(nodes=1, gpus=1, name="alpha")
     fleet(nodes=1, gpus=1, name="beta")
@@ -192,7 +193,7 @@ def test_a_request_that_loses_its_choice_on_every_attempt_is_refused_as_contende
 def test_decisions_on_different_clusters_do_not_wait_for_each_other(django_user_model, monkeypatch):
     """While a transaction holds alpha's lock (a placement on alpha not committed yet), a request pinned to beta is
     placed at once, and one not pinned that fits only on beta too: only the chosen cluster is locked."""
-    monkeypatch.setattr(services, "_enqueue", lambda task_name, session_pk: None)
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
     fleet(nodes=1, gpus=2, name="alpha")
     beta = fleet(nodes=1, gpus=1, split=4, memory=16000, name="beta")
     holder, other = (django_user_model.objects.create_user(name) for name in ("holder", "other"))

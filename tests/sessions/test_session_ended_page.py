@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from audit import context as audit_context
-from sessions import ext_authz, services
+from sessions import ext_authz, lifecycle
 from sessions.models import Session
 from tests.console_checks import page_text
 from tests.factories import ClusterFactory, SessionFactory, UserFactory
@@ -34,7 +34,7 @@ def _get(client, path: str, host: str = DOMAIN, method: str = "get"):
 
 def test_a_stopped_sessions_url_and_an_unknown_id_get_the_same_gshare_page(client, cluster):
     session = SessionFactory(cluster=cluster)
-    services.session_stop(session=session)
+    lifecycle.session_stop(session=session)
     Session.objects.filter(pk=session.pk).update(phase=Session.Phase.TERMINATED)
     unknown = "ses_" + "a" * 16
     stopped = _get(client, f"/s/{session.public_id}/lab/tree?token=abc")
@@ -89,7 +89,7 @@ def test_the_pages_link_leads_the_owner_and_staff_to_the_session_and_nobody_else
     owner, other = UserFactory(username="alice"), UserFactory(username="mallory")
     session = SessionFactory(cluster=cluster, owner=owner)
     with audit_context.actor_scope(f"console:{owner.username}"):
-        services.session_stop(session=session)
+        lifecycle.session_stop(session=session)
     link = f"/gpu_sessions/session/ended/{session.public_id}/"
     assert client.get(link)["Location"].startswith("/login/")  # log in first
     client.force_login(other)

@@ -24,7 +24,7 @@ from clusters import services as cluster_services
 from clusters.models import GpuDevice
 from core.exceptions import Conflict
 from demo import fleet
-from sessions import create, selectors, services
+from sessions import create, lifecycle, selectors
 from sessions.manifests import gshare_session_manifest, share_gpu_limits
 from sessions.models import Allocation, Session
 from tests.factories import ClusterFactory
@@ -110,7 +110,7 @@ def test_the_price_of_every_reserved_gpu_covers_what_it_reserves_in_every_dimens
             for step in steps:
                 if step[0] == "end":
                     if live:
-                        services.session_fail(session=live.pop(step[1] % len(live)), message="test")
+                        lifecycle.session_fail(session=live.pop(step[1] % len(live)), message="test")
                     continue
                 _, gpus, memory, cores = step
                 try:
@@ -139,7 +139,7 @@ def _shares_on_one_gpu_pay_for_it(user, **request) -> tuple[list[Session], GpuDe
         except Conflict:
             break
         if session.allocations.get().device_id != device.pk:
-            services.session_fail(session=session, message="test")
+            lifecycle.session_fail(session=session, message="test")
             break
         sessions.append(session)
     device.refresh_from_db()

@@ -9,7 +9,7 @@ import pytest
 
 from clusters.operator_token.tokens import operator_token_mint
 from core.exceptions import ApplicationError
-from sessions import services
+from sessions import lifecycle
 from sessions.models import Session
 from tests.factories import ClusterFactory
 
@@ -29,7 +29,7 @@ def session(django_user_model):
 
 def apply(session, phase: str, observed: datetime, *, received: datetime, message: str = "") -> dict:
     report = {"session": session.public_id, "phase": phase, "observed_at": observed, "message": message}
-    return services.session_status_apply(cluster=session.cluster, reports=[report], received_at=received)
+    return lifecycle.session_status_apply(cluster=session.cluster, reports=[report], received_at=received)
 
 
 def test_a_report_ten_minutes_ahead_is_refused_and_the_next_correct_one_is_applied(session):
@@ -66,7 +66,7 @@ def test_a_report_ahead_within_the_tolerance_counts_as_received_and_does_not_fre
 def test_two_reports_of_one_session_ahead_in_one_batch_keep_their_order(session):
     reports = [{"session": session.public_id, "phase": "Succeeded", "observed_at": later(25), "message": "exit 0"},
                {"session": session.public_id, "phase": "Running", "observed_at": later(21), "message": "up"}]
-    assert services.session_status_apply(cluster=session.cluster, reports=reports, received_at=NOW)["applied"] == 2
+    assert lifecycle.session_status_apply(cluster=session.cluster, reports=reports, received_at=NOW)["applied"] == 2
     session.refresh_from_db()
     assert session.phase == "Terminated" and session.message == "exit 0"
     assert session.started_at == NOW and session.ended_at == NOW + timedelta(microseconds=1)
@@ -99,7 +99,7 @@ def test_a_refused_batch_applies_none_of_its_reports(session, django_user_model)
     reports = [{"session": other.public_id, "phase": "Running", "observed_at": NOW},
                {"session": session.public_id, "phase": "Running", "observed_at": later(31)}]
     with pytest.raises(ApplicationError):
-        services.session_status_apply(cluster=session.cluster, reports=reports, received_at=NOW)
+        lifecycle.session_status_apply(cluster=session.cluster, reports=reports, received_at=NOW)
     other.refresh_from_db()
     assert other.phase == "Starting" and other.last_status_at is None
 

@@ -5,8 +5,8 @@ not overwrite what happened meanwhile, nor raise."""
 import pytest
 
 from sessions import tasks
+from sessions.lifecycle import TransientApplyError
 from sessions.models import Session
-from sessions.services import TransientApplyError
 from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from sessions import tasks
+from sessions.lifecycle import TransientApplyError
 from sessions.models import Session
-from sessions.services import TransientApplyError
 from tests.factories import ClusterFactory, SessionFactory
 from tests.helpers import silent_kubeconfig
 

@@ -22,7 +22,7 @@ from console.options import service_errors
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from core.exceptions import ApplicationError
-from sessions import create, idle, services
+from sessions import create, idle, lifecycle, services
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_any_session, may_open_session
@@ -219,7 +219,7 @@ def stop_view(admin, request, object_id: str):
             reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk])
         return stop_confirmation(admin, request, [session], hidden=[("next", back)], cancel_url=back)
     try:
-        session = services.session_stop(session=session)
+        session = lifecycle.session_stop(session=session)
     except ApplicationError as exc:
         admin.message_user(request, f"Cannot stop {session.public_id} ({exc.code}): {exc.console_detail}", messages.ERROR)
         return _back(request, session, admin)

@@ -31,7 +31,7 @@ from console.pages.sessions import actions as console
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from console.scope import ClusterScopedAdmin
-from sessions import services
+from sessions import lifecycle
 from sessions.manifests import session_url
 from sessions.models import Allocation, Session, SuggestedImage
 from sessions.permissions import SessionRights
@@ -436,7 +436,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
             hidden = [("action", "stop"), *((ACTION_CHECKBOX_NAME, str(session.pk)) for session in sessions)]
             return console.stop_confirmation(self, request, sessions, hidden=hidden, cancel_url=request.get_full_path())
         for session in queryset:
-            services.session_stop(session=session)
+            lifecycle.session_stop(session=session)
         self.message_user(request, f"{queryset.count()} session(s) stopping", messages.SUCCESS)
 
 

@@ -2,9 +2,10 @@
 ``gateway_name`` or ``gateway_namespace``), so each session's routing objects (Ingress, or HTTPRoute + SecurityPolicy)
 follow ``spec.routing`` and ``spec.gateway``.
 
-``Session.reapply_due_at`` is the outbox: the cluster's change marks its live sessions in its own transaction, the
-publishes of ``sessions.reapply`` follow the commit, and ``sessions.reconcile`` publishes again any mark left older
-than ``GSHARE_SESSION_RECONCILE_AFTER`` (a lost publish, a task that gave up). The task applies with no row lock held,
+``Session.reapply_due_at`` is the outbox: the cluster's change marks its live sessions in its own transaction (the
+sessions app answers ``clusters.signals.cluster_routing_changed``), the publishes of ``sessions.reapply`` follow the
+commit, and ``sessions.reconcile`` (``sessions.lifecycle.reconcile``) publishes again any mark left older than
+``GSHARE_SESSION_RECONCILE_AFTER`` (a lost publish, a task that gave up). The task applies with no row lock held,
 then checks the cluster's routing again: an apply that read the routing before a newer change leaves the mark set
 (and publishes again), so the last change wins whatever order the applies land in.
 """
@@ -13,29 +14,19 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.routing import routing_key
 from kube import KubeRefused, KubeUnavailable
+from sessions.lifecycle import outbox
+from sessions.lifecycle.remote import ENDED_PHASES, TransientApplyError, gshare_session_apply, gshare_session_delete, session_for_apply
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
 
 #: The phases whose GShareSession is (or is about to be) on the cluster and stays: re-applied on a routing change.
 REAPPLY_PHASES = (Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.RUNNING)
-
-
-def publish_all(task_name: str, pks: list[int]) -> int:
-    """Publish ``task_name`` for each session pk, stopping at the first publish that fails (the broker is down: each
-    would wait ``GSHARE_REDIS_TIMEOUT``); the rest stay due for ``sessions.reconcile``. Returns how many were published."""
-    from sessions.services import _enqueue  # services imports this module
-
-    for done, pk in enumerate(pks):
-        if not _enqueue(task_name, pk):
-            return done
-    return len(pks)
 
 
 def sessions_reapply_mark(*, cluster: Cluster) -> int:
@@ -49,7 +40,7 @@ def sessions_reapply_mark(*, cluster: Cluster) -> int:
     pks = list(Session.objects.filter(cluster=cluster, phase__in=REAPPLY_PHASES).order_by("pk").values_list("pk", flat=True))
     if pks:
         Session.objects.filter(pk__in=pks).update(reapply_due_at=timezone.now())
-        transaction.on_commit(lambda: publish_all("sessions.reapply", pks))
+        outbox.publish_after_commit(outbox.REAPPLY, *pks)
     return len(pks)
 
 
@@ -61,7 +52,7 @@ def routing_changed_since(session: Session, applied: tuple[str, str, str]) -> bo
     if current is None or routing_key(current) == applied:
         return False
     Session.objects.filter(pk=session.pk).update(reapply_due_at=timezone.now())
-    transaction.on_commit(lambda: publish_all("sessions.reapply", [session.pk]))
+    outbox.publish_after_commit(outbox.REAPPLY, session.pk)
     return True
 
 
@@ -78,8 +69,6 @@ def session_reapply(*, session: Session) -> Session:
         TransientApplyError: the apiserver did not answer or was overloaded (the task retries; when it gives up the mark
             stays for ``sessions.reconcile``).
     """
-    from sessions.services import _ENDED, TransientApplyError, _delete_object, apply_gshare_session, session_for_apply  # services imports this module
-
     session = session_for_apply(session.pk)
     due = session.reapply_due_at
     if due is None or session.cluster is None:
@@ -88,11 +77,11 @@ def session_reapply(*, session: Session) -> Session:
         # The mark stays: the first apply may have read the old routing, and its own check after it does not run when
         # its answer is lost and the operator reports the session Starting before the retry (which then does nothing).
         return session
-    if session.phase in _ENDED:
-        _delete_object(session)
+    if session.phase in ENDED_PHASES:
+        gshare_session_delete(session)
     elif session.phase in (Session.Phase.STARTING, Session.Phase.RUNNING):
         try:
-            applied = apply_gshare_session(session)
+            applied = gshare_session_apply(session)
         except KubeUnavailable as exc:
             raise TransientApplyError(f"re-applying to {session.cluster.name}: the apiserver {exc}") from None
         except KubeRefused as exc:
@@ -101,9 +90,9 @@ def session_reapply(*, session: Session) -> Session:
                          session.public_id, session.cluster.name, exc.status, exc.summary)
         else:
             phase = Session.objects.filter(pk=session.pk).values_list("phase", flat=True).get()
-            if phase in _ENDED:  # stopped while the apply was in flight: its delete may have come first
+            if phase in ENDED_PHASES:  # stopped while the apply was in flight: its delete may have come first
                 session.phase = phase
-                _delete_object(session)
+                gshare_session_delete(session)
             elif routing_changed_since(session, applied):
                 return session
     # Only the mark this run saw: a newer change marked it again and its own task applies that.
