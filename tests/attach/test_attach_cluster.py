@@ -31,7 +31,7 @@ from tests.helpers import FIXTURES
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 RETIREMENT = ("WARNING: ingress-nginx is retired upstream: no releases and no security patches since 2026-03-24 (Kubernetes SIG "
               "Network and the Security Response Committee).")
 

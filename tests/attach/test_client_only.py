@@ -19,7 +19,7 @@ from tests.attach.test_api_client_hostile import STAFF, TOKEN, VERSION, Hostile,
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Listener:
