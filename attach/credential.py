@@ -24,6 +24,7 @@ import yaml
 from django.conf import settings
 
 from attach.releases import OPERATOR_RELEASE
+from core.layout import CONTROL_PLANE_SECRET_LABELS
 from kube import KubeGateway
 from kube.gateway import SECRETS
 
@@ -141,11 +142,9 @@ def _token_of(secret: dict) -> str:
 
 def _ensure_operator_token_secret(kube: KubeGateway) -> None:
     """Create the operator token Secret, empty, when it is missing: the credential may only read and replace it."""
-    from clusters.operator_token.rotation import MANAGED_BY_LABELS
-
     kube.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                  "metadata": {"name": settings.GSHARE_OPERATOR_TOKEN_SECRET, "namespace": settings.GSHARE_OPERATOR_NAMESPACE,
-                              "labels": dict(MANAGED_BY_LABELS)}}, exists_ok=True)
+                              "labels": dict(CONTROL_PLANE_SECRET_LABELS)}}, exists_ok=True)
 
 
 def apply_credential(kube: KubeGateway, *, volume_move: bool | None = None, wait_seconds: float = 30.0) -> str:

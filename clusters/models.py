@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
@@ -14,20 +13,7 @@ from contract import (
 )
 from core.crypto import EncryptedTextField
 from core.ids import new_cluster_id
-
-#: RFC 1123 DNS name (what Kubernetes calls a DNS subdomain): lowercase labels of letters, digits and '-'.
-dns_name_validator = RegexValidator(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$",
-    message="must be a lowercase DNS name (RFC 1123), e.g. gpu-a.example.com",
-    code="invalid_dns_name",
-)
-
-#: A cluster name: a DNS label (RFC 1123), as ``POST /api/v1/clusters`` requires.
-cluster_name_validator = RegexValidator(
-    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
-    message="must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit, e.g. gpu-a",
-    code="invalid_cluster_name",
-)
+from core.names import cluster_name_validator, dns_name_validator
 
 
 class ClusterQuerySet(models.QuerySet):

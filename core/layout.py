@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
+#: Labels of a Secret the control plane creates in a cluster (the operator token Secret, when the attach or a rotation
+#: finds it missing; a Secret made by the operator chart keeps its own labels).
+CONTROL_PLANE_SECRET_LABELS = {"app.kubernetes.io/part-of": "gshare", "app.kubernetes.io/managed-by": "gshare-control-plane"}
+
 
 def cluster_layout() -> dict:
     """The settings that decide which Kubernetes objects the control plane touches in each cluster:

@@ -31,15 +31,12 @@ from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
 from contract import OPERATOR_TOKEN_SECRET_KEY
 from core.exceptions import ApplicationError, Conflict, NotFound
+from core.layout import CONTROL_PLANE_SECRET_LABELS
 from kube import Deadline, KubeError, KubeGateway, KubeRefused, KubeUnavailable
 from kube.gateway import SECRETS
 from kube.kubeconfig import KubeconfigError
 
 logger = logging.getLogger(__name__)
-
-#: Label put on a Secret the control plane creates (a Secret made by the operator chart keeps its own labels).
-MANAGED_BY_LABELS = {"app.kubernetes.io/part-of": "gshare", "app.kubernetes.io/managed-by": "gshare-control-plane"}
-
 
 class Outcome:
     """Outcomes of one cluster's rotation (:attr:`TokenRotationResult.outcome`)."""
@@ -264,7 +261,7 @@ def _secret_write(kube: KubeGateway, *, namespace: str, name: str, token: str) -
         if current is None:
             body = {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED_BY_LABELS)},
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(CONTROL_PLANE_SECRET_LABELS)},
                 "data": {OPERATOR_TOKEN_SECRET_KEY: encoded},
             }
             try:

@@ -1,4 +1,4 @@
-"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (attach.steps).
+"""``manage.py attach_cluster``: prepare a GPU cluster, register it and deploy its operator (attach.run).
 
 It runs on any machine that has the cluster's admin kubeconfig and a staff API token: it reaches the control plane only
 through its public API, and ``manage.py`` runs it with ``GSHARE_CLIENT_ONLY`` set (settings without a database or
@@ -14,7 +14,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from attach.fixes import invocation
-from attach.steps import Attach, AttachOptions, AttachStopped
+from attach.run import Attach, AttachOptions, AttachStopped
 from audit.context import command_actor
 from contract import (
     GATEWAY_NAME_DEFAULT,

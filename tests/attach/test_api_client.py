@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attach.control_plane import ControlPlaneClient
+from attach.api_client import ControlPlaneClient
 from clusters.models import Cluster
 from tests.factories import ClusterFactory
 

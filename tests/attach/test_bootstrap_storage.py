@@ -16,7 +16,7 @@ from attach import bootstrap_storage, releases
 from attach.helm import install_release
 from tests.helpers import FIXTURES, kubeconfig_text
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "cluster-bootstrap.sh"
 VALUES = FIXTURES / "k8s-objects/democratic-csi/zfs-generic-nfs.values.yaml"
 

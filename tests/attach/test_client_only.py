@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters.attach.test_control_plane_hostile import STAFF, TOKEN, VERSION, Hostile, routes
+from tests.attach.test_api_client_hostile import STAFF, TOKEN, VERSION, Hostile, routes
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Listener:
@@ -115,13 +115,14 @@ def test_a_registration_refusal_is_explained_through_the_api_only(laptop):
         os.environ["DJANGO_SETTINGS_MODULE"] = "gshare.settings"
         import django
         django.setup()
-        from attach.steps import Attach, AttachOptions, AttachStopped
+        from attach.run import Attach, AttachOptions, AttachStopped
+        from attach.steps import register
         attach = Attach(AttachOptions(kubeconfig_path="-", name="lab-c1", control_plane_url={server.url!r}, session_domain="a.example.org",
                                       ingress_node="n1", api_token={TOKEN!r}, argv=("hack/attach-cluster.sh", "--name", "lab-c1")),
                         echo=print)
         attach.state.server, attach.state.kubeconfig = "https://k", "apiVersion: v1"
         try:
-            attach._guarded(attach.step_register)
+            attach.guarded(register.run)
         except AttachStopped as stop:
             print("PROBLEM", stop.problem)
             print("FIX", stop.fix)

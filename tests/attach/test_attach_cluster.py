@@ -1,6 +1,6 @@
 """``manage.py attach_cluster`` end to end against an emulated cluster: fresh, re-run, each prerequisite missing.
 
-The cluster is a demo-fleet cluster as it is before attach (tests/clusters/attach/conftest.py): its check pods
+The cluster is a demo-fleet cluster as it is before attach (tests/attach/conftest.py): its check pods
 are completed by the emulator with the output real nodes print, its charts come from a Helm chart repository on
 loopback and are installed by the real Helm engine, and its operator Deployment is run as a real operator
 process that reports to the live server.
@@ -24,13 +24,14 @@ from cryptography import x509
 from django.core.management import CommandError, call_command
 
 from attach.fixes import INVOKED_AS_ENV, rerun_environment, shell_line
+from attach.steps import reach
 from clusters.models import Cluster
 from demo import fleet
 from tests.helpers import FIXTURES
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 RETIREMENT = ("WARNING: ingress-nginx is retired upstream: no releases and no security patches since 2026-03-24 (Kubernetes SIG "
               "Network and the Security Response Committee).")
 
@@ -767,11 +768,10 @@ def test_the_control_plane_is_checked_before_anything_touches_the_cluster(case, 
 
 
 def test_a_control_plane_of_another_release_is_refused_with_the_checkout_to_use(attach_settings, bare_cluster, live_server, monkeypatch):
-    from attach import steps
     from core.version import GSHARE_VERSION
 
     emulated, kubeconfig_path = bare_cluster("lab-c1")
-    monkeypatch.setattr(steps, "GSHARE_VERSION", "0.9.1")  # this checkout, as if it were another release
+    monkeypatch.setattr(reach, "GSHARE_VERSION", "0.9.1")  # this checkout, as if it were another release
     run = attach(kubeconfig_path, live_server)
     assert f"the control plane runs gShare {GSHARE_VERSION}" in str(run.error) and "this checkout is 0.9.1" in str(run.error)
     assert fix_of(run) == f"run the attach from a checkout of the control plane's release: git checkout v{GSHARE_VERSION}"

@@ -14,7 +14,7 @@ from audit.models import AuditRecord
 from clusters import services
 from clusters.models import Cluster
 from kube.errors import clean_text
-from tests.clusters.attach.test_attach_cluster import attach
+from tests.attach.test_attach_cluster import attach
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

@@ -14,7 +14,7 @@ import pytest
 from attach.helm import install_release
 from attach.releases import ChartRelease
 from clusters.models import Cluster
-from tests.clusters.attach.test_attach_cluster import RETIREMENT, attach, fix_of, helm_releases
+from tests.attach.test_attach_cluster import RETIREMENT, attach, fix_of, helm_releases
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

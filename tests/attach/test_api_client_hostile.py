@@ -1,4 +1,4 @@
-"""The attach command's API client (``attach.control_plane``) and the steps that use it, against control planes
+"""The attach command's API client (``attach.api_client``) and the steps that use it, against control planes
 that do not behave: huge, trickling, redirecting, HTML or non-object answers, lying ``/me`` answers, servers that echo
 the token back. Every server here is a real HTTP server on loopback; nothing of gShare is replaced."""
 
@@ -18,8 +18,9 @@ from collections.abc import Callable
 import pytest
 from django.core.management import CommandError, call_command
 
-from attach.control_plane import MAX_ANSWER_BYTES, ControlPlaneClient, ControlPlaneError
-from attach.steps import Attach, AttachOptions, AttachStopped
+from attach.api_client import MAX_ANSWER_BYTES, ControlPlaneClient, ControlPlaneError
+from attach.run import Attach, AttachOptions, AttachStopped
+from attach.steps import connection, reach, register
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -303,7 +304,7 @@ def _attach(url: str, token: str = TOKEN, **state) -> Attach:
 def test_me_must_say_is_staff_true_in_so_many_words(settings, hostile, me, refused):
     server = hostile(routes({"version": VERSION, "me": me}))
     with pytest.raises(AttachStopped, match=refused):
-        _attach(server.url)._check_control_plane()
+        reach.check_control_plane(_attach(server.url))
 
 
 @pytest.mark.parametrize("version", [{}, {"version": "0.2.0"}, {"version": None, "operator_contract": "v1alpha1"},
@@ -311,13 +312,13 @@ def test_me_must_say_is_staff_true_in_so_many_words(settings, hostile, me, refus
 def test_a_version_answer_without_a_release_number_is_refused_without_a_command_built_from_it(settings, hostile, version):
     server = hostile(routes({"version": version, "me": STAFF}))
     with pytest.raises(AttachStopped) as stop:
-        _attach(server.url)._check_control_plane()
+        reach.check_control_plane(_attach(server.url))
     assert "evil" not in stop.value.fix and "git checkout v?" not in stop.value.fix
 
 
 def test_the_checks_pass_against_a_well_behaved_control_plane(settings, hostile):
     server = hostile(routes({"version": VERSION, "me": STAFF}))
-    assert _attach(server.url)._check_control_plane() == f"gShare 0.2.0 at {server.url} as admin"
+    assert reach.check_control_plane(_attach(server.url)) == f"gShare 0.2.0 at {server.url} as admin"
 
 
 @pytest.mark.parametrize("answers", [
@@ -336,7 +337,7 @@ def test_step_register_stops_with_a_fix_on_any_answer_shape(settings, hostile, a
     server = hostile(routes(answers))
     attach = _attach(server.url, server="https://k", kube_system_uid="", kubeconfig="apiVersion: v1")
     with pytest.raises(AttachStopped) as stop:
-        attach._guarded(attach.step_register)
+        attach.guarded(register.run)
     assert stop.value.fix.endswith("then re-run: attach")
 
 
@@ -348,7 +349,7 @@ def test_steps_7_and_9_stop_with_a_fix_on_a_list_answer(settings, hostile, route
         (api.operator_token_push if route == "operator-token/push" else api.connection_test)("clu_a")
     if route == "connection-test":
         with pytest.raises(AttachStopped, match="not gShare's API"):
-            attach._guarded(attach.step_connection)
+            attach.guarded(connection.run)
 
 
 # ----------------------------------------------------------------- the token never shows
@@ -539,6 +540,6 @@ def test_a_server_that_closes_each_connection_without_saying_so_answers_every_ca
 def test_a_cluster_layout_that_is_not_kubernetes_names_builds_no_command(settings, hostile, layout):
     server = hostile(routes({"version": {**VERSION, "cluster_layout": layout}, "me": STAFF}))
     with pytest.raises(AttachStopped) as stop:
-        _attach(server.url)._check_control_plane()
+        reach.check_control_plane(_attach(server.url))
     assert "not gShare's" in stop.value.problem
     assert "evil" not in stop.value.fix and "rm -rf" not in stop.value.fix and "AAAA" not in stop.value.fix
