@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-BASE_DIR = Path(__file__).resolve().parents[2]
+BASE_DIR = Path(__file__).resolve().parents[1]
 #: The settings :func:`attach.releases.storage_plan` reads, with gshare/settings/base.py's defaults.
 CHART_DEFAULTS = {
     "GSHARE_ATTACH_DEMOCRATIC_CSI_REPO": "https://democratic-csi.github.io/charts/",
@@ -72,7 +72,7 @@ def _read_text(path: str) -> str:
 
 
 def _unusable(exc: Exception, path: str, flag: str) -> BootstrapFailed:
-    from attach.fixes import unreadable_file_fix, unreadable_file_reason
+    from attach.fixes import unreadable_file_fix, unreadable_file_reason  # reads settings: see install()
 
     return BootstrapFailed(f"cannot use {flag} {path}: {unreadable_file_reason(exc)}", unreadable_file_fix(exc, path=path, flag=flag))
 
@@ -149,6 +149,7 @@ def install(*, values_path: str, kubeconfig_path: str | None, environ: Mapping[s
         BootstrapFailed: unusable values or kubeconfig, or Helm refused (its message, credentials redacted).
     """
     configure_settings(environ)
+    # After configure_settings: these read Django's settings when imported, and this command configures its own.
     from attach import helm, releases
     from core.exceptions import ApplicationError
 
