@@ -18,7 +18,7 @@ Steps (docs/attach.md describes each, its failures and their fixes):
    or ingress-nginx (``--routing ingress-nginx``, retired upstream), on the ingress node; with ``--skip-ingress`` the
    controller the cluster already runs;
 6. the control plane's credential: ServiceAccount ``gshare-control-plane`` with least-privilege RBAC and its token
-   (``steps.credential``, rules in ``attach.credential``): registration sends that, never the admin kubeconfig;
+   (``steps.credential``, rules in ``attach.least_privilege``): registration sends that, never the admin kubeconfig;
 7. registration through the control plane's API (``POST /api/v1/clusters``, probe included; an existing registration
    is kept and its credential refreshed with ``PATCH``): ``steps.register``;
 8. the operator: the control plane pushes its token into the Secret ``gshare-operator-internal-jwt``

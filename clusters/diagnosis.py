@@ -23,7 +23,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.rotation import operator_token_state
-from clusters.routing import ATTACH_COMMAND
+from clusters.routing_mode import ATTACH_COMMAND
 from contract import (
     CLOCK_SYNCED,
     CONNECT_EXT_AUTHZ_PATH,

@@ -25,7 +25,7 @@ from clusters.diagnosis import clock_verdict, operator_check_verdicts, operator_
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
-from clusters.routing import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
+from clusters.routing_mode import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from contract import CLOCK_SYNCED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
 from core.exceptions import ApplicationError, Conflict, Forbidden
 from kube.kubeconfig import validate_kubeconfig
@@ -183,7 +183,7 @@ def cluster_register(
             (``Cluster.kube_system_uid``; a server without that namespace is registered without one).
         django.core.exceptions.ValidationError: a field is malformed (rendered as 400 ``invalid_request``).
         RoutingRefused: ``invalid_routing``, ``invalid_gateway_name``, ``invalid_gateway_namespace``,
-            ``session_domain_is_control_plane`` (400; ``clusters.routing``), before anything is dialled.
+            ``session_domain_is_control_plane`` (400; ``clusters.routing_mode``), before anything is dialled.
         ClusterPrerequisiteMissing: ``runtime_class_missing`` or ``hami_missing`` (422).
     """
     refusal = routing_settings_refusal({"routing": routing, "gateway_name": gateway_name, "gateway_namespace": gateway_namespace})
@@ -552,7 +552,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
     Returns:
         ``{"status": "connected"|"degraded"|"unreachable", "checks": {name: bool},
         "detail": {name: sentence}, "kubernetes_version": str, "tested_at": ISO 8601 UTC, "routing": {"mode",
-        "controller", "gateway_programmed", "detail"}}`` (``clusters.routing.routing_probe``: reported, and a problem
+        "controller", "gateway_programmed", "detail"}}`` (``clusters.routing_mode.routing_probe``: reported, and a problem
         when the controller or Gateway is missing, never a change of status).
         ``connected`` when every check in ``checks`` passes (``credential_least_privilege``, present when the apiserver
         answered a SelfSubjectAccessReview, is advisory: ``ADVISORY_CHECKS``), ``unreachable`` when the apiserver did

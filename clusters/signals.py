@@ -12,7 +12,7 @@ from django.dispatch import Signal
 
 from clusters.models import Cluster
 
-#: ``cluster_update`` changed what sessions are reached through (``clusters.routing.routing_key``: the routing mode or
+#: ``cluster_update`` changed what sessions are reached through (``clusters.routing_mode.routing_key``: the routing mode or
 #: the Gateway). Each receiver marks what must follow the new routing, durably and in the caller's transaction, and
 #: returns how many it marked (int); the sum is the update's ``sessions_reapplied``.
 cluster_routing_changed = Signal()

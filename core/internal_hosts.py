@@ -75,5 +75,5 @@ def is_ext_authz_check(path: str) -> bool:
 
 def control_plane_host() -> str:
     """The host of ``GSHARE_CONTROL_PLANE_URL`` (lowercase, no trailing dot): a public host even when
-    ``DJANGO_ALLOWED_HOSTS`` is ``*``, as ``clusters.routing.is_control_plane_host`` counts it."""
+    ``DJANGO_ALLOWED_HOSTS`` is ``*``, as ``clusters.routing_mode.is_control_plane_host`` counts it."""
     return (urlsplit(settings.GSHARE_CONTROL_PLANE_URL).hostname or "").lower().rstrip(".")

@@ -4,7 +4,7 @@ Steps: a fresh ``gshare_demo`` database on the configured PostgreSQL server (emb
 migrations, a staff user and an API token, two Kubernetes API emulators (``demo.emulator``) seeded
 with the demo fleet (``demo.fleet``, real HAMi and nvidia-smi data), registration of each through
 ``cluster_register`` (the same service as ``POST /api/v1/clusters``, probe included) with the control plane's
-least-privilege ServiceAccount token (``attach.credential``, made with the emulator's admin token), the web
+least-privilege ServiceAccount token (``attach.least_privilege``, made with the emulator's admin token), the web
 server (gunicorn behind nginx, ``gshare.front_proxy``), a Celery worker and beat, one real operator process per cluster with a
 token minted for it, and the clusters' ingress (``demo.ingress_nginx``: what ingress-nginx does for the
 session Ingresses, and Envoy Gateway for the session HTTPRoutes of the cluster in ``gateway-api`` routing mode,
@@ -48,7 +48,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
-from attach.credential import least_privilege_kubeconfig
+from attach.least_privilege import least_privilege_kubeconfig
 from billing.services import credit_grant, policy_set, price_set
 from clusters import services as cluster_services
 from clusters.models import Cluster

@@ -163,7 +163,7 @@ def ext_authz_host_allowed(request) -> bool:
     the ``session_domain`` of a registered cluster (``sessions.ext_authz.session_domain_registered``, a cached set),
     Envoy's ``Host`` for the check being the original ``:authority``; but never on a host an explicit
     ``DJANGO_ALLOWED_HOSTS`` entry (not ``*``) matches, nor on the host of ``GSHARE_CONTROL_PLANE_URL``: those are
-    public hosts of the control plane (``clusters.routing.is_control_plane_host`` refuses them as session domains).
+    public hosts of the control plane (``clusters.routing_mode.is_control_plane_host`` refuses them as session domains).
     The host is the raw one ``request.get_host()`` would check (port stripped), read without ``ALLOWED_HOSTS``, which
     does not list session domains.
 

@@ -23,7 +23,7 @@ GATEWAY_NAMESPACE_HELP = "Namespace of that Gateway, a DNS label; 400 invalid_ga
 
 
 class ServiceCheckedField(serializers.CharField):
-    """A string setting whose rules, and the stable code of their refusal, are the service's (``clusters.routing``):
+    """A string setting whose rules, and the stable code of their refusal, are the service's (``clusters.routing_mode``):
     the value is passed on as given (a number or a list too), so every malformed value gets that code."""
 
     def __init__(self, **kwargs):

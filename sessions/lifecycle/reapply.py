@@ -17,7 +17,7 @@ import logging
 from django.utils import timezone
 
 from clusters.models import Cluster
-from clusters.routing import routing_key
+from clusters.routing_mode import routing_key
 from kube import KubeRefused, KubeUnavailable
 from sessions.lifecycle import outbox
 from sessions.lifecycle.remote import ENDED_PHASES, TransientApplyError, gshare_session_apply, gshare_session_delete, session_for_apply
@@ -45,7 +45,7 @@ def sessions_reapply_mark(*, cluster: Cluster) -> int:
 
 
 def routing_changed_since(session: Session, applied: tuple[str, str, str]) -> bool:
-    """Whether the routing of ``session``'s cluster now differs from ``applied`` (``clusters.routing.routing_key`` of
+    """Whether the routing of ``session``'s cluster now differs from ``applied`` (``clusters.routing_mode.routing_key`` of
     the manifest just applied); if so the session is marked due again and ``sessions.reapply`` is published (after the
     commit of the caller's transaction, if any)."""
     current = Cluster.objects.filter(pk=session.cluster_id).first()

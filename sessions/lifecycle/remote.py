@@ -8,7 +8,7 @@ from django.db.models import Prefetch
 
 import contract
 from clusters.models import Cluster
-from clusters.routing import routing_key
+from clusters.routing_mode import routing_key
 from kube import KubeGateway, KubeRefused, KubeUnavailable
 from kube.gateway import GSHARE_SESSIONS
 from sessions.manifests import gshare_session_manifest
@@ -41,7 +41,7 @@ def gshare_session_apply(session: Session) -> tuple[str, str, str]:
     """Server-side apply ``session``'s GShareSession (``sessions.manifests``) to its cluster, with no row lock held.
 
     Returns:
-        The ``clusters.routing.routing_key`` the manifest was built from, for ``sessions.lifecycle.reapply.routing_changed_since``.
+        The ``clusters.routing_mode.routing_key`` the manifest was built from, for ``sessions.lifecycle.reapply.routing_changed_since``.
 
     Raises:
         KubeUnavailable: the apiserver did not answer, or answered 5xx/429. KubeRefused: it refused the object.

@@ -11,7 +11,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from attach import credential
+from attach import least_privilege
 from clusters import services
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
@@ -45,7 +45,7 @@ def test_a_fix_reported_during_the_probe_is_what_the_test_judges(fleet_cluster, 
 
     url = apiserver_proxy(emulated.url, during_probe)
     config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-    text = credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10).replace(emulated.url, url)
+    text = least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10).replace(emulated.url, url)
     reported.set()  # registration probes too: not then
     cluster = services.cluster_register(name="lab-c1", kubeconfig=text, session_domain="lab-c1.example.com")
     holder["cluster"] = cluster

@@ -6,7 +6,7 @@ on the live server, against emulated apiservers of the demo fleet. A cluster is 
 import pytest
 import yaml
 
-from attach import credential
+from attach import least_privilege
 from clusters.models import Cluster
 from clusters.operator_token.tokens import operator_token_mint
 from demo import fleet
@@ -254,10 +254,10 @@ def without_identity_grant(emulated, settings) -> str:
     the namespace kube-system (the emulator's RBAC answers 403 to reading it)."""
     admin = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
     with KubeGateway.for_kubeconfig(admin, call_timeout=10) as kube:
-        token = credential.apply_credential(kube)
-        role = next(o for o in credential.credential_objects() if o["kind"] == "ClusterRole")
+        token = least_privilege.apply_credential(kube)
+        role = next(o for o in least_privilege.credential_objects() if o["kind"] == "ClusterRole")
         kube.apply({**role, "rules": [r for r in role["rules"] if r["resources"] != ["namespaces"]]})
-    return credential.credential_kubeconfig(admin, token)
+    return least_privilege.credential_kubeconfig(admin, token)
 
 
 def test_registration_refuses_a_credential_that_may_not_read_kube_system(http, fleet_cluster, settings):

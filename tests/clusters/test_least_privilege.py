@@ -1,4 +1,4 @@
-"""The control plane's least-privilege credential (``attach.credential``) against the Kubernetes emulator
+"""The control plane's least-privilege credential (``attach.least_privilege``) against the Kubernetes emulator
 with RBAC enforced: every apiserver call the control plane makes works with it (probe and connection test, session
 apply and delete, the operator token push, the storage pool check, the PVC delete, a volume move), and it holds no
 more (no Secrets listed or read besides the operator token, no Pods created, nothing written cluster-wide); the
@@ -11,7 +11,7 @@ import yaml
 from django.utils import timezone
 
 import contract
-from attach import credential
+from attach import least_privilege
 from clusters import services
 from clusters.operator_token.rotation import OperatorTokenPushFailed, operator_token_push
 from clusters.probe import probe_cluster
@@ -56,7 +56,7 @@ def least(fleet_cluster, settings):
 
     def start(name: str = "lab-c1", objects: list[dict] | None = None):
         emulated = fleet_cluster(name, objects=objects)
-        text = credential.least_privilege_kubeconfig(admin_config(emulated, settings), server=emulated.url, timeout=10)
+        text = least_privilege.least_privilege_kubeconfig(admin_config(emulated, settings), server=emulated.url, timeout=10)
         cluster = services.cluster_register(name=name, kubeconfig=text, session_domain=f"{name}.example.com")
         return cluster, emulated
 
@@ -77,16 +77,16 @@ def forbidden(call, *args, **kwargs) -> KubeRefused:
 def test_the_credential_is_a_service_account_token_with_the_admins_server_and_ca(fleet_cluster, settings):
     emulated = fleet_cluster("lab-c1", tls=True)
     config = admin_config(emulated, settings)
-    text = credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10)
+    text = least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10)
     made = yaml.safe_load(text)
     assert made["clusters"][0]["cluster"] == config["clusters"][0]["cluster"]  # server and certificate-authority-data
     token = made["users"][0]["user"]["token"]
     assert token and token != emulated.token
     # The token Secret holds what the tokens controller writes (the CA included, over TLS).
-    secret = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == credential.TOKEN_SECRET_NAME)
+    secret = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == least_privilege.TOKEN_SECRET_NAME)
     assert secret["type"] == "kubernetes.io/service-account-token" and "ca.crt" in secret["data"]
     # A second run keeps the Secret, so the same token: a re-attach registers the same credential.
-    again = yaml.safe_load(credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))
+    again = yaml.safe_load(least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))
     assert again["users"][0]["user"]["token"] == token
     with KubeGateway.for_kubeconfig(made, call_timeout=10) as kube:
         review = kube.create({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
@@ -191,7 +191,7 @@ def test_it_may_do_nothing_more(least, settings):
         assert refused.message == (f'secrets is forbidden: User "{SA_USER}" cannot list resource "secrets" in API group "" '
                                    f'in the namespace "{operator_ns}"')
         forbidden(kube.list, SECRETS)
-        forbidden(kube.get, SECRETS, credential.TOKEN_SECRET_NAME, namespace=operator_ns)  # not even its own token
+        forbidden(kube.get, SECRETS, least_privilege.TOKEN_SECRET_NAME, namespace=operator_ns)  # not even its own token
         forbidden(kube.create, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "namespace": sessions_ns},
                                 "spec": {"containers": [{"name": "x", "image": "busybox"}]}})
         forbidden(kube.list, PODS, namespace=sessions_ns)
@@ -230,10 +230,10 @@ def test_the_routing_reads_are_allowed_and_nothing_more_of_routing(least, settin
 
 def test_a_credential_from_before_the_routing_reads_is_told_to_rerun_attach(least, settings):
     cluster, emulated = least()
-    rules = [rule for rule in credential.control_plane_rules()["cluster"]
+    rules = [rule for rule in least_privilege.control_plane_rules()["cluster"]
              if not {"ingressclasses", "gatewayclasses", "gateways"} & set(rule["resources"])]
     with KubeGateway.for_kubeconfig(admin_config(emulated, settings), call_timeout=10) as admin:
-        admin.patch(CLUSTER_ROLES, credential.ROLE_NAME, {"rules": rules})
+        admin.patch(CLUSTER_ROLES, least_privilege.ROLE_NAME, {"rules": rules})
     for mode in (contract.ROUTING_INGRESS_NGINX, contract.ROUTING_GATEWAY_API):
         cluster = services.cluster_update(cluster=cluster, changes={"routing": mode})
         routing = services.cluster_connection_test(cluster=cluster)["routing"]

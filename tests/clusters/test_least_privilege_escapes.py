@@ -1,4 +1,4 @@
-"""Attempts to get past the control plane's least-privilege credential (``attach.credential``) in the emulator,
+"""Attempts to get past the control plane's least-privilege credential (``attach.least_privilege``) in the emulator,
 each one a request a real apiserver refuses: Secrets listed or watched, another Secret reached through the one
 ``resourceNames`` grant (a body naming another object, a field selector), RBAC written to escalate, Pods made directly,
 through a Deployment or a TokenRequest, logs read, a forged token Secret; a deleted ServiceAccount's token; the admin
@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from attach import credential
+from attach import least_privilege
 from kube.kubeconfig import validate_kubeconfig
 from tests.helpers import kubeconfig_text
 
@@ -50,7 +50,7 @@ def attached(fleet_cluster, settings):
     ServiceAccount, as its chart makes it), and the credential's bearer token."""
     emulated = fleet_cluster("lab-c1")
     config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-    text = credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10)
+    text = least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10)
     emulated.add({"apiVersion": "v1", "kind": "ServiceAccount",
                   "metadata": {"name": "gshare-operator", "namespace": settings.GSHARE_OPERATOR_NAMESPACE}})
     return emulated, yaml.safe_load(text)["users"][0]["user"]["token"]
@@ -61,20 +61,20 @@ def test_secrets_are_not_listed_or_watched(attached, settings):
     ns = settings.GSHARE_OPERATOR_NAMESPACE
     for path in (f"/api/v1/namespaces/{ns}/secrets?watch=true&timeoutSeconds=1",
                  "/api/v1/secrets?watch=1&timeoutSeconds=1",
-                 f"/api/v1/namespaces/{ns}/secrets?fieldSelector=metadata.name%3D{credential.TOKEN_SECRET_NAME}",
-                 f"/api/v1/namespaces/{ns}/secrets?watch=true&fieldSelector=metadata.name%3D{credential.TOKEN_SECRET_NAME}"):
+                 f"/api/v1/namespaces/{ns}/secrets?fieldSelector=metadata.name%3D{least_privilege.TOKEN_SECRET_NAME}",
+                 f"/api/v1/namespaces/{ns}/secrets?watch=true&fieldSelector=metadata.name%3D{least_privilege.TOKEN_SECRET_NAME}"):
         status, body = call(emulated, token, path)
         assert status == 403, (path, body)
-        assert credential.TOKEN_SECRET_NAME not in json.dumps(body) or "forbidden" in body["message"]
+        assert least_privilege.TOKEN_SECRET_NAME not in json.dumps(body) or "forbidden" in body["message"]
     # The one Secret it may read, watched by name, streams that Secret only: never its own token Secret.
-    status, body = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{credential.TOKEN_SECRET_NAME}?watch=true")
+    status, body = call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{least_privilege.TOKEN_SECRET_NAME}?watch=true")
     assert status == 403
 
 
 def test_the_named_secret_grant_reaches_no_other_secret(attached, settings):
     emulated, token = attached
     ns, allowed = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_OPERATOR_TOKEN_SECRET
-    other = credential.TOKEN_SECRET_NAME
+    other = least_privilege.TOKEN_SECRET_NAME
     assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets", "POST", {  # no create at all: the attach made it
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": allowed}, "data": {"internal-jwt": "eA=="}})[0] == 403
     assert call(emulated, token, f"/api/v1/namespaces/{ns}/secrets/{allowed}")[0] == 200
@@ -123,7 +123,7 @@ def test_a_forged_token_secret_is_no_credential(attached, settings):
     # The same by the admin (a hand-written token in a token Secret) authenticates nobody either.
     assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets", "POST", {
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-        "metadata": {"name": "forged-by-admin", "annotations": {"kubernetes.io/service-account.name": credential.ACCOUNT_NAME}},
+        "metadata": {"name": "forged-by-admin", "annotations": {"kubernetes.io/service-account.name": least_privilege.ACCOUNT_NAME}},
         "data": {"token": base64.b64encode(b"by-hand").decode()}})[0] == 201
     time.sleep(0.3)
     assert call(emulated, "by-hand", "/version")[0] == 401
@@ -138,16 +138,16 @@ def test_a_forged_token_secret_is_no_credential(attached, settings):
 def test_no_escalation_through_rbac_pods_deployments_logs_or_token_requests(attached, settings):
     emulated, token = attached
     ns, sessions_ns = settings.GSHARE_OPERATOR_NAMESPACE, settings.GSHARE_SESSION_NAMESPACE
-    subject = [{"kind": "ServiceAccount", "name": credential.ACCOUNT_NAME, "namespace": ns}]
+    subject = [{"kind": "ServiceAccount", "name": least_privilege.ACCOUNT_NAME, "namespace": ns}]
     admin_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}
     attempts = [
         (f"{RBAC}/clusterrolebindings", "POST", {"metadata": {"name": "mine"}, "roleRef": admin_ref, "subjects": subject}),
         (f"{RBAC}/namespaces/{sessions_ns}/rolebindings", "POST",
          {"metadata": {"name": "mine"}, "roleRef": admin_ref, "subjects": subject}),
-        (f"{RBAC}/clusterroles/{credential.ROLE_NAME}", "PATCH", {"rules": [{"apiGroups": ["*"], "resources": ["*"],
+        (f"{RBAC}/clusterroles/{least_privilege.ROLE_NAME}", "PATCH", {"rules": [{"apiGroups": ["*"], "resources": ["*"],
                                                                              "verbs": ["*"]}]}),
-        (f"{RBAC}/namespaces/{sessions_ns}/roles/{credential.ROLE_NAME}?fieldManager=x", "PATCH",
-         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": credential.ROLE_NAME},
+        (f"{RBAC}/namespaces/{sessions_ns}/roles/{least_privilege.ROLE_NAME}?fieldManager=x", "PATCH",
+         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": least_privilege.ROLE_NAME},
           "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
         (f"/api/v1/namespaces/{sessions_ns}/pods", "POST",
          {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
@@ -159,7 +159,7 @@ def test_no_escalation_through_rbac_pods_deployments_logs_or_token_requests(atta
         (f"/api/v1/namespaces/{sessions_ns}/pods/any/exec?command=sh", "POST", None),
         (f"/api/v1/namespaces/{ns}/serviceaccounts/gshare-operator/token", "POST",
          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
-        (f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}/token", "POST",
+        (f"/api/v1/namespaces/{ns}/serviceaccounts/{least_privilege.ACCOUNT_NAME}/token", "POST",
          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
     ]
     for path, method, body in attempts:
@@ -181,7 +181,7 @@ def test_the_admin_token_stays_cluster_admin(attached, settings):
     emulated, _ = attached
     ns = settings.GSHARE_OPERATOR_NAMESPACE
     status, body = call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets")
-    assert status == 200 and credential.TOKEN_SECRET_NAME in [s["metadata"]["name"] for s in body["items"]]
+    assert status == 200 and least_privilege.TOKEN_SECRET_NAME in [s["metadata"]["name"] for s in body["items"]]
     assert call(emulated, emulated.token, "/api/v1/secrets")[0] == 200
     status, review = call(emulated, emulated.token, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "POST",
                           {"spec": {"resourceAttributes": {"verb": "*", "group": "*", "resource": "*"}}})
@@ -192,12 +192,12 @@ def test_a_deleted_service_accounts_token_is_revoked_even_when_it_is_made_again(
     emulated, token = attached
     ns = settings.GSHARE_OPERATOR_NAMESPACE
     assert call(emulated, token, "/api/v1/nodes")[0] == 200
-    account = f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}"
+    account = f"/api/v1/namespaces/{ns}/serviceaccounts/{least_privilege.ACCOUNT_NAME}"
     assert call(emulated, emulated.token, account, "DELETE")[0] == 200
     assert call(emulated, token, "/api/v1/nodes")[0] == 401
     # The same name made again is another ServiceAccount (another uid): the old token stays revoked.
     assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts", "POST",
-                {"metadata": {"name": credential.ACCOUNT_NAME}})[0] == 201
+                {"metadata": {"name": least_privilege.ACCOUNT_NAME}})[0] == 201
     assert call(emulated, token, "/api/v1/nodes")[0] == 401
     assert call(emulated, token, "/version")[0] == 401
 
@@ -244,10 +244,10 @@ def test_a_rerun_after_the_service_account_was_deleted_gets_a_working_token(atta
     attach's credential step run again makes the account, a new Secret and a token that works."""
     emulated, token = attached
     ns = settings.GSHARE_OPERATOR_NAMESPACE
-    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}", "DELETE")[0] == 200
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{least_privilege.ACCOUNT_NAME}", "DELETE")[0] == 200
     assert call(emulated, token, "/api/v1/nodes")[0] == 401
     config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-    again = yaml.safe_load(credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
+    again = yaml.safe_load(least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
     assert again != token
     assert call(emulated, again, "/api/v1/nodes")[0] == 200
 
@@ -257,15 +257,15 @@ def test_a_token_secret_left_from_a_deleted_service_account_is_made_again(attach
     one): the attach's credential step replaces it instead of registering a revoked token."""
     emulated, token = attached
     ns = settings.GSHARE_OPERATOR_NAMESPACE
-    old = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == credential.TOKEN_SECRET_NAME)
-    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{credential.ACCOUNT_NAME}", "DELETE")[0] == 200
+    old = next(s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == least_privilege.TOKEN_SECRET_NAME)
+    assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/serviceaccounts/{least_privilege.ACCOUNT_NAME}", "DELETE")[0] == 200
     time.sleep(0.3)
-    assert not [s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == credential.TOKEN_SECRET_NAME]
+    assert not [s for s in emulated.objects_of("secrets") if s["metadata"]["name"] == least_privilege.TOKEN_SECRET_NAME]
     stale = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-             "metadata": {"name": credential.TOKEN_SECRET_NAME, "annotations": old["metadata"]["annotations"]},
+             "metadata": {"name": least_privilege.TOKEN_SECRET_NAME, "annotations": old["metadata"]["annotations"]},
              "data": old["data"]}
     assert call(emulated, emulated.token, f"/api/v1/namespaces/{ns}/secrets", "POST", stale)[0] == 201
     config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-    again = yaml.safe_load(credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
+    again = yaml.safe_load(least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10))["users"][0]["user"]["token"]
     assert again != token
     assert call(emulated, again, "/api/v1/nodes")[0] == 200

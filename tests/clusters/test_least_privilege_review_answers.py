@@ -10,7 +10,7 @@ import json
 import pytest
 from django.utils import timezone
 
-from attach import credential
+from attach import least_privilege
 from clusters import services
 from clusters.models import Cluster
 from kube.kubeconfig import validate_kubeconfig
@@ -32,7 +32,7 @@ def review_proxy(fleet_cluster, settings, apiserver_proxy):
         url = apiserver_proxy(emulated.url, lambda method, path, data: (status, body) if path.split("?")[0] == REVIEW_PATH
                               else None)
         config = validate_kubeconfig(kubeconfig_text(emulated), loopback_allowlist=settings.GSHARE_LOOPBACK_ALLOWLIST).config
-        text = credential.least_privilege_kubeconfig(config, server=emulated.url, timeout=10).replace(emulated.url, url)
+        text = least_privilege.least_privilege_kubeconfig(config, server=emulated.url, timeout=10).replace(emulated.url, url)
         cluster = services.cluster_register(name="lab-c1", kubeconfig=text, session_domain="lab-c1.example.com")
         cluster.last_heartbeat_at = timezone.now()
         cluster.save(update_fields=["last_heartbeat_at"])

@@ -7,7 +7,7 @@ import pytest
 from audit.models import AuditRecord
 from clusters import services as cluster_services
 from clusters.models import Cluster
-from clusters.routing import RoutingRefused
+from clusters.routing_mode import RoutingRefused
 from contract import GATEWAY_NAME_DEFAULT, GATEWAY_NAMESPACE_DEFAULT, ROUTING_GATEWAY_API
 from tests.helpers import kubeconfig_text
 

@@ -12,7 +12,7 @@ import pytest
 
 from audit.models import AuditRecord
 from clusters.models import Cluster
-from clusters.routing import is_control_plane_host
+from clusters.routing_mode import is_control_plane_host
 from sessions import lifecycle
 from sessions.lifecycle import outbox
 from sessions.models import Session

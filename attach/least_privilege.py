@@ -67,7 +67,7 @@ def control_plane_rules(*, volume_move: bool | None = None) -> dict[str, list[di
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"], "resourceNames": ["kube-system"]},
         # storage/services.py: registering a storage pool reads its StorageClass
         {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"]},
-        # clusters/routing.py: the connection test's routing report, read-only: ingress-nginx's IngressClass, Envoy
+        # clusters/routing_mode.py: the connection test's routing report, read-only: ingress-nginx's IngressClass, Envoy
         # Gateway's GatewayClass and the cluster's Gateway (whose namespace is a cluster setting, hence cluster-wide)
         {"apiGroups": ["networking.k8s.io"], "resources": ["ingressclasses"], "verbs": ["get", "list"]},
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["gatewayclasses", "gateways"], "verbs": ["get", "list"]},
