@@ -27,6 +27,7 @@ import contract
 from contract import rfc3339
 from core.api.base import unstorable_text_path
 from core.exceptions import ApplicationError, Forbidden
+from sessions.errors import INVALID_ACTIVITY
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ _noted: TTLCache | None = None
 class InvalidActivity(ApplicationError):
     """400: the activity report is malformed."""
 
-    code = "invalid_activity"
+    code = INVALID_ACTIVITY
     status = 400
 
 
