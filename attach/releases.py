@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 
+from attach.errors import ATTACH_INPUT_INVALID
 from core.exceptions import ApplicationError
 
 OPERATOR_CHART = Path(settings.BASE_DIR) / "charts" / "gshare-operator"
@@ -72,7 +73,7 @@ class ChartRelease:
 class AttachInputError(ApplicationError):
     """400: a flag or a values file cannot be used; the message names it and the fix."""
 
-    code = "attach_input_invalid"
+    code = ATTACH_INPUT_INVALID
 
 
 _KUBE_TAG = re.compile(r"^(v\d+\.\d+\.\d+)")

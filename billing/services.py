@@ -29,7 +29,9 @@ from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
 from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, MAX_CAPACITY_GB, CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from clusters.models import Cluster
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, NotFound
+from identity.errors import USER_NOT_FOUND
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def _below_zero_since(account: CreditAccount, balance: Decimal, now: datetime) -
 
 def _check_kind_and_sign(kind: str, amount: Decimal) -> None:
     if kind not in LedgerEntry.Kind.values:
-        raise ApplicationError(f"kind must be one of {', '.join(LedgerEntry.Kind.values)}; got {kind!r}.", code="invalid_request")
+        raise ApplicationError(f"kind must be one of {', '.join(LedgerEntry.Kind.values)}; got {kind!r}.", code=INVALID_REQUEST)
     if kind == LedgerEntry.Kind.CHARGE and amount > 0:
         raise InvalidAmount("A charge takes credits away: its amount must be 0 or less.")
     if kind in (LedgerEntry.Kind.GRANT, LedgerEntry.Kind.REFUND) and amount < 0:
@@ -256,7 +258,7 @@ def credit_grant(*, user, amount, reason: str, idempotency_key: str, created_by:
         raise IdempotencyKeyMissing("Send an `Idempotency-Key` header (e.g. a UUID) so that a retried grant is applied once.")
     if len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
         raise ApplicationError(f"The idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters (e.g. a UUID).",
-                               code="invalid_request")
+                               code=INVALID_REQUEST)
     with transaction.atomic():
         entry, created = ledger_append(
             account=account_for(user), kind=LedgerEntry.Kind.GRANT, amount=amount, idempotency_key=f"grant:{key}",
@@ -279,7 +281,7 @@ def user_by_username(username) -> object:
     """
     user = get_user_model().objects.filter(username=username).first() if isinstance(username, str) and username else None
     if user is None:
-        raise NotFound(f"No user is named {str(username)[:150]!r}: check the username.", code="user_not_found")
+        raise NotFound(f"No user is named {str(username)[:150]!r}: check the username.", code=USER_NOT_FOUND)
     return user
 
 
@@ -348,19 +350,19 @@ def policy_validate(*, policy: Policy) -> Policy:
     for name in ("max_sessions", "max_gpus", "max_volume_gb"):
         value = getattr(policy, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ApplicationError(f"{name} must be at least 1, or empty for no limit.", code="invalid_request")
+            raise ApplicationError(f"{name} must be at least 1, or empty for no limit.", code=INVALID_REQUEST)
     if policy.max_volume_gb is not None and policy.max_volume_gb > MAX_CAPACITY_GB:
-        raise ApplicationError(f"max_volume_gb must be at most {MAX_CAPACITY_GB} GiB, or empty for no limit.", code="invalid_request")
+        raise ApplicationError(f"max_volume_gb must be at most {MAX_CAPACITY_GB} GiB, or empty for no limit.", code=INVALID_REQUEST)
     hours = policy.min_balance_hours
     if not isinstance(hours, (int, Decimal)) or isinstance(hours, bool) or not Decimal(hours).is_finite() or hours < 0:
-        raise ApplicationError("min_balance_hours must be at least 0.", code="invalid_request")
+        raise ApplicationError("min_balance_hours must be at least 0.", code=INVALID_REQUEST)
     for name in ("idle_timeout_minutes", "idle_warning_minutes"):
         value = getattr(policy, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_IDLE_MINUTES:
-            raise ApplicationError(f"{name} must be a whole number of minutes from 0 to {MAX_IDLE_MINUTES}.", code="invalid_request")
+            raise ApplicationError(f"{name} must be a whole number of minutes from 0 to {MAX_IDLE_MINUTES}.", code=INVALID_REQUEST)
     if policy.idle_timeout_minutes and policy.idle_warning_minutes > policy.idle_timeout_minutes:
         raise ApplicationError("idle_warning_minutes must not exceed idle_timeout_minutes: the warning runs inside the idle time.",
-                               code="invalid_request")
+                               code=INVALID_REQUEST)
     policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
 

@@ -19,6 +19,7 @@ import contract
 from billing.exceptions import BatchTooLarge, InvalidUsageSample
 from contract.rfc3339 import MAX_LENGTH as _MAX_TIME_LENGTH
 from contract.rfc3339 import offset_in_whole_minutes
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError
 
 #: At most this many samples per ``POST /internal/v1/usage`` (400 ``batch_too_large`` beyond; shared with the operator).
@@ -122,7 +123,7 @@ def parse_samples(samples, *, max_window_seconds: int, max_age_seconds: int = 30
         InvalidUsageSample: ``invalid_usage_sample`` (400) with ``index``, for the first malformed sample.
     """
     if type(samples) is not list:
-        raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code="invalid_request")
+        raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code=INVALID_REQUEST)
     if len(samples) > MAX_BATCH:
         raise BatchTooLarge(f"A batch holds at most {MAX_BATCH} usage samples; this one has {len(samples)}: send them in smaller batches.")
     max_micros = max_window_seconds * 1_000_000

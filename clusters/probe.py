@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from clusters.errors import CLUSTER_AUTH_FAILED, CLUSTER_UNREACHABLE
 from contract import GPU_NODE_LABEL_KEY, GPU_NODE_LABEL_VALUE
 from core.exceptions import ApplicationError
 from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
@@ -35,14 +36,14 @@ IDENTITY_RBAC_FIX = (
 class ClusterUnreachable(ApplicationError):
     """504: the apiserver did not answer within the probe's time budget."""
 
-    code = "cluster_unreachable"
+    code = CLUSTER_UNREACHABLE
     status = 504
 
 
 class ClusterAuthFailed(ApplicationError):
     """400: the apiserver refused the kubeconfig's credentials (401) or lacks a permission (403)."""
 
-    code = "cluster_auth_failed"
+    code = CLUSTER_AUTH_FAILED
     status = 400
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
+from clusters.errors import CLUSTER_NOT_FOUND
 from clusters.models import Cluster
 from core.exceptions import NotFound
 
@@ -36,7 +37,7 @@ def cluster_by_ref(ref: str) -> Cluster:
     """
     cluster = clusters_matching(ref).first() if ref and ref.strip() else None
     if cluster is None:
-        raise NotFound(f"No cluster is named or has the id {ref!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+        raise NotFound(f"No cluster is named or has the id {ref!r}: list them with `GET /api/v1/clusters`.", code=CLUSTER_NOT_FOUND)
     return cluster
 
 

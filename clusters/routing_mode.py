@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import validate_host
 
+from clusters.errors import INVALID_GATEWAY_NAME, INVALID_GATEWAY_NAMESPACE, INVALID_ROUTING, SESSION_DOMAIN_IS_CONTROL_PLANE
 from clusters.models import Cluster, cluster_name_validator, dns_name_validator
 from contract import ROUTING_GATEWAY_API, ROUTING_INGRESS_NGINX, ROUTING_MODES
 from core.exceptions import ApplicationError
@@ -35,7 +36,7 @@ class RoutingRefused(ApplicationError):
     """400: a routing setting or session domain that cannot be used."""
 
     status = 400
-    code = "invalid_routing"
+    code = INVALID_ROUTING
 
 
 def routing_key(cluster: Cluster) -> tuple[str, str, str]:
@@ -57,11 +58,11 @@ def routing_settings_refusal(changes: dict) -> RoutingRefused | None:
             f"routing must be one of {', '.join(ROUTING_MODES)} ({ROUTING_GATEWAY_API}: an HTTPRoute per session on the "
             f"cluster's Gateway with Envoy Gateway's ext_authz; {ROUTING_INGRESS_NGINX}: an Ingress per session with "
             "ingress-nginx's auth-url, retired upstream on 2026-03-24); nothing was changed.",
-            code="invalid_routing",
+            code=INVALID_ROUTING,
         )
     for field, validator, code, what in (
-        ("gateway_name", dns_name_validator, "invalid_gateway_name", "a lowercase DNS name (RFC 1123), e.g. gshare-sessions"),
-        ("gateway_namespace", cluster_name_validator, "invalid_gateway_namespace", "a DNS label (1-63 lowercase letters, digits or '-'), e.g. gshare-system"),
+        ("gateway_name", dns_name_validator, INVALID_GATEWAY_NAME, "a lowercase DNS name (RFC 1123), e.g. gshare-sessions"),
+        ("gateway_namespace", cluster_name_validator, INVALID_GATEWAY_NAMESPACE, "a DNS label (1-63 lowercase letters, digits or '-'), e.g. gshare-system"),
     ):
         if field not in changes:
             continue
@@ -93,7 +94,7 @@ def session_domain_refusal(domain: str) -> RoutingRefused | None:
             "matched by a DJANGO_ALLOWED_HOSTS or GSHARE_INTERNAL_HOSTS entry; .example.com covers its subdomains): session "
             "routes there would shadow the control plane. Give the cluster a name of its own that no such entry matches, "
             "whose DNS record points at its ingress node (e.g. lab-c1.sessions.example.net); nothing was changed.",
-            code="session_domain_is_control_plane",
+            code=SESSION_DOMAIN_IS_CONTROL_PLANE,
         )
     return None
 

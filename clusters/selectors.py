@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Count, Q, QuerySet, Value
 
+from clusters.errors import CLUSTER_NOT_FOUND
 from clusters.models import Cluster, GpuDevice, Node
 from core.exceptions import NotFound
 
@@ -29,7 +30,7 @@ def cluster_get(*, public_id: str) -> Cluster:
     """
     cluster = cluster_list().filter(public_id=public_id).first()
     if cluster is None:
-        raise NotFound(f"No cluster has the id {public_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+        raise NotFound(f"No cluster has the id {public_id!r}: list them with `GET /api/v1/clusters`.", code=CLUSTER_NOT_FOUND)
     return cluster
 
 

@@ -22,11 +22,24 @@ import contract
 from audit.services import Action, audit_record, created
 from clusters import inventory, signals
 from clusters.diagnosis import clock_verdict, operator_check_verdicts, operator_reporting_detail
+from clusters.errors import (
+    CLUSTER_ALREADY_REGISTERED,
+    CLUSTER_BUSY,
+    CLUSTER_HAS_LIVE_SESSIONS,
+    CLUSTER_IDENTITY_UNKNOWN,
+    CLUSTER_PREREQUISITE_MISSING,
+    DIFFERENT_CLUSTER,
+    HAMI_MISSING,
+    NAME_TAKEN,
+    RUNTIME_CLASS_MISSING,
+    SESSION_DOMAIN_TAKEN,
+)
 from clusters.models import Cluster, GpuDevice, Node, node_summary_update_sql
 from clusters.operator_token.rotation import credential_generation_bump
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable, probe_cluster
 from clusters.routing_mode import ROUTING_FIELDS, routing_key, routing_probe, routing_settings_refusal, session_domain_refusal
 from contract import CLOCK_SYNCED, FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, OPERATOR_CHECKS
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, Forbidden
 from kube.kubeconfig import validate_kubeconfig
 
@@ -43,7 +56,7 @@ class ClusterPrerequisiteMissing(ApplicationError):
     """422: the cluster answers but lacks something gShare needs (RuntimeClass, HAMi)."""
 
     status = 422
-    code = "cluster_prerequisite_missing"
+    code = CLUSTER_PREREQUISITE_MISSING
 
 
 #: How many live session ids a ``cluster_has_live_sessions`` refusal names (the body's ``sessions`` has them all).
@@ -54,7 +67,7 @@ def _name_taken(name: str) -> Conflict:
     return Conflict(
         f"A registered cluster is already named {name!r}: choose another name, or deregister that cluster first "
         "(`DELETE /api/v1/clusters/<id>`).",
-        code="name_taken",
+        code=NAME_TAKEN,
     )
 
 
@@ -68,7 +81,7 @@ def _already_registered(other: Cluster, *, uid: str, server: str) -> Conflict:
         f"{other.name!r} ({other.public_id}); a cluster is registered once, so nothing was changed. To change that "
         f"cluster's settings or credential use `PATCH /api/v1/clusters/{other.public_id}`; to register it under a new "
         f"name, deregister it first (`DELETE /api/v1/clusters/{other.public_id}`).",
-        code="cluster_already_registered",
+        code=CLUSTER_ALREADY_REGISTERED,
         extra={"cluster": other.public_id},
     )
 
@@ -78,7 +91,7 @@ def _session_domain_taken(domain: str, other: Cluster) -> Conflict:
         f"Cluster {other.name!r} ({other.public_id}) already serves sessions at {domain!r}, and a session hostname "
         "routes to one cluster's ingress: choose another session_domain (its DNS name must point at this cluster's "
         f"ingress node), or first give {other.name!r} another one (`PATCH /api/v1/clusters/{other.public_id}`).",
-        code="session_domain_taken",
+        code=SESSION_DOMAIN_TAKEN,
         extra={"cluster": other.public_id},
     )
 
@@ -135,7 +148,7 @@ def _session_domain_change_refusal(cluster: Cluster, domain: str) -> Conflict | 
         f"Cluster {cluster.name!r} ({cluster.public_id}) has {len(live)} live session(s) ({named}) whose URL and Ingress "
         f"are on {cluster.session_domain!r}; changing session_domain {change} now would break them, so nothing was changed. "
         "Stop them (`DELETE /api/v1/sessions/<id>`) or wait until they end, then change it.",
-        code="cluster_has_live_sessions",
+        code=CLUSTER_HAS_LIVE_SESSIONS,
         extra={"sessions": live},
     )
 
@@ -212,9 +225,9 @@ def cluster_register(
     if not result.checks.get("apiserver_reachable"):
         raise ClusterUnreachable(result.details["apiserver_reachable"])
     if not result.checks.get("runtime_class_nvidia"):
-        raise ClusterPrerequisiteMissing(result.details["runtime_class_nvidia"], code="runtime_class_missing")
+        raise ClusterPrerequisiteMissing(result.details["runtime_class_nvidia"], code=RUNTIME_CLASS_MISSING)
     if not result.checks.get("hami_device_plugin"):
-        raise ClusterPrerequisiteMissing(result.details["hami_device_plugin"], code="hami_missing")
+        raise ClusterPrerequisiteMissing(result.details["hami_device_plugin"], code=HAMI_MISSING)
     if result.identity_forbidden:
         raise ClusterAuthFailed(result.identity_forbidden)
     cluster.kubernetes_version = result.kubernetes_version
@@ -241,7 +254,7 @@ def cluster_register(
 
 def _refuse_deregistered(cluster: Cluster) -> None:
     if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict("This cluster is deregistered and can no longer be changed: register it again.", code="cluster_deregistered")
+        raise Conflict("This cluster is deregistered and can no longer be changed: register it again.", code=contract.CLUSTER_DEREGISTERED)
 
 
 @dataclass(frozen=True)
@@ -307,7 +320,7 @@ def cluster_update(*, cluster: Cluster, changes: dict, actor: str = "system") ->
         raise ApplicationError(
             f"Only {', '.join(EDITABLE_FIELDS)} and {CREDENTIAL_FIELD} can be changed; to change {', '.join(sorted(unknown))}, "
             "deregister and register again.",
-            code="invalid_request",
+            code=INVALID_REQUEST,
         )
     fields = {key: value for key, value in changes.items() if key != CREDENTIAL_FIELD}
     refusal = routing_settings_refusal(fields)
@@ -445,7 +458,7 @@ def _cluster_identity_record(cluster: Cluster) -> str:
         "reach the same cluster, so nothing was changed. Fix: make the current kubeconfig reach the cluster again (a "
         "successful `POST /api/v1/clusters/<id>/connection-test` records the identity too) and retry, or deregister the "
         "cluster and register it again with the new kubeconfig.",
-        code="cluster_identity_unknown",
+        code=CLUSTER_IDENTITY_UNKNOWN,
     )
 
 
@@ -456,7 +469,7 @@ def _identity_held_by(cluster: Cluster, other: Cluster, *, uid: str) -> Conflict
         f"cluster {other.name!r} ({other.public_id}): it was registered twice, before gShare checked. Nothing was changed. "
         "Deregister the copy you do not use (`DELETE /api/v1/clusters/<id>`; keep the one whose id the cluster's operator "
         "runs with: `helm -n gshare-system get values gshare-operator` shows its clusterId), then retry on the other.",
-        code="cluster_already_registered",
+        code=CLUSTER_ALREADY_REGISTERED,
         extra={"cluster": other.public_id},
     )
 
@@ -478,7 +491,7 @@ def _different_cluster(cluster: Cluster, *, found_uid: str, server: str, expecte
         f"{expected_uid}). A cluster's kubeconfig can only be replaced by one for the same cluster; nothing was changed. "
         "To add the other cluster to the fleet, register it separately (`POST /api/v1/clusters`); to change this "
         f"cluster's credential, export a kubeconfig from {cluster.name!r} itself (`kubectl config view --raw --minify --flatten`).",
-        code="different_cluster",
+        code=DIFFERENT_CLUSTER,
     )
 
 
@@ -510,7 +523,7 @@ def cluster_deregister(*, cluster: Cluster, actor: str = "system") -> Cluster:
         raise Conflict(
             f"{live} live session(s) or GPU allocation(s) are on {cluster.name}: stop them "
             "(`DELETE /api/v1/sessions/<id>`) and try again.",
-            code="cluster_busy",
+            code=CLUSTER_BUSY,
         )
     GpuDevice.objects.filter(cluster=cluster).delete()
     Node.objects.filter(cluster=cluster).delete()
@@ -563,7 +576,7 @@ def cluster_connection_test(*, cluster: Cluster) -> dict:
         Conflict: ``cluster_deregistered`` (409).
     """
     if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict("This cluster is deregistered: register it again to test it.", code="cluster_deregistered")
+        raise Conflict("This cluster is deregistered: register it again to test it.", code=contract.CLUSTER_DEREGISTERED)
     result = probe_cluster(yaml.safe_load(cluster.kubeconfig), server=cluster.apiserver_url, timeout=settings.GSHARE_PROBE_TIMEOUT)
     checks = {name: result.checks.get(name, False) for name in ("apiserver_reachable", "runtime_class_nvidia", "hami_device_plugin", "gpu_nodes")}
     details = dict(result.details)
@@ -731,7 +744,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
     # release paths take it first), so which missing GPUs are held cannot change under this transaction.
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")
+        raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code=contract.CLUSTER_DEREGISTERED)
     now = timezone.now()
     with connection.cursor() as cursor:
         # Nodes first, then GPUs, removals last: a GPU that moved off a node that is gone is on its new node by then,
@@ -801,7 +814,7 @@ def inventory_confirm(*, cluster: Cluster, digest: str, checks: dict | None = No
     """
     cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
     if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code="cluster_deregistered")
+        raise Conflict("This cluster is deregistered; its inventory is no longer accepted.", code=contract.CLUSTER_DEREGISTERED)
     if not digest or cluster.inventory_digest != digest:
         raise InventorySnapshotRequired(
             f"The control plane's inventory of this cluster is not the snapshot with digest {digest[:80]!r} "

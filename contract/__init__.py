@@ -279,6 +279,11 @@ INVALID_USAGE_SAMPLE = "invalid_usage_sample"
 """400 of ``POST /internal/v1/usage``: sample number ``index`` of the batch is malformed (end before start, window
 longer than ``USAGE_MAX_WINDOW_SECONDS``, unknown session ...); nothing of the batch was stored."""
 
+ERROR_CODES = (FORBIDDEN_CLUSTER_SCOPE, INVENTORY_SNAPSHOT_REQUIRED, REPORT_FROM_FUTURE, TOKEN_INVALID, CLUSTER_DEREGISTERED,
+               TOKEN_REVOKED, INVALID_USAGE_SAMPLE)
+"""The error codes above: those the control plane answers and the operator reads (each app's other codes are in its
+``errors`` module)."""
+
 VOLUME_ID_LABEL = "gshare.io/volume-id"
 """Label carrying the public volume id (``vol_...``) on the volume's PersistentVolumeClaim (and PersistentVolume)."""
 

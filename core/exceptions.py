@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from core.errors import APPLICATION_ERROR, CONFLICT, FORBIDDEN, NOT_FOUND
+
 
 class ApplicationError(Exception):
     """A refusal with a stable machine-readable ``code``, an HTTP ``status`` and a ``detail``
@@ -16,7 +18,7 @@ class ApplicationError(Exception):
             (``console_detail`` defaults to ``detail``); never in the API's body.
     """
 
-    code = "application_error"
+    code = APPLICATION_ERROR
     status = 400
 
     def __init__(self, detail: str, *, code: str | None = None, status: int | None = None, extra: dict | None = None,
@@ -38,19 +40,19 @@ class ApplicationError(Exception):
 class NotFound(ApplicationError):
     """404: the named object does not exist (or is not visible to the caller)."""
 
-    code = "not_found"
+    code = NOT_FOUND
     status = 404
 
 
 class Conflict(ApplicationError):
     """409: the request conflicts with the current state."""
 
-    code = "conflict"
+    code = CONFLICT
     status = 409
 
 
 class Forbidden(ApplicationError):
     """403: the caller may not do this."""
 
-    code = "forbidden"
+    code = FORBIDDEN
     status = 403

@@ -9,6 +9,8 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from core.errors import METHOD_NOT_ALLOWED, NOT_FOUND
+
 
 def get_only(view):
     """GET and HEAD only, answering any other method 405 ``method_not_allowed`` in JSON (Django's own 405 is empty).
@@ -21,7 +23,7 @@ def get_only(view):
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         if request.method not in ("GET", "HEAD"):
-            response = JsonResponse({"code": "method_not_allowed", "detail": f"Method {request.method[:20]!r} not allowed: use GET."},
+            response = JsonResponse({"code": METHOD_NOT_ALLOWED, "detail": f"Method {request.method[:20]!r} not allowed: use GET."},
                                     status=405)
             response["Allow"] = "GET, HEAD"
             return response
@@ -48,7 +50,7 @@ def ping(request):
 def json_not_found(request, *args):
     """Any unknown path under ``/api/`` or ``/internal/``: 404 ``not_found`` in JSON (not the console's login page)."""
     return JsonResponse(
-        {"code": "not_found", "detail": f"No such route: {request.path[:200]}. The API is described at /api/v1/schema/."}, status=404
+        {"code": NOT_FOUND, "detail": f"No such route: {request.path[:200]}. The API is described at /api/v1/schema/."}, status=404
     )
 
 

@@ -14,6 +14,7 @@ from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from rest_framework import authentication, exceptions
 
 from core.exceptions import ApplicationError
+from identity.errors import CSRF_FAILED
 from identity.tokens import api_token_authenticate
 
 
@@ -44,7 +45,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 class CsrfFailed(ApplicationError):
     """403: a request authenticated by the console's login session came without a valid CSRF token."""
 
-    code = "csrf_failed"
+    code = CSRF_FAILED
     status = 403
 
 

@@ -18,6 +18,7 @@ import uuid
 import jwt
 from django.conf import settings
 
+from contract import TOKEN_INVALID
 from core.exceptions import ApplicationError
 from identity.keys import MAX_TOKEN_TTL, signing_key_ensure, signing_keys_published
 
@@ -43,7 +44,7 @@ class InvalidInternalToken(ApplicationError):
         refusal: with ``signed_claims``, the reason code (:data:`CLAIM_REFUSALS`), else "".
     """
 
-    code = "token_invalid"
+    code = TOKEN_INVALID
     status = 401
     signed_claims: dict | None = None
     refusal: str = ""

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record
 from core.exceptions import ApplicationError
+from identity.errors import SIGNING_KEY_INVALID
 from identity.models import SigningKey
 
 logger = logging.getLogger(__name__)
@@ -62,19 +63,8 @@ IMPORT_PUBLIC_EXPONENT = 65537
 class SigningKeyInvalid(ApplicationError):
     """400: the supplied private key cannot be imported (not PEM, encrypted, not RSA, too small, exponent not 65537)."""
 
-    code = "signing_key_invalid"
+    code = SIGNING_KEY_INVALID
     status = 400
-
-
-class SigningKeyRetired(ApplicationError):
-    """409: the supplied private key was used before and is retired; a retired key is never used again.
-
-    No longer raised by :func:`signing_key_import` (re-importing a retired key is a no-op that says so); kept
-    for callers that refer to it.
-    """
-
-    code = "signing_key_retired"
-    status = 409
 
 
 @dataclass

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record
 from core.exceptions import ApplicationError, NotFound
+from identity.errors import API_TOKEN_INVALID, USER_NOT_FOUND
 from identity.models import ApiToken
 
 TOKEN_PREFIX = "gsh"
@@ -27,7 +28,7 @@ CREATE_ONE = ("create one in the console under My API tokens (`/gshare/apitoken/
 class InvalidApiToken(ApplicationError):
     """401: the bearer token is unknown, malformed or revoked."""
 
-    code = "api_token_invalid"
+    code = API_TOKEN_INVALID
     status = 401
 
 
@@ -52,7 +53,7 @@ def api_token_create(*, username: str, name: str = "default") -> tuple[ApiToken,
     """
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
-        raise NotFound(f"No user named {username!r}: create it first with `manage.py createsuperuser`.", code="user_not_found")
+        raise NotFound(f"No user named {username!r}: create it first with `manage.py createsuperuser`.", code=USER_NOT_FOUND)
     key_id = secrets.token_hex(4)
     text = f"{TOKEN_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
     row = ApiToken(user=user, name=name, key_id=key_id, token_hash=_digest(text))

@@ -6,12 +6,27 @@
   a Kubernetes API object. Trying again will not help until something changes.
 
 Both are ``KubeError``; neither is an ``ApplicationError``: each service says what the failure means for its caller.
+
+The codes below are the refusals of kubeconfig validation (``kube.kubeconfig.KubeconfigError``, 400), answered by the
+cluster registration and change routes (docs/errors.md).
 """
 
 from __future__ import annotations
 
 import json
 import re
+
+KUBECONFIG_INVALID = "kubeconfig_invalid"
+"""The kubeconfig cannot be used (not YAML, a missing context, cluster, user or server, a placeholder, http, ...)."""
+
+KUBECONFIG_LOCALHOST = "kubeconfig_localhost"
+"""The server is, or resolves to, a loopback, unspecified or link-local address: the control plane itself."""
+
+KUBECONFIG_EXEC_FORBIDDEN = "kubeconfig_exec_forbidden"
+"""The user authenticates with ``exec`` or ``auth-provider``, which would run a command on the control plane."""
+
+KUBECONFIG_LOCAL_FILE = "kubeconfig_local_file"
+"""A certificate, key or token is named by a file path, which the control plane never opens."""
 
 #: Longest apiserver message (and reason phrase) kept in a refusal (a Status message can quote a whole object).
 MAX_MESSAGE = 300

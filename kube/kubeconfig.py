@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from core.exceptions import ApplicationError
+from kube.errors import KUBECONFIG_EXEC_FORBIDDEN, KUBECONFIG_INVALID, KUBECONFIG_LOCAL_FILE, KUBECONFIG_LOCALHOST
 
 SERVICE_ACCOUNT_FIX = (
     "Register a kubeconfig that authenticates with a ServiceAccount token "
@@ -55,7 +56,7 @@ class KubeconfigError(ApplicationError):
     """400: the kubeconfig cannot be used; ``code`` says why."""
 
     status = 400
-    code = "kubeconfig_invalid"
+    code = KUBECONFIG_INVALID
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
         kind = "exec" if "exec" in user else "auth-provider"
         raise KubeconfigError(
             f"User {user_name!r} authenticates with `{kind}`, which would run a command on the control plane. {SERVICE_ACCOUNT_FIX}",
-            code="kubeconfig_exec_forbidden",
+            code=KUBECONFIG_EXEC_FORBIDDEN,
         )
     for section, keys, what in ((cluster, _FILE_KEYS_CLUSTER, "cluster"), (user, _FILE_KEYS_USER, "user")):
         for key in keys:
@@ -285,7 +286,7 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
                     if key != "tokenFile"
                     else f"The user's `tokenFile` points at a file; the control plane never opens a path named in a kubeconfig. "
                     f"Put the token itself in `token:`. {SERVICE_ACCOUNT_FIX}",
-                    code="kubeconfig_local_file",
+                    code=KUBECONFIG_LOCAL_FILE,
                 )
     if cluster.get("proxy-url"):
         raise KubeconfigError(
@@ -343,7 +344,7 @@ def validate_kubeconfig(text: str, *, loopback_allowlist: list[str] | tuple[str,
                 f"The server {server!r} is (or resolves to) a loopback, unspecified or link-local address: from the control plane "
                 "that is the control plane itself or its host. Use an address of the cluster's apiserver that the control plane can "
                 "reach (for k3s, replace 127.0.0.1 in /etc/rancher/k3s/k3s.yaml with the node's address).",
-                code="kubeconfig_localhost",
+                code=KUBECONFIG_LOCALHOST,
             )
         if parts.scheme != "https":
             raise KubeconfigError(

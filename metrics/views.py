@@ -11,7 +11,10 @@ from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from contract import TOKEN_INVALID
 from core import instruments
+from core.errors import METHOD_NOT_ALLOWED
+from identity.errors import TOKEN_MISSING
 from metrics.fleet import inventory_exposition
 
 
@@ -38,7 +41,7 @@ def metrics(request):
     constant time); else 401 ``token_missing`` or ``token_invalid``. Answers ``text/plain; version=0.0.4`` (understood by every Prometheus 2.x and 3.x).
     """
     if request.method not in ("GET", "HEAD"):
-        response = JsonResponse({"code": "method_not_allowed", "detail": "Use GET /metrics."}, status=405)
+        response = JsonResponse({"code": METHOD_NOT_ALLOWED, "detail": "Use GET /metrics."}, status=405)
         response["Allow"] = "GET, HEAD"
         return response
     expected = settings.GSHARE_METRICS_TOKEN
@@ -46,9 +49,9 @@ def metrics(request):
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         given = given.strip(" \t")  # HTTP's optional whitespace only (str.strip() would also drop control characters)
         if scheme.lower() != "bearer" or not given:
-            return _unauthorized("token_missing", "Send the metrics token: Authorization: Bearer <GSHARE_METRICS_TOKEN>.")
+            return _unauthorized(TOKEN_MISSING, "Send the metrics token: Authorization: Bearer <GSHARE_METRICS_TOKEN>.")
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            return _unauthorized("token_invalid", "The metrics token is wrong: use the value of GSHARE_METRICS_TOKEN.")
+            return _unauthorized(TOKEN_INVALID, "The metrics token is wrong: use the value of GSHARE_METRICS_TOKEN.")
     body = inventory_exposition() + _counters()
     response = HttpResponse(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
     response["Cache-Control"] = "no-store"

@@ -28,6 +28,7 @@ from contract import rfc3339
 from core.api.base import unstorable_text_path
 from core.exceptions import ApplicationError, Forbidden
 from sessions import connect
+from sessions.errors import INVALID_ACTIVITY
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ _noted: TTLCache | None = None
 class InvalidActivity(ApplicationError):
     """400: the activity report is malformed."""
 
-    code = "invalid_activity"
+    code = INVALID_ACTIVITY
     status = 400
 
 

@@ -79,10 +79,13 @@ from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.redis import RedisCache
 from django.db import DatabaseError, InterfaceError, connection, transaction
 
+from contract import TOKEN_INVALID
 from core.exceptions import ApplicationError
+from identity.errors import TOKEN_MISSING
 from identity.internal_jwt import ALGORITHM, CONNECT_AUDIENCE, InvalidInternalToken, sign_internal_jwt, token_kid
 from identity.keys import signing_keys_published
 from sessions.connect_path import PathRefused, host_of_authority, session_in_request_uri
+from sessions.errors import CONNECT_FORBIDDEN, CONNECT_REFUSED, VERIFY_UNAVAILABLE
 from sessions.manifests import session_path
 from sessions.models import Session
 from sessions.permissions import may_open_any_session
@@ -127,7 +130,7 @@ _UNAVAILABLE = (DatabaseError, InterfaceError, redis.exceptions.RedisError, OSEr
 class VerifyUnavailable(ApplicationError):
     """503: the verify cannot decide now (database or Redis unreachable or too slow); retry shortly."""
 
-    code = "verify_unavailable"
+    code = VERIFY_UNAVAILABLE
     status = 503
     retry_after = RETRY_AFTER_SECONDS
 
@@ -333,19 +336,19 @@ class Verdict:
 
 #: The ``detail`` sentence of each refusal code (the body of a 401; nginx shows the browser its own page).
 REFUSAL_DETAILS = {
-    "token_missing": "No connect token: open the session from its link (`POST /api/v1/sessions/{id}/connect` or the console).",
-    "token_invalid": "The connect token is malformed, expired, not signed by this control plane, or not one for where it "
+    TOKEN_MISSING: "No connect token: open the session from its link (`POST /api/v1/sessions/{id}/connect` or the console).",
+    TOKEN_INVALID: "The connect token is malformed, expired, not signed by this control plane, or not one for where it "
     "was sent (a cookie token as ?token= or Bearer, a link token as the cookie): get a new link (`POST /api/v1/sessions/{id}/connect`).",
-    "connect_refused": "This request may not reach this session (another session's token, a session that is not running, "
+    CONNECT_REFUSED: "This request may not reach this session (another session's token, a session that is not running, "
     "another host, or a path that is not plainly under /s/<session id>/): open the session from its own link.",
-    "connect_forbidden": "The user of this connect token is deactivated, or no longer the session's owner or allowed to "
+    CONNECT_FORBIDDEN: "The user of this connect token is deactivated, or no longer the session's owner or allowed to "
     "open any session (staff with the permission to change sessions): "
     "ask an administrator to reactivate the account, then open the session from a new link.",
 }
 
 
 def _refused(code: str, reason: str) -> Verdict:
-    return Verdict(403 if code == "connect_forbidden" else 401, reason=reason, code=code)
+    return Verdict(403 if code == CONNECT_FORBIDDEN else 401, reason=reason, code=code)
 
 
 def _public_key(kid: str):
@@ -523,7 +526,7 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
         host, request_uri = _split_original_url(original_url or "")
         session_id = session_in_request_uri(request_uri)
     except PathRefused as exc:
-        return _refused("connect_refused", f"path refused: {exc}")
+        return _refused(CONNECT_REFUSED, f"path refused: {exc}")
     query = request_uri.split("#", 1)[0].partition("?")[2]
     from_query = parse_qs(query).get("token", [""])[0]
     scheme, _, bearer = authorization.partition(" ")
@@ -543,19 +546,19 @@ def verify(*, original_url: str, authorization: str = "", cookie: str = "") -> V
         break
     if claims is None:
         reason = "no valid connect token" + (f" ({'; '.join(misfits)})" if misfits else "")
-        return _refused("token_invalid" if any(candidates) else "token_missing", reason)
+        return _refused(TOKEN_INVALID if any(candidates) else TOKEN_MISSING, reason)
     if claims.get("sid") != session_id:
-        return _refused("connect_refused", "token for another session")
+        return _refused(CONNECT_REFUSED, "token for another session")
     facts = _session_facts(session_id)
     if facts is None or facts["phase"] != Session.Phase.RUNNING:
-        return _refused("connect_refused", "session not running")
+        return _refused(CONNECT_REFUSED, "session not running")
     if not host or host != (facts["host"] or "").lower() or claims.get("host", host) != host:
-        return _refused("connect_refused", "wrong host")
+        return _refused(CONNECT_REFUSED, "wrong host")
     user_pk = int(_USER_SUBJECT.fullmatch(claims["sub"]).group(1))
     user = _user_facts(user_pk)
     if user is None or not user["active"]:
-        return _refused("connect_forbidden", "user deactivated or gone")
+        return _refused(CONNECT_FORBIDDEN, "user deactivated or gone")
     if user_pk != facts["owner"] and not user.get("open_any"):  # .get: facts cached before this key refuse
-        return _refused("connect_forbidden", "user neither the owner nor allowed to open any session")
+        return _refused(CONNECT_FORBIDDEN, "user neither the owner nor allowed to open any session")
     set_cookie = _cookie(claims, session_id, host) if source == "query" else None
     return Verdict(200, user=claims.get("name", ""), set_cookie=set_cookie, session=session_id)

@@ -19,14 +19,18 @@ from audit.services import Action, audit_record, created
 from billing import admission
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.services import MAX_IDEMPOTENCY_KEY, IdempotencyKeyReused
+from clusters.errors import CLUSTER_UNAVAILABLE
 from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from core import instruments
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.prepared import statement_cursor
 from sessions import placement, selectors
+from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED, VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from sessions.lifecycle import outbox
 from sessions.models import Session
+from storage.errors import VOLUME_DELETING, VOLUME_MOVING, VOLUME_NOT_FOUND
 from storage.models import Volume
 from storage.services import volume_claim_name
 
@@ -39,7 +43,7 @@ MAX_GPU_MEMORY_MIB = 2**31 - 1
 class InvalidSessionRequest(ApplicationError):
     """400: the request's numbers or image are out of range."""
 
-    code = "invalid_request"
+    code = INVALID_REQUEST
     status = 400
 
 
@@ -73,7 +77,7 @@ def _pinned_cluster(cluster_ref: str) -> Cluster:
         why = "has no session_domain" if not cluster.session_domain else f"is {cluster.status}"
         raise Conflict(
             f"Cluster {cluster.name} {why} and cannot take sessions now: pick another cluster or leave `cluster` out.",
-            code="cluster_unavailable",
+            code=CLUSTER_UNAVAILABLE,
         )
     return cluster
 
@@ -218,7 +222,7 @@ PLACEMENT_ATTEMPTS = 3
 class PlacementContended(Conflict):
     """409: every attempt lost its chosen capacity to concurrent requests; the request may simply be retried."""
 
-    code = "placement_contended"
+    code = PLACEMENT_CONTENDED
 
 
 class _Raced(Exception):
@@ -308,7 +312,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         return Conflict(
             f"Nothing in {where} can host {ask} now ({placement.shortfall(request=request, cluster_ids=looked)}): "
             f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
-            code="no_capacity",
+            code=NO_CAPACITY,
         )
 
     started = time.perf_counter()
@@ -440,14 +444,14 @@ def _refuse_moving(moving: list[Volume]) -> None:
     if deleting:
         volume = deleting[0]
         raise Conflict(
-            f"Volume {volume.name} ({volume.public_id}) is being deleted: leave it out of `volumes`.", code="volume_deleting",
+            f"Volume {volume.name} ({volume.public_id}) is being deleted: leave it out of `volumes`.", code=VOLUME_DELETING,
         )
     if moving:
         volume = moving[0]
         raise Conflict(
             f"Volume {volume.name} ({volume.public_id}) is being moved to another cluster: start the session once the move "
             f"is done (`GET /api/v1/storage/volumes/{volume.public_id}` shows its cluster).",
-            code="volume_moving",
+            code=VOLUME_MOVING,
         )
 
 
@@ -472,7 +476,7 @@ def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | N
     )
     gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r.pk for r in rows})] + [by_pk[r.pk] for r in rows if r.status == Volume.Status.DELETED]
     if gone:
-        raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code="volume_not_found")
+        raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code=VOLUME_NOT_FOUND)
     busy = [r for r in rows if r.status in _BUSY_VOLUME]
     for row in busy:
         by_pk[row.pk].status = row.status
@@ -485,7 +489,7 @@ def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | N
         raise Conflict(
             "The volumes were just claimed by sessions on different clusters and a session runs on one: move them onto one "
             "cluster first (`POST /api/v1/storage/volumes/{id}/move`), or mount them in separate sessions.",
-            code="volumes_on_different_clusters",
+            code=VOLUMES_ON_DIFFERENT_CLUSTERS,
         )
     # A volume was claimed by a session on, or moved to, another cluster since the first check.
     (holder,) = holders
@@ -497,7 +501,7 @@ def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | N
         f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
         f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
         f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
-        code="volume_on_another_cluster",
+        code=VOLUME_ON_ANOTHER_CLUSTER,
     )
 
 

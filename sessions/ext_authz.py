@@ -42,6 +42,7 @@ from clusters.models import Cluster
 from core.internal_hosts import control_plane_host, internal_hosts, on_internal_host
 from sessions import connect
 from sessions.connect_path import PathRefused
+from sessions.errors import CONNECT_REFUSED
 
 #: The prefix Envoy puts before the original path (``SecurityPolicy`` ``extAuth.http.path``).
 PREFIX = contract.CONNECT_EXT_AUTHZ_PATH
@@ -123,7 +124,7 @@ def check(*, raw_uri: str, host: str, forwarded_proto: str = "", authorization: 
             raise PathRefused("X-Forwarded-Proto is neither http nor https")
         request_uri = original_request_uri(raw_uri)
     except PathRefused as exc:
-        return Check(connect.Verdict(401, reason=f"path refused: {exc}", code="connect_refused"))
+        return Check(connect.Verdict(401, reason=f"path refused: {exc}", code=CONNECT_REFUSED))
     verdict = connect.verify(original_url=f"{scheme}://{host}{request_uri}", authorization=authorization, cookie=cookie)
     return Check(verdict, without_token(request_uri) if verdict.set_cookie else "")
 

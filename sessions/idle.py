@@ -40,6 +40,7 @@ from billing import admission
 from billing.services import ledger_session_end
 from core.exceptions import ApplicationError, Conflict, Forbidden
 from sessions import activity, lifecycle
+from sessions.errors import IDLE_EXEMPTION_FORBIDDEN, INVALID_EXEMPTION, SESSION_NOT_LIVE
 from sessions.models import Session, SessionActivity
 from sessions.permissions import may_open_any_session
 
@@ -329,7 +330,7 @@ def idle_enforce_soon(*, cluster) -> None:
 class InvalidExemption(ApplicationError):
     """400: an exemption's end or reason is out of range."""
 
-    code = "invalid_exemption"
+    code = INVALID_EXEMPTION
     status = 400
 
 
@@ -357,7 +358,7 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
     """
     if not may_open_any_session(user):
         raise Forbidden("Only staff who may manage everyone's sessions can exempt a session from the idle policy.",
-                        code="idle_exemption_forbidden")
+                        code=IDLE_EXEMPTION_FORBIDDEN)
     now = timezone.now()
     reason = (reason or "").strip()
     if until is not None:
@@ -369,7 +370,7 @@ def session_idle_exempt(*, session: Session, user, until: datetime | None, reaso
             raise InvalidExemption("reason must say why, in 1 to 500 characters.")
     locked = Session.objects.select_for_update().get(pk=session.pk)
     if not locked.is_live:
-        raise Conflict(f"Session {locked.public_id} has ended; there is nothing to exempt.", code="session_not_live")
+        raise Conflict(f"Session {locked.public_id} has ended; there is nothing to exempt.", code=SESSION_NOT_LIVE)
     row, _ = SessionActivity.objects.select_for_update().get_or_create(session=locked)
     before = (row.exempt_until, row.exempt_reason)
     if until is None and row.exempt_until is not None and row.exempt_until > now:

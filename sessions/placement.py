@@ -36,7 +36,9 @@ from billing.pricing import FULL_CORES, share_cores
 from clusters.models import node_summary_update_sql
 from core.exceptions import Conflict
 from core.prepared import statement_cursor
+from sessions.errors import VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from storage.capacity import pool_clusters, pools_usability
+from storage.errors import VOLUME_NOT_MOUNTABLE, VOLUME_POOL_NOT_SHARED
 from storage.models import StoragePool, Volume
 
 
@@ -474,7 +476,7 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
         raise Conflict(
             f"These volumes are held by different clusters and a session runs on one: {where}. Move them onto one "
             f"cluster first ({_move_hint(next(iter(holders.values())))}), or mount them in separate sessions.",
-            code="volumes_on_different_clusters",
+            code=VOLUMES_ON_DIFFERENT_CLUSTERS,
         )
     allowed: frozenset[int] | None = None
     scope = "any cluster"
@@ -486,7 +488,7 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
                 f"Volume {volume.name} ({volume.public_id}) is on cluster {held.name} ({held.public_id}), so sessions that "
                 f"mount it run there: pin the session to {held.name} (`\"cluster\": \"{held.public_id}\"`) or leave "
                 f"`cluster` out, or move the volume to {pinned.name} first ({_move_hint(volume)}).",
-                code="volume_on_another_cluster",
+                code=VOLUME_ON_ANOTHER_CLUSTER,
             )
         allowed, scope = frozenset({holder_id}), f"cluster {held.name} ({held.public_id}), which holds volume {volume.name}"
     elif pinned is not None:
@@ -514,7 +516,7 @@ def volume_clusters(*, volumes, pinned=None) -> frozenset[int] | None:
                 f"Storage pool {pool.name} ({pool.public_id}) of volume {volume.name} ({volume.public_id}) is not shared with "
                 f"{scope}; it may be used by {', '.join(users)}. Start the session on one of those, or ask an administrator "
                 f"to share the pool (`PATCH /api/v1/storage/pools/{pool.public_id}`).",
-                code="volume_pool_not_shared",
+                code=VOLUME_POOL_NOT_SHARED,
             )
         allowed, scope = _mountable(unbound.get(pool.pk), usability.get(pool.pk), narrowed, scope), f"the clusters pool {pool.name} is shared with"
     return allowed
@@ -546,6 +548,6 @@ def _mountable(volume, usability, allowed: frozenset[int] | None, scope: str) ->
         f"Volume {volume.name} ({volume.public_id}) is on storage pool {pool.name} ({pool.public_id}), whose StorageClass "
         f"{pool.storage_class} does not exist on {scope}: {'; '.join(u.reason for u in lacking[:3])}. Its PVC would wait there "
         f"forever. Fix: {fix}, or ask an administrator to create StorageClass {pool.storage_class} on {names} (docs/storage.md).",
-        code="volume_not_mountable",
+        code=VOLUME_NOT_MOUNTABLE,
         extra={"clusters": [u.cluster.public_id for u in lacking[:10]], "storage_class": pool.storage_class},
     )

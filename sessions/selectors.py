@@ -10,7 +10,9 @@ from django.db.models.functions import Greatest
 
 from billing.pricing import SHARE, gpu_share
 from core.exceptions import NotFound
+from sessions.errors import SESSION_NOT_FOUND
 from sessions.models import Allocation, Session
+from storage.errors import VOLUME_NOT_FOUND
 from storage.models import Volume
 
 
@@ -84,7 +86,7 @@ def session_get(*, user, public_id: str) -> Session:
     """
     session = session_list(user=user).filter(public_id=public_id).first()
     if session is None:
-        raise NotFound(f"No session {public_id!r} of yours: list yours with `GET /api/v1/sessions`.", code="session_not_found")
+        raise NotFound(f"No session {public_id!r} of yours: list yours with `GET /api/v1/sessions`.", code=SESSION_NOT_FOUND)
     return session
 
 
@@ -112,6 +114,6 @@ def session_volumes(*, owner, volume_ids: list[str]) -> list[Volume]:
         raise NotFound(
             f"No volume {', '.join(repr(m) for m in missing[:5])} of yours: list yours with `GET /api/v1/storage/volumes` "
             "or create one with `POST /api/v1/storage/volumes`.",
-            code="volume_not_found",
+            code=VOLUME_NOT_FOUND,
         )
     return [found[vid] for vid in volume_ids]

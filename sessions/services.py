@@ -6,8 +6,10 @@ creation with placement is ``sessions.create``.
 
 from __future__ import annotations
 
+from core.errors import FORBIDDEN
 from core.exceptions import Conflict, Forbidden
 from sessions import connect
+from sessions.errors import SESSION_NOT_RUNNING
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_session
@@ -26,9 +28,9 @@ def session_connect(*, session: Session, user) -> str:
         Conflict: 409 ``session_not_running`` when the session has ended or has no URL yet.
     """
     if not may_open_session(user, session):
-        raise Forbidden("Only the session's owner (or staff allowed to change sessions) may connect to it.", code="forbidden")
+        raise Forbidden("Only the session's owner (or staff allowed to change sessions) may connect to it.", code=FORBIDDEN)
     url = session_url(session)
     if not session.is_live or url is None:
-        raise Conflict(f"Session {session.public_id} is {session.phase}: start a new session.", code="session_not_running")
+        raise Conflict(f"Session {session.public_id} is {session.phase}: start a new session.", code=SESSION_NOT_RUNNING)
     token = connect.link_token_sign(user=user, session_id=session.public_id, host=session.cluster.session_domain)
     return f"{url}?token={token}"

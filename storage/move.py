@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from audit.services import Action, audit_record
+from clusters.errors import CLUSTER_UNAVAILABLE, CLUSTER_UNREACHABLE
 from clusters.models import Cluster
 from clusters.probe import ClusterUnreachable
 from contract import VOLUME_ID_LABEL, VOLUME_MANAGED_BY, VOLUME_NAME_LABEL
@@ -41,6 +42,18 @@ from core.exceptions import ApplicationError, Conflict, NotFound
 from kube import KubeError, KubeGateway, parse_quantity
 from kube.gateway import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from storage.capacity import pool_clusters, pools_usability
+from storage.errors import (
+    VOLUME_ALREADY_THERE,
+    VOLUME_IN_USE,
+    VOLUME_MOVE_FAILED,
+    VOLUME_MOVING,
+    VOLUME_NOT_BOUND,
+    VOLUME_NOT_FOUND,
+    VOLUME_NOT_MOUNTABLE,
+    VOLUME_NOT_PLACED,
+    VOLUME_POOL_NOT_SHARED,
+    VOLUME_SOURCE_UNSUPPORTED,
+)
 from storage.exceptions import VolumeDeleting
 from storage.models import Volume
 from storage.services import volume_move_check_enabled
@@ -56,7 +69,7 @@ _LOCK_CLASS = 0x67536D76  # "gSmv"
 class VolumeMoveFailed(ApplicationError):
     """502: an apiserver refused a step of the move; the detail says what was done and the fix."""
 
-    code = "volume_move_failed"
+    code = VOLUME_MOVE_FAILED
     status = 502
 
 
@@ -157,7 +170,7 @@ def _move_lock(volume: Volume) -> Iterator[None]:
     if not got:
         raise Conflict(
             f"Volume {volume.name} ({volume.public_id}) is being moved right now: wait for that move to finish.",
-            code="volume_moving",
+            code=VOLUME_MOVING,
         )
     try:
         yield
@@ -175,7 +188,7 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
     """
     volume = Volume.objects.select_for_update(of=("self",)).select_related("pool", "cluster").get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
-        raise NotFound(f"Volume {volume.public_id} was deleted.", code="volume_not_found")
+        raise NotFound(f"Volume {volume.public_id} was deleted.", code=VOLUME_NOT_FOUND)
     if volume.status == Volume.Status.DELETING:
         raise VolumeDeleting(f"Volume {volume.name} ({volume.public_id}) is being deleted: there is nothing left to move.")
     live = volume.sessions.live().order_by("pk").values_list("public_id", flat=True)[:3]
@@ -183,27 +196,27 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
         raise Conflict(
             f"Volume {volume.name} is mounted by live session(s) {', '.join(live)}: stop them (`DELETE /api/v1/sessions/<id>`), "
             "then move it.",
-            code="volume_in_use",
+            code=VOLUME_IN_USE,
         )
     if volume.cluster is None:
         raise Conflict(
             f"Volume {volume.name} has no PVC on any cluster yet, so there is nothing to move: it is created on the cluster "
             "the next session that mounts it lands on (pin that session to the cluster you want).",
-            code="volume_not_placed",
+            code=VOLUME_NOT_PLACED,
         )
     if volume.cluster_id == target.pk:
-        raise Conflict(f"Volume {volume.name} is already on cluster {target.name}: nothing to do.", code="volume_already_there")
+        raise Conflict(f"Volume {volume.name} is already on cluster {target.name}: nothing to do.", code=VOLUME_ALREADY_THERE)
     if target.status == Cluster.Status.DEREGISTERED:
         raise Conflict(
             f"Cluster {target.name} is deregistered and cannot take volumes: pick a registered cluster.",
-            code="cluster_unavailable",
+            code=CLUSTER_UNAVAILABLE,
         )
     if target.pk not in pool_clusters(volume.pool):
         raise Conflict(
             f"Storage pool {volume.pool.name} ({volume.pool.public_id}) of volume {volume.name} is not shared with cluster "
             f"{target.name}: ask an administrator to share it (`PATCH /api/v1/storage/pools/{volume.pool.public_id}`), or "
             "pick a cluster it is shared with.",
-            code="volume_pool_not_shared",
+            code=VOLUME_POOL_NOT_SHARED,
         )
     use = pools_usability([volume.pool])[volume.pool.pk].use_on(target.pk)
     if use is not None and not use.usable:
@@ -211,10 +224,10 @@ def _begin(*, volume: Volume, target: Cluster) -> tuple[Volume, str]:
             f"Volume {volume.name} ({volume.public_id}) cannot be mounted on cluster {target.name}: {use.reason}. Fix: ask an "
             f"administrator to create StorageClass {volume.pool.storage_class} on {target.name} (docs/storage.md), then move it, "
             f"or pick a cluster where pool {volume.pool.name} is usable (`GET /api/v1/storage/pools/{volume.pool.public_id}`: usable_on).",
-            code="volume_not_mountable",
+            code=VOLUME_NOT_MOUNTABLE,
         )
     if not volume.claim_name:
-        raise Conflict(f"Volume {volume.name} has no PVC name recorded: nothing to move.", code="volume_not_placed")
+        raise Conflict(f"Volume {volume.name} has no PVC name recorded: nothing to move.", code=VOLUME_NOT_PLACED)
     # A volume left "moving" by a move that died (its advisory lock is gone, we hold it now): the operator's
     # next report sets the real status, so restore to pending.
     previous = Volume.Status.PENDING if volume.status == Volume.Status.MOVING else volume.status
@@ -311,7 +324,7 @@ class _Move:
         return ClusterUnreachable(
             f"Moving volume {self.volume.name}: the apiserver of cluster {cluster.name} did not answer while trying to {step} "
             f"({exc.cause_name}){done}. {keep}; {retry} once {cluster.name} answers.",
-            code="cluster_unreachable",
+            code=CLUSTER_UNREACHABLE,
         )
 
     def _call(self, cluster: Cluster, step: str, fn, *args, **kwargs):
@@ -351,7 +364,7 @@ class _Move:
                     f"The PVC {claim} of volume {volume.name} on cluster {self.source.name} is {phase}, not bound to a "
                     "PersistentVolume: nothing was changed; wait until it is Bound (the volume's status says why it is not), "
                     "then move it.",
-                    code="volume_not_bound",
+                    code=VOLUME_NOT_BOUND,
                 )
             old_pv = self._call(self.source, f"read the PersistentVolume {old_pv_name}", a.get, PERSISTENT_VOLUMES, old_pv_name)
             source = pv_source(old_pv)
@@ -359,7 +372,7 @@ class _Move:
                 raise Conflict(
                     f"The PersistentVolume {old_pv_name} of volume {volume.name} on cluster {self.source.name} is neither "
                     "CSI nor NFS, so another cluster cannot mount the same data: nothing was changed.",
-                    code="volume_source_unsupported",
+                    code=VOLUME_SOURCE_UNSUPPORTED,
                 )
             self.done.append(f"read PVC {claim} and PersistentVolume {old_pv_name} on {self.source.name}")
             labels = {**((pvc.get("metadata") or {}).get("labels") or {}), **volume_labels(volume)}

@@ -11,6 +11,7 @@ from clusters.models import Cluster
 from clusters.refs import cluster_by_ref  # noqa: F401 (re-exported: request bodies name clusters by the same rule)
 from core.exceptions import NotFound
 from storage.capacity import cluster_storage_classes, pool_clusters, pools_capacity, pools_usability, registered_cluster_ids
+from storage.errors import POOL_NOT_FOUND, VOLUME_NOT_FOUND
 from storage.models import GIB, StoragePool, Volume
 
 _LIVE = ~Q(volumes__status=Volume.Status.DELETED)
@@ -72,7 +73,7 @@ def pool_get(*, public_id: str) -> StoragePool:
     """
     pool = pool_list().filter(public_id=public_id).first()
     if pool is None:
-        raise NotFound(f"No storage pool has the id {public_id!r}: list them with `GET /api/v1/storage/pools`.", code="pool_not_found")
+        raise NotFound(f"No storage pool has the id {public_id!r}: list them with `GET /api/v1/storage/pools`.", code=POOL_NOT_FOUND)
     return pool
 
 
@@ -101,7 +102,7 @@ def volume_get(*, user, public_id: str, include_deleted: bool = False) -> Volume
     """
     volume = volume_list(user=user, include_deleted=include_deleted).filter(public_id=public_id).first()
     if volume is None:
-        raise NotFound(f"No volume {public_id!r} of yours: list yours with `GET /api/v1/storage/volumes`.", code="volume_not_found")
+        raise NotFound(f"No volume {public_id!r} of yours: list yours with `GET /api/v1/storage/volumes`.", code=VOLUME_NOT_FOUND)
     return volume
 
 

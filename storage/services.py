@@ -28,12 +28,15 @@ from billing import storage_charges
 from billing.admission import account_lock, policy_for
 from clusters.models import Cluster
 from clusters.probe import ClusterAuthFailed, ClusterUnreachable
+from contract import CLUSTER_DEREGISTERED
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, NotFound
 from kube import Deadline, KubeGateway, KubeRefused, KubeUnavailable
 from kube.gateway import PERSISTENT_VOLUME_CLAIMS, STORAGE_CLASSES
 from storage.capacity import CapacityResolution, PoolUsability, format_bytes, pools_capacity, pools_usability, registered_cluster_ids
 from storage.capacity import pool_capacity as pool_capacity  # re-exported: storage.services is where callers look
 from storage.capacity import pool_clusters as pool_clusters  # re-exported (placement imports it)
+from storage.errors import POOL_NOT_FOUND, VOLUME_NOT_FOUND
 from storage.exceptions import (
     NoStoragePool,
     PoolCapacityUnknown,
@@ -68,7 +71,7 @@ _DELETE_LOCK_CLASS = 0x67536476  # "gSdv"
 
 
 def _invalid(detail: str) -> ApplicationError:
-    return ApplicationError(detail, code="invalid_request", status=400)
+    return ApplicationError(detail, code=INVALID_REQUEST, status=400)
 
 
 def _refuse_deregistered(clusters: Iterable[Cluster]) -> None:
@@ -78,7 +81,7 @@ def _refuse_deregistered(clusters: Iterable[Cluster]) -> None:
         raise Conflict(
             f"Cluster(s) {names} are deregistered and cannot hold or use a storage pool: name registered clusters "
             "(`GET /api/v1/clusters`).",
-            code="cluster_deregistered",
+            code=CLUSTER_DEREGISTERED,
         )
 
 
@@ -623,7 +626,7 @@ def volume_create(*, owner, name: str, quota_gb: int, pool: StoragePool | None =
                 locked = locked.filter(pk=pool.pk)
             locked = list(locked)
             if pool is not None and not locked:
-                raise NotFound(f"Storage pool {pool.public_id} no longer exists: list pools with `GET /api/v1/storage/pools`.", code="pool_not_found")
+                raise NotFound(f"Storage pool {pool.public_id} no longer exists: list pools with `GET /api/v1/storage/pools`.", code=POOL_NOT_FOUND)
             usability = pools_usability(locked)
             usable = [p for p in locked if (cluster.pk in usability[p.pk].usable_ids if cluster is not None else usability[p.pk].usable_ids)]
             if locked and not usable:
@@ -662,7 +665,7 @@ def volume_update_quota(*, volume: Volume, quota_gb: int) -> Volume:
     pool = StoragePool.objects.select_for_update().select_related("cluster").get(pk=volume.pool_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.status == Volume.Status.DELETED:
-        raise NotFound(f"Volume {volume.public_id} is deleted.", code="volume_not_found")
+        raise NotFound(f"Volume {volume.public_id} is deleted.", code=VOLUME_NOT_FOUND)
     if volume.status == Volume.Status.MOVING:
         raise VolumeMoving(f"Volume {volume.public_id} is being moved to another cluster: change its quota once the move is done.")
     if volume.status == Volume.Status.DELETING:

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 
 from billing import ingest
 from clusters.internal.views import OperatorAPIView
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError
 
 
@@ -17,6 +18,6 @@ class UsageView(OperatorAPIView):
         """Store and charge the batch; answer ``{"server_time", "accepted", "duplicates", "charged"}``."""
         body = request.data
         if not isinstance(body, dict) or "samples" not in body:
-            raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code="invalid_request")
+            raise ApplicationError('The body must be {"samples": [...]}: a list of usage samples.', code=INVALID_REQUEST)
         result = ingest.usage_ingest(cluster=self.cluster, samples=body["samples"])
         return Response({"server_time": timezone.now().isoformat(), **result})

@@ -9,8 +9,9 @@ from rest_framework import authentication
 
 from clusters.models import Cluster
 from clusters.operator_refusals import RefusalReason, operator_refusal_clear, operator_refusal_record
-from contract import OPERATOR_TOKEN_GENERATION_CLAIM, TOKEN_REVOKED
+from contract import CLUSTER_DEREGISTERED, OPERATOR_TOKEN_GENERATION_CLAIM, TOKEN_REVOKED
 from identity.authentication import bearer_token
+from identity.errors import TOKEN_MISSING
 from identity.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, verify_internal_jwt
 
 
@@ -44,7 +45,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):  # noqa: D102
         token = bearer_token(request)
         if not token:
-            raise InvalidInternalToken("Send the operator token as `Authorization: Bearer <token>`.", code="token_missing")
+            raise InvalidInternalToken("Send the operator token as `Authorization: Bearer <token>`.", code=TOKEN_MISSING)
         try:
             claims = verify_internal_jwt(token, OPERATOR_AUDIENCE)
         except InvalidInternalToken as exc:
@@ -64,7 +65,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
             operator_refusal_record(reason=RefusalReason.CLUSTER_DEREGISTERED, cluster=cluster)
             raise InvalidInternalToken(
                 "The cluster of this operator token is deregistered or unknown: register the cluster again and mint a new token.",
-                code="cluster_deregistered",
+                code=CLUSTER_DEREGISTERED,
             )
         # The generation is compared with the row loaded above: no query of its own.
         generation = claims.get(OPERATOR_TOKEN_GENERATION_CLAIM, 1)

@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from clusters import services
 from clusters.diagnosis import connect_ext_authz_url, connect_verify_url
+from clusters.errors import INVALID_INVENTORY
 from clusters.internal.authentication import OperatorTokenAuthentication
 from clusters.internal.schemas import inventory_errors, inventory_read
 from clusters.operator_token.tokens import TokenRefreshThrottled, operator_token_exchange
@@ -49,7 +50,7 @@ class InventoryView(OperatorAPIView):
             if problems:
                 raise ApplicationError(
                     "The inventory snapshot is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
-                    code="invalid_inventory",
+                    code=INVALID_INVENTORY,
                 )
         if "nodes" in body:
             result = services.inventory_apply(cluster=self.cluster, nodes=body["nodes"], checks=body.get("checks"),

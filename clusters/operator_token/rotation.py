@@ -26,10 +26,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit.services import Action, audit_record
+from clusters.errors import CLUSTER_NOT_FOUND, TOKEN_PUSH_FAILED, TOKEN_PUSH_FORBIDDEN, TOKEN_PUSH_NAMESPACE_MISSING, TOKEN_PUSH_REVOKED, TOKEN_PUSH_UNREACHABLE
 from clusters.models import Cluster
 from clusters.operator_refusals import REFUSAL_MEANINGS
 from clusters.operator_token.tokens import IssuedToken, operator_token_expiry_record, operator_token_issue
-from contract import OPERATOR_TOKEN_SECRET_KEY
+from contract import CLUSTER_DEREGISTERED, OPERATOR_TOKEN_SECRET_KEY
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.layout import CONTROL_PLANE_SECRET_LABELS
 from kube import Deadline, KubeError, KubeGateway, KubeRefused, KubeUnavailable
@@ -87,7 +88,7 @@ class OperatorTokenPushFailed(ApplicationError):
     :class:`TokenRotationResult`.
     """
 
-    code = "token_push_failed"
+    code = TOKEN_PUSH_FAILED
     status = 502
 
     def __init__(self, detail: str, *, code: str, result: TokenRotationResult):
@@ -291,37 +292,37 @@ def _push_failure(cluster: Cluster, exc: Exception, *, namespace: str, name: str
     """``(code, sentence naming the fix)`` for a failure of the Secret write (a ``KubeconfigError`` or ``KubeError``)."""
     where = f"Secret {namespace}/{name} on {cluster.name}"
     if isinstance(exc, KubeconfigError):
-        return "token_push_failed", f"{exc.detail.rstrip('.')}; register the cluster's kubeconfig again"
+        return TOKEN_PUSH_FAILED, f"{exc.detail.rstrip('.')}; register the cluster's kubeconfig again"
     assert isinstance(exc, KubeError)
     if isinstance(exc, KubeRefused) and exc.unreadable:
-        return "token_push_failed", (
+        return TOKEN_PUSH_FAILED, (
             f"The apiserver at {cluster.apiserver_url} gave an answer the Kubernetes client could not read ({exc.message}) "
             f"when writing the {where}: check that the kubeconfig names a Kubernetes apiserver"
         )
     if exc.status:
         if exc.status in (401, 403):
-            return "token_push_forbidden", (
+            return TOKEN_PUSH_FORBIDDEN, (
                 f"The cluster's apiserver refused to let the control plane write the {where} ({exc.status} {exc.reason}): "
                 f"the control plane's ServiceAccount may get and update that Secret but not create it, so when it is missing "
                 f"re-run the attach (which creates it) or create it empty: `kubectl -n {namespace} create secret generic {name}`; "
                 "otherwise give the credential get and update on it (docs/rotation.md)"
             )
         if exc.status == 404:
-            return "token_push_namespace_missing", (
+            return TOKEN_PUSH_NAMESPACE_MISSING, (
                 f"Namespace {namespace} does not exist on {cluster.name}, so the {where} cannot be written: install the "
                 "operator chart (docs/attach-a-cluster.md)"
             )
-        return "token_push_failed", f"The apiserver answered {exc.status} {exc.reason} when writing the {where}: check the apiserver"
+        return TOKEN_PUSH_FAILED, f"The apiserver answered {exc.status} {exc.reason} when writing the {where}: check the apiserver"
     assert isinstance(exc, KubeUnavailable)
     if exc.tls_detail:
-        return "token_push_failed", f"{exc.tls_detail.rstrip('.')} (when writing the {where}); register the cluster's kubeconfig again"
+        return TOKEN_PUSH_FAILED, f"{exc.tls_detail.rstrip('.')} (when writing the {where}); register the cluster's kubeconfig again"
     if exc.deadline_exceeded:
-        return "token_push_unreachable", (
+        return TOKEN_PUSH_UNREACHABLE, (
             f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s when writing the {where}: no "
             "complete answer came in that time (the connection was cut off at the deadline); check that the control plane "
             "can reach it, that the address is the apiserver's, and that the cluster is up"
         )
-    return "token_push_unreachable", (
+    return TOKEN_PUSH_UNREACHABLE, (
         f"The apiserver at {cluster.apiserver_url} did not answer within {timeout:g} s ({exc.cause_name}) when "
         f"writing the {where}: check that the control plane can reach it and that the cluster is up"
     )
@@ -378,7 +379,7 @@ def operator_token_push(cluster: Cluster, *, ttl: int | None = None) -> TokenRot
     )
     if not recorded:
         _push_failed(
-            cluster, issued, code="token_push_revoked", attempted_at=attempted_at,
+            cluster, issued, code=TOKEN_PUSH_REVOKED, attempted_at=attempted_at,
             detail="The cluster's operator tokens were revoked (or it was deregistered) while this token was pushed, so it is already refused: rotate again",
         )
     audit_record(action=Action.OPERATOR_TOKEN_ROTATE, object_type="operator_token", object_id=issued.jti, cluster=cluster, details={
@@ -435,9 +436,9 @@ def operator_tokens_rotate(*, cluster_id: str | None = None, dry_run: bool = Fal
     if cluster_id is not None:
         cluster = Cluster.objects.filter(public_id=cluster_id).first()
         if cluster is None:
-            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code=CLUSTER_NOT_FOUND)
         if cluster.status == Cluster.Status.DEREGISTERED:
-            raise Conflict(f"Cluster {cluster.name} ({cluster_id}) is deregistered: its operator needs no token.", code="cluster_deregistered")
+            raise Conflict(f"Cluster {cluster.name} ({cluster_id}) is deregistered: its operator needs no token.", code=CLUSTER_DEREGISTERED)
         clusters, force = [cluster], True
     else:
         clusters = list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name", "id"))
@@ -527,5 +528,5 @@ def operator_tokens_revoke(*, cluster_id: str, actor: str) -> int:
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update().filter(public_id=cluster_id).first()
         if cluster is None:
-            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+            raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code=CLUSTER_NOT_FOUND)
         return credential_generation_bump(cluster=cluster, actor=actor, action="operator_tokens_revoke")

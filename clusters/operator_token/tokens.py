@@ -25,8 +25,9 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Greatest
 
 from audit.services import Action, audit_record
+from clusters.errors import CLUSTER_NOT_FOUND, INVALID_TTL, TOKEN_REFRESH_THROTTLED, TOKEN_REFRESH_TOO_EARLY
 from clusters.models import Cluster
-from contract import OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SUBJECT_PREFIX
+from contract import CLUSTER_DEREGISTERED, OPERATOR_TOKEN_GENERATION_CLAIM, OPERATOR_TOKEN_SUBJECT_PREFIX
 from contract import OPERATOR_TOKEN_REFRESH_FRACTION as REFRESH_FRACTION
 from core.exceptions import ApplicationError, Conflict, NotFound
 from identity.internal_jwt import OPERATOR_AUDIENCE, InvalidInternalToken, sign_internal_jwt
@@ -50,13 +51,13 @@ EXCHANGE_PERIOD = 60
 class TokenRefreshTooEarly(Conflict):
     """409: the presented operator token is not in its refresh window yet (``refresh_after`` says when it is)."""
 
-    code = "token_refresh_too_early"
+    code = TOKEN_REFRESH_TOO_EARLY
 
 
 class TokenRefreshThrottled(ApplicationError):
     """429: too many exchanges for this cluster in the current minute; ``retry_after`` seconds to wait."""
 
-    code = "token_refresh_throttled"
+    code = TOKEN_REFRESH_THROTTLED
     status = 429
 
     def __init__(self, detail: str, *, retry_after: int):
@@ -84,7 +85,7 @@ class IssuedToken:
 def _check_ttl(ttl: int | None) -> int:
     ttl = settings.GSHARE_OPERATOR_TOKEN_TTL if ttl is None else ttl
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 < ttl <= MAX_TTL:
-        raise ApplicationError(f"--ttl must be between 1 and {MAX_TTL} seconds (30 days); got {ttl}.", code="invalid_ttl")
+        raise ApplicationError(f"--ttl must be between 1 and {MAX_TTL} seconds (30 days); got {ttl}.", code=INVALID_TTL)
     return ttl
 
 
@@ -107,7 +108,7 @@ def operator_token_issue(*, cluster: Cluster, ttl: int | None = None) -> IssuedT
     """
     ttl = _check_ttl(ttl)
     if cluster.status == Cluster.Status.DEREGISTERED:
-        raise Conflict(f"Cluster {cluster.name} ({cluster.public_id}) is deregistered: register it again first.", code="cluster_deregistered")
+        raise Conflict(f"Cluster {cluster.name} ({cluster.public_id}) is deregistered: register it again first.", code=CLUSTER_DEREGISTERED)
     generation = cluster.credential_generation
     token = sign_internal_jwt(
         f"{OPERATOR_TOKEN_SUBJECT_PREFIX}{cluster.public_id}", ttl, audience=OPERATOR_AUDIENCE,
@@ -159,7 +160,7 @@ def operator_token_mint(*, cluster_id: str, ttl: int | None = None) -> str:
     ttl = _check_ttl(ttl)
     cluster = Cluster.objects.filter(public_id=cluster_id).first()
     if cluster is None:
-        raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code="cluster_not_found")
+        raise NotFound(f"No cluster has the id {cluster_id!r}: list them with `GET /api/v1/clusters`.", code=CLUSTER_NOT_FOUND)
     issued = operator_token_issue(cluster=cluster, ttl=ttl)
     operator_token_expiry_record(cluster=cluster, issued=issued)
     audit_record(action=Action.OPERATOR_TOKEN_MINT, object_type="operator_token", object_id=issued.jti, cluster=cluster,

@@ -14,22 +14,34 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from contract import rfc3339
+from core.errors import (
+    AUTHENTICATION_FAILED,
+    ERROR,
+    INVALID_JSON,
+    INVALID_REQUEST,
+    METHOD_NOT_ALLOWED,
+    NOT_AUTHENTICATED,
+    NOT_FOUND,
+    PERMISSION_DENIED,
+    THROTTLED,
+    UNSUPPORTED_MEDIA_TYPE,
+)
 from core.exceptions import ApplicationError
 
 _DRF_CODES = {
     exceptions.NotAuthenticated: (
-        "not_authenticated",
+        NOT_AUTHENTICATED,
         "Send `Authorization: Bearer <api token>`; create a token in the console under My API tokens (`/gshare/apitoken/`, "
         "Create API token); "
         "staff: `manage.py create_api_token <username>`.",
     ),
-    exceptions.AuthenticationFailed: ("authentication_failed", None),
-    exceptions.PermissionDenied: ("permission_denied", None),
-    exceptions.NotFound: ("not_found", None),
-    exceptions.MethodNotAllowed: ("method_not_allowed", None),
-    exceptions.ParseError: ("invalid_json", None),
-    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Send the body as JSON with `Content-Type: application/json`."),
-    exceptions.Throttled: ("throttled", None),
+    exceptions.AuthenticationFailed: (AUTHENTICATION_FAILED, None),
+    exceptions.PermissionDenied: (PERMISSION_DENIED, None),
+    exceptions.NotFound: (NOT_FOUND, None),
+    exceptions.MethodNotAllowed: (METHOD_NOT_ALLOWED, None),
+    exceptions.ParseError: (INVALID_JSON, None),
+    exceptions.UnsupportedMediaType: (UNSUPPORTED_MEDIA_TYPE, "Send the body as JSON with `Content-Type: application/json`."),
+    exceptions.Throttled: (THROTTLED, None),
 }
 
 
@@ -63,7 +75,7 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.ValidationError):
         messages = _flatten(exc.detail)
         return Response(
-            {"code": "invalid_request", "detail": "; ".join(messages), "errors": exc.detail},
+            {"code": INVALID_REQUEST, "detail": "; ".join(messages), "errors": exc.detail},
             status=status.HTTP_400_BAD_REQUEST,
         )
     # Imported here: rest_framework.views reads DEFAULT_PARSER_CLASSES (this module's SafeJSONParser) when it is
@@ -73,7 +85,7 @@ def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
-    code, detail = "error", None
+    code, detail = ERROR, None
     for cls, (c, d) in _DRF_CODES.items():
         if isinstance(exc, cls):
             code, detail = c, d
@@ -258,5 +270,5 @@ def query_time(request, name: str) -> datetime | None:
     converted = rfc3339.parse(value.replace(" ", "+"))  # an unescaped "+" in a query string arrives as " "
     if converted is None:
         raise ApplicationError(f"{name} must be an ISO 8601 time with a zone between years 1 and 9999 in UTC, "
-                               f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code="invalid_request")
+                               f"e.g. 2026-11-29T16:00:00Z; got {value[:64]!r}.", code=INVALID_REQUEST)
     return converted

@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError
 
 
@@ -52,5 +53,5 @@ class RefuseUnknownFieldsMixin:
         if isinstance(data, Mapping):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise ApplicationError(self.unknown_fields_message(unknown), code="invalid_request")
+                raise ApplicationError(self.unknown_fields_message(unknown), code=INVALID_REQUEST)
         return super().to_internal_value(data)

@@ -19,6 +19,7 @@ from core import instruments
 from core.api.base import schema_problems
 from core.exceptions import ApplicationError
 from sessions import activity, connect, ext_authz, idle, lifecycle
+from sessions.errors import INVALID_ACTIVITY, INVALID_STATUS
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def _parse_time(value: str, index: int) -> datetime:
     if parsed is None:
         raise ApplicationError(
             f"reports[{index}].observed_at must be an RFC 3339 time with a zone, e.g. 2026-11-29T16:00:00Z; got {value!r}.",
-            code="invalid_status",
+            code=INVALID_STATUS,
         )
     return parsed
 
@@ -46,7 +47,7 @@ class StatusView(OperatorAPIView):
         problems = schema_problems(_status_validator, request.data, limit=5)
         if problems:
             raise ApplicationError(f"The status report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
-                                   code="invalid_status")
+                                   code=INVALID_STATUS)
         reports = [{**r, "observed_at": _parse_time(r["observed_at"], i)} for i, r in enumerate(request.data["reports"])]
         result = lifecycle.session_status_apply(cluster=self.cluster, reports=reports, received_at=received_at)
         return Response({**result, "server_time": timezone.now().isoformat()})
@@ -60,7 +61,7 @@ class ActivityView(OperatorAPIView):
         problems = schema_problems(_activity_validator, request.data, limit=5)
         if problems:
             raise ApplicationError(f"The activity report is malformed: {'; '.join(problems)}. Upgrade the operator to match this control plane.",
-                                   code="invalid_activity")
+                                   code=INVALID_ACTIVITY)
         result = activity.activity_report_apply(cluster=self.cluster, entries=request.data["sessions"])
         idle.idle_enforce_soon(cluster=self.cluster)
         return Response({**result, "server_time": timezone.now().isoformat()})

@@ -12,6 +12,7 @@ from contract import rfc3339
 from core.api.base import schema_problems, unstorable_text_path
 from core.exceptions import ApplicationError
 from storage import services
+from storage.errors import INVALID_STORAGE_REPORT
 
 _validator = Draft202012Validator(contract.STORAGE_REPORT_SCHEMA)
 
@@ -51,7 +52,7 @@ class StorageReportView(OperatorAPIView):
         if problems:
             raise ApplicationError(
                 "The storage report is malformed: " + "; ".join(problems) + ". Upgrade the operator to match this control plane.",
-                code="invalid_storage_report",
+                code=INVALID_STORAGE_REPORT,
             )
         report = {**request.data, "read_at": rfc3339.parse(request.data["read_at"])}
         result = services.storage_report_apply(cluster=self.cluster, report=report)

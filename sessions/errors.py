@@ -1,0 +1,51 @@
+"""The error codes of sessions: creation and placement, connecting, the idle policy, and the operator's status and
+activity reports. The volume codes placement shares with storage are ``storage.errors``'; the admission codes are
+``billing.errors``'; ``report_from_future`` and ``forbidden_cluster_scope`` are the contract's."""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- creation and placement
+SESSION_NOT_FOUND = "session_not_found"
+"""404: no such session among the caller's."""
+
+NO_CAPACITY = "no_capacity"
+"""409: nothing in the fleet (or the pinned cluster) can host the session now."""
+
+PLACEMENT_CONTENDED = "placement_contended"
+"""409: concurrent requests took the capacity chosen for the session on each attempt."""
+
+VOLUME_ON_ANOTHER_CLUSTER = "volume_on_another_cluster"
+"""409: the session is pinned to one cluster, but a volume's PVC is on another."""
+
+VOLUMES_ON_DIFFERENT_CLUSTERS = "volumes_on_different_clusters"
+"""409: two of the session's volumes are held by different clusters."""
+
+# --------------------------------------------------------------------------- connecting
+SESSION_NOT_RUNNING = "session_not_running"
+"""409: a connect link for a session that ended."""
+
+CONNECT_REFUSED = "connect_refused"
+"""401: a valid connect token that does not fit the request (another session, host or path)."""
+
+CONNECT_FORBIDDEN = "connect_forbidden"
+"""403: a valid connect token whose user is deactivated, or no longer the owner nor staff."""
+
+VERIFY_UNAVAILABLE = "verify_unavailable"
+"""503: the connect verify cannot decide now (PostgreSQL or Redis unreachable or too slow)."""
+
+# --------------------------------------------------------------------------- idle policy
+INVALID_EXEMPTION = "invalid_exemption"
+"""400: an idle exemption ``until`` in the past or more than a year ahead."""
+
+IDLE_EXEMPTION_FORBIDDEN = "idle_exemption_forbidden"
+"""403: an idle exemption asked by someone who may not manage everyone's sessions."""
+
+SESSION_NOT_LIVE = "session_not_live"
+"""409: an idle exemption for a session that has ended."""
+
+# --------------------------------------------------------------------------- operator API
+INVALID_STATUS = "invalid_status"
+"""400: a status report does not match the contract."""
+
+INVALID_ACTIVITY = "invalid_activity"
+"""400: an activity report does not match the contract (or lists a session or GPU twice, a bad time...)."""
