@@ -10,6 +10,7 @@ import pytest
 from django.core.management import get_commands
 from django.urls import resolve
 
+import core.home
 import gshare.embedded
 import gshare.settings
 from tests.charts.rendering import (
@@ -217,9 +218,9 @@ def test_a_setting_the_chart_sets_itself_is_refused_in_settings_and_extra_env():
 
 
 def test_every_environment_variable_is_a_setting_the_control_plane_reads():
-    """Catches typos: each name the chart sets is read by gshare/settings or gshare/embedded.py (GSHARE_HOME), or is
-    Kubernetes plumbing."""
-    sources = [*Path(gshare.settings.__file__).parent.glob("*.py"), Path(gshare.embedded.__file__)]
+    """Catches typos: each name the chart sets is read by gshare/settings, gshare/embedded.py or core/home.py
+    (GSHARE_HOME), or is Kubernetes plumbing."""
+    sources = [*Path(gshare.settings.__file__).parent.glob("*.py"), Path(gshare.embedded.__file__), Path(core.home.__file__)]
     settings_source = "\n".join(p.read_text() for p in sources)
     plumbing = {"POD_IP", "DJANGO_SETTINGS_MODULE", "PROMETHEUS_MULTIPROC_DIR"}  # the last read by prometheus-client
     names = {entry["name"] for _, c in containers(render_control_plane(CONTROL_PLANE_FULL_VALUES)) for entry in c.get("env", [])}

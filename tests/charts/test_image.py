@@ -97,7 +97,7 @@ def test_container_command_is_an_entry_point_of_the_project(container):
 
 @pytest.mark.parametrize("path", [
     "requirements.txt", "manage.py", "gshare/wsgi.py", "gshare/celery.py", "operator_agent/__main__.py",
-    "identity/management/commands/import_signing_key.py", "templates", "charts/gshare-operator/Chart.yaml",
+    "identity/management/commands/import_signing_key.py", "console/templates", "charts/gshare-operator/Chart.yaml",
     "charts/gshare-operator/crds/gsharesessions.gshare.io.yaml",
 ])
 def test_the_build_context_keeps_what_the_charts_run(path):
