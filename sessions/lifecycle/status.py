@@ -59,7 +59,7 @@ def session_status_apply(*, cluster: Cluster, reports: list[dict], received_at: 
     honest reports after it (observed later than that) are applied, so no session freezes until real time catches up.
     A report from further ahead than the tolerance refuses the whole batch: its times cannot be trusted at all. A
     report from a clock behind is applied at its own time; it orders correctly against the same operator's other
-    reports (each session's ``observed_at`` strictly increases, ``operator_agent.sessions.next_observed_at``). When
+    reports (each session's ``observed_at`` strictly increases, ``operator_agent.reporters.status.next_observed_at``). When
     the cluster's latest inventory said its clock is behind beyond the tolerance, that offset is added first
     (``_clock_behind``): a session's end is billed up to ``ended_at``, which must not fall into the past.
 
