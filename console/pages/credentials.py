@@ -22,7 +22,9 @@ from identity.models import ApiToken, SigningKey
 from identity.tokens import api_token_create, api_token_revoke
 
 #: Login-session key holding the just-created token (``{"pk": <ApiToken pk>, "text": <Fernet token of its text>}``).
-NEW_TOKEN_SESSION_KEY = "console.new_api_token"
+#: Stored in login sessions, so its value outlives a release: a token created just before an upgrade is shown (and
+#: removed from the session) by the page after it.
+NEW_TOKEN_SESSION_KEY = "gshare.console.new_api_token"
 
 
 class ApiTokenCreateForm(forms.ModelForm):
