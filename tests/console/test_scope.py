@@ -210,5 +210,5 @@ def test_a_ref_naming_no_cluster_warns_and_shows_all(console, two):
 def test_a_nul_in_the_ref_is_refused_before_the_scope(console, two, ref):
     console.get("/?cluster=lab-c1")
     response = console.get("/", {"cluster": ref})
-    assert response.status_code == 400 and response.json()["code"] == "invalid_request"  # gshare.middleware's NUL rule
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"  # core.middleware's NUL rule
     assert console.session[SESSION_KEY] == two[0].public_id

@@ -21,7 +21,7 @@ def test_scope_redirect_stays_on_site(researcher_console, path):
 @pytest.mark.parametrize("ref", ["\x00", "a\x00b", "clu_\x00", "x" * 100_000, "%", "clu_" + "9" * 5000, "é\u202e", "all\x00"])
 def test_scope_bad_refs_no_500(console, ref):
     response = console.get("/", {"cluster": ref})
-    assert response.status_code in (302, 400), response.status_code  # 400: gshare.middleware refuses a NUL
+    assert response.status_code in (302, 400), response.status_code  # 400: core.middleware refuses a NUL
 
 
 @pytest.mark.parametrize("url", ["/gpu_sessions/session/?q=%00", "/clusters/node/?q=%00", "/storage/volume/?q=%00"])
