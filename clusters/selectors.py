@@ -6,7 +6,7 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Count, Q, QuerySet, Value
 
 from clusters.errors import CLUSTER_NOT_FOUND
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.models import Cluster, ClusterGpuModel, GpuDevice, Node
 from core.exceptions import NotFound
 
 
@@ -42,3 +42,25 @@ def node_list() -> QuerySet[Node]:
 def gpu_list() -> QuerySet[GpuDevice]:
     """GPU devices with node and cluster (the API's ``?cluster=``: ``clusters.filters.GpuFilter``)."""
     return GpuDevice.objects.select_related("node", "cluster").order_by("cluster__name", "node__name", "index")
+
+
+def fleet_gpu_models() -> list[str]:
+    """The GPU models of the fleet (``GpuDevice.model`` as the operator reports them: HAMi's device type without its
+    ``NVIDIA-`` prefix), distinct and sorted, from the clusters that are not deregistered. One query on the per-cluster
+    summary (``ClusterGpuModel``), not on the GPU rows."""
+    return list(
+        ClusterGpuModel.objects.exclude(cluster__status=Cluster.Status.DEREGISTERED)
+        .order_by("model").values_list("model", flat=True).distinct()
+    )
+
+
+def gpu_model_availability() -> list[tuple[str, int, int]]:
+    """Per GPU model of the clusters that take sessions (connected, with a session domain): ``(model, free, total)``,
+    sorted by model, where ``total`` counts the healthy GPUs on ready nodes and ``free`` those of them with nothing
+    reserved on them now (a whole GPU could start there). One query."""
+    rows = (
+        GpuDevice.objects.filter(health=True, node__ready=True, cluster__status=Cluster.Status.CONNECTED)
+        .exclude(cluster__session_domain="")
+        .values("model").annotate(total=Count("id"), free=Count("id", filter=Q(used_count=0))).order_by("model")
+    )
+    return [(row["model"], row["free"], row["total"]) for row in rows]

@@ -7,6 +7,7 @@ reports) is ``sessions.lifecycle``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from core import instruments
 from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.prepared import statement_cursor
+from sessions import gpu_models as models_of_request
 from sessions import placement, selectors
 from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED, VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from sessions.lifecycle import outbox
@@ -47,7 +49,8 @@ class InvalidSessionRequest(ApplicationError):
     status = 400
 
 
-def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str]) -> None:
+def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: int | None, volumes: list[str],
+              gpu_models: list[str]) -> None:
     problems = []
     if not isinstance(image, str) or not image.strip():
         problems.append("image must be a container image reference, e.g. quay.io/jupyter/base-notebook")
@@ -65,6 +68,9 @@ def _validate(*, image: str, gpus: int, gpu_memory_mib: int | None, gpu_cores: i
         problems.append(f"volumes may name at most {placement.MAX_VOLUMES} volumes per session")
     elif len(set(volumes)) != len(volumes):
         problems.append("volumes must not name a volume twice")
+    models_problem = models_of_request.gpu_models_problem(gpu_models)
+    if models_problem:
+        problems.append(models_problem)
     if problems:
         raise InvalidSessionRequest("; ".join(problems) + ".")
 
@@ -92,6 +98,7 @@ def session_create(
     cluster: str | None = None,
     name: str = "",
     volumes: list[str] | None = None,
+    gpu_models: list[str] | None = None,
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
@@ -128,12 +135,16 @@ def session_create(
         name: free label.
         volumes: ids (``vol_...``) of the owner's volumes to mount at ``/data/<volume name>`` (at most
             ``placement.MAX_VOLUMES``, each once).
+        gpu_models: the GPU models accepted (at most ``gpu_models.MAX_GPU_MODELS`` names, each a fleet model or
+            whole words of one, ignoring case: ``sessions.gpu_models``), or None/empty for any model. The session
+            stores the fleet models they resolve to, and is placed only on GPUs of those.
 
     Returns:
         The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
 
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
+        GpuModelUnknown: 400 ``gpu_model_unknown``: a ``gpu_models`` name matches no model of the fleet.
         InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
         QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
         ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
@@ -148,7 +159,7 @@ def session_create(
             attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
-                   name=name, volumes=volumes)[0]
+                   name=name, volumes=volumes, gpu_models=gpu_models)[0]
 
 
 def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
@@ -193,6 +204,10 @@ def _fingerprint(request: dict) -> str:
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
     if isinstance(canonical["volumes"], list | tuple):
         canonical["volumes"] = sorted(map(str, canonical["volumes"]))
+    # Only when given: a request without models keeps the fingerprint it had before models could be asked for.
+    models = request.get("gpu_models")
+    if models:
+        canonical["gpu_models"] = sorted(map(str, models)) if isinstance(models, list | tuple) else models
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -239,13 +254,16 @@ def _create(
     cluster: str | None = None,
     name: str = "",
     volumes: list[str] | None = None,
+    gpu_models: list[str] | None = None,
     idempotency: tuple[str, str] | None = None,
 ) -> tuple[Session, bool]:
     """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
     volumes = list(volumes or [])
-    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
+    gpu_models = [] if gpu_models is None else gpu_models
+    _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes, gpu_models=gpu_models)
+    accepted = models_of_request.gpu_models_resolve(gpu_models)
     pinned = _pinned_cluster(cluster) if cluster else None
-    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
+    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores, models=tuple(accepted))
     for _ in range(PLACEMENT_ATTEMPTS):
         mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
         _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
@@ -283,6 +301,11 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
     state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None),
                                      ended_phases=Session.TERMINAL_PHASES)
+    if request.models:
+        # Priced at the dearest of the accepted models present (all candidates' models when none is: no_capacity follows).
+        acceptable = [m for m in state.models if m[0] in request.models]
+        if acceptable:
+            state = dataclasses.replace(state, models=acceptable)
     policy = state.policy
     try:
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
@@ -304,6 +327,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         where, fix = _scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)
         cores = placement.FULL_CORES if gpu_cores is None else gpu_cores
         ask = f"{gpus} whole GPU(s)" if request.whole else f"{gpus} GPU share(s) of {gpu_memory_mib or 'all'} MiB and {cores}% cores"
+        if request.models:
+            ask += f" of model {' or '.join(request.models)}"
         # Built only here: the ORM's query building is measurable on every decision.
         candidates = Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").order_by()
         if scope is not None:
@@ -311,7 +336,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         looked = list(candidates.values_list("pk", flat=True))
         return Conflict(
             f"Nothing in {where} can host {ask} now ({placement.shortfall(request=request, cluster_ids=looked)}): "
-            f"ask for fewer GPUs or smaller shares, or try again when sessions end{fix}.",
+            f"ask for fewer GPUs or smaller shares{', or accept more gpu_models' if request.models else ''}, or try again "
+            f"when sessions end{fix}.",
             code=NO_CAPACITY,
         )
 
@@ -332,6 +358,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         gpus=gpus,
         gpu_memory_mib=gpu_memory_mib,
         gpu_cores=gpu_cores,
+        gpu_models=list(request.models),
         requested_cluster=pinned,
         cluster_id=cluster_id,
         node=choice.node_name if node_id is not None else "",
@@ -380,7 +407,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
-        "volumes": [v.public_id for v in mounted],
+        "volumes": [v.public_id for v in mounted], **({"gpu_models": session.gpu_models} if session.gpu_models else {}),
     }), details={"owner": owner.get_username()})
     outbox.publish_after_commit(outbox.APPLY, session.pk)
     transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)

@@ -14,6 +14,9 @@ NO_CAPACITY = "no_capacity"
 PLACEMENT_CONTENDED = "placement_contended"
 """409: concurrent requests took the capacity chosen for the session on each attempt."""
 
+GPU_MODEL_UNKNOWN = "gpu_model_unknown"
+"""400: a ``gpu_models`` name that matches none of the fleet's GPU models (the detail lists them)."""
+
 VOLUME_ON_ANOTHER_CLUSTER = "volume_on_another_cluster"
 """409: the session is pinned to one cluster, but a volume's PVC is on another."""
 

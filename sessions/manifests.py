@@ -92,7 +92,7 @@ def gshare_session_manifest(session) -> dict:
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
         ``GSHARE_SESSION_NAMESPACE``, labels), and ``spec`` with image, GPU request (HAMi units:
         ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs; for a share, what placement reserved:
-        ``share_gpu_limits``), host, path, the cluster's
+        ``share_gpu_limits``), ``gpuModels`` (the accepted GPU models, only when the session names some), host, path, the cluster's
         ``routing`` (``gateway-api``: with ``gateway`` {name, namespace}), the ingress-nginx ``authUrl``, Envoy's
         ``extAuthUrl`` (the ext_authz path prefix) and, when the session mounts volumes, ``volumes``
         (``session_volumes_spec``).
@@ -112,6 +112,8 @@ def gshare_session_manifest(session) -> dict:
     if session.cluster.routing == ROUTING_GATEWAY_API:
         spec["gateway"] = {"name": session.cluster.gateway_name, "namespace": session.cluster.gateway_namespace}
     spec.update(share_gpu_limits(session))
+    if session.gpu_models:
+        spec["gpuModels"] = list(session.gpu_models)
     volumes = session_volumes_spec(session.volumes.all()) if session.pk is not None else []
     if volumes:
         spec["volumes"] = volumes

@@ -31,8 +31,9 @@ class Session(models.Model):
     """An interactive GPU session: a pod on one cluster, reached at that cluster's ``session_domain``.
 
     ``gpu_memory_mib`` (MiB per GPU, HAMi ``nvidia.com/gpumem``) and ``gpu_cores`` (percent of one
-    GPU, HAMi ``nvidia.com/gpucores``) are both null for whole-GPU sessions. Rows are kept after the
-    session ends (and after its cluster is deregistered) so history stays readable.
+    GPU, HAMi ``nvidia.com/gpucores``) are both null for whole-GPU sessions. ``gpu_models`` lists the GPU models
+    it may be placed on, resolved from the request's names (``sessions.gpu_models``); empty means any model.
+    Rows are kept after the session ends (and after its cluster is deregistered) so history stays readable.
 
     The phase is also the outbox of the background work: ``Scheduled`` means "apply to the cluster is due",
     ``Stopping`` "delete from the cluster is due", and ``reapply_due_at`` set "apply again, the cluster's routing
@@ -69,6 +70,10 @@ class Session(models.Model):
     gpus = models.PositiveSmallIntegerField()
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True)
     gpu_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    gpu_models = models.JSONField(
+        default=list, blank=True,
+        help_text="The GPU models the session accepts, as the fleet names them (sessions.gpu_models); empty: any model",
+    )
     phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.PENDING)
     node = models.CharField(max_length=253, blank=True, default="")
     devices = models.JSONField(default=list, blank=True, help_text="GPU UUIDs allocated by HAMi, as reported by the operator")

@@ -50,11 +50,14 @@ class Request:
         gpus: number of GPUs (vGPUs), >= 1.
         memory_mib: MiB per GPU, or None (whole GPU when ``cores`` is None too, else the device's memory).
         cores: percent of one GPU per GPU, or None (whole GPU when ``memory_mib`` is None too, else 100: all of them).
+        models: the GPU models (``GpuDevice.model``, exact names: ``sessions.gpu_models.gpu_models_resolve``) it may
+            be placed on; empty: any model.
     """
 
     gpus: int
     memory_mib: int | None = None
     cores: int | None = None
+    models: tuple[str, ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -99,7 +102,7 @@ CROSS JOIN LATERAL (
            array_agg(d.cores ORDER BY {device_order}) AS cores,
            array_agg(d.split_count ORDER BY {device_order}) AS splits
     FROM clusters_gpudevice d
-    WHERE d.node_id = n.id AND d.health AND {device_fit}
+    WHERE d.node_id = n.id AND d.health AND {device_fit}{model_fit}
 ) p
 WHERE n.ready AND {scope} {node_fit}
   AND p.fits >= %(gpus)s
@@ -127,6 +130,11 @@ _FITS = {
     },
 }
 
+#: A request that names GPU models (``Request.models``) fits only GPUs of those models; without, the fit query is the
+#: same as before models could be asked for. The node summaries count GPUs of every model: still bounds, never
+#: stricter than the GPUs' own check.
+_MODEL_FIT = {False: "", True: " AND d.model = ANY(%(models)s::text[])"}
+
 _POLICIES = {
     "binpack": {"device_order": "d.used_count DESC, d.index, d.id", "direction": "DESC"},
     "spread": {"device_order": "d.used_count ASC, d.index, d.id", "direction": "ASC"},
@@ -150,14 +158,15 @@ _SCOPES = {
 }
 
 
-def _fit_sql(policy: str, whole: bool, scope: str) -> str:
+def _fit_sql(policy: str, whole: bool, scope: str, models: bool) -> str:
     parts = _SCOPES[scope]
     order = parts["order"].format(direction=_POLICIES[policy]["direction"])
     return _FIT_SQL.format(join=parts["join"], scope=parts["scope"], order=order, device_order=_POLICIES[policy]["device_order"],
-                           **_FITS[whole])
+                           model_fit=_MODEL_FIT[models], **_FITS[whole])
 
 
-_FIT_QUERIES = {(policy, whole, scope): _fit_sql(policy, whole, scope) for policy in _POLICIES for whole in _FITS for scope in _SCOPES}
+_FIT_QUERIES = {(policy, whole, scope, models): _fit_sql(policy, whole, scope, models)
+                for policy in _POLICIES for whole in _FITS for scope in _SCOPES for models in _MODEL_FIT}
 
 
 def _int_array(ids: Iterable[int]) -> str:
@@ -168,8 +177,11 @@ def _int_array(ids: Iterable[int]) -> str:
 
 def _params(request: Request) -> dict:
     cores = FULL_CORES if request.cores is None else request.cores
-    return {"mem": request.memory_mib, "mem_floor": request.memory_mib or 0, "cores": cores, "full_cores": FULL_CORES,
-            "gpus": request.gpus}
+    params = {"mem": request.memory_mib, "mem_floor": request.memory_mib or 0, "cores": cores, "full_cores": FULL_CORES,
+              "gpus": request.gpus}
+    if request.models:
+        params["models"] = list(request.models)
+    return params
 
 
 def fit_query(*, request: Request, cluster_ids: list[int] | None, policy: str) -> tuple[str, dict]:
@@ -188,7 +200,7 @@ def fit_query(*, request: Request, cluster_ids: list[int] | None, policy: str) -
         scope, params["cluster"] = "one", int(next(iter(cluster_ids)))
     else:
         scope, params["clusters"] = "some", _int_array(sorted(cluster_ids))
-    return _FIT_QUERIES[policy, request.whole, scope], params
+    return _FIT_QUERIES[policy, request.whole, scope, bool(request.models)], params
 
 
 def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: str = "binpack") -> Choice | None:
@@ -294,8 +306,8 @@ FROM pick
 """
 
 _RESERVE_QUERIES = {
-    (policy, whole, scope): _RESERVE_SQL.format(
-        fit=_FIT_QUERIES[policy, whole, scope],
+    (policy, whole, scope, models): _RESERVE_SQL.format(
+        fit=_FIT_QUERIES[policy, whole, scope, models],
         memory="c.memory_mib" if whole else "COALESCE(%(mem)s, c.memory_mib)",
         cores="c.cores" if whole else _SHARE_CORES.format(d="c"),
         set_cores="" if whole else ", gpu_cores = (SELECT MAX(r.cores) FROM new r)",
@@ -304,7 +316,7 @@ _RESERVE_QUERIES = {
         nodes=node_summary_update_sql(devices="usage"),
         write_counters=_WRITE_COUNTERS,
     )
-    for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node")
+    for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node") for models in _MODEL_FIT
 }
 
 
@@ -326,7 +338,7 @@ def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int 
     scope = "cluster" if node_id is None else "node"
     params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id}
     with statement_cursor() as cursor:
-        cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope], params)
+        cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope, bool(request.models)], params)
         row = cursor.fetchone()
     if row is None:
         return None
@@ -405,7 +417,8 @@ _RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_up
 
 
 def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
-    """A sentence saying what the candidate clusters lack for ``request`` (for ``no_capacity``)."""
+    """A sentence saying what the candidate clusters lack for ``request`` (for ``no_capacity``), counting only GPUs of
+    ``request.models`` when it names some."""
     if not cluster_ids:
         return "no connected cluster with a session_domain can host sessions now"
     sql = """
@@ -413,10 +426,13 @@ def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
                COUNT(*) FILTER (WHERE d.health AND n.ready AND d.used_count = 0),
                COALESCE(MAX(GREATEST(d.memory_mib - d.used_memory_mib, 0)) FILTER (WHERE d.health AND n.ready), 0)
         FROM clusters_gpudevice d JOIN clusters_node n ON n.id = d.node_id
-        WHERE d.cluster_id = ANY(%s::bigint[])
-    """
+        WHERE d.cluster_id = ANY(%s::bigint[]) {models}
+    """.format(models="AND d.model = ANY(%s::text[])" if request.models else "")
+    params: list = [_int_array(cluster_ids)]
+    if request.models:
+        params.append(list(request.models))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [_int_array(cluster_ids)])
+        cursor.execute(sql, params)
         healthy, free, max_free_mib = cursor.fetchone()
     return (
         f"{healthy} healthy GPU(s) on ready nodes, {free} with nothing on them, at most {max_free_mib} MiB free on one GPU"

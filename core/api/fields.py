@@ -40,6 +40,18 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string token: numbers and booleans are refused (``invalid_request``) instead of being turned into text
+    (DRF's ``CharField`` reads ``1`` as ``"1"``). The other ``CharField`` options apply as usual."""
+
+    default_error_messages = {"not_a_string": "must be a JSON string"}
+
+    def to_internal_value(self, data):  # noqa: D102
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
 class RefuseUnknownFieldsMixin:
     """Serializer mixin for ``PATCH`` bodies: a body naming a field the serializer does not have is refused, before
     any field is validated, with 400 ``invalid_request`` (``core.exceptions.ApplicationError``) and the sentence of

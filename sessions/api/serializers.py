@@ -9,9 +9,10 @@ from rest_framework import serializers
 from billing import admission, pricing
 from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
-from core.api.fields import StrictIntegerField
+from core.api.fields import StrictCharField, StrictIntegerField
 from sessions import activity as session_activity
 from sessions import idle, selectors
+from sessions.gpu_models import MAX_GPU_MODEL_LENGTH, MAX_GPU_MODELS
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -28,6 +29,11 @@ class SessionCreateSerializer(serializers.Serializer):
     volumes = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list,
         help_text="Ids (vol_...) of your volumes to mount at /data/<volume name>, at most 8; a volume already on a cluster keeps the session there",
+    )
+    gpu_models = serializers.ListField(
+        child=StrictCharField(max_length=MAX_GPU_MODEL_LENGTH), required=False, default=list, max_length=MAX_GPU_MODELS,
+        help_text="GPU models you accept, e.g. [\"H100\"]: each a model of GET /api/v1/gpus or whole words of one, ignoring "
+                  "case (H100 matches NVIDIA H100 80GB HBM3; A10 does not match A100); at most 16; omit for any model",
     )
 
 
@@ -67,13 +73,17 @@ class SessionSerializer(serializers.ModelSerializer):
     activity = serializers.SerializerMethodField()
     credits_per_hour = serializers.SerializerMethodField()
     share = serializers.SerializerMethodField()
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="The GPU models the session may run on (the fleet's names its request resolved to); empty: any model",
+    )
 
     class Meta:
         model = Session
         list_serializer_class = _SessionListSerializer
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
-            "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
+            "gpu_cores", "gpu_models", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
             "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share",
         ]
         read_only_fields = fields
