@@ -47,6 +47,7 @@ __all__ = [
     "HAMI_RESOURCE_CORES",
     "HAMI_RESOURCE_GPU",
     "HAMI_RESOURCE_MEMORY",
+    "HAMI_USE_GPUTYPE",
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
     "PORT_NAME",
@@ -89,6 +90,11 @@ HAMI_RESOURCE_MEMORY = "nvidia.com/gpumem"
 
 HAMI_RESOURCE_CORES = "nvidia.com/gpucores"
 """HAMi ``resourceCores``: share of the GPU's SMs per vGPU, in percent (100 = whole GPU)."""
+
+HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
+"""HAMi Pod annotation: comma-separated GPU types; HAMi's scheduler only uses a GPU whose type contains one of them,
+ignoring case (``checkGPUtype`` in HAMi's ``pkg/device/nvidia/device.go``, v2.x: ``strings.Contains`` of the upper-cased
+type and entry; entries split on ``,`` and not trimmed)."""
 
 RUN_AS_USER = 1000
 """UID of the session container: ``jovyan`` in the Jupyter Docker Stacks images (never root)."""
@@ -153,6 +159,9 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
       seccomp, no service-account token mounted, no service links;
     * each ``spec.volumes`` entry mounted at its ``mountPath`` from pod volume ``vol-<name>``
       (``persistentVolumeClaim.claimName``; see ``session_pvc``, ``pod_volume_name``);
+    * with ``spec.gpuModels``, the annotation ``nvidia.com/use-gputype: <models joined by ",">`` so HAMi's scheduler
+      only gives it GPUs of those models (the models are the fleet's names, HAMi's types without their ``NVIDIA-``
+      prefix, so each is contained in its own type);
     * labels ``session_labels``; owned by the GShareSession (``session_owner_reference``).
     """
     spec = _spec(gss)
@@ -205,7 +214,11 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
             {"name": pod_volume_name(volume["name"]), "persistentVolumeClaim": {"claimName": volume["claimName"]}}
             for volume in volumes
         ]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": session_metadata(gss), "spec": pod_spec}
+    metadata = session_metadata(gss)
+    models = [str(model) for model in spec.get("gpuModels") or []]
+    if models:
+        metadata["annotations"] = {HAMI_USE_GPUTYPE: ",".join(models)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 def session_volumes(gss: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -322,3 +322,34 @@ def test_crd_schema_requires_every_volume_field():
         body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": with_volumes([volume])["spec"]}
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(body, crd_schema())
+
+
+# --------------------------------------------------------------------------- GPU models (HAMi nvidia.com/use-gputype)
+
+
+def with_models(models) -> dict:
+    gss = copy.deepcopy(GSS)
+    gss["spec"]["gpuModels"] = list(models)
+    return gss
+
+
+def test_pod_with_gpu_models_carries_hamis_use_gputype_annotation():
+    pod = session_pod(with_models(["NVIDIA H100 80GB HBM3", "NVIDIA H100-SXM5-80GB"]))
+    assert pod["metadata"]["annotations"] == {"nvidia.com/use-gputype": "NVIDIA H100 80GB HBM3,NVIDIA H100-SXM5-80GB"}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    jsonschema.validate({k: v for k, v in with_models(["NVIDIA H100 80GB HBM3"]).items() if k != "metadata"}, crd_schema())
+
+
+@pytest.mark.parametrize("models", [None, []], ids=["absent", "empty"])
+def test_pod_without_gpu_models_has_no_annotation(models):
+    gss = copy.deepcopy(GSS)
+    if models is not None:
+        gss["spec"]["gpuModels"] = models
+    assert "annotations" not in session_pod(gss)["metadata"]
+
+
+@pytest.mark.parametrize("models", [["a,b"], [""], ["x" * 129], [1], "H100"], ids=["comma", "empty", "long", "number", "string"])
+def test_crd_schema_refuses_bad_gpu_models(models):
+    body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": {**GSS["spec"], "gpuModels": models}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, crd_schema())
