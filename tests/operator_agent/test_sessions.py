@@ -311,6 +311,18 @@ def test_session_lifecycle(cluster, control_plane, start_operator):
     assert terminated["observed_at"] > running["observed_at"]
 
 
+def test_gpu_models_reach_hami_and_the_emulated_scheduler_honours_them(cluster, control_plane, start_operator):
+    """``spec.gpuModels`` becomes HAMi's ``nvidia.com/use-gputype`` on the pod; lab-c1's HAMi (emulated) then passes
+    over gpu-h100-01, the node it picks otherwise, for the V100 node."""
+    start_operator(cluster)
+    session_id, name = "ses_gpumodels0000001", "ses-gpumodels0000001"
+    apply_session(cluster, gshare_session(session_id, gpuModels=["Tesla V100-PCIE-32GB"]))
+    pod = wait_for(what="the pod", check=lambda: children(cluster, name)[0])
+    assert pod["metadata"]["annotations"]["nvidia.com/use-gputype"] == "Tesla V100-PCIE-32GB"
+    wait_for(what="a Running report", check=lambda: "Running" in control_plane.phases(session_id))
+    assert control_plane.reports(session_id)[-1]["node"] == "gpu-v100-01"
+
+
 def test_deleted_pod_fails_the_session_and_is_not_recreated(cluster, control_plane, start_operator):
     start_operator(cluster)
     session_id, name = "ses_podgone000000001", "ses-podgone000000001"
