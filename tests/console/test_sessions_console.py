@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing import services as billing
-from billing.models import CreditAccount, LedgerEntry, Policy
+from billing.models import CreditAccount, LedgerEntry, Policy, Price
 from clusters.models import Cluster, GpuDevice
 from console.pages.sessions import selectors as console_selectors
 from sessions import placement
@@ -489,3 +489,62 @@ def test_the_bulk_stop_action_asks_for_confirmation_first(console):
     response = console.post(LIST, {**action, "post": "yes"}, follow=True)
     assert "2 session(s) stopping" in page_text(response)
     assert set(Session.objects.values_list("phase", flat=True)) == {Session.Phase.STOPPING}
+
+
+# --- GPU models on the Start session form ---------------------------------------------------------------------------
+
+def two_models() -> tuple[Cluster, Cluster]:
+    """lab-c1: 4 × H100 (the factory's model), lab-c2: 2 × Tesla T4 priced at 0.5 credits per GPU-hour."""
+    h100 = fleet(name="lab-c1")
+    t4 = ClusterFactory(name="lab-c2")
+    node = NodeFactory(cluster=t4)
+    for index in range(2):
+        GpuDeviceFactory(node=node, cluster=t4, index=index, model="Tesla T4", memory_mib=15360)
+    placement.usage_recompute(cluster_ids=[t4.pk])
+    Price.objects.update_or_create(gpu_model="Tesla T4", defaults={"credits_per_gpu_hour": Decimal("0.5")})
+    return h100, t4
+
+
+def test_start_form_offers_each_gpu_model_with_what_is_free_and_its_price(console, staff_user):
+    _, t4 = two_models()
+    SessionFactory(cluster=t4)  # a row only: what counts as taken is the reservation below
+    device = GpuDevice.objects.filter(model="Tesla T4").order_by("index").first()
+    Allocation.objects.create(session=Session.objects.get(), device=device, memory_mib=15360, cores=100, exclusive=True)
+    placement.usage_recompute(cluster_ids=[t4.pk])
+    h100 = GpuDevice.objects.filter(cluster__name="lab-c1").values_list("model", flat=True).first()
+    text = page_text(console.get(START))
+    assert f"{h100}: 4 of 4 free" in text
+    assert "Tesla T4: 1 of 2 free, 0.50 credits per GPU-hour" in text
+    assert 'name="gpu_models"' in text and "none ticked: any model" in text
+
+
+def test_start_form_places_on_the_ticked_model(console, staff_user):
+    two_models()
+    grant(staff_user)
+    response = console.post(START, start_form(gpu_models=["Tesla T4"]))
+    session = Session.objects.get()
+    assert response.status_code == 302
+    assert (session.gpu_models, session.cluster.name) == (["Tesla T4"], "lab-c2")
+
+
+def test_start_form_without_a_model_accepts_any(console, staff_user):
+    two_models()
+    grant(staff_user)
+    console.post(START, start_form())
+    assert Session.objects.get().gpu_models == []
+
+
+def test_start_form_unknown_model_is_the_apis_refusal(console, staff_user):
+    two_models()
+    grant(staff_user)
+    text = _refused(console, start_form(gpu_models=["A100"]), "gpu_model_unknown", 400, "No GPU in the fleet matches 'A100'")
+    assert "Tesla T4" in text
+
+
+@pytest.mark.parametrize("models", [["T4\x00"], ["x" * 129]])
+def test_start_form_malformed_model_is_a_form_error(console, staff_user, models):
+    two_models()
+    grant(staff_user)
+    response = console.post(START, start_form(gpu_models=models))
+    assert response.status_code == 200 and "errorlist" in response.content.decode()
+    assert Session.objects.count() == 0

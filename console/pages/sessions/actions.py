@@ -18,11 +18,13 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from console.figures import credits_display
 from console.options import service_errors
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from core.exceptions import ApplicationError
 from sessions import create, idle, lifecycle, services
+from sessions.gpu_models import MAX_GPU_MODEL_LENGTH
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_any_session, may_open_session
@@ -45,6 +47,15 @@ class _AnyVolumeIds(forms.MultipleChoiceField):
         return isinstance(value, str) and 0 < len(value) <= 64 and value.isprintable()
 
 
+class _AnyGpuModels(forms.MultipleChoiceField):
+    """The form lists the models free now, but any name posted goes to the service, which resolves it against the
+    whole fleet (``sessions.gpu_models``) and answers ``gpu_model_unknown`` for one it lacks."""
+
+    def valid_value(self, value) -> bool:
+        """Any printable name the service could read (its own checks say the rest)."""
+        return isinstance(value, str) and 0 < len(value) <= MAX_GPU_MODEL_LENGTH and value.isprintable()
+
+
 class StartSessionForm(forms.Form):
     """The Start session form: the fields of ``POST /api/v1/sessions`` and a per-form idempotency key.
 
@@ -65,6 +76,10 @@ class StartSessionForm(forms.Form):
     gpu_cores = forms.IntegerField(label="GPU cores (% of one GPU)", required=False,
                                    help_text="For a share: 1 to 100 percent of each GPU's cores, at least one HAMi slot (10 % when a GPU "
                                              "is split 10). Empty: all of them (priced as a whole GPU).")
+    gpu_models = _AnyGpuModels(
+        label="GPU model", required=False, widget=forms.CheckboxSelectMultiple,
+        help_text="The models you accept (any of those ticked); none ticked: any model. Free: GPUs with nothing on them now.",
+    )
     cluster = forms.CharField(required=False, max_length=100, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
     volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
@@ -81,6 +96,10 @@ class StartSessionForm(forms.Form):
         self.fields["gpu_cores"].widget.attrs.update({"min": 1, "max": 100})
         self.fields["cluster"].widget.choices = [("", "Automatic")] + [
             (c.public_id, f"{c.name}: {c.get_status_display().split(' (')[0].lower()}") for c in console_selectors.start_clusters()
+        ]
+        self.gpu_model_rows = console_selectors.start_gpu_models()
+        self.fields["gpu_models"].choices = [
+            (model, f"{model}: {free} of {total} free, {credits_display(price)} credits per GPU-hour") for model, free, total, price in self.gpu_model_rows
         ]
         self.fields["volumes"].choices = [
             (v.public_id, f"{v.name} ({v.quota_gb} GiB{', on ' + v.cluster.name if v.cluster_id else ''})")
@@ -103,6 +122,7 @@ class StartSessionForm(forms.Form):
         return {
             "image": data["image"], "name": data.get("name") or "", "gpus": data["gpus"], "gpu_memory_mib": data["gpu_memory_mib"],
             "gpu_cores": data["gpu_cores"], "cluster": data.get("cluster") or None, "volumes": list(data.get("volumes") or []),
+            "gpu_models": list(data.get("gpu_models") or []),
         }
 
     def start(self) -> Session | None:

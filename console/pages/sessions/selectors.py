@@ -10,8 +10,10 @@ from django.db.models import DecimalField, Exists, OuterRef, Q, QuerySet, Subque
 from django.db.models.functions import Coalesce
 
 from audit.models import AuditRecord
+from billing import pricing
 from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
 from clusters.models import Cluster
+from clusters.selectors import gpu_model_availability
 from sessions.models import Session, SuggestedImage
 from sessions.selectors import idle_sessions
 from storage.models import Volume
@@ -86,6 +88,14 @@ def start_clusters() -> list[Cluster]:
     """Clusters a session may be pinned to on the Start session form: every cluster not deregistered, by name
     (an unreachable or pending one is listed with its status, and the service refuses it with ``cluster_unavailable``)."""
     return list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name").only("public_id", "name", "status"))
+
+
+def start_gpu_models() -> list[tuple[str, int, int, Decimal]]:
+    """The GPU models the Start session form offers: per model of the clusters that take sessions, ``(model, free,
+    total, credits per GPU-hour)`` (``clusters.selectors.gpu_model_availability``: healthy GPUs on ready nodes, and
+    those with nothing reserved), by model. Two queries."""
+    prices = pricing.prices_by_model()
+    return [(model, free, total, pricing.price_for_model(model, prices)) for model, free, total in gpu_model_availability()]
 
 
 def start_volumes(*, owner) -> list[Volume]:
