@@ -117,3 +117,18 @@ def test_the_database_holds_one_session_per_owner_and_key():
     SessionFactory(idempotency_key="k")  # another owner
     with pytest.raises(IntegrityError):
         SessionFactory(owner=owner, idempotency_key="k")
+
+
+def test_gpu_models_are_part_of_the_request(http, live_cluster):
+    """Omitted and ``[]`` are one request (the fingerprint of a request without models is what it was before
+    ``gpu_models``); other models with the same key are another request; the same names in another order are not."""
+    live_cluster("lab-c1")
+    first = start(http, "key-1", gpu_models=["H100", "V100"])
+    assert first.status_code == 201, first.text
+    assert start(http, "key-1", gpu_models=["V100", "H100"]).json()["id"] == first.json()["id"]
+    for change in ({"gpu_models": ["H100"]}, {"gpu_models": []}, {}):
+        response = start(http, "key-1", **change)
+        assert response.status_code == 409 and response.json()["code"] == "idempotency_key_reused", response.text
+    assert start(http, "key-2").status_code == 201
+    assert start(http, "key-2", gpu_models=[]).status_code == 200
+    assert Session.objects.count() == 2
