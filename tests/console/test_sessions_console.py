@@ -525,6 +525,7 @@ def test_start_form_places_on_the_ticked_model(console, staff_user):
     session = Session.objects.get()
     assert response.status_code == 302
     assert (session.gpu_models, session.cluster.name) == (["Tesla T4"], "lab-c2")
+    assert "1 whole of Tesla T4" in page_text(console.get(response["Location"]))
 
 
 def test_start_form_without_a_model_accepts_any(console, staff_user):

@@ -1,7 +1,12 @@
 """GPU models on a session request: names matched to the fleet's models, placement on those only, the API's answers."""
 
+from decimal import Decimal
+
 import pytest
 
+from billing import services as billing
+from billing.exceptions import InsufficientCredits
+from billing.models import Price
 from core.exceptions import Conflict
 from sessions import create, placement
 from sessions.gpu_models import GpuModelUnknown, gpu_models_problem, gpu_models_resolve, name_matches
@@ -186,3 +191,16 @@ def test_api_no_capacity_for_the_asked_model_while_others_are_free(http, live_cl
     response = start(http, gpus=1, gpu_models=["V100"])
     assert response.status_code == 409 and response.json()["code"] == "no_capacity"
     assert start(http, gpus=1, gpu_models=["V100", "H100"]).json()["node"] == "gpu-h100-01"
+
+
+@pytest.mark.django_db
+def test_admission_prices_the_request_at_its_accepted_models(user, settings):
+    """Admission prices a request at the dearest model it could land on: only the accepted ones when it names some."""
+    settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = Decimal(1)
+    two_model_cluster()
+    Price.objects.create(gpu_model=A100, credits_per_gpu_hour=Decimal(10))
+    Price.objects.create(gpu_model=A10, credits_per_gpu_hour=Decimal(1))
+    billing.credit_grant(user=user, amount=Decimal(5), reason="test", idempotency_key="grant-1", created_by="test")
+    with pytest.raises(InsufficientCredits):
+        create.session_create(owner=user, image="img", gpus=1)
+    assert create.session_create(owner=user, image="img", gpus=1, gpu_models=["A10"]).node == "n-a10"

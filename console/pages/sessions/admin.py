@@ -359,12 +359,14 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     @admin.display(description="GPUs", ordering="gpus")
     def gpus_asked(self, obj: Session) -> str:
         """``2 whole`` or ``1 × 4000 MiB, 25% cores`` (a HAMi share of each GPU: a value left out is all of it, what
-        HAMi gives and what is reserved and priced, docs/billing.md "What a share takes")."""
+        HAMi gives and what is reserved and priced, docs/billing.md "What a share takes"), then `` of <model> or <model>``
+        when the session accepts only some GPU models."""
+        models = f" of {' or '.join(obj.gpu_models)}" if obj.gpu_models else ""
         if obj.whole_gpus:
-            return f"{obj.gpus} whole"
+            return f"{obj.gpus} whole{models}"
         memory = f"{obj.gpu_memory_mib} MiB" if obj.gpu_memory_mib is not None else "all memory"
         cores = f"{obj.gpu_cores}% cores" if obj.gpu_cores is not None else "all cores"
-        return f"{obj.gpus} × {memory}, {cores}"
+        return f"{obj.gpus} × {memory}, {cores}{models}"
 
     @admin.display(description="started", ordering="started_at")
     def started(self, obj: Session) -> str:
