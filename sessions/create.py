@@ -204,7 +204,8 @@ def _fingerprint(request: dict) -> str:
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
     if isinstance(canonical["volumes"], list | tuple):
         canonical["volumes"] = sorted(map(str, canonical["volumes"]))
-    # Only when given: a request without models keeps the fingerprint it had before models could be asked for.
+    # Only when given: a request without models fingerprints like one from a client that does not send the field, so
+    # the keys already stored for such requests keep matching their retries.
     models = request.get("gpu_models")
     if models:
         canonical["gpu_models"] = sorted(map(str, models)) if isinstance(models, list | tuple) else models

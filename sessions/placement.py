@@ -130,9 +130,9 @@ _FITS = {
     },
 }
 
-#: A request that names GPU models (``Request.models``) fits only GPUs of those models; without, the fit query is the
-#: same as before models could be asked for. The node summaries count GPUs of every model: still bounds, never
-#: stricter than the GPUs' own check.
+#: A request that names GPU models (``Request.models``) fits only GPUs of those models; one that names none gets a fit
+#: query without any model condition. The node summaries count GPUs of every model: still bounds, never stricter
+#: than the GPUs' own check.
 _MODEL_FIT = {False: "", True: " AND d.model = ANY(%(models)s::text[])"}
 
 _POLICIES = {
