@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import re
 
+from clusters.models import ClusterGpuModel, GpuDevice
 from clusters.selectors import fleet_gpu_models
 from core.exceptions import ApplicationError
 from sessions.errors import GPU_MODEL_UNKNOWN
+
+#: What HAMi puts before a GPU's model in its device type (``NVIDIA-NVIDIA A10``): ``nvidia.com/use-gputype`` is matched
+#: against the whole type.
+HAMI_TYPE_PREFIX = "NVIDIA-"
 
 #: Most names one request may list.
 MAX_GPU_MODELS = 16
@@ -96,3 +101,27 @@ def gpu_models_resolve(names: list[str] | tuple[str, ...], *, fleet: list[str] |
             extra={"unknown": unknown, "available": list(fleet)},
         )
     return sorted(resolved)
+
+
+def gpu_models_overmatched(accepted: list[str], models: list[str]) -> list[str]:
+    """The models among ``models`` that are not ``accepted`` but that HAMi's ``nvidia.com/use-gputype`` listing the
+    ``accepted`` ones would still give: HAMi takes a GPU whose type contains an entry, ignoring case, so ``NVIDIA A10``
+    also admits ``NVIDIA A100-PCIE-40GB`` (``operator_agent.manifests.session.HAMI_USE_GPUTYPE``). Sorted."""
+    wanted = set(accepted)
+    return sorted(
+        model for model in set(models) - wanted
+        if any(name.upper() in (HAMI_TYPE_PREFIX + model).upper() for name in wanted)
+    )
+
+
+def hami_gpu_uuids(*, cluster_id: int, models: list[str]) -> list[str]:
+    """The GPUs (UUIDs, sorted) of ``cluster_id`` that HAMi must be limited to for a session accepting ``models``, or
+    ``[]`` when its type annotation alone is exact there: when another model of the cluster contains an accepted name
+    (``gpu_models_overmatched``), every GPU of the accepted models on the cluster, for HAMi's ``nvidia.com/use-gpuuuid``
+    (an exact match). One query, two when the GPUs are needed; none for ``models`` empty."""
+    if not models:
+        return []
+    present = list(ClusterGpuModel.objects.filter(cluster_id=cluster_id).values_list("model", flat=True))
+    if not gpu_models_overmatched(models, present):
+        return []
+    return list(GpuDevice.objects.filter(cluster_id=cluster_id, model__in=models).order_by("uuid").values_list("uuid", flat=True))

@@ -85,8 +85,9 @@ def share_gpu_limits(session) -> dict:
     return limits
 
 
-def gshare_session_manifest(session) -> dict:
-    """Build the GShareSession object for ``session`` (with its cluster, owner and volumes' pools loaded).
+def gshare_session_manifest(session, *, gpu_uuids: list[str] | None = None) -> dict:
+    """Build the GShareSession object for ``session`` (with its cluster, owner and volumes' pools loaded); ``gpu_uuids``
+    (``sessions.gpu_models.hami_gpu_uuids``), when not empty, becomes ``spec.gpuUuids``: the only GPUs HAMi may give it.
 
     Returns:
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
@@ -114,6 +115,8 @@ def gshare_session_manifest(session) -> dict:
     spec.update(share_gpu_limits(session))
     if session.gpu_models:
         spec["gpuModels"] = list(session.gpu_models)
+    if gpu_uuids:
+        spec["gpuUuids"] = list(gpu_uuids)
     volumes = session_volumes_spec(session.volumes.all()) if session.pk is not None else []
     if volumes:
         spec["volumes"] = volumes

@@ -48,6 +48,7 @@ __all__ = [
     "HAMI_RESOURCE_GPU",
     "HAMI_RESOURCE_MEMORY",
     "HAMI_USE_GPUTYPE",
+    "HAMI_USE_GPUUUID",
     "MANAGED_BY",
     "MANAGED_BY_LABEL",
     "PORT_NAME",
@@ -95,6 +96,9 @@ HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
 """HAMi Pod annotation: comma-separated GPU types; HAMi's scheduler only uses a GPU whose type contains one of them,
 ignoring case (``checkGPUtype`` in HAMi's ``pkg/device/nvidia/device.go``, v2.x: ``strings.Contains`` of the upper-cased
 type and entry; entries split on ``,`` and not trimmed)."""
+
+HAMI_USE_GPUUUID = "nvidia.com/use-gpuuuid"
+"""HAMi Pod annotation: comma-separated GPU UUIDs; HAMi's scheduler only uses a GPU whose UUID is one of them (exact)."""
 
 RUN_AS_USER = 1000
 """UID of the session container: ``jovyan`` in the Jupyter Docker Stacks images (never root)."""
@@ -161,7 +165,9 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
       (``persistentVolumeClaim.claimName``; see ``session_pvc``, ``pod_volume_name``);
     * with ``spec.gpuModels``, the annotation ``nvidia.com/use-gputype: <models joined by ",">`` so HAMi's scheduler
       only gives it GPUs of those models (the models are the fleet's names, HAMi's types without their ``NVIDIA-``
-      prefix, so each is contained in its own type);
+      prefix, so each is contained in its own type); with ``spec.gpuUuids`` also ``nvidia.com/use-gpuuuid: <UUIDs joined
+      by ",">``, the exact GPUs of those models, sent when a model of the cluster contains an accepted name (the type
+      annotation matches by substring: ``NVIDIA A10`` is in ``NVIDIA A100-PCIE-40GB``);
     * labels ``session_labels``; owned by the GShareSession (``session_owner_reference``).
     """
     spec = _spec(gss)
@@ -218,6 +224,9 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
     models = [str(model) for model in spec.get("gpuModels") or []]
     if models:
         metadata["annotations"] = {HAMI_USE_GPUTYPE: ",".join(models)}
+        uuids = [str(uuid) for uuid in spec.get("gpuUuids") or []]
+        if uuids:
+            metadata["annotations"][HAMI_USE_GPUUUID] = ",".join(uuids)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

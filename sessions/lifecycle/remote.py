@@ -11,6 +11,7 @@ from clusters.models import Cluster
 from clusters.routing_mode import routing_key
 from kube import KubeGateway, KubeRefused, KubeUnavailable
 from kube.gateway import GSHARE_SESSIONS
+from sessions.gpu_models import hami_gpu_uuids
 from sessions.manifests import gshare_session_manifest
 from sessions.models import Session
 from storage.models import Volume
@@ -48,7 +49,7 @@ def gshare_session_apply(session: Session) -> tuple[str, str, str]:
         KubeconfigError: the cluster's stored kubeconfig is unusable.
     """
     applied = routing_key(session.cluster)
-    manifest = gshare_session_manifest(session)
+    manifest = gshare_session_manifest(session, gpu_uuids=hami_gpu_uuids(cluster_id=session.cluster_id, models=session.gpu_models))
     with _gateway(session.cluster) as kube:
         kube.apply(manifest)
     return applied

@@ -340,6 +340,21 @@ def test_pod_with_gpu_models_carries_hamis_use_gputype_annotation():
     jsonschema.validate({k: v for k, v in with_models(["NVIDIA H100 80GB HBM3"]).items() if k != "metadata"}, crd_schema())
 
 
+def test_pod_with_gpu_uuids_is_limited_to_those_gpus_exactly():
+    """HAMi matches ``use-gputype`` by substring (``NVIDIA A10`` is in ``NVIDIA A100-PCIE-40GB``): ``spec.gpuUuids``,
+    sent for such clusters, adds ``use-gpuuuid``, an exact match."""
+    gss = with_models(["NVIDIA A10"])
+    gss["spec"]["gpuUuids"] = ["GPU-a10-0", "GPU-a10-1"]
+    pod = session_pod(gss)
+    assert pod["metadata"]["annotations"] == {"nvidia.com/use-gputype": "NVIDIA A10", "nvidia.com/use-gpuuuid": "GPU-a10-0,GPU-a10-1"}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    jsonschema.validate({k: v for k, v in gss.items() if k != "metadata"}, crd_schema())
+    for bad in (["GPU-1,GPU-2"], [""], "GPU-1"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**{k: v for k, v in gss.items() if k != "metadata"}, "spec": {**gss["spec"], "gpuUuids": bad}},
+                                crd_schema())
+
+
 @pytest.mark.parametrize("models", [None, []], ids=["absent", "empty"])
 def test_pod_without_gpu_models_has_no_annotation(models):
     gss = copy.deepcopy(GSS)

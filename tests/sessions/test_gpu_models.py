@@ -7,9 +7,13 @@ import pytest
 from billing import services as billing
 from billing.exceptions import InsufficientCredits
 from billing.models import Price
+from clusters.models import GpuDevice
 from core.exceptions import Conflict
+from operator_agent.manifests.session import session_pod
 from sessions import create, placement
-from sessions.gpu_models import GpuModelUnknown, gpu_models_problem, gpu_models_resolve, name_matches
+from sessions.gpu_models import GpuModelUnknown, gpu_models_overmatched, gpu_models_problem, gpu_models_resolve, hami_gpu_uuids, name_matches
+from sessions.lifecycle.remote import session_for_apply
+from sessions.manifests import gshare_session_manifest
 from sessions.models import Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 
@@ -204,3 +208,55 @@ def test_admission_prices_the_request_at_its_accepted_models(user, settings):
     with pytest.raises(InsufficientCredits):
         create.session_create(owner=user, image="img", gpus=1)
     assert create.session_create(owner=user, image="img", gpus=1, gpu_models=["A10"]).node == "n-a10"
+
+
+# --------------------------------------------------------------------------- HAMi's substring match on the cluster
+
+
+def hami_admits(annotations: dict, model: str, uuid: str) -> bool:
+    """HAMi v2.x's ``checkGPUtype`` (an entry contained in the upper-cased type ``NVIDIA-<model>``; with
+    ``use-gputype`` set, ``nouse-gputype`` is not read) and ``CheckUUID`` (exact) for one GPU."""
+    device_type = f"NVIDIA-{model}".upper()
+    types = annotations.get("nvidia.com/use-gputype")
+    if types is not None and not any(entry.upper() in device_type for entry in types.split(",")):
+        return False
+    uuids = annotations.get("nvidia.com/use-gpuuuid")
+    return uuids is None or uuid in uuids.split(",")
+
+
+@pytest.mark.parametrize(
+    ("accepted", "models", "over"),
+    [([A10], [A10, A100], [A100]), (["NVIDIA L4"], ["NVIDIA L4", "NVIDIA L40S"], ["NVIDIA L40S"]), ([A100], [A10, A100], []),
+     ([A10, A100], [A10, A100], []), ([H100], [H100, "NVIDIA H100-SXM5-80GB"], []), ([A10], [A10], [])],
+)
+def test_models_hamis_type_annotation_would_also_give(accepted, models, over):
+    assert gpu_models_overmatched(accepted, models) == over
+
+
+@pytest.mark.django_db
+def test_an_a10_session_on_a_node_pool_with_a100s_is_pinned_to_the_a10s_on_the_cluster(user, django_assert_num_queries):
+    """Placement reserves an A10 and prices it as one, but HAMi's ``use-gputype: NVIDIA A10`` alone also takes the
+    dearer A100s: the GShareSession then lists the A10s' UUIDs, which the pod carries as ``use-gpuuuid``."""
+    cluster = two_model_cluster()
+    session = create.session_create(owner=user, image="img", gpus=1, gpu_models=["A10"])
+    with django_assert_num_queries(2):
+        uuids = hami_gpu_uuids(cluster_id=cluster.pk, models=session.gpu_models)
+    gpus = list(GpuDevice.objects.filter(cluster=cluster).values_list("model", "uuid"))
+    assert uuids == sorted(uuid for model, uuid in gpus if model == A10) and len(uuids) == 2
+    manifest = gshare_session_manifest(session_for_apply(session.pk), gpu_uuids=uuids)
+    assert manifest["spec"]["gpuUuids"] == uuids
+    annotations = session_pod({**manifest, "metadata": {**manifest["metadata"], "uid": "u-1"}})["metadata"]["annotations"]
+    assert {model for model, uuid in gpus if hami_admits(annotations, model, uuid)} == {A10}
+    # Without the UUIDs HAMi would also take the A100s: the hazard this guards against.
+    assert {model for model, uuid in gpus if hami_admits({"nvidia.com/use-gputype": A10}, model, uuid)} == {A10, A100}
+
+
+@pytest.mark.django_db
+def test_a_session_whose_models_no_other_model_contains_needs_no_uuids(user, django_assert_num_queries):
+    cluster = two_model_cluster()
+    with django_assert_num_queries(1):
+        assert hami_gpu_uuids(cluster_id=cluster.pk, models=[A100]) == []
+    with django_assert_num_queries(0):
+        assert hami_gpu_uuids(cluster_id=cluster.pk, models=[]) == []
+    session = create.session_create(owner=user, image="img", gpus=1, gpu_models=["A100"])
+    assert "gpuUuids" not in gshare_session_manifest(session_for_apply(session.pk))["spec"]
