@@ -8,6 +8,7 @@ from billing import services as billing
 from billing.exceptions import InsufficientCredits
 from billing.models import Price
 from clusters.models import GpuDevice
+from console.pages.sessions.actions import StartSessionForm
 from core.exceptions import Conflict
 from operator_agent.manifests.session import session_pod
 from sessions import create, placement
@@ -260,3 +261,63 @@ def test_a_session_whose_models_no_other_model_contains_needs_no_uuids(user, dja
         assert hami_gpu_uuids(cluster_id=cluster.pk, models=[]) == []
     session = create.session_create(owner=user, image="img", gpus=1, gpu_models=["A100"])
     assert "gpuUuids" not in gshare_session_manifest(session_for_apply(session.pk))["spec"]
+
+
+# --------------------------------------------------------------------------- hostile names, races, the console form
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("A10,A100", None), ("NVIDIA A10,NVIDIA A100-SXM4-80GB", None), ("A10\u2028A100", "malformed"), ("A\u200b10", "malformed"),
+     ("ß", "malformed"), ("ﬀ", "malformed"), ("Ａ10", None), ("A10'; --", [A10]), ("nvidia a10", [A10]), ("NVIDIA A10 " * 3, None),
+     ("NVIDIA*", [A10, A100, H100]), ("%", "malformed")],
+)
+def test_a_hostile_name_resolves_to_fleet_models_only(name, expected):
+    """The annotation carries the resolved fleet names, never the asked text: a comma, a control or zero-width
+    character, a ligature or a full-width letter never joins two models or reaches another model's name (``None``:
+    ``gpu_model_unknown``)."""
+    if expected == "malformed":
+        assert gpu_models_problem([name])
+        return
+    assert gpu_models_problem([name]) is None
+    if expected is None:
+        with pytest.raises(GpuModelUnknown):
+            gpu_models_resolve([name], fleet=[A10, A100, H100])
+    else:
+        assert gpu_models_resolve([name], fleet=[A10, A100, H100]) == expected
+
+
+@pytest.mark.django_db
+def test_a_model_gone_between_resolve_and_placement_is_no_capacity_and_creates_nothing(user, monkeypatch):
+    """The A10 node leaves after the names were resolved (no lock between): placement finds no A10 and answers
+    ``no_capacity``, never an A100."""
+    cluster = two_model_cluster()
+    fleet = ["NVIDIA A10", A100]
+
+    def fleet_then_gone():
+        GpuDevice.objects.filter(cluster=cluster, model=A10).delete()
+        placement.usage_recompute(cluster_ids=[cluster.pk])
+        return fleet
+
+    monkeypatch.setattr("sessions.gpu_models.fleet_gpu_models", fleet_then_gone)
+    with pytest.raises(Conflict) as info:
+        create.session_create(owner=user, image="img", gpus=1, gpu_models=["A10"])
+    assert info.value.code == "no_capacity"
+    assert Session.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("models", "code"), [(["A10"] * 300, "invalid_request"), (["H100"], "gpu_model_unknown"),
+                                               (["x" * 129], None)])
+def test_console_form_with_forged_models_is_refused_and_creates_nothing(user, models, code):
+    """A forged POST (hundreds of values, a model the fleet lacks, a name too long) gets the service's refusal or a
+    field error, never a session."""
+    two_model_cluster()
+    form = StartSessionForm(data={"image": "img", "gpus": 1, "share": "whole", "gpu_models": models, "idempotency_key": "k-1"},
+                            owner=user)
+    assert form.start() is None
+    if code is None:
+        assert "gpu_models" in form.errors
+    else:
+        assert form.refusal is not None and form.refusal.code == code
+    assert Session.objects.count() == 0
