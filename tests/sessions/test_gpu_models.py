@@ -321,3 +321,12 @@ def test_console_form_with_forged_models_is_refused_and_creates_nothing(user, mo
     else:
         assert form.refusal is not None and form.refusal.code == code
     assert Session.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_resolving_reads_the_fleets_models_in_one_query_and_none_for_any_model(django_assert_num_queries):
+    two_model_cluster()
+    with django_assert_num_queries(1):
+        assert gpu_models_resolve(["A10", "a100", "NVIDIA"] * 5) == [A10, A100]
+    with django_assert_num_queries(0):
+        assert gpu_models_resolve([]) == []
