@@ -330,3 +330,16 @@ def test_resolving_reads_the_fleets_models_in_one_query_and_none_for_any_model(d
         assert gpu_models_resolve(["A10", "a100", "NVIDIA"] * 5) == [A10, A100]
     with django_assert_num_queries(0):
         assert gpu_models_resolve([]) == []
+
+
+@pytest.mark.django_db
+def test_admission_prices_several_accepted_models_at_the_dearest(user, settings):
+    """Accepting a cheap and a dear model is priced as the dear one, even while the cheap one has room."""
+    settings.GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS = Decimal(1)
+    two_model_cluster()
+    Price.objects.create(gpu_model=A100, credits_per_gpu_hour=Decimal(10))
+    Price.objects.create(gpu_model=A10, credits_per_gpu_hour=Decimal(1))
+    billing.credit_grant(user=user, amount=Decimal(5), reason="test", idempotency_key="grant-1", created_by="test")
+    with pytest.raises(InsufficientCredits):
+        create.session_create(owner=user, image="img", gpus=1, gpu_models=["A10", "A100"])
+    assert Session.objects.count() == 0
