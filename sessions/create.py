@@ -14,6 +14,7 @@ import time
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from audit.services import Action, audit_record, created
 from billing import admission
@@ -26,7 +27,7 @@ from core import instruments
 from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.prepared import statement_cursor
-from sessions import placement, selectors
+from sessions import placement, runtime, selectors
 from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED, VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from sessions.lifecycle import outbox
 from sessions.models import Session
@@ -92,6 +93,7 @@ def session_create(
     cluster: str | None = None,
     name: str = "",
     volumes: list[str] | None = None,
+    runtime_hours=None,
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
@@ -128,12 +130,15 @@ def session_create(
         name: free label.
         volumes: ids (``vol_...``) of the owner's volumes to mount at ``/data/<volume name>`` (at most
             ``placement.MAX_VOLUMES``, each once).
+        runtime_hours: how long the session may hold its GPUs, decimal hours from now (``sessions.runtime.hours_parse``),
+            at most the policy's ``max_runtime_hours``; None: that maximum (no limit when it is 0). Sets ``ends_at``.
 
     Returns:
         The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
 
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
+        RuntimeOverLimit: 400 ``runtime_over_limit``: ``runtime_hours`` over the policy's ``max_runtime_hours``.
         InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
         QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
         ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
@@ -148,7 +153,7 @@ def session_create(
             attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
-                   name=name, volumes=volumes)[0]
+                   name=name, volumes=volumes, runtime_hours=runtime_hours)[0]
 
 
 def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
@@ -191,6 +196,8 @@ def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tupl
 def _fingerprint(request: dict) -> str:
     """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
+    if request.get("runtime_hours") is not None:  # only when asked: the fingerprints of requests without it stay as they were
+        canonical["runtime_hours"] = str(request["runtime_hours"])
     if isinstance(canonical["volumes"], list | tuple):
         canonical["volumes"] = sorted(map(str, canonical["volumes"]))
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
@@ -239,11 +246,13 @@ def _create(
     cluster: str | None = None,
     name: str = "",
     volumes: list[str] | None = None,
+    runtime_hours=None,
     idempotency: tuple[str, str] | None = None,
 ) -> tuple[Session, bool]:
     """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
     volumes = list(volumes or [])
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes)
+    hours = None if runtime_hours is None else runtime.hours_parse(runtime_hours)
     pinned = _pinned_cluster(cluster) if cluster else None
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores)
     for _ in range(PLACEMENT_ATTEMPTS):
@@ -255,7 +264,7 @@ def _create(
             # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
             with transaction.atomic():
                 session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
-                                            allowed=allowed, idempotency=idempotency)
+                                            allowed=allowed, idempotency=idempotency, hours=hours)
         except _Raced:
             continue
         if created:
@@ -269,9 +278,10 @@ def _create(
 
 
 def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
-             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None, hours=None) -> tuple[Session, bool]:
     """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
-    ``allowed`` (``placement.volume_clusters``; None: any). Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
+    ``allowed`` (``placement.volume_clusters``; None: any), for ``hours`` (None: the policy's maximum). Raises ``_Raced``
+    when the chosen capacity was taken meanwhile."""
     gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
     # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
     account = admission.account_lock(user=owner)
@@ -284,6 +294,9 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None),
                                      ended_phases=Session.TERMINAL_PHASES)
     policy = state.policy
+    # The time limit counts from the reservation (now): billing holds the GPUs from then (sessions.runtime).
+    reserved_at = timezone.now()
+    ends_at = runtime.runtime_ends_at(policy=policy, start=reserved_at, hours=hours)
     try:
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
     except ClusterNotAllowed:
@@ -336,6 +349,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         cluster_id=cluster_id,
         node=choice.node_name if node_id is not None else "",
         phase=Session.Phase.SCHEDULED,
+        ends_at=ends_at,
         idempotency_key=idempotency[0] if idempotency else "",
         request_fingerprint=idempotency[1] if idempotency else "",
     )
@@ -380,7 +394,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
-        "volumes": [v.public_id for v in mounted],
+        "volumes": [v.public_id for v in mounted], "ends_at": ends_at,
     }), details={"owner": owner.get_username()})
     outbox.publish_after_commit(outbox.APPLY, session.pk)
     transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)

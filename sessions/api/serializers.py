@@ -11,7 +11,7 @@ from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
 from core.api.fields import StrictIntegerField
 from sessions import activity as session_activity
-from sessions import idle, selectors
+from sessions import idle, runtime, selectors
 from sessions.manifests import session_url
 from sessions.models import Session
 
@@ -29,6 +29,22 @@ class SessionCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=64), required=False, default=list,
         help_text="Ids (vol_...) of your volumes to mount at /data/<volume name>, at most 8; a volume already on a cluster keeps the session there",
     )
+    runtime_hours = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="How long the session may hold its GPUs, hours from now (a number or decimal string, more than 0, at most 2 decimal "
+                  "places and at most your policy's max_runtime_hours; omitted: that maximum). Sets ends_at.",
+    )
+
+    def validate(self, attrs):  # noqa: D102
+        if attrs.get("runtime_hours") is None:
+            attrs.pop("runtime_hours", None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
+        return attrs
+
+
+class ExtendSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/sessions/{id}/extend``."""
+
+    hours = serializers.JSONField(help_text="Hours to add to ends_at (a number or decimal string, more than 0, at most 2 decimal places)")
 
 
 class _SessionListSerializer(serializers.ListSerializer):
@@ -67,6 +83,7 @@ class SessionSerializer(serializers.ModelSerializer):
     activity = serializers.SerializerMethodField()
     credits_per_hour = serializers.SerializerMethodField()
     share = serializers.SerializerMethodField()
+    ends_soon = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -74,7 +91,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon",
         ]
         read_only_fields = fields
 
@@ -105,6 +122,15 @@ class SessionSerializer(serializers.ModelSerializer):
                 connected = session_activity.last_connection(row, self._pending(obj), obj.public_id)
                 cache[obj.pk] = idle.idle_status(session=obj, row=row, policy=policy, connected=connected, now=timezone.now())
         return cache[obj.pk]
+
+    def get_ends_soon(self, obj: Session) -> bool:
+        """True while the time limit's warning runs: the session is live, not stopping, and ``ends_at`` is within its owner's policy's
+        ``runtime_warning_minutes`` (``sessions.runtime.runtime_warning``); it is stopped at ``ends_at`` unless extended."""
+        if obj.ends_at is None or not obj.offers_stop:
+            return False
+        policies = self.context.get("policies") or {}
+        policy = policies.get(obj.owner_id) or admission.policy_for(obj.owner)
+        return runtime.runtime_warning(session=obj, policy=policy, now=timezone.now())
 
     def get_idle_since(self, obj: Session) -> str | None:
         """While the idle policy's warning runs: since when its GPUs ran no kernel (or, while connections count, nobody
