@@ -1,8 +1,8 @@
-"""The console's session pages beyond the list: the Start session form, Open, Stop, and the live status the
+"""The console's session pages beyond the list: the Start session form, Open, Stop, Extend, and the live status the
 session page follows (``SessionAdmin.get_urls`` in ``console/pages/sessions/admin.py`` routes them).
 
 Every one of them calls the same service as the API (``session_create_idempotent``, ``session_connect``,
-``session_stop``); a refusal (``ApplicationError``) is shown with the API's ``code`` and sentence, never a 500.
+``session_stop``, ``session_extend``); a refusal (``ApplicationError``) is shown with the API's ``code`` and sentence, never a 500.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from billing import admission
 from console.options import service_errors
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from core.exceptions import ApplicationError
-from sessions import create, idle, lifecycle, services
+from sessions import create, idle, lifecycle, runtime, services
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_any_session, may_open_session
@@ -315,3 +316,33 @@ def idle_exemption_view(admin, request, object_id: str):
         "list_title": admin.list_title(request),
     }
     return TemplateResponse(request, "admin/gpu_sessions/session/idle_exemption.html", context)
+
+
+def may_extend(user, session: Session) -> bool:
+    """Whether the session page offers ``user`` the Extend form: a live session, not stopping, with a time limit, and
+    its owner or a user who may open any session (``sessions.runtime.session_extend``'s own rule)."""
+    return session.offers_stop and session.ends_at is not None and (session.owner_id == user.pk or may_open_any_session(user))
+
+
+def time_limit_view(session: Session, *, user, now: datetime) -> dict | None:
+    """What the session page's Time limit section shows, or None for a session without one or no longer live:
+    ``ends_at`` (UTC text), ``warning`` (the policy's ``runtime_warning_minutes`` before it, as the API's
+    ``ends_soon``), ``max_hours`` (the owner's ``max_runtime_hours``), ``can_extend``, ``staff`` (extends past the policy)."""
+    if session.ends_at is None or not session.offers_stop:
+        return None
+    policy = admission.policy_for(session.owner)
+    return {"ends_at": utc(session.ends_at), "warning": runtime.runtime_warning(session=session, policy=policy, now=now),
+            "max_hours": policy.max_runtime_hours, "can_extend": may_extend(user, session), "staff": may_open_any_session(user)}
+
+
+def extend_view(admin, request, object_id: str):
+    """POST ``<session>/extend/`` with ``hours``: ``session_extend`` (audited), then back to the session's page with its
+    new end, or with the service's refusal (its code and sentence) as an error message."""
+    session = _session_or_404(admin, request, object_id)
+    try:
+        session = runtime.session_extend(session=session, user=request.user, hours=request.POST.get("hours", ""))
+    except ApplicationError as exc:
+        admin.message_user(request, f"Cannot extend {session.public_id} ({exc.code}): {exc.console_detail}", messages.ERROR)
+        return _back(request, session, admin)
+    admin.message_user(request, f"Session {session.public_id} now ends at {utc(session.ends_at)}.", messages.SUCCESS)
+    return _back(request, session, admin)
