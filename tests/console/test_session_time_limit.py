@@ -35,7 +35,7 @@ def frozen():
 def running():
     """bob's Running session on lab-c1, reserved now with a 10-hour limit (his policy allows 24)."""
     bob = UserFactory(username="bob")
-    policy_set(user=bob, max_runtime_hours=Decimal(24), runtime_warning_minutes=15)
+    policy_set(user=bob, min_balance_hours=Decimal(0), max_runtime_hours=Decimal(24), runtime_warning_minutes=15)
     session = SessionFactory(owner=bob, cluster=ClusterFactory(name="lab-c1"), started_at=NOW)
     Session.objects.filter(pk=session.pk).update(created_at=NOW, ends_at=NOW + 10 * HOUR)
     return Session.objects.get(pk=session.pk)
@@ -110,3 +110,50 @@ def test_an_ended_or_unlimited_session_shows_no_section(client, running):
     Session.objects.filter(pk=running.pk).update(ends_at=NOW + HOUR, phase="Terminated", stop_reason="time_limit")
     text = page(client, running)
     assert 'id="gs-time-limit"' not in text and "time limit reached" in text and "2026-12-01 13:00:00 UTC" in text
+
+
+# --- the Start session form -------------------------------------------------------------------------------------------
+
+START = "/gpu_sessions/session/start/"
+
+
+def _start_data(**fields) -> dict:
+    return {"image": "quay.io/jupyter/base-notebook", "name": "", "gpus": "1", "share": "whole", "gpu_memory_mib": "", "gpu_cores": "",
+            "cluster": "", "idempotency_key": f"key-{len(fields)}-{sorted(fields.items())}"[:150], **fields}
+
+
+@pytest.fixture
+def bobs_fleet(running):
+    from sessions import placement
+    from tests.factories import GpuDeviceFactory, NodeFactory
+
+    node = NodeFactory(cluster=running.cluster)
+    for index in range(4):
+        GpuDeviceFactory(node=node, cluster=running.cluster, index=index)
+    placement.usage_recompute(cluster_ids=[running.cluster.pk])
+    return running.owner
+
+
+def test_the_start_form_offers_the_policys_limit_and_sets_ends_at(client, bobs_fleet, monkeypatch):
+    from sessions.lifecycle import outbox
+
+    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
+    client.force_login(bobs_fleet)
+    text = page_text(client.get(START))
+    assert 'name="runtime_hours"' in text and 'value="24"' in text and "at most 24 hours (your limit)" in text
+    response = client.post(START, _start_data(runtime_hours="2.5"))
+    assert response.status_code == 302
+    session = Session.objects.filter(owner=bobs_fleet).latest("pk")
+    assert session.ends_at == NOW + 2.5 * HOUR
+    assert client.post(START, _start_data(runtime_hours="")).status_code == 302
+    assert Session.objects.filter(owner=bobs_fleet).latest("pk").ends_at == NOW + 24 * HOUR
+
+
+@pytest.mark.parametrize(("hours", "code"), [("30", "runtime_over_limit"), ("NaN", "invalid_request"), ("-1", "invalid_request"),
+                                             ("1e400", "invalid_request"), ("0.001", "invalid_request"), ("x" * 32, "invalid_request")])
+def test_the_start_form_shows_the_services_refusal(client, bobs_fleet, hours, code):
+    client.force_login(bobs_fleet)
+    before = Session.objects.count()
+    response = client.post(START, _start_data(runtime_hours=hours))
+    assert response.status_code == 200 and f'<code class="gs-refusal-code">{code}</code>' in response.content.decode()
+    assert Session.objects.count() == before

@@ -68,6 +68,9 @@ class StartSessionForm(forms.Form):
                                              "is split 10). Empty: all of them (priced as a whole GPU).")
     cluster = forms.CharField(required=False, max_length=100, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
     volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
+    # Text, not a DecimalField: the service checks the hours (sessions.runtime.hours_parse), so its refusal and code show.
+    runtime_hours = forms.CharField(label="Time limit (hours)", required=False, max_length=32,
+                                    widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
 
     def __init__(self, *args, owner, **kwargs):
@@ -87,8 +90,15 @@ class StartSessionForm(forms.Form):
             (v.public_id, f"{v.name} ({v.quota_gb} GiB{', on ' + v.cluster.name if v.cluster_id else ''})")
             for v in console_selectors.start_volumes(owner=owner)
         ]
+        limit = admission.policy_for(owner).max_runtime_hours
+        self.fields["runtime_hours"].help_text = (
+            f"How long the session may hold its GPUs, from now: at most {limit.normalize():f} hours (your limit); empty: all of it. "
+            "You are warned before the end and may extend it up to your limit." if limit else
+            "How long the session may hold its GPUs, from now. Empty: no limit (your policy sets none).")
         if not self.is_bound:
             self.initial.setdefault("idempotency_key", uuid.uuid4().hex)
+            if limit:
+                self.initial.setdefault("runtime_hours", f"{limit.normalize():f}")
 
     def clean(self):  # noqa: D102
         data = super().clean()
@@ -104,6 +114,7 @@ class StartSessionForm(forms.Form):
         return {
             "image": data["image"], "name": data.get("name") or "", "gpus": data["gpus"], "gpu_memory_mib": data["gpu_memory_mib"],
             "gpu_cores": data["gpu_cores"], "cluster": data.get("cluster") or None, "volumes": list(data.get("volumes") or []),
+            "runtime_hours": (data.get("runtime_hours") or "").strip() or None,
         }
 
     def start(self) -> Session | None:
