@@ -197,10 +197,19 @@ def _fingerprint(request: dict) -> str:
     """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
     if request.get("runtime_hours") is not None:  # only when asked: the fingerprints of requests without it stay as they were
-        canonical["runtime_hours"] = str(request["runtime_hours"])
+        canonical["runtime_hours"] = _hours_text(request["runtime_hours"])
     if isinstance(canonical["volumes"], list | tuple):
         canonical["volumes"] = sorted(map(str, canonical["volumes"]))
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hours_text(value) -> str:
+    """``runtime_hours`` as one text for every way of writing the same hours (``2``, ``"2.0"``, ``2.00``); a value
+    ``session_create`` will refuse keeps its own text."""
+    try:
+        return format(runtime.hours_parse(value).normalize(), "f")
+    except runtime.InvalidRuntime:
+        return repr(value)
 
 
 _REQUEST_DEFAULTS = {"image": None, "gpus": None, "gpu_memory_mib": None, "gpu_cores": None, "cluster": None, "name": "", "volumes": []}

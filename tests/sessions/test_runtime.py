@@ -171,6 +171,8 @@ def test_an_idempotent_retry_must_ask_the_same_hours(alice_http):
     other = alice_http.post("/api/v1/sessions", json={"image": IMAGE, "runtime_hours": 3}, headers={"Idempotency-Key": "k1"})
     assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
     assert again.json()["id"] == first.json()["id"] and other.json()["code"] == "idempotency_key_reused"
+    written_otherwise = alice_http.post("/api/v1/sessions", json={"image": IMAGE, "runtime_hours": "2.00"}, headers={"Idempotency-Key": "k1"})
+    assert written_otherwise.status_code == 200 and written_otherwise.json()["id"] == first.json()["id"]
 
 
 # --------------------------------------------------------------------------- the warning and the stop
