@@ -14,9 +14,11 @@ from django.contrib.auth.models import Permission
 
 from audit.models import AuditRecord
 from billing.services import policy_set
+from sessions import placement
+from sessions.lifecycle import outbox
 from sessions.models import Session
 from tests.console_checks import page_text
-from tests.factories import ClusterFactory, SessionFactory, UserFactory
+from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -124,9 +126,6 @@ def _start_data(**fields) -> dict:
 
 @pytest.fixture
 def bobs_fleet(running):
-    from sessions import placement
-    from tests.factories import GpuDeviceFactory, NodeFactory
-
     node = NodeFactory(cluster=running.cluster)
     for index in range(4):
         GpuDeviceFactory(node=node, cluster=running.cluster, index=index)
@@ -135,8 +134,6 @@ def bobs_fleet(running):
 
 
 def test_the_start_form_offers_the_policys_limit_and_sets_ends_at(client, bobs_fleet, monkeypatch):
-    from sessions.lifecycle import outbox
-
     monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
     client.force_login(bobs_fleet)
     text = page_text(client.get(START))

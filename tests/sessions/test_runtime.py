@@ -2,22 +2,27 @@
 end, the stop at ``ends_at`` with ``stop_reason`` ``time_limit``, extensions by the owner and by staff, and hostile
 input (always 400 with a code, never a 500, never a half-created session). On a frozen clock."""
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 import time_machine
 from django.contrib.auth.models import Permission
+from django.db import connection, connections, transaction
 
 from audit.models import AuditRecord
 from billing import admission
 from billing.services import policy_set
 from core.exceptions import ApplicationError
+from identity.tokens import api_token_create
 from sessions import create, placement, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Session
 from sessions.tasks import runtime_enforce_task
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.helpers import lock_waiters
 
 pytestmark = pytest.mark.django_db
 
@@ -57,8 +62,6 @@ def alice(plain_user):
 
 @pytest.fixture
 def alice_http(http_for, alice):
-    from identity.tokens import api_token_create
-
     return http_for(api_token_create(username=alice.username)[1])
 
 
@@ -262,8 +265,6 @@ def test_staff_extend_any_session_past_the_policy_and_it_is_audited(alice_http, 
 
 
 def test_staff_without_the_sessions_permission_extend_only_their_own(alice_http, http_for, django_user_model):
-    from identity.tokens import api_token_create
-
     session_id = start(alice_http).json()["id"]
     helpdesk = django_user_model.objects.create_user("helpdesk", is_staff=True)
     helpdesk_http = http_for(api_token_create(username="helpdesk")[1])
@@ -275,8 +276,6 @@ def test_staff_without_the_sessions_permission_extend_only_their_own(alice_http,
 
 
 def test_another_user_cannot_see_nor_extend(alice_http, http_for):
-    from identity.tokens import api_token_create
-
     session_id = start(alice_http).json()["id"]
     UserFactory(username="mallory")
     mallory = http_for(api_token_create(username="mallory")[1])
@@ -307,3 +306,35 @@ def test_hostile_extensions_are_400(alice_http, http_for, staff_token, body):
         assert response.json()["code"] == "invalid_request"
     assert Session.objects.get(public_id=session_id).ends_at == NOW + 24 * HOUR
     assert not AuditRecord.objects.filter(action="session_extend").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_extension_that_lands_while_the_stop_waits_for_the_row_wins(alice, frozen):
+    """The stop found the session due, then waited for its row lock held by an extension: judged again under the lock,
+    the session is kept."""
+    session = create.session_create(owner=alice, image=IMAGE, gpus=1, runtime_hours=1)
+    frozen.move_to(NOW + HOUR)
+    results = []
+
+    def enforce():
+        try:
+            results.append(runtime.runtime_enforce())
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        Session.objects.select_for_update().get(pk=session.pk)
+        stopper = threading.Thread(target=enforce, daemon=True)
+        stopper.start()
+        with connection.cursor() as cursor:
+            for _ in range(200):
+                if lock_waiters(cursor):
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the stop never waited for the session's row")
+        runtime.session_extend(session=session, user=alice, hours=1)
+    stopper.join(30)
+    assert results == [{"due": 1, "stopped": 0}]
+    session.refresh_from_db()
+    assert session.phase == "Scheduled" and session.stop_reason == "" and session.ends_at == NOW + 2 * HOUR
