@@ -109,6 +109,13 @@ class SessionSerializer(serializers.ModelSerializer):
             self.context["pending_connections"] = pending
         return pending
 
+    def _policy(self, obj: Session) -> admission.EffectivePolicy:
+        """Its owner's policy: the page's (read once by the list), else read once per owner and answer."""
+        policies = self.context.setdefault("policies", {})
+        if obj.owner_id not in policies:
+            policies[obj.owner_id] = admission.policy_for(obj.owner)
+        return policies[obj.owner_id]
+
     def _judgement(self, obj: Session) -> idle.IdleJudgement:
         """``sessions.idle.idle_status`` now: the rule the stop task acts on (once per session and answer)."""
         cache = self.context.setdefault("idle_judgements", {})
@@ -116,8 +123,7 @@ class SessionSerializer(serializers.ModelSerializer):
             if obj.phase != Session.Phase.RUNNING:
                 cache[obj.pk] = idle.IdleJudgement()
             else:
-                policies = self.context.get("policies") or {}
-                policy = policies.get(obj.owner_id) or admission.policy_for(obj.owner)
+                policy = self._policy(obj)
                 row = self._row(obj)
                 connected = session_activity.last_connection(row, self._pending(obj), obj.public_id)
                 cache[obj.pk] = idle.idle_status(session=obj, row=row, policy=policy, connected=connected, now=timezone.now())
@@ -128,9 +134,7 @@ class SessionSerializer(serializers.ModelSerializer):
         ``runtime_warning_minutes`` (``sessions.runtime.runtime_warning``); it is stopped at ``ends_at`` unless extended."""
         if obj.ends_at is None or not obj.offers_stop:
             return False
-        policies = self.context.get("policies") or {}
-        policy = policies.get(obj.owner_id) or admission.policy_for(obj.owner)
-        return runtime.runtime_warning(session=obj, policy=policy, now=timezone.now())
+        return runtime.runtime_warning(session=obj, policy=self._policy(obj), now=timezone.now())
 
     def get_idle_since(self, obj: Session) -> str | None:
         """While the idle policy's warning runs: since when its GPUs ran no kernel (or, while connections count, nobody
