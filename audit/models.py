@@ -71,6 +71,7 @@ class AuditRecord(models.Model):
         SESSION_CREATE = "session_create", "session created"
         SESSION_STOP = "session_stop", "session stopped"
         SESSION_IDLE_EXEMPT = "session_idle_exempt", "session exempted from the idle policy"
+        SESSION_EXTEND = "session_extend", "session time limit extended"
         API_TOKEN_CREATE = "api_token_create", "API token created"
         API_TOKEN_REVOKE = "api_token_revoke", "API token revoked"
 

@@ -49,7 +49,14 @@ from django.utils import timezone
 
 from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
-from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, CreditAccount, Policy
+from billing.models import (
+    CREDITS,
+    DEFAULT_MAX_RUNTIME_HOURS,
+    DEFAULT_MAX_VOLUME_GB,
+    DEFAULT_RUNTIME_WARNING_MINUTES,
+    CreditAccount,
+    Policy,
+)
 from clusters.models import Cluster
 from core.prepared import statement_cursor
 
@@ -73,6 +80,8 @@ class EffectivePolicy:
         idle_timeout_minutes: minutes without a GPU kernel before a session is stopped (0: never; ``sessions.idle``).
         idle_warning_minutes: minutes before that stop when the session starts showing it.
         max_volume_gb: GiB the user's volumes (not deleted) may hold in all, or None (unlimited).
+        max_runtime_hours: the longest a session may run, hours from its reservation (0: unlimited; ``sessions.runtime``).
+        runtime_warning_minutes: minutes before its time limit when a session starts showing the coming stop.
     """
 
     max_sessions: int | None
@@ -84,13 +93,16 @@ class EffectivePolicy:
     idle_timeout_minutes: int = 60
     idle_warning_minutes: int = 15
     max_volume_gb: int | None = None
+    max_runtime_hours: Decimal = DEFAULT_MAX_RUNTIME_HOURS
+    runtime_warning_minutes: int = DEFAULT_RUNTIME_WARNING_MINUTES
 
 
 def settings_policy() -> EffectivePolicy:
     """The policy when no ``Policy`` row applies: unlimited sessions and GPUs, all clusters, and
     ``GSHARE_BILLING_DEFAULT_MIN_BALANCE_HOURS`` (default 1), ``GSHARE_BILLING_DEFAULT_GRACE_SECONDS`` (default 900) and
     ``GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES``/``_IDLE_WARNING_MINUTES`` (60/15) and
-    ``GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB`` (default 500 GiB; 0: no limit)."""
+    ``GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB`` (default 500 GiB; 0: no limit) and
+    ``GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS``/``_RUNTIME_WARNING_MINUTES`` (24/15; 0 hours: no time limit)."""
     return EffectivePolicy(
         max_sessions=None,
         max_gpus=None,
@@ -101,6 +113,8 @@ def settings_policy() -> EffectivePolicy:
         idle_timeout_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES", 60)),
         idle_warning_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_IDLE_WARNING_MINUTES", 15)),
         max_volume_gb=int(getattr(settings, "GSHARE_BILLING_DEFAULT_MAX_VOLUME_GB", DEFAULT_MAX_VOLUME_GB)) or None,
+        max_runtime_hours=Decimal(str(getattr(settings, "GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS", DEFAULT_MAX_RUNTIME_HOURS))),
+        runtime_warning_minutes=int(getattr(settings, "GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES", DEFAULT_RUNTIME_WARNING_MINUTES)),
     )
 
 
@@ -113,10 +127,11 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
         Policy.objects.filter(Q(user_id__in=user_ids) | Q(user__isnull=True))
         .annotate(cluster_ids=ArrayAgg("allowed_clusters__id", filter=Q(allowed_clusters__isnull=False), distinct=True))
         .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids",
-                     "idle_timeout_minutes", "idle_warning_minutes", "max_volume_gb")
+                     "idle_timeout_minutes", "idle_warning_minutes", "max_volume_gb", "max_runtime_hours", "runtime_warning_minutes")
     )
     found: dict[int | None, EffectivePolicy] = {}
-    for user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning, max_volume_gb in rows:
+    for (user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning, max_volume_gb, max_runtime,
+         runtime_warning) in rows:
         found[user_id] = EffectivePolicy(
             max_sessions=max_sessions,
             max_gpus=max_gpus,
@@ -127,6 +142,8 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
             idle_timeout_minutes=idle_timeout,
             idle_warning_minutes=idle_warning,
             max_volume_gb=max_volume_gb,
+            max_runtime_hours=max_runtime,
+            runtime_warning_minutes=runtime_warning,
         )
     fallback = found.get(None) or settings_policy()
     return {user_id: found.get(user_id, fallback) for user_id in user_ids}
@@ -255,7 +272,7 @@ def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, in
 _ADMISSION_SQL = """
 WITH own AS (
     SELECT p.id, p.user_id, p.max_sessions, p.max_gpus, p.min_balance_hours, p.grace_seconds, p.idle_timeout_minutes,
-           p.idle_warning_minutes
+           p.idle_warning_minutes, p.max_runtime_hours, p.runtime_warning_minutes
     FROM billing_policy p WHERE p.user_id = %(user)s OR p.user_id IS NULL
     ORDER BY p.user_id NULLS LAST, p.id LIMIT 1
 ),
@@ -276,7 +293,8 @@ live AS (
     WHERE s.owner_id = %(user)s AND s.phase <> ALL(%(ended)s::text[])
 )
 SELECT o.user_id IS NOT NULL, o.id IS NOT NULL, o.max_sessions, o.max_gpus, o.min_balance_hours, o.grace_seconds,
-       o.idle_timeout_minutes, o.idle_warning_minutes, ARRAY(SELECT cluster_id FROM allowed ORDER BY 1),
+       o.idle_timeout_minutes, o.idle_warning_minutes, o.max_runtime_hours, o.runtime_warning_minutes,
+       ARRAY(SELECT cluster_id FROM allowed ORDER BY 1),
        l.ids, l.gpus, l.memories, l.cores, l.models, l.device_memories,
        ARRAY(SELECT p.gpu_model FROM billing_price p ORDER BY p.gpu_model),
        ARRAY(SELECT p.credits_per_gpu_hour FROM billing_price p ORDER BY p.gpu_model),
@@ -336,12 +354,14 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
               "ended": list(ended_phases)}
     with statement_cursor() as cursor:
         cursor.execute(_ADMISSION_QUERY, params)
-        (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, allowed, ids, gpus, memories, cores,
+        (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, max_runtime, runtime_warning, allowed, ids, gpus,
+         memories, cores,
          models, device_memories, price_models, price_values, candidate_models, candidate_memories) = cursor.fetchone()
     if found:
         policy = EffectivePolicy(max_sessions=max_sessions, max_gpus=max_gpus, allowed_clusters=frozenset(allowed) if allowed else None,
                                  min_balance_hours=hours, grace_seconds=grace, source="user" if own else "default",
-                                 idle_timeout_minutes=idle_timeout, idle_warning_minutes=idle_warning)
+                                 idle_timeout_minutes=idle_timeout, idle_warning_minutes=idle_warning, max_runtime_hours=max_runtime,
+                                 runtime_warning_minutes=runtime_warning)
     else:
         policy = fallback
     live: dict[int, _Live] = {}

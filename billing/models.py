@@ -36,6 +36,12 @@ MAX_CAPACITY_GB = (2**63 - 1) // 1024**3
 DEFAULT_MAX_VOLUME_GB = 500
 
 
+#: The default of ``Policy.max_runtime_hours`` (and of ``GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS`` without a policy row).
+DEFAULT_MAX_RUNTIME_HOURS = Decimal(24)
+#: The default of ``Policy.runtime_warning_minutes`` (and of ``GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES``).
+DEFAULT_RUNTIME_WARNING_MINUTES = 15
+
+
 class CreditAccount(models.Model):
     """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries; ``accrued`` (credits, >= 0) =
     the sum of its sessions' ``Accrual.amount``: usage stored but not charged yet (its billing period is open).
@@ -167,6 +173,9 @@ class Policy(models.Model):
         idle_timeout_minutes: a Running session none of whose GPUs ran a kernel, and that nobody connected to, for this
             long is stopped (0: never; ``sessions.idle``). A minute lasts ``GSHARE_IDLE_POLICY_MINUTE_SECONDS``.
         idle_warning_minutes: how long before that stop the session shows ``idle_since`` and ``stops_at``.
+        max_runtime_hours: the longest a session may hold its GPUs, hours from its reservation (``runtime_hours`` of a
+            request, and its extensions by the owner, stay within it; 0: unlimited; ``sessions.runtime``).
+        runtime_warning_minutes: how long before its time limit a session shows the coming stop.
     """
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="policy")
@@ -184,6 +193,11 @@ class Policy(models.Model):
                   "unknown; 0: never)")
     idle_warning_minutes = models.PositiveIntegerField(
         default=15, help_text="Show the coming idle stop this many minutes before it (at most the timeout)")
+    max_runtime_hours = models.DecimalField(
+        max_digits=7, decimal_places=2, default=DEFAULT_MAX_RUNTIME_HOURS, validators=[MinValueValidator(Decimal(0))],
+        help_text="The longest a session may run, in hours from its reservation (its time limit; 0: unlimited)")
+    runtime_warning_minutes = models.PositiveIntegerField(
+        default=DEFAULT_RUNTIME_WARNING_MINUTES, help_text="Show the coming stop at a session's time limit this many minutes before it")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

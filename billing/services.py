@@ -27,7 +27,18 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
-from billing.models import CREDITS, DEFAULT_MAX_VOLUME_GB, MAX_CAPACITY_GB, CreditAccount, LedgerEntry, Policy, Price, UsageSample
+from billing.models import (
+    CREDITS,
+    DEFAULT_MAX_RUNTIME_HOURS,
+    DEFAULT_MAX_VOLUME_GB,
+    DEFAULT_RUNTIME_WARNING_MINUTES,
+    MAX_CAPACITY_GB,
+    CreditAccount,
+    LedgerEntry,
+    Policy,
+    Price,
+    UsageSample,
+)
 from clusters.models import Cluster
 from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, NotFound
@@ -43,6 +54,10 @@ MAX_BALANCE = Decimal(10) ** 12 - CREDITS
 MAX_IDEMPOTENCY_KEY = 150
 #: Longest idle timeout or warning of a policy, in minutes (a year).
 MAX_IDLE_MINUTES = 525_600
+#: Longest time limit of a policy (``max_runtime_hours``), in hours (a year); 0 is no limit.
+MAX_RUNTIME_HOURS = Decimal(8760)
+#: ``max_runtime_hours`` is kept to this many decimal places (its column's), 0.01 h = 36 s.
+RUNTIME_HOURS_PLACES = 2
 
 
 # --------------------------------------------------------------------------- amounts
@@ -340,8 +355,9 @@ def policy_validate(*, policy: Policy) -> Policy:
     """Check a policy's fields (``policy_set`` and the console form): ``max_sessions`` and ``max_gpus`` at least 1
     when set (empty: no limit), ``min_balance_hours`` at least 0, then the model's field checks (not uniqueness:
     ``policy_set`` updates the user's row). ``idle_timeout_minutes`` and ``idle_warning_minutes`` from 0 to
-    ``MAX_IDLE_MINUTES``, the warning no longer than a non-zero timeout. ``allowed_clusters`` is not checked (any
-    cluster may be named).
+    ``MAX_IDLE_MINUTES``, the warning no longer than a non-zero timeout. ``max_runtime_hours`` from 0 (no limit) to
+    ``MAX_RUNTIME_HOURS`` with at most 2 decimal places, ``runtime_warning_minutes`` from 0 to ``MAX_IDLE_MINUTES``.
+    ``allowed_clusters`` is not checked (any cluster may be named).
 
     Raises:
         ApplicationError: ``invalid_request`` (400).
@@ -363,6 +379,15 @@ def policy_validate(*, policy: Policy) -> Policy:
     if policy.idle_timeout_minutes and policy.idle_warning_minutes > policy.idle_timeout_minutes:
         raise ApplicationError("idle_warning_minutes must not exceed idle_timeout_minutes: the warning runs inside the idle time.",
                                code=INVALID_REQUEST)
+    runtime = policy.max_runtime_hours
+    if (isinstance(runtime, bool) or not isinstance(runtime, (int, Decimal)) or not Decimal(runtime).is_finite()
+            or not 0 <= runtime <= MAX_RUNTIME_HOURS or Decimal(runtime).as_tuple().exponent < -RUNTIME_HOURS_PLACES):
+        raise ApplicationError(f"max_runtime_hours must be a number of hours from 0 (no limit) to {MAX_RUNTIME_HOURS}, with at most "
+                               f"{RUNTIME_HOURS_PLACES} decimal places.", code=INVALID_REQUEST)
+    warning = policy.runtime_warning_minutes
+    if isinstance(warning, bool) or not isinstance(warning, int) or not 0 <= warning <= MAX_IDLE_MINUTES:
+        raise ApplicationError(f"runtime_warning_minutes must be a whole number of minutes from 0 to {MAX_IDLE_MINUTES}.",
+                               code=INVALID_REQUEST)
     policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
 
@@ -379,6 +404,8 @@ def policy_set(
     grace_seconds: int = 900,
     idle_timeout_minutes: int = 60,
     idle_warning_minutes: int = 15,
+    max_runtime_hours: Decimal | int = DEFAULT_MAX_RUNTIME_HOURS,
+    runtime_warning_minutes: int = DEFAULT_RUNTIME_WARNING_MINUTES,
 ) -> Policy:
     """Set the policy of ``user`` (None: the default policy for users without their own), creating its row when
     missing; every field is replaced.
@@ -393,6 +420,8 @@ def policy_set(
         grace_seconds: how long an account may stay below zero before its sessions are stopped.
         idle_timeout_minutes: minutes without a GPU kernel before a session is stopped (0: never; ``sessions.idle``).
         idle_warning_minutes: minutes before that stop when the session shows it.
+        max_runtime_hours: the longest a session may run, hours from its reservation (0: unlimited; ``sessions.runtime``).
+        runtime_warning_minutes: minutes before a session's time limit when it shows the coming stop.
 
     Raises:
         As ``policy_validate``.
@@ -403,6 +432,7 @@ def policy_set(
     policy.max_sessions, policy.max_gpus, policy.max_volume_gb = max_sessions, max_gpus, max_volume_gb
     policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
     policy.idle_timeout_minutes, policy.idle_warning_minutes = idle_timeout_minutes, idle_warning_minutes
+    policy.max_runtime_hours, policy.runtime_warning_minutes = max_runtime_hours, runtime_warning_minutes
     policy_validate(policy=policy)
     policy.save()
     policy.allowed_clusters.set(list(allowed_clusters))
@@ -411,15 +441,16 @@ def policy_set(
         audit_record(action=Action.POLICY_CREATE if before is None else Action.POLICY_UPDATE, obj=policy, object_repr=_policy_name(policy),
                      changes=created(after) if before is None else after_changes)
     logger.info("policy set: %s (max_sessions=%s, max_gpus=%s, min_balance_hours=%s, grace_seconds=%s, idle_timeout_minutes=%s, "
-                "idle_warning_minutes=%s)", policy, max_sessions, max_gpus, policy.min_balance_hours, grace_seconds,
-                idle_timeout_minutes, idle_warning_minutes)
+                "idle_warning_minutes=%s, max_runtime_hours=%s, runtime_warning_minutes=%s)", policy, max_sessions, max_gpus,
+                policy.min_balance_hours, grace_seconds, idle_timeout_minutes, idle_warning_minutes, policy.max_runtime_hours,
+                runtime_warning_minutes)
     return policy
 
 
 def _policy_audit(policy: Policy) -> dict:
     """A policy's limits as its audit rows show them (the allowed clusters by id)."""
     return {**snapshot(policy, ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
-                                "idle_warning_minutes")),
+                                "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes")),
             "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
 
 

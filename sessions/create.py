@@ -15,6 +15,7 @@ import time
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from audit.services import Action, audit_record, created
 from billing import admission
@@ -28,7 +29,7 @@ from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, NotFound
 from core.prepared import statement_cursor
 from sessions import gpu_models as models_of_request
-from sessions import placement, selectors
+from sessions import placement, runtime, selectors
 from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED, VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from sessions.lifecycle import outbox
 from sessions.models import Session
@@ -99,6 +100,7 @@ def session_create(
     name: str = "",
     volumes: list[str] | None = None,
     gpu_models: list[str] | None = None,
+    runtime_hours=None,
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
@@ -138,6 +140,8 @@ def session_create(
         gpu_models: the GPU models accepted (at most ``gpu_models.MAX_GPU_MODELS`` names, each a fleet model or
             whole words of one, ignoring case: ``sessions.gpu_models``), or None/empty for any model. The session
             stores the fleet models they resolve to, and is placed only on GPUs of those.
+        runtime_hours: how long the session may hold its GPUs, decimal hours from now (``sessions.runtime.hours_parse``),
+            at most the policy's ``max_runtime_hours``; None: that maximum (no limit when it is 0). Sets ``ends_at``.
 
     Returns:
         The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
@@ -145,6 +149,7 @@ def session_create(
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
         GpuModelUnknown: 400 ``gpu_model_unknown``: a ``gpu_models`` name matches no model of the fleet.
+        RuntimeOverLimit: 400 ``runtime_over_limit``: ``runtime_hours`` over the policy's ``max_runtime_hours``.
         InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
         QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
         ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
@@ -159,7 +164,7 @@ def session_create(
             attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
-                   name=name, volumes=volumes, gpu_models=gpu_models)[0]
+                   name=name, volumes=volumes, gpu_models=gpu_models, runtime_hours=runtime_hours)[0]
 
 
 def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
@@ -202,6 +207,8 @@ def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tupl
 def _fingerprint(request: dict) -> str:
     """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
+    if request.get("runtime_hours") is not None:  # only when asked: the fingerprints of requests without it stay as they were
+        canonical["runtime_hours"] = _hours_text(request["runtime_hours"])
     if isinstance(canonical["volumes"], list | tuple):
         canonical["volumes"] = sorted(map(str, canonical["volumes"]))
     # Only when given: a request without models fingerprints like one from a client that does not send the field, so
@@ -210,6 +217,15 @@ def _fingerprint(request: dict) -> str:
     if models:
         canonical["gpu_models"] = sorted(map(str, models)) if isinstance(models, list | tuple) else models
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _hours_text(value) -> str:
+    """``runtime_hours`` as one text for every way of writing the same hours (``2``, ``"2.0"``, ``2.00``); a value
+    ``session_create`` will refuse keeps its own text."""
+    try:
+        return format(runtime.hours_parse(value).normalize(), "f")
+    except runtime.InvalidRuntime:
+        return repr(value)
 
 
 _REQUEST_DEFAULTS = {"image": None, "gpus": None, "gpu_memory_mib": None, "gpu_cores": None, "cluster": None, "name": "", "volumes": []}
@@ -256,6 +272,7 @@ def _create(
     name: str = "",
     volumes: list[str] | None = None,
     gpu_models: list[str] | None = None,
+    runtime_hours=None,
     idempotency: tuple[str, str] | None = None,
 ) -> tuple[Session, bool]:
     """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
@@ -263,6 +280,7 @@ def _create(
     gpu_models = [] if gpu_models is None else gpu_models
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes, gpu_models=gpu_models)
     accepted = models_of_request.gpu_models_resolve(gpu_models)
+    hours = None if runtime_hours is None else runtime.hours_parse(runtime_hours)
     pinned = _pinned_cluster(cluster) if cluster else None
     request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores, models=tuple(accepted))
     for _ in range(PLACEMENT_ATTEMPTS):
@@ -274,7 +292,7 @@ def _create(
             # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
             with transaction.atomic():
                 session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
-                                            allowed=allowed, idempotency=idempotency)
+                                            allowed=allowed, idempotency=idempotency, hours=hours)
         except _Raced:
             continue
         if created:
@@ -288,9 +306,10 @@ def _create(
 
 
 def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
-             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None, hours=None) -> tuple[Session, bool]:
     """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
-    ``allowed`` (``placement.volume_clusters``; None: any). Raises ``_Raced`` when the chosen capacity was taken meanwhile."""
+    ``allowed`` (``placement.volume_clusters``; None: any), for ``hours`` (None: the policy's maximum). Raises ``_Raced``
+    when the chosen capacity was taken meanwhile."""
     gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
     # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
     account = admission.account_lock(user=owner)
@@ -308,6 +327,9 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         if acceptable:
             state = dataclasses.replace(state, models=acceptable)
     policy = state.policy
+    # The time limit counts from the reservation (now): billing holds the GPUs from then (sessions.runtime).
+    reserved_at = timezone.now()
+    ends_at = runtime.runtime_ends_at(policy=policy, start=reserved_at, hours=hours)
     try:
         permitted = admission.admission_clusters(policy=policy, pinned=pinned, volume_clusters=allowed)
     except ClusterNotAllowed:
@@ -364,6 +386,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         cluster_id=cluster_id,
         node=choice.node_name if node_id is not None else "",
         phase=Session.Phase.SCHEDULED,
+        ends_at=ends_at,
         idempotency_key=idempotency[0] if idempotency else "",
         request_fingerprint=idempotency[1] if idempotency else "",
     )
@@ -408,7 +431,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
-        "volumes": [v.public_id for v in mounted], **({"gpu_models": session.gpu_models} if session.gpu_models else {}),
+        "volumes": [v.public_id for v in mounted], "ends_at": ends_at,
+        **({"gpu_models": session.gpu_models} if session.gpu_models else {}),
     }), details={"owner": owner.get_username()})
     outbox.publish_after_commit(outbox.APPLY, session.pk)
     transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)

@@ -1,4 +1,4 @@
-"""The error codes of sessions: creation and placement, connecting, the idle policy, and the operator's status and
+"""The error codes of sessions: creation and placement, connecting, the idle policy, the time limit, and the operator's status and
 activity reports. The volume codes placement shares with storage are ``storage.errors``'; the admission codes are
 ``billing.errors``'; ``report_from_future`` and ``forbidden_cluster_scope`` are the contract's."""
 
@@ -44,7 +44,17 @@ IDLE_EXEMPTION_FORBIDDEN = "idle_exemption_forbidden"
 """403: an idle exemption asked by someone who may not manage everyone's sessions."""
 
 SESSION_NOT_LIVE = "session_not_live"
-"""409: an idle exemption for a session that has ended."""
+"""409: an idle exemption or a time-limit extension for a session that has ended (or, for an extension, is stopping)."""
+
+# --------------------------------------------------------------------------- time limit
+RUNTIME_OVER_LIMIT = "runtime_over_limit"
+"""400: ``runtime_hours`` (or an owner's extension) takes a session past its policy's ``max_runtime_hours``."""
+
+EXTEND_FORBIDDEN = "extend_forbidden"
+"""403: an extension asked by someone who is neither the session's owner nor staff who may manage every session."""
+
+NO_TIME_LIMIT = "no_time_limit"
+"""409: an extension of a session that has no time limit."""
 
 # --------------------------------------------------------------------------- operator API
 INVALID_STATUS = "invalid_status"

@@ -39,6 +39,9 @@ class Session(models.Model):
     ``Stopping`` "delete from the cluster is due", and ``reapply_due_at`` set "apply again, the cluster's routing
     changed" (``sessions.reapply``); ``sessions.reconcile`` publishes those tasks again when their first publish was
     lost (docs/sessions.md).
+
+    ``ends_at`` is the session's time limit (null: none): set at its reservation, ``created_at`` + its runtime hours,
+    moved by extensions, and enforced by ``sessions.runtime``.
     """
 
     class Phase(models.TextChoices):
@@ -58,6 +61,7 @@ class Session(models.Model):
         REQUESTED = "requested", "on request"
         CREDITS = "credits", "credits ran out"
         IDLE = "idle", "idle policy"
+        TIME_LIMIT = "time_limit", "time limit reached"
 
     public_id = models.CharField(max_length=24, unique=True, default=new_session_id, editable=False)
     name = models.CharField(max_length=63, blank=True, default="")
@@ -99,6 +103,10 @@ class Session(models.Model):
                   "applied; sessions.reconcile publishes it again when it stays set)",
     )
 
+    ends_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When its time limit stops it (its reservation + its runtime hours, plus extensions; empty: no limit)")
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
@@ -111,6 +119,9 @@ class Session(models.Model):
             models.Index(fields=["reapply_due_at"], name="session_reapply_due_idx", condition=Q(reapply_due_at__isnull=False)),
             # Admission counts a user's live sessions on every session_create: only those, not the user's history.
             models.Index(fields=["owner"], name="session_live_owner_idx", condition=~Q(phase__in=["Terminated", "Failed"])),
+            # sessions.enforce_runtime looks for the live sessions past their time limit: only those that have one.
+            models.Index(fields=["ends_at"], name="session_live_ends_at_idx",
+                         condition=Q(ends_at__isnull=False) & ~Q(phase__in=["Terminated", "Failed"])),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="session_gpus_positive"),

@@ -6,7 +6,7 @@ from celery import Task, shared_task
 from django.conf import settings
 
 from clusters.models import Cluster
-from sessions import activity, idle, lifecycle, overdrawn
+from sessions import activity, idle, lifecycle, overdrawn, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Session
 
@@ -114,6 +114,15 @@ def idle_enforce_task(cluster_pk: int | None = None) -> dict:
     result = idle.idle_enforce(cluster=cluster)
     if result["stopped"]:
         logger.info("idle policy: %s", result)
+    return result
+
+
+@shared_task(name=runtime.ENFORCE_TASK, ignore_result=True)
+def runtime_enforce_task() -> dict:
+    """Stop the sessions past their time limit (beat, every 30 s; ``sessions.runtime.runtime_enforce``)."""
+    result = runtime.runtime_enforce()
+    if result["stopped"]:
+        logger.info("time limit: %s", result)
     return result
 
 

@@ -288,7 +288,8 @@ class PriceAdmin(_PriceAndPolicyAdmin):
 
 
 #: The policy fields the console edits (``allowed_clusters`` aside), as ``policy_set`` takes them.
-_POLICY_FIELDS = ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes", "idle_warning_minutes")
+_POLICY_FIELDS = ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes", "idle_warning_minutes",
+                  "max_runtime_hours", "runtime_warning_minutes")
 
 
 class PolicyForm(forms.ModelForm):
@@ -297,7 +298,7 @@ class PolicyForm(forms.ModelForm):
     class Meta:
         model = Policy
         fields = ["user", "max_sessions", "max_gpus", "max_volume_gb", "allowed_clusters", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
-                  "idle_warning_minutes"]
+                  "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -325,7 +326,7 @@ class PolicyAdmin(_PriceAndPolicyAdmin):
 
     form = PolicyForm
     list_display = ["owner", "max_sessions", "max_gpus", "max_volume_gb", "allowed", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
-                    "idle_warning_minutes", "updated_at"]
+                    "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes", "updated_at"]
     list_select_related = ["user"]
     search_fields = ["user__username"]
     filter_horizontal = ["allowed_clusters"]

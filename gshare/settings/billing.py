@@ -64,6 +64,24 @@ if GSHARE_BILLING_DEFAULT_IDLE_TIMEOUT_MINUTES < 0 or GSHARE_BILLING_DEFAULT_IDL
 if GSHARE_IDLE_POLICY_MINUTE_SECONDS < 1 or GSHARE_ACTIVITY_STALE_SECONDS < 1:
     raise ImproperlyConfigured("GSHARE_IDLE_POLICY_MINUTE_SECONDS and GSHARE_ACTIVITY_STALE_SECONDS must be whole numbers of seconds, at least 1.")
 
+# The session time limit (sessions/runtime.py, docs/sessions.md "Time limits") when no Policy row applies: hours from a
+# session's reservation (0: no limit; at most 8760, 2 decimal places) and the warning's minutes before it.
+try:
+    GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS = Decimal(env.str("GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS", default="24"))
+except InvalidOperation:
+    GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS = None
+if (
+    GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS is None
+    or not GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS.is_finite()
+    or not 0 <= GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS <= 8760
+    or GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS != GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS.quantize(Decimal("0.01"))
+):
+    raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_MAX_RUNTIME_HOURS must be a number of hours from 0 (no limit) to 8760, with at most "
+                               "2 decimal places (e.g. 24).")
+GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES = env.int("GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES", default=15)
+if GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES < 0:
+    raise ImproperlyConfigured("GSHARE_BILLING_DEFAULT_RUNTIME_WARNING_MINUTES must be a whole number of minutes, at least 0.")
+
 # Storage (billing/storage_charges.py, docs/billing.md "Storage"): the price of a volume's quota and, when no Policy row
 # applies to a user, the GiB their volumes may hold in all (0: no limit).
 try:

@@ -11,7 +11,7 @@ from billing.models import CREDIT_PLACES
 from billing.selectors import session_hourly_cost
 from core.api.fields import StrictCharField, StrictIntegerField
 from sessions import activity as session_activity
-from sessions import idle, selectors
+from sessions import idle, runtime, selectors
 from sessions.gpu_models import MAX_GPU_MODEL_LENGTH, MAX_GPU_MODELS
 from sessions.manifests import session_url
 from sessions.models import Session
@@ -35,6 +35,23 @@ class SessionCreateSerializer(serializers.Serializer):
         help_text="GPU models you accept, e.g. [\"H100\"]: each a model of GET /api/v1/gpus or whole words of one, ignoring "
                   "case (H100 matches NVIDIA H100 80GB HBM3; A10 does not match A100); at most 16; omit for any model",
     )
+
+    runtime_hours = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="How long the session may hold its GPUs, hours from now (a number or decimal string, more than 0, at most 2 decimal "
+                  "places and at most your policy's max_runtime_hours; omitted: that maximum). Sets ends_at.",
+    )
+
+    def validate(self, attrs):  # noqa: D102
+        if attrs.get("runtime_hours") is None:
+            attrs.pop("runtime_hours", None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
+        return attrs
+
+
+class ExtendSerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/sessions/{id}/extend``."""
+
+    hours = serializers.JSONField(help_text="Hours to add to ends_at (a number or decimal string, more than 0, at most 2 decimal places)")
 
 
 class _SessionListSerializer(serializers.ListSerializer):
@@ -78,13 +95,15 @@ class SessionSerializer(serializers.ModelSerializer):
         help_text="The GPU models the session may run on (the fleet's names its request resolved to); empty: any model",
     )
 
+    ends_soon = serializers.SerializerMethodField()
+
     class Meta:
         model = Session
         list_serializer_class = _SessionListSerializer
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "gpu_models", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon",
         ]
         read_only_fields = fields
 
@@ -102,6 +121,13 @@ class SessionSerializer(serializers.ModelSerializer):
             self.context["pending_connections"] = pending
         return pending
 
+    def _policy(self, obj: Session) -> admission.EffectivePolicy:
+        """Its owner's policy: the page's (read once by the list), else read once per owner and answer."""
+        policies = self.context.setdefault("policies", {})
+        if obj.owner_id not in policies:
+            policies[obj.owner_id] = admission.policy_for(obj.owner)
+        return policies[obj.owner_id]
+
     def _judgement(self, obj: Session) -> idle.IdleJudgement:
         """``sessions.idle.idle_status`` now: the rule the stop task acts on (once per session and answer)."""
         cache = self.context.setdefault("idle_judgements", {})
@@ -109,12 +135,18 @@ class SessionSerializer(serializers.ModelSerializer):
             if obj.phase != Session.Phase.RUNNING:
                 cache[obj.pk] = idle.IdleJudgement()
             else:
-                policies = self.context.get("policies") or {}
-                policy = policies.get(obj.owner_id) or admission.policy_for(obj.owner)
+                policy = self._policy(obj)
                 row = self._row(obj)
                 connected = session_activity.last_connection(row, self._pending(obj), obj.public_id)
                 cache[obj.pk] = idle.idle_status(session=obj, row=row, policy=policy, connected=connected, now=timezone.now())
         return cache[obj.pk]
+
+    def get_ends_soon(self, obj: Session) -> bool:
+        """True while the time limit's warning runs: the session is live, not stopping, and ``ends_at`` is within its owner's policy's
+        ``runtime_warning_minutes`` (``sessions.runtime.runtime_warning``); it is stopped at ``ends_at`` unless extended."""
+        if obj.ends_at is None or not obj.offers_stop:
+            return False
+        return runtime.runtime_warning(session=obj, policy=self._policy(obj), now=timezone.now())
 
     def get_idle_since(self, obj: Session) -> str | None:
         """While the idle policy's warning runs: since when its GPUs ran no kernel (or, while connections count, nobody

@@ -10,9 +10,9 @@ from rest_framework.response import Response
 
 from clusters.filters import HELP as CLUSTER_HELP
 from core.api.schema import STAFF_ONLY
-from sessions import create, idle, lifecycle, selectors, services
+from sessions import create, idle, lifecycle, runtime, selectors, services
 from sessions.api.filters import SessionFilter
-from sessions.api.serializers import IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
+from sessions.api.serializers import ExtendSerializer, IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
 from sessions.models import Session
 
 
@@ -81,4 +81,15 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             data.is_valid(raise_exception=True)
             idle.session_idle_exempt(session=session, user=request.user, until=data.validated_data["until"],
                                      reason=data.validated_data["reason"])
+        return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
+
+    @extend_schema(request=ExtendSerializer, responses={200: SessionSerializer})
+    @action(detail=True, methods=["post"])
+    def extend(self, request, public_id: str):
+        """Move the session's time limit (``ends_at``) ``hours`` later. Staff may extend any session; the owner only within
+        their policy's ``max_runtime_hours`` from the reservation (400 ``runtime_over_limit``). Audited."""
+        session = selectors.session_get(user=request.user, public_id=public_id)
+        data = ExtendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        runtime.session_extend(session=session, user=request.user, hours=data.validated_data["hours"])
         return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)

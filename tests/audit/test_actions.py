@@ -36,7 +36,7 @@ from tests.helpers import Http, kubeconfig_text, wait_for
 pytestmark = pytest.mark.django_db
 
 #: The idle policy fields of the policy form, at their defaults.
-IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15"}
+IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15", "max_runtime_hours": "24", "runtime_warning_minutes": "15"}
 
 A = AuditRecord.Action
 

@@ -21,7 +21,7 @@ from tests.helpers import T0, device, metered_session, sample
 pytestmark = pytest.mark.django_db
 
 #: The idle policy fields of the policy form, at their defaults.
-IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15"}
+IDLE = {"idle_timeout_minutes": "60", "idle_warning_minutes": "15", "max_runtime_hours": "24", "runtime_warning_minutes": "15"}
 
 
 def _grow(lab_c1=None):
@@ -247,6 +247,21 @@ def test_policy_form_shows_the_idle_fields_and_says_how_long_a_policy_minute_las
     Policy.objects.create(user=UserFactory(), idle_timeout_minutes=30, idle_warning_minutes=5)
     listed = page_text(console.get("/billing/policy/"))
     assert "column-idle_timeout_minutes" in listed and "column-idle_warning_minutes" in listed
+
+
+def test_policy_form_sets_and_checks_the_time_limit(console):
+    user = UserFactory()
+    form = {"user": user.pk, "min_balance_hours": "1", "grace_seconds": "900", **IDLE}
+    text = page_text(console.get("/billing/policy/add/"))
+    assert 'name="max_runtime_hours"' in text and 'name="runtime_warning_minutes"' in text
+    for hostile in ("-1", "NaN", "8761", "1.234", "1e9"):
+        refused = console.post("/billing/policy/add/", {**form, "max_runtime_hours": hostile})
+        assert refused.status_code == 200 and not Policy.objects.exists(), hostile
+    assert console.post("/billing/policy/add/", {**form, "max_runtime_hours": "8.5", "runtime_warning_minutes": "5"}).status_code == 302
+    policy = Policy.objects.get(user=user)
+    assert (policy.max_runtime_hours, policy.runtime_warning_minutes) == (Decimal("8.5"), 5)
+    listed = page_text(console.get("/billing/policy/"))
+    assert "column-max_runtime_hours" in listed and "column-runtime_warning_minutes" in listed
 
 
 def test_the_ledger_list_shows_an_end_entrys_idle_credits(console, lab_c1):

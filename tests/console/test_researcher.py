@@ -277,7 +277,7 @@ def test_every_url_of_a_researchers_own_objects_shows_nothing_of_others(as_alice
         if not isinstance(model_admin, OwnObjectsAdmin) or not _has_object(url):
             continue
         response = as_alice.get(url)
-        if kind == "open":
+        if kind in ("open", "extend"):
             expected = 405  # POST-only (the walk above posts to them)
         elif kind == "by_id":
             expected = 302  # the "session ended" page's link: to the session's own page
@@ -519,6 +519,18 @@ def test_your_limits_show_the_idle_timeout(as_alice, world):
     Policy.objects.filter(user=world["alice"]).update(idle_timeout_minutes=0)
     text = as_alice.get("/billing/creditaccount/").content.decode()
     assert 'id="my-idle-timeout">none: idle sessions are not stopped<' in text
+
+
+def test_your_limits_show_the_time_limit(as_alice, world):
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert ('id="my-time-limit">a session may run at most 24 hours from when it is started (ask for less when you start it; you '
+            "are warned 15 min before its end and may extend it up to this limit)<") in text
+    Policy.objects.create(user=world["alice"], max_runtime_hours=Decimal("1.5"), runtime_warning_minutes=5)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert "at most 1.50 hours" in text and "warned 5 min before" in text
+    Policy.objects.filter(user=world["alice"]).update(max_runtime_hours=0)
+    text = as_alice.get("/billing/creditaccount/").content.decode()
+    assert 'id="my-time-limit">none: sessions run until stopped<' in text
 
 
 def test_my_credits_page_queries_do_not_grow_with_ledger_entries(as_alice, world):

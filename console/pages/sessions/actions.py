@@ -1,8 +1,8 @@
-"""The console's session pages beyond the list: the Start session form, Open, Stop, and the live status the
+"""The console's session pages beyond the list: the Start session form, Open, Stop, Extend, and the live status the
 session page follows (``SessionAdmin.get_urls`` in ``console/pages/sessions/admin.py`` routes them).
 
 Every one of them calls the same service as the API (``session_create_idempotent``, ``session_connect``,
-``session_stop``); a refusal (``ApplicationError``) is shown with the API's ``code`` and sentence, never a 500.
+``session_stop``, ``session_extend``); a refusal (``ApplicationError``) is shown with the API's ``code`` and sentence, never a 500.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from billing import admission
 from console.figures import credits_display
 from console.options import service_errors
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from core.exceptions import ApplicationError
-from sessions import create, idle, lifecycle, services
+from sessions import create, idle, lifecycle, runtime, services
 from sessions.gpu_models import MAX_GPU_MODEL_LENGTH
 from sessions.manifests import session_url
 from sessions.models import Session
@@ -82,6 +83,9 @@ class StartSessionForm(forms.Form):
     )
     cluster = forms.CharField(required=False, max_length=100, widget=forms.Select, help_text="Automatic: placement picks a cluster with room.")
     volumes = _AnyVolumeIds(required=False, widget=forms.CheckboxSelectMultiple, help_text="Your volumes, mounted at /data/<volume name>.")
+    # Text, not a DecimalField: the service checks the hours (sessions.runtime.hours_parse), so its refusal and code show.
+    runtime_hours = forms.CharField(label="Time limit (hours)", required=False, max_length=32,
+                                    widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
 
     def __init__(self, *args, owner, **kwargs):
@@ -105,8 +109,15 @@ class StartSessionForm(forms.Form):
             (v.public_id, f"{v.name} ({v.quota_gb} GiB{', on ' + v.cluster.name if v.cluster_id else ''})")
             for v in console_selectors.start_volumes(owner=owner)
         ]
+        limit = admission.policy_for(owner).max_runtime_hours
+        self.fields["runtime_hours"].help_text = (
+            f"How long the session may hold its GPUs, from now: at most {limit.normalize():f} hours (your limit); empty: all of it. "
+            "You are warned before the end and may extend it up to your limit." if limit else
+            "How long the session may hold its GPUs, from now. Empty: no limit (your policy sets none).")
         if not self.is_bound:
             self.initial.setdefault("idempotency_key", uuid.uuid4().hex)
+            if limit:
+                self.initial.setdefault("runtime_hours", f"{limit.normalize():f}")
 
     def clean(self):  # noqa: D102
         data = super().clean()
@@ -123,6 +134,7 @@ class StartSessionForm(forms.Form):
             "image": data["image"], "name": data.get("name") or "", "gpus": data["gpus"], "gpu_memory_mib": data["gpu_memory_mib"],
             "gpu_cores": data["gpu_cores"], "cluster": data.get("cluster") or None, "volumes": list(data.get("volumes") or []),
             "gpu_models": list(data.get("gpu_models") or []),
+            "runtime_hours": (data.get("runtime_hours") or "").strip() or None,
         }
 
     def start(self) -> Session | None:
@@ -335,3 +347,33 @@ def idle_exemption_view(admin, request, object_id: str):
         "list_title": admin.list_title(request),
     }
     return TemplateResponse(request, "admin/gpu_sessions/session/idle_exemption.html", context)
+
+
+def may_extend(user, session: Session) -> bool:
+    """Whether the session page offers ``user`` the Extend form: a live session, not stopping, with a time limit, and
+    its owner or a user who may open any session (``sessions.runtime.session_extend``'s own rule)."""
+    return session.offers_stop and session.ends_at is not None and (session.owner_id == user.pk or may_open_any_session(user))
+
+
+def time_limit_view(session: Session, *, user, now: datetime) -> dict | None:
+    """What the session page's Time limit section shows, or None for a session without one or no longer live:
+    ``ends_at`` (UTC text), ``warning`` (the policy's ``runtime_warning_minutes`` before it, as the API's
+    ``ends_soon``), ``max_hours`` (the owner's ``max_runtime_hours``), ``can_extend``, ``staff`` (extends past the policy)."""
+    if session.ends_at is None or not session.offers_stop:
+        return None
+    policy = admission.policy_for(session.owner)
+    return {"ends_at": utc(session.ends_at), "warning": runtime.runtime_warning(session=session, policy=policy, now=now),
+            "max_hours": policy.max_runtime_hours, "can_extend": may_extend(user, session), "staff": may_open_any_session(user)}
+
+
+def extend_view(admin, request, object_id: str):
+    """POST ``<session>/extend/`` with ``hours``: ``session_extend`` (audited), then back to the session's page with its
+    new end, or with the service's refusal (its code and sentence) as an error message."""
+    session = _session_or_404(admin, request, object_id)
+    try:
+        session = runtime.session_extend(session=session, user=request.user, hours=request.POST.get("hours", ""))
+    except ApplicationError as exc:
+        admin.message_user(request, f"Cannot extend {session.public_id} ({exc.code}): {exc.console_detail}", messages.ERROR)
+        return _back(request, session, admin)
+    admin.message_user(request, f"Session {session.public_id} now ends at {utc(session.ends_at)}.", messages.SUCCESS)
+    return _back(request, session, admin)

@@ -136,7 +136,8 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
     search_fields = ["public_id", "name", "owner__username", "image"]
     readonly_fields = [
         "public_id", "name", "owner", "cluster", "requested_cluster", "url_full", "image", "gpus_asked", "phase_badge", "node",
-        "gpu_devices", "volumes", "message", "stop_reason_text", "stopped_by", "rate", "cost", "created", "started", "ended", "last_status",
+        "gpu_devices", "volumes", "message", "stop_reason_text", "stopped_by", "rate", "cost", "created", "started", "ends", "ended",
+        "last_status",
     ]
     fields = readonly_fields
     inlines = [AllocationInline]
@@ -280,6 +281,9 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def idle_exemption(request, object_id):
             return console.idle_exemption_view(self, request, object_id)
 
+        def extend(request, object_id):
+            return console.extend_view(self, request, object_id)
+
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
             path("ended/<str:public_id>/", wrap(require_GET(by_id)), name="gpu_sessions_session_by_id"),
@@ -287,6 +291,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
             path("<path:object_id>/stop/", wrap(require_http_methods(["GET", "POST"])(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
             path("<path:object_id>/idle-exemption/", wrap(idle_exemption), name="gpu_sessions_session_idle_exemption"),
+            path("<path:object_id>/extend/", wrap(require_POST(extend)), name="gpu_sessions_session_extend"),
             *super().get_urls(),
         ]
 
@@ -307,6 +312,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
                 "activity": console_activity.activity_view(session, now=request_now(request)),
                 "exemption_form": console.IdleExemptionForm() if console.may_exempt(request.user, session) else None,
+                "time_limit": console.time_limit_view(session, user=request.user, now=request_now(request)),
             }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
@@ -329,6 +335,11 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         if not (obj.stop_reason or obj.stop_requested_at):
             return "-"
         return console_selectors.stopped_by(obj) or "-"
+
+    @admin.display(description="time limit", ordering="ends_at")
+    def ends(self, obj: Session) -> str:
+        """When its time limit stops it (``ends_at``, UTC), or "none"."""
+        return console.utc(obj.ends_at) if obj.ends_at else "none"
 
     @admin.display(description="stop reason")
     def stop_reason_text(self, obj: Session) -> str:
