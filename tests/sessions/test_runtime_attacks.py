@@ -3,11 +3,14 @@ the policy, a policy lowered after creation leaves nothing to extend, hostile ``
 are 400 (never a 500, never half applied), every live phase but Stopping is stopped at ``ends_at``, and the GPUs of a
 time-limit stop are billed as held until their release. On a frozen clock."""
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 import time_machine
+from django.db import connection, connections, transaction
 
 from audit.models import AuditRecord
 from billing.models import HeldGpu
@@ -17,6 +20,7 @@ from sessions import create, placement, runtime
 from sessions.lifecycle import end, outbox
 from sessions.models import Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
+from tests.helpers import lock_waiters
 
 pytestmark = pytest.mark.django_db
 
@@ -174,3 +178,36 @@ def test_an_idempotent_retry_cannot_turn_the_policys_default_into_other_hours(al
     retry = alice_http.post("/api/v1/sessions", json={"image": IMAGE}, headers={"Idempotency-Key": "k"})
     assert retry.status_code == 200 and datetime.fromisoformat(retry.json()["ends_at"]) == NOW + 24 * HOUR
     assert Session.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_extensions_at_once_cannot_both_pass_the_policy(alice):
+    """Each judges the limit on the row it locked: the one that waited sees the other's new ``ends_at`` and is refused."""
+    session = create.session_create(owner=alice, image=IMAGE, gpus=1, runtime_hours=10)
+    outcomes = []
+
+    def other():
+        try:
+            runtime.session_extend(session=session, user=alice, hours=14)
+            outcomes.append("extended")
+        except runtime.RuntimeOverLimit:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        runtime.session_extend(session=session, user=alice, hours=14)
+        waiter = threading.Thread(target=other, daemon=True)
+        waiter.start()
+        with connection.cursor() as cursor:
+            for _ in range(200):
+                if lock_waiters(cursor):
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the second extension never waited for the session's row")
+    waiter.join(30)
+    assert outcomes == ["refused"]
+    session.refresh_from_db()
+    assert session.ends_at == NOW + 24 * HOUR
+    assert AuditRecord.objects.filter(action="session_extend").count() == 1
