@@ -16,7 +16,7 @@ from decimal import ROUND_CEILING, Decimal
 from types import SimpleNamespace
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,7 +218,16 @@ def test_the_ledger_equals_held_seconds_times_the_rate_whatever_the_samples(
     """Property: a session held two GPUs for a random interval (to the millisecond); random sample windows (in whole
     seconds, disjoint per GPU, some sticking out before its creation or after its end) arrive in random batches, some
     replayed, some after its end, some after the held time was billed, with periodic closes at random times: once
-    everything settled, its charges plus its accrual equal the held seconds × its hourly rate, exactly."""
+    everything settled, its charges plus its accrual equal the held seconds × its hourly rate, exactly.
+
+    Each example runs in a savepoint rolled back at its end: the function-scoped fixtures are shared by every example
+    hypothesis runs, and one example's session, samples and ledger rows must not be the next one's starting point."""
+    with transaction.atomic():
+        _one_held_session(lab_c1, created_ms, held_ms, windows, shared, seed)
+        transaction.set_rollback(True)
+
+
+def _one_held_session(lab_c1, created_ms: int, held_ms: int, windows, shared: bool, seed: random.Random) -> None:
     gpus = _h100s(lab_c1, 2)
     if shared:  # a tenth of an H100 costs 0.0000001 credits per ms: whole seconds keep "held seconds × rate" exact
         created_ms, held_ms = created_ms // 1000 * 1000, max(1000, held_ms // 1000 * 1000)

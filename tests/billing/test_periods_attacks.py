@@ -118,7 +118,10 @@ def test_a_user_at_the_edge_of_their_balance_starting_two_sessions_at_once_gets_
     # The new session's hold is one hour of a 2.5-credit GPU; 20 minutes of usage (0.833340) came since.
     assert summary["available"] == required * Decimal("0.5") - 20 * Decimal("0.041667")
     assert summary["available"] >= 0
-    assert [c.period_start for c in LedgerEntry.objects.filter(session=running, kind="charge")] == [T0]
+    # The first hour is charged; the second (the meter's last windows) only when they arrived before the close of
+    # T0 + 2 h 5 min ran: the threads' order decides, and either way each period is charged once.
+    charged = sorted(c.period_start for c in LedgerEntry.objects.filter(session=running, kind="charge"))
+    assert charged in ([T0], [T0, T0 + HOUR]), charged
     assert_books()
 
 
