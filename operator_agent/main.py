@@ -205,13 +205,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
             else:
                 logger.info("operator metrics at http://%s:%d/metrics", config.metrics_address, config.metrics_port)
         start_loop("sessions", run_sessions, SESSIONS_JOIN_TIMEOUT, "session reconciler")
-        start_loop("volume-sync", run_volume_sync, VOLUME_SYNC_JOIN_TIMEOUT, "volume sync")
+        # Each loop is announced before its thread starts: its first tick runs at once and may log first otherwise.
         logger.info("volume sync every %gs (volume StorageClass: %s)", config.volume_sync_interval,
                     config.volume_storage_class or "none set")
+        start_loop("volume-sync", run_volume_sync, VOLUME_SYNC_JOIN_TIMEOUT, "volume sync")
         start_loop("usage", run_usage, USAGE_JOIN_TIMEOUT, "usage metering")
-        start_loop("activity", functools.partial(run_activity, metrics=metrics), ACTIVITY_JOIN_TIMEOUT, "GPU activity")
         logger.info("GPU activity every %gs from HAMi's vGPU monitor (pods %s, port %d)", config.activity_interval,
                     config.hami_monitor_selector, config.hami_monitor_port)
+        start_loop("activity", functools.partial(run_activity, metrics=metrics), ACTIVITY_JOIN_TIMEOUT, "GPU activity")
         checks = SessionPathChecks()
         try:
             run(config, core_v1, client, stop, refresher=TokenRefresher(tokens, client), checks=checks)
