@@ -53,6 +53,12 @@ from billing.models import (
     CREDITS,
     DEFAULT_MAX_RUNTIME_HOURS,
     DEFAULT_MAX_VOLUME_GB,
+    DEFAULT_CPU_PER_GPU,
+    DEFAULT_MAX_CPU_PER_GPU,
+    DEFAULT_MAX_MEMORY_GIB_PER_GPU,
+    DEFAULT_MAX_QUEUED_SESSIONS,
+    DEFAULT_MEMORY_GIB_PER_GPU,
+    DEFAULT_QUEUE_TIMEOUT_HOURS,
     DEFAULT_RUNTIME_WARNING_MINUTES,
     CreditAccount,
     Policy,
@@ -82,6 +88,11 @@ class EffectivePolicy:
         max_volume_gb: GiB the user's volumes (not deleted) may hold in all, or None (unlimited).
         max_runtime_hours: the longest a session may run, hours from its reservation (0: unlimited; ``sessions.runtime``).
         runtime_warning_minutes: minutes before its time limit when a session starts showing the coming stop.
+        default_cpu_per_gpu, default_memory_gib_per_gpu: cores and GiB per GPU of a request that asks for none.
+        max_cpu_per_gpu, max_memory_gib_per_gpu: the most cores and GiB per GPU a request may ask for.
+        priority: the queue order of the user's sessions (higher first; ``sessions.queue``).
+        max_queued_sessions: sessions the user may have waiting in the queue at once.
+        queue_timeout_hours: hours a session may wait in the queue before it is dropped.
     """
 
     max_sessions: int | None
@@ -95,6 +106,19 @@ class EffectivePolicy:
     max_volume_gb: int | None = None
     max_runtime_hours: Decimal = DEFAULT_MAX_RUNTIME_HOURS
     runtime_warning_minutes: int = DEFAULT_RUNTIME_WARNING_MINUTES
+    default_cpu_per_gpu: Decimal = DEFAULT_CPU_PER_GPU
+    default_memory_gib_per_gpu: Decimal = DEFAULT_MEMORY_GIB_PER_GPU
+    max_cpu_per_gpu: Decimal = DEFAULT_MAX_CPU_PER_GPU
+    max_memory_gib_per_gpu: Decimal = DEFAULT_MAX_MEMORY_GIB_PER_GPU
+    priority: int = 0
+    max_queued_sessions: int = DEFAULT_MAX_QUEUED_SESSIONS
+    queue_timeout_hours: Decimal = DEFAULT_QUEUE_TIMEOUT_HOURS
+
+
+#: The ``Policy`` columns after ``runtime_warning_minutes`` that ``EffectivePolicy`` takes as they are, in its field order
+#: (``policies_for`` and ``admission_read`` read them; their defaults without a row are the model's).
+_LATER_COLUMNS = ("default_cpu_per_gpu", "default_memory_gib_per_gpu", "max_cpu_per_gpu", "max_memory_gib_per_gpu", "priority",
+                  "max_queued_sessions", "queue_timeout_hours")
 
 
 def settings_policy() -> EffectivePolicy:
@@ -127,11 +151,12 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
         Policy.objects.filter(Q(user_id__in=user_ids) | Q(user__isnull=True))
         .annotate(cluster_ids=ArrayAgg("allowed_clusters__id", filter=Q(allowed_clusters__isnull=False), distinct=True))
         .values_list("user_id", "max_sessions", "max_gpus", "min_balance_hours", "grace_seconds", "cluster_ids",
-                     "idle_timeout_minutes", "idle_warning_minutes", "max_volume_gb", "max_runtime_hours", "runtime_warning_minutes")
+                     "idle_timeout_minutes", "idle_warning_minutes", "max_volume_gb", "max_runtime_hours", "runtime_warning_minutes",
+                     *_LATER_COLUMNS)
     )
     found: dict[int | None, EffectivePolicy] = {}
     for (user_id, max_sessions, max_gpus, hours, grace, cluster_ids, idle_timeout, idle_warning, max_volume_gb, max_runtime,
-         runtime_warning) in rows:
+         runtime_warning, *later) in rows:
         found[user_id] = EffectivePolicy(
             max_sessions=max_sessions,
             max_gpus=max_gpus,
@@ -144,6 +169,7 @@ def policies_for(*, user_ids) -> dict[int, EffectivePolicy]:
             max_volume_gb=max_volume_gb,
             max_runtime_hours=max_runtime,
             runtime_warning_minutes=runtime_warning,
+            **dict(zip(_LATER_COLUMNS, later, strict=True)),
         )
     fallback = found.get(None) or settings_policy()
     return {user_id: found.get(user_id, fallback) for user_id in user_ids}
@@ -201,7 +227,7 @@ class _Live:
 def _live_sessions(user) -> list[_Live]:
     """The user's live sessions with the models and memory of their reserved GPUs (one query)."""
     rows = (
-        user.gpu_sessions.live()
+        user.gpu_sessions.admitted()
         .values_list("pk", "gpus", "gpu_memory_mib", "gpu_cores", "allocations__device__model", "allocations__device__memory_mib")
         .order_by("pk")
     )
@@ -272,7 +298,9 @@ def _prices_and_models(clusters) -> tuple[dict[str, Decimal], list[tuple[str, in
 _ADMISSION_SQL = """
 WITH own AS (
     SELECT p.id, p.user_id, p.max_sessions, p.max_gpus, p.min_balance_hours, p.grace_seconds, p.idle_timeout_minutes,
-           p.idle_warning_minutes, p.max_runtime_hours, p.runtime_warning_minutes
+           p.idle_warning_minutes, p.max_runtime_hours, p.runtime_warning_minutes,
+           p.default_cpu_per_gpu, p.default_memory_gib_per_gpu, p.max_cpu_per_gpu, p.max_memory_gib_per_gpu, p.priority,
+           p.max_queued_sessions, p.queue_timeout_hours
     FROM billing_policy p WHERE p.user_id = %(user)s OR p.user_id IS NULL
     ORDER BY p.user_id NULLS LAST, p.id LIMIT 1
 ),
@@ -298,7 +326,9 @@ SELECT o.user_id IS NOT NULL, o.id IS NOT NULL, o.max_sessions, o.max_gpus, o.mi
        l.ids, l.gpus, l.memories, l.cores, l.models, l.device_memories,
        ARRAY(SELECT p.gpu_model FROM billing_price p ORDER BY p.gpu_model),
        ARRAY(SELECT p.credits_per_gpu_hour FROM billing_price p ORDER BY p.gpu_model),
-       m.models, m.memories
+       m.models, m.memories,
+       o.default_cpu_per_gpu, o.default_memory_gib_per_gpu, o.max_cpu_per_gpu, o.max_memory_gib_per_gpu, o.priority,
+       o.max_queued_sessions, o.queue_timeout_hours
 FROM (SELECT 1) one
 LEFT JOIN own o ON TRUE
 CROSS JOIN (
@@ -343,8 +373,9 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
         scope: the cluster pks the request is limited to before its policy (pinned, volumes), or None (any). The
             candidates priced are those of them that take sessions (connected, with a session domain) and that the
             policy allows: the same as ``admission_clusters`` and ``session_create`` give ``admission_check``.
-        ended_phases: the phases of a session that ended (``Session.TERMINAL_PHASES``): the user's sessions in any
-            other phase are live. The caller names them because sessions sits above billing.
+        ended_phases: the phases of a session that holds nothing (``Session.HOLDING_EXCLUDED_PHASES``: ended, or
+            waiting in the queue): the user's sessions in any other phase count against the policy and the
+            balance. The caller names them because sessions sits above billing.
 
     Returns:
         An ``AdmissionState`` (the same values as ``policy_for``, ``_live_sessions``, ``_prices_and_models``).
@@ -356,12 +387,12 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
         cursor.execute(_ADMISSION_QUERY, params)
         (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, max_runtime, runtime_warning, allowed, ids, gpus,
          memories, cores,
-         models, device_memories, price_models, price_values, candidate_models, candidate_memories) = cursor.fetchone()
+         models, device_memories, price_models, price_values, candidate_models, candidate_memories, *later) = cursor.fetchone()
     if found:
         policy = EffectivePolicy(max_sessions=max_sessions, max_gpus=max_gpus, allowed_clusters=frozenset(allowed) if allowed else None,
                                  min_balance_hours=hours, grace_seconds=grace, source="user" if own else "default",
                                  idle_timeout_minutes=idle_timeout, idle_warning_minutes=idle_warning, max_runtime_hours=max_runtime,
-                                 runtime_warning_minutes=runtime_warning)
+                                 runtime_warning_minutes=runtime_warning, **dict(zip(_LATER_COLUMNS, later, strict=True)))
     else:
         policy = fallback
     live: dict[int, _Live] = {}

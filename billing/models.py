@@ -42,6 +42,16 @@ DEFAULT_MAX_RUNTIME_HOURS = Decimal(24)
 DEFAULT_RUNTIME_WARNING_MINUTES = 15
 
 
+#: Defaults of the policy's CPU and memory per GPU (``default_cpu_per_gpu`` cores, ``default_memory_gib_per_gpu`` GiB,
+#: their maxima) and of its queue (``max_queued_sessions``, ``queue_timeout_hours``).
+DEFAULT_CPU_PER_GPU = Decimal(4)
+DEFAULT_MEMORY_GIB_PER_GPU = Decimal(16)
+DEFAULT_MAX_CPU_PER_GPU = Decimal(16)
+DEFAULT_MAX_MEMORY_GIB_PER_GPU = Decimal(128)
+DEFAULT_MAX_QUEUED_SESSIONS = 3
+DEFAULT_QUEUE_TIMEOUT_HOURS = Decimal(72)
+
+
 class CreditAccount(models.Model):
     """A user's credits. ``balance`` (credits) = the sum of the account's ledger entries; ``accrued`` (credits, >= 0) =
     the sum of its sessions' ``Accrual.amount``: usage stored but not charged yet (its billing period is open).
@@ -176,6 +186,11 @@ class Policy(models.Model):
         max_runtime_hours: the longest a session may hold its GPUs, hours from its reservation (``runtime_hours`` of a
             request, and its extensions by the owner, stay within it; 0: unlimited; ``sessions.runtime``).
         runtime_warning_minutes: how long before its time limit a session shows the coming stop.
+        default_cpu_per_gpu, default_memory_gib_per_gpu: CPU cores and GiB of memory per GPU a request gets when it
+            asks for none; max_cpu_per_gpu, max_memory_gib_per_gpu: the most it may ask per GPU.
+        priority: the queue order of the user's sessions (higher first; ``sessions.queue``).
+        max_queued_sessions: sessions the user may have waiting in the queue at once.
+        queue_timeout_hours: how long a session may wait in the queue before it is dropped.
     """
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="policy")
@@ -198,6 +213,24 @@ class Policy(models.Model):
         help_text="The longest a session may run, in hours from its reservation (its time limit; 0: unlimited)")
     runtime_warning_minutes = models.PositiveIntegerField(
         default=DEFAULT_RUNTIME_WARNING_MINUTES, help_text="Show the coming stop at a session's time limit this many minutes before it")
+    default_cpu_per_gpu = models.DecimalField(
+        max_digits=6, decimal_places=2, default=DEFAULT_CPU_PER_GPU, validators=[MinValueValidator(Decimal(0))],
+        help_text="CPU cores per GPU a session gets when its request asks for none")
+    default_memory_gib_per_gpu = models.DecimalField(
+        max_digits=8, decimal_places=2, default=DEFAULT_MEMORY_GIB_PER_GPU, validators=[MinValueValidator(Decimal(0))],
+        help_text="Memory (GiB) per GPU a session gets when its request asks for none")
+    max_cpu_per_gpu = models.DecimalField(
+        max_digits=6, decimal_places=2, default=DEFAULT_MAX_CPU_PER_GPU, validators=[MinValueValidator(Decimal(0))],
+        help_text="The most CPU cores per GPU a session may ask for")
+    max_memory_gib_per_gpu = models.DecimalField(
+        max_digits=8, decimal_places=2, default=DEFAULT_MAX_MEMORY_GIB_PER_GPU, validators=[MinValueValidator(Decimal(0))],
+        help_text="The most memory (GiB) per GPU a session may ask for")
+    priority = models.IntegerField(default=0, help_text="Queue order of the user's sessions: higher first, then arrival")
+    max_queued_sessions = models.PositiveIntegerField(
+        default=DEFAULT_MAX_QUEUED_SESSIONS, help_text="Sessions the user may have waiting in the queue at once (0: none may queue)")
+    queue_timeout_hours = models.DecimalField(
+        max_digits=7, decimal_places=2, default=DEFAULT_QUEUE_TIMEOUT_HOURS, validators=[MinValueValidator(Decimal(0))],
+        help_text="Hours a session may wait in the queue before it is dropped")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -320,7 +320,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
             return replayed, False
     # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
     state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None),
-                                     ended_phases=Session.TERMINAL_PHASES)
+                                     ended_phases=Session.HOLDING_EXCLUDED_PHASES)
     if request.models:
         # Priced at the dearest of the accepted models present (all candidates' models when none is: no_capacity follows).
         acceptable = [m for m in state.models if m[0] in request.models]

@@ -17,6 +17,14 @@ class SessionQuerySet(models.QuerySet):
         """The sessions that have not ended (neither Terminated nor Failed): they hold their GPUs, volumes and credits."""
         return self.exclude(phase__in=Session.TERMINAL_PHASES)
 
+    def admitted(self) -> SessionQuerySet:
+        """The live sessions that left the queue: they hold GPUs, credits and quota (``live`` without ``Queued``)."""
+        return self.exclude(phase__in=Session.HOLDING_EXCLUDED_PHASES)
+
+    def queued(self) -> SessionQuerySet:
+        """The sessions waiting in the fleet-wide queue (``sessions.queue``)."""
+        return self.filter(phase=Session.Phase.QUEUED)
+
     def running(self) -> SessionQuerySet:
         """The Running sessions (what their usage costs now: ``billing.selectors.burn_rate``)."""
         return self.filter(phase=Session.Phase.RUNNING)
@@ -45,6 +53,7 @@ class Session(models.Model):
     """
 
     class Phase(models.TextChoices):
+        QUEUED = "Queued"
         PENDING = "Pending"
         SCHEDULED = "Scheduled"
         STARTING = "Starting"
@@ -54,6 +63,8 @@ class Session(models.Model):
         FAILED = "Failed"
 
     TERMINAL_PHASES = (Phase.TERMINATED, Phase.FAILED)
+    #: Phases that hold GPUs, credits and quota: live and admitted (a queued session holds none of them).
+    HOLDING_EXCLUDED_PHASES = (Phase.QUEUED, Phase.TERMINATED, Phase.FAILED)
 
     objects = SessionQuerySet.as_manager()
 
@@ -62,6 +73,7 @@ class Session(models.Model):
         CREDITS = "credits", "credits ran out"
         IDLE = "idle", "idle policy"
         TIME_LIMIT = "time_limit", "time limit reached"
+        QUEUE_TIMEOUT = "queue_timeout", "waited in the queue too long"
 
     public_id = models.CharField(max_length=24, unique=True, default=new_session_id, editable=False)
     name = models.CharField(max_length=63, blank=True, default="")
@@ -106,6 +118,25 @@ class Session(models.Model):
     ends_at = models.DateTimeField(
         null=True, blank=True,
         help_text="When its time limit stops it (its reservation + its runtime hours, plus extensions; empty: no limit)")
+    runtime_hours = models.DecimalField(
+        max_digits=7, decimal_places=2, null=True, blank=True,
+        help_text="The runtime hours asked (empty: the policy's maximum); a queued session's ends_at counts them from its admission")
+    cpu = models.DecimalField(max_digits=7, decimal_places=3, null=True, blank=True,
+                              help_text="CPU cores the pod requests and is limited to (empty: none asked, sessions before CPU requests)")
+    memory_gib = models.DecimalField(max_digits=9, decimal_places=3, null=True, blank=True,
+                                     help_text="Memory (GiB) the pod requests and is limited to; /dev/shm is half of it")
+    priority = models.IntegerField(default=0, help_text="Queue order: higher first, then arrival (the owner's policy; staff may change it)")
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When it joined the queue (empty: never queued)")
+    queue_expires_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="When it leaves the queue unstarted (queued_at + the policy's queue_timeout_hours)")
+    admitted_at = models.DateTimeField(null=True, blank=True, help_text="When the queue admitted it (its GPUs were reserved)")
+    queue_position = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="1-based place among the queued sessions that could use the same GPUs")
+    estimated_start = models.DateTimeField(null=True, blank=True, help_text="When the queue expects to start it (empty: unknown)")
+    first_estimated_start = models.DateTimeField(null=True, blank=True,
+                                                 help_text="The estimate made when it was queued (the estimate's accuracy is measured against it)")
+    waiting_for = models.TextField(blank=True, default="", help_text="Why it waits, in words")
+    alternatives = models.JSONField(default=list, blank=True, help_text="Requests that would start sooner (sessions.queue)")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -119,6 +150,8 @@ class Session(models.Model):
             models.Index(fields=["reapply_due_at"], name="session_reapply_due_idx", condition=Q(reapply_due_at__isnull=False)),
             # Admission counts a user's live sessions on every session_create: only those, not the user's history.
             models.Index(fields=["owner"], name="session_live_owner_idx", condition=~Q(phase__in=["Terminated", "Failed"])),
+            # The queue's admission and estimate passes read the queued sessions in order: only those.
+            models.Index(fields=["-priority", "queued_at", "id"], name="session_queue_order_idx", condition=Q(phase="Queued")),
             # sessions.enforce_runtime looks for the live sessions past their time limit: only those that have one.
             models.Index(fields=["ends_at"], name="session_live_ends_at_idx",
                          condition=Q(ends_at__isnull=False) & ~Q(phase__in=["Terminated", "Failed"])),
