@@ -12,6 +12,7 @@ from billing.pricing import SHARE, gpu_share
 from core.exceptions import NotFound
 from sessions.errors import SESSION_NOT_FOUND
 from sessions.models import Allocation, Session
+from sessions.queue.order import QUEUE_ORDER
 from storage.errors import VOLUME_NOT_FOUND
 from storage.models import Volume
 
@@ -117,3 +118,12 @@ def session_volumes(*, owner, volume_ids: list[str]) -> list[Volume]:
             code=VOLUME_NOT_FOUND,
         )
     return [found[vid] for vid in volume_ids]
+
+
+def queue_list(*, user) -> QuerySet[Session]:
+    """The queued sessions visible to ``user`` in queue order (``sessions.queue.order``): the whole queue for staff, their
+    own otherwise (each with its fleet-wide ``queue_position``)."""
+    qs = Session.objects.queued().select_related("owner", "requested_cluster").order_by(*QUEUE_ORDER)
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    return qs
