@@ -24,6 +24,9 @@ GPU of the accepted models where it may go): it is refused, never queued."""
 QUEUE_LIMIT_REACHED = "queue_limit_reached"
 """403: the owner already has their policy's ``max_queued_sessions`` waiting in the queue."""
 
+QUEUE_WAITING = "queue_waiting"
+"""409: an owner's extension while queued sessions wait for GPUs like the session's (staff may still extend it)."""
+
 PRIORITY_FORBIDDEN = "priority_forbidden"
 """403: only staff may change a queued session's priority."""
 

@@ -20,8 +20,12 @@ from sessions.queue import leave
 REDELETE_WINDOW = timedelta(minutes=10)
 
 
+#: ``session_stop``'s default reason.
+STOPPED_ON_REQUEST = "Stopped on request."
+
+
 @transaction.atomic
-def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_reason: str = Session.StopReason.REQUESTED) -> Session:
+def session_stop(*, session: Session, reason: str = STOPPED_ON_REQUEST, stop_reason: str = Session.StopReason.REQUESTED) -> Session:
     """Stop a session: Stopping now, its GShareSession is deleted by a task, then Terminated. Idempotent.
 
     Args:
@@ -43,7 +47,7 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_
     if session.phase == Session.Phase.QUEUED:
         # It holds nothing and has no pod: it leaves the queue at once, and the sessions behind it may start sooner.
         leave.queued_end(session=session, stop_reason=stop_reason,
-                         message="Left the queue on request." if stop_reason == Session.StopReason.REQUESTED else reason)
+                         message="Left the queue on request." if reason == STOPPED_ON_REQUEST else reason)
         leave.publish_after_commit()
         return session
     previous = session.phase

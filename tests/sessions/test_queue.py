@@ -11,7 +11,7 @@ import time_machine
 from audit.models import AuditRecord
 from billing.services import policy_set
 from identity.tokens import api_token_create
-from sessions import create, lifecycle, placement
+from sessions import create, lifecycle, placement, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from sessions.queue import leave
@@ -275,3 +275,26 @@ def test_api_never_fits_is_409_with_its_code(cluster, http_of):
     answer = http_of(_user()).post("/api/v1/sessions", json={"image": IMAGE, "gpus": 9, "queue": True})
     assert answer.status_code == 409 and answer.json()["code"] == "never_fits"
     assert not Session.objects.exists()
+
+
+def test_the_owner_may_not_extend_while_the_queue_waits_for_such_gpus_but_staff_may(cluster, staff_user):
+    alice = _user()
+    running = start(alice, gpus=4, runtime_hours=2)
+    start(_user(), gpus=1, queue=True)
+    with pytest.raises(create.Conflict) as refused:
+        runtime.session_extend(session=running, user=alice, hours=1)
+    assert refused.value.code == "queue_waiting"
+    assert runtime.session_extend(session=running, user=staff_user, hours=1).ends_at == NOW + 3 * HOUR
+
+
+def test_a_queued_session_admitted_later_counts_its_time_limit_from_its_admission(cluster, frozen):
+    running = start(_user(), gpus=4, runtime_hours=1)
+    bob = _user(max_runtime_hours=Decimal(2))
+    queued = start(bob, gpus=4, runtime_hours=1, queue=True)
+    frozen.shift(3600)
+    end(running)
+    queue_pass()
+    queued.refresh_from_db()
+    assert queued.admitted_at == NOW + HOUR and queued.ends_at == NOW + 2 * HOUR
+    extended = runtime.session_extend(session=queued, user=bob, hours=1)  # 2 h from its admission (3 h from its request)
+    assert extended.ends_at == NOW + 3 * HOUR
