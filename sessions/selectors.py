@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Case, F, Func, IntegerField, Prefetch, QuerySet, When
 from django.db.models.functions import Greatest
 
@@ -127,3 +128,34 @@ def queue_list(*, user) -> QuerySet[Session]:
     if not user.is_staff:
         qs = qs.filter(owner=user)
     return qs
+
+
+#: ``queue_figures``: the queue's length and, over the sessions the queue admitted since ``%(since)s``, the median and
+#: 90th percentile of the first estimate's absolute error (seconds) and of that error as a share of the actual wait.
+_QUEUE_FIGURES_SQL = """
+WITH admitted AS (
+    SELECT ABS(EXTRACT(EPOCH FROM s.admitted_at - s.first_estimated_start)) AS error,
+           GREATEST(EXTRACT(EPOCH FROM s.admitted_at - s.queued_at), 1) AS wait
+    FROM gpu_sessions_session s
+    WHERE s.admitted_at >= %(since)s AND s.first_estimated_start IS NOT NULL AND s.queued_at IS NOT NULL
+)
+SELECT (SELECT COUNT(*) FROM gpu_sessions_session q WHERE q.phase = 'Queued'),
+       (SELECT COUNT(*) FROM admitted),
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY error) FROM admitted),
+       (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY error) FROM admitted),
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY error / wait) FROM admitted),
+       (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY error / wait) FROM admitted)
+"""
+
+
+def queue_figures(*, since) -> dict:
+    """The queue's product figures in one query: ``{"queued", "admitted", "error_p50_seconds", "error_p90_seconds",
+    "error_p50_share", "error_p90_share"}``: how many sessions wait now; over the sessions admitted from the queue since
+    ``since`` (aware), how far each one's first estimate (``first_estimated_start``) was from its actual start
+    (``admitted_at``), as seconds and as a share of its wait (``admitted_at - queued_at``). Figures are None with no
+    admission in the window."""
+    with connection.cursor() as cursor:
+        cursor.execute(_QUEUE_FIGURES_SQL, {"since": since})
+        queued, admitted, p50, p90, share50, share90 = cursor.fetchone()
+    return {"queued": queued, "admitted": admitted, "error_p50_seconds": p50, "error_p90_seconds": p90,
+            "error_p50_share": share50, "error_p90_share": share90}

@@ -11,7 +11,8 @@ import time_machine
 from audit.models import AuditRecord
 from billing.services import policy_set
 from identity.tokens import api_token_create
-from sessions import create, lifecycle, placement, runtime
+from metrics.fleet import render_inventory
+from sessions import create, lifecycle, placement, runtime, selectors
 from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
 from sessions.queue import leave
@@ -298,3 +299,18 @@ def test_a_queued_session_admitted_later_counts_its_time_limit_from_its_admissio
     assert queued.admitted_at == NOW + HOUR and queued.ends_at == NOW + 2 * HOUR
     extended = runtime.session_extend(session=queued, user=bob, hours=1)  # 2 h from its admission (3 h from its request)
     assert extended.ends_at == NOW + 3 * HOUR
+
+
+def test_the_estimates_accuracy_is_recorded_and_exported(cluster, frozen):
+    running = start(_user(), gpus=4, runtime_hours=2)
+    queued = start(_user(), gpus=4, queue=True)
+    assert queued.first_estimated_start == NOW + 2 * HOUR
+    frozen.shift(3 * 3600)  # the session ran an hour past its estimate's basis (say, stopped late)
+    end(running)
+    queue_pass()
+    queued.refresh_from_db()
+    assert queued.admitted_at == NOW + 3 * HOUR
+    figures = selectors.queue_figures(since=NOW)
+    assert figures["admitted"] == 1 and figures["error_p50_seconds"] == 3600 and round(figures["error_p50_share"], 4) == round(1 / 3, 4)
+    text = render_inventory().decode()
+    assert 'gshare_queue_estimate_error_seconds{quantile="0.5"} 3600.0' in text and "gshare_queue_sessions 0.0" in text
