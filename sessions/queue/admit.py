@@ -67,8 +67,9 @@ def _pass(*, now: datetime | None) -> dict[str, int]:
     result = {"queued": len(sessions), "admitted": 0, "expired": expired, "dropped": 0}
     if not sessions:
         return result
-    fleet = fleet_read(now=now)
-    outcomes = plan(fleet, jobs_of(sessions))
+    jobs = jobs_of(sessions)
+    fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
+    outcomes = plan(fleet, jobs)
     by_pk = {s.pk: s for s in sessions}
     waiting, held_back = [], {}
     for outcome in outcomes:

@@ -88,8 +88,9 @@ def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | N
     ahead = [s for s in waiting if order_key(priority=s.priority, queued_at=s.queued_at, pk=s.pk) < new_key]
     jobs = jobs_of(ahead)
     job = job_of(session=session, policy=policy, clusters=clusters, key=0)
-    fleet = fleet_read(now=now)
-    return plan(fleet, [*jobs, job])[-1], fleet
+    jobs.append(job)
+    fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
+    return plan(fleet, jobs)[-1], fleet
 
 
 def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None, volumes: list, account_queued: int) -> Session:

@@ -24,6 +24,7 @@ may be cancelled, a new session with a higher priority may arrive. The plan is m
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -139,63 +140,135 @@ def fits_now(device: Device, job: Job) -> bool:
 
 
 class Fleet:
-    """The plan's picture of the fleet: nodes by cluster and GPU model, so a job looks only at the nodes it may use."""
+    """The plan's picture of the fleet, indexed so that a job looks only at the nodes that can matter to it.
 
-    def __init__(self, nodes: Iterable[Node], *, now: datetime):
+    For each GPU model, fleet-wide and per cluster, and each count k of GPUs, a heap orders the nodes by the time their
+    k-th GPU of that model frees (``_kth``): a job's earliest node is the top of the heap of its size, for each model it
+    accepts (and each cluster it is limited to), not a walk over the fleet. Entries go stale when a node's GPUs change
+    and are dropped when they surface (each carries its node's version). Nodes with a GPU free now but held later for a
+    session ahead (``hole_until``: where backfill may fit) and nodes with a GPU a share may still join are kept apart,
+    so the searches for "now" in those cases look at them alone. A node's GPUs of one model are counted together; a
+    job accepting several models takes GPUs of one of them on its node (the common case: one model per node).
+    """
+
+    def __init__(self, nodes: Iterable[Node], *, now: datetime, by_cluster: bool = True):
         self.now = now
+        #: Whether the per-cluster heaps are kept (a queue whose jobs are all unrestricted needs only the fleet-wide ones).
+        self.by_cluster = by_cluster
         self.nodes = sorted(nodes, key=lambda n: (n.rank, n.cluster_name, n.name))
-        self._by_model: dict[str, list[Node]] = {}
+        self._heaps: dict[tuple[int | None, str, int], list] = {}
+        self._version: dict[tuple[int, str], int] = {}
+        self._order = {node.pk: i for i, node in enumerate(self.nodes)}
+        self._by_pk = {node.pk: node for node in self.nodes}
+        self._holes: dict[str, set[int]] = {}
+        self._open: dict[str, set[int]] = {}
+        self._nodes_of: dict[str, list[Node]] = {}
+        self._node_of = {d.pk: n.pk for n in self.nodes for d in n.devices}
         for node in self.nodes:
-            for model in sorted({d.model for d in node.devices}):
-                self._by_model.setdefault(model, []).append(node)
             for device in node.devices:
                 if device.free_at is None or device.free_at < now:
                     device.free_at = now
-        self.models = frozenset(self._by_model)
+            for model in sorted({d.model for d in node.devices}):
+                self._nodes_of.setdefault(model, []).append(node)
+                self._index(node, model)
+        self.models = frozenset(self._nodes_of)
 
-    def candidates(self, job: Job) -> list[Node]:
-        """The nodes ``job`` may use (accepted models, allowed clusters), in placement order."""
-        if job.models:
-            seen: dict[int, Node] = {}
-            for model in sorted(job.models):
-                for node in self._by_model.get(model, ()):
-                    seen.setdefault(node.pk, node)
-            nodes = sorted(seen.values(), key=lambda n: (n.rank, n.cluster_name, n.name)) if len(job.models) > 1 else list(seen.values())
+    # ----------------------------------------------------------------- the indexes
+
+    def _devices(self, node: Node, model: str) -> list[Device]:
+        return [d for d in node.devices if d.model == model]
+
+    def _index(self, node: Node, model: str) -> None:
+        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks."""
+        key = (node.pk, model)
+        version = self._version[key] = self._version.get(key, 0) + 1
+        devices = self._devices(node, model)
+        times = sorted(d.free_at for d in devices)
+        order = self._order[node.pk]
+        for k, at in enumerate(times, start=1):
+            if at < NEVER:
+                entry = (at, order, version, node.pk)
+                heapq.heappush(self._heaps.setdefault((None, model, k), []), entry)
+                if self.by_cluster:
+                    heapq.heappush(self._heaps.setdefault((node.cluster_id, model, k), []), entry)
+        holes = self._holes.setdefault(model, set())
+        if any(d.hole_until is not None and d.used_count == 0 for d in devices):
+            holes.add(node.pk)
         else:
-            nodes = self.nodes
-        if job.clusters is not None:
-            nodes = [n for n in nodes if n.cluster_id in job.clusters]
-        return nodes
+            holes.discard(node.pk)
+        opened = self._open.setdefault(model, set())
+        if any(not d.used_exclusive and 0 < d.used_count < d.split_count for d in devices) or any(d.used_count == 0 for d in devices):
+            opened.add(node.pk)
+        else:
+            opened.discard(node.pk)
 
-    def start_now(self, job: Job, nodes: list[Node] | None = None) -> tuple[Node, list[Device]] | None:
-        """A node and GPUs where ``job`` fits now without delaying any planned start (see the module), or None."""
-        end = None if job.duration is None else self.now + job.duration
-        for node in self.candidates(job) if nodes is None else nodes:
-            chosen = []
-            for device in node.devices:
-                if job.models and device.model not in job.models:
-                    continue
-                if device.hole_until is not None and (end is None or end > device.hole_until):
-                    continue
-                if fits_now(device, job):
-                    chosen.append(device)
-                    if len(chosen) == job.gpus:
-                        return node, chosen
+    def _top(self, key: tuple[int | None, str, int]) -> tuple[datetime, Node] | None:
+        """The valid top of a heap: ``(kth free time, node)``; stale entries are dropped."""
+        heap = self._heaps.get(key)
+        while heap:
+            at, _, version, pk = heap[0]
+            if self._version[(pk, key[1])] == version:
+                return at, self._by_pk[pk]
+            heapq.heappop(heap)
         return None
 
-    def earliest(self, job: Job, nodes: list[Node] | None = None) -> tuple[datetime, Node, list[Device]] | None:
+    def _models(self, job: Job) -> list[str]:
+        return sorted(job.models & self.models) if job.models else sorted(self.models)
+
+    def _allowed(self, job: Job, node: Node) -> bool:
+        return job.clusters is None or node.cluster_id in job.clusters
+
+    def candidates(self, job: Job) -> list[Node]:
+        """Every node ``job`` may use (accepted models, allowed clusters), in placement order (for tests and reports; the
+        searches use the indexes)."""
+        seen = {n.pk: n for model in self._models(job) for n in self._nodes_of.get(model, ())}
+        return [n for n in sorted(seen.values(), key=lambda n: self._order[n.pk]) if self._allowed(job, n)]
+
+    # ----------------------------------------------------------------- the searches
+
+    def start_now(self, job: Job) -> tuple[Node, list[Device]] | None:
+        """A node and GPUs where ``job`` fits now without delaying any planned start (see the module), or None."""
+        found = self.earliest(job)
+        if found is not None and found[0] <= self.now and job.whole and all(fits_now(d, job) for d in found[2]):
+            return found[1], found[2]
+        end = None if job.duration is None else self.now + job.duration
+        # Free GPUs that a session ahead is planned on later (backfill), and, for a share, GPUs with room left.
+        pools = [self._holes] if job.whole else [self._holes, self._open]
+        for model in self._models(job):
+            pks = set().union(*(pool.get(model, set()) for pool in pools))
+            for pk in sorted(pks, key=self._order.__getitem__):
+                node = self._by_pk[pk]
+                if not self._allowed(job, node):
+                    continue
+                chosen = []
+                for device in self._devices(node, model):
+                    if device.hole_until is not None and (end is None or end > device.hole_until):
+                        continue
+                    if fits_now(device, job):
+                        chosen.append(device)
+                        if len(chosen) == job.gpus:
+                            return node, chosen
+        return None
+
+    def earliest(self, job: Job) -> tuple[datetime, Node, list[Device]] | None:
         """The earliest time a node has ``job.gpus`` GPUs of an accepted model with nothing on them, that node and those
         GPUs (the earliest to free first); None when none ever does (``NEVER``)."""
         best = None
-        for node in self.candidates(job) if nodes is None else nodes:
-            devices = [d for d in node.devices if not job.models or d.model in job.models]
-            if len(devices) < job.gpus:
-                continue
-            devices.sort(key=lambda d: (d.free_at, d.pk))
-            at = devices[job.gpus - 1].free_at
-            if at < NEVER and (best is None or at < best[0]):
-                best = (at, node, devices[: job.gpus])
-        return best
+        if job.clusters is not None and not self.by_cluster:
+            raise ValueError("a job limited to clusters needs a Fleet made with by_cluster=True")
+        scopes = [None] if job.clusters is None else sorted(job.clusters)
+        for model in self._models(job):
+            for scope in scopes:
+                top = self._top((scope, model, job.gpus))
+                if top is not None and (best is None or (top[0], self._order[top[1].pk]) < (best[0], self._order[best[1].pk])):
+                    best = (top[0], top[1], model)
+        if best is None:
+            return None
+        at, node, model = best
+        devices = sorted(self._devices(node, model), key=lambda d: (d.free_at, d.pk))[: job.gpus]
+        return at, node, devices
+
+    # ----------------------------------------------------------------- the plan's changes
 
     def take_now(self, job: Job, devices: list[Device]) -> None:
         """Put ``job`` on ``devices`` from now (what placement will reserve)."""
@@ -210,9 +283,7 @@ class Fleet:
                 device.used_cores += share_cores(gpu_cores=job.cores, split_count=device.split_count)
             if end > device.free_at:
                 device.free_at, device.freed_by = end, (job.public_id, _PLANNED_END)
-        if job.duration is None:
-            for device in devices:
-                device.free_at = NEVER
+        self._reindex(devices)
 
     def hold_later(self, job: Job, start: datetime, devices: list[Device]) -> None:
         """Hold ``devices`` for ``job`` from ``start`` to its end: nobody behind it may use them past ``start``."""
@@ -220,6 +291,12 @@ class Fleet:
         for device in devices:
             device.hole_until = start if device.hole_until is None else min(device.hole_until, start)
             device.free_at, device.freed_by = end, (job.public_id, _PLANNED_END)
+        self._reindex(devices)
+
+    def _reindex(self, devices: list[Device]) -> None:
+        touched = {(self._node_of[d.pk], d.model) for d in devices}
+        for pk, model in sorted(touched):
+            self._index(self._by_pk[pk], model)
 
 
 _PLANNED_END = "is planned to end"
@@ -232,13 +309,12 @@ def plan(fleet: Fleet, jobs: list[Job]) -> list[Outcome]:
     for job in jobs:
         outcome = Outcome(job=job, position=1 + _ahead(seen_models, job.models))
         seen_models[job.models] = seen_models.get(job.models, 0) + 1
-        nodes = fleet.candidates(job)
-        placed = fleet.start_now(job, nodes)
+        placed = fleet.start_now(job)
         if placed is not None:
             outcome.now, outcome.start, (outcome.node, outcome.devices) = True, fleet.now, placed
             fleet.take_now(job, outcome.devices)
         else:
-            found = fleet.earliest(job, nodes)
+            found = fleet.earliest(job)
             if found is not None:
                 outcome.start, outcome.node, outcome.devices = found
                 last = max(outcome.devices, key=lambda d: (d.free_at, d.pk))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 
@@ -55,9 +56,10 @@ ORDER BY n.id, d.index, d.id
 """
 
 
-def fleet_read(*, now: datetime) -> Fleet:
+def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
     """The fleet as the plan sees it at ``now`` (two queries: the GPUs with their holders, then the holders' owners'
-    accounts; and the prices). Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first)."""
+    accounts; and the prices). Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first).
+    ``by_cluster``: keep the per-cluster indexes (``Fleet``), needed when a job is limited to some clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
         cursor.execute(_FLEET_SQL)
@@ -85,7 +87,7 @@ def fleet_read(*, now: datetime) -> Fleet:
     runs_out = _credits_run_out(burn, now=now)
     for device, held in holders:
         device.free_at, device.freed_by = _last_end(held, runs_out, now=now)
-    return Fleet(nodes.values(), now=now)
+    return Fleet(nodes.values(), now=now, by_cluster=by_cluster)
 
 
 def _credits_run_out(burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
@@ -117,18 +119,35 @@ def _last_end(held: list[tuple], runs_out: dict[int, datetime], *, now: datetime
     return last, by
 
 
-def queued_sessions(*, limit: int | None = None) -> list[Session]:
-    """The queued sessions in queue order (``QUEUE_ORDER``), with what their jobs need loaded (owner, pinned cluster)."""
-    rows = Session.objects.queued().order_by(*QUEUE_ORDER).select_related("requested_cluster")
-    return list(rows[:limit] if limit else rows)
+class QueuedRow(NamedTuple):
+    """A queued session's columns the plan and the passes read (a row, not a model instance: a pass reads thousands)."""
+
+    pk: int
+    public_id: str
+    owner_id: int
+    gpus: int
+    gpu_memory_mib: int | None
+    gpu_cores: int | None
+    gpu_models: list
+    runtime_hours: Decimal | None
+    requested_cluster_id: int | None
+    priority: int
+    queued_at: datetime
 
 
-def jobs_of(sessions: list[Session]) -> list[Job]:
+def queued_sessions() -> list[QueuedRow]:
+    """The queued sessions in queue order (``QUEUE_ORDER``), one query."""
+    return [QueuedRow(*row) for row in Session.objects.queued().order_by(*QUEUE_ORDER).values_list(*QueuedRow._fields)]
+
+
+def jobs_of(sessions: list[QueuedRow]) -> list[Job]:
     """The plan's jobs for ``sessions`` (queued, in order): their models, the clusters their pin, their owner's policy and
     their volumes allow, and how long they will run (their ``runtime_hours``, else their policy's maximum; none: no
-    limit). A session whose volumes no cluster may take now gets an empty set of clusters (it waits)."""
+    limit). A session whose volumes no cluster may take now gets an empty set of clusters (it waits). Two queries, and
+    two more per queued session with volumes."""
     policies = admission.policies_for(user_ids={s.owner_id for s in sessions}) if sessions else {}
-    with_volumes = {s.pk for s in Session.objects.filter(pk__in=[s.pk for s in sessions], volumes__isnull=False).distinct()} if sessions else set()
+    through = Session.volumes.through
+    with_volumes = set(through.objects.filter(session__phase=Session.Phase.QUEUED).values_list("session_id", flat=True)) if sessions else set()
     jobs = []
     for session in sessions:
         policy = policies[session.owner_id]
@@ -136,13 +155,13 @@ def jobs_of(sessions: list[Session]) -> list[Job]:
         if session.requested_cluster_id is not None:
             clusters = frozenset({session.requested_cluster_id}) & clusters if clusters is not None else frozenset({session.requested_cluster_id})
         if session.pk in with_volumes:
-            clusters = _volume_scope(session, clusters)
+            clusters = _volume_scope(Session.objects.select_related("owner", "requested_cluster").get(pk=session.pk), clusters)
         jobs.append(job_of(session=session, policy=policy, clusters=clusters))
     return jobs
 
 
-def job_of(*, session: Session, policy, clusters: frozenset[int] | None, key: int | None = None) -> Job:
-    """One session's (or unsaved request's) ``Job``."""
+def job_of(*, session, policy, clusters: frozenset[int] | None, key: int | None = None) -> Job:
+    """One queued session's (a ``QueuedRow``) or unsaved request's (a ``Session``) ``Job``."""
     hours = session.runtime_hours if session.runtime_hours is not None else (policy.max_runtime_hours or None)
     return Job(key=session.pk if key is None else key, public_id=session.public_id if session.pk else "", gpus=session.gpus,
                memory_mib=session.gpu_memory_mib, cores=session.gpu_cores, models=frozenset(session.gpu_models or ()),
