@@ -16,6 +16,7 @@ from django.utils import timezone
 from billing import admission, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, LedgerEntry
 from clusters.models import Cluster, GpuDevice
+from clusters.selectors import gpu_model_availability
 
 _ZERO = Decimal(0).quantize(CREDITS)
 
@@ -152,6 +153,28 @@ def price_list() -> dict:
             for row in rows
         ],
     }
+
+
+def free_gpus_by_model(user, prices: dict[str, Decimal] | None = None) -> list[dict]:
+    """What ``user`` could start on now, per GPU model: the Start session form's figure
+    (``clusters.selectors.gpu_model_availability``) over the clusters ``user``'s policy allows (``allowed_clusters``;
+    all when it names none), with each model's price.
+
+    Args:
+        prices: a ``pricing.prices_by_model()`` result to reuse; None reads it (one query).
+
+    Returns:
+        ``[{"model", "free", "total", "credits_per_gpu_hour"}, ...]`` by model: ``total`` the healthy GPUs on ready
+        nodes of connected clusters with a session domain, ``free`` those with nothing reserved (whole GPUs a session
+        could take now), the price a ``Decimal`` (``pricing.price_for_model``). Two or three queries.
+    """
+    if prices is None:
+        prices = pricing.prices_by_model()
+    allowed = admission.policy_for(user).allowed_clusters
+    return [
+        {"model": model, "free": free, "total": total, "credits_per_gpu_hour": pricing.price_for_model(model, prices)}
+        for model, free, total in gpu_model_availability(cluster_ids=allowed)
+    ]
 
 
 def _ledger_entries() -> QuerySet[LedgerEntry]:
