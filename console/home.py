@@ -23,6 +23,7 @@ from decimal import Decimal
 from django.urls import reverse
 
 from billing import pricing
+from billing.admission import policy_for
 from billing.selectors import account_summary, free_gpus_by_model
 from console.dashboard import utc
 from console.figures import credits_display
@@ -166,10 +167,11 @@ def researcher_home(request, *, site_name: str, now: datetime.datetime) -> Home:
         now: an aware UTC datetime: the runway counts from it.
 
     Returns:
-        A :class:`Home`. A constant number of queries (about a dozen), whatever the number of sessions.
+        A :class:`Home`. A constant number of queries (nine today), whatever the number of sessions.
     """
     user = request.user
     prices = pricing.prices_by_model()
+    policy = policy_for(user)  # read once: the holds and the clusters whose free GPUs count
     lives, total = live_sessions_of(user=user, limit=HOME_SESSIONS_SHOWN, prices=prices)
     rights = SessionRights(user, may_stop=True)  # a researcher stops their own sessions (the list's rule)
     rows = []
@@ -186,13 +188,13 @@ def researcher_home(request, *, site_name: str, now: datetime.datetime) -> Home:
             stop_url=reverse(f"{site_name}:gpu_sessions_session_stop", args=[session.pk]) if actions.stop else "",
             page_url=reverse(f"{site_name}:gpu_sessions_session_change", args=[session.pk]),
         ))
-    summary = account_summary(user, now=now)
+    summary = account_summary(user, now=now, prices=prices, policy=policy)
     return Home(
         sessions=rows,
         sessions_total=total,
         credits=summary,
         runway=_runway(summary, now),
-        free=free_gpus_by_model(user, prices),
+        free=free_gpus_by_model(user, prices, policy=policy),
         start_url=reverse(f"{site_name}:gpu_sessions_session_start"),
         sessions_url=reverse(f"{site_name}:gpu_sessions_session_changelist"),
         credits_url=reverse(f"{site_name}:billing_creditaccount_changelist"),
