@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, F, Func, IntegerField, Prefetch, QuerySet, When
-from django.db.models.functions import Greatest
+from django.db.models import Case, DecimalField, F, Func, IntegerField, OuterRef, Prefetch, QuerySet, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce, Greatest
 
+from billing import pricing
+from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
 from billing.pricing import SHARE, gpu_share
+from billing.selectors import session_hourly_cost
 from core.exceptions import NotFound
 from sessions.errors import SESSION_NOT_FOUND
 from sessions.models import Allocation, Session
@@ -159,3 +164,85 @@ def queue_figures(*, since) -> dict:
         queued, admitted, p50, p90, share50, share90 = cursor.fetchone()
     return {"queued": queued, "admitted": admitted, "error_p50_seconds": p50, "error_p90_seconds": p90,
             "error_p50_share": share50, "error_p90_share": share90}
+
+
+_CREDITS = DecimalField(max_digits=18, decimal_places=CREDIT_PLACES)
+
+
+def with_cost_so_far(qs: QuerySet[Session]) -> QuerySet[Session]:
+    """``qs`` annotated with ``cost_so_far``: credits charged to each session so far (``Decimal``, 0 when none).
+
+    It is minus the sum of the ledger entries naming the session (charges are negative; a refund or adjustment
+    of the session counts against them) plus its usage not charged yet (its ``Accrual``: the open billing period),
+    two correlated subqueries in the list's own query (the ``ledger_session`` index and the accrual's key serve them),
+    so the number of queries does not grow with the rows. The console's session list and the researcher's home page
+    show this figure.
+    """
+    charged = (
+        LedgerEntry.objects.filter(session=OuterRef("pk")).order_by().values("session")
+        .annotate(total=Sum("amount")).values("total")
+    )
+    accrued = Accrual.objects.filter(session=OuterRef("pk")).values("amount")
+    zero = Value(Decimal(0), output_field=_CREDITS)
+    return qs.annotate(cost_so_far=Coalesce(Subquery(accrued, output_field=_CREDITS), zero)
+                       - Coalesce(Subquery(charged, output_field=_CREDITS), zero))
+
+
+def cost_so_far(session: Session) -> Decimal:
+    """Credits charged to ``session`` so far (one query): see :func:`with_cost_so_far`."""
+    return with_cost_so_far(Session.objects.filter(pk=session.pk)).values_list("cost_so_far", flat=True).get()
+
+
+@dataclass(frozen=True)
+class LiveSession:
+    """One of a user's live sessions as their home page shows it (:func:`live_sessions_of`).
+
+    Attributes:
+        session: the ``Session`` (cluster joined; ``allocations`` with their devices prefetched).
+        cost_so_far: credits charged so far (:func:`with_cost_so_far`).
+        credits_per_hour: what it costs per hour (``billing.selectors.session_hourly_cost``: the session page's rate).
+        gpu_models: the models of the GPUs it holds, sorted; before placement (queued, pending) the models it accepts
+            (``Session.gpu_models``; empty: any model).
+        holds_gpus: whether ``gpu_models`` are the GPUs it holds (True) or the ones it asked for (False).
+    """
+
+    session: Session
+    cost_so_far: Decimal
+    credits_per_hour: Decimal
+    gpu_models: tuple[str, ...]
+    holds_gpus: bool
+
+
+def live_sessions_of(*, user, limit: int, prices: dict[str, Decimal] | None = None) -> tuple[list[LiveSession], int]:
+    """``user``'s own live sessions (queued ones too; staff too see only theirs): the admitted ones newest first, then
+    the queued ones in queue order (``sessions.queue.order.QUEUE_ORDER``).
+
+    Four queries whatever the number of sessions: the count, the sessions (cluster joined, cost so far annotated),
+    their reservations with their GPUs, and the prices (none when ``prices`` is given).
+
+    Args:
+        limit: at most this many sessions are returned.
+        prices: a ``billing.pricing.prices_by_model()`` result to reuse; None reads it.
+
+    Returns:
+        ``(sessions, total)``: at most ``limit`` :class:`LiveSession` and how many live sessions the user has in all.
+    """
+    if prices is None:
+        prices = pricing.prices_by_model()
+    live = Session.objects.filter(owner_id=user.pk).live()
+    total = live.count()
+    # Admitted sessions by creation, newest first (queued ones have none here: they sort after), then the queue's order.
+    admitted_created = Case(When(phase=Session.Phase.QUEUED, then=Value(None)), default=F("created_at"))
+    rows = (
+        with_cost_so_far(live.select_related("cluster").with_devices())
+        .alias(admitted_created=admitted_created)
+        .order_by(F("admitted_created").desc(nulls_last=True), *QUEUE_ORDER)[:limit]
+    )
+    found = []
+    for session in rows:
+        held = sorted({a.device.model for a in session.allocations.all()})
+        found.append(LiveSession(
+            session=session, cost_so_far=session.cost_so_far, credits_per_hour=session_hourly_cost(session, prices),
+            gpu_models=tuple(held or session.gpu_models or ()), holds_gpus=bool(held),
+        ))
+    return found, total
