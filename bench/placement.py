@@ -37,6 +37,9 @@ is missed). Exit status: 0 when every goal is met (quick: when the run works), 1
 
 from __future__ import annotations
 
+import _benchpath  # noqa: F401 - first: keeps this folder after the standard library (bench/_benchpath.py)
+
+# isort: split
 import argparse
 import multiprocessing
 import os

@@ -24,22 +24,18 @@ no goal verdict. Exit status: 0 when every goal is met (quick: when the run work
 
 from __future__ import annotations
 
-import os
+import _benchpath  # noqa: F401 - first: this file is named like the standard library's queue (bench/_benchpath.py)
+
+# isort: split
+import argparse
+import random
+import statistics
 import sys
+import time
+from datetime import timedelta
+from decimal import Decimal
 
-# This file's name is the standard library's ``queue``, which Celery imports: its folder goes after the standard
-# library on the path, so ``import queue`` finds the standard module and ``_benchenv`` is still found.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE] + [_HERE]
-
-import argparse  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from datetime import timedelta  # noqa: E402
-from decimal import Decimal  # noqa: E402
-
-from _benchenv import bench_environment, log  # noqa: E402
+from _benchenv import bench_environment, log
 
 MODELS = [("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA A100-SXM4-40GB", 40960), ("NVIDIA L40S", 46068), ("NVIDIA H20", 97871)]
 GPUS_PER_NODE = 8
