@@ -81,7 +81,8 @@ def _pass(*, now: datetime | None) -> dict[str, int]:
             if verdict != "waits":
                 held_back[outcome.job.key] = verdict
         waiting.append(outcome)
-    estimates.estimates_write(fleet=fleet, outcomes=waiting, now=now, held_back=held_back)
+    shown = {s.pk: (s.queue_position, s.estimated_start, s.waiting_for, s.alternatives) for s in sessions}
+    estimates.estimates_write(fleet=fleet, outcomes=waiting, now=now, held_back=held_back, shown=shown)
     if result["admitted"] or result["dropped"] or expired:
         logger.info("queue pass: %s", result)
     return result
@@ -98,12 +99,13 @@ def _admit(session: Session, outcome: Outcome, *, now: datetime) -> str:
         return "waits"
 
 
-def _admit_locked(session: Session, outcome: Outcome, *, now: datetime) -> str:
-    owner = get_user_model().objects.get(pk=session.owner_id)
-    account = admission.account_lock(user=owner)
-    session = Session.objects.select_for_update().filter(pk=session.pk, phase=Session.Phase.QUEUED).first()
+def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
+    account = admission.account_lock(user=get_user_model()(pk=session.owner_id))
+    session = (Session.objects.select_for_update(of=("self",)).select_related("owner", "requested_cluster")
+               .filter(pk=session.pk, phase=Session.Phase.QUEUED).first())
     if session is None:  # cancelled, or admitted by an earlier pass, meanwhile
         return "waits"
+    owner = session.owner
     cluster_id = outcome.node.cluster_id
     state = admission.admission_read(user=owner, scope=[cluster_id], ended_phases=Session.HOLDING_EXCLUDED_PHASES)
     try:
@@ -120,7 +122,7 @@ def _admit_locked(session: Session, outcome: Outcome, *, now: datetime) -> str:
         pk=cluster_id, status=Cluster.Status.CONNECTED).exclude(session_domain="").only("pk", "public_id", "name").first()
     if locked is None:
         raise PlacementRaced
-    volumes = list(Volume.objects.filter(sessions=session).select_related("cluster"))
+    volumes = list(Volume.objects.filter(sessions=session).select_related("cluster")) if outcome.job.has_volumes else []
     claims = volumes_lock(volumes=volumes, cluster_id=cluster_id, pinned=session.requested_cluster) if volumes else []
     try:
         ends_at = runtime.runtime_ends_at(policy=state.policy, start=now, hours=session.runtime_hours)

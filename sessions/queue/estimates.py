@@ -117,9 +117,10 @@ UPDATE gpu_sessions_session s
 """
 
 
-def estimates_write(*, fleet: Fleet, outcomes: list[Outcome], now: datetime, held_back: dict[int, str] | None = None) -> None:
+def estimates_write(*, fleet: Fleet, outcomes: list[Outcome], now: datetime, held_back: dict[int, str] | None = None,
+                    shown: dict | None = None) -> int:
     """Write each waiting session's position, estimate, ``waiting_for`` and (the first ``ALTERNATIVES_FOR``) alternatives,
-    in one statement; ``first_estimated_start`` keeps the first estimate ever written.
+    in one statement; ``first_estimated_start`` keeps the first estimate ever written. Returns how many rows it wrote.
 
     Args:
         fleet: the plan's fleet, as planned (alternatives are searched on it).
@@ -127,22 +128,29 @@ def estimates_write(*, fleet: Fleet, outcomes: list[Outcome], now: datetime, hel
         now: the pass's time.
         held_back: session pk -> why admission held it back although its GPUs were free (its owner's quota), which
             replaces the plan's reason.
+        shown: session pk -> ``(queue_position, estimated_start, waiting_for, alternatives)`` as stored: a session whose
+            figures are all the same is not written again.
     """
     if not outcomes:
-        return
+        return 0
     prices = pricing.prices_by_model()
     ids, positions, starts, texts, offers = [], [], [], [], []
-    held_back = held_back or {}
+    held_back, shown = held_back or {}, shown or {}
     for rank, outcome in enumerate(outcomes):
+        text = held_back.get(outcome.job.key) or waiting_text(outcome, now=now)
+        offered = (alternatives(fleet, outcome, prices=prices, unrestricted=outcome.job.policy_clusters)
+                   if rank < ALTERNATIVES_FOR else [])
+        if shown.get(outcome.job.key) == (outcome.position, outcome.start, text, offered):
+            continue
         ids.append(outcome.job.key)
         positions.append(outcome.position)
         starts.append(outcome.start)
-        texts.append(held_back.get(outcome.job.key) or waiting_text(outcome, now=now))
-        offered = (alternatives(fleet, outcome, prices=prices, unrestricted=outcome.job.policy_clusters)
-                   if rank < ALTERNATIVES_FOR else [])
+        texts.append(text)
         offers.append(json.dumps(offered))
-    with connection.cursor() as cursor:
-        cursor.execute(_WRITE_SQL, [ids, positions, starts, texts, offers])
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_WRITE_SQL, [ids, positions, starts, texts, offers])
+    return len(ids)
 
 
 def estimate_errors(rows) -> list[tuple[float, float]]:

@@ -86,6 +86,7 @@ class Job:
         clusters: the cluster pks it may go to (None: any).
         duration: how long it holds its GPUs once started (None: no time limit).
         policy_clusters: the clusters its owner's policy allows (None: any), for an unpinned alternative.
+        has_volumes: whether it mounts volumes (claimed for its cluster when it starts).
     """
 
     key: int
@@ -97,6 +98,7 @@ class Job:
     clusters: frozenset[int] | None = None
     duration: timedelta | None = None
     policy_clusters: frozenset[int] | None = None
+    has_volumes: bool = False
 
     @property
     def whole(self) -> bool:
@@ -164,22 +166,30 @@ class Fleet:
         self._open: dict[str, set[int]] = {}
         self._nodes_of: dict[str, list[Node]] = {}
         self._node_of = {d.pk: n.pk for n in self.nodes for d in n.devices}
+        self._of_model: dict[tuple[int, str], list[Device]] = {}
+        for node in self.nodes:
+            for device in node.devices:
+                self._of_model.setdefault((node.pk, device.model), []).append(device)
         for node in self.nodes:
             for device in node.devices:
                 if device.free_at is None or device.free_at < now:
                     device.free_at = now
             for model in sorted({d.model for d in node.devices}):
                 self._nodes_of.setdefault(model, []).append(node)
-                self._index(node, model)
+                self._index(node, model, initial=True)
+        for heap in self._heaps.values():
+            heapq.heapify(heap)
         self.models = frozenset(self._nodes_of)
 
     # ----------------------------------------------------------------- the indexes
 
     def _devices(self, node: Node, model: str) -> list[Device]:
-        return [d for d in node.devices if d.model == model]
+        return self._of_model[(node.pk, model)]
 
-    def _index(self, node: Node, model: str) -> None:
-        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks."""
+    def _index(self, node: Node, model: str, *, initial: bool = False) -> None:
+        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks.
+        ``initial``: appended unordered (``__init__`` heapifies every heap once at the end)."""
+        push = _append if initial else heapq.heappush
         key = (node.pk, model)
         version = self._version[key] = self._version.get(key, 0) + 1
         devices = self._devices(node, model)
@@ -188,9 +198,9 @@ class Fleet:
         for k, at in enumerate(times, start=1):
             if at < NEVER:
                 entry = (at, order, version, node.pk)
-                heapq.heappush(self._heaps.setdefault((None, model, k), []), entry)
+                push(self._heaps.setdefault((None, model, k), []), entry)
                 if self.by_cluster:
-                    heapq.heappush(self._heaps.setdefault((node.cluster_id, model, k), []), entry)
+                    push(self._heaps.setdefault((node.cluster_id, model, k), []), entry)
         holes = self._holes.setdefault(model, set())
         if any(d.hole_until is not None and d.used_count == 0 for d in devices):
             holes.add(node.pk)
@@ -226,9 +236,11 @@ class Fleet:
 
     # ----------------------------------------------------------------- the searches
 
-    def start_now(self, job: Job) -> tuple[Node, list[Device]] | None:
-        """A node and GPUs where ``job`` fits now without delaying any planned start (see the module), or None."""
-        found = self.earliest(job)
+    def start_now(self, job: Job, found=False) -> tuple[Node, list[Device]] | None:
+        """A node and GPUs where ``job`` fits now without delaying any planned start (see the module), or None.
+        ``found``: ``earliest(job)`` when the caller has it already."""
+        if found is False:
+            found = self.earliest(job)
         if found is not None and found[0] <= self.now and job.whole and all(fits_now(d, job) for d in found[2]):
             return found[1], found[2]
         end = None if job.duration is None else self.now + job.duration
@@ -302,6 +314,10 @@ class Fleet:
 _PLANNED_END = "is planned to end"
 
 
+def _append(heap: list, entry: tuple) -> None:
+    heap.append(entry)
+
+
 def plan(fleet: Fleet, jobs: list[Job]) -> list[Outcome]:
     """Plan ``jobs`` (in queue order) on ``fleet`` (changed in place). Returns one ``Outcome`` per job, in order."""
     outcomes = []
@@ -309,12 +325,12 @@ def plan(fleet: Fleet, jobs: list[Job]) -> list[Outcome]:
     for job in jobs:
         outcome = Outcome(job=job, position=1 + _ahead(seen_models, job.models))
         seen_models[job.models] = seen_models.get(job.models, 0) + 1
-        placed = fleet.start_now(job)
+        found = fleet.earliest(job)
+        placed = fleet.start_now(job, found)
         if placed is not None:
             outcome.now, outcome.start, (outcome.node, outcome.devices) = True, fleet.now, placed
             fleet.take_now(job, outcome.devices)
         else:
-            found = fleet.earliest(job)
             if found is not None:
                 outcome.start, outcome.node, outcome.devices = found
                 last = max(outcome.devices, key=lambda d: (d.free_at, d.pk))

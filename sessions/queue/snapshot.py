@@ -32,62 +32,81 @@ IDLE_STOP = "is stopped as idle"
 CREDITS_OUT = "runs out of credits"
 STOPPING = "is stopping"
 
-#: The fleet's healthy GPUs on ready nodes of the clusters that take sessions, each with the live sessions holding it
-#: (id, phase, time limit, idle stop, owner, what it asked per GPU), in one query.
-_FLEET_SQL = """
+#: The fleet's healthy GPUs on ready nodes of the clusters that take sessions, node by node.
+_DEVICES_SQL = """
 SELECT n.id, n.name, n.cluster_id, n.cluster_name, n.load,
-       d.id, d.model, d.memory_mib, d.cores, d.split_count, d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive,
-       h.ids, h.phases, h.ends, h.stops, h.owners, h.memories, h.cores
+       d.id, d.model, d.memory_mib, d.cores, d.split_count, d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive
 FROM clusters_node n
 JOIN clusters_cluster c ON c.id = n.cluster_id
 JOIN clusters_gpudevice d ON d.node_id = n.id AND d.health
-LEFT JOIN LATERAL (
-    SELECT array_agg(s.public_id ORDER BY s.id) AS ids, array_agg(s.phase ORDER BY s.id) AS phases,
-           array_agg(s.ends_at ORDER BY s.id) AS ends, array_agg(act.stops_at ORDER BY s.id) AS stops,
-           array_agg(s.owner_id ORDER BY s.id) AS owners, array_agg(s.gpu_memory_mib ORDER BY s.id) AS memories,
-           array_agg(s.gpu_cores ORDER BY s.id) AS cores
-    FROM gpu_sessions_allocation a
-    JOIN gpu_sessions_session s ON s.id = a.session_id
-    LEFT JOIN gpu_sessions_sessionactivity act ON act.session_id = s.id
-    WHERE a.device_id = d.id
-) h ON d.used_count > 0
 WHERE n.ready AND c.status = 'connected' AND c.session_domain <> ''
 ORDER BY n.id, d.index, d.id
 """
 
+#: The sessions holding GPUs, one row per session and GPU model: what ends them (time limit, idle stop, owner), what
+#: they asked per GPU, and the GPUs they hold of that model (with the model's memory, for their price).
+_HOLDERS_SQL = """
+SELECT s.public_id, s.phase, s.ends_at, act.stops_at, s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
+       array_agg(a.device_id)
+FROM gpu_sessions_allocation a
+JOIN gpu_sessions_session s ON s.id = a.session_id
+JOIN clusters_gpudevice d ON d.id = a.device_id
+LEFT JOIN gpu_sessions_sessionactivity act ON act.session_id = s.id
+GROUP BY s.id, act.stops_at, d.model
+"""
+
 
 def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
-    """The fleet as the plan sees it at ``now`` (two queries: the GPUs with their holders, then the holders' owners'
-    accounts; and the prices). Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first).
+    """The fleet as the plan sees it at ``now``: three queries (the GPUs, the sessions holding them, their owners'
+    accounts) and the prices. Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first).
     ``by_cluster``: keep the per-cluster indexes (``Fleet``), needed when a job is limited to some clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
-        cursor.execute(_FLEET_SQL)
+        cursor.execute(_DEVICES_SQL)
         rows = cursor.fetchall()
+        cursor.execute(_HOLDERS_SQL)
+        holders = cursor.fetchall()
     nodes: dict[int, Node] = {}
-    holders: list[tuple[Device, list[tuple]]] = []
-    burn: dict[int, Decimal] = {}
-    prices = pricing.prices_by_model() if rows else {}
-    for (node_id, node_name, cluster_id, cluster_name, load, pk, model, memory, cores, split, used, used_memory, used_cores, exclusive,
-         ids, phases, ends, stops, owners, memories, shares) in rows:
+    devices: dict[int, Device] = {}
+    for (node_id, node_name, cluster_id, cluster_name, load, pk, model, memory, cores, split, used, used_memory, used_cores,
+         exclusive) in rows:
         node = nodes.get(node_id)
         if node is None:
             node = nodes[node_id] = Node(pk=node_id, name=node_name, cluster_id=cluster_id, cluster_name=cluster_name, devices=[],
                                          rank=load if spread else -load)
-        device = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
-                        used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
+        device = devices[pk] = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
+                                      used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
-        if ids:
-            held = list(zip(ids, phases, ends, stops, owners, strict=True))
-            holders.append((device, held))
-            for _, phase, _, _, owner, gpu_memory, gpu_cores in zip(ids, phases, ends, stops, owners, memories, shares, strict=True):
-                if phase == Session.Phase.RUNNING:
-                    share = pricing.gpu_share(device_memory_mib=memory, gpu_memory_mib=gpu_memory, gpu_cores=gpu_cores)
-                    burn[owner] = burn.get(owner, Decimal(0)) + pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
-    runs_out = _credits_run_out(burn, now=now)
-    for device, held in holders:
-        device.free_at, device.freed_by = _last_end(held, runs_out, now=now)
+    runs_out = _credits_run_out(_burn(holders), now=now)
+    held: dict[int, list[tuple]] = {}
+    for public_id, phase, ends_at, stops_at, owner, *_, device_ids in holders:
+        for pk in device_ids:
+            held.setdefault(pk, []).append((public_id, phase, ends_at, stops_at, owner))
+    for pk, sessions in held.items():
+        device = devices.get(pk)
+        if device is not None:
+            device.free_at, device.freed_by = _last_end(sessions, runs_out, now=now)
     return Fleet(nodes.values(), now=now, by_cluster=by_cluster)
+
+
+def _burn(holders: list[tuple]) -> dict[int, Decimal]:
+    """Credits per hour each owner's Running sessions cost now (``billing.pricing``: per GPU, its model's price × the
+    session's share of it), from ``_HOLDERS_SQL``'s rows."""
+    if not holders:
+        return {}
+    prices = pricing.prices_by_model()
+    rate_of: dict[tuple, Decimal] = {}
+    burn: dict[int, Decimal] = {}
+    for _, phase, _, _, owner, gpu_memory, gpu_cores, model, memory, device_ids in holders:
+        if phase != Session.Phase.RUNNING:
+            continue
+        key = (model, memory, gpu_memory, gpu_cores)
+        rate = rate_of.get(key)
+        if rate is None:
+            share = pricing.gpu_share(device_memory_mib=memory, gpu_memory_mib=gpu_memory, gpu_cores=gpu_cores)
+            rate = rate_of[key] = pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
+        burn[owner] = burn.get(owner, Decimal(0)) + rate * len(device_ids)
+    return burn
 
 
 def _credits_run_out(burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
@@ -133,6 +152,10 @@ class QueuedRow(NamedTuple):
     requested_cluster_id: int | None
     priority: int
     queued_at: datetime
+    queue_position: int | None = None
+    estimated_start: datetime | None = None
+    waiting_for: str = ""
+    alternatives: list | None = None
 
 
 def queued_sessions() -> list[QueuedRow]:
@@ -156,17 +179,17 @@ def jobs_of(sessions: list[QueuedRow]) -> list[Job]:
             clusters = frozenset({session.requested_cluster_id}) & clusters if clusters is not None else frozenset({session.requested_cluster_id})
         if session.pk in with_volumes:
             clusters = _volume_scope(Session.objects.select_related("owner", "requested_cluster").get(pk=session.pk), clusters)
-        jobs.append(job_of(session=session, policy=policy, clusters=clusters))
+        jobs.append(job_of(session=session, policy=policy, clusters=clusters, has_volumes=session.pk in with_volumes))
     return jobs
 
 
-def job_of(*, session, policy, clusters: frozenset[int] | None, key: int | None = None) -> Job:
+def job_of(*, session, policy, clusters: frozenset[int] | None, key: int | None = None, has_volumes: bool = False) -> Job:
     """One queued session's (a ``QueuedRow``) or unsaved request's (a ``Session``) ``Job``."""
     hours = session.runtime_hours if session.runtime_hours is not None else (policy.max_runtime_hours or None)
     return Job(key=session.pk if key is None else key, public_id=session.public_id if session.pk else "", gpus=session.gpus,
                memory_mib=session.gpu_memory_mib, cores=session.gpu_cores, models=frozenset(session.gpu_models or ()),
                clusters=clusters, duration=None if hours is None else runtime.hours_delta(Decimal(hours)),
-               policy_clusters=policy.allowed_clusters)
+               policy_clusters=policy.allowed_clusters, has_volumes=has_volumes)
 
 
 def _volume_scope(session: Session, clusters: frozenset[int] | None) -> frozenset[int] | None:
