@@ -35,7 +35,7 @@ from billing.pricing import share_cores
 NEVER = datetime.max.replace(tzinfo=UTC)
 
 
-@dataclass
+@dataclass(slots=True)
 class Device:
     """One healthy GPU of a ready node, as the plan sees it.
 

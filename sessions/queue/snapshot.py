@@ -78,14 +78,13 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
     runs_out = _credits_run_out(_burn(holders), now=now)
-    held: dict[int, list[tuple]] = {}
     for public_id, phase, ends_at, stops_at, owner, *_, device_ids in holders:
+        end, why = _end_of(phase, ends_at, stops_at, runs_out.get(owner), now=now)
         for pk in device_ids:
-            held.setdefault(pk, []).append((public_id, phase, ends_at, stops_at, owner))
-    for pk, sessions in held.items():
-        device = devices.get(pk)
-        if device is not None:
-            device.free_at, device.freed_by = _last_end(sessions, runs_out, now=now)
+            device = devices.get(pk)
+            # A GPU is free once the last of its holders has ended.
+            if device is not None and (device.free_at is None or end >= device.free_at):
+                device.free_at, device.freed_by = end, (public_id, why)
     return Fleet(nodes.values(), now=now, by_cluster=by_cluster)
 
 
@@ -122,20 +121,16 @@ def _credits_run_out(burn: dict[int, Decimal], *, now: datetime) -> dict[int, da
     return out
 
 
-def _last_end(held: list[tuple], runs_out: dict[int, datetime], *, now: datetime) -> tuple[datetime, tuple[str, str] | None]:
-    """When the last of a GPU's holders ends (``NEVER`` when one has no known end) and ``(its id, why)``."""
-    last, by = now, None
-    for public_id, phase, ends_at, stops_at, owner in held:
-        if phase == Session.Phase.STOPPING:
-            end, why = now, STOPPING
-        else:
-            end, why = NEVER, ""
-            for known, reason in ((ends_at, TIME_LIMIT), (stops_at, IDLE_STOP), (runs_out.get(owner), CREDITS_OUT)):
-                if known is not None and known < end:
-                    end, why = known, reason
-        if end >= last:
-            last, by = end, (public_id, why)
-    return last, by
+def _end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None, runs_out: datetime | None, *,
+            now: datetime) -> tuple[datetime, str]:
+    """When a session holding GPUs is expected to end (``NEVER`` when nothing known ends it) and why, in words."""
+    if phase == Session.Phase.STOPPING:
+        return now, STOPPING
+    end, why = NEVER, ""
+    for known, reason in ((ends_at, TIME_LIMIT), (stops_at, IDLE_STOP), (runs_out, CREDITS_OUT)):
+        if known is not None and known < end:
+            end, why = known, reason
+    return end, why
 
 
 class QueuedRow(NamedTuple):
