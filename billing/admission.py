@@ -51,12 +51,12 @@ from billing import pricing
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from billing.models import (
     CREDITS,
-    DEFAULT_MAX_RUNTIME_HOURS,
-    DEFAULT_MAX_VOLUME_GB,
     DEFAULT_CPU_PER_GPU,
     DEFAULT_MAX_CPU_PER_GPU,
     DEFAULT_MAX_MEMORY_GIB_PER_GPU,
     DEFAULT_MAX_QUEUED_SESSIONS,
+    DEFAULT_MAX_RUNTIME_HOURS,
+    DEFAULT_MAX_VOLUME_GB,
     DEFAULT_MEMORY_GIB_PER_GPU,
     DEFAULT_QUEUE_TIMEOUT_HOURS,
     DEFAULT_RUNTIME_WARNING_MINUTES,

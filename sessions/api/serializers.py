@@ -42,9 +42,22 @@ class SessionCreateSerializer(serializers.Serializer):
                   "places and at most your policy's max_runtime_hours; omitted: that maximum). Sets ends_at.",
     )
 
+    cpu = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="CPU cores for the session's pod, its request and limit (a number or decimal string, more than 0, at most 3 decimal "
+                  "places, e.g. 4 or \"0.5\"; at most your policy's max_cpu_per_gpu × gpus; omitted: its default_cpu_per_gpu × gpus)",
+    )
+    memory_gib = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="Memory (GiB) for the session's pod, its request and limit; /dev/shm gets half of it (a number or decimal string, "
+                  "more than 0, at most 3 decimal places; at most your policy's max_memory_gib_per_gpu × gpus; omitted: its "
+                  "default_memory_gib_per_gpu × gpus)",
+    )
+
     def validate(self, attrs):  # noqa: D102
-        if attrs.get("runtime_hours") is None:
-            attrs.pop("runtime_hours", None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
+        for field in ("runtime_hours", "cpu", "memory_gib"):
+            if attrs.get(field) is None:
+                attrs.pop(field, None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
         return attrs
 
 
@@ -103,7 +116,7 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "gpu_models", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon", "cpu", "memory_gib",
         ]
         read_only_fields = fields
 
