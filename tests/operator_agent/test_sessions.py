@@ -339,6 +339,7 @@ def test_cpu_and_memory_become_the_pods_requests_limits_and_shm(cluster, control
                                                  "cpu": "500m", "memory": "3073Mi"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{3073 * 512}Ki"}} in pod["spec"]["volumes"]
+    assert pod["status"]["qosClass"] == "Guaranteed"  # requests = limits for cpu and memory
     wait_for(what="a Running report", check=lambda: "Running" in control_plane.phases(session_id))
     old = wait_for(what="the old-shape pod", check=lambda: children(cluster, old_name)[0])
     (old_container,) = old["spec"]["containers"]

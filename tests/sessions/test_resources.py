@@ -14,6 +14,7 @@ from core.exceptions import ApplicationError
 from identity.tokens import api_token_create
 from sessions import create, placement
 from sessions.lifecycle import outbox
+from sessions.manifests import gshare_session_manifest
 from sessions.models import Session
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
 
@@ -132,6 +133,15 @@ def test_the_idempotency_fingerprint_counts_cpu_and_memory_only_when_given(alice
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
     other = alice_http.post("/api/v1/sessions", json={**base, "cpu": 3}, headers={"Idempotency-Key": "k-1"})
     assert other.status_code == 409 and other.json()["code"] == "idempotency_key_reused"
+
+
+def test_the_gshare_session_carries_millicores_and_mib_only_when_the_session_has_them(alice):
+    session = create.session_create(owner=alice, image=IMAGE, gpus=1, cpu="0.25", memory_gib="1.001")
+    spec = gshare_session_manifest(session)["spec"]
+    assert (spec["cpuMillicores"], spec["memoryMiB"]) == (250, 1026)  # 1.001 GiB = 1025.024 MiB, rounded up
+    Session.objects.filter(pk=session.pk).update(cpu=None, memory_gib=None)  # as made before CPU requests
+    spec = gshare_session_manifest(Session.objects.select_related("cluster", "owner").get(pk=session.pk))["spec"]
+    assert "cpuMillicores" not in spec and "memoryMiB" not in spec
 
 
 # --------------------------------------------------------------------------- the policy
