@@ -455,7 +455,8 @@ _RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_up
 
 def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
     """A sentence saying what the candidate clusters lack for ``request`` (for ``no_capacity``), counting only GPUs of
-    ``request.models`` when it names some."""
+    ``request.models`` when it names some. When the request asks CPU or memory and its GPUs would fit without them (one
+    more fit query), it says CPU or memory is short and the most left on one node (``_room_shortfall``)."""
     if not cluster_ids:
         return "no connected cluster with a session_domain can host sessions now"
     sql = """
