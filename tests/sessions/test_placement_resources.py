@@ -3,9 +3,11 @@ request's CPU or memory (after its pods that are not sessions and the live sessi
 message says CPU or memory is what is short, the reservation's fit under the cluster's lock counts the same, and a node
 without allocatable figures (an older operator) has no CPU or memory limit."""
 
+import threading
 from decimal import Decimal
 
 import pytest
+from django.db import connections
 
 from billing.services import policy_set
 from core.exceptions import Conflict
@@ -117,3 +119,40 @@ def test_reserve_under_the_lock_refuses_the_node_without_room(alice, cluster):
     assert placement.choose(request=request, cluster_ids=[cluster.pk]) is None
     assert placement.choose(request=placement.Request(gpus=1, cpu=Decimal(1)), cluster_ids=[cluster.pk]).node_id == node.pk
     assert placement.choose(request=placement.Request(gpus=1), cluster_ids=[cluster.pk]).node_id == node.pk  # not asked: not checked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_never_overcommit_a_nodes_cpu(django_user_model, monkeypatch):
+    """a-node has free GPUs for all but CPU for one 6-core session at a time: six users ask at once (own connections);
+    the fit under the cluster's lock (reserve) counts the sessions committed before it, so exactly one lands on a-node
+    and at most two on b-node; the others are refused."""
+    from tests.helpers import run_threads  # noqa: PLC0415 -- the threaded tests only
+
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
+    cluster = ClusterFactory()
+    gpu_node(cluster, "a-node", gpus=8, cpu=8, memory_gib=512)
+    gpu_node(cluster, "b-node", gpus=8, cpu=12, memory_gib=512)
+    owners = [django_user_model.objects.create_user(f"racer-{i}") for i in range(6)]
+    for owner in owners:
+        policy_set(user=owner, min_balance_hours=Decimal(0), max_cpu_per_gpu=Decimal(64))
+    barrier = threading.Barrier(len(owners))
+    placed, refused, errors = [], [], []
+
+    def worker(owner):
+        try:
+            barrier.wait()
+            placed.append(start(owner, cpu=6).node)
+        except Conflict as exc:
+            refused.append(exc.code)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    run_threads(worker, [(owner,) for owner in owners], timeout=60)
+    assert errors == []
+    # Never over a node's CPU (a request that lost its choice on every attempt may be refused as contended, so fewer may land).
+    assert placed.count("a-node") <= 1 and placed.count("b-node") <= 2 and placed and len(placed) + len(refused) == 6, (placed, refused)
+    assert set(refused) <= {"no_capacity", "placement_contended"}
+    for node, room in (("a-node", 8), ("b-node", 12)):
+        assert sum(s.cpu for s in Session.objects.filter(node=node)) <= room
