@@ -72,6 +72,8 @@ class AuditRecord(models.Model):
         SESSION_STOP = "session_stop", "session stopped"
         SESSION_IDLE_EXEMPT = "session_idle_exempt", "session exempted from the idle policy"
         SESSION_EXTEND = "session_extend", "session time limit extended"
+        SESSION_ADMIT = "session_admit", "queued session started"
+        SESSION_PRIORITY = "session_priority", "queued session's priority changed"
         API_TOKEN_CREATE = "api_token_create", "API token created"
         API_TOKEN_REVOKE = "api_token_revoke", "API token revoked"
 

@@ -39,7 +39,7 @@ SPLIT_COUNT = 10
 REQUEST_MIX = [(45, 1, None, None), (10, 2, None, None), (5, 4, None, None), (2, 8, None, None),
                (25, 1, 8192, 25), (13, 1, 16384, 50)]
 #: Refusals of ``POST /api/v1/sessions`` that a busy fleet answers by design; any other non-2xx is an error.
-EXPECTED_CREATE_REFUSALS = {(409, "no_capacity"), (403, "quota_exceeded")}
+EXPECTED_CREATE_REFUSALS = {(409, "no_capacity"), (403, "quota_exceeded"), (403, "queue_limit_reached")}
 
 
 #: ``value``: the wall time (``time.monotonic``) a scheduled call was due, set by ``bench/fleet.py``'s scheduler in the
@@ -448,15 +448,19 @@ def session_request(rng: random.Random) -> dict:
     return body
 
 
-def create_session(port: int, researcher: Researcher, rng: random.Random, tally: Tally) -> str | None:
-    """``POST /api/v1/sessions``; the new session's id, or None when refused (expected refusals are tallied as such)."""
+def create_session(port: int, researcher: Researcher, rng: random.Random, tally: Tally, body: dict | None = None) -> str | None:
+    """``POST /api/v1/sessions`` (``body``, else a draw of ``session_request``); the new session's id, or None when refused
+    (expected refusals are tallied as such). A session the queue kept (``Queued``) is tallied under ``create (queued)``."""
     started = time.perf_counter()
     try:
-        status, body = api_call(port, "POST", "/api/v1/sessions", researcher.token, session_request(rng))
+        status, body = api_call(port, "POST", "/api/v1/sessions", researcher.token, body or session_request(rng))
     except (OSError, http.client.HTTPException) as exc:
         tally.error("create", f"{type(exc).__name__}: {exc}")
         return None
     elapsed = time.perf_counter() - started
+    if status == 201 and body.get("phase") == "Queued":
+        tally.ok("create (queued)", elapsed, 1)  # applied once the queue starts it: no apply latency to mark
+        return body["id"]
     if status == 201:
         tally.ok("create", elapsed, 1)
         tally.mark(tally.created, body["id"], started, "apply (worker)")

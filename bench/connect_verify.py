@@ -35,6 +35,9 @@ dropped at the end.
 
 from __future__ import annotations
 
+import _benchpath  # noqa: F401 - first: keeps this folder after the standard library (bench/_benchpath.py)
+
+# isort: split
 import argparse
 import http.client
 import re

@@ -28,6 +28,9 @@ Traffic goes to 127.0.0.1 only; every loop is bounded; the server is stopped and
 
 from __future__ import annotations
 
+import _benchpath  # noqa: F401 - first: keeps this folder after the standard library (bench/_benchpath.py)
+
+# isort: split
 import argparse
 import datetime
 import http.client

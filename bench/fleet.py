@@ -21,6 +21,12 @@ others; a throwaway database, see ``bench/_benchenv.py``). Around it, in this pr
   session's lifetime (1 to 8 simulated minutes) is over, and now and then ``GET /api/v1/sessions`` and
   ``GET /api/v1/billing/account``. Before the clock starts, ``--seed-sessions`` long-running sessions are created
   (not timed) so the fleet is not empty; they are stopped at random times during and after the run.
+* **queued researchers**: ``POST /api/v1/sessions`` with ``"queue": true`` at ``--queue-rate`` per second, each for a
+  whole node (8 GPUs) of the smallest cluster with a time limit of its lifetime (``runtime_hours``, rounded up to
+  0.01 h): that cluster runs full part of the time and the rest wait in the queue. They are never stopped by hand: each
+  ends at its time limit (``sessions.enforce_runtime``, every 30 s) and the queue starts the next. After the run the
+  benchmark reports how good the queue's estimates were: the median and 90th percentile of the absolute error of each
+  admitted session's first estimate, as a share of its actual wait (``sessions.selectors.queue_figures``).
 
 Time: ``--sim-minutes`` simulated minutes pass in ``sim-minutes * 60 / speed`` wall seconds (10 in 120 s by default).
 Operators stamp usage windows and status reports with the simulated clock, which starts behind the wall clock and ends
@@ -44,6 +50,9 @@ Traffic goes to 127.0.0.1 only; every loop is bounded in time; servers are stopp
 
 from __future__ import annotations
 
+import _benchpath  # noqa: F401 - first: keeps this folder after the standard library (bench/_benchpath.py)
+
+# isort: split
 import argparse
 import heapq
 import itertools
@@ -54,6 +63,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 from _benchenv import bench_environment, free_port, log, start_server, stop_server
@@ -180,7 +190,12 @@ def books(tally: Tally) -> dict:
         (gpus,) = cursor.fetchone()
         cursor.execute("SELECT count(*) FROM billing_ledgerentry")
         (entries,) = cursor.fetchone()
-    return {"samples": samples, "phases": phases, "gpus": gpus, "ledger_entries": entries}
+    from django.utils import timezone
+
+    from sessions.selectors import queue_figures
+
+    queue = queue_figures(since=timezone.now() - timedelta(hours=1))
+    return {"samples": samples, "phases": phases, "gpus": gpus, "ledger_entries": entries, "queue": queue}
 
 
 def main() -> int:
@@ -193,13 +208,14 @@ def main() -> int:
     parser.add_argument("--researchers", type=int, default=50)
     parser.add_argument("--seed-sessions", type=int, default=300, help="sessions created before the clock starts")
     parser.add_argument("--create-rate", type=float, default=3.0, help="session creations per wall second")
+    parser.add_argument("--queue-rate", type=float, default=0.5, help="queued 8-GPU requests per wall second (default 0.5)")
     parser.add_argument("--pool", type=int, default=8, help="client threads sending the scheduled calls")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers (default 2)")
     parser.add_argument("--quick", action="store_true", help="4 small clusters for about 12 s: checks the run, no verdict (CI)")
     args = parser.parse_args()
     if args.quick:
         args.clusters, args.min_nodes, args.max_nodes, args.sim_minutes, args.speed = 4, 4, 8, 2.0, 10.0
-        args.researchers, args.seed_sessions, args.create_rate, args.pool = 4, 8, 2.0, 4
+        args.researchers, args.seed_sessions, args.create_rate, args.pool, args.queue_rate = 4, 8, 2.0, 4, 1.0
     wall = args.sim_minutes * 60 / args.speed
     skew = (args.speed - 1) * wall / 2
     if skew > SKEW_BUDGET_S or args.clusters < 1 or not 1 <= args.min_nodes <= args.max_nodes:
@@ -294,6 +310,23 @@ def run(args, clusters: list[SimCluster], researchers: list[Researcher], seeded,
         for person, session_id in seeded:  # long-running sessions: half of them end during the run
             scheduler.at(begin + rng.uniform(0, 2 * wall), lambda p=person, s=session_id: stop_session(port, p, s, tally))
 
+        smallest = min(range(len(clusters)), key=lambda i: (len(clusters[i].nodes), i))
+
+        def queue_up(person: Researcher) -> None:
+            lifetime = rng.uniform(60, 480) / args.speed
+            hours = max(1, -(-int(lifetime) // 36)) / 100  # 0.01 h = 36 s, rounded up
+            create_session(port, person, random.Random(rng.random()), tally, body={
+                "image": "quay.io/jupyter/pytorch-notebook:cuda12-2024-11-25", "gpus": 8, "cluster": clusters[smallest].public_id,
+                "queue": True, "runtime_hours": f"{hours:.2f}"})
+
+        t = begin
+        while args.queue_rate > 0:
+            t += rng.expovariate(args.queue_rate)
+            if t >= until:
+                break
+            person = rng.choice(researchers)
+            scheduler.at(t, lambda p=person: queue_up(p))
+
         def create(person: Researcher) -> None:
             session_id = create_session(port, person, random.Random(rng.random()), tally)
             if session_id:
@@ -369,6 +402,13 @@ def report(args, tally: Tally, meter: CpuMeter, finals: dict, wall: float, node_
     print(f"  database after the run: {finals['samples']} usage samples, {finals['ledger_entries']} ledger entries; sessions "
           + ", ".join(f"{phase} {n}" for phase, n in finals["phases"].items()))
     print(f"  apiserver stand-in: {dict(apiserver_calls)}")
+    queue = finals["queue"]
+    if queue["admitted"]:
+        print(f"  queue: {queue['admitted']} sessions started by the queue, {queue['queued']} still waiting; estimate error (first "
+              f"estimate vs actual start): median {queue['error_p50_seconds']:.0f} s ({100 * queue['error_p50_share']:.0f} % of the "
+              f"wait), p90 {queue['error_p90_seconds']:.0f} s ({100 * queue['error_p90_share']:.0f} % of the wait)")
+    else:
+        print(f"  queue: no session was started by the queue ({queue['queued']} waiting)")
     print()
     seconds = meter.seconds()
     print(f"  {'process':<32} {'CPU s':>7} {'cores':>6} {'% of 2 cores':>13}")

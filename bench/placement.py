@@ -37,6 +37,9 @@ is missed). Exit status: 0 when every goal is met (quick: when the run works), 1
 
 from __future__ import annotations
 
+import _benchpath  # noqa: F401 - first: keeps this folder after the standard library (bench/_benchpath.py)
+
+# isort: split
 import argparse
 import multiprocessing
 import os
@@ -432,9 +435,9 @@ def explain(policy: str, pinned: int) -> list[tuple[str, list[str]]]:
             out.append((f"fit: {label} ({policy})", [row[0] for row in cursor.fetchall()]))
     owner = Session.objects.filter(phase=Session.Phase.RUNNING).values_list("owner_id", flat=True).first()
     params = {"user": owner, "scope": None, "default_hours": admission.settings_policy().min_balance_hours,
-              "ended": list(Session.TERMINAL_PHASES)}
+              "ended": list(Session.HOLDING_EXCLUDED_PHASES)}
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + admission._ADMISSION_QUERY, params)
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + admission.admission_query(Session.Phase.QUEUED), params)
         out.append(("admission: policy, live sessions, prices and GPU models of every cluster", [row[0] for row in cursor.fetchall()]))
     return out
 

@@ -327,6 +327,7 @@ SELECT o.user_id IS NOT NULL, o.id IS NOT NULL, o.max_sessions, o.max_gpus, o.mi
        ARRAY(SELECT p.gpu_model FROM billing_price p ORDER BY p.gpu_model),
        ARRAY(SELECT p.credits_per_gpu_hour FROM billing_price p ORDER BY p.gpu_model),
        m.models, m.memories,
+       {queue_waiting},
        o.default_cpu_per_gpu, o.default_memory_gib_per_gpu, o.max_cpu_per_gpu, o.max_memory_gib_per_gpu, o.priority,
        o.max_queued_sessions, o.queue_timeout_hours
 FROM (SELECT 1) one
@@ -354,15 +355,18 @@ class AdmissionState:
         prices: ``pricing.prices_by_model()``.
         models: ``[(model, smallest memory_mib)]`` of the GPUs on the candidate clusters; empty when the policy
             holds no hours (nothing is priced then).
+        queue_waiting: whether any session waits in the fleet's queue (``admission_read``'s ``queued_phase``): a new
+            request is then placed behind it (``sessions.queue``).
     """
 
     policy: EffectivePolicy
     live: list[_Live]
     prices: dict[str, Decimal]
     models: list[tuple[str, int]]
+    queue_waiting: bool = False
 
 
-def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ...]) -> AdmissionState:
+def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ...], queued_phase: str = "") -> AdmissionState:
     """Read in one query what ``admission_clusters`` and ``admission_check`` decide on for ``user``.
 
     Call it holding the user's ``account_lock`` (the live sessions are read after that lock, so none committed by
@@ -376,6 +380,8 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
         ended_phases: the phases of a session that holds nothing (``Session.HOLDING_EXCLUDED_PHASES``: ended, or
             waiting in the queue): the user's sessions in any other phase count against the policy and the
             balance. The caller names them because sessions sits above billing.
+        queued_phase: the phase of a session waiting in the queue (``Session.Phase.QUEUED``), to tell whether any
+            does (``AdmissionState.queue_waiting``); "" reads nothing of it.
 
     Returns:
         An ``AdmissionState`` (the same values as ``policy_for``, ``_live_sessions``, ``_prices_and_models``).
@@ -384,10 +390,11 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
     params = {"user": user.pk, "scope": _int_list(scope), "default_hours": fallback.min_balance_hours,
               "ended": list(ended_phases)}
     with statement_cursor() as cursor:
-        cursor.execute(_ADMISSION_QUERY, params)
+        cursor.execute(admission_query(queued_phase), params)
         (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, max_runtime, runtime_warning, allowed, ids, gpus,
          memories, cores,
-         models, device_memories, price_models, price_values, candidate_models, candidate_memories, *later) = cursor.fetchone()
+         models, device_memories, price_models, price_values, candidate_models, candidate_memories, queue_waiting,
+         *later) = cursor.fetchone()
     if found:
         policy = EffectivePolicy(max_sessions=max_sessions, max_gpus=max_gpus, allowed_clusters=frozenset(allowed) if allowed else None,
                                  min_balance_hours=hours, grace_seconds=grace, source="user" if own else "default",
@@ -402,10 +409,23 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
         if device_memory is not None:
             entry.devices.append((model, device_memory))
     return AdmissionState(policy=policy, live=list(live.values()), prices=dict(zip(price_models, price_values, strict=True)),
-                          models=list(zip(candidate_models or [], candidate_memories or [], strict=True)))
+                          models=list(zip(candidate_models or [], candidate_memories or [], strict=True)),
+                          queue_waiting=bool(queue_waiting))
 
 
-_ADMISSION_QUERY = _ADMISSION_SQL.format(models=_MODELS_SQL)
+_ADMISSION_QUERIES: dict[str, str] = {}
+
+
+def admission_query(queued_phase: str) -> str:
+    """The admission statement (``_ADMISSION_SQL``) for ``queued_phase`` (``admission_read``), that phase written into the
+    statement (not a parameter) so that its EXISTS is answered by the partial index on the queued sessions
+    (``session_queue_order_idx``) also in a generic plan."""
+    if queued_phase not in _ADMISSION_QUERIES:
+        if queued_phase and not queued_phase.isalpha():
+            raise ValueError(f"not a phase name: {queued_phase!r}")
+        waiting = f"EXISTS (SELECT 1 FROM gpu_sessions_session q WHERE q.phase = '{queued_phase}')" if queued_phase else "FALSE"
+        _ADMISSION_QUERIES[queued_phase] = _ADMISSION_SQL.format(models=_MODELS_SQL, queue_waiting=waiting)
+    return _ADMISSION_QUERIES[queued_phase]
 
 
 def _int_list(ids) -> str | None:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from billing import admission, pricing
 from billing.models import CREDITS, Accrual, CreditAccount, LedgerEntry
 from clusters.models import Cluster, GpuDevice
+from clusters.selectors import gpu_model_availability
 
 _ZERO = Decimal(0).quantize(CREDITS)
 
@@ -88,7 +89,8 @@ def credits_last_until(*, balance: Decimal, accrued: Decimal, burn_per_hour: Dec
         return None
 
 
-def account_summary(user, *, now: datetime | None = None) -> dict:
+def account_summary(user, *, now: datetime | None = None, prices: dict[str, Decimal] | None = None,
+                    policy: admission.EffectivePolicy | None = None) -> dict:
     """``{"user", "balance", "accrued", "holds", "available", "burn_rate_per_hour", "credits_last_until",
     "below_zero_since"}`` for ``user`` (``accrued``: usage of open billing periods, not charged yet; ``available`` =
     balance − accrued − holds, what admission judges; ``credits_last_until``: :func:`credits_last_until`; credits as
@@ -96,10 +98,13 @@ def account_summary(user, *, now: datetime | None = None) -> dict:
 
     Args:
         now: the time the runway counts from (default ``timezone.now()``).
+        prices: a ``pricing.prices_by_model()`` result to reuse; None reads it (one query).
+        policy: ``user``'s ``admission.policy_for`` to reuse; None reads it (one query).
     """
     account = account_of(user)
-    prices = pricing.prices_by_model()
-    holds = admission.session_holds(user, prices=prices)
+    if prices is None:
+        prices = pricing.prices_by_model()
+    holds = admission.session_holds(user, policy=policy, prices=prices)
     burn = burn_rate(user, prices)
     return {
         "user": user.get_username(),
@@ -152,6 +157,29 @@ def price_list() -> dict:
             for row in rows
         ],
     }
+
+
+def free_gpus_by_model(user, prices: dict[str, Decimal] | None = None, *, policy: admission.EffectivePolicy | None = None) -> list[dict]:
+    """What ``user`` could start on now, per GPU model: the Start session form's figure
+    (``clusters.selectors.gpu_model_availability``) over the clusters ``user``'s policy allows (``allowed_clusters``;
+    all when it names none), with each model's price.
+
+    Args:
+        prices: a ``pricing.prices_by_model()`` result to reuse; None reads it (one query).
+        policy: ``user``'s ``admission.policy_for`` to reuse; None reads it (one query).
+
+    Returns:
+        ``[{"model", "free", "total", "credits_per_gpu_hour"}, ...]`` by model: ``total`` the healthy GPUs on ready
+        nodes of connected clusters with a session domain, ``free`` those with nothing reserved (whole GPUs a session
+        could take now), the price a ``Decimal`` (``pricing.price_for_model``). One to three queries.
+    """
+    if prices is None:
+        prices = pricing.prices_by_model()
+    allowed = (policy or admission.policy_for(user)).allowed_clusters
+    return [
+        {"model": model, "free": free, "total": total, "credits_per_gpu_hour": pricing.price_for_model(model, prices)}
+        for model, free, total in gpu_model_availability(cluster_ids=allowed)
+    ]
 
 
 def _ledger_entries() -> QuerySet[LedgerEntry]:

@@ -32,9 +32,11 @@ from billing.models import (
     DEFAULT_CPU_PER_GPU,
     DEFAULT_MAX_CPU_PER_GPU,
     DEFAULT_MAX_MEMORY_GIB_PER_GPU,
+    DEFAULT_MAX_QUEUED_SESSIONS,
     DEFAULT_MAX_RUNTIME_HOURS,
     DEFAULT_MAX_VOLUME_GB,
     DEFAULT_MEMORY_GIB_PER_GPU,
+    DEFAULT_QUEUE_TIMEOUT_HOURS,
     DEFAULT_RUNTIME_WARNING_MINUTES,
     MAX_CAPACITY_GB,
     CreditAccount,
@@ -413,8 +415,30 @@ def policy_validate(*, policy: Policy) -> Policy:
         if getattr(policy, default_name) > getattr(policy, max_name):
             raise ApplicationError(f"{default_name} must not exceed {max_name}: a session that asks nothing gets the default.",
                                    code=INVALID_REQUEST)
+    _queue_validate(policy)
     policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
+
+
+#: The queue's policy fields' ranges: ``priority`` (higher starts first), ``max_queued_sessions``, ``queue_timeout_hours``
+#: (at most a year, 2 decimal places).
+MAX_PRIORITY = 1000
+MAX_QUEUED_SESSIONS = 1000
+
+
+def _queue_validate(policy: Policy) -> None:
+    priority = policy.priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ApplicationError(f"priority must be a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY}.", code=INVALID_REQUEST)
+    queued = policy.max_queued_sessions
+    if isinstance(queued, bool) or not isinstance(queued, int) or not 0 <= queued <= MAX_QUEUED_SESSIONS:
+        raise ApplicationError(f"max_queued_sessions must be a whole number from 0 (none may queue) to {MAX_QUEUED_SESSIONS}.",
+                               code=INVALID_REQUEST)
+    timeout = policy.queue_timeout_hours
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, Decimal)) or not Decimal(timeout).is_finite()
+            or not 0 < timeout <= MAX_RUNTIME_HOURS or Decimal(timeout).as_tuple().exponent < -RUNTIME_HOURS_PLACES):
+        raise ApplicationError(f"queue_timeout_hours must be a number of hours more than 0 and at most {MAX_RUNTIME_HOURS}, with at "
+                               f"most {RUNTIME_HOURS_PLACES} decimal places.", code=INVALID_REQUEST)
 
 
 @transaction.atomic
@@ -435,6 +459,9 @@ def policy_set(
     default_memory_gib_per_gpu: Decimal | int = DEFAULT_MEMORY_GIB_PER_GPU,
     max_cpu_per_gpu: Decimal | int = DEFAULT_MAX_CPU_PER_GPU,
     max_memory_gib_per_gpu: Decimal | int = DEFAULT_MAX_MEMORY_GIB_PER_GPU,
+    priority: int = 0,
+    max_queued_sessions: int = DEFAULT_MAX_QUEUED_SESSIONS,
+    queue_timeout_hours: Decimal | int = DEFAULT_QUEUE_TIMEOUT_HOURS,
 ) -> Policy:
     """Set the policy of ``user`` (None: the default policy for users without their own), creating its row when
     missing; every field is replaced.
@@ -454,6 +481,9 @@ def policy_set(
         default_cpu_per_gpu, default_memory_gib_per_gpu: CPU cores and GiB per GPU of a session that asks none
             (``sessions.resources``; 0: no request).
         max_cpu_per_gpu, max_memory_gib_per_gpu: the most CPU cores and GiB per GPU a session may ask.
+        priority: the queue order of the user's sessions (higher first, -1000 to 1000; ``sessions.queue``).
+        max_queued_sessions: sessions the user may have waiting in the queue at once (0: none may queue).
+        queue_timeout_hours: hours a session may wait in the queue before it is dropped.
 
     Raises:
         As ``policy_validate``.
@@ -467,6 +497,7 @@ def policy_set(
     policy.max_runtime_hours, policy.runtime_warning_minutes = max_runtime_hours, runtime_warning_minutes
     policy.default_cpu_per_gpu, policy.default_memory_gib_per_gpu = default_cpu_per_gpu, default_memory_gib_per_gpu
     policy.max_cpu_per_gpu, policy.max_memory_gib_per_gpu = max_cpu_per_gpu, max_memory_gib_per_gpu
+    policy.priority, policy.max_queued_sessions, policy.queue_timeout_hours = priority, max_queued_sessions, queue_timeout_hours
     policy_validate(policy=policy)
     policy.save()
     policy.allowed_clusters.set(list(allowed_clusters))
@@ -485,7 +516,8 @@ def _policy_audit(policy: Policy) -> dict:
     """A policy's limits as its audit rows show them (the allowed clusters by id)."""
     return {**snapshot(policy, ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
                                 "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes", "default_cpu_per_gpu",
-                                "default_memory_gib_per_gpu", "max_cpu_per_gpu", "max_memory_gib_per_gpu")),
+                                "default_memory_gib_per_gpu", "max_cpu_per_gpu", "max_memory_gib_per_gpu", "priority",
+                                "max_queued_sessions", "queue_timeout_hours")),
             "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import Count, Max, Min, Q, QuerySet, Value
 
@@ -65,13 +67,19 @@ def gpu_model_memory() -> dict[str, tuple[int, int]]:
     return {row["model"]: (row["least"], row["most"]) for row in rows}
 
 
-def gpu_model_availability() -> list[tuple[str, int, int]]:
+def gpu_model_availability(*, cluster_ids: Iterable[int] | None = None) -> list[tuple[str, int, int]]:
     """Per GPU model of the clusters that take sessions (connected, with a session domain): ``(model, free, total)``,
     sorted by model, where ``total`` counts the healthy GPUs on ready nodes and ``free`` those of them with nothing
-    reserved on them now (a whole GPU could start there). One query."""
+    reserved on them now (a whole GPU could start there). One query.
+
+    Args:
+        cluster_ids: only these clusters (``Cluster`` pks: a policy's ``allowed_clusters``); None: every cluster.
+    """
+    devices = GpuDevice.objects.filter(health=True, node__ready=True, cluster__status=Cluster.Status.CONNECTED)
+    if cluster_ids is not None:
+        devices = devices.filter(cluster_id__in=list(cluster_ids))
     rows = (
-        GpuDevice.objects.filter(health=True, node__ready=True, cluster__status=Cluster.Status.CONNECTED)
-        .exclude(cluster__session_domain="")
+        devices.exclude(cluster__session_domain="")
         .values("model").annotate(total=Count("id"), free=Count("id", filter=Q(used_count=0))).order_by("model")
     )
     return [(row["model"], row["free"], row["total"]) for row in rows]

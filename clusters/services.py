@@ -769,6 +769,7 @@ def inventory_apply(*, cluster: Cluster, nodes: list[dict], checks: dict | None 
         summary = node_summary_update_sql(devices="clusters_gpudevice", nodes_where="n2.cluster_id = %(cluster)s")
         cursor.execute(f"WITH nodes AS ({summary} RETURNING n.id) {_HEARTBEAT_SQL}",
                        _heartbeat_params(cluster, checks, now=now, digest=recorded, clock_offset=clock_offset))
+    signals.answers(signals.capacity_changed, cluster=cluster)
     return InventoryResult(
         nodes=len(nodes), gpus=gpus, nodes_removed=nodes_removed, gpus_removed=gpus_removed,
         nodes_missing=nodes_missing, gpus_missing=gpus_missing, digest=recorded,

@@ -26,6 +26,10 @@ session_domain_changing = Signal()
 #: (sessions, GPU allocations) still hold the cluster (int); a non-zero sum refuses with ``cluster_busy``.
 cluster_deregistering = Signal()
 
+#: ``inventory_apply`` replaced the cluster's nodes and GPUs: GPUs may have been added, or healed, or nodes become ready.
+#: Receivers schedule what follows after the commit (the queue's pass); their answers are not read.
+capacity_changed = Signal()
+
 
 def answers(signal: Signal, *, cluster: Cluster, **kwargs) -> list:
     """Send ``signal`` for ``cluster`` and return its receivers' answers, in the order they were connected.

@@ -13,11 +13,13 @@ from django.contrib import admin
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import re_path, reverse
+from django.utils import timezone
 from django.utils.text import capfirst
 
 from console.access import ConsoleAuthenticationForm, is_researcher, researcher_app_list
 from console.charts import usage_chart_svg
 from console.dashboard import dashboard
+from console.home import researcher_home
 from console.scope import console_cluster
 
 #: ``(slug, title, [(app_label, model_name), ...])``: the sections, in order, and their pages, in order. A registered
@@ -176,12 +178,14 @@ class ConsoleSite(admin.AdminSite):
         return HttpResponseRedirect(reverse("admin:console_section", kwargs={"section": section}, current_app=self.name))
 
     def index(self, request, extra_context=None):
-        """The console's home: for staff who may view clusters (``clusters.view_cluster``; superusers may), the
-        dashboard (``console.dashboard``: tiles, the 24-hour chart, the fleet table) narrowed to the top bar's
-        cluster; below it, the navigation, for everyone."""
+        """The console's home: for a researcher, their home page (``console.home``: their live and queued sessions,
+        credits and runway, what is free now, Start session); for staff who may view clusters (``clusters.view_cluster``;
+        superusers may), the dashboard (``console.dashboard``: tiles, the 24-hour chart, the fleet table) narrowed to the
+        top bar's cluster; below it, the navigation, for everyone."""
         context = dict(extra_context or {})
-        if not request.user.is_staff:
+        if is_researcher(request.user):  # their home page (console.home): sessions, credits, free GPUs, Start session
             context.setdefault("title", "My gShare")
+            context["home"] = researcher_home(request, site_name=self.name, now=timezone.now())
         if request.user.is_staff and request.user.has_perm("clusters.view_cluster"):  # the tiles show the fleet
             cluster = console_cluster(request)
             board = dashboard(cluster=cluster)

@@ -60,6 +60,7 @@ from demo.bare_cluster import UNPREPARED_NODE
 from demo.bare_demo import STATE_EVAL, BareClusters
 from demo.gpu_activity import GpuActivityError, idle_smoke
 from demo.processes import ChildFailed, ProcessGroup, python_argv
+from demo.queue_scene import QueueSceneError, queue_scene
 from gshare.embedded import embedded_release
 from gshare.front_proxy import ProxySettings, render_nginx_conf
 from identity.tokens import api_token_create
@@ -71,6 +72,8 @@ DEMO_DATABASE = "gshare_demo"
 #: The demo's researcher (not staff) and the credits granted to them.
 RESEARCHER = "alice"
 RESEARCHER_CREDITS = 200
+#: The cluster whose H20s the queue scene fills (``demo.queue_scene``).
+QUEUE_CLUSTER = "lab-c2"
 READY_TIMEOUT = 90.0
 #: The demo's billing period and settle time (seconds) unless the environment sets them: short, so period charges show.
 DEMO_BILLING_PERIOD_SECONDS = 300
@@ -266,6 +269,7 @@ def run_demo(options: DemoOptions) -> dict:
         researcher = get_user_model().objects.create_user(RESEARCHER, f"{RESEARCHER}@gshare.localhost", researcher_password)
         credit_grant(user=researcher, amount=Decimal(RESEARCHER_CREDITS), reason="demo credits",
                      idempotency_key="demo-researcher-grant", created_by="command:demo")
+        _, researcher_token = api_token_create(username=RESEARCHER, name="demo")
         if options.idle_timeout is not None:
             # A policy minute lasts a second here (GSHARE_IDLE_POLICY_MINUTE_SECONDS, also in the children's environment).
             settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS = 1
@@ -457,6 +461,7 @@ def run_demo(options: DemoOptions) -> dict:
             "api_token": api_token,
             "researcher_user": RESEARCHER,
             "researcher_password": researcher_password,
+            "researcher_api_token": researcher_token,
             "ingress": {"url": ingress_url, "port": ingress_port},
             "clusters": [
                 {
@@ -492,6 +497,17 @@ def run_demo(options: DemoOptions) -> dict:
                 idle = state["idle_policy"]["idle"]
                 _say(f"smoke: {idle['id']} warned (stops at {idle['stops_at']}), then stopped by the idle policy; its end entry: "
                      f"{idle['idle_credits']} credits burned while idle; {state['idle_policy']['busy']['id']} (busy) kept running")
+        lab_c2 = next(c for c in state["clusters"] if c["name"] == QUEUE_CLUSTER)
+        try:
+            scene = queue_scene(url=url, admin_token=api_token, researcher_token=researcher_token, cluster_id=lab_c2["id"],
+                                release=options.smoke)
+        except QueueSceneError as exc:
+            raise DemoError(f"queue: {exc}") from None
+        state["queue"] = {"filler": scene["filler"]["id"], "queued": scene["queued"]["id"],
+                          "estimated_start": scene["queued"]["estimated_start"], "admitted": "admitted" in scene}
+        if options.smoke:
+            _say(f"smoke: {scene['queued']['id']} (2 x H20) queued behind {scene['filler']['id']} with an estimate of "
+                 f"{scene['queued']['estimated_start']}; started by the queue once {scene['filler']['id']} stopped")
         options.state_file.parent.mkdir(parents=True, exist_ok=True)
         options.state_file.write_text(json.dumps(state, indent=2) + "\n")
         options.state_file.chmod(0o600)
@@ -515,6 +531,10 @@ def run_demo(options: DemoOptions) -> dict:
                  f"         or, from the state file: STATE={shlex.quote(str(options.state_file))} {STATE_EVAL}\n"
                  f"         its node {UNPREPARED_NODE} has no nvidia runtime in containerd yet; prepare it with: "
                  f"{entry['fix_command']}")
+        if not options.smoke:
+            _say(f"queue:   {QUEUE_CLUSTER}'s 8 H20s are held by {state['queue']['filler']} (8 h); {RESEARCHER}'s "
+                 f"{state['queue']['queued']} (2 x H20) waits in the queue, expected to start at {state['queue']['estimated_start']}: "
+                 "log in as the researcher to see its place, estimate and alternatives")
         _say(f"state:   {options.state_file}; logs: {group.log_dir}")
         if options.smoke:
             return state

@@ -1,7 +1,8 @@
 """Gauges of every registered cluster, its GPUs and sessions, computed per scrape from the control plane's tables.
 
 :func:`inventory_exposition` reads the fleet in :data:`QUERIES` queries whatever its size (clusters, GPUs with
-their node names, live sessions by phase, idle sessions and their GPUs, charged credits by cluster), builds the metric families with
+their node names, live sessions by phase, idle sessions and their GPUs, charged credits by cluster, the queue and its
+estimates' accuracy), builds the metric families with
 prometheus-client and renders them in the Prometheus text format. The text is cached for
 ``GSHARE_METRICS_CACHE_SECONDS`` in Django's cache (Redis), so several Prometheus replicas and several gunicorn
 workers scraping within that window cost one computation. Decimal credits become floats only here.
@@ -32,7 +33,7 @@ from sessions.models import Session
 logger = logging.getLogger(__name__)
 
 #: Queries one computation makes, whatever the number of clusters, nodes, GPUs or sessions.
-QUERIES = 5
+QUERIES = 6
 CACHE_KEY = "gshare:metrics:inventory"
 MIB = 1024 * 1024
 #: Phases counted by gshare_cluster_sessions (the terminal ones would only count history).
@@ -234,6 +235,21 @@ def collect_families(*, now: datetime.datetime | None = None) -> list:
     for c in clusters:
         burned.add_metric([c["name"]], float(-(charged.get(c["pk"]) or 0)))
 
+    figures = session_selectors.queue_figures(since=now - datetime.timedelta(hours=24))
+    queued = _gauge("gshare_queue_sessions", "Sessions waiting in the fleet's queue.", [])
+    queued.add_metric([], figures["queued"])
+    admitted = _gauge("gshare_queue_admitted_24h", "Sessions the queue started in the last 24 hours (what the error figures cover).", [])
+    admitted.add_metric([], figures["admitted"])
+    error = _gauge("gshare_queue_estimate_error_seconds", "How far the estimate made when a session was queued was from its actual "
+                   "start, over the sessions the queue started in the last 24 hours, seconds (absent before any).", ["quantile"])
+    share = _gauge("gshare_queue_estimate_error_ratio", "That error as a share of the session's actual wait (0.1: off by a tenth of "
+                   "the wait), over the same sessions.", ["quantile"])
+    for quantile, seconds, ratio in (("0.5", figures["error_p50_seconds"], figures["error_p50_share"]),
+                                     ("0.9", figures["error_p90_seconds"], figures["error_p90_share"])):
+        if seconds is not None:
+            error.add_metric([quantile], float(seconds))
+            share.add_metric([quantile], float(ratio))
+
     generated = _gauge(
         "gshare_inventory_generated_timestamp_seconds",
         "When these inventory metrics were computed (Unix time; older by up to GSHARE_METRICS_CACHE_SECONDS).",
@@ -241,7 +257,7 @@ def collect_families(*, now: datetime.datetime | None = None) -> list:
     )
     generated.add_metric([], now.timestamp())
     return [info, heartbeat, expires, refused, gpus, healthy, reserved, *cluster_capacity.values(), sessions, idle_sessions, idle_gpus, burned,
-            *gpu_families.values(), generated]
+            *gpu_families.values(), queued, admitted, error, share, generated]
 
 
 class _Families:

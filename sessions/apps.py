@@ -28,6 +28,7 @@ class GpuSessionsConfig(AppConfig):
         cluster_signals.session_domain_changing.connect(subscriptions.on_session_domain_changing,
                                                         dispatch_uid="gshare-sessions-domain-users")
         cluster_signals.cluster_deregistering.connect(subscriptions.on_cluster_deregistering, dispatch_uid="gshare-sessions-live")
+        cluster_signals.capacity_changed.connect(subscriptions.on_capacity_changed, dispatch_uid="gshare-sessions-queue")
         post_save.connect(connect.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="gshare-connect-user-saved")
         post_delete.connect(connect.user_changed, sender=settings.AUTH_USER_MODEL, dispatch_uid="gshare-connect-user-deleted")
         user_model = get_user_model()

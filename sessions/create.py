@@ -26,16 +26,15 @@ from clusters.models import Cluster
 from clusters.refs import cluster_by_ref
 from core import instruments
 from core.errors import INVALID_REQUEST
-from core.exceptions import ApplicationError, Conflict, NotFound
+from core.exceptions import ApplicationError, Conflict
 from core.prepared import statement_cursor
 from sessions import gpu_models as models_of_request
-from sessions import placement, resources, runtime, selectors
-from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED, VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
+from sessions import placement, resources, runtime, selectors, volume_claims
+from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED
 from sessions.lifecycle import outbox
 from sessions.models import Session
-from storage.errors import VOLUME_DELETING, VOLUME_MOVING, VOLUME_NOT_FOUND
+from sessions.queue import enqueue as queue_enqueue
 from storage.models import Volume
-from storage.services import volume_claim_name
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +102,7 @@ def session_create(
     runtime_hours=None,
     cpu=None,
     memory_gib=None,
+    queue: bool = False,
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
 
@@ -148,9 +148,13 @@ def session_create(
             ``max_cpu_per_gpu`` × ``gpus``; None: its ``default_cpu_per_gpu`` × ``gpus``. The pod's request and limit.
         memory_gib: memory in GiB (the same rules, ``max_memory_gib_per_gpu``, ``default_memory_gib_per_gpu``); the
             pod's request and limit, and half of it its ``/dev/shm``. Placement fits both on the node.
+        queue: when nothing can host it now, keep it as a ``Queued`` session (``sessions.queue``) instead of refusing
+            it with ``no_capacity``. Whenever sessions wait in the queue, a new request is placed behind them (it
+            starts now only where it delays none of those ahead of it in the queue's order), queue or not.
 
     Returns:
-        The session, phase ``Scheduled``, with cluster, node, allocations and volumes.
+        The session, phase ``Scheduled``, with cluster, node, allocations and volumes; or ``Queued`` (``queue``), with
+        its ``queue_position``, ``estimated_start``, ``waiting_for`` and ``alternatives``.
 
     Raises:
         InvalidSessionRequest: 400 ``invalid_request``.
@@ -163,6 +167,8 @@ def session_create(
             allow) is not in the policy's allowed clusters.
         NotFound: 404 ``cluster_not_found`` for an unknown pinned cluster; 404 ``volume_not_found``
             for a volume that is not a live volume of ``owner``.
+        NeverFits: 409 ``never_fits`` (``queue``): no node it may use could ever host it; it is not queued.
+        QueueLimitReached: 403 ``queue_limit_reached`` (``queue``): the owner has ``max_queued_sessions`` queued.
         Conflict: 409 ``cluster_unavailable`` (pinned cluster not connected: degraded, unreachable, pending, deregistered;
             or without session_domain); 409 ``no_capacity`` (detail says what is short);
             409 ``volume_moving``; 409 ``volume_on_another_cluster``, ``volumes_on_different_clusters``,
@@ -171,7 +177,8 @@ def session_create(
             attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
-                   name=name, volumes=volumes, gpu_models=gpu_models, runtime_hours=runtime_hours, cpu=cpu, memory_gib=memory_gib)[0]
+                   name=name, volumes=volumes, gpu_models=gpu_models, runtime_hours=runtime_hours, cpu=cpu, memory_gib=memory_gib,
+                   queue=queue)[0]
 
 
 def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
@@ -214,6 +221,8 @@ def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tupl
 def _fingerprint(request: dict) -> str:
     """SHA-256 of the request as ``session_create`` reads it (volumes as a set), to tell a retry from a new request."""
     canonical = {field: request.get(field, default) for field, default in _REQUEST_DEFAULTS.items()}
+    if request.get("queue"):  # only when asked: the fingerprints of requests that do not queue stay as they were
+        canonical["queue"] = True
     if request.get("runtime_hours") is not None:  # only when asked: the fingerprints of requests without it stay as they were
         canonical["runtime_hours"] = _hours_text(request["runtime_hours"])
     if isinstance(canonical["volumes"], list | tuple):
@@ -267,8 +276,6 @@ class PlacementContended(Conflict):
     code = PLACEMENT_CONTENDED
 
 
-class _Raced(Exception):
-    """The capacity chosen without a lock was gone once the cluster was locked: roll back and choose again."""
 
 
 def _create(
@@ -286,6 +293,7 @@ def _create(
     cpu=None,
     memory_gib=None,
     idempotency: tuple[str, str] | None = None,
+    queue: bool = False,
 ) -> tuple[Session, bool]:
     """``session_create``; with ``idempotency`` ``(key, request fingerprint)`` a session of that key is returned instead."""
     volumes = list(volumes or [])
@@ -301,17 +309,20 @@ def _create(
                                 memory_gib=memory_gib)
     for _ in range(PLACEMENT_ATTEMPTS):
         mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
-        _refuse_moving([v for v in mounted if v.status in _BUSY_VOLUME])
+        volume_claims.refuse_moving([v for v in mounted if v.status in volume_claims.BUSY_VOLUME])
         allowed = placement.volume_clusters(volumes=mounted, pinned=pinned)
         try:
             # A transaction per attempt (a savepoint inside a caller's): rolling it back releases the cluster's
             # row lock, so the next attempt may lock another cluster without holding two (no deadlock).
             with transaction.atomic():
                 session, created = _attempt(owner=owner, image=image, request=request, pinned=pinned, name=name, mounted=mounted,
-                                            allowed=allowed, idempotency=idempotency, hours=hours)
-        except _Raced:
+                                            allowed=allowed, idempotency=idempotency, hours=hours, queue=queue)
+        except volume_claims.PlacementRaced:
             continue
-        if created:
+        except _WaitInQueue as wait:
+            with transaction.atomic():
+                session, created = _enqueue(wait, owner=owner, idempotency=idempotency)
+        if created and session.phase != Session.Phase.QUEUED:
             logger.info("session %s placed on cluster %s node %s", session.public_id, session.cluster_id, session.node)
         return session, created
     instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.CONTENDED).inc()
@@ -321,10 +332,39 @@ def _create(
     )
 
 
+class _WaitInQueue(Exception):
+    """Nothing hosts the request now and it asked to queue: ``_attempt`` rolls back, ``_enqueue`` keeps it queued."""
+
+    def __init__(self, *, session: Session, request: placement.Request, scope: list[int] | None, where: str, mounted: list[Volume]):
+        super().__init__("wait in the queue")
+        self.session, self.request, self.scope, self.where, self.mounted = session, request, scope, where, mounted
+
+
+def _enqueue(wait: _WaitInQueue, *, owner, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
+    """Keep ``wait``'s request as a queued session (``sessions.queue.enqueue``), under its owner's lock, unless it
+    could never fit (409 ``never_fits``)."""
+    admission.account_lock(user=owner)
+    if idempotency is not None:
+        replayed = _replayed(owner=owner, idempotency=idempotency)
+        if replayed is not None:
+            return replayed, False
+    reason = queue_enqueue.never_fits_reason(request=wait.request, clusters=wait.scope, where=wait.where)
+    if reason is not None:
+        instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.NO_CAPACITY).inc()
+        raise queue_enqueue.NeverFits(f"This request can never start: {reason}. Ask for fewer GPUs, a smaller share or other "
+                                      "gpu_models (GET /api/v1/gpus lists the fleet's).")
+    policy = admission.policy_for(owner)
+    session = queue_enqueue.session_enqueue(
+        session=wait.session, policy=policy, clusters=None if wait.scope is None else frozenset(wait.scope), volumes=wait.mounted,
+        account_queued=queue_enqueue.queued_count(owner=owner))
+    logger.info("session %s queued at position %s", session.public_id, session.queue_position)
+    return session, True
+
+
 def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster | None, name: str, mounted: list[Volume],
-             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None, hours=None) -> tuple[Session, bool]:
+             allowed: frozenset[int] | None, idempotency: tuple[str, str] | None, hours=None, queue: bool = False) -> tuple[Session, bool]:
     """One try of ``_create``, in the caller's transaction, for the volumes ``mounted``, which may go to the clusters
-    ``allowed`` (``placement.volume_clusters``; None: any), for ``hours`` (None: the policy's maximum). Raises ``_Raced``
+    ``allowed`` (``placement.volume_clusters``; None: any), for ``hours`` (None: the policy's maximum). Raises ``volume_claims.PlacementRaced``
     when the chosen capacity was taken meanwhile."""
     gpus, gpu_memory_mib, gpu_cores = request.gpus, request.memory_mib, request.cores
     # Lock order: credit account, then the chosen cluster, then volumes (billing.admission).
@@ -336,7 +376,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
             return replayed, False
     # Policy, live sessions, prices and the candidates' GPU models in one query, under the account's lock.
     state = admission.admission_read(user=owner, scope=_candidate_ids(pinned=pinned, allowed=allowed, permitted=None),
-                                     ended_phases=Session.HOLDING_EXCLUDED_PHASES)
+                                     ended_phases=Session.HOLDING_EXCLUDED_PHASES, queued_phase=Session.Phase.QUEUED)
     if request.models:
         # Priced at the dearest of the accepted models present (all candidates' models when none is: no_capacity follows).
         acceptable = [m for m in state.models if m[0] in request.models]
@@ -382,16 +422,6 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
             code=NO_CAPACITY,
         )
 
-    started = time.perf_counter()
-    node_id = None
-    if pinned is not None:
-        cluster_id = pinned.pk  # one candidate: the fit runs once, under its lock (reserve)
-    else:
-        choice = placement.choose(request=request, cluster_ids=scope, policy=policy_name)
-        if choice is None:
-            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-            raise no_capacity()
-        cluster_id, node_id = choice.cluster_id, choice.node_id
     session = Session(
         owner=owner,
         name=name,
@@ -401,34 +431,66 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         gpu_cores=gpu_cores,
         gpu_models=list(request.models),
         requested_cluster=pinned,
-        cluster_id=cluster_id,
-        node=choice.node_name if node_id is not None else "",
         phase=Session.Phase.SCHEDULED,
         ends_at=ends_at,
         cpu=request.cpu,
         memory_gib=request.memory_gib,
+        runtime_hours=hours,
         idempotency_key=idempotency[0] if idempotency else "",
         request_fingerprint=idempotency[1] if idempotency else "",
     )
+
+    def nothing_now(*, behind_queue: bool = False) -> Exception:
+        if queue:
+            return _WaitInQueue(session=session, request=request, scope=scope, mounted=mounted,
+                                where=_scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)[0])
+        refusal = no_capacity()
+        if behind_queue:
+            refusal.detail = refusal.console_detail = (
+                f"{refusal.detail} Sessions are waiting in the queue for these GPUs, and a new request starts only where it "
+                "delays none of them: send \"queue\": true to wait in line.")
+        return refusal
+
+    started = time.perf_counter()
+    node_id, device_ids, node_name = None, None, ""
+    if state.queue_waiting:
+        # Others wait: the queue's order decides, backfill included (sessions.queue.plan).
+        outcome, _ = queue_enqueue.place_behind_queue(session=session, policy=policy, now=reserved_at,
+                                                      clusters=None if scope is None else frozenset(scope))
+        if not outcome.now:
+            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            raise nothing_now(behind_queue=True)
+        cluster_id, node_id, node_name = outcome.node.cluster_id, outcome.node.pk, outcome.node.name
+        device_ids = [d.pk for d in outcome.devices]
+    elif pinned is not None:
+        cluster_id = pinned.pk  # one candidate: the fit runs once, under its lock (reserve)
+    else:
+        choice = placement.choose(request=request, cluster_ids=scope, policy=policy_name)
+        if choice is None:
+            instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            raise nothing_now()
+        cluster_id, node_id, node_name = choice.cluster_id, choice.node_id, choice.node_name
+    session.cluster_id, session.node = cluster_id, node_name
     # Field checks only: ranges were validated above, and the database enforces the constraints.
     session.full_clean(exclude=["owner", "cluster", "requested_cluster"], validate_unique=False, validate_constraints=False)
     locked = _insert_on_locked_cluster(session)
     if locked is None:
         if pinned is not None:
             _pinned_cluster(pinned.public_id)  # raises cluster_unavailable, saying why
-        raise _Raced
+        raise volume_claims.PlacementRaced
     claims: list[Volume] = []
     if mounted:
-        claims = _lock_volumes(volumes=mounted, cluster_id=cluster_id, pinned=pinned)
+        claims = volume_claims.volumes_lock(volumes=mounted, cluster_id=cluster_id, pinned=pinned)
     # Under the cluster's lock: the chosen node first, else any node of the cluster (the fit again, now exact).
-    reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=node_id, policy=policy_name)
-    if reserved is None and node_id is not None:
+    reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=node_id, policy=policy_name,
+                                 device_ids=device_ids)
+    if reserved is None and node_id is not None and device_ids is None:
         reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, policy=policy_name)
     instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
     if reserved is None:
-        if pinned is not None:
-            raise no_capacity()
-        raise _Raced  # the cluster filled up since the choice: choose again
+        if pinned is not None and device_ids is None:
+            raise nothing_now()
+        raise volume_claims.PlacementRaced  # the cluster filled up since the choice: choose again
     # The recount of the node after the INSERT: refuse to commit a reservation that leaves one of its GPUs over
     # capacity (cannot happen while every change of a cluster's allocations holds its row lock; the database's
     # last word if that ever breaks).
@@ -448,7 +510,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
                 instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.REFUSED_BY_POLICY).inc()
                 raise
     if mounted:
-        _mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
+        volume_claims.volumes_mount(session=session, volumes=mounted, claims=claims, cluster_id=cluster_id)
     audit_record(action=Action.SESSION_CREATE, obj=session, cluster=locked, changes=created({
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
         "volumes": [v.public_id for v in mounted], "ends_at": ends_at,
@@ -505,87 +567,6 @@ def _insert_on_locked_cluster(session: Session) -> Cluster | None:
     session.pk, public_id, cluster_name = row
     session._state.adding, session._state.db = False, connection.alias
     return Cluster.from_db(connection.alias, ["id", "public_id", "name"], (session.cluster_id, public_id, cluster_name))
-
-
-#: Volume statuses a new session cannot mount: the control plane is changing the volume's PVC.
-_BUSY_VOLUME = (Volume.Status.MOVING, Volume.Status.DELETING)
-
-
-def _refuse_moving(moving: list[Volume]) -> None:
-    """Refuse volumes being moved (409 ``volume_moving``) or deleted (409 ``volume_deleting``)."""
-    deleting = [v for v in moving if v.status == Volume.Status.DELETING]
-    if deleting:
-        volume = deleting[0]
-        raise Conflict(
-            f"Volume {volume.name} ({volume.public_id}) is being deleted: leave it out of `volumes`.", code=VOLUME_DELETING,
-        )
-    if moving:
-        volume = moving[0]
-        raise Conflict(
-            f"Volume {volume.name} ({volume.public_id}) is being moved to another cluster: start the session once the move "
-            f"is done (`GET /api/v1/storage/volumes/{volume.public_id}` shows its cluster).",
-            code=VOLUME_MOVING,
-        )
-
-
-def _lock_volumes(*, volumes: list[Volume], cluster_id: int, pinned: Cluster | None) -> list[Volume]:
-    """Lock the volumes' rows (primary-key order, after the chosen cluster's row) and check them again.
-
-    Between the first check (``placement.volume_clusters``, no lock) and this one another session may
-    have claimed a new volume for a cluster, or a move may have started: the locked rows decide.
-
-    Returns:
-        The volumes to claim for the chosen cluster: unsaved ``Volume`` objects carrying only pk and
-        ``claim_name`` (what ``_mount`` writes).
-
-    Raises:
-        _Raced: a volume is now held by another cluster than ``cluster_id`` (choose again: the next attempt's
-            first check keeps the session on that cluster).
-    """
-    by_pk = {v.pk: v for v in volumes}
-    rows = list(
-        Volume.objects.filter(pk__in=sorted(by_pk)).order_by("pk").select_for_update()
-        .values_list("pk", "cluster_id", "status", "claim_name", named=True)
-    )
-    gone = [by_pk[pk] for pk in sorted(set(by_pk) - {r.pk for r in rows})] + [by_pk[r.pk] for r in rows if r.status == Volume.Status.DELETED]
-    if gone:
-        raise NotFound(f"Volume {gone[0].public_id!r} was deleted: leave it out of `volumes`.", code=VOLUME_NOT_FOUND)
-    busy = [r for r in rows if r.status in _BUSY_VOLUME]
-    for row in busy:
-        by_pk[row.pk].status = row.status
-    _refuse_moving([by_pk[r.pk] for r in busy])
-    claims = [Volume(pk=r.pk, claim_name=r.claim_name or volume_claim_name(by_pk[r.pk].public_id)) for r in rows if r.cluster_id is None]
-    holders = sorted({r.cluster_id for r in rows if r.cluster_id is not None})
-    if not holders or holders == [cluster_id]:
-        return claims
-    if len(holders) > 1:
-        raise Conflict(
-            "The volumes were just claimed by sessions on different clusters and a session runs on one: move them onto one "
-            "cluster first (`POST /api/v1/storage/volumes/{id}/move`), or mount them in separate sessions.",
-            code=VOLUMES_ON_DIFFERENT_CLUSTERS,
-        )
-    # A volume was claimed by a session on, or moved to, another cluster since the first check.
-    (holder,) = holders
-    if pinned is None:
-        raise _Raced
-    held, volume = Cluster.objects.get(pk=holder), next(by_pk[r.pk] for r in rows if r.cluster_id == holder)
-    raise Conflict(
-        f"Volume {volume.name} ({volume.public_id}) was just mounted by a session on, or moved to, cluster {held.name} "
-        f"({held.public_id}), so sessions that mount it run there: pin the session to {held.name} "
-        f"(`\"cluster\": \"{held.public_id}\"`) or leave `cluster` out and retry, or move the volume first "
-        f"(`POST /api/v1/storage/volumes/{volume.public_id}/move`).",
-        code=VOLUME_ON_ANOTHER_CLUSTER,
-    )
-
-
-def _mount(*, session: Session, volumes: list[Volume], claims: list[Volume], cluster_id: int) -> None:
-    """Give the new volumes (``claims``) the chosen cluster and record the session's volumes (two queries at most)."""
-    if claims:
-        for claim in claims:
-            claim.cluster_id = cluster_id
-        Volume.objects.bulk_update(claims, ["cluster", "claim_name"])
-    through = Session.volumes.through
-    through.objects.bulk_create([through(session_id=session.pk, volume_id=v.pk) for v in volumes])
 
 
 def _scope(*, pinned: Cluster | None, volumes: list[Volume], restricted: bool, by_policy: bool = False) -> tuple[str, str]:

@@ -17,6 +17,22 @@ PLACEMENT_CONTENDED = "placement_contended"
 GPU_MODEL_UNKNOWN = "gpu_model_unknown"
 """400: a ``gpu_models`` name that matches none of the fleet's GPU models (the detail lists them)."""
 
+NEVER_FITS = "never_fits"
+"""409: no node the request may use could ever host it (too many GPUs for one node, a share larger than any GPU, no
+GPU of the accepted models where it may go): it is refused, never queued."""
+
+QUEUE_LIMIT_REACHED = "queue_limit_reached"
+"""403: the owner already has their policy's ``max_queued_sessions`` waiting in the queue."""
+
+QUEUE_WAITING = "queue_waiting"
+"""409: an owner's extension while queued sessions wait for GPUs like the session's (staff may still extend it)."""
+
+PRIORITY_FORBIDDEN = "priority_forbidden"
+"""403: only staff may change a queued session's priority."""
+
+SESSION_NOT_QUEUED = "session_not_queued"
+"""409: the session is not waiting in the queue (its priority no longer matters)."""
+
 VOLUME_ON_ANOTHER_CLUSTER = "volume_on_another_cluster"
 """409: the session is pinned to one cluster, but a volume's PVC is on another."""
 

@@ -119,7 +119,7 @@ CROSS JOIN LATERAL (
            array_agg(d.cores ORDER BY {device_order}) AS cores,
            array_agg(d.split_count ORDER BY {device_order}) AS splits
     FROM clusters_gpudevice d
-    WHERE d.node_id = n.id AND d.health AND {device_fit}{model_fit}
+    WHERE d.node_id = n.id AND d.health AND {device_fit}{model_fit}{device_scope}
 ) p
 WHERE n.ready AND {scope} {node_fit}
   AND p.fits >= %(gpus)s{resource_fit}
@@ -189,6 +189,8 @@ _SCOPES = {
     "one": {"join": _ELIGIBLE, "scope": f"{_TAKES_SESSIONS} AND n.cluster_id = %(cluster)s", "order": "n.load {direction}, n.name"},
     "cluster": {"join": "", "scope": "n.cluster_id = %(cluster)s", "order": "n.load {direction}, n.name"},
     "node": {"join": "", "scope": "n.id = %(node)s", "order": "n.id"},
+    # The GPUs the queue's plan chose (``sessions.queue``): only those, on their node, under the cluster's lock.
+    "devices": {"join": "", "scope": "n.id = %(node)s", "order": "n.id", "device_scope": " AND d.id = ANY(%(devices)s::bigint[])"},
 }
 
 
@@ -196,7 +198,8 @@ def _fit_sql(policy: str, whole: bool, scope: str, models: bool, sized: bool) ->
     parts = _SCOPES[scope]
     order = parts["order"].format(direction=_POLICIES[policy]["direction"])
     return _FIT_SQL.format(join=parts["join"], scope=parts["scope"], order=order, device_order=_POLICIES[policy]["device_order"],
-                           model_fit=_MODEL_FIT[models], resource_fit=_RESOURCE_FIT[sized], **_FITS[whole])
+                           model_fit=_MODEL_FIT[models], device_scope=parts.get("device_scope", ""), resource_fit=_RESOURCE_FIT[sized],
+                           **_FITS[whole])
 
 
 _FIT_QUERIES = {(policy, whole, scope, models, sized): _fit_sql(policy, whole, scope, models, sized)
@@ -353,13 +356,16 @@ _RESERVE_QUERIES = {
         nodes=node_summary_update_sql(devices="usage"),
         write_counters=_WRITE_COUNTERS,
     )
-    for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node") for models in _MODEL_FIT for sized in _RESOURCE_FIT
+    for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node", "devices") for models in _MODEL_FIT
+    for sized in _RESOURCE_FIT
 }
 
 
-def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int | None = None, policy: str = "binpack") -> Reservation | None:
+def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int | None = None, policy: str = "binpack",
+            device_ids: list[int] | None = None) -> Reservation | None:
     """Reserve GPUs for session ``session_id`` on node ``node_id`` (or, with None, the node of ``cluster_id`` the
-    policy picks), or None when nothing there fits now (nothing is written then).
+    policy picks), or None when nothing there fits now (nothing is written then). With ``device_ids`` (and
+    ``node_id``) only those GPUs of the node may be taken: the ones the queue's plan chose (``sessions.queue``).
 
     One statement: the fit, the ``Allocation`` rows, and the recount of the node's counters and summary
     (``usage_recompute``'s result, without a second statement). The caller holds ``cluster_id``'s row lock,
@@ -372,8 +378,9 @@ def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int 
     """
     if policy not in _POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}: use binpack or spread")
-    scope = "cluster" if node_id is None else "node"
-    params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id}
+    scope = "cluster" if node_id is None else "devices" if device_ids else "node"
+    params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id,
+              "devices": _int_array(device_ids or [])}
     with statement_cursor() as cursor:
         cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope, bool(request.models), request.sized], params)
         row = cursor.fetchone()

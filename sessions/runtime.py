@@ -11,7 +11,8 @@ and extensions (docs/sessions.md, "Time limits").
   ``runtime_enforce`` (beat: ``sessions.enforce_runtime``, every 30 s) stops it through ``sessions.lifecycle.session_stop``
   with ``stop_reason`` ``time_limit``.
 * ``session_extend`` moves ``ends_at`` later: staff who may manage every session by any amount, the owner only while
-  the session's whole time (``ends_at`` - ``created_at``) stays within the policy's maximum. Both are audited.
+  the session's whole time (``ends_at`` - its reservation) stays within the policy's maximum and nobody waits in the
+  queue for GPUs like its own. Both are audited.
 
 These are real hours and minutes (the idle policy's ``GSHARE_IDLE_POLICY_MINUTE_SECONDS`` does not shorten them).
 """
@@ -24,6 +25,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import Action, audit_record
@@ -32,7 +34,7 @@ from billing.services import MAX_RUNTIME_HOURS, RUNTIME_HOURS_PLACES
 from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, Forbidden
 from sessions import lifecycle
-from sessions.errors import EXTEND_FORBIDDEN, NO_TIME_LIMIT, RUNTIME_OVER_LIMIT, SESSION_NOT_LIVE
+from sessions.errors import EXTEND_FORBIDDEN, NO_TIME_LIMIT, QUEUE_WAITING, RUNTIME_OVER_LIMIT, SESSION_NOT_LIVE
 from sessions.models import Session
 from sessions.permissions import may_open_any_session
 
@@ -156,13 +158,25 @@ def _stop_at_limit(*, pk: int, now: datetime) -> bool:
 
 
 @transaction.atomic
+def waiting_for_these_gpus(session: Session) -> int:
+    """How many queued sessions could use ``session``'s GPUs: they accept one of its GPUs' models (or any model) and are
+    not pinned to another cluster. Two queries."""
+    models = sorted(set(session.allocations.values_list("device__model", flat=True)))
+    accepts = Q(gpu_models=[])
+    for model in models:
+        accepts |= Q(gpu_models__contains=[model])
+    where = Q(requested_cluster__isnull=True) | Q(requested_cluster_id=session.cluster_id)
+    return Session.objects.queued().filter(accepts, where).count()
+
+
 def session_extend(*, session: Session, user, hours) -> Session:
     """Move ``session``'s time limit ``hours`` later, audited (``session_extend``).
 
     Staff who may manage every session (``sessions.permissions.may_open_any_session``) may extend by any amount (up
     to ``MAX_RUNTIME_HOURS`` at a time); the owner only while the session's whole time (new ``ends_at`` - ``created_at``)
-    stays within their policy's ``max_runtime_hours`` (no bound when that is 0). Nobody waits for GPUs yet (there is no
-    queue), so an owner's extension is not refused for that.
+    stays within their policy's ``max_runtime_hours`` (no bound when that is 0), counted from its reservation (its
+    admission, for a session that waited in the queue), and while no queued session waits for GPUs like its own
+    (``waiting_for_these_gpus``): the queue's estimates count on its end.
 
     Args:
         session: a session visible to ``user`` (``sessions.selectors.session_get``).
@@ -176,7 +190,8 @@ def session_extend(*, session: Session, user, hours) -> Session:
         InvalidRuntime: 400 ``invalid_request``.
         RuntimeOverLimit: 400 ``runtime_over_limit`` (the owner, past the policy's maximum).
         Forbidden: 403 ``extend_forbidden``: ``user`` is neither its owner nor staff who may manage every session.
-        Conflict: 409 ``session_not_live`` (ended or stopping); 409 ``no_time_limit`` (it has none to extend).
+        Conflict: 409 ``session_not_live`` (ended or stopping); 409 ``no_time_limit`` (it has none to extend); 409
+            ``queue_waiting`` (the owner, while sessions wait in the queue for GPUs like its own).
     """
     staff = may_open_any_session(user)
     if not staff and session.owner_id != user.pk:
@@ -191,12 +206,18 @@ def session_extend(*, session: Session, user, hours) -> Session:
     after = before + hours_delta(hours)
     if not staff:
         limit = admission.policy_for(locked.owner).max_runtime_hours
-        if limit and after - locked.created_at > hours_delta(limit):
-            left = max(Decimal(0), Decimal((locked.created_at + hours_delta(limit) - before).total_seconds()) / 3600)
+        reserved = locked.admitted_at or locked.created_at
+        if limit and after - reserved > hours_delta(limit):
+            left = max(Decimal(0), Decimal((reserved + hours_delta(limit) - before).total_seconds()) / 3600)
             raise RuntimeOverLimit(
                 f"Extending by {hours} hours would take session {locked.public_id} past your policy's limit of {limit} hours from its "
                 f"reservation (max_runtime_hours): you may add at most {left.quantize(Decimal('0.01'), rounding=ROUND_DOWN)} hours; "
                 "staff may extend it further.", extra={"max_runtime_hours": str(limit)})
+        waiting = waiting_for_these_gpus(locked)
+        if waiting:
+            raise Conflict(f"{waiting} session(s) are waiting in the queue for GPUs like those of {locked.public_id}, and their "
+                           "estimated starts count on its time limit: it cannot be extended by its owner now; staff may extend it.",
+                           code=QUEUE_WAITING)
     locked.ends_at = after
     locked.save(update_fields=["ends_at"])
     audit_record(action=Action.SESSION_EXTEND, obj=locked, changes={"ends_at": (before, after)},

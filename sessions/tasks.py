@@ -9,6 +9,8 @@ from clusters.models import Cluster
 from sessions import activity, idle, lifecycle, overdrawn, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Session
+from sessions.queue import admit as queue_admit
+from sessions.queue import leave as queue_leave
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,13 @@ def runtime_enforce_task() -> dict:
     if result["stopped"]:
         logger.info("time limit: %s", result)
     return result
+
+
+@shared_task(name=queue_leave.TICK_TASK, ignore_result=True)
+def queue_tick_task() -> dict:
+    """A pass of the queue: admit what the plan starts now, drop what waited too long, refresh the estimates (after each
+    release, inventory or cancellation, and on the beat every 30 s; ``sessions.queue.admit.queue_pass``)."""
+    return queue_admit.queue_pass()
 
 
 @shared_task(name="sessions.flush_connections", ignore_result=True)

@@ -53,12 +53,50 @@ class SessionCreateSerializer(serializers.Serializer):
                   "more than 0, at most 3 decimal places; at most your policy's max_memory_gib_per_gpu × gpus; omitted: its "
                   "default_memory_gib_per_gpu × gpus)",
     )
+    queue = serializers.BooleanField(
+        required=False, default=False,
+        help_text="true: when nothing can host the session now, wait in the fleet's queue (phase Queued, with queue_position, "
+                  "estimated_start, waiting_for and alternatives) instead of 409 no_capacity; a request that can never fit is "
+                  "refused with 409 never_fits. Default false.",
+    )
+
+    def validate_queue(self, value):  # noqa: D102
+        if not isinstance(self.initial_data.get("queue", False), bool):
+            raise serializers.ValidationError("queue must be true or false (a JSON boolean).")
+        return value
 
     def validate(self, attrs):  # noqa: D102
         for field in ("runtime_hours", "cpu", "memory_gib"):
             if attrs.get(field) is None:
                 attrs.pop(field, None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
+        if not attrs.get("queue"):
+            attrs.pop("queue", None)  # as before the queue: the idempotency fingerprint of requests that do not queue is unchanged
         return attrs
+
+
+class PrioritySerializer(serializers.Serializer):
+    """Input of ``POST /api/v1/sessions/{id}/priority`` (staff)."""
+
+    priority = StrictIntegerField(help_text="Higher starts first (a whole number from -1000 to 1000); ties: arrival order")
+
+
+class QueueEntrySerializer(serializers.ModelSerializer):
+    """One queued session in ``GET /api/v1/queue``."""
+
+    id = serializers.CharField(source="public_id", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    cluster = serializers.SerializerMethodField()
+    gpu_models = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = Session
+        fields = ["id", "name", "owner", "queue_position", "priority", "gpus", "gpu_memory_mib", "gpu_cores", "gpu_models", "cluster",
+                  "runtime_hours", "queued_at", "queue_expires_at", "estimated_start", "waiting_for", "alternatives"]
+        read_only_fields = fields
+
+    def get_cluster(self, obj: Session) -> str | None:
+        """The cluster it is pinned to (``clu_...``), or null for any."""
+        return obj.requested_cluster.public_id if obj.requested_cluster_id else None
 
 
 class ExtendSerializer(serializers.Serializer):
@@ -116,7 +154,9 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "owner", "cluster", "cluster_name", "phase", "url", "image", "gpus", "gpu_memory_mib",
             "gpu_cores", "gpu_models", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
-            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon", "cpu", "memory_gib",
+            "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon",
+            "runtime_hours", "priority", "queued_at", "queue_expires_at", "queue_position", "estimated_start", "waiting_for",
+            "alternatives", "admitted_at", "cpu", "memory_gib",
         ]
         read_only_fields = fields
 
@@ -192,8 +232,9 @@ class SessionSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DecimalField(max_digits=18, decimal_places=CREDIT_PLACES, allow_null=True))
     def get_credits_per_hour(self, obj: Session) -> str | None:
         """What the session costs per hour while it holds its GPUs (Σ over its GPUs of the model's price × its share:
-        the rate usage is charged at, ``billing.selectors.session_hourly_cost``), a decimal string; null once ended."""
-        if not obj.is_live:
+        the rate usage is charged at, ``billing.selectors.session_hourly_cost``), a decimal string; null once ended or while
+        queued."""
+        if not obj.is_live or obj.phase == Session.Phase.QUEUED:  # a queued session holds nothing yet
             return None
         prices = self.context.get("prices")
         if prices is None:

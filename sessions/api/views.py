@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import generics, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -12,8 +12,16 @@ from clusters.filters import HELP as CLUSTER_HELP
 from core.api.schema import STAFF_ONLY
 from sessions import create, idle, lifecycle, runtime, selectors, services
 from sessions.api.filters import SessionFilter
-from sessions.api.serializers import ExtendSerializer, IdleExemptionSerializer, SessionCreateSerializer, SessionSerializer
+from sessions.api.serializers import (
+    ExtendSerializer,
+    IdleExemptionSerializer,
+    PrioritySerializer,
+    QueueEntrySerializer,
+    SessionCreateSerializer,
+    SessionSerializer,
+)
 from sessions.models import Session
+from sessions.queue.priority import queue_priority_set
 
 
 @extend_schema(parameters=[OpenApiParameter("cluster", str, description=CLUSTER_HELP),
@@ -93,3 +101,24 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         data.is_valid(raise_exception=True)
         runtime.session_extend(session=session, user=request.user, hours=data.validated_data["hours"])
         return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
+
+    @extend_schema(request=PrioritySerializer, responses={200: SessionSerializer}, extensions={STAFF_ONLY: True})
+    @action(detail=True, methods=["post"])
+    def priority(self, request, public_id: str):
+        """Staff: set a queued session's priority (higher starts first). Audited; 403 ``priority_forbidden`` for anyone
+        else, 409 ``session_not_queued`` once it left the queue."""
+        session = selectors.session_get(user=request.user, public_id=public_id)
+        data = PrioritySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        queue_priority_set(session=session, user=request.user, priority=data.validated_data["priority"])
+        return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
+
+
+@extend_schema(description="The fleet's queue in order: every queued session for staff, your own otherwise (with its fleet-wide position).")
+class QueueView(generics.ListAPIView):
+    """``GET /api/v1/queue``: queued sessions in queue order, with position, estimate, ``waiting_for`` and alternatives."""
+
+    serializer_class = QueueEntrySerializer
+
+    def get_queryset(self):  # noqa: D102
+        return selectors.queue_list(user=self.request.user)

@@ -10,6 +10,7 @@ from billing import held
 from clusters.models import Cluster
 from sessions import connect, placement
 from sessions.models import Session
+from sessions.queue import leave
 
 
 def facts_forget_after_commit(session: Session) -> None:
@@ -42,6 +43,8 @@ def allocations_release(*, cluster_id: int | None, session_ids: list[int]) -> No
         )
         nodes = {row[0] for row in cursor.fetchall()}
     placement.usage_recompute(node_ids=nodes)
+    if nodes:
+        leave.publish_after_commit()  # GPUs were freed: the queue may start sessions on them
 
 
 def session_fail(*, session: Session, message: str) -> Session:

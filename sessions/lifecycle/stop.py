@@ -13,14 +13,19 @@ from sessions.lifecycle import outbox
 from sessions.lifecycle.end import facts_forget_after_commit, session_terminate
 from sessions.lifecycle.remote import gshare_session_delete
 from sessions.models import Session
+from sessions.queue import leave
 
 #: How long after its end a session stopped before it ran keeps getting its GShareSession deleted again by
 #: ``sessions_reconcile`` (an apply in flight at the stop lands within its retry chain, ``sessions.tasks.RETRY``).
 REDELETE_WINDOW = timedelta(minutes=10)
 
 
+#: ``session_stop``'s default reason.
+STOPPED_ON_REQUEST = "Stopped on request."
+
+
 @transaction.atomic
-def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_reason: str = Session.StopReason.REQUESTED) -> Session:
+def session_stop(*, session: Session, reason: str = STOPPED_ON_REQUEST, stop_reason: str = Session.StopReason.REQUESTED) -> Session:
     """Stop a session: Stopping now, its GShareSession is deleted by a task, then Terminated. Idempotent.
 
     Args:
@@ -31,11 +36,19 @@ def session_stop(*, session: Session, reason: str = "Stopped on request.", stop_
             (``sessions.idle``) names itself and the last activity.
         stop_reason: ``Session.StopReason`` (``requested``, ``credits``, ``idle``), kept as ``stop_reason``.
 
+    A queued session is not stopped but ends at once (Terminated, unstarted: ``sessions.queue.leave``).
+
     Returns:
         The session (unchanged when it already ended or is stopping).
     """
     session = Session.objects.select_for_update().get(pk=session.pk)
     if not session.is_live or session.phase == Session.Phase.STOPPING:
+        return session
+    if session.phase == Session.Phase.QUEUED:
+        # It holds nothing and has no pod: it leaves the queue at once, and the sessions behind it may start sooner.
+        leave.queued_end(session=session, stop_reason=stop_reason,
+                         message="Left the queue on request." if reason == STOPPED_ON_REQUEST else reason)
+        leave.publish_after_commit()
         return session
     previous = session.phase
     session.phase = Session.Phase.STOPPING

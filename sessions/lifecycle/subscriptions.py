@@ -5,6 +5,7 @@ from __future__ import annotations
 from clusters.models import Cluster
 from sessions.lifecycle.reapply import sessions_reapply_mark
 from sessions.models import Session
+from sessions.queue import leave
 
 
 def on_cluster_routing_changed(sender, *, cluster: Cluster, **kwargs) -> int:
@@ -24,3 +25,8 @@ def on_session_domain_changing(sender, *, cluster: Cluster, **kwargs) -> list[st
 def on_cluster_deregistering(sender, *, cluster: Cluster, **kwargs) -> int:
     """How many live sessions are on the cluster (each holds its GPU reservations until it ends)."""
     return Session.live_on_cluster(cluster)
+
+
+def on_capacity_changed(sender, *, cluster: Cluster, **kwargs) -> None:
+    """A cluster's inventory changed: a pass of the queue after the commit (GPUs may have been added or healed)."""
+    leave.publish_after_commit()

@@ -203,7 +203,8 @@ def test_status_endpoint_is_what_the_page_follows(console):
     body = console.get(f"{LIST}{session.pk}/status/").json()
     assert body == {"id": session.public_id, "phase": "Starting", "message": "pulling image", "node": "",
                     "url": f"https://lab-c9.gshare.localhost/s/{session.public_id}/", "started_at": "", "ended_at": "",
-                    "follow": True, "can_open": False, "can_stop": True}
+                    "follow": True, "can_open": False, "can_stop": True, "queue_position": None, "estimated_start": "",
+                    "waiting_for": ""}
     assert console.get(f"{LIST}999999/status/").status_code == 404
 
 

@@ -25,14 +25,15 @@ from console.options import service_errors
 from console.pages.sessions import activity as console_activity
 from console.pages.sessions import selectors as console_selectors
 from core.exceptions import ApplicationError
-from sessions import create, idle, lifecycle, runtime, services
+from sessions import create, idle, lifecycle, runtime, selectors, services
 from sessions.gpu_models import MAX_GPU_MODEL_LENGTH
 from sessions.manifests import session_url
 from sessions.models import Session
 from sessions.permissions import may_open_any_session, may_open_session
+from sessions.queue import instead
 
 #: Phases the session page keeps following (its status is polled until the session runs or ends).
-FOLLOWED_PHASES = (Session.Phase.PENDING, Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.STOPPING)
+FOLLOWED_PHASES = (Session.Phase.QUEUED, Session.Phase.PENDING, Session.Phase.SCHEDULED, Session.Phase.STARTING, Session.Phase.STOPPING)
 
 
 def utc(value: datetime | None) -> str:
@@ -92,6 +93,8 @@ class StartSessionForm(forms.Form):
                           widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
     memory_gib = forms.CharField(label="Memory (GiB) per session", required=False, max_length=32,
                                  widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
+    queue = forms.BooleanField(label="Wait in the queue when nothing is free", required=False, initial=True,
+                               help_text="The session starts by itself when GPUs free; the page shows your place and when.")
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
 
     def __init__(self, *args, owner, **kwargs):
@@ -161,6 +164,7 @@ class StartSessionForm(forms.Form):
             "gpu_models": list(data.get("gpu_models") or []),
             "runtime_hours": (data.get("runtime_hours") or "").strip() or None,
             "cpu": (data.get("cpu") or "").strip() or None, "memory_gib": (data.get("memory_gib") or "").strip() or None,
+            "queue": bool(data.get("queue")),
         }
 
     def start(self) -> Session | None:
@@ -200,6 +204,11 @@ def start_view(admin, request):
     if request.method == "POST":
         form = StartSessionForm(request.POST, owner=request.user)
         session = form.start()
+        if session is not None and session.phase == Session.Phase.QUEUED:
+            estimate = f"expected to start at {utc(session.estimated_start)}" if session.estimated_start else "no estimate yet"
+            messages.success(request, f"Nothing is free for session {session.public_id} now: it waits in the queue at position "
+                                      f"{session.queue_position} ({estimate}) and starts by itself; this page follows it.")
+            return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk]))
         if session is not None:
             messages.success(request, f"Session {session.public_id} placed on {session.cluster.name if session.cluster else '-'}: "
                                       "this page follows it until it runs.")
@@ -297,7 +306,8 @@ def by_id_view(admin, request, public_id: str):
 
 def status_view(admin, request, object_id: str):
     """GET ``<session>/status/``: what the session page follows: ``{"id", "phase", "message", "node", "url",
-    "started_at", "ended_at", "follow", "can_open", "can_stop"}`` (times UTC); 403 without the right to view it."""
+    "started_at", "ended_at", "follow", "can_open", "can_stop", "queue_position", "estimated_start", "waiting_for"}``
+    (times UTC); 403 without the right to view it."""
     session = _session_or_404(admin, request, object_id)
     if not admin.has_view_permission(request, session):
         raise PermissionDenied
@@ -306,6 +316,7 @@ def status_view(admin, request, object_id: str):
         "id": session.public_id, "phase": session.phase, "message": session.message, "node": session.node,
         "url": session_url(session), "started_at": utc(session.started_at), "ended_at": utc(session.ended_at),
         "follow": session.phase in FOLLOWED_PHASES, "can_open": actions.open, "can_stop": actions.stop,
+        "queue_position": session.queue_position, "estimated_start": utc(session.estimated_start), "waiting_for": session.waiting_for,
     }, headers={"Cache-Control": "no-store"})
 
 
@@ -403,3 +414,39 @@ def extend_view(admin, request, object_id: str):
         return _back(request, session, admin)
     admin.message_user(request, f"Session {session.public_id} now ends at {utc(session.ends_at)}.", messages.SUCCESS)
     return _back(request, session, admin)
+
+
+def queue_view(session: Session) -> dict | None:
+    """What a queued session's page shows (``queue.html``): position, estimate, why it waits, the alternatives; None for
+    a session not queued."""
+    if session.phase != Session.Phase.QUEUED:
+        return None
+    return {"position": session.queue_position, "estimated_start": utc(session.estimated_start), "waiting_for": session.waiting_for,
+            "queued_at": utc(session.queued_at), "expires_at": utc(session.queue_expires_at),
+            "alternatives": list(enumerate(session.alternatives or []))}
+
+
+def alternative_view(admin, request, object_id: str):
+    """POST ``<session>/alternative/``: start the queued session's alternative number ``index`` instead
+    (``sessions.queue.instead.alternative_take``), to the new session's page; a refusal is shown on this page."""
+    session = _session_or_404(admin, request, object_id)
+    try:
+        index = int(request.POST.get("index", ""))
+    except ValueError:
+        index = -1
+    try:
+        started = instead.alternative_take(session=session, index=index, user=request.user)
+    except ApplicationError as exc:
+        messages.error(request, exc.console_detail)
+        return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[session.pk]))
+    messages.success(request, f"Started {started.public_id} instead of {session.public_id}, which left the queue.")
+    return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:gpu_sessions_session_change", args=[started.pk]))
+
+
+def queue_page(admin, request):
+    """GET ``<sessions>/queue/``: the fleet's queue in order (staff: everyone's; a researcher: their own), with position,
+    owner, request, estimate and why each waits."""
+    rows = list(selectors.queue_list(user=request.user).select_related(None).select_related("owner", "requested_cluster"))
+    context = {**admin.admin_site.each_context(request), "opts": admin.opts, "title": "Queue", "rows": rows,
+               "list_title": admin.list_title(request)}
+    return TemplateResponse(request, "admin/gpu_sessions/session/queue.html", context)

@@ -284,14 +284,22 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
         def extend(request, object_id):
             return console.extend_view(self, request, object_id)
 
+        def alternative(request, object_id):
+            return console.alternative_view(self, request, object_id)
+
+        def queue(request):
+            return console.queue_page(self, request)
+
         return [
             path("start/", wrap(start), name="gpu_sessions_session_start"),
+            path("queue/", wrap(require_GET(queue)), name="gpu_sessions_session_queue"),
             path("ended/<str:public_id>/", wrap(require_GET(by_id)), name="gpu_sessions_session_by_id"),
             path("<path:object_id>/open/", wrap(require_POST(open_)), name="gpu_sessions_session_open"),
             path("<path:object_id>/stop/", wrap(require_http_methods(["GET", "POST"])(stop)), name="gpu_sessions_session_stop"),
             path("<path:object_id>/status/", wrap(require_GET(status)), name="gpu_sessions_session_status"),
             path("<path:object_id>/idle-exemption/", wrap(idle_exemption), name="gpu_sessions_session_idle_exemption"),
             path("<path:object_id>/extend/", wrap(require_POST(extend)), name="gpu_sessions_session_extend"),
+            path("<path:object_id>/alternative/", wrap(require_POST(alternative)), name="gpu_sessions_session_alternative"),
             *super().get_urls(),
         ]
 
@@ -313,6 +321,7 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
                 "activity": console_activity.activity_view(session, now=request_now(request)),
                 "exemption_form": console.IdleExemptionForm() if console.may_exempt(request.user, session) else None,
                 "time_limit": console.time_limit_view(session, user=request.user, now=request_now(request)),
+                "queue": console.queue_view(session),
             }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
@@ -348,9 +357,13 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
 
     @admin.display(description="phase", ordering="phase")
     def phase_badge(self, obj: Session) -> str:
-        """The phase as a coloured badge."""
+        """The phase as a coloured badge; a queued session's adds its place and estimated start."""
         phase = _esc(obj.phase)
-        return mark_safe(f'<span class="gs-phase gs-phase-{phase.lower()}" data-phase="{phase}">{phase}</span>')  # noqa: S308
+        badge = f'<span class="gs-phase gs-phase-{phase.lower()}" data-phase="{phase}">{phase}</span>'
+        if obj.phase == Session.Phase.QUEUED:
+            estimate = console.utc(obj.estimated_start) if obj.estimated_start else "no estimate"
+            badge += f' <span class="gs-queue-cell">#{_esc(obj.queue_position or "?")} · {_esc(estimate)}</span>'
+        return mark_safe(badge)  # noqa: S308
 
     @admin.display(description="cluster", ordering="cluster__name")
     def cluster_name(self, obj: Session) -> str:

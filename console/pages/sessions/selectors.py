@@ -1,4 +1,6 @@
-"""Read queries of the console's session pages (the Sessions / My sessions list, the Start session form)."""
+"""Read queries of the console's session pages (the Sessions / My sessions list, the Start session form).
+
+The cost so far (``with_cost_so_far``, ``cost_so_far``) is ``sessions.selectors``'s, named here for the list."""
 
 from __future__ import annotations
 
@@ -6,44 +8,18 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import DecimalField, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from audit.models import AuditRecord
 from billing import pricing
-from billing.models import CREDIT_PLACES, Accrual, LedgerEntry
 from clusters.models import Cluster
 from clusters.selectors import gpu_model_availability, gpu_model_memory
 from sessions.models import Session, SuggestedImage
+from sessions.selectors import cost_so_far as cost_so_far  # re-exported: the list reads it from here
 from sessions.selectors import idle_sessions
+from sessions.selectors import with_cost_so_far as with_cost_so_far  # re-exported, as cost_so_far
 from storage.models import Volume
 from storage.selectors import volume_list
-
-_CREDITS = DecimalField(max_digits=18, decimal_places=CREDIT_PLACES)
-
-
-def with_cost_so_far(qs: QuerySet[Session]) -> QuerySet[Session]:
-    """``qs`` annotated with ``cost_so_far``: credits charged to each session so far (``Decimal``, 0 when none).
-
-    It is minus the sum of the ledger entries naming the session (charges are negative; a refund or adjustment
-    of the session counts against them) plus its usage not charged yet (its ``Accrual``: the open billing period),
-    two correlated subqueries in the list's own query (the ``ledger_session`` index and the accrual's key serve them),
-    so the number of queries does not grow with the rows.
-    """
-    charged = (
-        LedgerEntry.objects.filter(session=OuterRef("pk")).order_by().values("session")
-        .annotate(total=Sum("amount")).values("total")
-    )
-    accrued = Accrual.objects.filter(session=OuterRef("pk")).values("amount")
-    zero = Value(Decimal(0), output_field=_CREDITS)
-    return qs.annotate(cost_so_far=Coalesce(Subquery(accrued, output_field=_CREDITS), zero)
-                       - Coalesce(Subquery(charged, output_field=_CREDITS), zero))
-
-
-def cost_so_far(session: Session) -> Decimal:
-    """Credits charged to ``session`` so far (one query): see :func:`with_cost_so_far`."""
-    return with_cost_so_far(Session.objects.filter(pk=session.pk)).values_list("cost_so_far", flat=True).get()
-
 
 #: The list's Activity filter: its values and labels.
 ACTIVITY_CHOICES = (("idle", "idle"), ("busy", "busy"), ("unknown", "unknown"))

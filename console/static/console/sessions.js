@@ -1,6 +1,7 @@
 /* The console's session pages (no framework, no CDN).
- * - A session page marked data-gs-follow polls its status URL every 2 s while the session is on its way (or
- *   stopping) and reloads once the phase changes, so Open and Stop appear when it runs.
+ * - A session page marked data-gs-follow polls its status URL every 2 s while the session is queued, on its way (or
+ *   stopping) and reloads once the phase changes, so Open and Stop appear when it runs; a queued session's position,
+ *   estimated start and reason are updated in place.
  * - The Start session form: its submit button is disabled after the first click (the form's idempotency key
  *   makes a second submit harmless anyway), the share fields dim while "Whole GPUs" is chosen, and the CPU and
  *   memory fields (data-gs-per-gpu: the policy's default per GPU) follow the GPU count until they are edited. */
@@ -17,6 +18,12 @@
         .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
         .then(function (s) {
           if (message) { message.textContent = s.message || ""; }
+          var position = document.getElementById("gs-queue-position");
+          var estimate = document.getElementById("gs-queue-estimate");
+          var waiting = document.getElementById("gs-queue-waiting");
+          if (position) { position.textContent = s.queue_position || "?"; }
+          if (estimate) { estimate.textContent = s.estimated_start || "(no estimate)"; }
+          if (waiting) { waiting.textContent = s.waiting_for || ""; }
           if (s.phase !== phase) { window.location.reload(); return; }
           if (s.follow) { window.setTimeout(poll, 2000); }
         })

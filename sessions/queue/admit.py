@@ -1,0 +1,166 @@
+"""The queue's passes: admitting the queued sessions the plan starts now, dropping those that waited too long, and
+writing every queued session's position, estimate, reason and alternatives (``queue_pass``).
+
+A pass runs after each change that may free capacity (a session's GPUs released, a cluster's inventory applied, a
+queued session cancelled: ``publish_after_commit``) and on the beat (``sessions.queue_tick``, every 30 s, the safety
+net for a publish that was lost). Passes run one at a time (a PostgreSQL advisory lock), so two passes never admit
+the same session twice; each admission then takes the locks any placement takes (the owner's credit account, the
+chosen cluster's row, the volumes) and reserves exactly the GPUs the plan chose, checking their fit again under the
+cluster's lock (``placement.reserve``). A release, an inventory or a new session racing with it is therefore
+serialised by the cluster's lock: nothing is placed twice on one slot.
+
+Admission re-checks the owner's policy and credits (``billing.admission``): a session whose owner can no longer pay
+is dropped (``stop_reason`` ``credits``); one over its owner's session or GPU quota waits for their sessions to end.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.services import Action, audit_record
+from billing import admission
+from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
+from clusters.models import Cluster
+from sessions import placement, runtime
+from sessions.lifecycle import outbox
+from sessions.models import Session
+from sessions.queue import estimates, leave
+from sessions.queue.plan import Outcome, plan
+from sessions.queue.snapshot import fleet_read, jobs_of, queued_sessions
+from sessions.volume_claims import PlacementRaced, volumes_lock
+from storage.models import Volume
+
+logger = logging.getLogger(__name__)
+
+#: The advisory lock key of a pass (``pg_advisory_lock``): one pass at a time, fleet-wide.
+_PASS_LOCK = 0x6753_5155  # "gSQU"
+
+
+def queue_pass(*, now: datetime | None = None) -> dict[str, int]:
+    """One pass of the queue: drop the sessions past their ``queue_expires_at``, plan, admit what the plan starts now,
+    write the others' estimates.
+
+    Args:
+        now: the pass's time (aware UTC); None: ``timezone.now()``.
+
+    Returns:
+        ``{"queued", "admitted", "expired", "dropped"}`` counts.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [_PASS_LOCK])
+    try:
+        return _pass(now=now)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_PASS_LOCK])
+
+
+def _pass(*, now: datetime | None) -> dict[str, int]:
+    now = now or timezone.now()
+    expired = queue_expire(now=now)
+    sessions = queued_sessions()
+    result = {"queued": len(sessions), "admitted": 0, "expired": expired, "dropped": 0}
+    if not sessions:
+        return result
+    jobs = jobs_of(sessions)
+    fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
+    outcomes = plan(fleet, jobs)
+    by_pk = {s.pk: s for s in sessions}
+    waiting, held_back = [], {}
+    for outcome in outcomes:
+        if outcome.now:
+            verdict = _admit(by_pk[outcome.job.key], outcome, now=now)
+            if verdict in ("admitted", "dropped"):
+                result[verdict] += 1
+                continue
+            if verdict != "waits":
+                held_back[outcome.job.key] = verdict
+        waiting.append(outcome)
+    estimates.estimates_write(fleet=fleet, outcomes=waiting, now=now, held_back=held_back)
+    if result["admitted"] or result["dropped"] or expired:
+        logger.info("queue pass: %s", result)
+    return result
+
+
+def _admit(session: Session, outcome: Outcome, *, now: datetime) -> str:
+    """Start one queued session on the node and GPUs the plan chose. Returns ``"admitted"``, ``"dropped"`` (its owner
+    can no longer pay), ``"waits"`` (the GPUs were taken, or it left the queue, meanwhile: the next pass plans again),
+    or why its owner's policy holds it back (over its session or GPU quota; a sentence for its ``waiting_for``)."""
+    try:
+        with transaction.atomic():
+            return _admit_locked(session, outcome, now=now)
+    except PlacementRaced:
+        return "waits"
+
+
+def _admit_locked(session: Session, outcome: Outcome, *, now: datetime) -> str:
+    owner = get_user_model().objects.get(pk=session.owner_id)
+    account = admission.account_lock(user=owner)
+    session = Session.objects.select_for_update().filter(pk=session.pk, phase=Session.Phase.QUEUED).first()
+    if session is None:  # cancelled, or admitted by an earlier pass, meanwhile
+        return "waits"
+    cluster_id = outcome.node.cluster_id
+    state = admission.admission_read(user=owner, scope=[cluster_id], ended_phases=Session.HOLDING_EXCLUDED_PHASES)
+    try:
+        admission.admission_clusters(policy=state.policy, pinned=None, volume_clusters=frozenset({cluster_id}))
+        admission.admission_check(user=owner, gpus=session.gpus, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores,
+                                  clusters=(), locked_account=account, state=state)
+    except InsufficientCredits as exc:
+        leave.queued_end(session=session, stop_reason=Session.StopReason.CREDITS,
+                   message=f"Left the queue unstarted: its GPUs were free, but {exc.detail}")
+        return "dropped"
+    except (QuotaExceeded, ClusterNotAllowed) as exc:
+        return f"Its GPUs are free, but your policy holds it back: {exc.detail}"[:2000]
+    locked = Cluster.objects.select_for_update(no_key=True).filter(
+        pk=cluster_id, status=Cluster.Status.CONNECTED).exclude(session_domain="").only("pk", "public_id", "name").first()
+    if locked is None:
+        raise PlacementRaced
+    volumes = list(Volume.objects.filter(sessions=session).select_related("cluster"))
+    claims = volumes_lock(volumes=volumes, cluster_id=cluster_id, pinned=session.requested_cluster) if volumes else []
+    try:
+        ends_at = runtime.runtime_ends_at(policy=state.policy, start=now, hours=session.runtime_hours)
+    except runtime.RuntimeOverLimit:  # the policy's maximum was lowered while it waited: it gets the new maximum
+        ends_at = runtime.runtime_ends_at(policy=state.policy, start=now, hours=None)
+    session.cluster_id, session.phase, session.ends_at, session.admitted_at = cluster_id, Session.Phase.SCHEDULED, ends_at, now
+    session.queue_position, session.estimated_start, session.waiting_for, session.alternatives = None, None, "", []
+    session.message = ""
+    session.save(update_fields=["cluster", "phase", "ends_at", "admitted_at", "queue_position", "estimated_start", "waiting_for",
+                                "alternatives", "message"])
+    request = placement.Request(gpus=session.gpus, memory_mib=session.gpu_memory_mib, cores=session.gpu_cores,
+                                models=tuple(session.gpu_models or ()))
+    reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=outcome.node.pk,
+                                 device_ids=[d.pk for d in outcome.devices])
+    if reserved is None or set(reserved.device_ids) & set(reserved.over):
+        raise PlacementRaced  # taken since the plan read the fleet: rolled back, planned again next pass
+    if claims:
+        for claim in claims:
+            claim.cluster_id = cluster_id
+        Volume.objects.bulk_update(claims, ["cluster", "claim_name"])
+    audit_record(action=Action.SESSION_ADMIT, obj=session, cluster=locked,
+                 changes={"phase": (Session.Phase.QUEUED, Session.Phase.SCHEDULED), "node": ("", reserved.node_name),
+                          "ends_at": (None, ends_at)},
+                 details={"owner": owner.get_username(), "waited_seconds": int((now - session.queued_at).total_seconds())})
+    outbox.publish_after_commit(outbox.APPLY, session.pk)
+    return "admitted"
+
+
+def queue_expire(*, now: datetime) -> int:
+    """Drop the queued sessions whose ``queue_expires_at`` has passed (``stop_reason`` ``queue_timeout``). Returns how many."""
+    due = list(Session.objects.queued().filter(queue_expires_at__lte=now).order_by("pk").values_list("pk", flat=True)[:500])
+    dropped = 0
+    for pk in due:
+        with transaction.atomic():
+            session = Session.objects.select_for_update().filter(pk=pk, phase=Session.Phase.QUEUED).select_related("owner").first()
+            if session is None:
+                continue
+            hours = round((now - session.queued_at).total_seconds() / 3600, 1)
+            leave.queued_end(session=session, stop_reason=Session.StopReason.QUEUE_TIMEOUT,
+                       message=f"Left the queue unstarted after {hours} hours (its owner's policy's queue_timeout_hours): nothing it "
+                               "accepts freed in time. Start it again, or accept more GPU models, fewer GPUs or a share.")
+            dropped += 1
+    return dropped

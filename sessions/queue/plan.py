@@ -1,0 +1,329 @@
+"""The queue's plan: which queued sessions start now, and when the others are expected to (pure Python, no database).
+
+The plan walks the queue in its order (``sessions.queue.order``) over a picture of the fleet's GPUs (``Device``) in
+which every GPU knows when what holds it ends (``free_at``: the latest end of the sessions on it, and of the
+sessions the plan put on it) and, when a session ahead in the queue is planned on it later, when that one starts
+(``hole_until``). For each queued session, in order:
+
+1. **Now**: a node with enough GPUs of an accepted model that fit the request now (HAMi's fit rules, as placement
+   applies them: ``fits_now``) and that it would leave before any session ahead of it is planned on them (its end,
+   now + its runtime, at most ``hole_until``; a session without a time limit only takes GPUs nobody ahead is
+   planned on). Such a session starts now. This is backfill: a later, smaller session starts ahead of a blocked one
+   only where it delays no estimate ahead of it (as Slurm's backfill scheduler does).
+2. **Later**: otherwise its estimated start is the earliest time a node has enough GPUs of an accepted model with
+   nothing on them (the ``gpus``-th smallest ``free_at`` among them; the earliest such node), and the plan holds
+   those GPUs for it from then until its end, so nobody behind it may delay it. A share is estimated at the time
+   its GPUs are wholly free (conservative: it may start sooner, when part of a GPU frees).
+3. **Unknown**: when no node ever frees in the picture (the GPUs it could use are held by sessions with no known
+   end: no time limit, no idle stop coming, credits that do not run out), it has no estimate and holds nothing.
+
+Ends are estimates: a session may be stopped sooner (by its owner), a node may fail or be added, a session ahead
+may be cancelled, a new session with a higher priority may arrive. The plan is made again after each such change
+(``sessions.queue.admit``), so the estimates follow.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from billing.pricing import share_cores
+
+#: "Not known": later than any real time.
+NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+@dataclass
+class Device:
+    """One healthy GPU of a ready node, as the plan sees it.
+
+    Attributes:
+        pk: ``GpuDevice.pk``; model: its model; memory_mib, cores, split_count: its HAMi capacity.
+        used_count, used_memory_mib, used_cores, used_exclusive: what is reserved on it now (and, as the plan goes,
+            what the sessions it starts now take).
+        free_at: when nothing holds it any more (``NEVER``: not known); ``freed_by``: ``(session id, why)`` of what
+            ends last on it (why: ``"reaches its time limit"``, ``"is stopped as idle"``, ``"runs out of credits"``,
+            ``"is planned to end"``).
+        hole_until: the earliest planned start on it of a session ahead in the queue (None: none).
+    """
+
+    pk: int
+    model: str
+    memory_mib: int
+    cores: int
+    split_count: int
+    used_count: int = 0
+    used_memory_mib: int = 0
+    used_cores: int = 0
+    used_exclusive: bool = False
+    free_at: datetime | None = None
+    freed_by: tuple[str, str] | None = None
+    hole_until: datetime | None = None
+
+
+@dataclass
+class Node:
+    """A ready node of a cluster that takes sessions, with its healthy GPUs (placement order: ``rank``, lower first)."""
+
+    pk: int
+    name: str
+    cluster_id: int
+    cluster_name: str
+    devices: list[Device]
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One queued session (or a new request) as the plan sees it.
+
+    Attributes:
+        key: the session's pk (0 for a request not saved yet); public_id: its ``ses_`` id ("" for one not saved).
+        gpus: GPUs; memory_mib / cores: its share per GPU (both None: whole GPUs).
+        models: accepted GPU models (empty: any).
+        clusters: the cluster pks it may go to (None: any).
+        duration: how long it holds its GPUs once started (None: no time limit).
+        policy_clusters: the clusters its owner's policy allows (None: any), for an unpinned alternative.
+    """
+
+    key: int
+    public_id: str
+    gpus: int
+    memory_mib: int | None = None
+    cores: int | None = None
+    models: frozenset[str] = frozenset()
+    clusters: frozenset[int] | None = None
+    duration: timedelta | None = None
+    policy_clusters: frozenset[int] | None = None
+
+    @property
+    def whole(self) -> bool:
+        """True for whole GPUs."""
+        return self.memory_mib is None and self.cores is None
+
+
+@dataclass
+class Outcome:
+    """What the plan decided for one job.
+
+    Attributes:
+        job: the job.
+        now: True when it starts now, on ``node`` and ``devices``.
+        start: its (estimated) start; None when not known.
+        node, devices: where it starts, or is planned to (None/empty when not known).
+        position: its 1-based place among the queued jobs that accept any of the same GPU models.
+        blocker: ``(session id, why)`` of what frees its last GPU at ``start``, when known.
+    """
+
+    job: Job
+    now: bool = False
+    start: datetime | None = None
+    node: Node | None = None
+    devices: list[Device] = field(default_factory=list)
+    position: int = 0
+    blocker: tuple[str, str] | None = None
+
+
+def fits_now(device: Device, job: Job) -> bool:
+    """Whether ``job`` takes one of its GPUs on ``device`` now (HAMi's fit rules, ``sessions.placement``): a whole GPU
+    needs nothing on it; a share needs a free split, room for its memory (none asked: all of it) and its cores (at
+    least one split slot)."""
+    if job.whole:
+        return device.used_count == 0
+    if device.used_exclusive or device.used_count >= device.split_count:
+        return False
+    memory = device.memory_mib if job.memory_mib is None else job.memory_mib
+    cores = share_cores(gpu_cores=job.cores, split_count=device.split_count)
+    return device.used_memory_mib + memory <= device.memory_mib and device.used_cores + cores <= device.cores
+
+
+class Fleet:
+    """The plan's picture of the fleet, indexed so that a job looks only at the nodes that can matter to it.
+
+    For each GPU model, fleet-wide and per cluster, and each count k of GPUs, a heap orders the nodes by the time their
+    k-th GPU of that model frees (``_kth``): a job's earliest node is the top of the heap of its size, for each model it
+    accepts (and each cluster it is limited to), not a walk over the fleet. Entries go stale when a node's GPUs change
+    and are dropped when they surface (each carries its node's version). Nodes with a GPU free now but held later for a
+    session ahead (``hole_until``: where backfill may fit) and nodes with a GPU a share may still join are kept apart,
+    so the searches for "now" in those cases look at them alone. A node's GPUs of one model are counted together; a
+    job accepting several models takes GPUs of one of them on its node (the common case: one model per node).
+    """
+
+    def __init__(self, nodes: Iterable[Node], *, now: datetime, by_cluster: bool = True):
+        self.now = now
+        #: Whether the per-cluster heaps are kept (a queue whose jobs are all unrestricted needs only the fleet-wide ones).
+        self.by_cluster = by_cluster
+        self.nodes = sorted(nodes, key=lambda n: (n.rank, n.cluster_name, n.name))
+        self._heaps: dict[tuple[int | None, str, int], list] = {}
+        self._version: dict[tuple[int, str], int] = {}
+        self._order = {node.pk: i for i, node in enumerate(self.nodes)}
+        self._by_pk = {node.pk: node for node in self.nodes}
+        self._holes: dict[str, set[int]] = {}
+        self._open: dict[str, set[int]] = {}
+        self._nodes_of: dict[str, list[Node]] = {}
+        self._node_of = {d.pk: n.pk for n in self.nodes for d in n.devices}
+        for node in self.nodes:
+            for device in node.devices:
+                if device.free_at is None or device.free_at < now:
+                    device.free_at = now
+            for model in sorted({d.model for d in node.devices}):
+                self._nodes_of.setdefault(model, []).append(node)
+                self._index(node, model)
+        self.models = frozenset(self._nodes_of)
+
+    # ----------------------------------------------------------------- the indexes
+
+    def _devices(self, node: Node, model: str) -> list[Device]:
+        return [d for d in node.devices if d.model == model]
+
+    def _index(self, node: Node, model: str) -> None:
+        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks."""
+        key = (node.pk, model)
+        version = self._version[key] = self._version.get(key, 0) + 1
+        devices = self._devices(node, model)
+        times = sorted(d.free_at for d in devices)
+        order = self._order[node.pk]
+        for k, at in enumerate(times, start=1):
+            if at < NEVER:
+                entry = (at, order, version, node.pk)
+                heapq.heappush(self._heaps.setdefault((None, model, k), []), entry)
+                if self.by_cluster:
+                    heapq.heappush(self._heaps.setdefault((node.cluster_id, model, k), []), entry)
+        holes = self._holes.setdefault(model, set())
+        if any(d.hole_until is not None and d.used_count == 0 for d in devices):
+            holes.add(node.pk)
+        else:
+            holes.discard(node.pk)
+        opened = self._open.setdefault(model, set())
+        if any(not d.used_exclusive and 0 < d.used_count < d.split_count for d in devices) or any(d.used_count == 0 for d in devices):
+            opened.add(node.pk)
+        else:
+            opened.discard(node.pk)
+
+    def _top(self, key: tuple[int | None, str, int]) -> tuple[datetime, Node] | None:
+        """The valid top of a heap: ``(kth free time, node)``; stale entries are dropped."""
+        heap = self._heaps.get(key)
+        while heap:
+            at, _, version, pk = heap[0]
+            if self._version[(pk, key[1])] == version:
+                return at, self._by_pk[pk]
+            heapq.heappop(heap)
+        return None
+
+    def _models(self, job: Job) -> list[str]:
+        return sorted(job.models & self.models) if job.models else sorted(self.models)
+
+    def _allowed(self, job: Job, node: Node) -> bool:
+        return job.clusters is None or node.cluster_id in job.clusters
+
+    def candidates(self, job: Job) -> list[Node]:
+        """Every node ``job`` may use (accepted models, allowed clusters), in placement order (for tests and reports; the
+        searches use the indexes)."""
+        seen = {n.pk: n for model in self._models(job) for n in self._nodes_of.get(model, ())}
+        return [n for n in sorted(seen.values(), key=lambda n: self._order[n.pk]) if self._allowed(job, n)]
+
+    # ----------------------------------------------------------------- the searches
+
+    def start_now(self, job: Job) -> tuple[Node, list[Device]] | None:
+        """A node and GPUs where ``job`` fits now without delaying any planned start (see the module), or None."""
+        found = self.earliest(job)
+        if found is not None and found[0] <= self.now and job.whole and all(fits_now(d, job) for d in found[2]):
+            return found[1], found[2]
+        end = None if job.duration is None else self.now + job.duration
+        # Free GPUs that a session ahead is planned on later (backfill), and, for a share, GPUs with room left.
+        pools = [self._holes] if job.whole else [self._holes, self._open]
+        for model in self._models(job):
+            pks = set().union(*(pool.get(model, set()) for pool in pools))
+            for pk in sorted(pks, key=self._order.__getitem__):
+                node = self._by_pk[pk]
+                if not self._allowed(job, node):
+                    continue
+                chosen = []
+                for device in self._devices(node, model):
+                    if device.hole_until is not None and (end is None or end > device.hole_until):
+                        continue
+                    if fits_now(device, job):
+                        chosen.append(device)
+                        if len(chosen) == job.gpus:
+                            return node, chosen
+        return None
+
+    def earliest(self, job: Job) -> tuple[datetime, Node, list[Device]] | None:
+        """The earliest time a node has ``job.gpus`` GPUs of an accepted model with nothing on them, that node and those
+        GPUs (the earliest to free first); None when none ever does (``NEVER``)."""
+        best = None
+        if job.clusters is not None and not self.by_cluster:
+            raise ValueError("a job limited to clusters needs a Fleet made with by_cluster=True")
+        scopes = [None] if job.clusters is None else sorted(job.clusters)
+        for model in self._models(job):
+            for scope in scopes:
+                top = self._top((scope, model, job.gpus))
+                if top is not None and (best is None or (top[0], self._order[top[1].pk]) < (best[0], self._order[best[1].pk])):
+                    best = (top[0], top[1], model)
+        if best is None:
+            return None
+        at, node, model = best
+        devices = sorted(self._devices(node, model), key=lambda d: (d.free_at, d.pk))[: job.gpus]
+        return at, node, devices
+
+    # ----------------------------------------------------------------- the plan's changes
+
+    def take_now(self, job: Job, devices: list[Device]) -> None:
+        """Put ``job`` on ``devices`` from now (what placement will reserve)."""
+        end = NEVER if job.duration is None else self.now + job.duration
+        for device in devices:
+            device.used_count += 1
+            if job.whole:
+                device.used_exclusive = True
+                device.used_memory_mib, device.used_cores = device.memory_mib, device.cores
+            else:
+                device.used_memory_mib += device.memory_mib if job.memory_mib is None else job.memory_mib
+                device.used_cores += share_cores(gpu_cores=job.cores, split_count=device.split_count)
+            if end > device.free_at:
+                device.free_at, device.freed_by = end, (job.public_id, _PLANNED_END)
+        self._reindex(devices)
+
+    def hold_later(self, job: Job, start: datetime, devices: list[Device]) -> None:
+        """Hold ``devices`` for ``job`` from ``start`` to its end: nobody behind it may use them past ``start``."""
+        end = NEVER if job.duration is None else start + job.duration
+        for device in devices:
+            device.hole_until = start if device.hole_until is None else min(device.hole_until, start)
+            device.free_at, device.freed_by = end, (job.public_id, _PLANNED_END)
+        self._reindex(devices)
+
+    def _reindex(self, devices: list[Device]) -> None:
+        touched = {(self._node_of[d.pk], d.model) for d in devices}
+        for pk, model in sorted(touched):
+            self._index(self._by_pk[pk], model)
+
+
+_PLANNED_END = "is planned to end"
+
+
+def plan(fleet: Fleet, jobs: list[Job]) -> list[Outcome]:
+    """Plan ``jobs`` (in queue order) on ``fleet`` (changed in place). Returns one ``Outcome`` per job, in order."""
+    outcomes = []
+    seen_models: dict[frozenset[str], int] = {}
+    for job in jobs:
+        outcome = Outcome(job=job, position=1 + _ahead(seen_models, job.models))
+        seen_models[job.models] = seen_models.get(job.models, 0) + 1
+        placed = fleet.start_now(job)
+        if placed is not None:
+            outcome.now, outcome.start, (outcome.node, outcome.devices) = True, fleet.now, placed
+            fleet.take_now(job, outcome.devices)
+        else:
+            found = fleet.earliest(job)
+            if found is not None:
+                outcome.start, outcome.node, outcome.devices = found
+                last = max(outcome.devices, key=lambda d: (d.free_at, d.pk))
+                outcome.blocker = last.freed_by if last.free_at > fleet.now else None
+                fleet.hold_later(job, outcome.start, outcome.devices)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _ahead(seen: dict[frozenset[str], int], models: frozenset[str]) -> int:
+    """How many jobs already planned accept a GPU model ``models`` accepts (an empty set accepts every model)."""
+    return sum(count for accepted, count in seen.items() if not accepted or not models or accepted & models)
