@@ -29,9 +29,13 @@ from audit.services import Action, audit_record, created, diff, snapshot
 from billing.exceptions import BalanceOutOfRange, IdempotencyKeyMissing, IdempotencyKeyReused, InvalidAmount
 from billing.models import (
     CREDITS,
+    DEFAULT_CPU_PER_GPU,
+    DEFAULT_MAX_CPU_PER_GPU,
+    DEFAULT_MAX_MEMORY_GIB_PER_GPU,
     DEFAULT_MAX_QUEUED_SESSIONS,
     DEFAULT_MAX_RUNTIME_HOURS,
     DEFAULT_MAX_VOLUME_GB,
+    DEFAULT_MEMORY_GIB_PER_GPU,
     DEFAULT_QUEUE_TIMEOUT_HOURS,
     DEFAULT_RUNTIME_WARNING_MINUTES,
     MAX_CAPACITY_GB,
@@ -60,6 +64,14 @@ MAX_IDLE_MINUTES = 525_600
 MAX_RUNTIME_HOURS = Decimal(8760)
 #: ``max_runtime_hours`` is kept to this many decimal places (its column's), 0.01 h = 36 s.
 RUNTIME_HOURS_PLACES = 2
+#: The most a policy may give per GPU (``max_cpu_per_gpu`` cores, ``max_memory_gib_per_gpu`` GiB): × 16 GPUs, what one
+#: session may ask at most (``sessions.resources.MAX_CPU``, ``MAX_MEMORY_GIB``). Kept to 2 decimal places (the columns').
+MAX_CPU_PER_GPU = Decimal(256)
+MAX_MEMORY_GIB_PER_GPU = Decimal(4096)
+RESOURCE_PER_GPU_PLACES = 2
+#: The policy's CPU and memory fields: (default field, maximum field, most, unit).
+_RESOURCE_FIELDS = (("default_cpu_per_gpu", "max_cpu_per_gpu", MAX_CPU_PER_GPU, "CPU cores"),
+                    ("default_memory_gib_per_gpu", "max_memory_gib_per_gpu", MAX_MEMORY_GIB_PER_GPU, "GiB"))
 
 
 # --------------------------------------------------------------------------- amounts
@@ -359,6 +371,9 @@ def policy_validate(*, policy: Policy) -> Policy:
     ``policy_set`` updates the user's row). ``idle_timeout_minutes`` and ``idle_warning_minutes`` from 0 to
     ``MAX_IDLE_MINUTES``, the warning no longer than a non-zero timeout. ``max_runtime_hours`` from 0 (no limit) to
     ``MAX_RUNTIME_HOURS`` with at most 2 decimal places, ``runtime_warning_minutes`` from 0 to ``MAX_IDLE_MINUTES``.
+    ``default_cpu_per_gpu`` and ``max_cpu_per_gpu`` from 0 to ``MAX_CPU_PER_GPU``, ``default_memory_gib_per_gpu`` and
+    ``max_memory_gib_per_gpu`` from 0 to ``MAX_MEMORY_GIB_PER_GPU``, each with at most 2 decimal places, a default no more
+    than its maximum (a default of 0: sessions that ask none get no request for it).
     ``allowed_clusters`` is not checked (any cluster may be named).
 
     Raises:
@@ -390,6 +405,16 @@ def policy_validate(*, policy: Policy) -> Policy:
     if isinstance(warning, bool) or not isinstance(warning, int) or not 0 <= warning <= MAX_IDLE_MINUTES:
         raise ApplicationError(f"runtime_warning_minutes must be a whole number of minutes from 0 to {MAX_IDLE_MINUTES}.",
                                code=INVALID_REQUEST)
+    for default_name, max_name, most, unit in _RESOURCE_FIELDS:
+        for name in (default_name, max_name):
+            value = getattr(policy, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, Decimal)) or not Decimal(value).is_finite()
+                    or not 0 <= value <= most or Decimal(value).as_tuple().exponent < -RESOURCE_PER_GPU_PLACES):
+                raise ApplicationError(f"{name} must be a number of {unit} per GPU from 0 to {most}, with at most "
+                                       f"{RESOURCE_PER_GPU_PLACES} decimal places.", code=INVALID_REQUEST)
+        if getattr(policy, default_name) > getattr(policy, max_name):
+            raise ApplicationError(f"{default_name} must not exceed {max_name}: a session that asks nothing gets the default.",
+                                   code=INVALID_REQUEST)
     _queue_validate(policy)
     policy.full_clean(validate_unique=False, validate_constraints=False)
     return policy
@@ -430,6 +455,10 @@ def policy_set(
     idle_warning_minutes: int = 15,
     max_runtime_hours: Decimal | int = DEFAULT_MAX_RUNTIME_HOURS,
     runtime_warning_minutes: int = DEFAULT_RUNTIME_WARNING_MINUTES,
+    default_cpu_per_gpu: Decimal | int = DEFAULT_CPU_PER_GPU,
+    default_memory_gib_per_gpu: Decimal | int = DEFAULT_MEMORY_GIB_PER_GPU,
+    max_cpu_per_gpu: Decimal | int = DEFAULT_MAX_CPU_PER_GPU,
+    max_memory_gib_per_gpu: Decimal | int = DEFAULT_MAX_MEMORY_GIB_PER_GPU,
     priority: int = 0,
     max_queued_sessions: int = DEFAULT_MAX_QUEUED_SESSIONS,
     queue_timeout_hours: Decimal | int = DEFAULT_QUEUE_TIMEOUT_HOURS,
@@ -449,6 +478,9 @@ def policy_set(
         idle_warning_minutes: minutes before that stop when the session shows it.
         max_runtime_hours: the longest a session may run, hours from its reservation (0: unlimited; ``sessions.runtime``).
         runtime_warning_minutes: minutes before a session's time limit when it shows the coming stop.
+        default_cpu_per_gpu, default_memory_gib_per_gpu: CPU cores and GiB per GPU of a session that asks none
+            (``sessions.resources``; 0: no request).
+        max_cpu_per_gpu, max_memory_gib_per_gpu: the most CPU cores and GiB per GPU a session may ask.
         priority: the queue order of the user's sessions (higher first, -1000 to 1000; ``sessions.queue``).
         max_queued_sessions: sessions the user may have waiting in the queue at once (0: none may queue).
         queue_timeout_hours: hours a session may wait in the queue before it is dropped.
@@ -463,6 +495,8 @@ def policy_set(
     policy.min_balance_hours, policy.grace_seconds = min_balance_hours, grace_seconds
     policy.idle_timeout_minutes, policy.idle_warning_minutes = idle_timeout_minutes, idle_warning_minutes
     policy.max_runtime_hours, policy.runtime_warning_minutes = max_runtime_hours, runtime_warning_minutes
+    policy.default_cpu_per_gpu, policy.default_memory_gib_per_gpu = default_cpu_per_gpu, default_memory_gib_per_gpu
+    policy.max_cpu_per_gpu, policy.max_memory_gib_per_gpu = max_cpu_per_gpu, max_memory_gib_per_gpu
     policy.priority, policy.max_queued_sessions, policy.queue_timeout_hours = priority, max_queued_sessions, queue_timeout_hours
     policy_validate(policy=policy)
     policy.save()
@@ -481,7 +515,8 @@ def policy_set(
 def _policy_audit(policy: Policy) -> dict:
     """A policy's limits as its audit rows show them (the allowed clusters by id)."""
     return {**snapshot(policy, ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
-                                "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes", "priority",
+                                "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes", "default_cpu_per_gpu",
+                                "default_memory_gib_per_gpu", "max_cpu_per_gpu", "max_memory_gib_per_gpu", "priority",
                                 "max_queued_sessions", "queue_timeout_hours")),
             "allowed_clusters": sorted(c.public_id for c in policy.allowed_clusters.all())}
 

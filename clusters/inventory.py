@@ -27,7 +27,8 @@ from contract import GPU_MODE_LABEL
 #: has not committed the one before.
 _STAGING_DDL = """
     CREATE TEMP TABLE IF NOT EXISTS inventory_node_staging (
-        name text PRIMARY KEY, labels jsonb, gpu_mode text, ready boolean, inventory_error text
+        name text PRIMARY KEY, labels jsonb, gpu_mode text, ready boolean, inventory_error text,
+        cpu_allocatable_millicores bigint, memory_allocatable_mib bigint, cpu_requested_millicores bigint, memory_requested_mib bigint
     ) ON COMMIT DELETE ROWS;
     CREATE TEMP TABLE IF NOT EXISTS inventory_device_staging (
         uuid text PRIMARY KEY, node text, index integer, model text, memory_mib integer, split_count integer, cores integer,
@@ -39,22 +40,30 @@ _STAGING_DDL = """
 #: ``Node.gpu_mode``'s length: the node's ``GPU_MODE_LABEL`` value is cut to it.
 _GPU_MODE_LENGTH = Node._meta.get_field("gpu_mode").max_length
 
-_NODE_COLUMNS = ("name", "labels", "gpu_mode", "ready", "inventory_error")
+_NODE_COLUMNS = ("name", "labels", "gpu_mode", "ready", "inventory_error", "cpu_allocatable_millicores", "memory_allocatable_mib",
+                 "cpu_requested_millicores", "memory_requested_mib")
 _DEVICE_COLUMNS = ("uuid", "node", "index", "model", "memory_mib", "split_count", "cores", "health", "mode")
 
 #: Nodes of the snapshot: new ones inserted, changed ones (values, or back from missing) updated, the rest untouched.
 #: ``last_seen_at`` is written with the values (when the node was last reported *different*); while a node is listed,
 #: the time it was last reported is its cluster's ``last_heartbeat_at`` (``clusters.models.Node.reported_at``).
 _NODE_UPSERT = """
-    INSERT INTO clusters_node (cluster_id, cluster_name, name, labels, gpu_mode, ready, inventory_error, last_seen_at, missing_since)
-    SELECT %(cluster)s, %(cluster_name)s, s.name, s.labels, s.gpu_mode, s.ready, s.inventory_error, %(now)s, NULL
+    INSERT INTO clusters_node (cluster_id, cluster_name, name, labels, gpu_mode, ready, inventory_error, cpu_allocatable_millicores,
+                               memory_allocatable_mib, cpu_requested_millicores, memory_requested_mib, last_seen_at, missing_since)
+    SELECT %(cluster)s, %(cluster_name)s, s.name, s.labels, s.gpu_mode, s.ready, s.inventory_error, s.cpu_allocatable_millicores,
+           s.memory_allocatable_mib, s.cpu_requested_millicores, s.memory_requested_mib, %(now)s, NULL
       FROM inventory_node_staging s
     ON CONFLICT (cluster_id, name) DO UPDATE
        SET cluster_name = EXCLUDED.cluster_name, labels = EXCLUDED.labels, gpu_mode = EXCLUDED.gpu_mode, ready = EXCLUDED.ready,
-           inventory_error = EXCLUDED.inventory_error, last_seen_at = EXCLUDED.last_seen_at, missing_since = NULL
+           inventory_error = EXCLUDED.inventory_error, cpu_allocatable_millicores = EXCLUDED.cpu_allocatable_millicores,
+           memory_allocatable_mib = EXCLUDED.memory_allocatable_mib, cpu_requested_millicores = EXCLUDED.cpu_requested_millicores,
+           memory_requested_mib = EXCLUDED.memory_requested_mib, last_seen_at = EXCLUDED.last_seen_at, missing_since = NULL
      WHERE (clusters_node.cluster_name, clusters_node.labels, clusters_node.gpu_mode, clusters_node.ready,
-            clusters_node.inventory_error, clusters_node.missing_since IS NULL)
-           IS DISTINCT FROM (EXCLUDED.cluster_name, EXCLUDED.labels, EXCLUDED.gpu_mode, EXCLUDED.ready, EXCLUDED.inventory_error, TRUE)"""
+            clusters_node.inventory_error, clusters_node.cpu_allocatable_millicores, clusters_node.memory_allocatable_mib,
+            clusters_node.cpu_requested_millicores, clusters_node.memory_requested_mib, clusters_node.missing_since IS NULL)
+           IS DISTINCT FROM (EXCLUDED.cluster_name, EXCLUDED.labels, EXCLUDED.gpu_mode, EXCLUDED.ready, EXCLUDED.inventory_error,
+                             EXCLUDED.cpu_allocatable_millicores, EXCLUDED.memory_allocatable_mib, EXCLUDED.cpu_requested_millicores,
+                             EXCLUDED.memory_requested_mib, TRUE)"""
 
 #: GPUs of the snapshot, on their nodes (upserted by ``_NODE_UPSERT`` before). ``changed`` is every staged GPU that is
 #: not already stored exactly so for this cluster: new, changed, back from missing, or another cluster's (compared with
@@ -158,14 +167,15 @@ def stage(cursor, nodes: list[dict]) -> int:
     Args:
         cursor: a Django cursor inside the snapshot's transaction.
         nodes: ``{"name", "labels"?, "ready", "hami_error"?, "devices": [{"uuid", "index", "model", "memory_mib",
-            "split_count", "cores", "health", "mode"?}]}`` (``clusters.internal.schemas``).
+            "split_count", "cores", "health", "mode"?}]}`` and the CPU/memory figures, optional
+            (``contract.INVENTORY_RESOURCE_FIELDS``) (``clusters.internal.schemas``).
     """
     cursor.execute(_STAGING_DDL)
     dumps = json.dumps
     # Cut to their columns' lengths: a label value is any string (the schema bounds none), an error any length.
     _copy(cursor, "inventory_node_staging", _NODE_COLUMNS, (
         (node["name"], dumps(labels := node.get("labels") or {}), labels.get(GPU_MODE_LABEL, "")[:_GPU_MODE_LENGTH], bool(node["ready"]),
-         (node.get("hami_error") or "")[:500])
+         (node.get("hami_error") or "")[:500], *_resources(node))
         for node in nodes
     ))
     # int(): the schema's integers include integral floats (``1.0``, ``8.1559e4``), which COPY's text would refuse.
@@ -177,6 +187,15 @@ def stage(cursor, nodes: list[dict]) -> int:
     ]
     _copy(cursor, "inventory_device_staging", _DEVICE_COLUMNS, devices)
     return len(devices)
+
+
+def _resources(node: dict) -> tuple:
+    """A node's ``(allocatable millicores, allocatable MiB, requested millicores, requested MiB)``: the allocatable ones
+    None unless the snapshot has both (an older operator: no CPU or memory limit), the requested ones 0 when absent."""
+    cpu, memory = node.get("cpu_allocatable_millicores"), node.get("memory_allocatable_mib")
+    if cpu is None or memory is None:
+        return None, None, 0, 0
+    return int(cpu), int(memory), int(node.get("cpu_requested_millicores") or 0), int(node.get("memory_requested_mib") or 0)
 
 
 def node_upsert(cursor, *, cluster_id: int, cluster_name: str, now: datetime) -> None:

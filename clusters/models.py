@@ -159,6 +159,11 @@ class Node(models.Model):
     cluster's row lock. Rows written any other way (fixtures, a bulk load) must be followed by
     ``usage_recompute()``.
 
+    ``cpu_allocatable_millicores`` and ``memory_allocatable_mib`` are the node's ``status.allocatable``, and
+    ``cpu_requested_millicores``/``memory_requested_mib`` what its pods that are not sessions request, as the operator
+    reports them; placement fits a session's CPU and memory in what is left after those and the live sessions on the
+    node. A node without allocatable figures (an operator that predates them) has no CPU or memory limit.
+
     A node left out of a snapshot while a live session holds one of its GPUs is kept, not ready, with
     ``missing_since`` set and only those GPUs (see ``GpuDevice``).
     """
@@ -184,6 +189,16 @@ class Node(models.Model):
     )
     max_free_memory_mib = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Most MiB left on one of the open GPUs")
     max_free_cores = models.PositiveIntegerField(default=0, db_default=0, editable=False, help_text="Most core percent left on one of the open GPUs")
+    cpu_allocatable_millicores = models.PositiveBigIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The node's allocatable CPU (status.allocatable, millicores); empty: not reported (older operators), no CPU limit")
+    memory_allocatable_mib = models.PositiveBigIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The node's allocatable memory (status.allocatable, MiB rounded down); empty: not reported, no memory limit")
+    cpu_requested_millicores = models.PositiveBigIntegerField(
+        default=0, db_default=0, editable=False, help_text="CPU requested by the node's pods that are not sessions (millicores)")
+    memory_requested_mib = models.PositiveBigIntegerField(
+        default=0, db_default=0, editable=False, help_text="Memory requested by the node's pods that are not sessions (MiB rounded up)")
 
     class Meta:
         ordering = ["cluster_id", "name"]

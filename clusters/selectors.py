@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import Count, Q, QuerySet, Value
+from django.db.models import Count, Max, Min, Q, QuerySet, Value
 
 from clusters.errors import CLUSTER_NOT_FOUND
 from clusters.models import Cluster, ClusterGpuModel, GpuDevice, Node
@@ -54,6 +54,17 @@ def fleet_gpu_models() -> list[str]:
         ClusterGpuModel.objects.exclude(cluster__status=Cluster.Status.DEREGISTERED)
         .order_by("model").values_list("model", flat=True).distinct()
     )
+
+
+def gpu_model_memory() -> dict[str, tuple[int, int]]:
+    """Per GPU model of the clusters that take sessions: ``(least, most)`` MiB one of its healthy GPUs on a ready node
+    registers (HAMi's memory, after ``deviceMemoryScaling``; usually one figure). One query."""
+    rows = (
+        GpuDevice.objects.filter(health=True, node__ready=True, cluster__status=Cluster.Status.CONNECTED)
+        .exclude(cluster__session_domain="")
+        .values("model").annotate(least=Min("memory_mib"), most=Max("memory_mib")).order_by("model")
+    )
+    return {row["model"]: (row["least"], row["most"]) for row in rows}
 
 
 def gpu_model_availability(*, cluster_ids: Iterable[int] | None = None) -> list[tuple[str, int, int]]:

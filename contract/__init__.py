@@ -373,6 +373,13 @@ _INVENTORY_DEVICE = {
     },
 }
 
+INVENTORY_RESOURCE_FIELDS = ("cpu_allocatable_millicores", "memory_allocatable_mib", "cpu_requested_millicores", "memory_requested_mib")
+"""A node's CPU (millicores) and memory (MiB) in an inventory snapshot: ``status.allocatable``, and what its pods that are
+not sessions request (``operator_agent.reporters.inventory``)."""
+
+INVENTORY_RESOURCE_MAX = 2**40
+"""Largest CPU or memory figure of a node (about 10^12 millicores or MiB: far beyond any node)."""
+
 _OPERATOR_CHECK = {
     "type": "object",
     "required": ["ok", "detail", "checked_at"],
@@ -412,6 +419,10 @@ INVENTORY_SCHEMA = {
                     "ready": {"type": "boolean"},
                     "hami_error": {"type": "string"},
                     "devices": {"type": "array", "maxItems": 64, "items": _INVENTORY_DEVICE},
+                    # Optional (operators that predate them send none: the node then has no CPU or memory limit in
+                    # placement). The allocatable figures are rounded down, the requested ones (pods that are not
+                    # sessions) up.
+                    **{name: {"type": "integer", "minimum": 0, "maximum": INVENTORY_RESOURCE_MAX} for name in INVENTORY_RESOURCE_FIELDS},
                 },
             },
         }

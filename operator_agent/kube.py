@@ -29,6 +29,7 @@ __all__ = [
     "KubeUnavailable",
     "StorageV1Api",
     "V1Node",
+    "V1Pod",
     "api_message",
     "apiserver_call",
     "core_v1",
@@ -44,6 +45,7 @@ CoreV1Api = kubernetes.client.CoreV1Api
 CustomObjectsApi = kubernetes.client.CustomObjectsApi
 StorageV1Api = kubernetes.client.StorageV1Api
 V1Node = kubernetes.client.V1Node
+V1Pod = kubernetes.client.V1Pod
 
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 _TIMEOUT_ERRORS = (urllib3.exceptions.TimeoutError, TimeoutError)

@@ -29,7 +29,7 @@ from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict
 from core.prepared import statement_cursor
 from sessions import gpu_models as models_of_request
-from sessions import placement, runtime, selectors, volume_claims
+from sessions import placement, resources, runtime, selectors, volume_claims
 from sessions.errors import NO_CAPACITY, PLACEMENT_CONTENDED
 from sessions.lifecycle import outbox
 from sessions.models import Session
@@ -100,6 +100,8 @@ def session_create(
     volumes: list[str] | None = None,
     gpu_models: list[str] | None = None,
     runtime_hours=None,
+    cpu=None,
+    memory_gib=None,
     queue: bool = False,
 ) -> Session:
     """Place a session on the fleet, reserve its GPUs, mount its volumes, and schedule its GShareSession apply.
@@ -142,6 +144,10 @@ def session_create(
             stores the fleet models they resolve to, and is placed only on GPUs of those.
         runtime_hours: how long the session may hold its GPUs, decimal hours from now (``sessions.runtime.hours_parse``),
             at most the policy's ``max_runtime_hours``; None: that maximum (no limit when it is 0). Sets ``ends_at``.
+        cpu: CPU cores (decimal, more than 0, at most 3 decimal places: ``sessions.resources``), at most the policy's
+            ``max_cpu_per_gpu`` × ``gpus``; None: its ``default_cpu_per_gpu`` × ``gpus``. The pod's request and limit.
+        memory_gib: memory in GiB (the same rules, ``max_memory_gib_per_gpu``, ``default_memory_gib_per_gpu``); the
+            pod's request and limit, and half of it its ``/dev/shm``. Placement fits both on the node.
         queue: when nothing can host it now, keep it as a ``Queued`` session (``sessions.queue``) instead of refusing
             it with ``no_capacity``. Whenever sessions wait in the queue, a new request is placed behind them (it
             starts now only where it delays none of those ahead of it in the queue's order), queue or not.
@@ -154,6 +160,7 @@ def session_create(
         InvalidSessionRequest: 400 ``invalid_request``.
         GpuModelUnknown: 400 ``gpu_model_unknown``: a ``gpu_models`` name matches no model of the fleet.
         RuntimeOverLimit: 400 ``runtime_over_limit``: ``runtime_hours`` over the policy's ``max_runtime_hours``.
+        CpuOverLimit, MemoryOverLimit: 400 ``cpu_over_limit``, ``memory_over_limit``: over the policy's maximum per GPU.
         InsufficientCredits: 402 ``insufficient_credits`` (``billing.admission.admission_check``).
         QuotaExceeded: 403 ``quota_exceeded``: over the policy's ``max_sessions`` or ``max_gpus``.
         ClusterNotAllowed: 403 ``cluster_not_allowed``: the pinned cluster (or every cluster the volumes
@@ -170,7 +177,8 @@ def session_create(
             attempt; nothing was reserved, and the request may be sent again as it is.
     """
     return _create(owner=owner, image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, cluster=cluster,
-                   name=name, volumes=volumes, gpu_models=gpu_models, runtime_hours=runtime_hours, queue=queue)[0]
+                   name=name, volumes=volumes, gpu_models=gpu_models, runtime_hours=runtime_hours, cpu=cpu, memory_gib=memory_gib,
+                   queue=queue)[0]
 
 
 def session_create_idempotent(*, owner, idempotency_key: str, **request) -> tuple[Session, bool]:
@@ -224,6 +232,9 @@ def _fingerprint(request: dict) -> str:
     models = request.get("gpu_models")
     if models:
         canonical["gpu_models"] = sorted(map(str, models)) if isinstance(models, list | tuple) else models
+    for field in ("cpu", "memory_gib"):  # only when given, as gpu_models
+        if request.get(field) is not None:
+            canonical[field] = resources.amount_text(request[field])
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -279,6 +290,8 @@ def _create(
     volumes: list[str] | None = None,
     gpu_models: list[str] | None = None,
     runtime_hours=None,
+    cpu=None,
+    memory_gib=None,
     idempotency: tuple[str, str] | None = None,
     queue: bool = False,
 ) -> tuple[Session, bool]:
@@ -288,8 +301,12 @@ def _create(
     _validate(image=image, gpus=gpus, gpu_memory_mib=gpu_memory_mib, gpu_cores=gpu_cores, volumes=volumes, gpu_models=gpu_models)
     accepted = models_of_request.gpu_models_resolve(gpu_models)
     hours = None if runtime_hours is None else runtime.hours_parse(runtime_hours)
+    # Parsed here; the policy's defaults and maxima apply under the account's lock (_attempt), as its other limits do.
+    cpu = None if cpu is None else resources.cpu_parse(cpu)
+    memory_gib = None if memory_gib is None else resources.memory_parse(memory_gib)
     pinned = _pinned_cluster(cluster) if cluster else None
-    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores, models=tuple(accepted))
+    request = placement.Request(gpus=gpus, memory_mib=gpu_memory_mib, cores=gpu_cores, models=tuple(accepted), cpu=cpu,
+                                memory_gib=memory_gib)
     for _ in range(PLACEMENT_ATTEMPTS):
         mounted = selectors.session_volumes(owner=owner, volume_ids=volumes)
         volume_claims.refuse_moving([v for v in mounted if v.status in volume_claims.BUSY_VOLUME])
@@ -366,6 +383,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         if acceptable:
             state = dataclasses.replace(state, models=acceptable)
     policy = state.policy
+    asked = resources.resources_resolve(policy=policy, gpus=gpus, cpu=request.cpu, memory_gib=request.memory_gib)
+    request = dataclasses.replace(request, cpu=asked.cpu, memory_gib=asked.memory_gib)
     # The time limit counts from the reservation (now): billing holds the GPUs from then (sessions.runtime).
     reserved_at = timezone.now()
     ends_at = runtime.runtime_ends_at(policy=policy, start=reserved_at, hours=hours)
@@ -414,6 +433,8 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         requested_cluster=pinned,
         phase=Session.Phase.SCHEDULED,
         ends_at=ends_at,
+        cpu=request.cpu,
+        memory_gib=request.memory_gib,
         runtime_hours=hours,
         idempotency_key=idempotency[0] if idempotency else "",
         request_fingerprint=idempotency[1] if idempotency else "",
@@ -494,6 +515,7 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         "name": name, "image": session.image, "gpus": gpus, "gpu_memory_mib": gpu_memory_mib, "gpu_cores": session.gpu_cores, "node": session.node,
         "volumes": [v.public_id for v in mounted], "ends_at": ends_at,
         **({"gpu_models": session.gpu_models} if session.gpu_models else {}),
+        "cpu": session.cpu, "memory_gib": session.memory_gib,
     }), details={"owner": owner.get_username()})
     outbox.publish_after_commit(outbox.APPLY, session.pk)
     transaction.on_commit(instruments.PLACEMENT_DECISIONS.labels(outcome=instruments.PLACED).inc)

@@ -72,6 +72,13 @@ EXTEND_FORBIDDEN = "extend_forbidden"
 NO_TIME_LIMIT = "no_time_limit"
 """409: an extension of a session that has no time limit."""
 
+# --------------------------------------------------------------------------- CPU and memory
+CPU_OVER_LIMIT = "cpu_over_limit"
+"""400: ``cpu`` over the policy's ``max_cpu_per_gpu`` × the GPUs asked."""
+
+MEMORY_OVER_LIMIT = "memory_over_limit"
+"""400: ``memory_gib`` over the policy's ``max_memory_gib_per_gpu`` × the GPUs asked."""
+
 # --------------------------------------------------------------------------- operator API
 INVALID_STATUS = "invalid_status"
 """400: a status report does not match the contract."""

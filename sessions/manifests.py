@@ -19,6 +19,7 @@ from contract import (
     SESSION_PORT_DEFAULT,
     session_object_name,
 )
+from sessions.resources import cpu_millicores, memory_mib
 
 
 def session_path(session_id: str) -> str:
@@ -93,7 +94,9 @@ def gshare_session_manifest(session, *, gpu_uuids: list[str] | None = None) -> d
         A dict ready for server-side apply: metadata (name = session id with ``-``, namespace
         ``GSHARE_SESSION_NAMESPACE``, labels), and ``spec`` with image, GPU request (HAMi units:
         ``gpuMemoryMiB`` MiB, ``gpuCores`` percent, both omitted for whole GPUs; for a share, what placement reserved:
-        ``share_gpu_limits``), ``gpuModels`` (the accepted GPU models, only when the session names some), host, path, the cluster's
+        ``share_gpu_limits``), ``gpuModels`` (the accepted GPU models, only when the session names some), ``cpuMillicores``
+        and ``memoryMiB`` (the pod's CPU and memory, requests = limits; only when the session has them: sessions made
+        before CPU requests keep their pod's shape), host, path, the cluster's
         ``routing`` (``gateway-api``: with ``gateway`` {name, namespace}), the ingress-nginx ``authUrl``, Envoy's
         ``extAuthUrl`` (the ext_authz path prefix) and, when the session mounts volumes, ``volumes``
         (``session_volumes_spec``).
@@ -115,6 +118,10 @@ def gshare_session_manifest(session, *, gpu_uuids: list[str] | None = None) -> d
     spec.update(share_gpu_limits(session))
     if session.gpu_models:
         spec["gpuModels"] = list(session.gpu_models)
+    if session.cpu is not None:
+        spec["cpuMillicores"] = cpu_millicores(session.cpu)
+    if session.memory_gib is not None:
+        spec["memoryMiB"] = memory_mib(session.memory_gib)
     if gpu_uuids:
         spec["gpuUuids"] = list(gpu_uuids)
     volumes = session_volumes_spec(session.volumes.all()) if session.pk is not None else []

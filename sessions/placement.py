@@ -13,7 +13,11 @@ and node by ``usage_recompute``), with HAMi's sharing semantics (HAMi ``pkg/sche
   takes all of them (100 %: HAMi-core sets no SM limit), and a share never takes less than one split slot of
   cores (``billing.pricing.share_cores``: ``ceil(100 / split_count)`` %); the cores reserved are written back
   to the session (``Session.gpu_cores``), so the manifest and the price read them;
-* all GPUs of one session are on one node (HAMi allocates a container's vGPUs on one node).
+* all GPUs of one session are on one node (HAMi allocates a container's vGPUs on one node);
+* a request's CPU and memory (``Request.cpu``, ``Request.memory_gib``: ``sessions.resources``) fit in the node's
+  allocatable CPU and memory (``Node.cpu_allocatable_millicores``, ``memory_allocatable_mib``) less what its pods that
+  are not sessions request and what the live sessions on it asked (``_RESOURCE_FIT``); a node whose operator reports
+  no allocatable figures has no CPU or memory limit.
 
 Policies: ``binpack`` (default) fills the busiest node and GPUs first, ``spread`` the idlest. Ties
 break on cluster name, node name and GPU index, so the same state gives the same decision.
@@ -27,8 +31,10 @@ where its StorageClass exists (``storage.capacity.pools_usability``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.db import connection
 
@@ -36,6 +42,7 @@ from billing.pricing import FULL_CORES, share_cores
 from clusters.models import node_summary_update_sql
 from core.exceptions import Conflict
 from core.prepared import statement_cursor
+from sessions import resources
 from sessions.errors import VOLUME_ON_ANOTHER_CLUSTER, VOLUMES_ON_DIFFERENT_CLUSTERS
 from storage.capacity import pool_clusters, pools_usability
 from storage.errors import VOLUME_NOT_MOUNTABLE, VOLUME_POOL_NOT_SHARED
@@ -52,12 +59,22 @@ class Request:
         cores: percent of one GPU per GPU, or None (whole GPU when ``memory_mib`` is None too, else 100: all of them).
         models: the GPU models (``GpuDevice.model``, exact names: ``sessions.gpu_models.gpu_models_resolve``) it may
             be placed on; empty: any model.
+        cpu: CPU cores (at most 3 decimal places) the node must have room for, or None: not asked.
+        memory_gib: memory (GiB, at most 3 decimal places; counted in whole MiB rounded up) the node must have room
+            for, or None: not asked.
     """
 
     gpus: int
     memory_mib: int | None = None
     cores: int | None = None
     models: tuple[str, ...] = ()
+    cpu: Decimal | None = None
+    memory_gib: Decimal | None = None
+
+    @property
+    def sized(self) -> bool:
+        """True when it asks CPU or memory (the fit then checks the node's room for them)."""
+        return self.cpu is not None or self.memory_gib is not None
 
     @property
     def whole(self) -> bool:
@@ -105,7 +122,7 @@ CROSS JOIN LATERAL (
     WHERE d.node_id = n.id AND d.health AND {device_fit}{model_fit}{device_scope}
 ) p
 WHERE n.ready AND {scope} {node_fit}
-  AND p.fits >= %(gpus)s
+  AND p.fits >= %(gpus)s{resource_fit}
 ORDER BY {order}
 LIMIT 1
 """
@@ -135,6 +152,23 @@ _FITS = {
 #: than the GPUs' own check.
 _MODEL_FIT = {False: "", True: " AND d.model = ANY(%(models)s::text[])"}
 
+#: A request that asks CPU or memory (``Request.sized``) fits only a node with room for them: its allocatable figures
+#: less its pods' that are not sessions, less the CPU and memory of the sessions holding GPUs on it (those with
+#: allocations on its GPUs: exactly the live reservations, which change only under the cluster's row lock, so
+#: ``reserve``'s fit under that lock is exact). Summed when the node is looked at, not kept in a counter: one scalar
+#: subquery, which PostgreSQL evaluates after the node's cheaper conditions (the GPU fit), and not at all for a node
+#: without allocatable figures (an older operator: no limit). The same rounding as the pod's (``sessions.resources``:
+#: millicores, MiB rounded up).
+_RESOURCE_FIT = {False: "", True: """
+  AND ((n.cpu_allocatable_millicores IS NULL AND n.memory_allocatable_mib IS NULL) OR (
+      SELECT (n.cpu_allocatable_millicores IS NULL
+              OR n.cpu_allocatable_millicores - n.cpu_requested_millicores - COALESCE(SUM(CEIL(s.cpu * 1000)), 0) >= %(cpu_milli)s)
+         AND (n.memory_allocatable_mib IS NULL
+              OR n.memory_allocatable_mib - n.memory_requested_mib - COALESCE(SUM(CEIL(s.memory_gib * 1024)), 0) >= %(memory_mib_asked)s)
+        FROM gpu_sessions_session s
+       WHERE s.id IN (SELECT a.session_id FROM gpu_sessions_allocation a JOIN clusters_gpudevice ad ON ad.id = a.device_id
+                       WHERE ad.node_id = n.id)))"""}
+
 _POLICIES = {
     "binpack": {"device_order": "d.used_count DESC, d.index, d.id", "direction": "DESC"},
     "spread": {"device_order": "d.used_count ASC, d.index, d.id", "direction": "ASC"},
@@ -160,15 +194,16 @@ _SCOPES = {
 }
 
 
-def _fit_sql(policy: str, whole: bool, scope: str, models: bool) -> str:
+def _fit_sql(policy: str, whole: bool, scope: str, models: bool, sized: bool) -> str:
     parts = _SCOPES[scope]
     order = parts["order"].format(direction=_POLICIES[policy]["direction"])
     return _FIT_SQL.format(join=parts["join"], scope=parts["scope"], order=order, device_order=_POLICIES[policy]["device_order"],
-                           model_fit=_MODEL_FIT[models], device_scope=parts.get("device_scope", ""), **_FITS[whole])
+                           model_fit=_MODEL_FIT[models], device_scope=parts.get("device_scope", ""), resource_fit=_RESOURCE_FIT[sized],
+                           **_FITS[whole])
 
 
-_FIT_QUERIES = {(policy, whole, scope, models): _fit_sql(policy, whole, scope, models)
-                for policy in _POLICIES for whole in _FITS for scope in _SCOPES for models in _MODEL_FIT}
+_FIT_QUERIES = {(policy, whole, scope, models, sized): _fit_sql(policy, whole, scope, models, sized)
+                for policy in _POLICIES for whole in _FITS for scope in _SCOPES for models in _MODEL_FIT for sized in _RESOURCE_FIT}
 
 
 def _int_array(ids: Iterable[int]) -> str:
@@ -183,6 +218,9 @@ def _params(request: Request) -> dict:
               "gpus": request.gpus}
     if request.models:
         params["models"] = list(request.models)
+    if request.sized:
+        params["cpu_milli"] = resources.cpu_millicores(request.cpu) or 0
+        params["memory_mib_asked"] = resources.memory_mib(request.memory_gib) or 0
     return params
 
 
@@ -202,7 +240,7 @@ def fit_query(*, request: Request, cluster_ids: list[int] | None, policy: str) -
         scope, params["cluster"] = "one", int(next(iter(cluster_ids)))
     else:
         scope, params["clusters"] = "some", _int_array(sorted(cluster_ids))
-    return _FIT_QUERIES[policy, request.whole, scope, bool(request.models)], params
+    return _FIT_QUERIES[policy, request.whole, scope, bool(request.models), request.sized], params
 
 
 def choose(*, request: Request, cluster_ids: list[int] | None = None, policy: str = "binpack") -> Choice | None:
@@ -308,8 +346,8 @@ FROM pick
 """
 
 _RESERVE_QUERIES = {
-    (policy, whole, scope, models): _RESERVE_SQL.format(
-        fit=_FIT_QUERIES[policy, whole, scope, models],
+    (policy, whole, scope, models, sized): _RESERVE_SQL.format(
+        fit=_FIT_QUERIES[policy, whole, scope, models, sized],
         memory="c.memory_mib" if whole else "COALESCE(%(mem)s, c.memory_mib)",
         cores="c.cores" if whole else _SHARE_CORES.format(d="c"),
         set_cores="" if whole else ", gpu_cores = (SELECT MAX(r.cores) FROM new r)",
@@ -319,6 +357,7 @@ _RESERVE_QUERIES = {
         write_counters=_WRITE_COUNTERS,
     )
     for policy in _POLICIES for whole in _FITS for scope in ("cluster", "node", "devices") for models in _MODEL_FIT
+    for sized in _RESOURCE_FIT
 }
 
 
@@ -343,7 +382,7 @@ def reserve(*, session_id: int, request: Request, cluster_id: int, node_id: int 
     params = {**_params(request), "session": session_id, "whole": request.whole, "cluster": cluster_id, "node": node_id,
               "devices": _int_array(device_ids or [])}
     with statement_cursor() as cursor:
-        cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope, bool(request.models)], params)
+        cursor.execute(_RESERVE_QUERIES[policy, request.whole, scope, bool(request.models), request.sized], params)
         row = cursor.fetchone()
     if row is None:
         return None
@@ -423,7 +462,8 @@ _RECOMPUTE_ALL_SQL = _RECOMPUTE_SQL.format(devices="TRUE", nodes=node_summary_up
 
 def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
     """A sentence saying what the candidate clusters lack for ``request`` (for ``no_capacity``), counting only GPUs of
-    ``request.models`` when it names some."""
+    ``request.models`` when it names some. When the request asks CPU or memory and its GPUs would fit without them (one
+    more fit query), it says CPU or memory is short and the most left on one node (``_room_shortfall``)."""
     if not cluster_ids:
         return "no connected cluster with a session_domain can host sessions now"
     sql = """
@@ -439,9 +479,44 @@ def shortfall(*, request: Request, cluster_ids: list[int]) -> str:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         healthy, free, max_free_mib = cursor.fetchone()
-    return (
-        f"{healthy} healthy GPU(s) on ready nodes, {free} with nothing on them, at most {max_free_mib} MiB free on one GPU"
-    )
+    gpus = f"{healthy} healthy GPU(s) on ready nodes, {free} with nothing on them, at most {max_free_mib} MiB free on one GPU"
+    if request.sized and choose(request=dataclasses.replace(request, cpu=None, memory_gib=None), cluster_ids=cluster_ids) is not None:
+        return f"{gpus}; {_room_shortfall(request=request, cluster_ids=cluster_ids)}"
+    return gpus
+
+
+#: The most CPU (millicores) and memory (MiB) left on one ready node of the clusters (nodes with allocatable figures).
+_ROOM_SQL = """
+SELECT MAX(n.cpu_allocatable_millicores - n.cpu_requested_millicores - u.cpu),
+       MAX(n.memory_allocatable_mib - n.memory_requested_mib - u.memory)
+FROM clusters_node n
+CROSS JOIN LATERAL (
+    SELECT COALESCE(SUM(CEIL(s.cpu * 1000)), 0) AS cpu, COALESCE(SUM(CEIL(s.memory_gib * 1024)), 0) AS memory
+    FROM gpu_sessions_session s
+    WHERE s.id IN (SELECT a.session_id FROM gpu_sessions_allocation a JOIN clusters_gpudevice ad ON ad.id = a.device_id
+                   WHERE ad.node_id = n.id)
+) u
+WHERE n.cluster_id = ANY(%s::bigint[]) AND n.ready
+"""
+
+
+def _room_shortfall(*, request: Request, cluster_ids: list[int]) -> str:
+    """What is short when the GPUs fit but not the CPU or memory: the request's, and the most left on one node."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ROOM_SQL, [_int_array(cluster_ids)])
+        cpu_left, memory_left = cursor.fetchone()
+    asked, left = [], []
+    if request.cpu is not None:
+        asked.append(f"{request.cpu.normalize():f} CPU core(s)")
+        if cpu_left is not None:
+            left.append(f"{Decimal(max(cpu_left, 0)) / 1000:f} CPU core(s)")
+    if request.memory_gib is not None:
+        asked.append(f"{request.memory_gib.normalize():f} GiB of memory")
+        if memory_left is not None:
+            left.append(f"{(Decimal(max(memory_left, 0)) / 1024).quantize(Decimal('0.001')).normalize():f} GiB of memory")
+    most = f" (at most {' and '.join(left)} left on one node)" if left else ""
+    return (f"CPU or memory is short: the GPUs asked are free, but no node that has them has room for {' and '.join(asked)}"
+            f"{most}; ask for less cpu or memory_gib")
 
 
 #: Most volumes one session may mount.

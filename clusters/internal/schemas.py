@@ -18,13 +18,21 @@ import msgspec
 from jsonschema import Draft202012Validator
 from msgspec import Meta
 
-from contract import CLOCK_OFFSET_LIMIT, INVENTORY_DIGEST_LENGTH, INVENTORY_DIGEST_PATTERN, INVENTORY_SCHEMA, rfc3339
+from contract import (
+    CLOCK_OFFSET_LIMIT,
+    INVENTORY_DIGEST_LENGTH,
+    INVENTORY_DIGEST_PATTERN,
+    INVENTORY_RESOURCE_MAX,
+    INVENTORY_SCHEMA,
+    rfc3339,
+)
 from core.api.base import schema_problems, unstorable_text_path
 
 inventory_validator = Draft202012Validator(INVENTORY_SCHEMA)
 
 _INT32 = 2**31 - 1
 _Count = Annotated[int, Meta(ge=0, le=_INT32)]
+_Resource = Annotated[int, Meta(ge=0, le=INVENTORY_RESOURCE_MAX)]
 
 
 class _Device(TypedDict):
@@ -44,6 +52,10 @@ class _Node(TypedDict):
     devices: Annotated[list[_Device], Meta(max_length=64)]
     labels: NotRequired[dict[str, str]]
     hami_error: NotRequired[str]
+    cpu_allocatable_millicores: NotRequired[_Resource]
+    memory_allocatable_mib: NotRequired[_Resource]
+    cpu_requested_millicores: NotRequired[_Resource]
+    memory_requested_mib: NotRequired[_Resource]
 
 
 class _Check(TypedDict):

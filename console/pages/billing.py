@@ -289,7 +289,8 @@ class PriceAdmin(_PriceAndPolicyAdmin):
 
 #: The policy fields the console edits (``allowed_clusters`` aside), as ``policy_set`` takes them.
 _POLICY_FIELDS = ("max_sessions", "max_gpus", "max_volume_gb", "min_balance_hours", "grace_seconds", "idle_timeout_minutes", "idle_warning_minutes",
-                  "max_runtime_hours", "runtime_warning_minutes")
+                  "max_runtime_hours", "runtime_warning_minutes", "default_cpu_per_gpu", "default_memory_gib_per_gpu", "max_cpu_per_gpu",
+                  "max_memory_gib_per_gpu")
 
 
 class PolicyForm(forms.ModelForm):
@@ -298,10 +299,17 @@ class PolicyForm(forms.ModelForm):
     class Meta:
         model = Policy
         fields = ["user", "max_sessions", "max_gpus", "max_volume_gb", "allowed_clusters", "min_balance_hours", "grace_seconds", "idle_timeout_minutes",
-                  "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes"]
+                  "idle_warning_minutes", "max_runtime_hours", "runtime_warning_minutes", "default_cpu_per_gpu", "default_memory_gib_per_gpu",
+                  "max_cpu_per_gpu", "max_memory_gib_per_gpu"]
+
+    #: Fields a form may leave empty: they keep their default (forms and scripts made before them still save).
+    _DEFAULTED = ("default_cpu_per_gpu", "default_memory_gib_per_gpu", "max_cpu_per_gpu", "max_memory_gib_per_gpu")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        for name in self._DEFAULTED:
+            if name in self.fields:
+                self.fields[name].required = False
         seconds = settings.GSHARE_IDLE_POLICY_MINUTE_SECONDS
         if seconds != 60:  # a shortened minute (the demo): say so where the minutes are typed
             note = f" Here a policy minute lasts {seconds} s (GSHARE_IDLE_POLICY_MINUTE_SECONDS)."
@@ -313,6 +321,9 @@ class PolicyForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
+        for name in self._DEFAULTED:
+            if data.get(name) is None:
+                data[name] = getattr(self.instance, name) if self.instance.pk else Policy._meta.get_field(name).get_default()
         user = self.instance.user if self.instance.pk else data.get("user")
         with service_errors(self):
             services.policy_validate(policy=Policy(pk=self.instance.pk, user=user, **{name: data.get(name) for name in _POLICY_FIELDS}))

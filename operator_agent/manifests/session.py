@@ -53,7 +53,10 @@ __all__ = [
     "MANAGED_BY_LABEL",
     "PORT_NAME",
     "RUNTIME_CLASS",
+    "SHM_PATH",
+    "SHM_VOLUME",
     "VOLUME_ACCESS_MODES",
+    "cpu_quantity",
     "pod_volume_name",
     "session_labels",
     "session_metadata",
@@ -63,6 +66,7 @@ __all__ = [
     "session_pvc",
     "session_service",
     "session_volumes",
+    "shm_size",
 ]
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -108,6 +112,12 @@ RUN_AS_GROUP = 100
 
 VOLUME_ACCESS_MODES = ("ReadWriteMany",)
 """Access modes of a volume's PVC: NFS, mountable from every node (and cluster) at once."""
+
+SHM_VOLUME = "dshm"
+"""The pod volume mounted at ``/dev/shm`` (memory-backed); never a ``vol-`` name, so never a gShare volume's."""
+
+SHM_PATH = "/dev/shm"
+"""Where the shared-memory volume is mounted (PyTorch's DataLoader workers pass tensors through it)."""
 
 POD_VOLUME_PREFIX = "vol-"
 """Pod volume names are ``vol-<volume name>``."""
@@ -156,6 +166,10 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
     * ``resources.limits`` (quantity strings): ``nvidia.com/gpu: spec.gpus``; ``nvidia.com/gpumem`` (MiB) and
       ``nvidia.com/gpucores`` (percent) only when ``spec.gpuMemoryMiB``/``spec.gpuCores`` are given
       (HAMi resource names; omitted = whole GPUs);
+    * with ``spec.cpuMillicores``/``spec.memoryMiB``, ``resources.requests`` = ``resources.limits`` for ``cpu``
+      (``cpu_quantity``) and ``memory`` (``<MiB>Mi``), and with ``spec.memoryMiB`` a pod volume ``dshm`` (``emptyDir``,
+      ``medium: Memory``, ``sizeLimit`` half the memory: ``shm_size``) mounted at ``/dev/shm``; without them (a
+      GShareSession made before CPU requests) neither, as before;
     * env ``GSHARE_SESSION_ID`` (``ses_...``), ``GSHARE_BASE_PATH`` (``spec.path``, the URL prefix the
       session route serves) and ``NOTEBOOK_ARGS`` (``--ServerApp.base_url=<path> --ServerApp.port=<port>``,
       read by the Jupyter Docker Stacks' start script);
@@ -180,6 +194,16 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
         limits[HAMI_RESOURCE_MEMORY] = str(int(spec["gpuMemoryMiB"]))
     if spec.get("gpuCores") is not None:
         limits[HAMI_RESOURCE_CORES] = str(int(spec["gpuCores"]))
+    resources: dict[str, Any] = {"limits": limits}
+    requests: dict[str, str] = {}
+    if spec.get("cpuMillicores") is not None:
+        requests["cpu"] = cpu_quantity(int(spec["cpuMillicores"]))
+    memory = int(spec["memoryMiB"]) if spec.get("memoryMiB") is not None else None
+    if memory is not None:
+        requests["memory"] = f"{memory}Mi"
+    if requests:
+        limits.update(requests)
+        resources["requests"] = dict(requests)
     notebook_args = shlex.join([f"--ServerApp.base_url={path}", f"--ServerApp.port={port}"])
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -190,7 +214,7 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
             {"name": "GSHARE_BASE_PATH", "value": path},
             {"name": "NOTEBOOK_ARGS", "value": notebook_args},
         ],
-        "resources": {"limits": limits},
+        "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -212,14 +236,16 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
         "containers": [container],
     }
     volumes = session_volumes(gss)
-    if volumes:
-        container["volumeMounts"] = [
-            {"name": pod_volume_name(volume["name"]), "mountPath": volume["mountPath"]} for volume in volumes
-        ]
-        pod_spec["volumes"] = [
-            {"name": pod_volume_name(volume["name"]), "persistentVolumeClaim": {"claimName": volume["claimName"]}}
-            for volume in volumes
-        ]
+    mounts = [{"name": pod_volume_name(volume["name"]), "mountPath": volume["mountPath"]} for volume in volumes]
+    pod_volumes: list[dict[str, Any]] = [
+        {"name": pod_volume_name(volume["name"]), "persistentVolumeClaim": {"claimName": volume["claimName"]}} for volume in volumes
+    ]
+    if memory is not None:
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+        pod_volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(memory)}})
+    if mounts:
+        container["volumeMounts"] = mounts
+        pod_spec["volumes"] = pod_volumes
     metadata = session_metadata(gss)
     models = [str(model) for model in spec.get("gpuModels") or []]
     if models:
@@ -228,6 +254,16 @@ def session_pod(gss: Mapping[str, Any]) -> dict[str, Any]:
         if uuids:
             metadata["annotations"][HAMI_USE_GPUUUID] = ",".join(uuids)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def cpu_quantity(millicores: int) -> str:
+    """A CPU quantity: whole cores as ``"4"``, else millicores as ``"500m"`` (the apiserver's canonical forms)."""
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores}m"
+
+
+def shm_size(memory_mib: int) -> str:
+    """``sizeLimit`` of the ``/dev/shm`` volume: half of ``memory_mib``, as ``"<n>Mi"`` (or ``"<n>Ki"`` when odd)."""
+    return f"{memory_mib // 2}Mi" if memory_mib % 2 == 0 else f"{memory_mib * 512}Ki"
 
 
 def session_volumes(gss: Mapping[str, Any]) -> list[Mapping[str, Any]]:

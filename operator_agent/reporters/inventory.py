@@ -25,13 +25,26 @@ Shape (every node labelled ``gpu=on``, sorted by name; devices sorted by ``index
               "numa": 0
             }
           ],
-          "hami_error": "…"                      # only when the HAMi annotation failed to decode;
-        }                                        # "devices" is then []
+          "hami_error": "…",                     # only when the HAMi annotation failed to decode;
+                                                 # "devices" is then []
+          "cpu_allocatable_millicores": 160000,  # status.allocatable cpu, millicores rounded down
+          "memory_allocatable_mib": 2063808,     # status.allocatable memory, MiB rounded down
+          "cpu_requested_millicores": 2500,      # what the node's pods that are not sessions request (rounded up)
+          "memory_requested_mib": 4096
+        }
       ]
     }
 
 A node without a HAMi registration annotation (device plugin not running yet) is reported
 with ``devices: []`` and no ``hami_error``.
+
+The four CPU and memory figures (placement fits a session's CPU and memory in what is left: ``sessions.placement``) are
+sent together or not at all: a node whose ``status.allocatable`` lacks ``cpu`` or ``memory`` (or has one the quantity
+grammar refuses) goes without them, and so does every node when the pods cannot be listed (the control plane then
+treats the node as having no CPU or memory limit, as it does for operators that predate them). A pod's request is what
+the scheduler counts: the sum of its containers' requests, or its largest init container's when larger, plus its
+``overhead``; pods that ended (``Succeeded``, ``Failed``) and session pods (label ``gshare.io/session-id``: the control
+plane counts the sessions itself) are left out.
 """
 
 from __future__ import annotations
@@ -42,7 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contract import GPU_NODE_LABEL_SELECTOR, INVENTORY_SNAPSHOT_REQUIRED, inventory_digest
+from contract import GPU_NODE_LABEL_SELECTOR, INVENTORY_SNAPSHOT_REQUIRED, SESSION_ID_LABEL, inventory_digest
+from contract.quantity import quantity_decimal
 from operator_agent import kube
 from operator_agent.config import OperatorConfig
 from operator_agent.control_plane_client import ControlPlaneClient, ControlPlaneError, ControlPlaneRejected, ControlPlaneUnavailable
@@ -55,6 +69,7 @@ __all__ = [
     "collect_inventory",
     "device_to_snapshot",
     "node_to_snapshot",
+    "pod_requests",
     "report_inventory",
     "send_inventory",
     "snapshot_counts",
@@ -92,7 +107,81 @@ def collect_inventory(core_v1: kube.CoreV1Api, *, request_timeout: float | None 
         if not continue_token:
             break
     nodes.sort(key=lambda node: node["name"])
+    sized = [node for node in nodes if "cpu_allocatable_millicores" in node]
+    if sized:
+        try:
+            requested = _requested_by_node(core_v1, {node["name"] for node in sized}, request_timeout=request_timeout)
+        except kube.ApiException as exc:
+            # E.g. an RBAC without the cluster-wide pod list: report the nodes without CPU/memory rather than too much room.
+            logger.warning("cannot list pods for the nodes' CPU and memory requests (%s %s): reporting no CPU/memory figures",
+                           exc.status, exc.reason)
+            requested = None
+        for node in sized:
+            if requested is None:
+                del node["cpu_allocatable_millicores"], node["memory_allocatable_mib"]
+            else:
+                node["cpu_requested_millicores"], node["memory_requested_mib"] = requested.get(node["name"], (0, 0))
     return {"nodes": nodes}
+
+
+_MIB = 1 << 20
+
+#: Pods that hold nothing on their node any more: only the others are listed.
+_LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _requested_by_node(core_v1: kube.CoreV1Api, names: set[str], *, request_timeout: float | None) -> dict[str, tuple[int, int]]:
+    """``{node name: (millicores, MiB)}`` requested by the pods on the nodes ``names`` that are not sessions (one paged
+    list of the cluster's live pods)."""
+    cpu: dict[str, int] = {}
+    memory: dict[str, int] = {}
+    continue_token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"field_selector": _LIVE_PODS, "limit": LIST_PAGE_SIZE}
+        if continue_token:
+            kwargs["_continue"] = continue_token
+        if request_timeout is not None:
+            kwargs["_request_timeout"] = request_timeout
+        page = core_v1.list_pod_for_all_namespaces(**kwargs)
+        for pod in page.items or []:
+            node = pod.spec.node_name if pod.spec is not None else None
+            if node not in names or SESSION_ID_LABEL in ((pod.metadata.labels if pod.metadata is not None else None) or {}):
+                continue
+            millicores, memory_bytes = pod_requests(pod)
+            cpu[node] = cpu.get(node, 0) + millicores
+            memory[node] = memory.get(node, 0) + memory_bytes
+        continue_token = page.metadata._continue if page.metadata is not None else None
+        if not continue_token:
+            break
+    return {node: (cpu.get(node, 0), -(-memory.get(node, 0) // _MIB)) for node in names}
+
+
+def _quantity(value: Any, scale: int) -> int:
+    """A quantity × ``scale``, rounded up; 0 when it is not one."""
+    try:
+        return int(-(-quantity_decimal(value) * scale // 1))
+    except (ValueError, ArithmeticError):
+        return 0
+
+
+def _container_requests(resources: Any) -> tuple[int, int]:
+    requests = (resources.requests if resources is not None else None) or {}
+    return _quantity(requests.get("cpu", 0), 1000), _quantity(requests.get("memory", 0), 1)
+
+
+def pod_requests(pod: kube.V1Pod) -> tuple[int, int]:
+    """``(millicores, bytes)`` the scheduler counts for ``pod``: its containers' requests summed, or its largest init
+    container's when larger (each resource on its own), plus its ``spec.overhead``; rounded up."""
+    spec = pod.spec
+    if spec is None:
+        return 0, 0
+    containers = [_container_requests(c.resources) for c in spec.containers or []]
+    cpu, memory = sum(c for c, _ in containers), sum(m for _, m in containers)
+    for init in spec.init_containers or []:
+        init_cpu, init_memory = _container_requests(init.resources)
+        cpu, memory = max(cpu, init_cpu), max(memory, init_memory)
+    overhead = spec.overhead or {}
+    return cpu + _quantity(overhead.get("cpu", 0), 1000), memory + _quantity(overhead.get("memory", 0), 1)
 
 
 def node_to_snapshot(node: kube.V1Node | Mapping[str, Any]) -> dict:
@@ -110,6 +199,7 @@ def node_to_snapshot(node: kube.V1Node | Mapping[str, Any]) -> dict:
         "ready": any(ctype == "Ready" and status == "True" for ctype, status in conditions),
         "devices": [],
     }
+    entry.update(_allocatable(node))
     value = node_register_annotation(annotations)
     if value is None:
         return entry
@@ -121,6 +211,22 @@ def node_to_snapshot(node: kube.V1Node | Mapping[str, Any]) -> dict:
         return entry
     entry["devices"] = [device_to_snapshot(d) for d in sorted(devices, key=lambda d: (d.index, d.uuid))]
     return entry
+
+
+def _allocatable(node: kube.V1Node | Mapping[str, Any]) -> dict:
+    """``{"cpu_allocatable_millicores", "memory_allocatable_mib"}`` from the node's ``status.allocatable`` (rounded down:
+    never more room than there is), or ``{}`` when either is missing or not a quantity."""
+    if isinstance(node, Mapping):
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+    else:
+        allocatable = (node.status.allocatable if node.status is not None else None) or {}
+    try:
+        cpu, memory = quantity_decimal(allocatable["cpu"]), quantity_decimal(allocatable["memory"])
+    except (KeyError, ValueError):
+        return {}
+    if cpu < 0 or memory < 0:
+        return {}
+    return {"cpu_allocatable_millicores": int(cpu * 1000 // 1), "memory_allocatable_mib": int(memory // _MIB)}
 
 
 def device_to_snapshot(device: HamiDevice) -> dict:

@@ -42,6 +42,17 @@ class SessionCreateSerializer(serializers.Serializer):
                   "places and at most your policy's max_runtime_hours; omitted: that maximum). Sets ends_at.",
     )
 
+    cpu = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="CPU cores for the session's pod, its request and limit (a number or decimal string, more than 0, at most 3 decimal "
+                  "places, e.g. 4 or \"0.5\"; at most your policy's max_cpu_per_gpu × gpus; omitted: its default_cpu_per_gpu × gpus)",
+    )
+    memory_gib = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="Memory (GiB) for the session's pod, its request and limit; /dev/shm gets half of it (a number or decimal string, "
+                  "more than 0, at most 3 decimal places; at most your policy's max_memory_gib_per_gpu × gpus; omitted: its "
+                  "default_memory_gib_per_gpu × gpus)",
+    )
     queue = serializers.BooleanField(
         required=False, default=False,
         help_text="true: when nothing can host the session now, wait in the fleet's queue (phase Queued, with queue_position, "
@@ -55,8 +66,9 @@ class SessionCreateSerializer(serializers.Serializer):
         return value
 
     def validate(self, attrs):  # noqa: D102
-        if attrs.get("runtime_hours") is None:
-            attrs.pop("runtime_hours", None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
+        for field in ("runtime_hours", "cpu", "memory_gib"):
+            if attrs.get(field) is None:
+                attrs.pop(field, None)  # omitted: session_create's default (and the idempotency fingerprint of old requests)
         if not attrs.get("queue"):
             attrs.pop("queue", None)  # as before the queue: the idempotency fingerprint of requests that do not queue is unchanged
         return attrs
@@ -144,7 +156,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "gpu_cores", "gpu_models", "node", "devices", "message", "volumes", "created_at", "started_at", "ended_at", "last_status_at",
             "stop_reason", "idle_since", "stops_at", "activity", "credits_per_hour", "share", "ends_at", "ends_soon",
             "runtime_hours", "priority", "queued_at", "queue_expires_at", "queue_position", "estimated_start", "waiting_for",
-            "alternatives", "admitted_at",
+            "alternatives", "admitted_at", "cpu", "memory_gib",
         ]
         read_only_fields = fields
 

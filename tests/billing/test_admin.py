@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from audit.models import AuditRecord
 from billing import ingest, services
 from billing.models import CreditAccount, LedgerEntry, Policy, Price, UsageSample
 from core.exceptions import ApplicationError
@@ -262,6 +263,29 @@ def test_policy_form_sets_and_checks_the_time_limit(console):
     assert (policy.max_runtime_hours, policy.runtime_warning_minutes) == (Decimal("8.5"), 5)
     listed = page_text(console.get("/billing/policy/"))
     assert "column-max_runtime_hours" in listed and "column-runtime_warning_minutes" in listed
+
+
+def test_policy_form_sets_and_checks_cpu_and_memory_per_gpu(console):
+    user = UserFactory()
+    form = {"user": user.pk, "min_balance_hours": "1", "grace_seconds": "900", "max_runtime_hours": "24", "runtime_warning_minutes": "15",
+            **IDLE}
+    text = page_text(console.get("/billing/policy/add/"))
+    assert all(f'name="{name}"' in text for name in ("default_cpu_per_gpu", "default_memory_gib_per_gpu", "max_cpu_per_gpu",
+                                                       "max_memory_gib_per_gpu"))
+    for hostile in ({"max_cpu_per_gpu": "-1"}, {"max_cpu_per_gpu": "257"}, {"default_memory_gib_per_gpu": "NaN"},
+                    {"default_cpu_per_gpu": "8", "max_cpu_per_gpu": "4"}, {"max_memory_gib_per_gpu": "4097"}):
+        refused = console.post("/billing/policy/add/", {**form, **hostile})
+        assert refused.status_code == 200 and not Policy.objects.exists(), hostile
+    assert console.post("/billing/policy/add/", {**form, "default_cpu_per_gpu": "2.5", "max_cpu_per_gpu": "8"}).status_code == 302
+    policy = Policy.objects.get(user=user)
+    assert (policy.default_cpu_per_gpu, policy.max_cpu_per_gpu, policy.default_memory_gib_per_gpu) == (Decimal("2.5"), Decimal(8), Decimal(16))
+    change = page_text(console.get(f"/billing/policy/{policy.pk}/change/"))
+    assert 'value="2.50"' in change
+    assert console.post(f"/billing/policy/{policy.pk}/change/", {**form, "max_memory_gib_per_gpu": "32"}).status_code == 302
+    policy.refresh_from_db()  # the fields left out kept their values
+    assert (policy.default_cpu_per_gpu, policy.max_memory_gib_per_gpu) == (Decimal("2.5"), Decimal(32))
+    record = AuditRecord.objects.filter(action="policy_update").latest("pk")
+    assert set(record.changes) == {"max_memory_gib_per_gpu"}
 
 
 def test_the_ledger_list_shows_an_end_entrys_idle_credits(console, lab_c1):

@@ -515,7 +515,7 @@ def test_start_form_offers_each_gpu_model_with_what_is_free_and_its_price(consol
     h100 = GpuDevice.objects.filter(cluster__name="lab-c1").values_list("model", flat=True).first()
     text = page_text(console.get(START))
     assert f"{h100}: 4 of 4 free" in text
-    assert "Tesla T4: 1 of 2 free, 0.50 credits per GPU-hour" in text
+    assert "Tesla T4: 1 of 2 free, 15 GiB per GPU, 0.50 credits per GPU-hour" in text
     assert 'name="gpu_models"' in text and "none ticked: any model" in text
 
 

@@ -15,7 +15,7 @@ import kubernetes.client
 import pytest
 
 from operator_agent.hami import decode_node_register
-from operator_agent.reporters.inventory import device_to_snapshot, node_to_snapshot, snapshot_counts
+from operator_agent.reporters.inventory import device_to_snapshot, node_to_snapshot, pod_requests, snapshot_counts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s-objects"
 NODE_FILES = ["node.gpu-8xh100.hami-v2.10.json", "node.gpu-8xh100.hami-v2.5-v2.7.json"]
@@ -63,7 +63,9 @@ def test_node_snapshot_from_fixture(name):
     node = load_node(name)
     entry = node_to_snapshot(node)
 
-    assert set(entry) == {"name", "labels", "ready", "devices"}
+    assert set(entry) == {"name", "labels", "ready", "devices", "cpu_allocatable_millicores", "memory_allocatable_mib"}
+    # status.allocatable: cpu "160", memory "2113340180Ki" (rounded down to MiB)
+    assert (entry["cpu_allocatable_millicores"], entry["memory_allocatable_mib"]) == (160_000, 2113340180 // 1024)
     assert entry["name"] == "gpu-node-01"
     assert entry["labels"] == node["metadata"]["labels"]
     assert entry["labels"]["gpu"] == "on"
@@ -170,3 +172,49 @@ def test_device_to_snapshot_keys():
         "mode": "mig",
         "numa": 0,
     }
+
+
+# --------------------------------------------------------------------------- CPU and memory
+
+
+@pytest.mark.parametrize(("allocatable", "expected"), [
+    ({"cpu": "7500m", "memory": "1Gi"}, {"cpu_allocatable_millicores": 7500, "memory_allocatable_mib": 1024}),
+    ({"cpu": "0.0005", "memory": "1048575"}, {"cpu_allocatable_millicores": 0, "memory_allocatable_mib": 0}),  # rounded down
+    ({"cpu": "8"}, {}),
+    ({"memory": "1Gi"}, {}),
+    ({"cpu": "NaN", "memory": "1Gi"}, {}),
+    ({"cpu": "8", "memory": "1e99999999"}, {}),
+    ({"cpu": "-1", "memory": "1Gi"}, {}),
+])
+def test_allocatable_figures_are_both_or_none(allocatable, expected):
+    entry = node_to_snapshot({"metadata": {"name": "n1"}, "status": {"allocatable": allocatable}})
+    assert {k: v for k, v in entry.items() if k.endswith(("_millicores", "_mib"))} == expected
+    assert node_to_snapshot(as_v1node({"metadata": {"name": "n1"}, "status": {"allocatable": allocatable}})) == entry
+
+
+def as_v1pod(pod: dict) -> kubernetes.client.V1Pod:
+    client = kubernetes.client.ApiClient()
+    text = json.dumps(pod)
+    try:
+        return client.deserialize(text, "V1Pod", "application/json")
+    except TypeError:
+
+        class Response:
+            data = text
+
+        return client.deserialize(Response(), "V1Pod")
+
+
+def container(name: str, **requests: str) -> dict:
+    return {"name": name, "image": "x", "resources": {"requests": requests}}
+
+
+def test_pod_requests_count_as_the_scheduler_does():
+    pod = {"metadata": {"name": "p"}, "spec": {
+        "containers": [container("a", cpu="250m", memory="100Mi"), container("b", cpu="1"), {"name": "c", "image": "x"}],
+        "initContainers": [container("i", cpu="2", memory="10Mi")],
+        "overhead": {"cpu": "100m", "memory": "1Mi"},
+    }}
+    # cpu: max(1250m, 2000m) + 100m; memory: max(100Mi, 10Mi) + 1Mi, in bytes
+    assert pod_requests(as_v1pod(pod)) == (2100, 101 * 1024 * 1024)
+    assert pod_requests(as_v1pod({"metadata": {"name": "p"}, "spec": {"containers": [container("a", cpu="1m", memory="garbage")]}})) == (1, 0)

@@ -368,3 +368,46 @@ def test_crd_schema_refuses_bad_gpu_models(models):
     body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": {**GSS["spec"], "gpuModels": models}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(body, crd_schema())
+
+
+# --------------------------------------------------------------------------- CPU and memory
+
+
+def with_resources(cpu: int = 4000, memory: int = 16384, volumes=None) -> dict:
+    gss = copy.deepcopy(GSS)
+    gss["spec"].update(cpuMillicores=cpu, memoryMiB=memory)
+    if volumes:
+        gss["spec"]["volumes"] = copy.deepcopy(volumes)
+    return gss
+
+
+@pytest.mark.parametrize(("cpu", "memory", "cpu_text", "shm"), [(4000, 16384, "4", "8192Mi"), (500, 1025, "500m", f"{1025 * 512}Ki"),
+                                                               (1, 1, "1m", "512Ki")])
+def test_pod_asks_cpu_and_memory_as_requests_equal_to_limits_with_half_of_it_as_shm(cpu, memory, cpu_text, shm):
+    pod = session_pod(with_resources(cpu, memory, volumes=VOLUMES))
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["requests"] == {"cpu": cpu_text, "memory": f"{memory}Mi"}
+    assert {k: container["resources"]["limits"][k] for k in ("cpu", "memory")} == container["resources"]["requests"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["volumeMounts"][-1] == {"name": "dshm", "mountPath": "/dev/shm"}
+    assert pod["spec"]["volumes"][-1] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}
+    assert len(pod["spec"]["volumes"]) == len(VOLUMES) + 1  # the gShare volumes are still mounted
+
+
+def test_pod_without_cpu_and_memory_keeps_its_old_shape():
+    pod = session_pod(GSS)
+    (container,) = pod["spec"]["containers"]
+    assert set(container["resources"]) == {"limits"} and "cpu" not in container["resources"]["limits"]
+    assert "volumes" not in pod["spec"] and "volumeMounts" not in container
+
+
+def test_contract_cpu_and_memory_match_the_crd_schema():
+    jsonschema.validate({k: v for k, v in with_resources().items() if k != "metadata"}, crd_schema())
+
+
+@pytest.mark.parametrize(("field", "value"), [("cpuMillicores", 0), ("cpuMillicores", "4"), ("memoryMiB", 0), ("memoryMiB", 1.5)])
+def test_crd_schema_refuses_bad_cpu_and_memory(field, value):
+    body = {"apiVersion": GSS["apiVersion"], "kind": GSS["kind"], "spec": {**GSS["spec"], field: value}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, crd_schema())

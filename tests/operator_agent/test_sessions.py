@@ -323,6 +323,30 @@ def test_gpu_models_reach_hami_and_the_emulated_scheduler_honours_them(cluster, 
     assert control_plane.reports(session_id)[-1]["node"] == "gpu-v100-01"
 
 
+def test_cpu_and_memory_become_the_pods_requests_limits_and_shm(cluster, control_plane, start_operator):
+    """``spec.cpuMillicores``/``spec.memoryMiB`` become the container's requests = limits and a memory-backed ``/dev/shm``
+    of half the memory, read back from the emulated cluster; a session without them keeps the old pod (no requests, no
+    shm volume)."""
+    start_operator(cluster)
+    session_id, name = "ses_cpumemory0000001", "ses-cpumemory0000001"
+    apply_session(cluster, gshare_session(session_id, cpuMillicores=500, memoryMiB=3073))
+    old_id, old_name = "ses_cpumemoryold0001", "ses-cpumemoryold0001"
+    apply_session(cluster, gshare_session(old_id))
+    pod = wait_for(what="the pod", check=lambda: children(cluster, name)[0])
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["requests"] == {"cpu": "500m", "memory": "3073Mi"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "30",
+                                                 "cpu": "500m", "memory": "3073Mi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{3073 * 512}Ki"}} in pod["spec"]["volumes"]
+    assert pod["status"]["qosClass"] == "Guaranteed"  # requests = limits for cpu and memory
+    wait_for(what="a Running report", check=lambda: "Running" in control_plane.phases(session_id))
+    old = wait_for(what="the old-shape pod", check=lambda: children(cluster, old_name)[0])
+    (old_container,) = old["spec"]["containers"]
+    assert "requests" not in old_container["resources"] and "volumes" not in old["spec"]
+    assert "volumeMounts" not in old_container
+
+
 def test_deleted_pod_fails_the_session_and_is_not_recreated(cluster, control_plane, start_operator):
     start_operator(cluster)
     session_id, name = "ses_podgone000000001", "ses-podgone000000001"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from django import forms
 from django.contrib import messages
@@ -87,6 +88,11 @@ class StartSessionForm(forms.Form):
     # Text, not a DecimalField: the service checks the hours (sessions.runtime.hours_parse), so its refusal and code show.
     runtime_hours = forms.CharField(label="Time limit (hours)", required=False, max_length=32,
                                     widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
+    # Text too: the service checks them (sessions.resources), so its refusal and code show.
+    cpu = forms.CharField(label="CPU cores per session", required=False, max_length=32,
+                          widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
+    memory_gib = forms.CharField(label="Memory (GiB) per session", required=False, max_length=32,
+                                 widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
     queue = forms.BooleanField(label="Wait in the queue when nothing is free", required=False, initial=True,
                                help_text="The session starts by itself when GPUs free; the page shows your place and when.")
     idempotency_key = forms.CharField(max_length=150, widget=forms.HiddenInput)
@@ -105,14 +111,18 @@ class StartSessionForm(forms.Form):
             (c.public_id, f"{c.name}: {c.get_status_display().split(' (')[0].lower()}") for c in console_selectors.start_clusters()
         ]
         self.gpu_model_rows = console_selectors.start_gpu_models()
+        memory = console_selectors.start_gpu_memory()
         self.fields["gpu_models"].choices = [
-            (model, f"{model}: {free} of {total} free, {credits_display(price)} credits per GPU-hour") for model, free, total, price in self.gpu_model_rows
+            (model, f"{model}: {free} of {total} free, {memory[model] + ' per GPU, ' if memory.get(model) else ''}"
+                    f"{credits_display(price)} credits per GPU-hour") for model, free, total, price in self.gpu_model_rows
         ]
         self.fields["volumes"].choices = [
             (v.public_id, f"{v.name} ({v.quota_gb} GiB{', on ' + v.cluster.name if v.cluster_id else ''})")
             for v in console_selectors.start_volumes(owner=owner)
         ]
-        limit = admission.policy_for(owner).max_runtime_hours
+        policy = admission.policy_for(owner)
+        limit = policy.max_runtime_hours
+        self._resource_fields(policy)
         self.fields["runtime_hours"].help_text = (
             f"How long the session may hold its GPUs, from now: at most {limit.normalize():f} hours (your limit); empty: all of it. "
             "You are warned before the end and may extend it up to your limit." if limit else
@@ -121,6 +131,21 @@ class StartSessionForm(forms.Form):
             self.initial.setdefault("idempotency_key", uuid.uuid4().hex)
             if limit:
                 self.initial.setdefault("runtime_hours", f"{limit.normalize():f}")
+
+    def _resource_fields(self, policy) -> None:
+        """CPU and memory: the policy's default per GPU × the GPUs filled in (``sessions.js`` follows the GPU count until
+        the field is edited), its maximum per GPU in the help."""
+        gpus = self.initial.get("gpus") or self.fields["gpus"].initial
+        for name, default, most, unit in (("cpu", policy.default_cpu_per_gpu, policy.max_cpu_per_gpu, "cores"),
+                                          ("memory_gib", policy.default_memory_gib_per_gpu, policy.max_memory_gib_per_gpu, "GiB")):
+            per_gpu = f"{Decimal(default).normalize():f}"
+            self.fields[name].widget.attrs.update({"data-gs-per-gpu": per_gpu})
+            self.fields[name].help_text = (
+                f"For the whole session (its pod's request and limit{', and /dev/shm gets half of it' if name == 'memory_gib' else ''}): "
+                f"by default {per_gpu} {unit} per GPU × the GPUs, at most {Decimal(most).normalize():f} {unit} per GPU (your limit)."
+                + (" Empty: the default." if default else " Empty: none asked."))
+            if not self.is_bound and default:
+                self.initial.setdefault(name, f"{(Decimal(default) * gpus).normalize():f}")
 
     def clean(self):  # noqa: D102
         data = super().clean()
@@ -138,6 +163,7 @@ class StartSessionForm(forms.Form):
             "gpu_cores": data["gpu_cores"], "cluster": data.get("cluster") or None, "volumes": list(data.get("volumes") or []),
             "gpu_models": list(data.get("gpu_models") or []),
             "runtime_hours": (data.get("runtime_hours") or "").strip() or None,
+            "cpu": (data.get("cpu") or "").strip() or None, "memory_gib": (data.get("memory_gib") or "").strip() or None,
             "queue": bool(data.get("queue")),
         }
 

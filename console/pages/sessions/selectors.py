@@ -13,7 +13,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from audit.models import AuditRecord
 from billing import pricing
 from clusters.models import Cluster
-from clusters.selectors import gpu_model_availability
+from clusters.selectors import gpu_model_availability, gpu_model_memory
 from sessions.models import Session, SuggestedImage
 from sessions.selectors import cost_so_far as cost_so_far  # re-exported: the list reads it from here
 from sessions.selectors import idle_sessions
@@ -64,6 +64,19 @@ def start_clusters() -> list[Cluster]:
     """Clusters a session may be pinned to on the Start session form: every cluster not deregistered, by name
     (an unreachable or pending one is listed with its status, and the service refuses it with ``cluster_unavailable``)."""
     return list(Cluster.objects.exclude(status=Cluster.Status.DEREGISTERED).order_by("name").only("public_id", "name", "status"))
+
+
+def gpu_memory_text(memory: tuple[int, int] | None) -> str:
+    """``(least, most)`` MiB per GPU as GiB for the picker (``"79.6 GiB"``, ``"40–80 GiB"``), or "" when unknown."""
+    if memory is None:
+        return ""
+    least, most = (f"{Decimal(mib) / 1024:.1f}".removesuffix(".0") for mib in memory)
+    return f"{least} GiB" if least == most else f"{least}–{most} GiB"
+
+
+def start_gpu_memory() -> dict[str, str]:
+    """The memory per GPU of each model the Start session form offers, in words (``gpu_memory_text``). One query."""
+    return {model: gpu_memory_text(memory) for model, memory in gpu_model_memory().items()}
 
 
 def start_gpu_models() -> list[tuple[str, int, int, Decimal]]:

@@ -3,7 +3,8 @@
  *   stopping) and reloads once the phase changes, so Open and Stop appear when it runs; a queued session's position,
  *   estimated start and reason are updated in place.
  * - The Start session form: its submit button is disabled after the first click (the form's idempotency key
- *   makes a second submit harmless anyway), and the share fields dim while "Whole GPUs" is chosen. */
+ *   makes a second submit harmless anyway), the share fields dim while "Whole GPUs" is chosen, and the CPU and
+ *   memory fields (data-gs-per-gpu: the policy's default per GPU) follow the GPU count until they are edited. */
 (function () {
   "use strict";
 
@@ -40,6 +41,27 @@
     }
     form.addEventListener("change", shade);
     shade();
+    var gpus = form.querySelector("input[name=gpus]");
+    var sized = Array.prototype.slice.call(form.querySelectorAll("[data-gs-per-gpu]"));
+    function scaled(input) {
+      var n = parseInt(gpus.value, 10);
+      var per = parseFloat(input.getAttribute("data-gs-per-gpu"));
+      // Thousandths: what the service keeps (3 decimal places); String() drops trailing zeros.
+      return n >= 1 && per > 0 ? String(Math.round(per * n * 1000) / 1000) : null;
+    }
+    sized.forEach(function (input) {
+      // Follows the GPU count while it holds the default for it (a re-shown form keeps what was typed).
+      input.setAttribute("data-gs-auto", input.value === scaled(input) ? "1" : "0");
+      input.addEventListener("input", function () { input.setAttribute("data-gs-auto", "0"); });
+    });
+    if (gpus) {
+      gpus.addEventListener("input", function () {
+        sized.forEach(function (input) {
+          var value = scaled(input);
+          if (input.getAttribute("data-gs-auto") === "1" && value !== null) { input.value = value; }
+        });
+      });
+    }
     form.addEventListener("submit", function () {
       var button = form.querySelector("[data-gs-once]");
       if (button) { window.setTimeout(function () { button.disabled = true; }, 0); }
