@@ -667,3 +667,65 @@ def _admit_during_a_direct_start(django_user_model, *, round_):
     assert not errors, errors
     live = Session.objects.filter(owner=bob).exclude(phase__in=[Session.Phase.QUEUED, *Session.TERMINAL_PHASES])
     assert live.count() <= 1, list(live.values_list("phase", "cluster__name"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_idempotency_key_sent_four_times_at_once_with_queue_makes_one_queued_session(django_user_model, monkeypatch):
+    """Attack: the same queued request with one key, four times at once (each queues in a second transaction after its
+    attempt): one session, the others get it back."""
+    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
+    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
+    cluster = ClusterFactory(name="lab-key")
+    _node(cluster, gpus=1)
+    filler = django_user_model.objects.create(username="queue-key-filler")
+    policy_set(user=filler, min_balance_hours=Decimal(0))
+    create.session_create(owner=filler, image=IMAGE, gpus=1)
+    bob = django_user_model.objects.create(username="queue-key-retrier")
+    policy_set(user=bob, min_balance_hours=Decimal(0), max_queued_sessions=10)
+    barrier = threading.Barrier(4)
+    ids, errors = [], []
+
+    def send():
+        try:
+            barrier.wait()
+            session, _ = create.session_create_idempotent(owner=bob, idempotency_key="same", image=IMAGE, gpus=1, queue=True)
+            ids.append(session.public_id)
+        except Exception as exc:  # noqa: BLE001 - recorded, asserted below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    run_threads(lambda fn: fn(), [(send,)] * 4)
+    assert not errors, errors
+    assert len(set(ids)) == 1 and len(ids) == 4
+    assert Session.objects.filter(owner=bob).count() == 1
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (low): a queued session of a user deactivated meanwhile is still admitted and holds "
+                                       "GPUs its owner cannot even connect to (sessions.queue.admit._admit_locked checks no "
+                                       "is_active)")
+def test_a_deactivated_users_queued_session_is_not_admitted(cluster):
+    running = _fill()
+    bob = _user()
+    queued = start(bob, queue=True)
+    bob.is_active = False
+    bob.save(update_fields=["is_active"])
+    end(running)
+    queue_pass()
+    queued.refresh_from_db()
+    assert queued.phase == Session.Phase.TERMINATED and not Allocation.objects.filter(session=queued).exists(), queued.phase
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (low): the 'another cluster' alternative is searched over the policy's clusters only, "
+                                       "not where the session's volumes may go, so it offers a cluster that taking refuses "
+                                       "(sessions.queue.estimates.alternatives: unrestricted=job.policy_clusters)")
+def test_alternatives_offer_no_cluster_the_sessions_volumes_cannot_go_to(second):
+    _fill()
+    bob = _user()
+    pool = make_pool(second.__class__.objects.get(name="lab-a"))
+    volume = make_volume(bob, pool, name="data", cluster=pool.cluster)  # bound on lab-a: its sessions stay there
+    queued = start(bob, gpus=2, volumes=[volume.public_id], queue=True)
+    assert queued.phase == Session.Phase.QUEUED
+    for index, offer in enumerate(queued.alternatives):
+        assert offer["cluster"] in (None, "lab-a"), queued.alternatives
+        instead.alternative_take(session=Session.objects.get(pk=queued.pk), index=index, user=bob)
