@@ -729,3 +729,44 @@ def test_alternatives_offer_no_cluster_the_sessions_volumes_cannot_go_to(second)
     for index, offer in enumerate(queued.alternatives):
         assert offer["cluster"] in (None, "lab-a"), queued.alternatives
         instead.alternative_take(session=Session.objects.get(pk=queued.pk), index=index, user=bob)
+
+
+@pytest.mark.parametrize("query", ["?page=0", "?page=abc", "?page=99999999999999999999", "?page_size=-1", "?limit=x&offset=-5",
+                                   "?ordering=owner", "?owner=admin"])
+def test_api_the_queue_listing_with_odd_query_parameters_never_500s_nor_widens(cluster, http_of, query):
+    _fill()
+    theirs = start(_user(), queue=True)
+    bob = _user()
+    start(bob, queue=True)
+    answer = http_of(bob).get(f"/api/v1/queue{query}")
+    assert answer.status_code in (200, 400, 404), answer.text
+    if answer.status_code != 200:
+        assert answer.json().get("code"), answer.text
+    assert theirs.public_id not in answer.text
+
+
+@pytest.mark.parametrize("raw", ["{", "priority=5", "\x00", '{"priority": 1e999}', '{"priority": NaN}'])
+def test_api_a_priority_body_that_is_not_json_is_400_with_a_code(cluster, http_of, staff_user, raw):
+    _fill()
+    queued = start(_user(), queue=True)
+    answer = http_of(staff_user).post(f"/api/v1/sessions/{queued.public_id}/priority", data=raw,
+                                      headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json().get("code"), answer.text
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (design): 'Start this instead' on an offer that no longer starts now queues the new "
+                                       "request at the back and ends the queued one, so its owner silently loses their place "
+                                       "(sessions.queue.instead.alternative_take passes queue=True to session_create)")
+def test_a_stale_alternative_does_not_cost_the_owner_their_place(second):
+    _fill()
+    bob = _user()
+    queued, index = _queued_with_offer(bob)  # "any GPU model": 2 x A100 on lab-b, now
+    _fill(cluster_name="lab-b", hours=5)  # someone takes lab-b meanwhile: the offer no longer starts now
+    queued.refresh_from_db()
+    try:
+        instead.alternative_take(session=queued, index=index, user=bob)
+    except ApplicationError:
+        pass  # refusing is fine: the owner keeps their place
+    queued.refresh_from_db()
+    assert queued.phase == Session.Phase.QUEUED, [(s.public_id, s.phase, s.queue_position) for s in Session.objects.filter(owner=bob)]
