@@ -25,6 +25,7 @@ from django.utils import timezone
 from audit.services import Action, audit_record
 from billing import admission
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
+from billing.pricing import share_cores
 from clusters.models import Cluster
 from sessions import placement, runtime
 from sessions.lifecycle import outbox
@@ -62,7 +63,7 @@ def queue_pass(*, now: datetime | None = None) -> dict[str, int]:
 
 def _pass(*, now: datetime | None) -> dict[str, int]:
     now = now or timezone.now()
-    expired = queue_expire(now=now)
+    expired = queue_expire(now=now) + queue_orphans_end()
     sessions = queued_sessions()
     result = {"queued": len(sessions), "admitted": 0, "expired": expired, "dropped": 0}
     if not sessions:
@@ -106,15 +107,21 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
     if session is None:  # cancelled, or admitted by an earlier pass, meanwhile
         return "waits"
     owner = session.owner
+    if not owner.is_active:  # deactivated while it waited: nobody could open it
+        leave.queued_end(session=session, stop_reason="", message="Left the queue unstarted: its owner's account was deactivated.")
+        return "dropped"
     cluster_id = outcome.node.cluster_id
     state = admission.admission_read(user=owner, scope=[cluster_id], ended_phases=Session.HOLDING_EXCLUDED_PHASES)
     try:
         admission.admission_clusters(policy=state.policy, pinned=None, volume_clusters=frozenset({cluster_id}))
-        admission.admission_check(user=owner, gpus=session.gpus, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=session.gpu_cores,
+        # Priced at what it will hold: a share takes at least one split slot of cores on the GPUs the plan chose.
+        cores = (None if session.whole_gpus else
+                 max(share_cores(gpu_cores=session.gpu_cores, split_count=d.split_count) for d in outcome.devices))
+        admission.admission_check(user=owner, gpus=session.gpus, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=cores,
                                   clusters=(), locked_account=account, state=state)
     except InsufficientCredits as exc:
         leave.queued_end(session=session, stop_reason=Session.StopReason.CREDITS,
-                   message=f"Left the queue unstarted: its GPUs were free, but {exc.detail}")
+                         message=f"Left the queue unstarted: its GPUs were free, but {exc.detail}")
         return "dropped"
     except (QuotaExceeded, ClusterNotAllowed) as exc:
         return f"Its GPUs are free, but your policy holds it back: {exc.detail}"[:2000]
@@ -134,7 +141,7 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
     session.save(update_fields=["cluster", "phase", "ends_at", "admitted_at", "queue_position", "estimated_start", "waiting_for",
                                 "alternatives", "message"])
     request = placement.Request(gpus=session.gpus, memory_mib=session.gpu_memory_mib, cores=session.gpu_cores,
-                                models=tuple(session.gpu_models or ()))
+                                models=tuple(session.gpu_models or ()), cpu=session.cpu, memory_gib=session.memory_gib)
     reserved = placement.reserve(session_id=session.pk, request=request, cluster_id=cluster_id, node_id=outcome.node.pk,
                                  device_ids=[d.pk for d in outcome.devices])
     if reserved is None or set(reserved.device_ids) & set(reserved.over):
@@ -149,6 +156,21 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
                  details={"owner": owner.get_username(), "waited_seconds": int((now - session.queued_at).total_seconds())})
     outbox.publish_after_commit(outbox.APPLY, session.pk)
     return "admitted"
+
+
+def queue_orphans_end() -> int:
+    """End the queued sessions pinned to a cluster that was deregistered: they could never start. Returns how many."""
+    orphans = list(Session.objects.queued().filter(requested_cluster__status=Cluster.Status.DEREGISTERED)
+                   .order_by("pk").values_list("pk", flat=True)[:500])
+    for pk in orphans:
+        with transaction.atomic():
+            session = (Session.objects.select_for_update(of=("self",)).select_related("owner", "requested_cluster")
+                       .filter(pk=pk, phase=Session.Phase.QUEUED).first())
+            if session is not None:
+                leave.queued_end(session=session, stop_reason="", message=(
+                    f"Left the queue unstarted: cluster {session.requested_cluster.name}, which it was pinned to, was deregistered. "
+                    "Start it again on another cluster, or without one."))
+    return len(orphans)
 
 
 def queue_expire(*, now: datetime) -> int:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from audit.services import Action, audit_record, created
 from core.exceptions import ApplicationError, Conflict
 from core.prepared import statement_cursor
-from sessions import placement
+from sessions import placement, resources
 from sessions.errors import NEVER_FITS, QUEUE_LIMIT_REACHED
 from sessions.models import Session
 from sessions.queue import estimates, leave
@@ -36,10 +36,15 @@ class QueueLimitReached(ApplicationError):
 #: The most GPUs of the accepted models on one node, and the most memory of one of them, over the nodes of the clusters
 #: that take sessions or may again (any status but deregistered; ready or not, healthy or not: all may come back).
 _LARGEST_SQL = """
-SELECT COALESCE(MAX(g.gpus), 0), COALESCE(MAX(g.memory), 0), COALESCE(MAX(g.splits), 0), COUNT(*)
+SELECT COALESCE(MAX(g.gpus), 0), COUNT(*),
+       COALESCE(MAX(g.gpus) FILTER (WHERE (g.cpu IS NULL OR %(cpu)s::bigint IS NULL OR g.cpu >= %(cpu)s)
+                                    AND (g.ram IS NULL OR %(ram)s::bigint IS NULL OR g.ram >= %(ram)s)), 0)
 FROM (
-    SELECT COUNT(*) AS gpus, MAX(d.memory_mib) AS memory, MAX(d.split_count) AS splits
-    FROM clusters_gpudevice d JOIN clusters_cluster c ON c.id = d.cluster_id
+    SELECT COUNT(*) AS gpus, MIN(n.cpu_allocatable_millicores - n.cpu_requested_millicores) AS cpu,
+           MIN(n.memory_allocatable_mib - n.memory_requested_mib) AS ram
+    FROM clusters_gpudevice d
+    JOIN clusters_cluster c ON c.id = d.cluster_id
+    JOIN clusters_node n ON n.id = d.node_id
     WHERE c.status <> 'deregistered' AND c.session_domain <> ''
       AND (%(clusters)s::bigint[] IS NULL OR d.cluster_id = ANY(%(clusters)s::bigint[]))
       AND (%(models)s::text[] IS NULL OR d.model = ANY(%(models)s::text[]))
@@ -52,7 +57,8 @@ FROM (
 def never_fits_reason(*, request: placement.Request, clusters: list[int] | None, where: str) -> str | None:
     """Why ``request`` could never be placed on the clusters ``clusters`` (None: the fleet), or None when it could once
     enough sessions end: no GPU of the accepted models there, more GPUs than any one node has of them (a session's GPUs
-    are on one node), or a share larger than any of their GPUs. One query.
+    are on one node), a share larger than any of their GPUs, or more CPU or memory than any such node has room for with
+    no session on it. One query.
 
     Args:
         request: the request.
@@ -60,10 +66,11 @@ def never_fits_reason(*, request: placement.Request, clusters: list[int] | None,
         where: the place in words, for the sentence ("the fleet", "cluster lab-a").
     """
     params = {"clusters": None if clusters is None else "{" + ",".join(str(int(c)) for c in clusters) + "}",
-              "models": list(request.models) or None, "memory": request.memory_mib}
+              "models": list(request.models) or None, "memory": request.memory_mib,
+              "cpu": resources.cpu_millicores(request.cpu), "ram": resources.memory_mib(request.memory_gib)}
     with statement_cursor() as cursor:
         cursor.execute(_LARGEST_SQL, params)
-        most_gpus, _, _, nodes = cursor.fetchone()
+        most_gpus, nodes, most_sized = cursor.fetchone()
     models = f" of model {' or '.join(request.models)}" if request.models else ""
     if not nodes:
         if request.memory_mib is not None:
@@ -71,10 +78,17 @@ def never_fits_reason(*, request: placement.Request, clusters: list[int] | None,
         return f"{where} has no GPU{models}"
     if most_gpus < request.gpus:
         return f"a session's GPUs are on one node, and no node in {where} has more than {most_gpus} GPU(s){models}"
+    if most_sized < request.gpus:
+        asked = " and ".join(part for part in (
+            f"{request.cpu.normalize():f} CPU core(s)" if request.cpu is not None else "",
+            f"{request.memory_gib.normalize():f} GiB of memory" if request.memory_gib is not None else "") if part)
+        return (f"no node in {where} with {request.gpus} GPU(s){models} has room for {asked}, even empty (its allocatable CPU and "
+                "memory less what its other pods request)")
     return None
 
 
-def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | None, now: datetime) -> tuple[Outcome, Fleet]:
+def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | None, now: datetime,
+                       has_volumes: bool = False) -> tuple[Outcome, Fleet]:
     """Where a new request (``session``, not saved) would start, planned behind the sessions already queued ahead of it
     in the queue's order (its owner's priority, arriving now): a request that fits now only where it would delay one of
     them is not placed now. Reads the fleet and the queue (``sessions.queue.snapshot``).
@@ -87,7 +101,7 @@ def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | N
     new_key = order_key(priority=policy.priority, queued_at=now, pk=0)
     ahead = [s for s in waiting if order_key(priority=s.priority, queued_at=s.queued_at, pk=s.pk) < new_key]
     jobs = jobs_of(ahead)
-    job = job_of(session=session, policy=policy, clusters=clusters, key=0)
+    job = job_of(session=session, policy=policy, clusters=clusters, key=0, has_volumes=has_volumes)
     jobs.append(job)
     fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
     return plan(fleet, jobs)[-1], fleet
@@ -118,7 +132,7 @@ def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None
     session.phase, session.cluster, session.node, session.ends_at = Session.Phase.QUEUED, None, "", None
     session.priority, session.queued_at = policy.priority, now
     session.queue_expires_at = now + timedelta(hours=float(policy.queue_timeout_hours))
-    outcome, fleet = place_behind_queue(session=session, policy=policy, clusters=clusters, now=now)
+    outcome, fleet = place_behind_queue(session=session, policy=policy, clusters=clusters, now=now, has_volumes=bool(volumes))
     session.save()
     if volumes:
         through = Session.volumes.through

@@ -67,7 +67,7 @@ def alternatives(fleet: Fleet, outcome: Outcome, *, prices: dict[str, Decimal], 
     if job.gpus > 1:
         for fewer in range(job.gpus - 1, 0, -1):
             variants.append((f"{fewer} GPU(s) instead of {job.gpus}", replace(job, gpus=fewer)))
-    if job.clusters is not None and unrestricted != job.clusters:
+    if job.clusters is not None and unrestricted != job.clusters and not job.has_volumes:  # volumes keep it where they are
         variants.append(("another cluster", replace(job, clusters=unrestricted)))
     offers: list[dict] = []
     seen_kinds = set()
@@ -84,14 +84,13 @@ def alternatives(fleet: Fleet, outcome: Outcome, *, prices: dict[str, Decimal], 
                 continue
             start, node, devices = found
         seen_kinds.add(kind)
-        offers.append(_offer(variant, why=why, start=start, node=node, devices=devices, prices=prices, now=fleet.now,
-                             pinned=job.clusters is not None and variant.clusters == job.clusters))
+        offers.append(_offer(variant, why=why, start=start, node=node, devices=devices, prices=prices, now=fleet.now))
         if len(offers) == MAX_ALTERNATIVES:
             break
     return offers
 
 
-def _offer(job: Job, *, why: str, start: datetime, node, devices, prices: dict[str, Decimal], now: datetime, pinned: bool) -> dict:
+def _offer(job: Job, *, why: str, start: datetime, node, devices, prices: dict[str, Decimal], now: datetime) -> dict:
     model = devices[0].model
     share = pricing.gpu_share(device_memory_mib=devices[0].memory_mib, gpu_memory_mib=job.memory_mib, gpu_cores=job.cores)
     rate = job.gpus * pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
@@ -101,7 +100,7 @@ def _offer(job: Job, *, why: str, start: datetime, node, devices, prices: dict[s
         "gpu_memory_mib": job.memory_mib,
         "gpu_cores": job.cores,
         "gpu_models": sorted(job.models) if job.models else [model],
-        "cluster": node.cluster_name if pinned or job.clusters is not None else None,
+        "cluster": node.cluster_name,  # where it was found: taken, it starts there
         "starts": "now" if start <= now else rfc3339.format_utc(start),
         "credits_per_hour": str(rate),
     }

@@ -65,7 +65,8 @@ class Device:
 
 @dataclass
 class Node:
-    """A ready node of a cluster that takes sessions, with its healthy GPUs (placement order: ``rank``, lower first)."""
+    """A ready node of a cluster that takes sessions, with its healthy GPUs (placement order: ``rank``, lower first) and
+    the CPU (millicores) and memory (MiB) left on it for sessions (None: not reported, no limit)."""
 
     pk: int
     name: str
@@ -73,6 +74,8 @@ class Node:
     cluster_name: str
     devices: list[Device]
     rank: int = 0
+    cpu_free: int | None = None
+    memory_free: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Job:
         duration: how long it holds its GPUs once started (None: no time limit).
         policy_clusters: the clusters its owner's policy allows (None: any), for an unpinned alternative.
         has_volumes: whether it mounts volumes (claimed for its cluster when it starts).
+        cpu_milli, ram_mib: the CPU (millicores) and memory (MiB) its pod requests (None: none asked).
     """
 
     key: int
@@ -99,6 +103,8 @@ class Job:
     duration: timedelta | None = None
     policy_clusters: frozenset[int] | None = None
     has_volumes: bool = False
+    cpu_milli: int | None = None
+    ram_mib: int | None = None
 
     @property
     def whole(self) -> bool:
@@ -228,6 +234,12 @@ class Fleet:
     def _allowed(self, job: Job, node: Node) -> bool:
         return job.clusters is None or node.cluster_id in job.clusters
 
+    @staticmethod
+    def _room(job: Job, node: Node) -> bool:
+        """Whether ``node`` has room now for ``job``'s CPU and memory (placement's rule, ``sessions.placement``)."""
+        return ((job.cpu_milli is None or node.cpu_free is None or node.cpu_free >= job.cpu_milli)
+                and (job.ram_mib is None or node.memory_free is None or node.memory_free >= job.ram_mib))
+
     def candidates(self, job: Job) -> list[Node]:
         """Every node ``job`` may use (accepted models, allowed clusters), in placement order (for tests and reports; the
         searches use the indexes)."""
@@ -241,16 +253,17 @@ class Fleet:
         ``found``: ``earliest(job)`` when the caller has it already."""
         if found is False:
             found = self.earliest(job)
-        if found is not None and found[0] <= self.now and job.whole and all(fits_now(d, job) for d in found[2]):
+        if (found is not None and found[0] <= self.now and job.whole and self._room(job, found[1])
+                and all(fits_now(d, job) for d in found[2])):
             return found[1], found[2]
         end = None if job.duration is None else self.now + job.duration
         # Free GPUs that a session ahead is planned on later (backfill), and, for a share, GPUs with room left.
-        pools = [self._holes] if job.whole else [self._holes, self._open]
+        pools = [self._holes, self._open]
         for model in self._models(job):
             pks = set().union(*(pool.get(model, set()) for pool in pools))
             for pk in sorted(pks, key=self._order.__getitem__):
                 node = self._by_pk[pk]
-                if not self._allowed(job, node):
+                if not self._allowed(job, node) or not self._room(job, node):
                     continue
                 chosen = []
                 for device in self._devices(node, model):
@@ -283,8 +296,13 @@ class Fleet:
     # ----------------------------------------------------------------- the plan's changes
 
     def take_now(self, job: Job, devices: list[Device]) -> None:
-        """Put ``job`` on ``devices`` from now (what placement will reserve)."""
+        """Put ``job`` on ``devices`` from now (what placement will reserve), and its CPU and memory on their node."""
         end = NEVER if job.duration is None else self.now + job.duration
+        node = self._by_pk[self._node_of[devices[0].pk]]
+        if node.cpu_free is not None and job.cpu_milli is not None:
+            node.cpu_free -= job.cpu_milli
+        if node.memory_free is not None and job.ram_mib is not None:
+            node.memory_free -= job.ram_mib
         for device in devices:
             device.used_count += 1
             if job.whole:

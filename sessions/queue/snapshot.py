@@ -21,7 +21,7 @@ from billing.models import CreditAccount
 from billing.selectors import credits_last_until
 from core.exceptions import ApplicationError
 from core.prepared import statement_cursor
-from sessions import placement, runtime, selectors
+from sessions import placement, resources, runtime, selectors
 from sessions.models import Session
 from sessions.queue.order import QUEUE_ORDER
 from sessions.queue.plan import NEVER, Device, Fleet, Job, Node
@@ -29,12 +29,14 @@ from sessions.queue.plan import NEVER, Device, Fleet, Job, Node
 #: Why a session ends when the plan counts on it (``Device.freed_by``), in the words ``waiting_for`` uses.
 TIME_LIMIT = "reaches its time limit"
 IDLE_STOP = "is stopped as idle"
-CREDITS_OUT = "runs out of credits"
+#: (Worded as any planned end: another user reads it, and their credits are theirs to know.)
+CREDITS_OUT = "is expected to end"
 STOPPING = "is stopping"
 
 #: The fleet's healthy GPUs on ready nodes of the clusters that take sessions, node by node.
 _DEVICES_SQL = """
 SELECT n.id, n.name, n.cluster_id, n.cluster_name, n.load,
+       n.cpu_allocatable_millicores - n.cpu_requested_millicores, n.memory_allocatable_mib - n.memory_requested_mib,
        d.id, d.model, d.memory_mib, d.cores, d.split_count, d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive
 FROM clusters_node n
 JOIN clusters_cluster c ON c.id = n.cluster_id
@@ -47,7 +49,7 @@ ORDER BY n.id, d.index, d.id
 #: they asked per GPU, and the GPUs they hold of that model (with the model's memory, for their price).
 _HOLDERS_SQL = """
 SELECT s.public_id, s.phase, s.ends_at, act.stops_at, s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
-       array_agg(a.device_id)
+       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint
 FROM gpu_sessions_allocation a
 JOIN gpu_sessions_session s ON s.id = a.session_id
 JOIN clusters_gpudevice d ON d.id = a.device_id
@@ -68,17 +70,27 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
         holders = cursor.fetchall()
     nodes: dict[int, Node] = {}
     devices: dict[int, Device] = {}
-    for (node_id, node_name, cluster_id, cluster_name, load, pk, model, memory, cores, split, used, used_memory, used_cores,
-         exclusive) in rows:
+    node_of: dict[int, Node] = {}
+    for (node_id, node_name, cluster_id, cluster_name, load, cpu_free, memory_free, pk, model, memory, cores, split, used, used_memory,
+         used_cores, exclusive) in rows:
         node = nodes.get(node_id)
         if node is None:
             node = nodes[node_id] = Node(pk=node_id, name=node_name, cluster_id=cluster_id, cluster_name=cluster_name, devices=[],
-                                         rank=load if spread else -load)
+                                         rank=load if spread else -load, cpu_free=cpu_free, memory_free=memory_free)
+        node_of[pk] = node
         device = devices[pk] = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
     runs_out = _credits_run_out(_burn(holders), now=now)
-    for public_id, phase, ends_at, stops_at, owner, *_, device_ids in holders:
+    counted = set()
+    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram in holders:
+        node = node_of.get(device_ids[0])
+        if node is not None and public_id not in counted:  # its CPU and memory, once (a row per GPU model it holds)
+            counted.add(public_id)
+            if node.cpu_free is not None and cpu:
+                node.cpu_free -= cpu
+            if node.memory_free is not None and ram:
+                node.memory_free -= ram
         end, why = _end_of(phase, ends_at, stops_at, runs_out.get(owner), now=now)
         for pk in device_ids:
             device = devices.get(pk)
@@ -96,7 +108,7 @@ def _burn(holders: list[tuple]) -> dict[int, Decimal]:
     prices = pricing.prices_by_model()
     rate_of: dict[tuple, Decimal] = {}
     burn: dict[int, Decimal] = {}
-    for _, phase, _, _, owner, gpu_memory, gpu_cores, model, memory, device_ids in holders:
+    for _, phase, _, _, owner, gpu_memory, gpu_cores, model, memory, device_ids, *_ in holders:
         if phase != Session.Phase.RUNNING:
             continue
         key = (model, memory, gpu_memory, gpu_cores)
@@ -147,6 +159,8 @@ class QueuedRow(NamedTuple):
     requested_cluster_id: int | None
     priority: int
     queued_at: datetime
+    cpu: Decimal | None = None
+    memory_gib: Decimal | None = None
     queue_position: int | None = None
     estimated_start: datetime | None = None
     waiting_for: str = ""
@@ -184,7 +198,8 @@ def job_of(*, session, policy, clusters: frozenset[int] | None, key: int | None 
     return Job(key=session.pk if key is None else key, public_id=session.public_id if session.pk else "", gpus=session.gpus,
                memory_mib=session.gpu_memory_mib, cores=session.gpu_cores, models=frozenset(session.gpu_models or ()),
                clusters=clusters, duration=None if hours is None else runtime.hours_delta(Decimal(hours)),
-               policy_clusters=policy.allowed_clusters, has_volumes=has_volumes)
+               policy_clusters=policy.allowed_clusters, has_volumes=has_volumes,
+               cpu_milli=resources.cpu_millicores(session.cpu), ram_mib=resources.memory_mib(session.memory_gib))
 
 
 def _volume_scope(session: Session, clusters: frozenset[int] | None) -> frozenset[int] | None:

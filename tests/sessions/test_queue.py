@@ -10,6 +10,7 @@ import time_machine
 
 from audit.models import AuditRecord
 from billing.services import policy_set
+from clusters.models import Node
 from identity.tokens import api_token_create
 from metrics.fleet import render_inventory
 from sessions import create, lifecycle, placement, runtime, selectors
@@ -314,3 +315,35 @@ def test_the_estimates_accuracy_is_recorded_and_exported(cluster, frozen):
     assert figures["admitted"] == 1 and figures["error_p50_seconds"] == 3600 and round(figures["error_p50_share"], 4) == round(1 / 3, 4)
     text = render_inventory().decode()
     assert 'gshare_queue_estimate_error_seconds{quantile="0.5"} 3600.0' in text and "gshare_queue_sessions 0.0" in text
+
+
+def test_the_queue_starts_a_session_only_where_its_cpu_and_memory_fit(frozen):
+    cluster = ClusterFactory(name="lab-cpu")
+    small = NodeFactory(cluster=cluster, name="a-small", cpu_allocatable_millicores=4000, memory_allocatable_mib=65536)
+    big = NodeFactory(cluster=cluster, name="b-big", cpu_allocatable_millicores=64000, memory_allocatable_mib=524288)
+    for node in (small, big):
+        for i in range(2):
+            GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=81559, cores=100, model="NVIDIA H100 80GB HBM3")
+    placement.usage_recompute(cluster_ids=[cluster.pk])
+    big_run = start(_user(), gpus=2, cpu=2, memory_gib=8, runtime_hours=1, cluster="lab-cpu")
+    assert big_run.node in ("a-small", "b-big")
+    other = start(_user(), gpus=2, cpu=2, memory_gib=8, runtime_hours=2, cluster="lab-cpu")
+    assert {big_run.node, other.node} == {"a-small", "b-big"}
+    queued = start(_user(), gpus=2, cpu=16, memory_gib=64, queue=True)  # only b-big has room for 16 cores
+    on_small = big_run if big_run.node == "a-small" else other
+    end(on_small)  # a-small's GPUs free, but its 4 cores cannot take 16
+    queue_pass()
+    queued.refresh_from_db()
+    assert queued.phase == Session.Phase.QUEUED
+    end(big_run if on_small is other else other)
+    queue_pass()
+    queued.refresh_from_db()
+    assert queued.phase == Session.Phase.SCHEDULED and queued.node == "b-big"
+
+
+def test_cpu_no_node_has_room_for_never_fits(cluster):
+    start(_user(), gpus=4)
+    Node.objects.filter(cluster=cluster).update(cpu_allocatable_millicores=8000, cpu_requested_millicores=1000)
+    with pytest.raises(create.Conflict) as refused:
+        start(_user(), cpu=16, queue=True)
+    assert refused.value.code == "never_fits" and "16 CPU core(s)" in refused.value.detail

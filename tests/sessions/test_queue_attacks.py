@@ -2,9 +2,10 @@
 without paying, bypassing admission through an alternative, races of stop, expiry and admission, the queue limit under
 concurrent requests, forged input on every queue field, and what the queue tells one user about another's sessions.
 
-A test marked ``xfail(strict=True, reason="BUG: ...")`` is an attack that works today: it fails until the product is
-fixed (then ``strict`` turns it red so the mark is removed). On a frozen clock, except the threaded races (real
-PostgreSQL, each thread on its own connection)."""
+Every attack here must fail; seven worked when the tests were first written and were fixed in the product (credits of
+a share's split slot at admission, an alternative taken twice, a stale alternative, a cluster deregistered under a
+pinned queued session, another user's credits in ``waiting_for``, a deactivated owner, volumes and the "another
+cluster" offer). On a frozen clock, except the threaded races (real PostgreSQL, each thread on its own connection)."""
 
 import threading
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,7 @@ from django.db import connections
 from billing.models import Price
 from billing.services import credit_grant, policy_set
 from clusters.services import cluster_deregister
-from core.exceptions import ApplicationError
+from core.exceptions import ApplicationError, Conflict
 from identity.tokens import api_token_create
 from sessions import create, lifecycle, placement, runtime
 from sessions.lifecycle import outbox
@@ -147,8 +148,6 @@ def test_a_direct_share_that_takes_a_whole_split_slot_is_priced_at_the_slot(clus
     assert refused.value.code == "insufficient_credits"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: queue admission checks the credits for the cores asked, not the split slot reserved "
-                                       "(sessions.queue.admit._admit_locked lacks create._attempt's re-check after reserve)")
 def test_a_queued_share_that_takes_a_whole_split_slot_is_not_admitted_unpaid(cluster):
     """Attack: a 1 % share the owner can pay, queued, is admitted onto a 25 % slot they cannot pay for."""
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("100"))
@@ -280,9 +279,6 @@ def test_alternatives_never_offer_a_cluster_the_policy_does_not_allow(second):
     assert not Allocation.objects.filter(session__owner=bob).exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: alternative_take checks the queued session's phase on the caller's unlocked copy, "
-                                       "so two concurrent takes (double click, two tabs) both start a session "
-                                       "(sessions.queue.instead.alternative_take)")
 def test_one_queued_session_cannot_be_turned_into_two_by_taking_its_alternative_twice(second):
     """Attack: two "Start this instead" requests for one queued session at once. Both read it ``Queued`` before either
     ended it (the stale copy here is what the second request's view read); only one may start a session."""
@@ -300,14 +296,16 @@ def test_one_queued_session_cannot_be_turned_into_two_by_taking_its_alternative_
 
 def test_an_alternative_taken_after_admission_does_not_leave_two_sessions_running(second):
     """Attack: the pass admits the queued session while its owner takes an alternative (read before the admission):
-    the owner must not end up holding both. Held: the admitted one is stopped."""
+    the owner must not end up holding both. Held: the alternative is refused (409 ``session_not_queued``)."""
     running = _fill()
     bob = _user()
     queued, index = _queued_with_offer(bob)
     seen = Session.objects.get(pk=queued.pk)
     end(running)
     assert queue_pass()["admitted"] == 1
-    instead.alternative_take(session=seen, index=index, user=bob)
+    with pytest.raises(Conflict) as refused:
+        instead.alternative_take(session=seen, index=index, user=bob)
+    assert refused.value.code == "session_not_queued"
     live = Session.objects.filter(owner=bob).exclude(phase__in=[*Session.TERMINAL_PHASES, Session.Phase.STOPPING])
     assert live.count() == 1
 
@@ -432,9 +430,6 @@ def test_stopping_a_queued_session_twice_or_after_admission_is_harmless(cluster)
     assert queued.phase == Session.Phase.TERMINATED and queued.admitted_at is None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a queued session pinned to a cluster that is then deregistered keeps waiting until "
-                                       "queue_timeout_hours (72 h by default) although it can never start; cluster_deregister "
-                                       "does not count it and queue_pass never re-checks never_fits (sessions.queue.admit._pass)")
 def test_a_session_pinned_to_a_deregistered_cluster_leaves_the_queue(second):
     _fill(cluster_name="lab-b")
     queued = start(_user(), cluster="lab-b", queue=True)
@@ -576,9 +571,6 @@ def test_waiting_for_names_only_the_blocking_sessions_id_and_its_time_limit(clus
     assert blocker.public_id in queued.waiting_for and blocker.owner.username not in queued.waiting_for
 
 
-@pytest.mark.xfail(strict=True, reason="LEAK: waiting_for tells a queued user that another user's named session 'runs out of "
-                                       "credits' at a given time, i.e. their balance over their burn rate "
-                                       "(sessions.queue.estimates.waiting_text with snapshot.CREDITS_OUT)")
 def test_waiting_for_does_not_reveal_when_another_users_credits_run_out(cluster):
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal("1"))
     rich = _user(max_runtime_hours=Decimal(0))  # no time limit: only their credits end the session
@@ -701,9 +693,6 @@ def test_one_idempotency_key_sent_four_times_at_once_with_queue_makes_one_queued
     assert Session.objects.filter(owner=bob).count() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (low): a queued session of a user deactivated meanwhile is still admitted and holds "
-                                       "GPUs its owner cannot even connect to (sessions.queue.admit._admit_locked checks no "
-                                       "is_active)")
 def test_a_deactivated_users_queued_session_is_not_admitted(cluster):
     running = _fill()
     bob = _user()
@@ -716,9 +705,6 @@ def test_a_deactivated_users_queued_session_is_not_admitted(cluster):
     assert queued.phase == Session.Phase.TERMINATED and not Allocation.objects.filter(session=queued).exists(), queued.phase
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (low): the 'another cluster' alternative is searched over the policy's clusters only, "
-                                       "not where the session's volumes may go, so it offers a cluster that taking refuses "
-                                       "(sessions.queue.estimates.alternatives: unrestricted=job.policy_clusters)")
 def test_alternatives_offer_no_cluster_the_sessions_volumes_cannot_go_to(second):
     _fill()
     bob = _user()
@@ -755,9 +741,6 @@ def test_api_a_priority_body_that_is_not_json_is_400_with_a_code(cluster, http_o
     assert answer.json().get("code"), answer.text
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (design): 'Start this instead' on an offer that no longer starts now queues the new "
-                                       "request at the back and ends the queued one, so its owner silently loses their place "
-                                       "(sessions.queue.instead.alternative_take passes queue=True to session_create)")
 def test_a_stale_alternative_does_not_cost_the_owner_their_place(second):
     _fill()
     bob = _user()
