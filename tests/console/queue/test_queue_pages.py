@@ -2,63 +2,18 @@
 estimate, reason and alternatives (one click starts one instead), its status JSON refreshes them, the list's badge, and
 the Queue page (staff: everyone's; a researcher: their own)."""
 
-from datetime import UTC, datetime
-from decimal import Decimal
 
 import pytest
-import time_machine
 
-from billing.services import policy_set
-from sessions import create, placement
-from sessions.lifecycle import outbox
+from sessions import create
 from sessions.models import Session
-from sessions.queue import leave
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.console.queue.conftest import BASE, full_h100, other_user
 
 pytestmark = pytest.mark.django_db
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-BASE = "/gpu_sessions/session"
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    with time_machine.travel(NOW, tick=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def quiet(monkeypatch):
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
-
-
-@pytest.fixture
-def fleet():
-    for name, model, memory in (("lab-h", "NVIDIA H100 80GB HBM3", 81559), ("lab-a", "NVIDIA A100-SXM4-40GB", 40960)):
-        cluster = ClusterFactory(name=name)
-        node = NodeFactory(cluster=cluster)
-        for i in range(2):
-            GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=memory, cores=100, model=model)
-        placement.usage_recompute(cluster_ids=[cluster.pk])
-
-
-@pytest.fixture
-def researcher(client, django_user_model):
-    user = django_user_model.objects.create_user(username="rita", password="pw-rita-123")
-    policy_set(user=user, min_balance_hours=Decimal(0))
-    client.force_login(user)
-    return user
-
-
-def _full_h100():
-    other = UserFactory()
-    policy_set(user=other, min_balance_hours=Decimal(0))
-    return create.session_create(owner=other, image="img", gpus=2, gpu_models=["H100"], runtime_hours=3)
-
 
 def test_the_start_form_queues_when_nothing_is_free_and_the_page_shows_the_place(client, fleet, researcher):
-    blocker = _full_h100()
+    blocker = full_h100()
     form = client.get(f"{BASE}/start/")
     assert 'name="queue"' in form.text and "checked" in form.text.split('name="queue"')[1][:80]
     answer = client.post(f"{BASE}/start/", {"image": "img", "gpus": 2, "share": "whole", "gpu_models": ["NVIDIA H100 80GB HBM3"],
@@ -76,7 +31,7 @@ def test_the_start_form_queues_when_nothing_is_free_and_the_page_shows_the_place
 
 
 def test_start_this_instead_starts_the_offer_and_leaves_the_queue(client, fleet, researcher):
-    _full_h100()
+    full_h100()
     queued = create.session_create(owner=researcher, image="img", gpus=2, gpu_models=["H100"], queue=True)
     index = [o["why"] for o in queued.alternatives].index("any GPU model")
     answer = client.post(f"{BASE}/{queued.pk}/alternative/", {"index": index}, follow=True)
@@ -89,19 +44,17 @@ def test_start_this_instead_starts_the_offer_and_leaves_the_queue(client, fleet,
 
 
 def test_another_users_queued_session_cannot_be_taken_over(client, fleet, researcher):
-    _full_h100()
-    other = UserFactory()
-    policy_set(user=other, min_balance_hours=Decimal(0))
+    full_h100()
+    other = other_user()
     theirs = create.session_create(owner=other, image="img", gpus=2, gpu_models=["H100"], queue=True)
     assert client.post(f"{BASE}/{theirs.pk}/alternative/", {"index": 0}).status_code == 404
     assert Session.objects.filter(owner=researcher).count() == 0
 
 
 def test_the_queue_page_shows_staff_everyone_and_a_researcher_their_own(client, fleet, researcher, staff_user):
-    _full_h100()
+    full_h100()
     mine = create.session_create(owner=researcher, image="img", gpus=2, gpu_models=["H100"], queue=True)
-    other = UserFactory()
-    policy_set(user=other, min_balance_hours=Decimal(0))
+    other = other_user()
     theirs = create.session_create(owner=other, image="img", gpus=1, gpu_models=["H100"], queue=True)
     page = client.get(f"{BASE}/queue/").text
     assert mine.public_id in page and theirs.public_id not in page

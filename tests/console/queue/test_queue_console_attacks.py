@@ -2,63 +2,14 @@
 page, its status JSON, its "Start this instead"), forged alternative numbers, a stale "Start this instead", and what
 the Queue page shows. Never a 500; a refusal is a message on the session's page."""
 
-from datetime import UTC, datetime
-from decimal import Decimal
 
 import pytest
-import time_machine
 
-from billing.services import policy_set
-from sessions import create, lifecycle, placement
-from sessions.lifecycle import outbox
+from sessions import create, lifecycle
 from sessions.models import Session
-from sessions.queue import leave
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.console.queue.conftest import BASE, full_h100, other_user
 
 pytestmark = pytest.mark.django_db
-
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-BASE = "/gpu_sessions/session"
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    with time_machine.travel(NOW, tick=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def quiet(monkeypatch):
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
-
-
-@pytest.fixture
-def fleet():
-    for name, model, memory in (("lab-h", "NVIDIA H100 80GB HBM3", 81559), ("lab-a", "NVIDIA A100-SXM4-40GB", 40960)):
-        cluster = ClusterFactory(name=name)
-        node = NodeFactory(cluster=cluster)
-        for i in range(2):
-            GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=memory, cores=100, model=model)
-        placement.usage_recompute(cluster_ids=[cluster.pk])
-
-
-@pytest.fixture
-def researcher(client, django_user_model):
-    user = django_user_model.objects.create_user(username="rita", password="pw-rita-123")
-    policy_set(user=user, min_balance_hours=Decimal(0))
-    client.force_login(user)
-    return user
-
-
-def _other():
-    other = UserFactory()
-    policy_set(user=other, min_balance_hours=Decimal(0))
-    return other
-
-
-def _full_h100():
-    return create.session_create(owner=_other(), image="img", gpus=2, gpu_models=["H100"], runtime_hours=3)
 
 
 def _queued(owner):
@@ -66,8 +17,8 @@ def _queued(owner):
 
 
 def test_another_users_queued_session_page_and_status_are_404(client, fleet, researcher):
-    _full_h100()
-    other = _other()
+    full_h100()
+    other = other_user()
     theirs = _queued(other)
     for url in (f"{BASE}/{theirs.pk}/change/", f"{BASE}/{theirs.pk}/status/"):
         answer = client.get(url)
@@ -80,8 +31,8 @@ def test_another_users_queued_session_page_and_status_are_404(client, fleet, res
 
 
 def test_the_queue_page_of_a_researcher_names_no_other_owner_or_session(client, fleet, researcher):
-    _full_h100()
-    other = _other()
+    full_h100()
+    other = other_user()
     theirs = _queued(other)
     mine = _queued(researcher)
     page = client.get(f"{BASE}/queue/?owner={other.username}&all=1").text
@@ -92,7 +43,7 @@ def test_the_queue_page_of_a_researcher_names_no_other_owner_or_session(client, 
 
 @pytest.mark.parametrize("index", ["-1", "", "abc", "3", "99", "1e3", "9" * 5000, "0.0", "[0]"])
 def test_a_forged_alternative_number_is_a_message_never_a_500(client, fleet, researcher, index):
-    _full_h100()
+    full_h100()
     mine = _queued(researcher)
     answer = client.post(f"{BASE}/{mine.pk}/alternative/", {"index": index})
     assert answer.status_code == 302
@@ -104,7 +55,7 @@ def test_a_forged_alternative_number_is_a_message_never_a_500(client, fleet, res
 
 
 def test_start_this_instead_without_an_index_or_by_get_does_nothing(client, fleet, researcher):
-    _full_h100()
+    full_h100()
     mine = _queued(researcher)
     assert client.post(f"{BASE}/{mine.pk}/alternative/").status_code == 302
     assert client.get(f"{BASE}/{mine.pk}/alternative/?index=0").status_code == 405
@@ -112,7 +63,7 @@ def test_start_this_instead_without_an_index_or_by_get_does_nothing(client, flee
 
 
 def test_start_this_instead_on_a_session_that_left_the_queue_starts_nothing(client, fleet, researcher):
-    _full_h100()
+    full_h100()
     mine = _queued(researcher)
     index = [o["why"] for o in mine.alternatives].index("any GPU model")
     lifecycle.session_stop(session=mine)
@@ -123,7 +74,7 @@ def test_start_this_instead_on_a_session_that_left_the_queue_starts_nothing(clie
 
 def test_staff_cannot_start_a_researchers_alternative_as_themselves(client, fleet, researcher, staff_user):
     """Staff may see every queued session, but an alternative is started for its owner only (403 message, nothing)."""
-    _full_h100()
+    full_h100()
     theirs = _queued(researcher)
     index = [o["why"] for o in theirs.alternatives].index("any GPU model")
     client.force_login(staff_user)
