@@ -20,6 +20,7 @@ from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import Action, audit_record
@@ -63,7 +64,7 @@ def queue_pass(*, now: datetime | None = None) -> dict[str, int]:
 
 def _pass(*, now: datetime | None) -> dict[str, int]:
     now = now or timezone.now()
-    expired = queue_expire(now=now) + queue_orphans_end()
+    expired = queue_expire(now=now)
     sessions = queued_sessions()
     result = {"queued": len(sessions), "admitted": 0, "expired": expired, "dropped": 0}
     if not sessions:
@@ -158,33 +159,28 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
     return "admitted"
 
 
-def queue_orphans_end() -> int:
-    """End the queued sessions pinned to a cluster that was deregistered: they could never start. Returns how many."""
-    orphans = list(Session.objects.queued().filter(requested_cluster__status=Cluster.Status.DEREGISTERED)
-                   .order_by("pk").values_list("pk", flat=True)[:500])
-    for pk in orphans:
-        with transaction.atomic():
-            session = (Session.objects.select_for_update(of=("self",)).select_related("owner", "requested_cluster")
-                       .filter(pk=pk, phase=Session.Phase.QUEUED).first())
-            if session is not None:
-                leave.queued_end(session=session, stop_reason="", message=(
-                    f"Left the queue unstarted: cluster {session.requested_cluster.name}, which it was pinned to, was deregistered. "
-                    "Start it again on another cluster, or without one."))
-    return len(orphans)
-
-
 def queue_expire(*, now: datetime) -> int:
-    """Drop the queued sessions whose ``queue_expires_at`` has passed (``stop_reason`` ``queue_timeout``). Returns how many."""
-    due = list(Session.objects.queued().filter(queue_expires_at__lte=now).order_by("pk").values_list("pk", flat=True)[:500])
+    """Drop the queued sessions that can no longer start: those past their ``queue_expires_at`` (``stop_reason``
+    ``queue_timeout``) and those pinned to a cluster that was deregistered. One query when there are none; returns how
+    many were dropped."""
+    due = list(Session.objects.queued()
+               .filter(Q(queue_expires_at__lte=now) | Q(requested_cluster__status=Cluster.Status.DEREGISTERED))
+               .order_by("pk").values_list("pk", flat=True)[:500])
     dropped = 0
     for pk in due:
         with transaction.atomic():
-            session = Session.objects.select_for_update().filter(pk=pk, phase=Session.Phase.QUEUED).select_related("owner").first()
+            session = (Session.objects.select_for_update(of=("self",)).select_related("owner", "requested_cluster")
+                       .filter(pk=pk, phase=Session.Phase.QUEUED).first())
             if session is None:
                 continue
-            hours = round((now - session.queued_at).total_seconds() / 3600, 1)
-            leave.queued_end(session=session, stop_reason=Session.StopReason.QUEUE_TIMEOUT,
-                       message=f"Left the queue unstarted after {hours} hours (its owner's policy's queue_timeout_hours): nothing it "
-                               "accepts freed in time. Start it again, or accept more GPU models, fewer GPUs or a share.")
+            if session.requested_cluster is not None and session.requested_cluster.status == Cluster.Status.DEREGISTERED:
+                leave.queued_end(session=session, stop_reason="", message=(
+                    f"Left the queue unstarted: cluster {session.requested_cluster.name}, which it was pinned to, was "
+                    "deregistered. Start it again on another cluster, or without one."))
+            else:
+                hours = round((now - session.queued_at).total_seconds() / 3600, 1)
+                leave.queued_end(session=session, stop_reason=Session.StopReason.QUEUE_TIMEOUT, message=(
+                    f"Left the queue unstarted after {hours} hours (its owner's policy's queue_timeout_hours): nothing it "
+                    "accepts freed in time. Start it again, or accept more GPU models, fewer GPUs or a share."))
             dropped += 1
     return dropped

@@ -132,7 +132,7 @@ def estimates_write(*, fleet: Fleet, outcomes: list[Outcome], now: datetime, hel
     """
     if not outcomes:
         return 0
-    prices = pricing.prices_by_model()
+    prices = fleet.prices if fleet.prices is not None else pricing.prices_by_model()
     ids, positions, starts, texts, offers = [], [], [], [], []
     held_back, shown = held_back or {}, shown or {}
     for rank, outcome in enumerate(outcomes):

@@ -163,6 +163,8 @@ class Fleet:
         self.now = now
         #: Whether the per-cluster heaps are kept (a queue whose jobs are all unrestricted needs only the fleet-wide ones).
         self.by_cluster = by_cluster
+        #: ``billing.pricing.prices_by_model()`` as read with the fleet (None: not read; the alternatives read them).
+        self.prices = None
         self.nodes = sorted(nodes, key=lambda n: (n.rank, n.cluster_name, n.name))
         self._heaps: dict[tuple[int | None, str, int], list] = {}
         self._version: dict[tuple[int, str], int] = {}

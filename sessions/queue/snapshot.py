@@ -59,9 +59,10 @@ GROUP BY s.id, act.stops_at, d.model
 
 
 def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
-    """The fleet as the plan sees it at ``now``: three queries (the GPUs, the sessions holding them, their owners'
-    accounts) and the prices. Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first).
-    ``by_cluster``: keep the per-cluster indexes (``Fleet``), needed when a job is limited to some clusters."""
+    """The fleet as the plan sees it at ``now``: four queries (the GPUs, the sessions holding them, the prices, their
+    owners' accounts); the prices stay on the fleet (``Fleet.prices``) for the alternatives. Node order is placement's
+    (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first). ``by_cluster``: keep the per-cluster indexes
+    (``Fleet``), needed when a job is limited to some clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
         cursor.execute(_DEVICES_SQL)
@@ -81,7 +82,8 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
         device = devices[pk] = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
-    runs_out = _credits_run_out(_burn(holders), now=now)
+    prices = pricing.prices_by_model()
+    runs_out = _credits_run_out(_burn(holders, prices), now=now)
     counted = set()
     for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram in holders:
         node = node_of.get(device_ids[0])
@@ -97,15 +99,16 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
             # A GPU is free once the last of its holders has ended.
             if device is not None and (device.free_at is None or end >= device.free_at):
                 device.free_at, device.freed_by = end, (public_id, why)
-    return Fleet(nodes.values(), now=now, by_cluster=by_cluster)
+    fleet = Fleet(nodes.values(), now=now, by_cluster=by_cluster)
+    fleet.prices = prices
+    return fleet
 
 
-def _burn(holders: list[tuple]) -> dict[int, Decimal]:
+def _burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Decimal]:
     """Credits per hour each owner's Running sessions cost now (``billing.pricing``: per GPU, its model's price × the
     session's share of it), from ``_HOLDERS_SQL``'s rows."""
     if not holders:
         return {}
-    prices = pricing.prices_by_model()
     rate_of: dict[tuple, Decimal] = {}
     burn: dict[int, Decimal] = {}
     for _, phase, _, _, owner, gpu_memory, gpu_cores, model, memory, device_ids, *_ in holders:
