@@ -57,6 +57,7 @@ from contract import (
     ROUTING_INGRESS_NGINX,
     SESSION_NAMESPACE_DEFAULT,
 )
+from contract.quantity import quantity_decimal
 from demo.fleet_gateway_api import gateway_objects
 from operator_agent.hami import decode_node_register
 from operator_agent.reporters.inventory import device_to_snapshot
@@ -769,14 +770,19 @@ def expected_inventory(name: str) -> dict[str, Any]:
         counts = the nodes' nvidia.com/gpu>, "models": <sorted model names>, "kubernetes_version": <gitVersion>,
         "hami_chart_version": str, "snapshot": {"nodes": [...]}}`` where ``snapshot`` is the ``PUT inventory``
         body the operator should send (``operator_agent.reporters.inventory.collect_inventory``): nodes sorted by name,
-        each ``{"name", "labels", "ready": True, "devices": [decode_hami_register(...)...]}``.
+        each ``{"name", "labels", "ready": True, "cpu_allocatable_millicores", "memory_allocatable_mib",
+        "devices": [decode_hami_register(...)...]}``.
     """
     cluster = cluster_spec(name)
     nodes = []
     for i, node in enumerate(cluster.nodes):
         if node.is_gpu_node:
             obj = node_object(cluster, node, i)
+            allocatable = obj["status"]["allocatable"]
             nodes.append({"name": node.name, "labels": obj["metadata"]["labels"], "ready": True,
+                          # status.allocatable as the operator reports it: millicores and MiB, rounded down
+                          "cpu_allocatable_millicores": int(quantity_decimal(allocatable["cpu"]) * 1000 // 1),
+                          "memory_allocatable_mib": int(quantity_decimal(allocatable["memory"]) // 2**20),
                           "devices": node.devices()})
     nodes.sort(key=lambda n: n["name"])
     devices = [d for n in nodes for d in n["devices"]]

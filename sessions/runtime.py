@@ -157,7 +157,6 @@ def _stop_at_limit(*, pk: int, now: datetime) -> bool:
     return True
 
 
-@transaction.atomic
 def waiting_for_these_gpus(session: Session) -> int:
     """How many queued sessions could use ``session``'s GPUs: they accept one of its GPUs' models (or any model) and are
     not pinned to another cluster. Two queries."""
@@ -169,6 +168,7 @@ def waiting_for_these_gpus(session: Session) -> int:
     return Session.objects.queued().filter(accepts, where).count()
 
 
+@transaction.atomic
 def session_extend(*, session: Session, user, hours) -> Session:
     """Move ``session``'s time limit ``hours`` later, audited (``session_extend``).
 

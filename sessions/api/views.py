@@ -114,7 +114,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return Response(SessionSerializer(selectors.session_get(user=request.user, public_id=public_id)).data)
 
 
-@extend_schema(description="The fleet's queue in order: every queued session for staff, your own otherwise (with its fleet-wide position).")
+@extend_schema(tags=["sessions"],
+               description="The fleet's queue in order: every queued session for staff, your own otherwise (with its fleet-wide position).")
 class QueueView(generics.ListAPIView):
     """``GET /api/v1/queue``: queued sessions in queue order, with position, estimate, ``waiting_for`` and alternatives."""
 
