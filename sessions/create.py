@@ -453,7 +453,12 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
 
     started = time.perf_counter()
     node_id, device_ids, node_name = None, None, ""
-    if state.queue_waiting:
+    elsewhere = queue_enqueue.uncontested_clusters(scope=scope, pinned=pinned) if state.queue_waiting else None
+    choice = placement.choose(request=request, cluster_ids=elsewhere, policy=policy_name) if elsewhere else None
+    if choice is not None:
+        # On a cluster no queued session may use: placed as usual, it delays nobody in the queue.
+        cluster_id, node_id, node_name = choice.cluster_id, choice.node_id, choice.node_name
+    elif state.queue_waiting:
         # Others wait: the queue's order decides, backfill included (sessions.queue.plan).
         outcome, _ = queue_enqueue.place_behind_queue(session=session, policy=policy, now=reserved_at,
                                                       clusters=None if scope is None else frozenset(scope))

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from audit.services import Action, audit_record, created
+from clusters.models import Cluster
 from core.exceptions import ApplicationError, Conflict
 from core.prepared import statement_cursor
 from sessions import placement, resources
@@ -85,6 +86,26 @@ def never_fits_reason(*, request: placement.Request, clusters: list[int] | None,
         return (f"no node in {where} with {request.gpus} GPU(s){models} has room for {asked}, even empty (its allocatable CPU and "
                 "memory less what its other pods request)")
     return None
+
+
+def uncontested_clusters(*, scope: list[int] | None, pinned) -> list[int] | None:
+    """The clusters among ``scope`` (None: all that take sessions) that no queued session may use, so that a new request
+    placed there delays nobody in the queue; None when there are none or when any queued session may use any cluster
+    (it is not pinned). One query (two when some are pinned).
+
+    Args:
+        scope: the cluster pks the request may use, or None.
+        pinned: the request's pinned ``Cluster``, or None.
+    """
+    pins = set(Session.objects.queued().order_by().values_list("requested_cluster_id", flat=True).distinct())
+    if not pins or None in pins:
+        return None
+    if pinned is not None:
+        return None if pinned.pk in pins else [pinned.pk]
+    if scope is None:
+        scope = list(Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").values_list("pk", flat=True))
+    free = sorted(set(scope) - pins)
+    return free or None
 
 
 def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | None, now: datetime,

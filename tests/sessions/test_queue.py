@@ -347,3 +347,16 @@ def test_cpu_no_node_has_room_for_never_fits(cluster):
     with pytest.raises(create.Conflict) as refused:
         start(_user(), cpu=16, queue=True)
     assert refused.value.code == "never_fits" and "16 CPU core(s)" in refused.value.detail
+
+
+def test_while_the_queue_waits_for_one_cluster_a_request_elsewhere_is_placed_as_usual(cluster):
+    other = ClusterFactory(name="lab-b")
+    _node(other)
+    placement.usage_recompute(cluster_ids=[other.pk])
+    start(_user(), gpus=4, cluster="lab-a", runtime_hours=2)
+    start(_user(), gpus=4, cluster="lab-a", queue=True)  # waits for lab-a only
+    placed = start(_user(), gpus=4, runtime_hours=8)  # lab-b delays nobody: placed without planning the queue
+    assert placed.phase == Session.Phase.SCHEDULED and placed.cluster_id == other.pk
+    with pytest.raises(create.Conflict) as refused:  # lab-a itself stays the queue's
+        start(_user(), gpus=1, cluster="lab-a", runtime_hours=8)
+    assert refused.value.code == "no_capacity"
