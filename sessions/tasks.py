@@ -132,6 +132,7 @@ def runtime_enforce_task() -> dict:
 def queue_tick_task() -> dict:
     """A pass of the queue: admit what the plan starts now, drop what waited too long, refresh the estimates (after each
     release, inventory or cancellation, and on the beat every 30 s; ``sessions.queue.admit.queue_pass``)."""
+    queue_leave.pass_started()
     return queue_admit.queue_pass()
 
 

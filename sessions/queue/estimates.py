@@ -150,10 +150,3 @@ def estimates_write(*, fleet: Fleet, outcomes: list[Outcome], now: datetime, hel
         with connection.cursor() as cursor:
             cursor.execute(_WRITE_SQL, [ids, positions, starts, texts, offers])
     return len(ids)
-
-
-def estimate_errors(rows) -> list[tuple[float, float]]:
-    """``[(absolute error seconds, wait seconds)]`` of sessions ``(queued_at, first_estimated_start, admitted_at)``: how
-    far the first estimate was from the actual start, and how long the session waited."""
-    return [(abs((admitted - estimated).total_seconds()), (admitted - queued).total_seconds())
-            for queued, estimated, admitted in rows if estimated is not None and admitted is not None]

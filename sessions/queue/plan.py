@@ -172,7 +172,6 @@ class Fleet:
         self._by_pk = {node.pk: node for node in self.nodes}
         self._holes: dict[str, set[int]] = {}
         self._open: dict[str, set[int]] = {}
-        self._nodes_of: dict[str, list[Node]] = {}
         self._node_of = {d.pk: n.pk for n in self.nodes for d in n.devices}
         self._of_model: dict[tuple[int, str], list[Device]] = {}
         for node in self.nodes:
@@ -183,11 +182,10 @@ class Fleet:
                 if device.free_at is None or device.free_at < now:
                     device.free_at = now
             for model in sorted({d.model for d in node.devices}):
-                self._nodes_of.setdefault(model, []).append(node)
                 self._index(node, model, initial=True)
         for heap in self._heaps.values():
             heapq.heapify(heap)
-        self.models = frozenset(self._nodes_of)
+        self.models = frozenset(model for _, model in self._of_model)
 
     # ----------------------------------------------------------------- the indexes
 
@@ -241,12 +239,6 @@ class Fleet:
         """Whether ``node`` has room now for ``job``'s CPU and memory (placement's rule, ``sessions.placement``)."""
         return ((job.cpu_milli is None or node.cpu_free is None or node.cpu_free >= job.cpu_milli)
                 and (job.ram_mib is None or node.memory_free is None or node.memory_free >= job.ram_mib))
-
-    def candidates(self, job: Job) -> list[Node]:
-        """Every node ``job`` may use (accepted models, allowed clusters), in placement order (for tests and reports; the
-        searches use the indexes)."""
-        seen = {n.pk: n for model in self._models(job) for n in self._nodes_of.get(model, ())}
-        return [n for n in sorted(seen.values(), key=lambda n: self._order[n.pk]) if self._allowed(job, n)]
 
     # ----------------------------------------------------------------- the searches
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from audit.services import Action, audit_record
+from billing.services import MAX_PRIORITY as BILLING_MAX_PRIORITY
 from core.errors import INVALID_REQUEST
 from core.exceptions import ApplicationError, Conflict, Forbidden
 from sessions.errors import PRIORITY_FORBIDDEN, SESSION_NOT_QUEUED
@@ -12,8 +13,8 @@ from sessions.models import Session
 from sessions.permissions import may_open_any_session
 from sessions.queue import leave
 
-#: The range of a priority (a PostgreSQL ``integer`` holds far more; a queue needs no more than this).
-MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+#: The range of a session's priority: the policy's (``billing.services.MAX_PRIORITY``).
+MIN_PRIORITY, MAX_PRIORITY = -BILLING_MAX_PRIORITY, BILLING_MAX_PRIORITY
 
 
 def queue_priority_set(*, session: Session, user, priority) -> Session:

@@ -6,6 +6,7 @@ import threading
 from decimal import Decimal
 
 import pytest
+from celery import current_app
 from django.db import connections
 
 from billing.services import policy_set
@@ -81,3 +82,19 @@ def test_admitters_releasers_and_new_requests_at_once_never_share_a_slot(django_
     assert sum(s.gpus for s in admitted) == Allocation.objects.count() <= 4
     for session in admitted:
         assert session.allocations.count() == session.gpus
+
+
+@pytest.mark.django_db
+def test_a_burst_of_changes_publishes_one_pass_until_it_starts(monkeypatch):
+    """Releases and inventories come in bursts: while a published pass has not started, further changes publish
+    nothing (that pass reads the state when it starts); once it starts, the next change publishes again."""
+    published = []
+    monkeypatch.setattr(current_app.tasks[leave.TICK_TASK], "delay", lambda: published.append(1))
+    leave.pass_started()
+    for _ in range(5):
+        leave.publish_now()
+    assert len(published) == 1
+    leave.pass_started()
+    leave.publish_now()
+    assert len(published) == 2
+    leave.pass_started()
