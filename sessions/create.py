@@ -335,9 +335,11 @@ def _create(
 class _WaitInQueue(Exception):
     """Nothing hosts the request now and it asked to queue: ``_attempt`` rolls back, ``_enqueue`` keeps it queued."""
 
-    def __init__(self, *, session: Session, request: placement.Request, scope: list[int] | None, where: str, mounted: list[Volume]):
+    def __init__(self, *, session: Session, request: placement.Request, scope: list[int] | None, where: str, mounted: list[Volume],
+                 planned=None):
         super().__init__("wait in the queue")
         self.session, self.request, self.scope, self.where, self.mounted = session, request, scope, where, mounted
+        self.planned = planned  # (outcome, fleet) of place_behind_queue, when the request was planned behind the queue
 
 
 def _enqueue(wait: _WaitInQueue, *, owner, idempotency: tuple[str, str] | None) -> tuple[Session, bool]:
@@ -356,7 +358,7 @@ def _enqueue(wait: _WaitInQueue, *, owner, idempotency: tuple[str, str] | None) 
     policy = admission.policy_for(owner)
     session = queue_enqueue.session_enqueue(
         session=wait.session, policy=policy, clusters=None if wait.scope is None else frozenset(wait.scope), volumes=wait.mounted,
-        account_queued=queue_enqueue.queued_count(owner=owner))
+        account_queued=queue_enqueue.queued_count(owner=owner), planned=wait.planned)
     logger.info("session %s queued at position %s", session.public_id, session.queue_position)
     return session, True
 
@@ -440,9 +442,9 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
         request_fingerprint=idempotency[1] if idempotency else "",
     )
 
-    def nothing_now(*, behind_queue: bool = False) -> Exception:
+    def nothing_now(*, behind_queue: bool = False, planned=None) -> Exception:
         if queue:
-            return _WaitInQueue(session=session, request=request, scope=scope, mounted=mounted,
+            return _WaitInQueue(session=session, request=request, scope=scope, mounted=mounted, planned=planned,
                                 where=_scope(pinned=pinned, volumes=mounted, restricted=allowed is not None, by_policy=permitted is not None)[0])
         refusal = no_capacity()
         if behind_queue:
@@ -453,18 +455,23 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
 
     started = time.perf_counter()
     node_id, device_ids, node_name = None, None, ""
-    elsewhere = queue_enqueue.uncontested_clusters(scope=scope, pinned=pinned) if state.queue_waiting else None
-    choice = placement.choose(request=request, cluster_ids=elsewhere, policy=policy_name) if elsewhere else None
+    elsewhere, whole_scope = queue_enqueue.uncontested_clusters(scope=scope, pinned=pinned) if state.queue_waiting else (None, False)
+    # Queued sessions may want what this request could take (when none may use its clusters, the queue is not in its way).
+    contested = state.queue_waiting and not whole_scope
+    choice = placement.choose(request=request, cluster_ids=elsewhere, policy=policy_name) if elsewhere and pinned is None else None
     if choice is not None:
         # On a cluster no queued session may use: placed as usual, it delays nobody in the queue.
         cluster_id, node_id, node_name = choice.cluster_id, choice.node_id, choice.node_name
-    elif state.queue_waiting:
+    elif whole_scope and pinned is None:
+        instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+        raise nothing_now()  # the usual refusal: nothing free where it may go, and nobody queued for those clusters
+    elif contested:
         # Others wait: the queue's order decides, backfill included (sessions.queue.plan).
-        outcome, _ = queue_enqueue.place_behind_queue(session=session, policy=policy, now=reserved_at,
-                                                      clusters=None if scope is None else frozenset(scope))
+        outcome, fleet = queue_enqueue.place_behind_queue(session=session, policy=policy, now=reserved_at, has_volumes=bool(mounted),
+                                                          clusters=None if scope is None else frozenset(scope))
         if not outcome.now:
             instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-            raise nothing_now(behind_queue=True)
+            raise nothing_now(behind_queue=True, planned=(outcome, fleet))
         cluster_id, node_id, node_name = outcome.node.cluster_id, outcome.node.pk, outcome.node.name
         device_ids = [d.pk for d in outcome.devices]
     elif pinned is not None:

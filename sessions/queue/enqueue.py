@@ -88,10 +88,11 @@ def never_fits_reason(*, request: placement.Request, clusters: list[int] | None,
     return None
 
 
-def uncontested_clusters(*, scope: list[int] | None, pinned) -> list[int] | None:
+def uncontested_clusters(*, scope: list[int] | None, pinned) -> tuple[list[int] | None, bool]:
     """The clusters among ``scope`` (None: all that take sessions) that no queued session may use, so that a new request
-    placed there delays nobody in the queue; None when there are none or when any queued session may use any cluster
-    (it is not pinned). One query (two when some are pinned).
+    placed there delays nobody in the queue, and whether they are the whole scope (then the queue is not in the
+    request's way at all). ``(None, False)`` when there are none or when any queued session may use any cluster (it is
+    not pinned). One query (two when some are pinned and nothing is pinned by the request).
 
     Args:
         scope: the cluster pks the request may use, or None.
@@ -99,13 +100,13 @@ def uncontested_clusters(*, scope: list[int] | None, pinned) -> list[int] | None
     """
     pins = set(Session.objects.queued().order_by().values_list("requested_cluster_id", flat=True).distinct())
     if not pins or None in pins:
-        return None
+        return None, False
     if pinned is not None:
-        return None if pinned.pk in pins else [pinned.pk]
+        return (None, False) if pinned.pk in pins else ([pinned.pk], True)
     if scope is None:
         scope = list(Cluster.objects.filter(status=Cluster.Status.CONNECTED).exclude(session_domain="").values_list("pk", flat=True))
     free = sorted(set(scope) - pins)
-    return free or None
+    return (free or None), len(free) == len(set(scope))
 
 
 def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | None, now: datetime,
@@ -128,7 +129,8 @@ def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | N
     return plan(fleet, jobs)[-1], fleet
 
 
-def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None, volumes: list, account_queued: int) -> Session:
+def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None, volumes: list, account_queued: int,
+                    planned: tuple[Outcome, Fleet] | None = None) -> Session:
     """Save ``session`` (built by ``sessions.create``, not saved) as ``Queued``, with its position, estimate and
     alternatives, in the caller's transaction (which holds its owner's credit account lock); a pass of the queue runs
     after the commit.
@@ -139,6 +141,7 @@ def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None
         clusters: the clusters it may use (None: any).
         volumes: its volumes (mounted at admission; claimed for a cluster then).
         account_queued: how many sessions the owner has queued already (read under the lock).
+        planned: ``place_behind_queue``'s answer for this request, when the caller has just planned it (not planned again).
 
     Raises:
         QueueLimitReached: 403 ``queue_limit_reached``.
@@ -153,7 +156,8 @@ def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None
     session.phase, session.cluster, session.node, session.ends_at = Session.Phase.QUEUED, None, "", None
     session.priority, session.queued_at = policy.priority, now
     session.queue_expires_at = now + timedelta(hours=float(policy.queue_timeout_hours))
-    outcome, fleet = place_behind_queue(session=session, policy=policy, clusters=clusters, now=now, has_volumes=bool(volumes))
+    outcome, fleet = planned or place_behind_queue(session=session, policy=policy, clusters=clusters, now=now,
+                                                   has_volumes=bool(volumes))
     session.save()
     if volumes:
         through = Session.volumes.through

@@ -211,8 +211,6 @@ def test_a_volume_on_the_contested_cluster_keeps_the_request_behind_the_queue(tw
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(strict=True, reason="BUG: a request pinned to a full cluster no queued session is pinned to falls through to "
-                   "place_behind_queue, whose refusal says sessions wait in the queue for these GPUs (nobody does)")
 def test_a_full_uncontested_pinned_cluster_is_refused_without_blaming_the_queue(two):
     a, b, on_a, on_b = two
     start(_user(), gpus=4, cluster="lab-a", queue=True)  # waits for lab-a only; lab-b is full of a running session
