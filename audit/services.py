@@ -201,6 +201,39 @@ def audit_record(
     Raises:
         ValueError: ``action`` is not an ``AuditRecord.Action`` (a programming error).
     """
+    record = _record_of(action=action, obj=obj, object_type=object_type, object_id=object_id, object_repr=object_repr,
+                        cluster=cluster, changes=changes, details=details, actor=actor)
+    record.save()
+    if not isinstance(record.cluster, str):
+        record._cluster_pending = True  # the subqueries' values are in the database, not on the instance yet
+    transaction.on_commit(lambda: log_emit(record, level=level))
+    return record
+
+
+def audit_record_many(entries: list[dict]) -> list[AuditRecord]:
+    """``audit_record`` for several rows in one ``INSERT`` (the queue admits several sessions per pass).
+
+    Args:
+        entries: each a dict of ``audit_record``'s keyword arguments except ``level`` (INFO); each ``obj`` with its
+            cluster loaded, or ``cluster`` given (no subqueries in a bulk insert).
+
+    Returns:
+        The saved rows, in order.
+
+    Raises:
+        ValueError: an unknown action, or an entry whose cluster is not loaded.
+    """
+    records = [_record_of(**entry) for entry in entries]
+    if any(not isinstance(record.cluster, str) for record in records):
+        raise ValueError("audit_record_many needs each row's cluster loaded (pass cluster=)")
+    AuditRecord.objects.bulk_create(records)
+    transaction.on_commit(lambda: [log_emit(record) for record in records])
+    return records
+
+
+def _record_of(*, action: str, obj: Model | None = None, object_type: str = "", object_id: str = "", object_repr: str = "",
+               cluster=None, changes: Mapping | None = None, details: Mapping | None = None, actor: str | None = None) -> AuditRecord:
+    """The unsaved row ``audit_record`` writes."""
     if action not in AuditRecord.Action.values:
         raise ValueError(f"unknown audit action {action!r}: add it to AuditRecord.Action")
     scope = context.current()
@@ -223,10 +256,6 @@ def audit_record(
         details=plain(dict(details or {})),
         source_address=scope.source_address if scope is not None else None,
     )
-    record.save()
-    if not isinstance(cluster_id, str):
-        record._cluster_pending = True  # the subqueries' values are in the database, not on the instance yet
-    transaction.on_commit(lambda: log_emit(record, level=level))
     return record
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -209,6 +210,25 @@ def account_lock(*, user) -> CreditAccount:
     if row is not None:  # ours, not committed yet: nobody else can see (or lock) it until we commit
         return CreditAccount.from_db(connection.alias, columns, row)
     return CreditAccount.objects.select_for_update().get(user_id=user.pk)
+
+
+def accounts_lock(*, user_ids) -> dict[int, CreditAccount]:
+    """Lock the credit account rows of ``user_ids`` (``SELECT ... FOR UPDATE``, in user order so that two callers
+    never wait on each other) for the rest of the transaction; an account missing is created as ``account_lock``
+    does. One query when all exist.
+
+    Returns:
+        ``{user pk: CreditAccount}``.
+    """
+    ids = sorted({int(pk) for pk in user_ids})
+    table, columns = CreditAccount._meta.db_table, _ACCOUNT_COLUMNS
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE user_id = ANY(%s) ORDER BY user_id FOR UPDATE", [ids])
+        accounts = {row[1]: CreditAccount.from_db(connection.alias, columns, row) for row in cursor.fetchall()}
+    for pk in ids:
+        if pk not in accounts:
+            accounts[pk] = account_lock(user=get_user_model()(pk=pk))
+    return accounts
 
 
 # --------------------------------------------------------------------------- costs
@@ -391,10 +411,42 @@ def admission_read(*, user, scope: list[int] | None, ended_phases: tuple[str, ..
               "ended": list(ended_phases)}
     with statement_cursor() as cursor:
         cursor.execute(admission_query(queued_phase), params)
-        (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, max_runtime, runtime_warning, allowed, ids, gpus,
-         memories, cores,
-         models, device_memories, price_models, price_values, candidate_models, candidate_memories, queue_waiting,
-         *later) = cursor.fetchone()
+        return _state_of(cursor.fetchone(), fallback=fallback)
+
+
+def admission_read_many(*, requests: list[tuple[int, list[int] | None]], ended_phases: tuple[str, ...]) -> list[AdmissionState]:
+    """``admission_read`` for several users at once, in one statement (the queue admits several sessions per pass).
+
+    Call it holding each user's account lock (``accounts_lock``).
+
+    Args:
+        requests: ``[(user pk, scope)]``, each as ``admission_read``'s ``user`` and ``scope``; a user may appear once.
+        ended_phases: as ``admission_read``'s.
+
+    Returns:
+        One ``AdmissionState`` per request, in the same order (``queue_waiting`` not read: False).
+    """
+    if not requests:
+        return []
+    fallback = settings_policy()
+    params: dict = {"default_hours": fallback.min_balance_hours, "ended": list(ended_phases)}
+    parts = []
+    for i, (user_id, scope) in enumerate(requests):
+        params[f"user_{i}"], params[f"scope_{i}"] = int(user_id), _int_list(scope)
+        statement = admission_query("").replace("%(user)s", f"%(user_{i})s").replace("%(scope)s", f"%(scope_{i})s")
+        parts.append(f"SELECT {i} AS request, q{i}.* FROM ({statement}) q{i}")
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        rows = sorted(cursor.fetchall(), key=lambda row: row[0])
+    return [_state_of(row[1:], fallback=fallback) for row in rows]
+
+
+def _state_of(row: tuple, *, fallback: EffectivePolicy) -> AdmissionState:
+    """An ``AdmissionState`` from one row of ``_ADMISSION_SQL``."""
+    (own, found, max_sessions, max_gpus, hours, grace, idle_timeout, idle_warning, max_runtime, runtime_warning, allowed, ids, gpus,
+     memories, cores,
+     models, device_memories, price_models, price_values, candidate_models, candidate_memories, queue_waiting,
+     *later) = row
     if found:
         policy = EffectivePolicy(max_sessions=max_sessions, max_gpus=max_gpus, allowed_clusters=frozenset(allowed) if allowed else None,
                                  min_balance_hours=hours, grace_seconds=grace, source="user" if own else "default",

@@ -10,14 +10,14 @@ new session with a higher priority (docs/sessions.md, "Waiting in the queue").
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
 
 from django.conf import settings
 
 from billing import admission, pricing
-from billing.models import CreditAccount
 from billing.selectors import credits_last_until
 from core.exceptions import ApplicationError
 from core.prepared import statement_cursor
@@ -45,22 +45,25 @@ WHERE n.ready AND c.status = 'connected' AND c.session_domain <> ''
 ORDER BY n.id, d.index, d.id
 """
 
-#: The sessions holding GPUs, one row per session and GPU model: what ends them (time limit, idle stop, owner), what
-#: they asked per GPU, and the GPUs they hold of that model (with the model's memory, for their price).
+#: The sessions holding GPUs, one row per session and GPU model: what ends them (time limit, idle stop, owner: with the
+#: owner's balance and usage not billed yet, for when their credits run out), what they asked per GPU, and the GPUs they
+#: hold of that model (with the model's memory, for their price). Times as ``_QUEUED_SQL``'s.
 _HOLDERS_SQL = """
-SELECT s.public_id, s.phase, s.ends_at, act.stops_at, s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
-       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint
+SELECT s.public_id, s.phase, (EXTRACT(EPOCH FROM s.ends_at) * 1000000)::bigint, (EXTRACT(EPOCH FROM act.stops_at) * 1000000)::bigint,
+       s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
+       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint, acc.balance, acc.accrued
 FROM gpu_sessions_allocation a
 JOIN gpu_sessions_session s ON s.id = a.session_id
 JOIN clusters_gpudevice d ON d.id = a.device_id
 LEFT JOIN gpu_sessions_sessionactivity act ON act.session_id = s.id
-GROUP BY s.id, act.stops_at, d.model
+LEFT JOIN billing_creditaccount acc ON acc.user_id = s.owner_id
+GROUP BY s.id, act.stops_at, d.model, acc.id
 """
 
 
 def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
-    """The fleet as the plan sees it at ``now``: four queries (the GPUs, the sessions holding them, the prices, their
-    owners' accounts); the prices stay on the fleet (``Fleet.prices``) for the alternatives. Node order is placement's
+    """The fleet as the plan sees it at ``now``: three queries (the GPUs, the sessions holding them with their owners'
+    accounts, the prices); the prices stay on the fleet (``Fleet.prices``) for the alternatives. Node order is placement's
     (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first). ``by_cluster``: keep the per-cluster indexes
     (``Fleet``), needed when a job is limited to some clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
@@ -83,9 +86,10 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
     prices = pricing.prices_by_model()
-    runs_out = _credits_run_out(_burn(holders, prices), now=now)
+    runs_out = _credits_run_out(holders, _burn(holders, prices), now=now)
     counted = set()
-    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram in holders:
+    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram, _, _ in holders:
+        ends_at, stops_at = _utc(ends_at), _utc(stops_at)
         node = node_of.get(device_ids[0])
         if node is not None and public_id not in counted:  # its CPU and memory, once (a row per GPU model it holds)
             counted.add(public_id)
@@ -123,17 +127,15 @@ def _burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Decimal
     return burn
 
 
-def _credits_run_out(burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
-    """When each owner's credits run out at their current burn (``credits_last_until``), for the owners that burn."""
-    if not burn:
-        return {}
-    accounts = CreditAccount.objects.filter(user_id__in=sorted(burn)).values_list("user_id", "balance", "accrued")
-    out = {}
-    for user_id, balance, accrued in accounts:
-        until = credits_last_until(balance=balance, accrued=accrued, burn_per_hour=burn[user_id], now=now)
-        if until is not None:
-            out[user_id] = until
-    return out
+def _credits_run_out(holders: list[tuple], burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
+    """When each owner's credits run out at their current burn (``credits_last_until``), for the owners that burn, from
+    ``_HOLDERS_SQL``'s rows (their accounts' balance and accrued usage)."""
+    out: dict[int, datetime | None] = {}
+    for row in holders:
+        owner, balance, accrued = row[4], row[12], row[13]
+        if owner in burn and owner not in out and balance is not None:
+            out[owner] = credits_last_until(balance=balance, accrued=accrued, burn_per_hour=burn[owner], now=now)
+    return {owner: until for owner, until in out.items() if until is not None}
 
 
 def _end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None, runs_out: datetime | None, *,
@@ -149,7 +151,9 @@ def _end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None, run
 
 
 class QueuedRow(NamedTuple):
-    """A queued session's columns the plan and the passes read (a row, not a model instance: a pass reads thousands)."""
+    """A queued session's columns the plan and the passes read (a row, not a model instance: a pass reads thousands).
+    ``has_volumes``: it mounts volumes; ``due``: it can no longer start (past its ``queue_expires_at``, or pinned to a
+    deregistered cluster: ``queue_expire`` drops it)."""
 
     pk: int
     public_id: str
@@ -168,30 +172,71 @@ class QueuedRow(NamedTuple):
     estimated_start: datetime | None = None
     waiting_for: str = ""
     alternatives: list | None = None
+    has_volumes: bool = False
+    due: bool = False
 
 
-def queued_sessions() -> list[QueuedRow]:
-    """The queued sessions in queue order (``QUEUE_ORDER``), one query."""
-    return [QueuedRow(*row) for row in Session.objects.queued().order_by(*QUEUE_ORDER).values_list(*QueuedRow._fields)]
+def _order_sql(order: tuple[str, ...]) -> str:
+    """``QUEUE_ORDER`` as SQL on ``gpu_sessions_session s``."""
+    columns = {"priority": "s.priority", "queued_at": "s.queued_at", "id": "s.id"}
+    return ", ".join(f"{columns[f.lstrip('-')]} DESC" if f.startswith("-") else columns[f] for f in order)
+
+
+#: The queued sessions in queue order (the partial index ``session_queue_order_idx``). Times come as microseconds since
+#: the epoch and JSON as text: Django's per-value loaders cost more than the rest of the read at 10,000 rows.
+_QUEUED_SQL = f"""
+SELECT s.id, s.public_id, s.owner_id, s.gpus, s.gpu_memory_mib, s.gpu_cores, s.gpu_models::text, s.runtime_hours,
+       s.requested_cluster_id, s.priority, (EXTRACT(EPOCH FROM s.queued_at) * 1000000)::bigint, s.cpu, s.memory_gib,
+       s.queue_position, (EXTRACT(EPOCH FROM s.estimated_start) * 1000000)::bigint, s.waiting_for, s.alternatives::text,
+       EXISTS (SELECT 1 FROM gpu_sessions_session_volumes v WHERE v.session_id = s.id),
+       (s.queue_expires_at <= %(now)s OR COALESCE(c.status = 'deregistered', FALSE))
+FROM gpu_sessions_session s
+LEFT JOIN clusters_cluster c ON c.id = s.requested_cluster_id
+WHERE s.phase = 'Queued'
+ORDER BY {_order_sql(QUEUE_ORDER)}
+"""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _utc(microseconds: int | None) -> datetime | None:
+    return None if microseconds is None else _EPOCH + timedelta(microseconds=microseconds)
+
+
+def queued_sessions(*, now: datetime | None = None) -> list[QueuedRow]:
+    """The queued sessions in queue order (``QUEUE_ORDER``), one query; ``due`` is judged at ``now`` (None: never due)."""
+    models: dict[str, list] = {}
+    alternatives: dict[str, list] = {}
+    with statement_cursor() as cursor:
+        cursor.execute(_QUEUED_SQL, {"now": now or NEVER})
+        rows = cursor.fetchall()
+    out = []
+    for (pk, public_id, owner, gpus, memory, cores, gpu_models, hours, cluster, priority, queued_at, cpu, ram, position, estimate,
+         waiting, offers, volumes, due) in rows:
+        if gpu_models not in models:
+            models[gpu_models] = json.loads(gpu_models)
+        if offers not in alternatives:
+            alternatives[offers] = json.loads(offers)
+        out.append(QueuedRow(pk, public_id, owner, gpus, memory, cores, models[gpu_models], hours, cluster, priority, _utc(queued_at),
+                             cpu, ram, position, _utc(estimate), waiting, alternatives[offers], volumes, due))
+    return out
 
 
 def jobs_of(sessions: list[QueuedRow]) -> list[Job]:
     """The plan's jobs for ``sessions`` (queued, in order): their models, the clusters their pin, their owner's policy and
     their volumes allow, and how long they will run (their ``runtime_hours``, else their policy's maximum; none: no
-    limit). A session whose volumes no cluster may take now gets an empty set of clusters (it waits). Two queries, and
+    limit). A session whose volumes no cluster may take now gets an empty set of clusters (it waits). One query, and
     two more per queued session with volumes."""
     policies = admission.policies_for(user_ids={s.owner_id for s in sessions}) if sessions else {}
-    through = Session.volumes.through
-    with_volumes = set(through.objects.filter(session__phase=Session.Phase.QUEUED).values_list("session_id", flat=True)) if sessions else set()
     jobs = []
     for session in sessions:
         policy = policies[session.owner_id]
         clusters = policy.allowed_clusters
         if session.requested_cluster_id is not None:
             clusters = frozenset({session.requested_cluster_id}) & clusters if clusters is not None else frozenset({session.requested_cluster_id})
-        if session.pk in with_volumes:
+        if session.has_volumes:
             clusters = _volume_scope(Session.objects.select_related("owner", "requested_cluster").get(pk=session.pk), clusters)
-        jobs.append(job_of(session=session, policy=policy, clusters=clusters, has_volumes=session.pk in with_volumes))
+        jobs.append(job_of(session=session, policy=policy, clusters=clusters, has_volumes=session.has_volumes))
     return jobs
 
 
