@@ -33,6 +33,7 @@ from sessions.lifecycle import outbox
 from sessions.models import Session
 from sessions.queue import estimates, leave
 from sessions.queue.plan import Outcome, plan
+from sessions.queue.reserve import planned_reserve
 from sessions.queue.snapshot import fleet_read, jobs_of, queued_sessions
 from sessions.volume_claims import PlacementRaced, volumes_lock
 from storage.models import Volume
@@ -148,8 +149,8 @@ def _batch(by_pk: dict, outcomes: list[Outcome]) -> list[tuple]:
 
 def _admit_many(items: list[tuple], *, now: datetime) -> dict[int, str]:
     """Admit several queued sessions (``_batch``) in one transaction: what ``_admit`` does for one, each step one
-    statement for all of them (the owners' accounts, the sessions, the admission reads, the clusters' locks, the
-    sessions' rows, the audit rows) but the reservation, one statement each. Returns ``{session pk: verdict}``
+    statement for all of them: the owners' accounts, the sessions, the admission reads, the clusters' locks, the
+    sessions' rows, the audit rows; the reservation is three (``sessions.queue.reserve``). Returns ``{session pk: verdict}``
     (``_admit``'s verdicts); ``{}`` when a reservation raced (all rolled back: the caller admits them one by one)."""
     if not items:
         return {}
@@ -182,15 +183,19 @@ def _admit_many_locked(items: list[tuple], *, now: datetime) -> dict[int, str]:
         .exclude(session_domain="").only("pk", "public_id", "name").order_by("pk")}
     if any(o.node.cluster_id not in clusters for _, o, _ in starting):
         raise PlacementRaced
+    reserved = planned_reserve([(session, outcome) for session, outcome, _ in starting])
     for session, outcome, state in starting:
         _started(session, outcome, state=state, now=now)
+        session.node = reserved[session.pk].node_name
+        if reserved[session.pk].cores is not None:
+            session.gpu_cores = reserved[session.pk].cores
     with connection.cursor() as cursor:
         cursor.execute(_STARTED_SQL, {"ids": [s.pk for s, _, _ in starting], "clusters": [s.cluster_id for s, _, _ in starting],
-                                      "ends": [s.ends_at for s, _, _ in starting], "phase": Session.Phase.SCHEDULED, "now": now})
+                                      "ends": [s.ends_at for s, _, _ in starting], "nodes": [s.node for s, _, _ in starting],
+                                      "cores": [s.gpu_cores for s, _, _ in starting], "phase": Session.Phase.SCHEDULED, "now": now})
     audits = []
     for session, outcome, _ in starting:
-        node_name = _reserve(session, outcome)
-        audits.append(_admit_audit(session, cluster=clusters[outcome.node.cluster_id], node_name=node_name, now=now))
+        audits.append(_admit_audit(session, cluster=clusters[outcome.node.cluster_id], node_name=session.node, now=now))
         verdicts[session.pk] = "admitted"
     audit_record_many(audits)
     outbox.publish_after_commit(outbox.APPLY, *(s.pk for s, _, _ in starting))
@@ -224,13 +229,15 @@ _STARTED_FIELDS = ["cluster", "phase", "ends_at", "admitted_at", "queue_position
                    "message"]
 
 
-#: ``_STARTED_FIELDS`` of several sessions in one statement (Django's ``bulk_update`` builds a CASE per column and row,
+#: ``_STARTED_FIELDS`` of several sessions in one statement, with the node and (for a share) the cores ``planned_reserve``
+#: reserved (Django's ``bulk_update`` builds a CASE per column and row,
 #: which costs more than the statement).
 _STARTED_SQL = """
 UPDATE gpu_sessions_session s
    SET cluster_id = v.cluster, phase = %(phase)s, ends_at = v.ends_at, admitted_at = %(now)s, queue_position = NULL,
-       estimated_start = NULL, waiting_for = '', alternatives = '[]'::jsonb, message = ''
-  FROM unnest(%(ids)s::bigint[], %(clusters)s::bigint[], %(ends)s::timestamptz[]) AS v(id, cluster, ends_at)
+       estimated_start = NULL, waiting_for = '', alternatives = '[]'::jsonb, message = '', node = v.node, gpu_cores = v.cores
+  FROM unnest(%(ids)s::bigint[], %(clusters)s::bigint[], %(ends)s::timestamptz[], %(nodes)s::text[], %(cores)s::int[])
+       AS v(id, cluster, ends_at, node, cores)
  WHERE s.id = v.id
 """
 
