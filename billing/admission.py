@@ -17,7 +17,8 @@ Admission (``sessions.create.session_create`` calls it, inside its transaction):
 
 Lock order (every path that takes more than one of these takes them in this order, so none deadlocks):
 credit account → the chosen cluster → volumes (primary-key order) in ``session_create``; credit
-accounts (primary-key order) → session rows in ``sessions.overdrawn.overdrawn_sessions_stop``.
+accounts (primary-key order) → session rows in ``sessions.overdrawn.overdrawn_sessions_stop`` and in the queue's
+admissions together (``accounts_lock``, ``sessions.queue.admit``).
 
 Money:
     hourly cost of a request (``request_hourly_cost``): ``gpus × share × price``, before placement, so
@@ -213,9 +214,11 @@ def account_lock(*, user) -> CreditAccount:
 
 
 def accounts_lock(*, user_ids) -> dict[int, CreditAccount]:
-    """Lock the credit account rows of ``user_ids`` (``SELECT ... FOR UPDATE``, in user order so that two callers
-    never wait on each other) for the rest of the transaction; an account missing is created as ``account_lock``
-    does. One query when all exist.
+    """Lock the credit account rows of ``user_ids`` (``SELECT ... FOR UPDATE``) for the rest of the transaction; an
+    account missing is created as ``account_lock`` does. One query when all exist.
+
+    In the accounts' primary-key order, as every other path locking several accounts (``sessions.overdrawn``,
+    ``billing.periods``, ``billing.held``): in any other order (the users', say) it deadlocks with one of them.
 
     Returns:
         ``{user pk: CreditAccount}``.
@@ -223,7 +226,7 @@ def accounts_lock(*, user_ids) -> dict[int, CreditAccount]:
     ids = sorted({int(pk) for pk in user_ids})
     table, columns = CreditAccount._meta.db_table, _ACCOUNT_COLUMNS
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE user_id = ANY(%s) ORDER BY user_id FOR UPDATE", [ids])
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE user_id = ANY(%s) ORDER BY id FOR UPDATE", [ids])
         accounts = {row[1]: CreditAccount.from_db(connection.alias, columns, row) for row in cursor.fetchall()}
     for pk in ids:
         if pk not in accounts:

@@ -135,14 +135,18 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
 
 
 def _batch(by_pk: dict, outcomes: list[Outcome]) -> list[tuple]:
-    """The sessions the plan starts now that ``_admit_many`` takes together: one per owner (an owner's second session
-    must see the first in its admission read), none with volumes (their claims are locked one session at a time).
-    ``[(QueuedRow, Outcome)]``; empty when fewer than two."""
+    """The sessions the plan starts now that ``_admit_many`` takes together: each owner's first in the queue's order
+    only (an owner's second session must see the first in its admission read), none with volumes (their claims are
+    locked one session at a time). ``[(QueuedRow, Outcome)]``; empty when fewer than two."""
     owners, batch = set(), []
     for outcome in outcomes:
         row = by_pk[outcome.job.key]
-        if outcome.now and not outcome.job.has_volumes and row.owner_id not in owners:
-            owners.add(row.owner_id)
+        if not outcome.now or row.owner_id in owners:
+            continue
+        # An owner whose first session mounts volumes is left out whole: the batch, admitted before the one-by-one
+        # path, would otherwise start their next session first, and their quota then holds back the one ahead of it.
+        owners.add(row.owner_id)
+        if not outcome.job.has_volumes:
             batch.append((row, outcome))
     return batch if len(batch) > 1 else []
 

@@ -204,7 +204,8 @@ def _utc(microseconds: int | None) -> datetime | None:
 
 
 def queued_sessions(*, now: datetime | None = None) -> list[QueuedRow]:
-    """The queued sessions in queue order (``QUEUE_ORDER``), one query; ``due`` is judged at ``now`` (None: never due)."""
+    """The queued sessions in queue order (``QUEUE_ORDER``), one query; ``due`` is judged at ``now`` (None: never due;
+    judged at ``NEVER`` the statement would call every session due, hence False here)."""
     models: dict[str, list] = {}
     alternatives: dict[str, list] = {}
     with statement_cursor() as cursor:
@@ -218,7 +219,8 @@ def queued_sessions(*, now: datetime | None = None) -> list[QueuedRow]:
         if offers not in alternatives:
             alternatives[offers] = json.loads(offers)
         out.append(QueuedRow(pk, public_id, owner, gpus, memory, cores, models[gpu_models], hours, cluster, priority, _utc(queued_at),
-                             cpu, ram, position, _utc(estimate), waiting, alternatives[offers], volumes, due))
+                             cpu, ram, position, _utc(estimate), waiting, alternatives[offers], volumes,
+                             now is not None and bool(due)))
     return out
 
 
