@@ -465,6 +465,11 @@ def _attempt(*, owner, image: str, request: placement.Request, pinned: Cluster |
     elif whole_scope and pinned is None:
         instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
         raise nothing_now()  # the usual refusal: nothing free where it may go, and nobody queued for those clusters
+    elif contested and placement.choose(request=request, cluster_ids=scope, policy=policy_name) is None:
+        # Nothing fits now even before the queue's claims (the fit query is the plan's rules in SQL): the plan could
+        # not start it either, so the whole queue is not planned for a refusal (a queued request plans for its estimate).
+        instruments.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+        raise nothing_now()
     elif contested:
         # Others wait: the queue's order decides, backfill included (sessions.queue.plan).
         outcome, fleet = queue_enqueue.place_behind_queue(session=session, policy=policy, now=reserved_at, has_volumes=bool(mounted),

@@ -192,6 +192,19 @@ def test_a_new_request_that_would_delay_the_queue_does_not_jump_it(cluster):
     assert placed.phase == Session.Phase.SCHEDULED
 
 
+def test_a_request_nothing_could_host_now_is_refused_without_planning_the_queue(cluster, monkeypatch):
+    start(_user(), gpus=4, runtime_hours=2)  # the node is full
+    start(_user(), gpus=2, runtime_hours=1, queue=True)
+    planned = []
+    real = create.queue_enqueue.place_behind_queue
+    monkeypatch.setattr(create.queue_enqueue, "place_behind_queue", lambda **kwargs: planned.append(1) or real(**kwargs))
+    with pytest.raises(create.Conflict) as refused:  # nothing is free: the queue is not why, and is not planned
+        start(_user(), gpus=1, runtime_hours=1)
+    assert refused.value.code == "no_capacity" and '"queue": true' not in refused.value.detail and planned == []
+    queued = start(_user(), gpus=1, runtime_hours=1, queue=True)  # queueing plans once, for its estimate
+    assert queued.phase == Session.Phase.QUEUED and queued.estimated_start == NOW + 2 * HOUR and planned == [1]
+
+
 def test_an_owner_who_can_no_longer_pay_is_dropped_with_stop_reason_credits(cluster):
     bob = _user()
     running = start(_user(), gpus=4, runtime_hours=1)
