@@ -8,11 +8,9 @@ pinned queued session, another user's credits in ``waiting_for``, a deactivated 
 cluster" offer). On a frozen clock, except the threaded races (real PostgreSQL, each thread on its own connection)."""
 
 import threading
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-import time_machine
 from django.db import connections
 
 from billing.models import Price
@@ -27,28 +25,12 @@ from sessions.queue import instead, leave
 from sessions.queue.admit import queue_pass
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
 from tests.helpers import run_threads
+from tests.sessions.queue.helpers import IMAGE, end, start
 from tests.sessions.test_volumes import make_pool, make_volume
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-HOUR = timedelta(hours=1)
-IMAGE = "quay.io/jupyter/base-notebook"
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("frozen", "no_background")]
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(NOW, tick=False) as traveller:
-        yield traveller
-
-
-@pytest.fixture(autouse=True)
-def no_background(monkeypatch):
-    """Neither applies nor passes are published: the tests run ``queue_pass`` themselves, when they mean to."""
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
 
 
 def _node(cluster, *, gpus=4, model=H100, memory=81559):
@@ -81,14 +63,6 @@ def _user(**policy):
 
 def _grant(user, amount, key="g"):
     credit_grant(user=user, amount=Decimal(amount), reason="test", idempotency_key=f"{user.pk}:{key}", created_by="test")
-
-
-def start(owner, **body):
-    return create.session_create(owner=owner, image=IMAGE, **{"gpus": 1, **body})
-
-
-def end(session):
-    lifecycle.session_terminate(session=Session.objects.get(pk=session.pk), message="ended")
 
 
 def _fill(cluster_name="lab-a", hours=2, gpus=4, **body):

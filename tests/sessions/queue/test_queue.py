@@ -2,11 +2,9 @@
 arrival), backfill that delays nobody ahead, admission when capacity frees (credits re-checked), positions, estimates,
 ``waiting_for``, alternatives, the limits, cancelling, ``GET /api/v1/queue`` and staff's priority. On a frozen clock."""
 
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-import time_machine
 
 from audit.models import AuditRecord
 from billing.services import policy_set
@@ -14,30 +12,13 @@ from clusters.models import Node
 from identity.tokens import api_token_create
 from metrics.fleet import render_inventory
 from sessions import create, lifecycle, placement, runtime, selectors
-from sessions.lifecycle import outbox
 from sessions.models import Allocation, Session
-from sessions.queue import leave
 from sessions.queue.admit import queue_pass
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.sessions.queue.helpers import HOUR, IMAGE, NOW, end, start
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("frozen", "no_background")]
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-HOUR = timedelta(hours=1)
-IMAGE = "quay.io/jupyter/base-notebook"
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    with time_machine.travel(NOW, tick=False) as traveller:
-        yield traveller
-
-
-@pytest.fixture(autouse=True)
-def no_background(monkeypatch):
-    """Neither applies nor passes are published: the tests run ``queue_pass`` themselves, when they mean to."""
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
 
 
 def _node(cluster, *, gpus=4, model="NVIDIA H100 80GB HBM3", memory=81559, name=None):
@@ -59,14 +40,6 @@ def _user(**policy):
     user = UserFactory()
     policy_set(user=user, min_balance_hours=Decimal(0), **{"max_runtime_hours": Decimal(24), **policy})
     return user
-
-
-def start(owner, **body):
-    return create.session_create(owner=owner, image=IMAGE, **{"gpus": 1, **body})
-
-
-def end(session):
-    lifecycle.session_terminate(session=Session.objects.get(pk=session.pk), message="ended")
 
 
 # --------------------------------------------------------------------------- queueing and never_fits

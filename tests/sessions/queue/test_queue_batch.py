@@ -5,11 +5,9 @@ credits, a reservation that races (all rolled back, then one by one), the batche
 racing with each other, with a cancel and with the billing jobs' account locks. On a frozen clock, real PostgreSQL."""
 
 import threading
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-import time_machine
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -20,37 +18,21 @@ from billing.models import CreditAccount, Price
 from billing.services import credit_grant, policy_set
 from clusters.models import Cluster, GpuDevice
 from clusters.services import cluster_deregister
-from sessions import create, lifecycle, placement
-from sessions.lifecycle import outbox
+from sessions import lifecycle, placement
 from sessions.models import Allocation, Session
-from sessions.queue import admit, leave
+from sessions.queue import admit
 from sessions.queue.admit import queue_expire, queue_pass
 from sessions.queue.snapshot import queued_sessions
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 from tests.helpers import lock_waiters, run_threads, wait_for
+from tests.sessions.queue.helpers import H100, HOUR, NOW, end, start
 from tests.sessions.test_placement import recount, stored
 from tests.sessions.test_volumes import make_pool, make_volume
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-HOUR = timedelta(hours=1)
-IMAGE = "quay.io/jupyter/base-notebook"
-H100 = "NVIDIA H100 80GB HBM3"
+pytestmark = pytest.mark.usefixtures("frozen", "no_background")
+
 ENDED = Session.HOLDING_EXCLUDED_PHASES
-
-
-@pytest.fixture(autouse=True)
-def frozen():
-    with time_machine.travel(NOW, tick=False) as traveller:
-        yield traveller
-
-
-@pytest.fixture(autouse=True)
-def no_background(monkeypatch):
-    """Neither applies nor passes are published: the tests run ``queue_pass`` themselves, when they mean to."""
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
 
 
 def _cluster(name, *, gpus=4):
@@ -66,14 +48,6 @@ def _user(**policy):
     user = UserFactory()
     policy_set(user=user, **{"min_balance_hours": Decimal(0), "max_runtime_hours": Decimal(24), "max_queued_sessions": 10, **policy})
     return user
-
-
-def start(owner, **body):
-    return create.session_create(owner=owner, image=IMAGE, **{"gpus": 1, **body})
-
-
-def end(session):
-    lifecycle.session_terminate(session=Session.objects.get(pk=session.pk), message="ended")
 
 
 def _fresh(*sessions):

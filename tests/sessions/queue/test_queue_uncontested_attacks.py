@@ -4,37 +4,26 @@ ahead of it waits for, jump the queue, skip billing or answer 500, alone or raci
 real PostgreSQL."""
 
 import threading
-from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-import time_machine
 from django.db import connections
 
 from billing.services import policy_set
 from clusters.models import Cluster, GpuDevice
 from core.exceptions import ApplicationError
-from sessions import create, lifecycle, placement
-from sessions.lifecycle import outbox
+from sessions import create, placement
 from sessions.models import Session
-from sessions.queue import leave
 from sessions.queue.admit import queue_pass
 from storage.models import StoragePool
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
 from tests.helpers import run_threads
+from tests.sessions.queue.helpers import end, start
 from tests.sessions.test_placement import recount, stored
 from tests.sessions.test_volumes import make_pool, make_volume
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-IMAGE = "quay.io/jupyter/base-notebook"
+pytestmark = pytest.mark.usefixtures("no_background")
 
-
-@pytest.fixture(autouse=True)
-def no_background(monkeypatch):
-    """Neither applies nor passes are published: the tests run ``queue_pass`` themselves, when they mean to."""
-    monkeypatch.setattr(outbox, "publish_after_commit", lambda *args, **kwargs: None)
-    monkeypatch.setattr(outbox, "publish", lambda task_name, session_pk: None)
-    monkeypatch.setattr(leave, "publish_after_commit", lambda: None)
 
 
 def _node(cluster, *, gpus=4, model="NVIDIA H100 80GB HBM3", memory=81559):
@@ -57,24 +46,10 @@ def _user(**policy):
     return user
 
 
-def start(owner, **body):
-    return create.session_create(owner=owner, image=IMAGE, **{"gpus": 1, **body})
-
-
-def end(session):
-    lifecycle.session_terminate(session=Session.objects.get(pk=session.pk), message="ended")
-
-
 def _refused(**body):
     with pytest.raises(create.Conflict) as refused:
         start(body.pop("owner", None) or _user(), **body)
     return refused.value
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(NOW, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture
