@@ -26,14 +26,13 @@ from django.utils import timezone
 from audit.services import Action, audit_record, audit_record_many
 from billing import admission
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
-from billing.pricing import share_cores
 from clusters.models import Cluster
 from sessions import placement, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Session
 from sessions.queue import estimates, leave
 from sessions.queue.plan import Outcome, plan
-from sessions.queue.reserve import planned_reserve
+from sessions.queue.reserve import planned_reserve, priced_cores
 from sessions.queue.snapshot import fleet_read, jobs_of, queued_sessions
 from sessions.volume_claims import PlacementRaced, volumes_lock
 from storage.models import Volume
@@ -214,9 +213,9 @@ def _judge(session: Session, outcome: Outcome, *, state, account) -> str | None:
         return "dropped"
     try:
         admission.admission_clusters(policy=state.policy, pinned=None, volume_clusters=frozenset({outcome.node.cluster_id}))
-        # Priced at what it will hold: a share takes at least one split slot of cores on the GPUs the plan chose.
-        cores = (None if session.whole_gpus else
-                 max(share_cores(gpu_cores=session.gpu_cores, split_count=d.split_count) for d in outcome.devices))
+        # Priced at what it will hold: a share takes at least one split slot of cores on the GPUs the plan chose (the
+        # reservation refuses to take more: ``_reserve``, ``planned_reserve``).
+        cores = priced_cores(session, outcome)
         admission.admission_check(user=session.owner, gpus=session.gpus, gpu_memory_mib=session.gpu_memory_mib, gpu_cores=cores,
                                   clusters=(), locked_account=account, state=state)
     except InsufficientCredits as exc:
@@ -262,7 +261,8 @@ def _reserve(session: Session, outcome: Outcome) -> str:
     """Reserve exactly the plan's GPUs for ``session`` (under its cluster's lock); returns the node's name.
 
     Raises:
-        PlacementRaced: they were taken since the plan read the fleet (the caller rolls back; the next pass plans again).
+        PlacementRaced: they were taken since the plan read the fleet, or a share would take more cores than ``_judge``
+            priced it at (their split count was lowered since): the caller rolls back; the next pass plans again.
     """
     request = placement.Request(gpus=session.gpus, memory_mib=session.gpu_memory_mib, cores=session.gpu_cores,
                                 models=tuple(session.gpu_models or ()), cpu=session.cpu, memory_gib=session.memory_gib)
@@ -270,6 +270,8 @@ def _reserve(session: Session, outcome: Outcome) -> str:
                                  node_id=outcome.node.pk, device_ids=[d.pk for d in outcome.devices])
     if reserved is None or set(reserved.device_ids) & set(reserved.over):
         raise PlacementRaced
+    if reserved.cores is not None and reserved.cores > priced_cores(session, outcome):
+        raise PlacementRaced  # admitted at fewer cores than it would be billed at: priced again on the next pass
     return reserved.node_name
 
 

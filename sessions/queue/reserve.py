@@ -62,7 +62,9 @@ def planned_reserve(items: list[tuple[Session, Outcome]]) -> dict[int, Reserved]
 
     Raises:
         PlacementRaced: a chosen GPU no longer fits its session (taken, unhealthy, its node not ready or without room for
-            the CPU and memory, moved): nothing is written by this call; the caller rolls back its transaction.
+            the CPU and memory, moved), an outcome does not name ``gpus`` distinct GPUs of its node, or a share would take
+            more cores than ``_judge`` priced it at on the plan's GPUs (their split count was lowered since the plan
+            read them): nothing is written by this call; the caller rolls back its transaction.
     """
     wanted = sorted({d.pk for _, outcome in items for d in outcome.devices})
     with connection.cursor() as cursor:
@@ -81,18 +83,24 @@ def planned_reserve(items: list[tuple[Session, Outcome]]) -> dict[int, Reserved]
         models = frozenset(session.gpu_models or ())
         cpu, ram = resources.cpu_millicores(session.cpu), resources.memory_mib(session.memory_gib)
         chosen = [devices.get(d.pk) for d in outcome.devices]
-        if len(chosen) != session.gpus or any(
+        # Distinct GPUs: one named twice would pass the fit below twice on the same counters (the SQL reservation
+        # takes distinct GPUs), then break the allocations' (session, device) constraint: not a race the pass handles.
+        if len({d.pk for d in outcome.devices}) != session.gpus or len(chosen) != session.gpus or any(
                 d is None or where[d.pk][:2] != (outcome.node.pk, outcome.node.cluster_id) or (models and d.model not in models)
                 for d in chosen):
             raise PlacementRaced
         left = room[outcome.node.pk]
-        if (cpu is not None and left[0] is not None and left[0] < cpu) or (ram is not None and left[1] is not None and left[1] < ram):
-            raise PlacementRaced
+        # Placement's rule (``_RESOURCE_FIT``): a session asking CPU or memory needs room for both, 0 for the one it
+        # does not ask (a node already over its CPU takes no memory-only session); one asking neither is not checked.
+        if cpu is not None or ram is not None:
+            if (left[0] is not None and left[0] < (cpu or 0)) or (left[1] is not None and left[1] < (ram or 0)):
+                raise PlacementRaced
         job = _Ask(gpus=session.gpus, memory_mib=session.gpu_memory_mib, cores=session.gpu_cores, whole=whole)
         if not all(fits_now(d, job) for d in chosen):
             raise PlacementRaced
-        left[0] = None if left[0] is None or cpu is None else left[0] - cpu
-        left[1] = None if left[1] is None or ram is None else left[1] - ram
+        # A session asking none leaves the room as it is (None is "no limit", not "nothing asked").
+        left[0] = left[0] if left[0] is None or cpu is None else left[0] - cpu
+        left[1] = left[1] if left[1] is None or ram is None else left[1] - ram
         taken = []
         for device in chosen:
             memory = device.memory_mib if whole or session.gpu_memory_mib is None else session.gpu_memory_mib
@@ -103,12 +111,22 @@ def planned_reserve(items: list[tuple[Session, Outcome]]) -> dict[int, Reserved]
             device.used_exclusive = device.used_exclusive or whole
             allocations.append(Allocation(session_id=session.pk, device_id=device.pk, memory_mib=memory, cores=cores, exclusive=whole))
             taken.append(cores)
+        if not whole and max(taken) > priced_cores(session, outcome):
+            raise PlacementRaced  # the split count dropped since the plan: priced again on the next pass's plan
         reserved[session.pk] = Reserved(node_name=where[chosen[0].pk][2], cores=None if whole else max(taken))
     Allocation.objects.bulk_create(allocations)
     over = placement.usage_recompute(node_ids={where[pk][0] for pk in devices})
     if set(over) & {a.device_id for a in allocations}:
         raise PlacementRaced
     return reserved
+
+
+def priced_cores(session: Session, outcome: Outcome) -> int | None:
+    """The cores per GPU a share is admitted at (``sessions.queue.admit._judge``): its split slot on the plan's GPUs
+    (``share_cores``, on the split counts the plan read), at most what its reservation may take; None for whole GPUs."""
+    if session.whole_gpus:
+        return None
+    return max(share_cores(gpu_cores=session.gpu_cores, split_count=d.split_count) for d in outcome.devices)
 
 
 @dataclass(frozen=True)
