@@ -236,9 +236,13 @@ class Fleet:
 
     @staticmethod
     def _room(job: Job, node: Node) -> bool:
-        """Whether ``node`` has room now for ``job``'s CPU and memory (placement's rule, ``sessions.placement``)."""
-        return ((job.cpu_milli is None or node.cpu_free is None or node.cpu_free >= job.cpu_milli)
-                and (job.ram_mib is None or node.memory_free is None or node.memory_free >= job.ram_mib))
+        """Whether ``node`` has room now for ``job``'s CPU and memory (placement's rule, ``sessions.placement``'s
+        ``_RESOURCE_FIT``: a job asking either needs room for both, 0 for the one it does not ask, so a node already
+        over its CPU takes no memory-only job; one asking neither is not checked)."""
+        if job.cpu_milli is None and job.ram_mib is None:
+            return True
+        return ((node.cpu_free is None or node.cpu_free >= (job.cpu_milli or 0))
+                and (node.memory_free is None or node.memory_free >= (job.ram_mib or 0)))
 
     # ----------------------------------------------------------------- the searches
 

@@ -2,6 +2,7 @@
 is checked session after session on the counters read under the locks, with the same rules as a reservation alone;
 anything that no longer fits raises ``PlacementRaced`` before a row is written."""
 
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -10,7 +11,7 @@ from django.db import transaction
 from clusters.models import GpuDevice, Node
 from sessions import placement
 from sessions.models import Allocation, Session
-from sessions.queue.plan import Device, Job, Outcome
+from sessions.queue.plan import Device, Fleet, Job, Outcome
 from sessions.queue.plan import Node as PlanNode
 from sessions.queue.reserve import planned_reserve
 from sessions.volume_claims import PlacementRaced
@@ -117,3 +118,19 @@ def test_the_counters_after_a_batch_equal_the_recount(node):
     assert placement.usage_recompute(node_ids=[node.pk]) == []
     after = list(GpuDevice.objects.filter(node=node).order_by("pk").values_list("used_count", "used_memory_mib", "used_cores"))
     assert before == after == [(2, 16000, 50), (1, 8000, 25)]
+
+
+@pytest.mark.django_db(databases=[])
+def test_the_plan_judges_a_nodes_room_as_placement_does():
+    """``Fleet._room`` is placement's ``_RESOURCE_FIT``: a job asking CPU or memory needs room for both (0 for the one it
+    does not ask), so a node already over its CPU takes no memory-only job; a job asking neither is not checked; a node
+    without allocatable figures has no limit."""
+    over_cpu = PlanNode(pk=1, name="n1", cluster_id=1, cluster_name="c", devices=[], cpu_free=-500, memory_free=4096)
+    unreported = PlanNode(pk=2, name="n2", cluster_id=1, cluster_name="c", devices=[], cpu_free=None, memory_free=None)
+    Fleet([over_cpu, unreported], now=datetime(2026, 12, 1, tzinfo=UTC))
+    memory_only, nothing = Job(key=1, public_id="", gpus=1, ram_mib=1024), Job(key=2, public_id="", gpus=1)
+    assert Fleet._room(memory_only, over_cpu) is False
+    assert Fleet._room(nothing, over_cpu) is True
+    assert Fleet._room(Job(key=3, public_id="", gpus=1, cpu_milli=10**6, ram_mib=10**6), unreported) is True
+    assert Fleet._room(Job(key=4, public_id="", gpus=1, ram_mib=4096), PlanNode(pk=3, name="n3", cluster_id=1, cluster_name="c",
+                                                                              devices=[], cpu_free=0, memory_free=4096)) is True
