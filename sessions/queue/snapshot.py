@@ -46,12 +46,13 @@ ORDER BY n.id, d.index, d.id
 """
 
 #: The sessions holding GPUs, one row per session and GPU model: what ends them (time limit, idle stop, owner: with the
-#: owner's balance and usage not billed yet, for when their credits run out), what they asked per GPU, and the GPUs they
-#: hold of that model (with the model's memory, for their price). Times as ``_QUEUED_SQL``'s.
+#: owner's balance and usage not billed yet, for when their credits run out), what they asked per GPU, the GPUs they
+#: hold of that model (with the model's memory, for their price) and their node. Times as ``_QUEUED_SQL``'s.
 _HOLDERS_SQL = """
 SELECT s.public_id, s.phase, (EXTRACT(EPOCH FROM s.ends_at) * 1000000)::bigint, (EXTRACT(EPOCH FROM act.stops_at) * 1000000)::bigint,
        s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
-       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint, acc.balance, acc.accrued
+       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint, acc.balance, acc.accrued,
+       MIN(d.node_id)
 FROM gpu_sessions_allocation a
 JOIN gpu_sessions_session s ON s.id = a.session_id
 JOIN clusters_gpudevice d ON d.id = a.device_id
@@ -74,23 +75,22 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
         holders = cursor.fetchall()
     nodes: dict[int, Node] = {}
     devices: dict[int, Device] = {}
-    node_of: dict[int, Node] = {}
     for (node_id, node_name, cluster_id, cluster_name, load, cpu_free, memory_free, pk, model, memory, cores, split, used, used_memory,
          used_cores, exclusive) in rows:
         node = nodes.get(node_id)
         if node is None:
             node = nodes[node_id] = Node(pk=node_id, name=node_name, cluster_id=cluster_id, cluster_name=cluster_name, devices=[],
                                          rank=load if spread else -load, cpu_free=cpu_free, memory_free=memory_free)
-        node_of[pk] = node
         device = devices[pk] = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
     prices = pricing.prices_by_model()
     runs_out = _credits_run_out(holders, _burn(holders, prices), now=now)
     counted = set()
-    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram, _, _ in holders:
+    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram, _, _, node_pk in holders:
         ends_at, stops_at = _utc(ends_at), _utc(stops_at)
-        node = node_of.get(device_ids[0])
+        # By its node, not by its GPUs: a session whose GPUs went unhealthy still holds its CPU and memory there.
+        node = nodes.get(node_pk)
         if node is not None and public_id not in counted:  # its CPU and memory, once (a row per GPU model it holds)
             counted.add(public_id)
             if node.cpu_free is not None and cpu:

@@ -22,6 +22,7 @@ from sessions.queue.admit import queue_pass
 from sessions.queue.plan import Device, Job, Outcome
 from sessions.queue.plan import Node as PlanNode
 from sessions.queue.reserve import planned_reserve
+from sessions.queue.snapshot import fleet_read
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 from tests.sessions.queue.helpers import H100, HOUR, NOW, end, start
@@ -402,3 +403,16 @@ def test_a_request_the_plan_overrates_the_room_for_is_refused_since_its_reservat
         start(_user(max_cpu_per_gpu=Decimal(100)), runtime_hours=1, cpu="16")
     assert refused.value.code == "no_capacity"
     assert start(_user(), runtime_hours=1, cpu="4").phase == Session.Phase.SCHEDULED
+
+
+def test_the_plan_still_counts_the_cpu_of_a_session_whose_gpus_went_unhealthy(busy):
+    """The plan's picture of a node's room (``snapshot.fleet_read``) subtracts every session holding GPUs there, found by
+    its node, not by its GPUs: one whose GPUs went unhealthy keeps its CPU and memory on the node until it ends."""
+    cluster, holder, _ = busy
+    Session.objects.filter(pk=holder.pk).update(cpu=Decimal(60), memory_gib=Decimal(100))
+    (before,) = [n for n in fleet_read(now=NOW).nodes if n.cluster_id == cluster.pk]
+    assert (before.cpu_free, before.memory_free) == (64000 - 60000, 262144 - 102400)
+    GpuDevice.objects.filter(pk__in=Allocation.objects.filter(session=holder).values("device_id")).update(health=False)
+    (after,) = [n for n in fleet_read(now=NOW).nodes if n.cluster_id == cluster.pk]
+    assert (after.cpu_free, after.memory_free) == (before.cpu_free, before.memory_free)
+    assert len(after.devices) == 2  # the unhealthy GPUs are out of the picture, their holder's CPU and memory are not
