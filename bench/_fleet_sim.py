@@ -61,14 +61,22 @@ class SimClock:
     def __init__(self, *, speed: float, offset_s: float):
         self.speed = speed
         self._wall0 = time.time()
-        self._mono0 = time.monotonic()
+        self._mono0: float | None = None
         self._offset = offset_s
+
+    def start(self, at: float) -> None:
+        """Run from the monotonic instant ``at`` (the measured part's start), ``offset_s`` off the wall clock then. Until
+        then the clock stands still: a setup of any length (attach, seeding) does not push the run's end further ahead
+        of the wall clock than the bound ``bench/fleet.py`` checks."""
+        self._wall0 = time.time() + (at - time.monotonic())
+        self._mono0 = at
 
     def now_ms(self) -> int:
         """Simulated now (when the running call was due, see ``CALL_DUE``), epoch milliseconds."""
         due = getattr(CALL_DUE, "value", None)
         moment = time.monotonic() if due is None else due
-        return int((self._wall0 + self._offset + self.speed * (moment - self._mono0)) * 1000)
+        elapsed = 0.0 if self._mono0 is None else max(0.0, moment - self._mono0)
+        return int((self._wall0 + self._offset + self.speed * elapsed) * 1000)
 
     def iso(self) -> str:
         """Simulated now as RFC 3339 UTC with milliseconds."""

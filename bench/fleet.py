@@ -288,6 +288,7 @@ def run(args, clusters: list[SimCluster], researchers: list[Researcher], seeded,
     with ThreadPoolExecutor(args.pool) as pool:
         begin = time.monotonic() + 0.5
         until = begin + wall
+        clusters[0].clock.start(begin)  # one clock for the whole fleet
         scheduler = Scheduler(pool, tally, deadline=until + DROP_AFTER_S)
         for cluster in clusters:
             # Operators started at different moments: each has its own phase in the minute.
