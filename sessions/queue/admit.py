@@ -115,10 +115,7 @@ def _admit_locked(session, outcome: Outcome, *, now: datetime) -> str:
     verdict = _judge(session, outcome, state=state, account=account)
     if verdict is not None:
         return verdict
-    locked = Cluster.objects.select_for_update(no_key=True).filter(
-        pk=cluster_id, status=Cluster.Status.CONNECTED).exclude(session_domain="").only("pk", "public_id", "name").first()
-    if locked is None:
-        raise PlacementRaced
+    locked = _clusters_lock([cluster_id])[cluster_id]
     volumes = list(Volume.objects.filter(sessions=session).select_related("cluster")) if outcome.job.has_volumes else []
     claims = volumes_lock(volumes=volumes, cluster_id=cluster_id, pinned=session.requested_cluster) if volumes else []
     _started(session, outcome, state=state, now=now)
@@ -181,11 +178,7 @@ def _admit_many_locked(items: list[tuple], *, now: datetime) -> dict[int, str]:
             verdicts[session.pk] = verdict
     if not starting:
         return verdicts
-    clusters = {c.pk: c for c in Cluster.objects.select_for_update(no_key=True).filter(
-        pk__in=sorted({o.node.cluster_id for _, o, _ in starting}), status=Cluster.Status.CONNECTED)
-        .exclude(session_domain="").only("pk", "public_id", "name").order_by("pk")}
-    if any(o.node.cluster_id not in clusters for _, o, _ in starting):
-        raise PlacementRaced
+    clusters = _clusters_lock({o.node.cluster_id for _, o, _ in starting})
     reserved = planned_reserve([(session, outcome) for session, outcome, _ in starting])
     for session, outcome, state in starting:
         _started(session, outcome, state=state, now=now)
@@ -203,6 +196,19 @@ def _admit_many_locked(items: list[tuple], *, now: datetime) -> dict[int, str]:
     audit_record_many(audits)
     outbox.publish_after_commit(outbox.APPLY, *(s.pk for s, _, _ in starting))
     return verdicts
+
+
+def _clusters_lock(ids) -> dict[int, Cluster]:
+    """Lock the rows of the clusters ``ids`` (pk order) that still take sessions; ``{pk: Cluster}`` (pk, public id, name).
+
+    Raises:
+        PlacementRaced: one of them no longer takes sessions (disconnected, deregistered, no session domain).
+    """
+    clusters = {c.pk: c for c in Cluster.objects.select_for_update(no_key=True).filter(
+        pk__in=sorted(ids), status=Cluster.Status.CONNECTED).exclude(session_domain="").only("pk", "public_id", "name").order_by("pk")}
+    if len(clusters) != len(set(ids)):
+        raise PlacementRaced
+    return clusters
 
 
 def _judge(session: Session, outcome: Outcome, *, state, account) -> str | None:

@@ -2,9 +2,13 @@
 services."""
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
+from billing.services import policy_set
 from sessions import create, lifecycle
 from sessions.models import Session
+from sessions.queue.plan import Device, Job, Node, Outcome
+from tests.factories import SessionFactory, UserFactory
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -20,3 +24,23 @@ def start(owner, **body) -> Session:
 def end(session: Session) -> None:
     """Terminate ``session`` as its release path does."""
     lifecycle.session_terminate(session=Session.objects.get(pk=session.pk), message="ended")
+
+
+def queue_user(**policy):
+    """A user whose policy needs no credits, allows 24-hour sessions and 10 queued ones, then ``policy``."""
+    user = UserFactory()
+    policy_set(user=user, **{"min_balance_hours": Decimal(0), "max_runtime_hours": Decimal(24), "max_queued_sessions": 10, **policy})
+    return user
+
+
+def queued_session(**fields) -> Session:
+    """A ``Queued`` session row (one GPU unless ``fields`` say otherwise), written directly, not through the services."""
+    return SessionFactory(cluster=None, phase=Session.Phase.QUEUED, **{"gpus": 1, **fields})
+
+
+def planned_outcome(node, session, devices) -> Outcome:
+    """The plan's ``Outcome`` starting ``session`` now on ``node``'s ``devices`` (``GpuDevice`` rows, as the plan saw them)."""
+    plan_node = Node(pk=node.pk, name=node.name, cluster_id=node.cluster_id, cluster_name=node.cluster.name, devices=[])
+    return Outcome(job=Job(key=session.pk, public_id=session.public_id, gpus=session.gpus), now=True, node=plan_node,
+                   devices=[Device(pk=d.pk, model=d.model, memory_mib=d.memory_mib, cores=d.cores, split_count=d.split_count)
+                            for d in devices])

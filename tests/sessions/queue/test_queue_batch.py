@@ -26,7 +26,7 @@ from sessions.queue.snapshot import queued_sessions
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 from tests.helpers import lock_waiters, run_threads, wait_for
-from tests.sessions.queue.helpers import H100, HOUR, NOW, end, start
+from tests.sessions.queue.helpers import H100, HOUR, NOW, end, queue_user, start
 from tests.sessions.test_placement import recount, stored
 from tests.sessions.test_volumes import make_pool, make_volume
 
@@ -42,12 +42,6 @@ def _cluster(name, *, gpus=4):
         GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=81559, cores=100, model=H100)
     placement.usage_recompute(cluster_ids=[cluster.pk])
     return cluster
-
-
-def _user(**policy):
-    user = UserFactory()
-    policy_set(user=user, **{"min_balance_hours": Decimal(0), "max_runtime_hours": Decimal(24), "max_queued_sessions": 10, **policy})
-    return user
 
 
 def _fresh(*sessions):
@@ -103,10 +97,10 @@ def _counters_recounted(clusters):
 @pytest.mark.django_db
 def test_a_pass_admits_the_sessions_of_several_owners_together_each_complete(calls):
     lab_a, lab_b = _cluster("lab-a"), _cluster("lab-b")
-    fillers = [start(_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
-    a = start(_user(), gpus=2, runtime_hours=1, cluster="lab-a", queue=True)
-    b = start(_user(), gpus=3, runtime_hours=3, cluster="lab-b", queue=True)
-    c = start(_user(), gpus=1, runtime_hours=1, queue=True)  # anywhere: binpack puts it beside a on lab-a
+    fillers = [start(queue_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
+    a = start(queue_user(), gpus=2, runtime_hours=1, cluster="lab-a", queue=True)
+    b = start(queue_user(), gpus=3, runtime_hours=3, cluster="lab-b", queue=True)
+    c = start(queue_user(), gpus=1, runtime_hours=1, queue=True)  # anywhere: binpack puts it beside a on lab-a
     for filler in fillers:
         end(filler)
     assert queue_pass() == {"queued": 3, "admitted": 3, "expired": 0, "dropped": 0}
@@ -123,8 +117,8 @@ def test_a_pass_admits_the_sessions_of_several_owners_together_each_complete(cal
 @pytest.mark.parametrize("limits", [(None, None), (None, 1)])
 def test_sessions_without_a_time_limit_are_admitted_together_with_no_end(calls, limits):
     lab = _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    queued = [start(_user(max_runtime_hours=Decimal(0)), queue=True, **({"runtime_hours": h} if h else {})) for h in limits]
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    queued = [start(queue_user(max_runtime_hours=Decimal(0)), queue=True, **({"runtime_hours": h} if h else {})) for h in limits]
     end(filler)
     assert queue_pass()["admitted"] == 2 and calls["one"] == []
     for session, hours in zip(_fresh(*queued), limits, strict=True):
@@ -136,13 +130,13 @@ def test_sessions_without_a_time_limit_are_admitted_together_with_no_end(calls, 
 def test_the_estimate_counts_on_a_holders_credits_running_out_from_the_holders_read():
     _cluster("lab-a")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(1))
-    rich, broke = _user(max_runtime_hours=Decimal(0)), _user(max_runtime_hours=Decimal(0))
+    rich, broke = queue_user(max_runtime_hours=Decimal(0)), queue_user(max_runtime_hours=Decimal(0))
     credit_grant(user=rich, amount=Decimal(6), reason="test", idempotency_key=f"{rich.pk}:g", created_by="test")
     burning = start(rich, gpus=3)  # 3 GPUs at 1/h, 6 credits: out at 14:00
     unlimited = start(broke)  # no account row: read as none, not as out of credits
     CreditAccount.objects.filter(user=broke).delete()
     Session.objects.filter(pk__in=[burning.pk, unlimited.pk]).update(phase=Session.Phase.RUNNING)
-    queued = start(_user(), gpus=3, queue=True)
+    queued = start(queue_user(), gpus=3, queue=True)
     queue_pass()
     queued.refresh_from_db()
     assert queued.estimated_start == NOW + 2 * HOUR and burning.public_id in queued.waiting_for, queued.waiting_for
@@ -150,8 +144,8 @@ def test_the_estimate_counts_on_a_holders_credits_running_out_from_the_holders_r
 
 def _release_and_pass(cluster, n: int) -> tuple[int, dict]:
     """Fill ``cluster`` (8 GPUs), queue ``n`` one-GPU sessions of ``n`` owners, release: the queries of the pass then."""
-    filler = start(_user(), gpus=8, runtime_hours=2)
-    queued = [start(_user(), runtime_hours=1, queue=True) for _ in range(n)]
+    filler = start(queue_user(), gpus=8, runtime_hours=2)
+    queued = [start(queue_user(), runtime_hours=1, queue=True) for _ in range(n)]
     end(filler)
     with CaptureQueriesContext(connection) as queries:
         result = queue_pass()
@@ -181,10 +175,10 @@ def test_admitting_more_owners_together_costs_no_more_queries(calls):
 @pytest.mark.django_db
 def test_an_owners_second_session_is_admitted_after_the_batch_one_by_one(calls):
     lab = _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    bob = _user()
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    bob = queue_user()
     first, second = start(bob, runtime_hours=1, queue=True), start(bob, runtime_hours=1, queue=True)
-    other = start(_user(), runtime_hours=1, queue=True)
+    other = start(queue_user(), runtime_hours=1, queue=True)
     end(filler)
     assert queue_pass()["admitted"] == 3
     assert calls["one"] == [second.pk] and calls["many"] == [{first.pk: "admitted", other.pk: "admitted"}]
@@ -197,10 +191,10 @@ def test_an_owners_second_session_is_admitted_after_the_batch_one_by_one(calls):
 @pytest.mark.parametrize(("policy", "limit"), [({"max_sessions": 1}, "max_sessions"), ({"max_gpus": 2}, "max_gpus")])
 def test_an_owners_quota_holds_across_the_batch_and_the_one_by_one_path(calls, policy, limit):
     _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    bob = _user(**policy)
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    bob = queue_user(**policy)
     first, second = start(bob, gpus=2, runtime_hours=1, queue=True), start(bob, runtime_hours=1, queue=True)
-    other = start(_user(), runtime_hours=1, queue=True)
+    other = start(queue_user(), runtime_hours=1, queue=True)
     end(filler)
     assert queue_pass() == {"queued": 3, "admitted": 2, "expired": 0, "dropped": 0}
     first, second, other = _fresh(first, second, other)
@@ -218,12 +212,12 @@ def test_an_owners_first_session_in_the_queue_starts_first_even_when_it_mounts_v
     """The batch skips sessions with volumes; the owner's session behind one must not jump it (max_sessions=1: the
     head starts, the other waits)."""
     lab = _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    bob = _user(max_sessions=1)
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    bob = queue_user(max_sessions=1)
     volume = make_volume(bob, make_pool(lab), name="data", cluster=lab)
     head = start(bob, runtime_hours=1, volumes=[volume.public_id], queue=True)
     behind = start(bob, runtime_hours=1, queue=True)
-    other = start(_user(), runtime_hours=1, queue=True)
+    other = start(queue_user(), runtime_hours=1, queue=True)
     end(filler)
     assert queue_pass()["admitted"] == 2
     head, behind, other = _fresh(head, behind, other)
@@ -238,8 +232,8 @@ def test_an_owners_first_session_in_the_queue_starts_first_even_when_it_mounts_v
 def test_an_owner_who_cannot_pay_is_dropped_from_the_batch_and_the_others_start(calls):
     lab = _cluster("lab-a")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(2))
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    alice, bob, carol = _user(), _user(), _user(min_balance_hours=Decimal(1))
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    alice, bob, carol = queue_user(), queue_user(), queue_user(min_balance_hours=Decimal(1))
     credit_grant(user=carol, amount=Decimal(5), reason="test", idempotency_key=f"{carol.pk}:g", created_by="test")
     hers, broke, paid = (start(alice, runtime_hours=1, queue=True), start(bob, runtime_hours=1, queue=True),
                          start(carol, runtime_hours=1, queue=True))
@@ -272,8 +266,8 @@ def _nothing_half_applied(pks):
 @pytest.mark.django_db
 def test_a_reservation_failing_once_rolls_the_batch_back_and_each_is_admitted_one_by_one(calls, monkeypatch):
     lab = _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    queued = [start(_user(), runtime_hours=1, queue=True) for _ in range(3)]
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    queued = [start(queue_user(), runtime_hours=1, queue=True) for _ in range(3)]
     end(filler)
     reserve, count = admit.planned_reserve, []
 
@@ -296,8 +290,8 @@ def test_a_reservation_failing_once_rolls_the_batch_back_and_each_is_admitted_on
 @pytest.mark.django_db
 def test_a_gpu_taken_between_plan_and_admission_rolls_back_then_what_fits_starts(calls, monkeypatch):
     lab = _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    first, raced = start(_user(), runtime_hours=1, queue=True), start(_user(), runtime_hours=1, queue=True)
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    first, raced = start(queue_user(), runtime_hours=1, queue=True), start(queue_user(), runtime_hours=1, queue=True)
     end(filler)
     intruder = SessionFactory(cluster=lab, phase=Session.Phase.SCHEDULED, gpus=1)
     plan = admit.plan
@@ -335,9 +329,9 @@ def test_a_gpu_taken_between_plan_and_admission_rolls_back_then_what_fits_starts
 def test_admission_read_many_answers_what_admission_read_answers_for_each_user():
     lab, other = _cluster("lab-a"), _cluster("lab-b")
     Price.objects.create(gpu_model=H100, credits_per_gpu_hour=Decimal(3))
-    users = [_user(max_sessions=3, max_gpus=4), _user(min_balance_hours=Decimal(2)), UserFactory(),
-             _user(allowed_clusters=[lab], min_balance_hours=Decimal(1))]
-    users += [_user(max_sessions=i) for i in range(1, 9)]  # 12 requests: the 11th's parameter names are not the 1st's
+    users = [queue_user(max_sessions=3, max_gpus=4), queue_user(min_balance_hours=Decimal(2)), UserFactory(),
+             queue_user(allowed_clusters=[lab], min_balance_hours=Decimal(1))]
+    users += [queue_user(max_sessions=i) for i in range(1, 9)]  # 12 requests: the 11th's parameter names are not the 1st's
     for user in users[:2]:
         credit_grant(user=user, amount=Decimal(100), reason="test", idempotency_key=f"{user.pk}:g", created_by="test")
     start(users[0], gpus=2, cluster="lab-a")
@@ -354,7 +348,7 @@ def test_admission_read_many_answers_what_admission_read_answers_for_each_user()
 
 @pytest.mark.django_db
 def test_accounts_lock_creates_a_missing_account_and_returns_each_users():
-    funded, bare = _user(), UserFactory()
+    funded, bare = queue_user(), UserFactory()
     credit_grant(user=funded, amount=Decimal(7), reason="test", idempotency_key=f"{funded.pk}:g", created_by="test")
     CreditAccount.objects.filter(user=bare).delete()
     with transaction.atomic():
@@ -368,7 +362,7 @@ def test_accounts_lock_creates_a_missing_account_and_returns_each_users():
 @pytest.mark.django_db
 def test_audit_record_many_writes_the_rows_audit_record_writes():
     lab = _cluster("lab-a")
-    session = start(_user())
+    session = start(queue_user())
     session = Session.objects.select_related("cluster").get(pk=session.pk)
     entries = [
         {"action": Action.SESSION_ADMIT, "obj": session, "changes": {"phase": ("Queued", "Scheduled"), "ends_at": (None, NOW)},
@@ -399,8 +393,8 @@ def test_audit_record_many_writes_the_rows_audit_record_writes():
 @pytest.mark.django_db
 def test_queue_expire_checks_each_due_session_again_under_its_lock(frozen):
     _cluster("lab-a")
-    start(_user(), gpus=4, runtime_hours=24)
-    queued = start(_user(queue_timeout_hours=Decimal(2)), queue=True)
+    start(queue_user(), gpus=4, runtime_hours=24)
+    queued = start(queue_user(queue_timeout_hours=Decimal(2)), queue=True)
     later = NOW + 2 * HOUR
     [row] = queued_sessions(now=later)
     assert row.due and not queued_sessions(now=NOW)[0].due and not queued_sessions()[0].due
@@ -417,9 +411,9 @@ def test_queue_expire_checks_each_due_session_again_under_its_lock(frozen):
 @pytest.mark.django_db
 def test_a_pass_drops_the_sessions_pinned_to_a_deregistered_cluster_and_admits_the_rest():
     lab, lab_b = _cluster("lab-a"), _cluster("lab-b")
-    fillers = [start(_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
-    pinned = start(_user(), cluster="lab-b", queue=True)
-    waiting = [start(_user(), runtime_hours=1, cluster="lab-a", queue=True) for _ in range(2)]
+    fillers = [start(queue_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
+    pinned = start(queue_user(), cluster="lab-b", queue=True)
+    waiting = [start(queue_user(), runtime_hours=1, cluster="lab-a", queue=True) for _ in range(2)]
     for filler in fillers:
         end(filler)
     cluster_deregister(cluster=lab_b)
@@ -464,8 +458,8 @@ def test_two_passes_at_once_never_admit_a_session_twice_nor_share_a_gpu(monkeypa
     """One pass through ``queue_pass`` (its advisory lock), the other straight through ``_pass`` (no lock): only the
     admissions' own row locks keep them apart."""
     lab = _cluster("lab-a", gpus=6)
-    filler = start(_user(), gpus=6, runtime_hours=2)
-    queued = [start(_user(), gpus=1 + i % 2, runtime_hours=1, queue=True) for i in range(6)]
+    filler = start(queue_user(), gpus=6, runtime_hours=2)
+    queued = [start(queue_user(), gpus=1 + i % 2, runtime_hours=1, queue=True) for i in range(6)]
     end(filler)
     barrier, errors = threading.Barrier(2), []
     run_threads(lambda fn: _in_thread(errors, lambda: (barrier.wait(), fn(now=None))), [(queue_pass,), (admit._pass,)])
@@ -481,8 +475,8 @@ def test_two_passes_at_once_never_admit_a_session_twice_nor_share_a_gpu(monkeypa
 @pytest.mark.parametrize("round_", range(4))
 def test_a_pass_racing_with_a_cancel_admits_with_gpus_or_ends_without(round_):
     _cluster("lab-a")
-    filler = start(_user(), gpus=4, runtime_hours=2)
-    queued = [start(_user(), runtime_hours=1, queue=True) for _ in range(3)]
+    filler = start(queue_user(), gpus=4, runtime_hours=2)
+    queued = [start(queue_user(), runtime_hours=1, queue=True) for _ in range(3)]
     cancelled = queued[round_ % 3]
     end(filler)
     barrier, errors = threading.Barrier(2), []

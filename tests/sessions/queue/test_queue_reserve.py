@@ -10,12 +10,13 @@ from django.db import transaction
 
 from clusters.models import GpuDevice, Node
 from sessions import placement
-from sessions.models import Allocation, Session
-from sessions.queue.plan import Device, Fleet, Job, Outcome
+from sessions.models import Allocation
+from sessions.queue.plan import Fleet, Job
 from sessions.queue.plan import Node as PlanNode
 from sessions.queue.reserve import planned_reserve
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory
+from tests.sessions.queue.helpers import planned_outcome, queued_session
 
 pytestmark = pytest.mark.django_db
 
@@ -30,26 +31,15 @@ def node():
     return node
 
 
-def _queued(node, **fields):
-    return SessionFactory(cluster=None, phase=Session.Phase.QUEUED, **{"gpus": 1, **fields})
-
-
-def _outcome(node, session, devices):
-    plan_node = PlanNode(pk=node.pk, name=node.name, cluster_id=node.cluster_id, cluster_name=node.cluster.name, devices=[])
-    return Outcome(job=Job(key=session.pk, public_id=session.public_id, gpus=session.gpus), now=True, node=plan_node,
-                   devices=[Device(pk=d.pk, model=d.model, memory_mib=d.memory_mib, cores=d.cores, split_count=d.split_count)
-                            for d in devices])
-
-
 def _devices(node):
     return list(GpuDevice.objects.filter(node=node).order_by("index"))
 
 
 def test_two_shares_on_one_gpu_are_reserved_together_with_the_cores_a_share_takes(node):
-    first, second = _queued(node, gpu_memory_mib=10000, gpu_cores=10), _queued(node, gpu_memory_mib=20000, gpu_cores=50)
+    first, second = queued_session(gpu_memory_mib=10000, gpu_cores=10), queued_session(gpu_memory_mib=20000, gpu_cores=50)
     gpu = _devices(node)[0]
     with transaction.atomic():
-        reserved = planned_reserve([(first, _outcome(node, first, [gpu])), (second, _outcome(node, second, [gpu]))])
+        reserved = planned_reserve([(first, planned_outcome(node, first, [gpu])), (second, planned_outcome(node, second, [gpu]))])
     # A share takes at least one of the GPU's 4 split slots (25 %).
     assert reserved[first.pk].cores == 25 and reserved[second.pk].cores == 50
     assert reserved[first.pk].node_name == node.name
@@ -60,10 +50,10 @@ def test_two_shares_on_one_gpu_are_reserved_together_with_the_cores_a_share_take
 
 
 def test_a_second_session_that_no_longer_fits_after_the_first_raises_and_writes_nothing(node):
-    first, second = _queued(node, gpu_memory_mib=30000, gpu_cores=50), _queued(node, gpu_memory_mib=20000, gpu_cores=50)
+    first, second = queued_session(gpu_memory_mib=30000, gpu_cores=50), queued_session(gpu_memory_mib=20000, gpu_cores=50)
     gpu = _devices(node)[0]
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(first, _outcome(node, first, [gpu])), (second, _outcome(node, second, [gpu]))])
+        planned_reserve([(first, planned_outcome(node, first, [gpu])), (second, planned_outcome(node, second, [gpu]))])
     assert not Allocation.objects.exists()
 
 
@@ -72,48 +62,48 @@ def test_a_whole_gpu_taken_meanwhile_raises(node):
     gpu = _devices(node)[0]
     Allocation.objects.create(session=holder, device=gpu, memory_mib=gpu.memory_mib, cores=100, exclusive=True)
     placement.usage_recompute(node_ids=[node.pk])
-    waiting = _queued(node)
+    waiting = queued_session()
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(waiting, _outcome(node, waiting, [gpu]))])
+        planned_reserve([(waiting, planned_outcome(node, waiting, [gpu]))])
     assert not Allocation.objects.filter(session=waiting).exists()
 
 
 def test_a_node_without_room_for_the_cpu_left_raises(node):
-    big = _queued(node, cpu=Decimal(12))
-    other = _queued(node, cpu=Decimal(8))
+    big = queued_session(cpu=Decimal(12))
+    other = queued_session(cpu=Decimal(8))
     first, second = _devices(node)
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(big, _outcome(node, big, [first])), (other, _outcome(node, other, [second]))])
+        planned_reserve([(big, planned_outcome(node, big, [first])), (other, planned_outcome(node, other, [second]))])
     assert not Allocation.objects.exists()
     with transaction.atomic():
-        reserved = planned_reserve([(big, _outcome(node, big, [first]))])
+        reserved = planned_reserve([(big, planned_outcome(node, big, [first]))])
     assert set(reserved) == {big.pk}
 
 
 def test_an_unhealthy_gpu_or_a_node_not_ready_raises(node):
-    waiting = _queued(node)
+    waiting = queued_session()
     first, second = _devices(node)
     GpuDevice.objects.filter(pk=first.pk).update(health=False)
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(waiting, _outcome(node, waiting, [first]))])
+        planned_reserve([(waiting, planned_outcome(node, waiting, [first]))])
     Node.objects.filter(pk=node.pk).update(ready=False)
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(waiting, _outcome(node, waiting, [second]))])
+        planned_reserve([(waiting, planned_outcome(node, waiting, [second]))])
     assert not Allocation.objects.exists()
 
 
 def test_a_model_the_session_does_not_accept_raises(node):
-    waiting = _queued(node, gpu_models=["NVIDIA L40S"])
+    waiting = queued_session(gpu_models=["NVIDIA L40S"])
     with pytest.raises(PlacementRaced), transaction.atomic():
-        planned_reserve([(waiting, _outcome(node, waiting, _devices(node)[:1]))])
+        planned_reserve([(waiting, planned_outcome(node, waiting, _devices(node)[:1]))])
     assert not Allocation.objects.exists()
 
 
 def test_the_counters_after_a_batch_equal_the_recount(node):
-    sessions = [_queued(node, gpu_memory_mib=8000, gpu_cores=25) for _ in range(3)]
+    sessions = [queued_session(gpu_memory_mib=8000, gpu_cores=25) for _ in range(3)]
     first, second = _devices(node)
     with transaction.atomic():
-        planned_reserve([(s, _outcome(node, s, [first if i < 2 else second])) for i, s in enumerate(sessions)])
+        planned_reserve([(s, planned_outcome(node, s, [first if i < 2 else second])) for i, s in enumerate(sessions)])
     before = list(GpuDevice.objects.filter(node=node).order_by("pk").values_list("used_count", "used_memory_mib", "used_cores"))
     assert placement.usage_recompute(node_ids=[node.pk]) == []
     after = list(GpuDevice.objects.filter(node=node).order_by("pk").values_list("used_count", "used_memory_mib", "used_cores"))

@@ -19,13 +19,11 @@ from sessions import create, placement
 from sessions.models import Allocation, Session
 from sessions.queue import admit
 from sessions.queue.admit import queue_pass
-from sessions.queue.plan import Device, Job, Outcome
-from sessions.queue.plan import Node as PlanNode
 from sessions.queue.reserve import planned_reserve
 from sessions.queue.snapshot import fleet_read
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
-from tests.sessions.queue.helpers import H100, HOUR, NOW, end, start
+from tests.sessions.queue.helpers import H100, HOUR, NOW, end, planned_outcome, queued_session, start
 from tests.sessions.test_volumes import make_pool, make_volume
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("frozen", "no_background")]
@@ -47,18 +45,6 @@ def node():
     node = NodeFactory(cluster=ClusterFactory(name="lab-r"), cpu_allocatable_millicores=16000, memory_allocatable_mib=65536)
     _gpus(node)
     return node
-
-
-def _queued(**fields):
-    return SessionFactory(cluster=None, phase=Session.Phase.QUEUED, **{"gpus": 1, **fields})
-
-
-def _outcome(node, session, devices):
-    """The plan's ``Outcome`` for ``session`` on ``node``'s ``devices`` (as the plan saw them: their rows now)."""
-    plan_node = PlanNode(pk=node.pk, name=node.name, cluster_id=node.cluster_id, cluster_name=node.cluster.name, devices=[])
-    return Outcome(job=Job(key=session.pk, public_id=session.public_id, gpus=session.gpus), now=True, node=plan_node,
-                   devices=[Device(pk=d.pk, model=d.model, memory_mib=d.memory_mib, cores=d.cores, split_count=d.split_count)
-                            for d in devices])
 
 
 class _Undo(Exception):
@@ -103,7 +89,7 @@ def _batch_says(items):
     ``_sql_says`` answers (the node and cores it returns for each session, as ``_admit_many_locked`` writes them)."""
     def work():
         try:
-            reserved = planned_reserve([(session, _outcome(node, session, devices)) for session, node, devices in items])
+            reserved = planned_reserve([(session, planned_outcome(node, session, devices)) for session, node, devices in items])
         except PlacementRaced:
             return None
         sessions = [s for s, _, _ in items]
@@ -124,7 +110,7 @@ def test_a_whole_gpu_and_a_share_on_one_gpu_in_one_batch_are_refused_in_either_o
     """Attack: a whole GPU and a share of the same GPU in one batch (the share first, then the whole one; and the other
     way). Held: the counters the first one leaves make the second unfit, as in SQL."""
     gpu = GpuDevice.objects.filter(node=node).order_by("index").first()
-    whole, share = _queued(), _queued(gpu_memory_mib=1000, gpu_cores=10)
+    whole, share = queued_session(), queued_session(gpu_memory_mib=1000, gpu_cores=10)
     _same([(share, node, [gpu]), (whole, node, [gpu])], accepted=False)
     _same([(whole, node, [gpu]), (share, node, [gpu])], accepted=False)
     _same([(whole, node, [gpu])], accepted=True)
@@ -134,15 +120,15 @@ def test_shares_over_memory_cores_or_split_count_in_one_batch_are_refused(node):
     """Attack: shares on one GPU that fit one by one but not together: over its memory, its cores, its split count (2),
     and three shares whose asked cores fit but whose split slots (ceil(100/2) = 50 each) do not. Held."""
     gpu = GpuDevice.objects.filter(node=node).order_by("index").first()
-    over_memory = [_queued(gpu_memory_mib=30000, gpu_cores=10), _queued(gpu_memory_mib=20000, gpu_cores=10)]
-    over_cores = [_queued(gpu_memory_mib=1000, gpu_cores=60), _queued(gpu_memory_mib=1000, gpu_cores=50)]
+    over_memory = [queued_session(gpu_memory_mib=30000, gpu_cores=10), queued_session(gpu_memory_mib=20000, gpu_cores=10)]
+    over_cores = [queued_session(gpu_memory_mib=1000, gpu_cores=60), queued_session(gpu_memory_mib=1000, gpu_cores=50)]
     for pair in (over_memory, over_cores):
         _same([(s, node, [gpu]) for s in pair], accepted=False)
         _same([(pair[0], node, [gpu])], accepted=True)
     GpuDevice.objects.filter(pk=gpu.pk).update(split_count=2)
     placement.usage_recompute(node_ids=[node.pk])
     gpu.refresh_from_db()  # the plan reads the split count too (what the share is priced at)
-    tiny = [_queued(gpu_memory_mib=100, gpu_cores=1) for _ in range(3)]
+    tiny = [queued_session(gpu_memory_mib=100, gpu_cores=1) for _ in range(3)]
     _same([(s, node, [gpu]) for s in tiny], accepted=False)
     rows, sessions = _same([(s, node, [gpu]) for s in tiny[:2]], accepted=True)
     assert [r[3] for r in rows] == [50, 50] and {c for _, c in sessions.values()} == {50}
@@ -157,7 +143,7 @@ def test_a_share_on_a_gpu_held_whole_or_split_one_is_refused(node):
     GpuDevice.objects.filter(pk=second.pk).update(split_count=1)
     placement.usage_recompute(node_ids=[node.pk])
     second.refresh_from_db()
-    share, other = _queued(gpu_memory_mib=1000, gpu_cores=1), _queued(gpu_memory_mib=1000, gpu_cores=1)
+    share, other = queued_session(gpu_memory_mib=1000, gpu_cores=1), queued_session(gpu_memory_mib=1000, gpu_cores=1)
     _same([(share, node, [first])], accepted=False)
     _same([(share, node, [second]), (other, node, [second])], accepted=False)
     rows, sessions = _same([(share, node, [second])], accepted=True)
@@ -172,7 +158,7 @@ def test_a_device_of_another_node_or_cluster_or_one_that_does_not_exist_is_refus
     elsewhere = NodeFactory(cluster=ClusterFactory(name="lab-s"))
     (theirs,), (far,) = _gpus(sibling, n=1), _gpus(elsewhere, n=1)
     mine = GpuDevice.objects.filter(node=node).order_by("index").first()
-    waiting, pair = _queued(), _queued(gpus=2)
+    waiting, pair = queued_session(), queued_session(gpus=2)
     for devices in ([theirs], [far], [GpuDevice(pk=10**9, model=H100, memory_mib=1, cores=100, split_count=1)]):
         _same([(waiting, node, devices)], accepted=False)
     _same([(pair, node, [mine, theirs])], accepted=False)
@@ -186,7 +172,7 @@ def test_a_device_named_twice_in_one_outcome_is_refused_as_a_race_not_an_integri
     the pass falls back on, nor the SQL reservation's refusal: it takes distinct GPUs and finds only one). Fixed:
     ``planned_reserve`` refuses an outcome that does not name ``gpus`` distinct GPUs."""
     gpu = GpuDevice.objects.filter(node=node).order_by("index").first()
-    whole_pair, share_pair = _queued(gpus=2), _queued(gpus=2, gpu_memory_mib=1000, gpu_cores=10)
+    whole_pair, share_pair = queued_session(gpus=2), queued_session(gpus=2, gpu_memory_mib=1000, gpu_cores=10)
     for session in (whole_pair, share_pair):
         _same([(session, node, [gpu, gpu])], accepted=False)
     assert not Allocation.objects.exists()
@@ -200,8 +186,8 @@ def test_capacity_lowered_below_what_is_held_takes_no_share_and_the_recount_guar
     Allocation.objects.create(session=holder, device=gpu, memory_mib=10000, cores=25, exclusive=False)
     GpuDevice.objects.filter(pk=gpu.pk).update(memory_mib=5000)
     assert placement.usage_recompute(node_ids=[node.pk]) == [gpu.pk]
-    _same([(_queued(gpu_memory_mib=1, gpu_cores=1), node, [gpu])], accepted=False)
-    _same([(_queued(), node, [gpu])], accepted=False)
+    _same([(queued_session(gpu_memory_mib=1, gpu_cores=1), node, [gpu])], accepted=False)
+    _same([(queued_session(), node, [gpu])], accepted=False)
 
 
 def test_a_share_without_memory_takes_the_whole_memory_and_one_without_cores_all_cores(node):
@@ -209,7 +195,7 @@ def test_a_share_without_memory_takes_the_whole_memory_and_one_without_cores_all
     a share asking memory only (no cores: 100 %). Held: the rows carry the whole memory / all cores, and the second
     share does not fit, as in SQL."""
     gpu = GpuDevice.objects.filter(node=node).order_by("index").first()
-    cores_only, memory_only, small = _queued(gpu_cores=10), _queued(gpu_memory_mib=1000), _queued(gpu_memory_mib=1000, gpu_cores=10)
+    cores_only, memory_only, small = queued_session(gpu_cores=10), queued_session(gpu_memory_mib=1000), queued_session(gpu_memory_mib=1000, gpu_cores=10)
     rows, _ = _same([(cores_only, node, [gpu])], accepted=True)
     assert rows == [(cores_only.pk, gpu.pk, 40000, 25, False)]
     rows, sessions = _same([(memory_only, node, [gpu])], accepted=True)
@@ -223,16 +209,16 @@ def test_cpu_and_memory_of_the_node_null_or_set_and_of_its_sessions_count_as_in_
     sessions already on a node. Held: accepted and refused as in SQL."""
     Node.objects.filter(pk=node.pk).update(cpu_allocatable_millicores=None)
     first, second = GpuDevice.objects.filter(node=node).order_by("index")
-    greedy = [_queued(cpu=Decimal(50), memory_gib=Decimal(10)), _queued(cpu=Decimal(50), memory_gib=Decimal(10))]
+    greedy = [queued_session(cpu=Decimal(50), memory_gib=Decimal(10)), queued_session(cpu=Decimal(50), memory_gib=Decimal(10))]
     _same([(greedy[0], node, [first]), (greedy[1], node, [second])], accepted=True)
-    hungry = [_queued(memory_gib=Decimal(40)), _queued(memory_gib=Decimal(30))]
+    hungry = [queued_session(memory_gib=Decimal(40)), queued_session(memory_gib=Decimal(30))]
     _same([(hungry[0], node, [first]), (hungry[1], node, [second])], accepted=False)
     Node.objects.filter(pk=node.pk).update(cpu_allocatable_millicores=16000, cpu_requested_millicores=2000)
     holder = SessionFactory(cluster=node.cluster, node=node.name, cpu=Decimal(10), gpu_memory_mib=1000, gpu_cores=10)
     Allocation.objects.create(session=holder, device=first, memory_mib=1000, cores=10, exclusive=False)
     placement.usage_recompute(node_ids=[node.pk])
-    _same([(_queued(cpu=Decimal(5)), node, [second])], accepted=False)  # 16 - 2 - 10 = 4 cores left
-    _same([(_queued(cpu=Decimal(4)), node, [second])], accepted=True)
+    _same([(queued_session(cpu=Decimal(5)), node, [second])], accepted=False)  # 16 - 2 - 10 = 4 cores left
+    _same([(queued_session(cpu=Decimal(4)), node, [second])], accepted=True)
 
 
 def test_a_session_asking_no_cpu_does_not_lift_the_nodes_cpu_limit_for_the_next(node):
@@ -243,11 +229,11 @@ def test_a_session_asking_no_cpu_does_not_lift_the_nodes_cpu_limit_for_the_next(
     healthy GPUs only (``snapshot.fleet_read``), so a session on a GPU gone unhealthy is not subtracted there. Fixed:
     a session that asks none leaves the room as it is."""
     first, second = GpuDevice.objects.filter(node=node).order_by("index")
-    light, heavy = _queued(), _queued(cpu=Decimal(20))
+    light, heavy = queued_session(), queued_session(cpu=Decimal(20))
     _same([(light, node, [first]), (heavy, node, [second])], accepted=False)
-    light, heavy = _queued(), _queued(memory_gib=Decimal(70))
+    light, heavy = queued_session(), queued_session(memory_gib=Decimal(70))
     _same([(light, node, [first]), (heavy, node, [second])], accepted=False)
-    light, fits = _queued(), _queued(cpu=Decimal(16), memory_gib=Decimal(64))
+    light, fits = queued_session(), queued_session(cpu=Decimal(16), memory_gib=Decimal(64))
     _same([(light, node, [first]), (fits, node, [second])], accepted=True)
 
 
@@ -259,14 +245,14 @@ def test_a_memory_only_request_on_a_node_over_its_cpu_is_refused_as_in_sql(node)
     rooms, the one not asked at 0 (placement's rule). A session asking neither is not checked, as in SQL."""
     Node.objects.filter(pk=node.pk).update(cpu_requested_millicores=17000)
     gpu = GpuDevice.objects.filter(node=node).order_by("index").first()
-    _same([(_queued(memory_gib=Decimal(1)), node, [gpu])], accepted=False)
-    _same([(_queued(), node, [gpu])], accepted=True)
+    _same([(queued_session(memory_gib=Decimal(1)), node, [gpu])], accepted=False)
+    _same([(queued_session(), node, [gpu])], accepted=True)
 
 
 # --------------------------------------------------------------------------- money: priced as reserved
 
 
-def _user(**policy):
+def queue_user(**policy):
     user = UserFactory()
     policy_set(user=user, **{"min_balance_hours": Decimal(0), "max_runtime_hours": Decimal(24), "max_queued_sessions": 10, **policy})
     return user
@@ -291,10 +277,10 @@ def test_a_share_whose_gpu_split_count_drops_after_the_plan_is_not_admitted_at_m
     they would reserve more cores than the plan's GPUs were priced at; the session waits, and the next pass plans and
     prices on the new split count (here: dropped, its owner cannot pay)."""
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(10))
-    filler = start(_user(), gpus=2, runtime_hours=1)
+    filler = start(queue_user(), gpus=2, runtime_hours=1)
     queued = []
     for _ in range(owners):
-        owner = _user(min_balance_hours=Decimal(1))
+        owner = queue_user(min_balance_hours=Decimal(1))
         credit_grant(user=owner, amount=Decimal(2), reason="test", idempotency_key=f"{owner.pk}:g", created_by="test")
         queued.append(start(owner, gpu_memory_mib=1000, gpu_cores=5, runtime_hours=1, queue=True))
     assert all(s.phase == Session.Phase.QUEUED for s in queued)
@@ -321,8 +307,8 @@ def test_a_share_priced_at_its_split_slot_is_admitted_at_it(lab):
     10 %, by the batch and one by one. Held: the cores reserved are the cores priced, and are the session's
     ``gpu_cores`` (what it is billed at)."""
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(10))
-    filler = start(_user(), gpus=2, runtime_hours=1)
-    queued = [start(_user(), gpu_memory_mib=1000, gpu_cores=5, runtime_hours=1, queue=True) for _ in range(3)]
+    filler = start(queue_user(), gpus=2, runtime_hours=1)
+    queued = [start(queue_user(), gpu_memory_mib=1000, gpu_cores=5, runtime_hours=1, queue=True) for _ in range(3)]
     end(filler)
     assert queue_pass()["admitted"] == 3
     assert sorted(Allocation.objects.values_list("cores", flat=True)) == [10, 10, 10]
@@ -339,8 +325,8 @@ def busy():
     cluster = ClusterFactory(name="lab-a")
     node = NodeFactory(cluster=cluster, name="lab-a-node", cpu_allocatable_millicores=64000, memory_allocatable_mib=262144)
     _gpus(node, n=4, split=4, memory=81559)
-    holder = start(_user(), gpus=2, runtime_hours=2)
-    waiting = start(_user(), gpus=4, runtime_hours=1, queue=True)
+    holder = start(queue_user(), gpus=2, runtime_hours=2)
+    waiting = start(queue_user(), gpus=4, runtime_hours=1, queue=True)
     assert waiting.phase == Session.Phase.QUEUED and waiting.estimated_start == NOW + 2 * HOUR
     return cluster, holder, waiting
 
@@ -353,13 +339,13 @@ def test_backfill_into_the_hole_before_the_queued_session_still_starts(busy):
     cluster, _, waiting = busy
     for body in ({}, {"cluster": "lab-a"}, {"gpu_models": [H100]}, {"cpu": "4", "memory_gib": "16"},
                  {"gpu_memory_mib": 1000, "gpu_cores": 10}):
-        placed = start(_user(), runtime_hours=1, **body)
+        placed = start(queue_user(), runtime_hours=1, **body)
         assert placed.phase == Session.Phase.SCHEDULED and placed.cluster_id == cluster.pk, body
         end(placed)
     with pytest.raises(create.Conflict) as refused:
-        start(_user(), runtime_hours=3)
+        start(queue_user(), runtime_hours=3)
     assert refused.value.code == "no_capacity" and '"queue": true' in refused.value.detail
-    queued = start(_user(), runtime_hours=3, queue=True)
+    queued = start(queue_user(), runtime_hours=3, queue=True)
     assert queued.phase == Session.Phase.QUEUED and queued.estimated_start is not None
     assert Session.objects.get(pk=waiting.pk).phase == Session.Phase.QUEUED
 
@@ -367,7 +353,7 @@ def test_backfill_into_the_hole_before_the_queued_session_still_starts(busy):
 def test_a_request_mounting_a_volume_still_starts_in_the_hole(busy):
     """Attack: a request mounting a volume bound on lab-a (its scope: the volume's cluster) that fits the hole. Held."""
     cluster, _, _ = busy
-    owner = _user()
+    owner = queue_user()
     volume = make_volume(owner, make_pool(cluster), cluster=cluster)
     placed = start(owner, runtime_hours=1, volumes=[volume.public_id])
     assert placed.phase == Session.Phase.SCHEDULED and placed.cluster_id == cluster.pk
@@ -379,12 +365,12 @@ def test_a_request_nothing_fits_is_refused_at_once_or_queued_with_an_estimate(bu
     start (the 3 GPUs: in 2 hours, after the queued session ahead of it, 3 hours). Held."""
     other = NodeFactory(cluster=ClusterFactory(name="lab-l"), name="lab-l-node")
     _gpus(other, n=1, model="NVIDIA L40S")
-    assert start(_user(), gpu_models=["NVIDIA L40S"], runtime_hours=1).phase == Session.Phase.SCHEDULED  # lab-l is full now
+    assert start(queue_user(), gpu_models=["NVIDIA L40S"], runtime_hours=1).phase == Session.Phase.SCHEDULED  # lab-l is full now
     for body in ({"gpus": 3}, {"gpu_models": ["NVIDIA L40S"]}, {"cpu": "65", "gpus": 1}):
         with pytest.raises(create.Conflict) as refused:
-            start(_user(max_cpu_per_gpu=Decimal(100)), runtime_hours=1, **body)
+            start(queue_user(max_cpu_per_gpu=Decimal(100)), runtime_hours=1, **body)
         assert refused.value.code == "no_capacity", body
-    queued = start(_user(), gpus=3, runtime_hours=1, queue=True)
+    queued = start(queue_user(), gpus=3, runtime_hours=1, queue=True)
     assert queued.phase == Session.Phase.QUEUED and queued.estimated_start == NOW + 3 * HOUR
 
 
@@ -400,9 +386,9 @@ def test_a_request_the_plan_overrates_the_room_for_is_refused_since_its_reservat
     GpuDevice.objects.filter(pk__in=gone).update(health=False)
     placement.usage_recompute(cluster_ids=[cluster.pk])
     with pytest.raises(create.Conflict) as refused:
-        start(_user(max_cpu_per_gpu=Decimal(100)), runtime_hours=1, cpu="16")
+        start(queue_user(max_cpu_per_gpu=Decimal(100)), runtime_hours=1, cpu="16")
     assert refused.value.code == "no_capacity"
-    assert start(_user(), runtime_hours=1, cpu="4").phase == Session.Phase.SCHEDULED
+    assert start(queue_user(), runtime_hours=1, cpu="4").phase == Session.Phase.SCHEDULED
 
 
 def test_the_plan_still_counts_the_cpu_of_a_session_whose_gpus_went_unhealthy(busy):

@@ -9,16 +9,15 @@ from decimal import Decimal
 import pytest
 from django.db import connections
 
-from billing.services import policy_set
 from clusters.models import Cluster, GpuDevice
 from core.exceptions import ApplicationError
 from sessions import create, placement
 from sessions.models import Session
 from sessions.queue.admit import queue_pass
 from storage.models import StoragePool
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, UserFactory
+from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory
 from tests.helpers import run_threads
-from tests.sessions.queue.helpers import end, start
+from tests.sessions.queue.helpers import end, queue_user, start
 from tests.sessions.test_placement import recount, stored
 from tests.sessions.test_volumes import make_pool, make_volume
 
@@ -40,15 +39,9 @@ def _cluster(name, **node):
     return cluster
 
 
-def _user(**policy):
-    user = UserFactory()
-    policy_set(user=user, **{"min_balance_hours": Decimal(0), "max_runtime_hours": Decimal(24), "max_queued_sessions": 10, **policy})
-    return user
-
-
 def _refused(**body):
     with pytest.raises(create.Conflict) as refused:
-        start(body.pop("owner", None) or _user(), **body)
+        start(body.pop("owner", None) or queue_user(), **body)
     return refused.value
 
 
@@ -56,8 +49,8 @@ def _refused(**body):
 def two(frozen):
     """lab-a and lab-b, four H100s each, both full; lab-a's session waits for... nothing yet."""
     a, b = _cluster("lab-a"), _cluster("lab-b")
-    on_a = start(_user(), gpus=4, cluster="lab-a", runtime_hours=2)
-    on_b = start(_user(), gpus=4, cluster="lab-b", runtime_hours=2)
+    on_a = start(queue_user(), gpus=4, cluster="lab-a", runtime_hours=2)
+    on_b = start(queue_user(), gpus=4, cluster="lab-b", runtime_hours=2)
     return a, b, on_a, on_b
 
 
@@ -67,13 +60,13 @@ def two(frozen):
 @pytest.mark.django_db
 def test_an_unpinned_queued_session_keeps_the_freed_cluster_from_an_unpinned_request(two):
     a, b, on_a, on_b = two
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
-    waiting = start(_user(), gpus=4, queue=True)  # unpinned: it may use lab-b
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
+    waiting = start(queue_user(), gpus=4, queue=True)  # unpinned: it may use lab-b
     end(on_b)  # lab-b is free, no pass has run: the unpinned queued session is owed it
     assert _refused(gpus=1, runtime_hours=8).code == "no_capacity"
     assert _refused(gpus=1, cluster="lab-b", runtime_hours=8).code == "no_capacity"  # pinned to it: still behind the queue
     assert _refused(gpus=1, cluster="lab-b", queue=False).code == "no_capacity"
-    queued = start(_user(), gpus=1, queue=True)
+    queued = start(queue_user(), gpus=1, queue=True)
     assert queued.phase == Session.Phase.QUEUED
     assert Session.objects.get(pk=waiting.pk).phase == Session.Phase.QUEUED
     queue_pass()
@@ -83,9 +76,9 @@ def test_an_unpinned_queued_session_keeps_the_freed_cluster_from_an_unpinned_req
 @pytest.mark.django_db
 def test_a_policy_limited_to_the_contested_cluster_is_planned_behind_the_queue(two):
     a, b, on_a, on_b = two
-    start(_user(), gpus=4, cluster="lab-b", queue=True)  # waits for lab-b only
+    start(queue_user(), gpus=4, cluster="lab-b", queue=True)  # waits for lab-b only
     end(on_b)
-    allowed_b = _user(allowed_clusters=[b])
+    allowed_b = queue_user(allowed_clusters=[b])
     assert _refused(owner=allowed_b, gpus=1, runtime_hours=8).code == "no_capacity"
     assert _refused(owner=allowed_b, gpus=1, runtime_hours=8, cluster="lab-b").code == "no_capacity"
     assert not Session.objects.filter(owner=allowed_b).exists()
@@ -95,9 +88,9 @@ def test_a_policy_limited_to_the_contested_cluster_is_planned_behind_the_queue(t
 def test_a_policy_that_forbids_the_uncontested_cluster_is_not_placed_there(two):
     a, b, on_a, on_b = two
     c = _cluster("lab-c")
-    start(_user(), gpus=4, cluster="lab-b", queue=True)
+    start(queue_user(), gpus=4, cluster="lab-b", queue=True)
     end(on_b)
-    only_b = _user(allowed_clusters=[b])  # lab-c is free and uncontested, but not this user's
+    only_b = queue_user(allowed_clusters=[b])  # lab-c is free and uncontested, but not this user's
     assert _refused(owner=only_b, gpus=1).code == "no_capacity"
     with pytest.raises(ApplicationError) as refused:
         start(only_b, gpus=1, cluster="lab-c")
@@ -109,11 +102,11 @@ def test_a_policy_that_forbids_the_uncontested_cluster_is_not_placed_there(two):
 def test_gpu_models_only_on_the_contested_cluster_are_not_taken_from_the_queue(frozen):
     a = _cluster("lab-a")
     _cluster("lab-t4", model="Tesla T4", memory=15360)
-    on_a = start(_user(), gpus=4, cluster="lab-a", runtime_hours=2)
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
+    on_a = start(queue_user(), gpus=4, cluster="lab-a", runtime_hours=2)
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
     end(on_a)
     assert _refused(gpus=1, gpu_models=["H100"]).code == "no_capacity"
-    placed = start(_user(), gpus=1, gpu_models=["T4"])  # the uncontested T4s are fine
+    placed = start(queue_user(), gpus=1, gpu_models=["T4"])  # the uncontested T4s are fine
     assert placed.phase == Session.Phase.SCHEDULED and placed.cluster.name == "lab-t4"
     assert not Session.objects.filter(cluster=a).exclude(phase__in=Session.TERMINAL_PHASES).exists()
 
@@ -124,10 +117,10 @@ def test_a_cluster_that_does_not_take_sessions_is_never_the_uncontested_one(two,
     a, b, on_a, on_b = two
     c = _cluster("lab-c")
     Cluster.objects.filter(pk=c.pk).update(status=status)
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
     assert _refused(gpus=1).code == "no_capacity"
     with pytest.raises(ApplicationError) as refused:
-        start(_user(), gpus=1, cluster="lab-c")
+        start(queue_user(), gpus=1, cluster="lab-c")
     assert refused.value.code != "internal_error" and refused.value.status < 500
     assert not Session.objects.filter(cluster=c).exists()
 
@@ -135,18 +128,18 @@ def test_a_cluster_that_does_not_take_sessions_is_never_the_uncontested_one(two,
 @pytest.mark.django_db
 def test_a_placement_on_the_uncontested_cluster_is_admitted_and_billed_as_usual(two):
     a, b, on_a, on_b = two
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
     end(on_b)
-    poor = _user(min_balance_hours=Decimal(1))  # no credits: refused before any placement
+    poor = queue_user(min_balance_hours=Decimal(1))  # no credits: refused before any placement
     with pytest.raises(ApplicationError) as refused:
         start(poor, gpus=1)
     assert refused.value.code == "insufficient_credits"
-    capped = _user(max_gpus=1)
+    capped = queue_user(max_gpus=1)
     with pytest.raises(ApplicationError) as refused:
         start(capped, gpus=2)
     assert refused.value.code == "quota_exceeded"
     assert not Session.objects.filter(owner__in=[poor, capped]).exists()
-    placed = start(_user(), gpus=2, gpu_memory_mib=1000, gpu_cores=10)  # shares on lab-b: reserved, audited as usual
+    placed = start(queue_user(), gpus=2, gpu_memory_mib=1000, gpu_cores=10)  # shares on lab-b: reserved, audited as usual
     assert placed.cluster_id == b.pk and placed.allocations.count() == 2
     assert recount() == stored()
 
@@ -154,10 +147,10 @@ def test_a_placement_on_the_uncontested_cluster_is_admitted_and_billed_as_usual(
 @pytest.mark.django_db
 def test_a_higher_priority_queued_session_pinned_elsewhere_loses_nothing(two):
     a, b, on_a, on_b = two
-    vip = _user(priority=10)
+    vip = queue_user(priority=10)
     head = start(vip, gpus=4, cluster="lab-a", queue=True)
     end(on_b)
-    placed = start(_user(), gpus=4)  # lab-b: the vip never could use it
+    placed = start(queue_user(), gpus=4)  # lab-b: the vip never could use it
     assert placed.cluster_id == b.pk
     end(on_a)
     queue_pass()
@@ -168,9 +161,9 @@ def test_a_higher_priority_queued_session_pinned_elsewhere_loses_nothing(two):
 def test_a_volume_on_the_contested_cluster_keeps_the_request_behind_the_queue(two):
     a, b, on_a, on_b = two
     c = _cluster("lab-c")  # free and uncontested
-    start(_user(), gpus=4, cluster="lab-b", queue=True)
+    start(queue_user(), gpus=4, cluster="lab-b", queue=True)
     end(on_b)
-    bob = _user()
+    bob = queue_user()
     bound = make_volume(bob, make_pool(b), name="data", cluster=b)  # its sessions stay on lab-b
     assert _refused(owner=bob, gpus=1, volumes=[bound.public_id]).code == "no_capacity"
     assert _refused(owner=bob, gpus=1, volumes=[bound.public_id], cluster="lab-c").code == "volume_on_another_cluster"
@@ -188,7 +181,7 @@ def test_a_volume_on_the_contested_cluster_keeps_the_request_behind_the_queue(tw
 @pytest.mark.django_db
 def test_a_full_uncontested_pinned_cluster_is_refused_without_blaming_the_queue(two):
     a, b, on_a, on_b = two
-    start(_user(), gpus=4, cluster="lab-a", queue=True)  # waits for lab-a only; lab-b is full of a running session
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)  # waits for lab-a only; lab-b is full of a running session
     refused = _refused(gpus=1, cluster="lab-b")
     assert refused.code == "no_capacity"
     assert "waiting in the queue" not in refused.detail, refused.detail
@@ -213,10 +206,10 @@ def _racer(results, errors, barrier, fn):
 def test_two_requests_for_the_last_uncontested_gpus_never_share_them():
     _cluster("lab-a")
     b = _cluster("lab-b")
-    start(_user(), gpus=4, cluster="lab-a")
-    start(_user(), gpus=3, cluster="lab-b")
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
-    users = [_user(), _user()]
+    start(queue_user(), gpus=4, cluster="lab-a")
+    start(queue_user(), gpus=3, cluster="lab-b")
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
+    users = [queue_user(), queue_user()]
     barrier, results, errors = threading.Barrier(2), [], []
     run_threads(lambda u: _racer(results, errors, barrier, lambda: start(u, gpus=1)), [(u,) for u in users])
     assert not errors, errors
@@ -231,12 +224,12 @@ def test_two_requests_for_the_last_uncontested_gpus_never_share_them():
 def test_an_unpinned_enqueue_racing_a_request_never_loses_the_freed_cluster_to_a_later_request():
     _cluster("lab-a")
     b = _cluster("lab-b")
-    start(_user(), gpus=4, cluster="lab-a")
-    on_b = start(_user(), gpus=4, cluster="lab-b")
-    start(_user(), gpus=4, cluster="lab-a", queue=True)
-    waiter = _user()
+    start(queue_user(), gpus=4, cluster="lab-a")
+    on_b = start(queue_user(), gpus=4, cluster="lab-b")
+    start(queue_user(), gpus=4, cluster="lab-a", queue=True)
+    waiter = queue_user()
     barrier, results, errors = threading.Barrier(3), [], []
-    jobs = [lambda: start(waiter, gpus=4, queue=True), lambda: end(on_b), lambda: start(_user(), gpus=4, queue=True)]
+    jobs = [lambda: start(waiter, gpus=4, queue=True), lambda: end(on_b), lambda: start(queue_user(), gpus=4, queue=True)]
     run_threads(lambda fn: _racer(results, errors, barrier, fn), [(j,) for j in jobs])
     assert not errors, errors
     queue_pass()
@@ -249,11 +242,11 @@ def test_an_unpinned_enqueue_racing_a_request_never_loses_the_freed_cluster_to_a
 @pytest.mark.django_db(transaction=True)
 def test_a_pinned_request_racing_the_admission_of_the_session_pinned_there_never_takes_its_gpus():
     a = _cluster("lab-a")
-    on_a = start(_user(), gpus=4, cluster="lab-a")
-    head = start(_user(), gpus=4, cluster="lab-a", queue=True)
+    on_a = start(queue_user(), gpus=4, cluster="lab-a")
+    head = start(queue_user(), gpus=4, cluster="lab-a", queue=True)
     end(on_a)  # no pass yet: lab-a is owed to head
     barrier, results, errors = threading.Barrier(2), [], []
-    jobs = [queue_pass, lambda: start(_user(), gpus=4, cluster="lab-a")]
+    jobs = [queue_pass, lambda: start(queue_user(), gpus=4, cluster="lab-a")]
     run_threads(lambda fn: _racer(results, errors, barrier, fn), [(j,) for j in jobs])
     assert not errors, errors
     queue_pass()
@@ -266,10 +259,10 @@ def test_a_pinned_request_racing_the_admission_of_the_session_pinned_there_never
 def test_a_request_racing_the_cancel_of_the_only_pinned_queued_session_is_not_a_500():
     _cluster("lab-a")
     b = _cluster("lab-b")
-    start(_user(), gpus=4, cluster="lab-a")
-    head = start(_user(), gpus=4, cluster="lab-a", queue=True)
+    start(queue_user(), gpus=4, cluster="lab-a")
+    head = start(queue_user(), gpus=4, cluster="lab-a", queue=True)
     barrier, results, errors = threading.Barrier(2), [], []
-    jobs = [lambda: end(head), lambda: start(_user(), gpus=2)]
+    jobs = [lambda: end(head), lambda: start(queue_user(), gpus=2)]
     run_threads(lambda fn: _racer(results, errors, barrier, fn), [(j,) for j in jobs])
     assert not errors, errors
     placed = [r for r in results if isinstance(r, Session)]
