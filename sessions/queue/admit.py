@@ -27,6 +27,7 @@ from audit.services import Action, audit_record, audit_record_many
 from billing import admission
 from billing.exceptions import ClusterNotAllowed, InsufficientCredits, QuotaExceeded
 from clusters.models import Cluster
+from core.collector import collector_paused
 from sessions import placement, runtime
 from sessions.lifecycle import outbox
 from sessions.models import Session
@@ -56,7 +57,8 @@ def queue_pass(*, now: datetime | None = None) -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [_PASS_LOCK])
     try:
-        return _pass(now=now)
+        with collector_paused():  # the fleet's picture: one object per GPU, thrown away at the end (core.collector)
+            return _pass(now=now)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_PASS_LOCK])

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from audit.services import Action, audit_record, created
 from clusters.models import Cluster
+from core.collector import collector_paused
 from core.exceptions import ApplicationError, Conflict
 from core.prepared import statement_cursor
 from sessions import placement, resources
@@ -125,8 +126,9 @@ def place_behind_queue(*, session: Session, policy, clusters: frozenset[int] | N
     jobs = jobs_of(ahead)
     job = job_of(session=session, policy=policy, clusters=clusters, key=0, has_volumes=has_volumes)
     jobs.append(job)
-    fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
-    return plan(fleet, jobs)[-1], fleet
+    with collector_paused():  # the fleet's picture: one object per GPU (core.collector)
+        fleet = fleet_read(now=now, by_cluster=any(j.clusters is not None or j.policy_clusters is not None for j in jobs))
+        return plan(fleet, jobs)[-1], fleet
 
 
 def session_enqueue(*, session: Session, policy, clusters: frozenset[int] | None, volumes: list, account_queued: int,

@@ -43,6 +43,8 @@ class Device:
         pk: ``GpuDevice.pk``; model: its model; memory_mib, cores, split_count: its HAMi capacity.
         used_count, used_memory_mib, used_cores, used_exclusive: what is reserved on it now (and, as the plan goes,
             what the sessions it starts now take).
+        node_pk: its ``Node``'s pk (set by ``Fleet``); index: its index on the node (nvidia-smi's), the order a node's
+            GPUs are taken in.
         free_at: when nothing holds it any more (``NEVER``: not known); ``freed_by``: ``(session id, why)`` of what
             ends last on it (why: ``"reaches its time limit"``, ``"is stopped as idle"``, ``"runs out of credits"``,
             ``"is planned to end"``).
@@ -58,6 +60,8 @@ class Device:
     used_memory_mib: int = 0
     used_cores: int = 0
     used_exclusive: bool = False
+    node_pk: int = 0
+    index: int = 0
     free_at: datetime | None = None
     freed_by: tuple[str, str] | None = None
     hole_until: datetime | None = None
@@ -172,17 +176,19 @@ class Fleet:
         self._by_pk = {node.pk: node for node in self.nodes}
         self._holes: dict[str, set[int]] = {}
         self._open: dict[str, set[int]] = {}
-        self._node_of = {d.pk: n.pk for n in self.nodes for d in n.devices}
         self._of_model: dict[tuple[int, str], list[Device]] = {}
         for node in self.nodes:
             for device in node.devices:
-                self._of_model.setdefault((node.pk, device.model), []).append(device)
-        for node in self.nodes:
-            for device in node.devices:
+                device.node_pk = node.pk
                 if device.free_at is None or device.free_at < now:
                     device.free_at = now
-            for model in sorted({d.model for d in node.devices}):
-                self._index(node, model, initial=True)
+                of_model = self._of_model.get((node.pk, device.model))
+                if of_model is None:
+                    self._of_model[(node.pk, device.model)] = [device]
+                else:
+                    of_model.append(device)
+        for (pk, model), devices in self._of_model.items():
+            self._index_first(self._by_pk[pk], model, devices)
         for heap in self._heaps.values():
             heapq.heapify(heap)
         self.models = frozenset(model for _, model in self._of_model)
@@ -192,31 +198,58 @@ class Fleet:
     def _devices(self, node: Node, model: str) -> list[Device]:
         return self._of_model[(node.pk, model)]
 
-    def _index(self, node: Node, model: str, *, initial: bool = False) -> None:
-        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks.
-        ``initial``: appended unordered (``__init__`` heapifies every heap once at the end)."""
-        push = _append if initial else heapq.heappush
+    def _index(self, node: Node, model: str) -> None:
+        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks."""
         key = (node.pk, model)
-        version = self._version[key] = self._version.get(key, 0) + 1
-        devices = self._devices(node, model)
-        times = sorted(d.free_at for d in devices)
+        version = self._version[key] = self._version[key] + 1
+        devices = self._of_model[key]
         order = self._order[node.pk]
-        for k, at in enumerate(times, start=1):
+        heaps = self._heaps
+        for k, at in enumerate(sorted([d.free_at for d in devices]), start=1):
             if at < NEVER:
                 entry = (at, order, version, node.pk)
-                push(self._heaps.setdefault((None, model, k), []), entry)
+                heapq.heappush(heaps.setdefault((None, model, k), []), entry)
                 if self.by_cluster:
-                    push(self._heaps.setdefault((node.cluster_id, model, k), []), entry)
-        holes = self._holes.setdefault(model, set())
-        if any(d.hole_until is not None and d.used_count == 0 for d in devices):
-            holes.add(node.pk)
-        else:
-            holes.discard(node.pk)
-        opened = self._open.setdefault(model, set())
-        if any(not d.used_exclusive and 0 < d.used_count < d.split_count for d in devices) or any(d.used_count == 0 for d in devices):
-            opened.add(node.pk)
-        else:
-            opened.discard(node.pk)
+                    heapq.heappush(heaps.setdefault((node.cluster_id, model, k), []), entry)
+        hole = opened = False
+        for d in devices:
+            if d.used_count == 0:
+                opened = True
+                hole = hole or d.hole_until is not None
+            elif not d.used_exclusive and d.used_count < d.split_count:
+                opened = True
+        holes, opens = self._holes.setdefault(model, set()), self._open.setdefault(model, set())
+        (holes.add if hole else holes.discard)(node.pk)
+        (opens.add if opened else opens.discard)(node.pk)
+
+    def _index_first(self, node: Node, model: str, devices: list[Device]) -> None:
+        """``_index`` when the fleet is built: version 1, entries appended unordered (``__init__`` heapifies each heap
+        once)."""
+        key = (node.pk, model)
+        self._version[key] = 1
+        order = self._order[node.pk]
+        heaps = self._heaps
+        for k, at in enumerate(sorted([d.free_at for d in devices]), start=1):
+            if at < NEVER:
+                entry = (at, order, 1, node.pk)
+                fleet_wide = heaps.get((None, model, k))
+                if fleet_wide is None:
+                    heaps[(None, model, k)] = [entry]
+                else:
+                    fleet_wide.append(entry)
+                if self.by_cluster:
+                    heaps.setdefault((node.cluster_id, model, k), []).append(entry)
+        hole = opened = False
+        for d in devices:
+            if d.used_count == 0:
+                opened = True
+                hole = hole or d.hole_until is not None
+            elif not d.used_exclusive and d.used_count < d.split_count:
+                opened = True
+        if hole:
+            self._holes.setdefault(model, set()).add(node.pk)
+        if opened:
+            self._open.setdefault(model, set()).add(node.pk)
 
     def _top(self, key: tuple[int | None, str, int]) -> tuple[datetime, Node] | None:
         """The valid top of a heap: ``(kth free time, node)``; stale entries are dropped."""
@@ -296,7 +329,7 @@ class Fleet:
     def take_now(self, job: Job, devices: list[Device]) -> None:
         """Put ``job`` on ``devices`` from now (what placement will reserve), and its CPU and memory on their node."""
         end = NEVER if job.duration is None else self.now + job.duration
-        node = self._by_pk[self._node_of[devices[0].pk]]
+        node = self._by_pk[devices[0].node_pk]
         if node.cpu_free is not None and job.cpu_milli is not None:
             node.cpu_free -= job.cpu_milli
         if node.memory_free is not None and job.ram_mib is not None:
@@ -322,16 +355,12 @@ class Fleet:
         self._reindex(devices)
 
     def _reindex(self, devices: list[Device]) -> None:
-        touched = {(self._node_of[d.pk], d.model) for d in devices}
+        touched = {(d.node_pk, d.model) for d in devices}
         for pk, model in sorted(touched):
             self._index(self._by_pk[pk], model)
 
 
 _PLANNED_END = "is planned to end"
-
-
-def _append(heap: list, entry: tuple) -> None:
-    heap.append(entry)
 
 
 def plan(fleet: Fleet, jobs: list[Job]) -> list[Outcome]:

@@ -10,7 +10,10 @@ new session with a higher priority (docs/sessions.md, "Waiting in the queue").
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
+import operator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import NamedTuple
@@ -33,33 +36,47 @@ IDLE_STOP = "is stopped as idle"
 CREDITS_OUT = "is expected to end"
 STOPPING = "is stopping"
 
-#: The fleet's healthy GPUs on ready nodes of the clusters that take sessions, node by node.
-_DEVICES_SQL = """
+#: The ready nodes of the clusters that take sessions, with the CPU (millicores) and memory (MiB) left on them.
+_NODES_SQL = """
 SELECT n.id, n.name, n.cluster_id, n.cluster_name, n.load,
-       n.cpu_allocatable_millicores - n.cpu_requested_millicores, n.memory_allocatable_mib - n.memory_requested_mib,
-       d.id, d.model, d.memory_mib, d.cores, d.split_count, d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive
+       n.cpu_allocatable_millicores - n.cpu_requested_millicores, n.memory_allocatable_mib - n.memory_requested_mib
 FROM clusters_node n
 JOIN clusters_cluster c ON c.id = n.cluster_id
-JOIN clusters_gpudevice d ON d.node_id = n.id AND d.health
 WHERE n.ready AND c.status = 'connected' AND c.session_domain <> ''
-ORDER BY n.id, d.index, d.id
 """
 
-#: The sessions holding GPUs, one row per session and GPU model: what ends them (time limit, idle stop, owner: with the
-#: owner's balance and usage not billed yet, for when their credits run out), what they asked per GPU, the GPUs they
-#: hold of that model (with the model's memory, for their price) and their node. Times as ``_QUEUED_SQL``'s.
+#: The healthy GPUs, in ``Device``'s field order (the rows are its arguments); those of other nodes than
+#: ``_NODES_SQL``'s are skipped as read. Neither joined nor ordered here: a scan of the table costs a third of the
+#: join and sort of it on a fleet of 80,000 GPUs (``bench/queue.py``); each node's few are put in order as read.
+_DEVICES_SQL = """
+SELECT d.id, d.model, d.memory_mib, d.cores, d.split_count, d.used_count, d.used_memory_mib, d.used_cores, d.used_exclusive,
+       d.node_id, d.index
+FROM clusters_gpudevice d
+WHERE d.health
+"""
+
+#: The sessions holding GPUs: what ends them (time limit, idle stop, owner: with the owner's balance and usage not billed
+#: yet, for when their credits run out), what they asked per GPU and the GPUs they hold (their models, memory and node
+#: come from ``_DEVICES_SQL``'s rows, or ``_OUTSIDE_SQL``'s). Times as ``_QUEUED_SQL``'s. The allocations are grouped
+#: before the join, and not joined to the GPUs: 80,000 rows hashed, not sorted.
 _HOLDERS_SQL = """
 SELECT s.public_id, s.phase, (EXTRACT(EPOCH FROM s.ends_at) * 1000000)::bigint, (EXTRACT(EPOCH FROM act.stops_at) * 1000000)::bigint,
-       s.owner_id, s.gpu_memory_mib, s.gpu_cores, d.model, MIN(d.memory_mib),
-       array_agg(a.device_id), CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint, acc.balance, acc.accrued,
-       MIN(d.node_id)
-FROM gpu_sessions_allocation a
-JOIN gpu_sessions_session s ON s.id = a.session_id
-JOIN clusters_gpudevice d ON d.id = a.device_id
+       s.owner_id, s.gpu_memory_mib, s.gpu_cores, g.device_ids, CEIL(s.cpu * 1000)::bigint, CEIL(s.memory_gib * 1024)::bigint,
+       acc.balance, acc.accrued
+FROM (SELECT a.session_id, array_agg(a.device_id ORDER BY a.device_id) AS device_ids
+        FROM gpu_sessions_allocation a
+       GROUP BY a.session_id) g
+JOIN gpu_sessions_session s ON s.id = g.session_id
 LEFT JOIN gpu_sessions_sessionactivity act ON act.session_id = s.id
 LEFT JOIN billing_creditaccount acc ON acc.user_id = s.owner_id
-GROUP BY s.id, act.stops_at, d.model, acc.id
 """
+
+#: The held GPUs outside the picture (gone unhealthy, or on a node not ready): their model and memory (for their
+#: holder's price) and node (where their holder's CPU and memory are counted).
+_OUTSIDE_SQL = "SELECT d.id, d.model, d.memory_mib, d.node_id FROM clusters_gpudevice d WHERE d.id = ANY(%(ids)s)"
+
+
+_BY_INDEX = operator.attrgetter("index", "pk")
 
 
 def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
@@ -69,61 +86,81 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
     (``Fleet``), needed when a job is limited to some clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
+        cursor.execute(_NODES_SQL)
+        node_rows = cursor.fetchall()
         cursor.execute(_DEVICES_SQL)
-        rows = cursor.fetchall()
+        device_rows = cursor.fetchall()
         cursor.execute(_HOLDERS_SQL)
         holders = cursor.fetchall()
-    nodes: dict[int, Node] = {}
-    devices: dict[int, Device] = {}
-    for (node_id, node_name, cluster_id, cluster_name, load, cpu_free, memory_free, pk, model, memory, cores, split, used, used_memory,
-         used_cores, exclusive) in rows:
-        node = nodes.get(node_id)
-        if node is None:
-            node = nodes[node_id] = Node(pk=node_id, name=node_name, cluster_id=cluster_id, cluster_name=cluster_name, devices=[],
-                                         rank=load if spread else -load, cpu_free=cpu_free, memory_free=memory_free)
-        device = devices[pk] = Device(pk=pk, model=model, memory_mib=memory, cores=cores, split_count=split, used_count=used,
-                                      used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
-        node.devices.append(device)
+    nodes = {pk: Node(pk=pk, name=name, cluster_id=cluster_id, cluster_name=cluster_name, devices=[], rank=load if spread else -load,
+                      cpu_free=cpu_free, memory_free=memory_free)
+             for pk, name, cluster_id, cluster_name, load, cpu_free, memory_free in node_rows}
+    devices = {}
+    for device in itertools.starmap(Device, device_rows):
+        node = nodes.get(device.node_pk)
+        if node is not None:  # (a node that became ready between the two reads is left to the next pass)
+            devices[device.pk] = device
+            node.devices.append(device)
+    nodes = {pk: node for pk, node in nodes.items() if node.devices}
+    for node in nodes.values():
+        node.devices.sort(key=_BY_INDEX)
+    outside = _outside(holders, devices)
+    known = devices | outside if outside else devices
+    held = [[known[pk] for pk in row[7] if pk in known] for row in holders]  # (a GPU deleted since: held no more)
     prices = pricing.prices_by_model()
-    runs_out = _credits_run_out(holders, _burn(holders, prices), now=now)
-    counted = set()
-    for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram, _, _, node_pk in holders:
-        ends_at, stops_at = _utc(ends_at), _utc(stops_at)
-        # By its node, not by its GPUs: a session whose GPUs went unhealthy still holds its CPU and memory there.
-        node = nodes.get(node_pk)
-        if node is not None and public_id not in counted:  # its CPU and memory, once (a row per GPU model it holds)
-            counted.add(public_id)
+    runs_out = _credits_run_out(holders, _burn(holders, held, prices), now=now)
+    for (public_id, phase, ends_at, stops_at, owner, _, _, _, cpu, ram, _, _), gpus in zip(holders, held, strict=True):
+        if not gpus:
+            continue
+        # By its GPUs' node, healthy or not: a session whose GPUs went unhealthy still holds its CPU and memory there.
+        node = nodes.get(gpus[0].node_pk)
+        if node is not None:
             if node.cpu_free is not None and cpu:
                 node.cpu_free -= cpu
             if node.memory_free is not None and ram:
                 node.memory_free -= ram
-        end, why = _end_of(phase, ends_at, stops_at, runs_out.get(owner), now=now)
-        for pk in device_ids:
-            device = devices.get(pk)
+        end, why = _end_of(phase, _utc(ends_at), _utc(stops_at), runs_out.get(owner), now=now)
+        for device in gpus:
             # A GPU is free once the last of its holders has ended.
-            if device is not None and (device.free_at is None or end >= device.free_at):
+            if device.free_at is None or end >= device.free_at:
                 device.free_at, device.freed_by = end, (public_id, why)
     fleet = Fleet(nodes.values(), now=now, by_cluster=by_cluster)
     fleet.prices = prices
     return fleet
 
 
-def _burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Decimal]:
-    """Credits per hour each owner's Running sessions cost now (``billing.pricing``: per GPU, its model's price × the
-    session's share of it), from ``_HOLDERS_SQL``'s rows."""
-    if not holders:
+def _outside(holders: list[tuple], devices: dict[int, Device]) -> dict[int, Device]:
+    """The GPUs ``holders`` (``_HOLDERS_SQL``'s rows) hold that are not in ``devices`` (gone unhealthy, or on a node not
+    ready), as ``Device``s outside the picture (their model, memory and node only): ``{pk: Device}``. One query
+    (``_OUTSIDE_SQL``) when there are any, none otherwise."""
+    missing = [pk for pk in itertools.chain.from_iterable(row[7] for row in holders) if pk not in devices]
+    if not missing:
         return {}
+    with statement_cursor() as cursor:
+        cursor.execute(_OUTSIDE_SQL, {"ids": missing})
+        return {pk: Device(pk=pk, model=model, memory_mib=memory, cores=0, split_count=1, node_pk=node)
+                for pk, model, memory, node in cursor.fetchall()}
+
+
+def _burn(holders: list[tuple], held: list[list[Device]], prices: dict[str, Decimal]) -> dict[int, Decimal]:
+    """Credits per hour each owner's Running sessions cost now (``billing.pricing``: per GPU, its model's price × the
+    session's share of it), from ``_HOLDERS_SQL``'s rows and each one's GPUs."""
     rate_of: dict[tuple, Decimal] = {}
     burn: dict[int, Decimal] = {}
-    for _, phase, _, _, owner, gpu_memory, gpu_cores, model, memory, device_ids, *_ in holders:
-        if phase != Session.Phase.RUNNING:
+    for (_, phase, _, _, owner, gpu_memory, gpu_cores, *_), gpus in zip(holders, held, strict=True):
+        if phase != Session.Phase.RUNNING or not gpus:
             continue
-        key = (model, memory, gpu_memory, gpu_cores)
-        rate = rate_of.get(key)
-        if rate is None:
-            share = pricing.gpu_share(device_memory_mib=memory, gpu_memory_mib=gpu_memory, gpu_cores=gpu_cores)
-            rate = rate_of[key] = pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
-        burn[owner] = burn.get(owner, Decimal(0)) + rate * len(device_ids)
+        if len({d.model for d in gpus}) == 1 and len({d.memory_mib for d in gpus}) == 1:
+            counts = {(gpus[0].model, gpus[0].memory_mib): len(gpus)}
+        else:  # GPUs of several models (a session accepting several, on a node that has them)
+            counts = collections.Counter((d.model, d.memory_mib) for d in gpus)
+        for (model, memory), count in counts.items():
+            key = (model, memory, gpu_memory, gpu_cores)
+            rate = rate_of.get(key)
+            if rate is None:
+                share = pricing.gpu_share(device_memory_mib=memory, gpu_memory_mib=gpu_memory, gpu_cores=gpu_cores)
+                rate = rate_of[key] = pricing.hourly_cost(price=pricing.price_for_model(model, prices), share=share)
+            burn[owner] = burn.get(owner, Decimal(0)) + rate * count
     return burn
 
 
@@ -132,7 +169,7 @@ def _credits_run_out(holders: list[tuple], burn: dict[int, Decimal], *, now: dat
     ``_HOLDERS_SQL``'s rows (their accounts' balance and accrued usage)."""
     out: dict[int, datetime | None] = {}
     for row in holders:
-        owner, balance, accrued = row[4], row[12], row[13]
+        owner, balance, accrued = row[4], row[10], row[11]
         if owner in burn and owner not in out and balance is not None:
             out[owner] = credits_last_until(balance=balance, accrued=accrued, burn_per_hour=burn[owner], now=now)
     return {owner: until for owner, until in out.items() if until is not None}

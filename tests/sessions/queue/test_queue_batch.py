@@ -156,17 +156,17 @@ def _release_and_pass(cluster, n: int) -> tuple[int, dict]:
 
 @pytest.mark.django_db
 def test_admitting_more_owners_together_costs_no_more_queries(calls):
-    """A pass after a release that admits 2 sessions of 2 owners is 18 queries: the pass lock, the queued read, the
-    policies, the fleet (devices, holders, prices), the batch (savepoint, accounts, sessions, admission reads,
+    """A pass after a release that admits 2 sessions of 2 owners is 19 queries: the pass lock, the queued read, the
+    policies, the fleet (nodes, GPUs, holders, prices), the batch (savepoint, accounts, sessions, admission reads,
     clusters, the reservation's three: the chosen GPUs, the allocations, the recount; the sessions' rows, the audit
     rows, release savepoint: the savepoint pair is the test's transaction, outside one it is BEGIN/COMMIT, not
-    counted), the unlock; nothing waits, so no estimates are written. 4 owners: the same 18."""
+    counted), the unlock; nothing waits, so no estimates are written. 4 owners: the same 19."""
     cluster = _cluster("lab-a", gpus=8)
     _release_and_pass(cluster, 2)  # warm: the prepared statements and the caches the first pass fills
     two, result_two = _release_and_pass(cluster, 2)
     four, result_four = _release_and_pass(cluster, 4)
     assert result_two["admitted"] == 2 and result_four["admitted"] == 4 and calls["one"] == []
-    assert four == two == 18, (two, four)
+    assert four == two == 19, (two, four)
 
 
 # =========================================================================== an owner's second session, quotas
