@@ -156,9 +156,10 @@ class Fleet:
     """The plan's picture of the fleet, indexed so that a job looks only at the nodes that can matter to it.
 
     For each GPU model, fleet-wide and per cluster, and each count k of GPUs, a heap orders the nodes by the time their
-    k-th GPU of that model frees (``_kth``): a job's earliest node is the top of the heap of its size, for each model it
-    accepts (and each cluster it is limited to), not a walk over the fleet. Entries go stale when a node's GPUs change
-    and are dropped when they surface (each carries its node's version). Nodes with a GPU free now but held later for a
+    k-th GPU of that model frees: a job's earliest node is the top of the heap of its size, for each model it accepts
+    (and each cluster it is limited to), not a walk over the fleet. When the plan moves a node's k-th free time, a new
+    entry is pushed for that k only; the old one is stale (its time is no longer the node's k-th) and dropped when it
+    surfaces. Nodes with a GPU free now but held later for a
     session ahead (``hole_until``: where backfill may fit) and nodes with a GPU a share may still join are kept apart,
     so the searches for "now" in those cases look at them alone. A node's GPUs of one model are counted together; a
     job accepting several models takes GPUs of one of them on its node (the common case: one model per node).
@@ -172,7 +173,9 @@ class Fleet:
         self.prices = None
         self.nodes = sorted(nodes, key=lambda n: (n.rank, n.cluster_name, n.name))
         self._heaps: dict[tuple[int | None, str, int], list] = {}
-        self._version: dict[tuple[int, str], int] = {}
+        #: Each node's GPUs of each model: their free times in order, as last indexed (a heap entry is current while the
+        #: k-th of them is still its time).
+        self._times: dict[tuple[int, str], list[datetime]] = {}
         self._order = {node.pk: i for i, node in enumerate(self.nodes)}
         self._by_pk = {node.pk: node for node in self.nodes}
         self._holes: dict[str, set[int]] = {}
@@ -202,18 +205,20 @@ class Fleet:
         return self._of_model[(node.pk, model)]
 
     def _index(self, node: Node, model: str) -> None:
-        """(Re)index ``node``'s GPUs of ``model``: its heap entries (a new version), and its hole and open marks."""
+        """Index ``node``'s GPUs of ``model`` again: a heap entry for each count k whose k-th free time changed (the
+        old entries go stale), and its hole and open marks."""
         key = (node.pk, model)
-        version = self._version[key] = self._version[key] + 1
         devices = self._of_model[key]
         order = self._order[node.pk]
         heaps = self._heaps
-        for k, at in enumerate(sorted([d.free_at for d in devices]), start=1):
-            if at < NEVER:
-                entry = (at, order, version, node.pk)
+        times = sorted([d.free_at for d in devices])
+        for k, (at, before) in enumerate(zip(times, self._times[key], strict=True), start=1):
+            if at != before and at < NEVER:
+                entry = (at, order, node.pk)
                 heapq.heappush(heaps.setdefault((None, model, k), []), entry)
                 if self.by_cluster:
                     heapq.heappush(heaps.setdefault((node.cluster_id, model, k), []), entry)
+        self._times[key] = times
         hole = opened = False
         for d in devices:
             if d.used_count == 0:
@@ -226,15 +231,14 @@ class Fleet:
         (opens.add if opened else opens.discard)(node.pk)
 
     def _index_first(self, node: Node, model: str, devices: list[Device]) -> None:
-        """``_index`` when the fleet is built: version 1, entries appended unordered (``__init__`` heapifies each heap
-        once)."""
-        key = (node.pk, model)
-        self._version[key] = 1
+        """``_index`` when the fleet is built: an entry for every count, appended unordered (``__init__`` heapifies each
+        heap once)."""
         order = self._order[node.pk]
         heaps = self._heaps
-        for k, at in enumerate(sorted([d.free_at for d in devices]), start=1):
+        times = self._times[(node.pk, model)] = sorted([d.free_at for d in devices])
+        for k, at in enumerate(times, start=1):
             if at < NEVER:
-                entry = (at, order, 1, node.pk)
+                entry = (at, order, node.pk)
                 fleet_wide = heaps.get((None, model, k))
                 if fleet_wide is None:
                     heaps[(None, model, k)] = [entry]
@@ -255,11 +259,13 @@ class Fleet:
             self._open.setdefault(model, set()).add(node.pk)
 
     def _top(self, key: tuple[int | None, str, int]) -> tuple[datetime, Node] | None:
-        """The valid top of a heap: ``(kth free time, node)``; stale entries are dropped."""
+        """The current top of a heap: ``(kth free time, node)``; stale entries (the node's k-th time changed since) are
+        dropped."""
         heap = self._heaps.get(key)
+        model, k = key[1], key[2] - 1
         while heap:
-            at, _, version, pk = heap[0]
-            if self._version[(pk, key[1])] == version:
+            at, _, pk = heap[0]
+            if self._times[(pk, model)][k] == at:
                 return at, self._by_pk[pk]
             heapq.heappop(heap)
         return None
