@@ -434,7 +434,7 @@ def admission_read_many(*, requests: list[tuple[int, list[int] | None]], ended_p
     fallback = settings_policy()
     params = {"users": [int(user_id) for user_id, _ in requests], "scopes": [_int_list(scope) for _, scope in requests],
               "default_hours": fallback.min_balance_hours, "ended": list(ended_phases)}
-    with connection.cursor() as cursor:
+    with statement_cursor() as cursor:
         cursor.execute(_ADMISSION_MANY_SQL, params)
         rows = sorted(cursor.fetchall(), key=lambda row: row[0])
     return [_state_of(row[1:], fallback=fallback) for row in rows]

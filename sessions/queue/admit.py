@@ -165,7 +165,7 @@ def _admit_many(items: list[tuple], *, now: datetime) -> dict[int, str]:
 
 def _admit_many_locked(items: list[tuple], *, now: datetime) -> dict[int, str]:
     accounts = admission.accounts_lock(user_ids=[row.owner_id for row, _ in items])
-    locked = {s.pk: s for s in Session.objects.select_for_update(of=("self",)).select_related("owner", "requested_cluster")
+    locked = {s.pk: s for s in Session.objects.select_for_update(of=("self",)).select_related("owner")
               .filter(pk__in=[row.pk for row, _ in items], phase=Session.Phase.QUEUED).order_by("pk")}
     verdicts = {row.pk: "waits" for row, _ in items if row.pk not in locked}  # cancelled, or admitted, meanwhile
     live = [(locked[row.pk], outcome) for row, outcome in items if row.pk in locked]
