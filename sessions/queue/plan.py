@@ -219,16 +219,7 @@ class Fleet:
                 if self.by_cluster:
                     heapq.heappush(heaps.setdefault((node.cluster_id, model, k), []), entry)
         self._times[key] = times
-        hole = opened = False
-        for d in devices:
-            if d.used_count == 0:
-                opened = True
-                hole = hole or d.hole_until is not None
-            elif not d.used_exclusive and d.used_count < d.split_count:
-                opened = True
-        holes, opens = self._holes.setdefault(model, set()), self._open.setdefault(model, set())
-        (holes.add if hole else holes.discard)(node.pk)
-        (opens.add if opened else opens.discard)(node.pk)
+        self._mark(node, model, devices)
 
     def _index_first(self, node: Node, model: str, devices: list[Device]) -> None:
         """``_index`` when the fleet is built: an entry for every count, appended unordered (``__init__`` heapifies each
@@ -246,6 +237,11 @@ class Fleet:
                     fleet_wide.append(entry)
                 if self.by_cluster:
                     heaps.setdefault((node.cluster_id, model, k), []).append(entry)
+        self._mark(node, model, devices)
+
+    def _mark(self, node: Node, model: str, devices: list[Device]) -> None:
+        """Mark ``node`` in ``_holes`` (a GPU of ``model`` free now but planned later for a session ahead) and in
+        ``_open`` (one a job may take now: free, or a share with a split left), or unmark it."""
         hole = opened = False
         for d in devices:
             if d.used_count == 0:
@@ -253,10 +249,9 @@ class Fleet:
                 hole = hole or d.hole_until is not None
             elif not d.used_exclusive and d.used_count < d.split_count:
                 opened = True
-        if hole:
-            self._holes.setdefault(model, set()).add(node.pk)
-        if opened:
-            self._open.setdefault(model, set()).add(node.pk)
+        holes, opens = self._holes.setdefault(model, set()), self._open.setdefault(model, set())
+        (holes.add if hole else holes.discard)(node.pk)
+        (opens.add if opened else opens.discard)(node.pk)
 
     def _top(self, key: tuple[int | None, str, int]) -> tuple[datetime, Node] | None:
         """The current top of a heap: ``(kth free time, node)``; stale entries (the node's k-th time changed since) are
