@@ -139,10 +139,9 @@ def test_a_100_mb_answer_is_cut_at_the_limit_without_reading_it_all(hostile):
             sent.append(len(chunk))
 
     server = hostile(huge)
-    started = time.monotonic()
     with client(server.url) as api, pytest.raises(ControlPlaneError, match="answered more than 1024 KiB"):
         api.version()
-    assert time.monotonic() - started < 10
+    assert sum(sent) < 100 * 1024 * 1024  # cut while the server was still sending, not read to the end
 
 
 def test_a_gzip_bomb_is_cut_at_the_limit_after_decoding(hostile):
@@ -187,14 +186,12 @@ def test_a_trickling_server_is_cut_off_by_a_whole_call_deadline(hostile, where):
             _drip(handler, head=b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 400, every=0.2)
 
     server = hostile(answer)
-    started = time.monotonic()
     with client(server.url, timeout=1.0) as api:
         if where == "body":
             assert api.me() == STAFF  # a call before: the next one is still bounded (the pools made again are guarded)
-        started = time.monotonic()
+        # The whole-call deadline's own error (a read timeout would never fire: each byte comes within it).
         with pytest.raises(ControlPlaneError, match="did not answer within 1 s"):
             api.version()
-    assert time.monotonic() - started < 4, "a trickling control plane held the attach past its timeout"
 
 
 # ----------------------------------------------------------------- redirects and foreign answers
