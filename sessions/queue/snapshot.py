@@ -121,8 +121,9 @@ def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
                 node.memory_free -= ram
         end, why = _end_of(phase, _utc(ends_at), _utc(stops_at), runs_out.get(owner), now=now)
         for device in gpus:
-            # A GPU is free once the last of its holders has ended.
-            if device.free_at is None or end >= device.free_at:
+            # A GPU is free once the last of its holders has ended; of holders ending together, the largest session id
+            # is named (whatever order the rows came in), so the reason shown does not change from pass to pass.
+            if device.free_at is None or end > device.free_at or (end == device.free_at and public_id > device.freed_by[0]):
                 device.free_at, device.freed_by = end, (public_id, why)
     fleet = Fleet(nodes.values(), now=now, by_cluster=by_cluster)
     fleet.prices = prices

@@ -1,14 +1,14 @@
-"""Differential test of ``sessions.queue.snapshot.fleet_read``: the rewrite for speed (8705bea: nodes, GPUs unjoined and
-sorted per node in Python, holders grouped per session without joining their GPUs, ``_OUTSIDE_SQL`` for held GPUs
-outside the picture, ``_burn`` priced per GPU) against the version it replaced (560ac3b, copied below verbatim but for
-its names), on the same database.
+"""Differential test of ``sessions.queue.snapshot.fleet_read`` (nodes and GPUs read unjoined, the GPUs sorted per node in
+Python, holders grouped per session without joining their GPUs, ``_OUTSIDE_SQL`` for held GPUs outside the picture,
+``_burn`` priced per GPU) against a reference reading written the straightforward way (below: the GPUs joined to their
+nodes and ordered in SQL, the holders grouped per session and GPU model and joined to their GPUs), on the same database.
 
 Every node of both pictures is compared: pk, name, cluster, rank, CPU and memory left, and its GPUs in order with their
 capacity, usage, ``free_at`` and ``freed_by``. The fleets are a hand-made one covering the cases named in each test
 and seeded random ones. On a frozen clock (``helpers.NOW``), real PostgreSQL.
 
-The one intended difference: the old ``_burn`` priced a session's GPUs of one model at the smallest memory among them
-(``MIN(d.memory_mib)``), the new one prices each GPU at its own memory, so a share holding GPUs of one model with
+The one intended difference: the reference's ``_burn`` prices a session's GPUs of one model at the smallest memory among them
+(``MIN(d.memory_mib)``), ``fleet_read`` prices each GPU at its own memory, so a share holding GPUs of one model with
 different memory sizes burns differently (``test_a_share_on_gpus_of_one_model_with_different_memory_...``)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ L4 = "NVIDIA L4"
 MEMORY = {H100: 81559, A100: 40960, L4: 23034}
 
 
-# --------------------------------------------------------------------------- the old fleet_read (560ac3b), verbatim
+# --------------------------------------------------------------------------- the reference reading
 
 TIME_LIMIT = "reaches its time limit"
 IDLE_STOP = "is stopped as idle"
@@ -77,7 +77,7 @@ GROUP BY s.id, act.stops_at, d.model, acc.id
 """
 
 
-def _old_fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
+def _reference_fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
         cursor.execute(_OLD_DEVICES_SQL)
@@ -96,10 +96,10 @@ def _old_fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
                                       used_memory_mib=used_memory, used_cores=used_cores, used_exclusive=exclusive)
         node.devices.append(device)
     prices = pricing.prices_by_model()
-    runs_out = _old_credits_run_out(holders, _old_burn(holders, prices), now=now)
+    runs_out = _reference_credits_run_out(holders, _reference_burn(holders, prices), now=now)
     counted = set()
     for public_id, phase, ends_at, stops_at, owner, *_, device_ids, cpu, ram, _, _, node_pk in holders:
-        ends_at, stops_at = _old_utc(ends_at), _old_utc(stops_at)
+        ends_at, stops_at = _reference_utc(ends_at), _reference_utc(stops_at)
         # By its node, not by its GPUs: a session whose GPUs went unhealthy still holds its CPU and memory there.
         node = nodes.get(node_pk)
         if node is not None and public_id not in counted:  # its CPU and memory, once (a row per GPU model it holds)
@@ -108,7 +108,7 @@ def _old_fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
                 node.cpu_free -= cpu
             if node.memory_free is not None and ram:
                 node.memory_free -= ram
-        end, why = _old_end_of(phase, ends_at, stops_at, runs_out.get(owner), now=now)
+        end, why = _reference_end_of(phase, ends_at, stops_at, runs_out.get(owner), now=now)
         for pk in device_ids:
             device = devices.get(pk)
             # A GPU is free once the last of its holders has ended.
@@ -119,7 +119,7 @@ def _old_fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
     return fleet
 
 
-def _old_burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Decimal]:
+def _reference_burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Decimal]:
     if not holders:
         return {}
     rate_of: dict[tuple, Decimal] = {}
@@ -136,7 +136,7 @@ def _old_burn(holders: list[tuple], prices: dict[str, Decimal]) -> dict[int, Dec
     return burn
 
 
-def _old_credits_run_out(holders: list[tuple], burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
+def _reference_credits_run_out(holders: list[tuple], burn: dict[int, Decimal], *, now: datetime) -> dict[int, datetime]:
     out: dict[int, datetime | None] = {}
     for row in holders:
         owner, balance, accrued = row[4], row[12], row[13]
@@ -145,7 +145,7 @@ def _old_credits_run_out(holders: list[tuple], burn: dict[int, Decimal], *, now:
     return {owner: until for owner, until in out.items() if until is not None}
 
 
-def _old_end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None, runs_out: datetime | None, *,
+def _reference_end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None, runs_out: datetime | None, *,
                 now: datetime) -> tuple[datetime, str]:
     if phase == Session.Phase.STOPPING:
         return now, STOPPING
@@ -159,7 +159,7 @@ def _old_end_of(phase: str, ends_at: datetime | None, stops_at: datetime | None,
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _old_utc(microseconds: int | None) -> datetime | None:
+def _reference_utc(microseconds: int | None) -> datetime | None:
     return None if microseconds is None else _EPOCH + timedelta(microseconds=microseconds)
 
 
@@ -174,25 +174,25 @@ def _picture(fleet: Fleet) -> list[tuple]:
             for n in fleet.nodes]
 
 
-def _differences(old: list[tuple], new: list[tuple], holders: dict[int, set[str]] | None = None) -> list[str]:
+def _differences(reference: list[tuple], new: list[tuple], holders: dict[int, set[str]] | None = None) -> list[str]:
     """What differs between two ``_picture``s, in words (empty: the same). With ``holders`` (``_holders()``), a GPU's
     ``freed_by`` may name another of its holders when ``free_at`` is the same: holders ending at the same time are a
-    tie, which both versions break by the order the holders' statement returns its rows in (no ORDER BY in either;
-    PostgreSQL's plan decides it)."""
+    tie, which the reference breaks by the order its holders' statement returns its rows in (PostgreSQL's plan decides
+    it)."""
     out = []
-    if [n[0] for n in old] != [n[0] for n in new]:
-        out.append(f"nodes: old {[n[:2] for n in old]} new {[n[:2] for n in new]}")
-    for o, n in zip(old, new, strict=False):
+    if [n[0] for n in reference] != [n[0] for n in new]:
+        out.append(f"nodes: reference {[n[:2] for n in reference]} new {[n[:2] for n in new]}")
+    for o, n in zip(reference, new, strict=False):
         if o[:7] != n[:7]:
-            out.append(f"node {o[1]}: old {o[:7]} new {n[:7]}")
+            out.append(f"node {o[1]}: reference {o[:7]} new {n[:7]}")
         if [d[0] for d in o[7]] != [d[0] for d in n[7]]:
-            out.append(f"node {o[1]} GPUs: old {[d[0] for d in o[7]]} new {[d[0] for d in n[7]]}")
+            out.append(f"node {o[1]} GPUs: reference {[d[0] for d in o[7]]} new {[d[0] for d in n[7]]}")
         for od, nd in zip(o[7], n[7], strict=False):
             if od == nd:
                 continue
             tied = holders is not None and od[:11] == nd[:11] and len(holders.get(od[0], ())) > 1 and {od[11][0], nd[11][0]} <= holders[od[0]]
             if not tied:
-                out.append(f"node {o[1]} GPU {od[0]}: old {od} new {nd}")
+                out.append(f"node {o[1]} GPU {od[0]}: reference {od} new {nd}")
     return out
 
 
@@ -206,8 +206,8 @@ def _holders() -> dict[int, set[str]]:
 
 def _compare(*, policy: str = "binpack", by_cluster: bool = True) -> list[tuple]:
     settings.GSHARE_PLACEMENT_POLICY = policy
-    old, new = _picture(_old_fleet_read(now=NOW, by_cluster=by_cluster)), _picture(fleet_read(now=NOW, by_cluster=by_cluster))
-    differences = _differences(old, new, _holders())
+    reference, new = _picture(_reference_fleet_read(now=NOW, by_cluster=by_cluster)), _picture(fleet_read(now=NOW, by_cluster=by_cluster))
+    differences = _differences(reference, new, _holders())
     assert differences == [], "\n".join(differences)
     return new
 
@@ -416,9 +416,9 @@ def test_random_fleets_read_the_same(seed):
 @pytest.mark.parametrize("nodes", [1, 40])
 def test_shares_ending_together_name_one_of_them(nodes):
     """Ties: three shares on every GPU ending together (no end known on half the nodes, the same time limit on the
-    others). Each version names one of them in ``freed_by``; which one depends on the row order of the holders'
-    statement (PostgreSQL's plan: with the tables analysed the old statement's HashAggregate returns them in hash
-    order, the new one in the sessions' scan order), so the comparison accepts any tied holder."""
+    others). The reference names any of them in ``freed_by`` (the row order of its holders' statement, which PostgreSQL's
+    plan decides), so the comparison accepts any tied holder; ``fleet_read`` names the largest session id, so the
+    reason a queued session shows does not change from one pass to the next."""
     owner = UserFactory()
     for k in range(nodes):
         node = NodeFactory(cluster=ClusterFactory())
@@ -429,20 +429,22 @@ def test_shares_ending_together_name_one_of_them(nodes):
     _recount()
     picture = _compare()
     assert {d[10] for n in picture for d in n[7]} == ({NEVER} if nodes == 1 else {NEVER, NOW + HOUR})
+    holders = _holders()
+    assert all(d[11][0] == max(holders[d[0]]) for n in picture for d in n[7]), "a tie names the largest session id"
 
 
 def test_a_share_on_gpus_of_one_model_with_different_memory_is_priced_per_gpu():
-    """The intended difference: a share of 20,000 MiB and 10 % of the cores holding two H100s of 81,559 and 40,000 MiB. The old read priced
-    both at the smaller memory (share 0.5 each: 3 credits an hour at 3 per GPU-hour, so 6 credits last 2 h); the new
-    one each at its own (0.245222 + 0.5 of a GPU: 2.235666 an hour, 6 credits last 2 h 41 min 1 s)."""
+    """The intended difference: a share of 20,000 MiB and 10 % of the cores holding two H100s of 81,559 and 40,000 MiB. The reference
+    prices both at the smaller memory (share 0.5 each: 3 credits an hour at 3 per GPU-hour, so 6 credits last 2 h); ``fleet_read``
+    each at its own (0.245222 + 0.5 of a GPU: 2.235666 an hour, 6 credits last 2 h 41 min 1 s)."""
     Price.objects.create(gpu_model=H100, credits_per_gpu_hour=Decimal(3))
     owner = _account(UserFactory(), 6)
     node = NodeFactory(cluster=ClusterFactory(name="lab"), name="lab-a")
     big, small = _gpu(node, index=0, memory=81559), _gpu(node, index=1, memory=40000)
     _running(owner, node, [big, small], gpu_memory_mib=20000, gpu_cores=10)
     _recount()
-    old, new = _picture(_old_fleet_read(now=NOW)), _picture(fleet_read(now=NOW))
-    assert [d[10] for d in old[0][7]] == [NOW + 2 * HOUR] * 2
+    reference, new = _picture(_reference_fleet_read(now=NOW)), _picture(fleet_read(now=NOW))
+    assert [d[10] for d in reference[0][7]] == [NOW + 2 * HOUR] * 2
     seconds = int(Decimal(6) * 3600 / (Decimal("0.735666") + Decimal("1.500000")))
     assert [d[10] for d in new[0][7]] == [NOW + timedelta(seconds=seconds)] * 2
     assert snapshot.CREDITS_OUT == CREDITS_OUT
