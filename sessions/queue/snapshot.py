@@ -80,10 +80,12 @@ _BY_INDEX = operator.attrgetter("index", "pk")
 
 
 def fleet_read(*, now: datetime, by_cluster: bool = True) -> Fleet:
-    """The fleet as the plan sees it at ``now``: three queries (the GPUs, the sessions holding them with their owners'
-    accounts, the prices); the prices stay on the fleet (``Fleet.prices``) for the alternatives. Node order is placement's
-    (``GSHARE_PLACEMENT_POLICY``: binpack, the busiest first). ``by_cluster``: keep the per-cluster indexes
-    (``Fleet``), needed when a job is limited to some clusters."""
+    """The fleet as the plan sees it at ``now``: four queries (the nodes, their GPUs, the sessions holding GPUs with their
+    owners' accounts, the prices), and a fifth when a held GPU is outside the picture (``_OUTSIDE_SQL``: gone
+    unhealthy, or on a node not ready: its holder's price and node still count); the prices stay on the fleet
+    (``Fleet.prices``) for the alternatives. Node order is placement's (``GSHARE_PLACEMENT_POLICY``: binpack, the
+    busiest first). ``by_cluster``: keep the per-cluster indexes (``Fleet``), needed when a job is limited to some
+    clusters."""
     spread = settings.GSHARE_PLACEMENT_POLICY == "spread"
     with statement_cursor() as cursor:
         cursor.execute(_NODES_SQL)
