@@ -318,7 +318,9 @@ class SessionAdmin(OwnObjectsAdmin, ClusterScopedAdmin, ReadOnlyModelAdmin):
             extra = {
                 "session": session, "can_open": actions.open, "can_stop": actions.stop,
                 "follow": session.phase in console.FOLLOWED_PHASES, "list_title": self.list_title(request),
-                "activity": console_activity.activity_view(session, now=request_now(request)),
+                # A queued session holds no GPU yet: its Queue section says where it stands, there is no activity.
+                "activity": (None if session.phase == Session.Phase.QUEUED
+                             else console_activity.activity_view(session, now=request_now(request))),
                 "exemption_form": console.IdleExemptionForm() if console.may_exempt(request.user, session) else None,
                 "time_limit": console.time_limit_view(session, user=request.user, now=request_now(request)),
                 "queue": console.queue_view(session),

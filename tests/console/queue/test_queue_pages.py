@@ -24,6 +24,7 @@ def test_the_start_form_queues_when_nothing_is_free_and_the_page_shows_the_place
     assert "waits in the queue at position 1" in page and 'id="gs-queue-position">1<' in page
     assert "2026-12-01 15:00:00 UTC" in page and blocker.public_id in page
     assert "Start this instead" in page and "any GPU model" in page
+    assert 'id="gs-activity"' not in page  # no GPU yet, so no activity section: the queue section stands in its place
     status = client.get(f"{BASE}/{session.pk}/status/").json()
     assert status["queue_position"] == 1 and status["estimated_start"] == "2026-12-01 15:00:00 UTC" and status["follow"] is True
     listing = client.get(f"{BASE}/").text
