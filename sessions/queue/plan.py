@@ -159,9 +159,9 @@ class Fleet:
     k-th GPU of that model frees: a job's earliest node is the top of the heap of its size, for each model it accepts
     (and each cluster it is limited to), not a walk over the fleet. When the plan moves a node's k-th free time, a new
     entry is pushed for that k only; the old one is stale (its time is no longer the node's k-th) and dropped when it
-    surfaces. Nodes with a GPU free now but held later for a
-    session ahead (``hole_until``: where backfill may fit) and nodes with a GPU a share may still join are kept apart,
-    so the searches for "now" in those cases look at them alone. A node's GPUs of one model are counted together; a
+    surfaces. Nodes with a GPU free now but held later for a session ahead (``hole_until``: where backfill may fit) and
+    nodes with a GPU a share may still join are kept apart, so the searches for "now" in those cases look at them
+    alone. A node's GPUs of one model are counted together; a
     job accepting several models takes GPUs of one of them on its node (the common case: one model per node).
     """
 
@@ -230,11 +230,7 @@ class Fleet:
         for k, at in enumerate(times, start=1):
             if at < NEVER:
                 entry = (at, order, node.pk)
-                fleet_wide = heaps.get((None, model, k))
-                if fleet_wide is None:
-                    heaps[(None, model, k)] = [entry]
-                else:
-                    fleet_wide.append(entry)
+                heaps.setdefault((None, model, k), []).append(entry)
                 if self.by_cluster:
                     heaps.setdefault((node.cluster_id, model, k), []).append(entry)
         self._mark(node, model, devices)

@@ -153,11 +153,8 @@ def _burn(holders: list[tuple], held: list[list[Device]], prices: dict[str, Deci
     for (_, phase, _, _, owner, gpu_memory, gpu_cores, *_), gpus in zip(holders, held, strict=True):
         if phase != Session.Phase.RUNNING or not gpus:
             continue
-        if len({d.model for d in gpus}) == 1 and len({d.memory_mib for d in gpus}) == 1:
-            counts = {(gpus[0].model, gpus[0].memory_mib): len(gpus)}
-        else:  # GPUs of several models (a session accepting several, on a node that has them)
-            counts = collections.Counter((d.model, d.memory_mib) for d in gpus)
-        for (model, memory), count in counts.items():
+        # Usually one model and size; a session accepting several models may hold several on a node that has them.
+        for (model, memory), count in collections.Counter((d.model, d.memory_mib) for d in gpus).items():
             key = (model, memory, gpu_memory, gpu_cores)
             rate = rate_of.get(key)
             if rate is None:
