@@ -8,10 +8,9 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from clusters.models import Cluster, GpuDevice, Node
+from clusters.models import GpuDevice, Node
 from sessions import placement
 from sessions.models import Allocation, Session
-from sessions.queue import admit
 from sessions.queue.admit import _clusters_lock, queue_pass
 from sessions.queue.reserve import planned_reserve
 from sessions.queue.snapshot import fleet_read
@@ -132,12 +131,9 @@ def _cluster(name, *, gpus=4):
     return cluster
 
 
-_COUNTS = {}
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("pinned", [False, True], ids=["free", "pinned"])
-def test_pinned_queued_sessions_admitted_in_a_batch_cost_no_more_queries_and_land_on_their_cluster(pinned):
+def test_pinned_queued_sessions_admitted_in_a_batch_look_up_no_cluster_and_land_on_their_cluster(pinned):
     """Attack: ``_admit_many_locked`` no longer joins the pinned cluster; anything reading ``session.requested_cluster``
     later would cost a query per session. Both pinned sessions must land on their pinned cluster (the other one free)."""
     lab, other = _cluster("lab-p", gpus=2), _cluster("lab-q", gpus=2)
@@ -151,11 +147,9 @@ def test_pinned_queued_sessions_admitted_in_a_batch_cost_no_more_queries_and_lan
         assert queue_pass()["admitted"] == 2
     for s in Session.objects.filter(pk__in=[s.pk for s in queued]):
         assert s.phase == Session.Phase.SCHEDULED and s.cluster_id == lab.pk
-    _COUNTS[pinned] = len(queries)
+    # No lookup of a session's pinned cluster after the lock (the batch locks the clusters it admits on, FOR ...).
     lone = [q["sql"] for q in queries.captured_queries if 'FROM "clusters_cluster"' in q["sql"] and "FOR " not in q["sql"]]
     assert not lone, lone
-    if pinned and False in _COUNTS:
-        assert _COUNTS[True] <= _COUNTS[False], _COUNTS
 
 
 # ------------------------------------------------------------------ fleet_read
