@@ -5,10 +5,10 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from billing.services import policy_set
-from sessions import create, lifecycle
+from sessions import create, lifecycle, placement
 from sessions.models import Session
 from sessions.queue.plan import Device, Job, Node, Outcome
-from tests.factories import SessionFactory, UserFactory
+from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -44,3 +44,13 @@ def planned_outcome(node, session, devices) -> Outcome:
     return Outcome(job=Job(key=session.pk, public_id=session.public_id, gpus=session.gpus), now=True, node=plan_node,
                    devices=[Device(pk=d.pk, model=d.model, memory_mib=d.memory_mib, cores=d.cores, split_count=d.split_count)
                             for d in devices])
+
+
+def one_node_cluster(name: str, *, gpus: int = 4):
+    """A cluster ``name`` with one node (``<name>-node``) of ``gpus`` H100s split in 4, its counters recounted."""
+    cluster = ClusterFactory(name=name)
+    node = NodeFactory(cluster=cluster, name=f"{name}-node")
+    for i in range(gpus):
+        GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=81559, cores=100, model=H100)
+    placement.usage_recompute(cluster_ids=[cluster.pk])
+    return cluster

@@ -17,7 +17,7 @@ from sessions.queue.snapshot import fleet_read
 from sessions.volume_claims import PlacementRaced
 from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory
 from tests.helpers import run_threads
-from tests.sessions.queue.helpers import H100, NOW, end, planned_outcome, queue_user, queued_session, start
+from tests.sessions.queue.helpers import H100, NOW, end, one_node_cluster, planned_outcome, queue_user, queued_session, start
 from tests.sessions.test_placement import recount, stored
 
 pytestmark = pytest.mark.usefixtures("frozen", "no_background")
@@ -122,21 +122,12 @@ def test_a_split_raised_since_the_plan_takes_fewer_cores_than_priced_never_more(
 # ------------------------------------------------------------------ pinned sessions in a batch
 
 
-def _cluster(name, *, gpus=4):
-    cluster = ClusterFactory(name=name)
-    node = NodeFactory(cluster=cluster, name=f"{name}-node")
-    for i in range(gpus):
-        GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=81559, cores=100, model=H100)
-    placement.usage_recompute(cluster_ids=[cluster.pk])
-    return cluster
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("pinned", [False, True], ids=["free", "pinned"])
 def test_pinned_queued_sessions_admitted_in_a_batch_look_up_no_cluster_and_land_on_their_cluster(pinned):
     """Attack: ``_admit_many_locked`` no longer joins the pinned cluster; anything reading ``session.requested_cluster``
     later would cost a query per session. Both pinned sessions must land on their pinned cluster (the other one free)."""
-    lab, other = _cluster("lab-p", gpus=2), _cluster("lab-q", gpus=2)
+    lab, other = one_node_cluster("lab-p", gpus=2), one_node_cluster("lab-q", gpus=2)
     filler = start(queue_user(), gpus=2, runtime_hours=1, cluster=lab.name)
     start(queue_user(), gpus=2, runtime_hours=1, cluster=other.name)
     body = {"cluster": lab.name} if pinned else {}
@@ -208,7 +199,7 @@ def test_an_owner_affording_one_queued_session_never_gets_two_started_in_one_pas
     from billing.services import credit_grant
 
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(10))
-    lab = _cluster("lab-b", gpus=4)
+    lab = one_node_cluster("lab-b", gpus=4)
     filler = start(queue_user(), gpus=4, runtime_hours=1)
     owner = queue_user(min_balance_hours=Decimal(1))
     credit_grant(user=owner, amount=Decimal(10 * gpus_each + 5), reason="t", idempotency_key=f"{owner.pk}:g", created_by="t")

@@ -24,24 +24,15 @@ from sessions.queue import admit
 from sessions.queue.admit import queue_expire, queue_pass
 from sessions.queue.snapshot import queued_sessions
 from sessions.volume_claims import PlacementRaced
-from tests.factories import ClusterFactory, GpuDeviceFactory, NodeFactory, SessionFactory, UserFactory
+from tests.factories import SessionFactory, UserFactory
 from tests.helpers import lock_waiters, run_threads, wait_for
-from tests.sessions.queue.helpers import H100, HOUR, NOW, end, queue_user, start
+from tests.sessions.queue.helpers import H100, HOUR, NOW, end, one_node_cluster, queue_user, start
 from tests.sessions.test_placement import recount, stored
 from tests.sessions.test_volumes import make_pool, make_volume
 
 pytestmark = pytest.mark.usefixtures("frozen", "no_background")
 
 ENDED = Session.HOLDING_EXCLUDED_PHASES
-
-
-def _cluster(name, *, gpus=4):
-    cluster = ClusterFactory(name=name)
-    node = NodeFactory(cluster=cluster, name=f"{name}-node")
-    for i in range(gpus):
-        GpuDeviceFactory(node=node, cluster=cluster, index=i, split_count=4, memory_mib=81559, cores=100, model=H100)
-    placement.usage_recompute(cluster_ids=[cluster.pk])
-    return cluster
 
 
 def _fresh(*sessions):
@@ -96,7 +87,7 @@ def _counters_recounted(clusters):
 
 @pytest.mark.django_db
 def test_a_pass_admits_the_sessions_of_several_owners_together_each_complete(calls):
-    lab_a, lab_b = _cluster("lab-a"), _cluster("lab-b")
+    lab_a, lab_b = one_node_cluster("lab-a"), one_node_cluster("lab-b")
     fillers = [start(queue_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
     a = start(queue_user(), gpus=2, runtime_hours=1, cluster="lab-a", queue=True)
     b = start(queue_user(), gpus=3, runtime_hours=3, cluster="lab-b", queue=True)
@@ -116,7 +107,7 @@ def test_a_pass_admits_the_sessions_of_several_owners_together_each_complete(cal
 @pytest.mark.django_db
 @pytest.mark.parametrize("limits", [(None, None), (None, 1)])
 def test_sessions_without_a_time_limit_are_admitted_together_with_no_end(calls, limits):
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     queued = [start(queue_user(max_runtime_hours=Decimal(0)), queue=True, **({"runtime_hours": h} if h else {})) for h in limits]
     end(filler)
@@ -128,7 +119,7 @@ def test_sessions_without_a_time_limit_are_admitted_together_with_no_end(calls, 
 
 @pytest.mark.django_db
 def test_the_estimate_counts_on_a_holders_credits_running_out_from_the_holders_read():
-    _cluster("lab-a")
+    one_node_cluster("lab-a")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(1))
     rich, broke = queue_user(max_runtime_hours=Decimal(0)), queue_user(max_runtime_hours=Decimal(0))
     credit_grant(user=rich, amount=Decimal(6), reason="test", idempotency_key=f"{rich.pk}:g", created_by="test")
@@ -161,7 +152,7 @@ def test_admitting_more_owners_together_costs_no_more_queries(calls):
     clusters, the reservation's three: the chosen GPUs, the allocations, the recount; the sessions' rows, the audit
     rows, release savepoint: the savepoint pair is the test's transaction, outside one it is BEGIN/COMMIT, not
     counted), the unlock; nothing waits, so no estimates are written. 4 owners: the same 19."""
-    cluster = _cluster("lab-a", gpus=8)
+    cluster = one_node_cluster("lab-a", gpus=8)
     _release_and_pass(cluster, 2)  # warm: the prepared statements and the caches the first pass fills
     two, result_two = _release_and_pass(cluster, 2)
     four, result_four = _release_and_pass(cluster, 4)
@@ -174,7 +165,7 @@ def test_admitting_more_owners_together_costs_no_more_queries(calls):
 
 @pytest.mark.django_db
 def test_an_owners_second_session_is_admitted_after_the_batch_one_by_one(calls):
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     bob = queue_user()
     first, second = start(bob, runtime_hours=1, queue=True), start(bob, runtime_hours=1, queue=True)
@@ -190,7 +181,7 @@ def test_an_owners_second_session_is_admitted_after_the_batch_one_by_one(calls):
 @pytest.mark.django_db
 @pytest.mark.parametrize(("policy", "limit"), [({"max_sessions": 1}, "max_sessions"), ({"max_gpus": 2}, "max_gpus")])
 def test_an_owners_quota_holds_across_the_batch_and_the_one_by_one_path(calls, policy, limit):
-    _cluster("lab-a")
+    one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     bob = queue_user(**policy)
     first, second = start(bob, gpus=2, runtime_hours=1, queue=True), start(bob, runtime_hours=1, queue=True)
@@ -211,7 +202,7 @@ def test_an_owners_quota_holds_across_the_batch_and_the_one_by_one_path(calls, p
 def test_an_owners_first_session_in_the_queue_starts_first_even_when_it_mounts_volumes(calls):
     """The batch skips sessions with volumes; the owner's session behind one must not jump it (max_sessions=1: the
     head starts, the other waits)."""
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     bob = queue_user(max_sessions=1)
     volume = make_volume(bob, make_pool(lab), name="data", cluster=lab)
@@ -230,7 +221,7 @@ def test_an_owners_first_session_in_the_queue_starts_first_even_when_it_mounts_v
 
 @pytest.mark.django_db
 def test_an_owner_who_cannot_pay_is_dropped_from_the_batch_and_the_others_start(calls):
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     Price.objects.create(gpu_model="", credits_per_gpu_hour=Decimal(2))
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     alice, bob, carol = queue_user(), queue_user(), queue_user(min_balance_hours=Decimal(1))
@@ -265,7 +256,7 @@ def _nothing_half_applied(pks):
 
 @pytest.mark.django_db
 def test_a_reservation_failing_once_rolls_the_batch_back_and_each_is_admitted_one_by_one(calls, monkeypatch):
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     queued = [start(queue_user(), runtime_hours=1, queue=True) for _ in range(3)]
     end(filler)
@@ -289,7 +280,7 @@ def test_a_reservation_failing_once_rolls_the_batch_back_and_each_is_admitted_on
 
 @pytest.mark.django_db
 def test_a_gpu_taken_between_plan_and_admission_rolls_back_then_what_fits_starts(calls, monkeypatch):
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     first, raced = start(queue_user(), runtime_hours=1, queue=True), start(queue_user(), runtime_hours=1, queue=True)
     end(filler)
@@ -327,7 +318,7 @@ def test_a_gpu_taken_between_plan_and_admission_rolls_back_then_what_fits_starts
 
 @pytest.mark.django_db
 def test_admission_read_many_answers_what_admission_read_answers_for_each_user():
-    lab, other = _cluster("lab-a"), _cluster("lab-b")
+    lab, other = one_node_cluster("lab-a"), one_node_cluster("lab-b")
     Price.objects.create(gpu_model=H100, credits_per_gpu_hour=Decimal(3))
     users = [queue_user(max_sessions=3, max_gpus=4), queue_user(min_balance_hours=Decimal(2)), UserFactory(),
              queue_user(allowed_clusters=[lab], min_balance_hours=Decimal(1))]
@@ -361,7 +352,7 @@ def test_accounts_lock_creates_a_missing_account_and_returns_each_users():
 
 @pytest.mark.django_db
 def test_audit_record_many_writes_the_rows_audit_record_writes():
-    lab = _cluster("lab-a")
+    lab = one_node_cluster("lab-a")
     session = start(queue_user())
     session = Session.objects.select_related("cluster").get(pk=session.pk)
     entries = [
@@ -392,7 +383,7 @@ def test_audit_record_many_writes_the_rows_audit_record_writes():
 
 @pytest.mark.django_db
 def test_queue_expire_checks_each_due_session_again_under_its_lock(frozen):
-    _cluster("lab-a")
+    one_node_cluster("lab-a")
     start(queue_user(), gpus=4, runtime_hours=24)
     queued = start(queue_user(queue_timeout_hours=Decimal(2)), queue=True)
     later = NOW + 2 * HOUR
@@ -410,7 +401,7 @@ def test_queue_expire_checks_each_due_session_again_under_its_lock(frozen):
 
 @pytest.mark.django_db
 def test_a_pass_drops_the_sessions_pinned_to_a_deregistered_cluster_and_admits_the_rest():
-    lab, lab_b = _cluster("lab-a"), _cluster("lab-b")
+    lab, lab_b = one_node_cluster("lab-a"), one_node_cluster("lab-b")
     fillers = [start(queue_user(), gpus=4, runtime_hours=2, cluster=name) for name in ("lab-a", "lab-b")]
     pinned = start(queue_user(), cluster="lab-b", queue=True)
     waiting = [start(queue_user(), runtime_hours=1, cluster="lab-a", queue=True) for _ in range(2)]
@@ -457,7 +448,7 @@ def _each_admitted_once_or_never():
 def test_two_passes_at_once_never_admit_a_session_twice_nor_share_a_gpu(monkeypatch):
     """One pass through ``queue_pass`` (its advisory lock), the other straight through ``_pass`` (no lock): only the
     admissions' own row locks keep them apart."""
-    lab = _cluster("lab-a", gpus=6)
+    lab = one_node_cluster("lab-a", gpus=6)
     filler = start(queue_user(), gpus=6, runtime_hours=2)
     queued = [start(queue_user(), gpus=1 + i % 2, runtime_hours=1, queue=True) for i in range(6)]
     end(filler)
@@ -474,7 +465,7 @@ def test_two_passes_at_once_never_admit_a_session_twice_nor_share_a_gpu(monkeypa
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("round_", range(4))
 def test_a_pass_racing_with_a_cancel_admits_with_gpus_or_ends_without(round_):
-    _cluster("lab-a")
+    one_node_cluster("lab-a")
     filler = start(queue_user(), gpus=4, runtime_hours=2)
     queued = [start(queue_user(), runtime_hours=1, queue=True) for _ in range(3)]
     cancelled = queued[round_ % 3]
